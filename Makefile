@@ -1,0 +1,30 @@
+# Thin wrapper over CMake: make, make run, make test, make bench.
+JOBS ?= 2
+BUILD ?= build
+CMAKE_FLAGS ?=
+
+.PHONY: all build run test test-deps bench clean
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The demo: plans the seed's problem, then runs a scaled-down version of it on this CPU.
+run: build
+	bash tools/demo.sh $(BUILD)
+
+# Installs what the tests need, then builds and runs every test: the Release build once per
+# CPU instruction set this machine has, then the whole suite under ASan + UBSan.
+test: test-deps
+	bash tests/run_all.sh
+
+test-deps:
+	bash tests/install_deps.sh
+
+bench: build
+	bash bench/run.sh
+
+clean:
+	rm -rf build build-asan

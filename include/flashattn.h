@@ -1,0 +1,183 @@
+/* flashattn: exact, memory-efficient attention (FlashAttention forward and backward).
+ *
+ * The one public header. Describe a problem (fa_problem), make a plan from shapes alone
+ * (fa_plan_create), ask the plan what the kernel will cost (fa_plan_cost), then run it
+ * (fa_forward, fa_backward). Semantics: ../shared/SPEC.md and README.md. */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FA_BUILDING_LIBRARY) && defined(__GNUC__)
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
+
+/* ---- types ------------------------------------------------------------------------ */
+
+typedef enum { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2 } fa_dtype;
+
+typedef enum { FA_BACKEND_AUTO = 0, FA_BACKEND_CPU = 1, FA_BACKEND_CUDA = 2 } fa_backend;
+
+typedef enum { FA_FORWARD = 0, FA_BACKWARD = 1 } fa_pass;
+
+/* Status codes. FA_ERR_INVALID (bad shapes or values), FA_ERR_NULL and FA_ERR_OVERFLOW
+ * are the caller's mistakes (the CLI exits 2 for them); the rest are failures (exit 1). */
+typedef enum {
+    FA_OK = 0,
+    FA_ERR_INVALID = 1,     /* a shape, stride or option value is not allowed */
+    FA_ERR_NULL = 2,        /* a required pointer is NULL */
+    FA_ERR_OVERFLOW = 3,    /* sizes whose products overflow int64 */
+    FA_ERR_UNSUPPORTED = 4, /* valid, but not supported by this build or backend */
+    FA_ERR_NO_MEMORY = 5,   /* an allocation failed */
+    FA_ERR_BACKEND = 6,     /* the backend failed (no device, a CUDA error, ...) */
+    FA_ERR_IO = 7,          /* reading or writing a file failed */
+    FA_ERR_INTERNAL = 8     /* a bug in flashattn */
+} fa_status;
+
+/* Strides are in elements, one per dimension, for [B, H, S, D]-shaped tensors. A stride
+ * array of all zeros means contiguous BHSD. Strides must be >= 0. */
+typedef struct {
+    int64_t s[4];
+} fa_strides;
+
+/* The problem: shapes, dtype, options. Make one with fa_problem_init, then set fields. */
+typedef struct {
+    int64_t batch;      /* B */
+    int64_t heads_q;    /* Hq */
+    int64_t heads_kv;   /* Hk; Hq must be a multiple of Hk (GQA/MQA) */
+    int64_t seq_q;      /* Sq */
+    int64_t seq_k;      /* Sk */
+    int64_t head_dim;   /* D, of q and k */
+    int64_t head_dim_v; /* Dv, of v and o */
+    fa_dtype dtype;     /* of q, k, v, o (and do, dq, dk, dv) */
+
+    fa_strides q_stride, k_stride, v_stride, o_stride; /* o's also for do/dq; k's for dk; v's for dv */
+
+    int has_scale; /* 0: scale = 1/sqrt(head_dim) */
+    float scale;
+    int causal;            /* bottom-right aligned: key j visible to query i if j <= i + Sk - Sq */
+    int64_t window_left;   /* -1 unbounded (the default) */
+    int64_t window_right;  /* -1 unbounded (the default) */
+    float softcap;         /* 0: off; > 0: s = cap * tanh(s / cap) */
+    int has_alibi;         /* slopes [Hq] f32 */
+    int has_bias;          /* additive f32 bias [bias_batch, bias_heads, Sq, Sk] */
+    int64_t bias_batch;    /* 1 or B */
+    int64_t bias_heads;    /* 1 or Hq */
+    fa_strides bias_stride; /* all zeros: contiguous; a stride of a size-1 dim is ignored */
+    int has_segment_ids;   /* q_segment_ids [B, Sq], kv_segment_ids [B, Sk], int32, contiguous */
+
+    /* Reserved for packed variable-length sequences (cu_seqlens) and kv-cache decoding;
+     * must be 0 in this version. */
+    int varlen;
+    int64_t kv_cache_len;
+} fa_problem;
+
+/* Plan options: where and how to run. Zero means "let the library choose". */
+typedef struct {
+    fa_backend backend;
+    int threads;      /* CPU threads; 0: OpenMP's default */
+    int64_t block_q;  /* query rows per tile; 0: chosen by the library */
+    int64_t block_k;  /* keys per tile; 0: chosen by the library */
+} fa_options;
+
+/* The analytic cost of one pass (SPEC section 3). Exact where fa_plan_exact says so. */
+typedef struct {
+    int64_t flops;
+    int64_t flops_useful;
+    int64_t transcendentals;
+    int64_t bytes_accessed;
+    int64_t min_bytes;
+    int64_t workspace_bytes;
+    int64_t peak_bytes;
+    int64_t naive_peak_bytes;
+} fa_cost;
+
+/* What the kernels counted while they ran. */
+typedef struct {
+    int64_t flops;
+    int64_t transcendentals;
+} fa_counts;
+
+typedef struct fa_plan fa_plan;
+
+/* Tensors of one forward call. Pointers are host pointers for the CPU backend and device
+ * pointers for CUDA. lse may be NULL (the kernel computes it anyway). */
+typedef struct {
+    const void *q, *k, *v;
+    void *o;
+    float *lse;                  /* [B, Hq, Sq] contiguous, or NULL */
+    const float *bias;           /* when has_bias */
+    const float *alibi_slopes;   /* when has_alibi */
+    const int32_t *q_segment_ids, *kv_segment_ids; /* when has_segment_ids */
+    void *workspace;             /* NULL: the library allocates workspace_bytes itself */
+    size_t workspace_size;
+    void *stream;                /* CUDA stream (cudaStream_t), NULL for the default */
+    fa_counts *counts;           /* if not NULL, receives what the kernels counted */
+} fa_forward_args;
+
+/* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */
+typedef struct {
+    const void *q, *k, *v, *o, *d_o;
+    const float *lse;            /* [B, Hq, Sq] contiguous, required */
+    void *dq, *dk, *dv;          /* strided like q, k, v */
+    const float *bias;
+    const float *alibi_slopes;
+    const int32_t *q_segment_ids, *kv_segment_ids;
+    void *workspace;
+    size_t workspace_size;
+    void *stream;
+    fa_counts *counts;
+} fa_backward_args;
+
+/* ---- describe a problem ----------------------------------------------------------- */
+
+/* Zeroes p and sets defaults: f32, windows -1, heads_kv = heads_q and Dv = D when left 0. */
+FA_API void fa_problem_init(fa_problem *p);
+
+/* ---- plan ------------------------------------------------------------------------- */
+
+/* Validates the problem and options and fixes block sizes. No tensor data, no allocation
+ * beyond the plan. On error *out is NULL and fa_last_error() names the problem. */
+FA_API fa_status fa_plan_create(const fa_problem *p, const fa_options *opt, fa_plan **out);
+FA_API void fa_plan_destroy(fa_plan *plan);
+
+/* ---- query the plan --------------------------------------------------------------- */
+
+FA_API fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out);
+/* 1 when the cost figures are exact; 0 when they are an upper bound (segment ids). */
+FA_API int fa_plan_exact(const fa_plan *plan);
+FA_API fa_backend fa_plan_backend(const fa_plan *plan);
+FA_API void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t *block_k);
+FA_API int fa_plan_threads(const fa_plan *plan);
+FA_API const fa_problem *fa_plan_problem(const fa_plan *plan);
+/* The scale the kernels use (the default resolved). */
+FA_API float fa_plan_scale(const fa_plan *plan);
+
+/* ---- run -------------------------------------------------------------------------- */
+
+FA_API fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args);
+FA_API fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args);
+
+/* ---- errors and environment ------------------------------------------------------- */
+
+FA_API const char *fa_status_string(fa_status s);
+/* The message of the last failed call on this thread ("" if none). */
+FA_API const char *fa_last_error(void);
+/* 1 if this build has the CUDA backend and a device is present. */
+FA_API int fa_cuda_available(void);
+/* The CPU microkernel set in use ("scalar", "avx512", ...); FA_ISA forces one. */
+FA_API const char *fa_cpu_isa(void);
+FA_API const char *fa_dtype_name(fa_dtype t);
+FA_API size_t fa_dtype_size(fa_dtype t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_H */

@@ -1,0 +1,165 @@
+/* The analytic cost model (SPEC section 3). It walks the kernels' own tile schedule
+ * (fa_key_tile_range in internal.h) once per query tile, the same for every (batch, head),
+ * and applies the counting rules written beside it: O(number of query tiles), no
+ * allocation. Sums run in 128 bits and must fit int64 at the end. */
+#include "internal.h"
+
+typedef __int128 wide;
+
+/* Sum over i in [0, n) of clamp(i + c, 0, cap): a clamped line, summed in closed form. */
+static wide sum_clamped_line(wide c, wide n, wide cap) {
+    if (n <= 0) return 0;
+    /* i where i + c <= 0 contribute 0; where i + c >= cap contribute cap; else i + c. */
+    wide i_lo = -c + 1;            /* first i with i + c >= 1 */
+    wide i_hi = cap - c;           /* first i with i + c >= cap */
+    if (i_lo < 0) i_lo = 0;
+    if (i_hi < 0) i_hi = 0;
+    if (i_lo > n) i_lo = n;
+    if (i_hi > n) i_hi = n;
+    wide total = (n - i_hi) * cap;
+    if (i_hi > i_lo) total += (i_lo + c + i_hi - 1 + c) * (i_hi - i_lo) / 2;
+    return total;
+}
+
+/* (query, key) pairs visible under causal and window, for one (batch, head). Row i sees
+ * keys [lo(i), hi(i)] clipped to [0, Sk); lo <= hi + 1 always, so the count is
+ * sum of clamp(hi + 1) minus sum of clamp(lo). */
+static wide visible_pairs(const struct fa_plan *pl) {
+    const wide sq = pl->p.seq_q, sk = pl->p.seq_k;
+    wide hi_sum, lo_sum;
+    if (fa_key_hi(pl, 0) >= INT64_MAX / 8) hi_sum = sq * sk;
+    else hi_sum = sum_clamped_line((wide)fa_key_hi(pl, 0) + 1, sq, sk);
+    if (fa_key_lo(pl, 0) <= INT64_MIN / 8) lo_sum = 0;
+    else lo_sum = sum_clamped_line(fa_key_lo(pl, 0), sq, sk);
+    return hi_sum - lo_sum;
+}
+
+/* What one (batch, head) does under tiles of bq x bk, summed over its query tiles. */
+typedef struct {
+    wide rows_keys;   /* sum over computed tile pairs of m * n */
+    wide rows_tiles;  /* sum over computed tile pairs of m (one rescale per row per tile) */
+    wide keys;        /* sum over computed tile pairs of n */
+    wide pairs;       /* computed tile pairs */
+    wide qtiles;      /* query tiles */
+} tile_walk;
+
+static tile_walk walk_tiles(const struct fa_plan *pl, int64_t bq, int64_t bk) {
+    tile_walk w = {0};
+    const int64_t sq = pl->p.seq_q, sk = pl->p.seq_k;
+    for (int64_t r0 = 0; r0 < sq; r0 += bq) {
+        int64_t r1 = r0 + bq < sq ? r0 + bq : sq, kt0, kt1;
+        fa_key_tile_range(pl, r0, r1, bk, &kt0, &kt1);
+        w.qtiles++;
+        if (kt1 <= kt0) continue;
+        int64_t m = r1 - r0, k_end = kt1 * bk < sk ? kt1 * bk : sk;
+        wide n = k_end - kt0 * bk;
+        w.rows_keys += (wide)m * n;
+        w.rows_tiles += (wide)m * (kt1 - kt0);
+        w.keys += n;
+        w.pairs += kt1 - kt0;
+    }
+    return w;
+}
+
+static int store(wide v, int64_t *out) {
+    if (v < 0 || v > (wide)INT64_MAX) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+/* Bytes of every input and output (the optional ones as used), for min and peak figures. */
+typedef struct {
+    wide q, k, v, o, lse, bias, slopes, segments;
+} tensor_bytes;
+
+static tensor_bytes sizes(const fa_problem *p) {
+    tensor_bytes t;
+    const wide es = (wide)fa_dtype_size(p->dtype), b = p->batch;
+    t.q = b * p->heads_q * p->seq_q * p->head_dim * es;
+    t.k = b * p->heads_kv * p->seq_k * p->head_dim * es;
+    t.v = b * p->heads_kv * p->seq_k * p->head_dim_v * es;
+    t.o = b * p->heads_q * p->seq_q * p->head_dim_v * es;
+    t.lse = b * p->heads_q * p->seq_q * 4;
+    t.bias = p->has_bias ? (wide)p->bias_batch * p->bias_heads * p->seq_q * p->seq_k * 4 : 0;
+    t.slopes = p->has_alibi ? (wide)p->heads_q * 4 : 0;
+    t.segments = p->has_segment_ids ? b * (p->seq_q + p->seq_k) * 4 : 0;
+    return t;
+}
+
+static fa_status forward_cost(struct fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    const wide heads = (wide)p->batch * p->heads_q, D = p->head_dim, Dv = p->head_dim_v;
+    const wide es = (wide)fa_dtype_size(p->dtype);
+    const int softcap = p->softcap > 0;
+    tile_walk w = walk_tiles(pl, pl->fwd_bq, pl->fwd_bk);
+    tensor_bytes t = sizes(p);
+
+    wide flops = heads * w.rows_keys * 2 * (D + Dv);
+    wide trans = heads * (w.rows_keys * (1 + softcap) + w.rows_tiles + p->seq_q);
+    /* per (b, h): q read once, each visited k/v tile once per query tile, o and lse written
+     * once; bias read per computed element; kv segment ids per visited key, q's once;
+     * the head's slope once per query tile */
+    wide per_head = (wide)p->seq_q * (D * es + Dv * es + 4) + w.keys * (D + Dv) * es;
+    if (p->has_bias) per_head += w.rows_keys * 4;
+    if (p->has_segment_ids) per_head += (wide)p->seq_q * 4 + w.keys * 4;
+    if (p->has_alibi) per_head += w.qtiles * 4;
+    wide inputs = t.q + t.k + t.v + t.bias + t.slopes + t.segments, outputs = t.o + t.lse;
+    wide work = pl->backend == FA_BACKEND_CUDA
+                    ? fa_cuda_workspace_bytes(pl, FA_FORWARD)
+                    : (wide)pl->threads * fa_cpu_forward_scratch_bytes(pl);
+    wide score = heads * p->seq_q * p->seq_k * 4;
+
+    fa_cost *c = &pl->fwd;
+    if (!store(flops, &c->flops) || !store(heads * visible_pairs(pl) * 2 * (D + Dv), &c->flops_useful) ||
+        !store(trans, &c->transcendentals) || !store(heads * per_head, &c->bytes_accessed) ||
+        !store(inputs + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
+        !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
+        return fa_error(FA_ERR_OVERFLOW, "the forward cost of this problem overflows int64");
+    return FA_OK;
+}
+
+/* The backward: Delta = rowsum(dO o); a dk/dv pass over (b, kv head, key tile) visiting
+ * the query tiles of its query heads; a dq pass over (b, q head, query tile). */
+static fa_status backward_cost(struct fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    const wide heads = (wide)p->batch * p->heads_q, D = p->head_dim, Dv = p->head_dim_v;
+    const wide es = (wide)fa_dtype_size(p->dtype), sq = p->seq_q;
+    const int softcap = p->softcap > 0;
+    tile_walk w = walk_tiles(pl, pl->bwd_bq, pl->bwd_bk);
+    tensor_bytes t = sizes(p);
+
+    wide flops = heads * w.rows_keys * 2 * ((2 * D + 2 * Dv) + (2 * D + Dv));
+    wide trans = heads * 2 * w.rows_keys * (1 + softcap);
+    /* bytes per query head: Delta reads o and dO and writes Delta; the dk/dv pass reads,
+     * per computed pair, the q and dO tiles and the rows' lse and Delta; the dq pass reads
+     * q, dO, lse, Delta once per query tile and k, v per computed pair, and writes dq. */
+    wide rows_pairs = w.rows_tiles; /* sum over pairs of m */
+    wide per_head = sq * (2 * Dv * es + 4);
+    per_head += rows_pairs * ((D + Dv) * es + 8);
+    per_head += sq * ((D + Dv) * es + 8) + w.keys * (D + Dv) * es + sq * D * es;
+    if (p->has_bias) per_head += 2 * w.rows_keys * 4;
+    if (p->has_segment_ids) per_head += 2 * (rows_pairs * 4 + w.keys * 4);
+    if (p->has_alibi) per_head += 2 * w.qtiles * 4;
+    /* per kv head: k and v read once, dk and dv written once, by the dk/dv pass */
+    wide kv_once = 2 * (t.k + t.v);
+
+    wide inputs = t.q + t.k + t.v + 2 * t.o + t.lse + t.bias + t.slopes + t.segments; /* o and dO */
+    wide outputs = t.q + t.k + t.v;                                                     /* dq, dk, dv */
+    wide work = pl->backend == FA_BACKEND_CUDA
+                    ? fa_cuda_workspace_bytes(pl, FA_BACKWARD)
+                    : heads * sq * 4 + (wide)pl->threads * fa_cpu_backward_scratch_bytes(pl);
+    wide score = heads * sq * p->seq_k * 4;
+
+    fa_cost *c = &pl->bwd;
+    if (!store(flops, &c->flops) || !store(heads * visible_pairs(pl) * 2 * (3 * D + 2 * Dv), &c->flops_useful) ||
+        !store(trans, &c->transcendentals) || !store(heads * per_head + kv_once, &c->bytes_accessed) ||
+        !store(inputs + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
+        !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
+        return fa_error(FA_ERR_OVERFLOW, "the backward cost of this problem overflows int64");
+    return FA_OK;
+}
+
+fa_status fa_cost_compute(struct fa_plan *pl) {
+    fa_status s = forward_cost(pl);
+    return s ? s : backward_cost(pl);
+}

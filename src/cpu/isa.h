@@ -1,0 +1,50 @@
+/* The CPU microkernel interface: one table per instruction set (isa_scalar.c,
+ * isa_avx512.c, ...), chosen once at run time (dispatch.c; FA_ISA forces one).
+ *
+ * The drivers (forward.c, backward.c) own tiling, threading, masking and the online
+ * softmax bookkeeping; a microkernel does one fixed job on one tile. Operands are packed
+ * first, into the kernel's own layout, so an ISA may keep them in f32, bf16 pairs (VNNI)
+ * or AMX tiles. A packed buffer is determined by the (rows, cols) it was packed with, and
+ * the same (rows, cols) are passed to the products that read it. */
+#ifndef FA_CPU_ISA_H
+#define FA_CPU_ISA_H
+
+#include "../internal.h"
+
+/* Where a tile comes from: element [0, 0] of a rows x cols block of a strided tensor. */
+typedef struct {
+    const void *base;
+    fa_dtype dtype;
+    int64_t row_stride, col_stride; /* in elements */
+} fa_tile_src;
+
+typedef struct fa_isa {
+    const char *name;   /* "scalar", "avx2", "avx512", "avx512bf16", "amx" */
+    int (*available)(void); /* cpuid (and OS permission) check */
+    /* Bytes of a packed buffer holding up to rows x cols (any pack_* below). */
+    int64_t (*packed_bytes)(int64_t rows, int64_t cols, fa_dtype t);
+    /* Pack the left operand A of S = A B^T (q: rows = query rows, cols = head dim). */
+    void (*pack_a)(const fa_tile_src *src, int rows, int cols, void *dst);
+    /* Pack the right operand B of S = A B^T (k: rows = keys, cols = head dim). */
+    void (*pack_bt)(const fa_tile_src *src, int rows, int cols, void *dst);
+    /* Pack the right operand B of O += P B (v: rows = keys, cols = value dim). */
+    void (*pack_b)(const fa_tile_src *src, int rows, int cols, void *dst);
+    /* s[i*lds + j] = sum_{x<k} A[i,x] B[j,x] for i < m, j < n (a: pack_a(m,k), bt:
+     * pack_bt(n,k)). Overwrites s. */
+    void (*gemm_abt)(int m, int n, int k, const void *a, const void *bt, float *s, int lds);
+    /* o[i*ldo + c] += sum_{j<n} p[i*ldp + j] B[j,c] for i < m, c < cols (b: pack_b(n,
+     * cols)). p is f32, already rounded to the problem's dtype by the caller. */
+    void (*gemm_pb)(int m, int n, int cols, const float *p, int ldp, const void *b, float *o,
+                    int ldo);
+    /* x[j] = exp(x[j] - mx) for j < n, returns their sum. exp(-inf) = 0. */
+    float (*exp_sum)(float *x, int n, float mx);
+} fa_isa;
+
+/* Every table compiled in, best first; the scalar one is always last and available. */
+extern const fa_isa fa_isa_scalar;
+
+/* The table to use: FA_ISA if set (FA_ERR_UNSUPPORTED if this CPU lacks it, FA_ERR_INVALID
+ * if the name is unknown), else the best available. */
+fa_status fa_isa_select(const fa_isa **out);
+
+#endif /* FA_CPU_ISA_H */

@@ -1,0 +1,58 @@
+/* f16 <-> f32 conversion in portable C (round to nearest, ties to even), and dtype names. */
+#include "internal.h"
+
+#include <string.h>
+
+float fa_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13); /* inf or NaN */
+    } else if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400u));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t fa_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;          /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u;          /* rounds to >= 65520: inf */
+    if (a < 0x38800000u) {                                /* below 2^-14: subnormal or 0 */
+        if (a < 0x33000000u) return sign;                 /* below half the smallest: 0 */
+        uint32_t man = (a & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(a >> 23); /* value / 2^-24 = man * 2^(exp - 126) */
+        uint32_t r = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return sign | (uint16_t)r;
+    }
+    uint32_t r = ((a >> 13) - ((127 - 15) << 10));
+    uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
+    return sign | (uint16_t)r;
+}
+
+const char *fa_dtype_name(fa_dtype t) {
+    switch (t) {
+    case FA_F32: return "f32";
+    case FA_F16: return "f16";
+    case FA_BF16: return "bf16";
+    }
+    return "unknown";
+}
+
+size_t fa_dtype_size(fa_dtype t) { return t == FA_F32 ? 4 : 2; }

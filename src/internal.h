@@ -1,0 +1,142 @@
+/* Internal declarations shared by the plan, the cost model and the backends. */
+#ifndef FA_INTERNAL_H
+#define FA_INTERNAL_H
+
+#include "flashattn.h"
+
+#include <math.h>
+#include <stdint.h>
+
+/* The plan: a validated problem with every default resolved. */
+struct fa_plan {
+    fa_problem p;           /* strides filled in (never all-zero), scale resolved */
+    fa_backend backend;     /* CPU or CUDA, never AUTO */
+    int threads;            /* CPU threads the kernels use */
+    int64_t fwd_bq, fwd_bk; /* forward tile: query rows x keys */
+    int64_t bwd_bq, bwd_bk; /* backward tile */
+    float scale;
+    int64_t off;            /* Sk - Sq: masks align bottom-right */
+    fa_cost fwd, bwd;       /* computed once, at plan time */
+    const struct fa_isa *isa; /* CPU microkernels chosen at plan time (src/cpu/isa.h) */
+};
+
+/* Sets this thread's error message (printf-style) and returns status. */
+fa_status fa_error(fa_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void fa_clear_error(void);
+
+/* The cost model (cost.c): fills plan->fwd and plan->bwd. FA_ERR_OVERFLOW if a figure
+ * does not fit int64. */
+fa_status fa_cost_compute(struct fa_plan *plan);
+
+/* Per-thread scratch the CPU drivers carve their workspace from (bytes). The cost model
+ * reports threads x these (plus the backward's O(B*Hq*Sq) row terms), and the drivers
+ * allocate exactly that. */
+int64_t fa_cpu_forward_scratch_bytes(const struct fa_plan *plan);
+int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan);
+/* Workspace of the CUDA kernels (bytes); plain C so plans need no device. */
+int64_t fa_cuda_workspace_bytes(const struct fa_plan *plan, fa_pass pass);
+void fa_cuda_default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64_t *bk);
+
+/* Backends. */
+fa_status fa_cpu_forward(const struct fa_plan *plan, const fa_forward_args *a);
+fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a);
+fa_status fa_cuda_forward(const struct fa_plan *plan, const fa_forward_args *a);
+fa_status fa_cuda_backward(const struct fa_plan *plan, const fa_backward_args *a);
+
+/* ---- the tile schedule ------------------------------------------------------------
+ * One definition, used by the cost model and by every kernel, of which key tiles a query
+ * tile visits. Visible keys for row i form the interval [lo(i), hi(i)] (causal and window
+ * clip it; both ends grow with i), so the keys any row of rows [r0, r1) can see form
+ * [lo(r0), hi(r1 - 1)]. Key tiles outside that interval are skipped; every key tile that
+ * overlaps it is computed (and masked element by element where needed). Segment ids and
+ * bias never skip tiles. */
+
+/* Lowest key row i may see, before clipping to [0, Sk). */
+static inline int64_t fa_key_lo(const struct fa_plan *pl, int64_t i) {
+    if (pl->p.window_left >= 0) return i + pl->off - pl->p.window_left;
+    return INT64_MIN / 4;
+}
+/* Highest key row i may see, before clipping to [0, Sk). */
+static inline int64_t fa_key_hi(const struct fa_plan *pl, int64_t i) {
+    int64_t hi = INT64_MAX / 4;
+    if (pl->p.causal) hi = i + pl->off;
+    if (pl->p.window_right >= 0 && i + pl->off + pl->p.window_right < hi)
+        hi = i + pl->off + pl->p.window_right;
+    return hi;
+}
+
+/* Key tiles [*kt0, *kt1) visited by query rows [r0, r1) with key tiles of bk keys. */
+static inline void fa_key_tile_range(const struct fa_plan *pl, int64_t r0, int64_t r1,
+                                     int64_t bk, int64_t *kt0, int64_t *kt1) {
+    int64_t lo = fa_key_lo(pl, r0), hi = fa_key_hi(pl, r1 - 1);
+    if (lo < 0) lo = 0;
+    if (hi > pl->p.seq_k - 1) hi = pl->p.seq_k - 1;
+    if (lo > hi) { *kt0 = 0; *kt1 = 0; return; }
+    *kt0 = lo / bk;
+    *kt1 = hi / bk + 1;
+}
+
+/* Is key j visible to query i under causal and window (segment ids checked apart)? */
+static inline int fa_visible(const struct fa_plan *pl, int64_t i, int64_t j) {
+    return j >= fa_key_lo(pl, i) && j <= fa_key_hi(pl, i);
+}
+
+/* ---- what the kernels count (and the cost model predicts, to the unit) --------------
+ * m = in-range query rows of a tile (< Sq), n = in-range keys (< Sk); padding never counts.
+ * Forward, for every computed (query tile, key tile) pair of every (b, hq):
+ *   flops += 2*m*n*(D + Dv)                 S = Q K^T and O += P V
+ *   trans += m*n                            exp of every score (masked ones included)
+ *          + m                              one online-softmax rescale exp per row
+ *          + (softcap > 0 ? m*n : 0)        tanh of every score
+ * and once for every query row (those with no computed tile too): trans += 1 (the log of
+ * lse). Backward, two passes over the same tile pairs with its own block sizes:
+ *   dk/dv pass: flops += 2*m*n*(2*D + 2*Dv)  S, dP = dO V^T, dV += P^T dO, dK += dS^T Q
+ *   dq pass:    flops += 2*m*n*(2*D + Dv)    S, dP, dQ += dS K
+ *   each pass:  trans += m*n (+ m*n tanh with softcap)    p = exp(s - lse)
+ * D_i = rowsum(dO o) is not a matrix product and counts nothing. */
+
+/* Element offset of [b, h, s, d] in a tensor with strides st. */
+static inline int64_t fa_offset(const fa_strides *st, int64_t b, int64_t h, int64_t s, int64_t d) {
+    return b * st->s[0] + h * st->s[1] + s * st->s[2] + d * st->s[3];
+}
+
+/* ---- dtype conversion (round to nearest, ties to even) ---------------------------- */
+
+static inline float fa_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+static inline uint16_t fa_f32_to_bf16(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* quiet NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+float fa_f16_to_f32(uint16_t h);
+uint16_t fa_f32_to_f16(float f);
+
+/* Reads element idx of a q/k/v-like tensor of dtype t as f32. */
+static inline float fa_load(fa_dtype t, const void *base, int64_t idx) {
+    if (t == FA_F32) return ((const float *)base)[idx];
+    if (t == FA_BF16) return fa_bf16_to_f32(((const uint16_t *)base)[idx]);
+    return fa_f16_to_f32(((const uint16_t *)base)[idx]);
+}
+static inline void fa_store(fa_dtype t, void *base, int64_t idx, float x) {
+    if (t == FA_F32) ((float *)base)[idx] = x;
+    else if (t == FA_BF16) ((uint16_t *)base)[idx] = fa_f32_to_bf16(x);
+    else ((uint16_t *)base)[idx] = fa_f32_to_f16(x);
+}
+/* x rounded to dtype t and back (p before the second product, SPEC section 1). */
+static inline float fa_round_to(fa_dtype t, float x) {
+    if (t == FA_BF16) return fa_bf16_to_f32(fa_f32_to_bf16(x));
+    if (t == FA_F16) return fa_f16_to_f32(fa_f32_to_f16(x));
+    return x;
+}
+
+#endif /* FA_INTERNAL_H */

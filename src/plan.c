@@ -1,0 +1,244 @@
+/* Plans: validate a problem, resolve its defaults, fix block sizes and the backend, then
+ * let the cost model fill in what the kernels will cost. Shapes only, no tensor data. */
+#include "cpu/isa.h"
+#include "internal.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Largest tile edge accepted; scratch grows with it and nothing gains beyond it. */
+#define FA_MAX_BLOCK 4096
+
+void fa_problem_init(fa_problem *p) {
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->dtype = FA_F32;
+    p->window_left = -1;
+    p->window_right = -1;
+    p->bias_batch = 1;
+    p->bias_heads = 1;
+}
+
+static fa_status check_positive(const char *name, int64_t v) {
+    if (v <= 0) return fa_error(FA_ERR_INVALID, "%s must be positive, got %lld", name, (long long)v);
+    return FA_OK;
+}
+
+/* Fills all-zero strides with contiguous ones, rejects negative strides, and checks that
+ * the largest element offset fits int64. dims: the tensor's [B, H, S, D]. */
+static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t dims[4]) {
+    int zero = 1;
+    for (int i = 0; i < 4; i++) {
+        if (st->s[i] < 0)
+            return fa_error(FA_ERR_INVALID, "%s stride %d is negative (%lld)", name, i, (long long)st->s[i]);
+        if (st->s[i] != 0) zero = 0;
+    }
+    if (zero) {
+        int64_t acc = 1;
+        for (int i = 3; i >= 0; i--) {
+            st->s[i] = acc;
+            if (__builtin_mul_overflow(acc, dims[i], &acc))
+                return fa_error(FA_ERR_OVERFLOW, "%s has more elements than int64 can count", name);
+        }
+        return FA_OK;
+    }
+    int64_t last = 0;
+    for (int i = 0; i < 4; i++) {
+        int64_t t;
+        if (__builtin_mul_overflow(dims[i] - 1, st->s[i], &t) || __builtin_add_overflow(last, t, &last))
+            return fa_error(FA_ERR_OVERFLOW, "%s strides reach beyond int64 offsets", name);
+    }
+    return FA_OK;
+}
+
+static fa_status check_counts(const fa_problem *p) {
+    /* every tensor's element count must fit int64 (the score matrix too: the naive figure) */
+    int64_t dims[][4] = {{p->batch, p->heads_q, p->seq_q, p->head_dim},
+                         {p->batch, p->heads_kv, p->seq_k, p->head_dim},
+                         {p->batch, p->heads_kv, p->seq_k, p->head_dim_v},
+                         {p->batch, p->heads_q, p->seq_q, p->head_dim_v},
+                         {p->batch, p->heads_q, p->seq_q, p->seq_k}};
+    const char *names[] = {"q", "k", "v", "o", "the score matrix"};
+    for (int t = 0; t < 5; t++) {
+        int64_t n = 8; /* bytes of a double: the widest element anyone stores */
+        for (int i = 0; i < 4; i++)
+            if (__builtin_mul_overflow(n, dims[t][i], &n))
+                return fa_error(FA_ERR_OVERFLOW,
+                                "%s [%lld, %lld, %lld, %lld] is too large: its size overflows int64", names[t],
+                                (long long)dims[t][0], (long long)dims[t][1], (long long)dims[t][2],
+                                (long long)dims[t][3]);
+    }
+    return FA_OK;
+}
+
+static fa_status validate_problem(fa_problem *p) {
+    fa_status s;
+    if (p->heads_kv == 0) p->heads_kv = p->heads_q;
+    if (p->head_dim_v == 0) p->head_dim_v = p->head_dim;
+    if ((s = check_positive("batch", p->batch)) || (s = check_positive("heads_q", p->heads_q)) ||
+        (s = check_positive("heads_kv", p->heads_kv)) || (s = check_positive("seq_q", p->seq_q)) ||
+        (s = check_positive("seq_k", p->seq_k)) || (s = check_positive("head_dim", p->head_dim)) ||
+        (s = check_positive("head_dim_v", p->head_dim_v)))
+        return s;
+    /* the cost walk is O(query tiles) and segment ids index with int32 */
+    if (p->seq_q > INT32_MAX || p->seq_k > INT32_MAX)
+        return fa_error(FA_ERR_INVALID, "sequence lengths are limited to %d, got seq_q %lld, seq_k %lld", INT32_MAX,
+                        (long long)p->seq_q, (long long)p->seq_k);
+    if (p->heads_q % p->heads_kv != 0)
+        return fa_error(FA_ERR_INVALID, "heads_q (%lld) is not a multiple of heads_kv (%lld)",
+                        (long long)p->heads_q, (long long)p->heads_kv);
+    if (p->dtype != FA_F32 && p->dtype != FA_F16 && p->dtype != FA_BF16)
+        return fa_error(FA_ERR_INVALID, "dtype %d is not f32, f16 or bf16", (int)p->dtype);
+    if ((s = check_counts(p))) return s;
+    if (p->has_scale && !isfinite(p->scale))
+        return fa_error(FA_ERR_INVALID, "scale must be finite, got %g", (double)p->scale);
+    if (!isfinite(p->softcap) || p->softcap < 0)
+        return fa_error(FA_ERR_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", (double)p->softcap);
+    if (p->window_left < -1 || p->window_right < -1)
+        return fa_error(FA_ERR_INVALID, "window (%lld, %lld): each side must be >= -1 (-1 = unbounded)",
+                        (long long)p->window_left, (long long)p->window_right);
+    if (p->varlen)
+        return fa_error(FA_ERR_UNSUPPORTED, "packed variable-length sequences are not supported yet");
+    if (p->kv_cache_len)
+        return fa_error(FA_ERR_UNSUPPORTED, "kv-cache decoding is not supported yet");
+
+    int64_t qd[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
+    int64_t kd[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim};
+    int64_t vd[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim_v};
+    int64_t od[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim_v};
+    if ((s = resolve_strides("q", &p->q_stride, qd)) || (s = resolve_strides("k", &p->k_stride, kd)) ||
+        (s = resolve_strides("v", &p->v_stride, vd)) || (s = resolve_strides("o", &p->o_stride, od)))
+        return s;
+    if (p->has_bias) {
+        if (p->bias_batch != 1 && p->bias_batch != p->batch)
+            return fa_error(FA_ERR_INVALID, "bias batch dim is %lld but must be 1 or batch (%lld)",
+                            (long long)p->bias_batch, (long long)p->batch);
+        if (p->bias_heads != 1 && p->bias_heads != p->heads_q)
+            return fa_error(FA_ERR_INVALID, "bias heads dim is %lld but must be 1 or heads_q (%lld)",
+                            (long long)p->bias_heads, (long long)p->heads_q);
+        int64_t bd[4] = {p->bias_batch, p->bias_heads, p->seq_q, p->seq_k};
+        if ((s = resolve_strides("bias", &p->bias_stride, bd))) return s;
+        /* broadcast dims read the same slice whatever their stride says */
+        if (p->bias_batch == 1) p->bias_stride.s[0] = 0;
+        if (p->bias_heads == 1) p->bias_stride.s[1] = 0;
+    }
+    p->has_alibi = p->has_alibi != 0;
+    p->has_bias = p->has_bias != 0;
+    p->has_segment_ids = p->has_segment_ids != 0;
+    p->causal = p->causal != 0;
+    return FA_OK;
+}
+
+static fa_status check_block(const char *name, int64_t v) {
+    if (v < 0 || v > FA_MAX_BLOCK)
+        return fa_error(FA_ERR_INVALID, "%s must be in [1, %d] (0 = default), got %lld", name, FA_MAX_BLOCK,
+                        (long long)v);
+    return FA_OK;
+}
+
+/* CPU tile defaults: 64 query rows keep a tile of accumulators in L1/L2 for D <= 256. */
+static void cpu_default_blocks(const fa_problem *p, int64_t *bq, int64_t *bk) {
+    (void)p;
+    *bq = 64;
+    *bk = 64;
+}
+
+static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
+    fa_backend b = o->backend;
+    if (b != FA_BACKEND_AUTO && b != FA_BACKEND_CPU && b != FA_BACKEND_CUDA)
+        return fa_error(FA_ERR_INVALID, "backend %d is not auto, cpu or cuda", (int)b);
+    if (b == FA_BACKEND_AUTO) b = fa_cuda_available() ? FA_BACKEND_CUDA : FA_BACKEND_CPU;
+    pl->backend = b;
+    if (o->threads < 0) return fa_error(FA_ERR_INVALID, "threads must be >= 1 (0 = default), got %d", o->threads);
+    fa_status s;
+    if ((s = check_block("block_q", o->block_q)) || (s = check_block("block_k", o->block_k))) return s;
+    if (b == FA_BACKEND_CPU) {
+        pl->threads = o->threads ? o->threads : omp_get_max_threads();
+        if ((s = fa_isa_select(&pl->isa))) return s;
+        int64_t bq, bk;
+        cpu_default_blocks(&pl->p, &bq, &bk);
+        pl->fwd_bq = pl->bwd_bq = o->block_q ? o->block_q : bq;
+        pl->fwd_bk = pl->bwd_bk = o->block_k ? o->block_k : bk;
+        return FA_OK;
+    }
+    /* CUDA: tiles are compiled in, so the defaults are the only sizes it runs. */
+    const fa_problem *p = &pl->p;
+    if (p->head_dim > 256 || p->head_dim % 8 || p->head_dim_v > 256 || p->head_dim_v % 8)
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",
+                        (long long)p->head_dim, (long long)p->head_dim_v);
+    pl->threads = 1;
+    fa_cuda_default_blocks(p, FA_FORWARD, &pl->fwd_bq, &pl->fwd_bk);
+    fa_cuda_default_blocks(p, FA_BACKWARD, &pl->bwd_bq, &pl->bwd_bk);
+    if ((o->block_q && o->block_q != pl->fwd_bq) || (o->block_k && o->block_k != pl->fwd_bk))
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend runs %lldx%lld tiles for this head dim; block sizes %lldx%lld are not built",
+                        (long long)pl->fwd_bq, (long long)pl->fwd_bk, (long long)o->block_q, (long long)o->block_k);
+    return FA_OK;
+}
+
+fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_plan **out) {
+    fa_clear_error();
+    if (!out) return fa_error(FA_ERR_NULL, "fa_plan_create: out is NULL");
+    *out = NULL;
+    if (!problem) return fa_error(FA_ERR_NULL, "fa_plan_create: problem is NULL");
+    fa_options defaults = {0};
+    if (!opt) opt = &defaults;
+
+    fa_plan *pl = calloc(1, sizeof *pl);
+    if (!pl) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate the plan");
+    pl->p = *problem;
+    fa_status s = validate_problem(&pl->p);
+    if (!s) s = choose_backend(pl, opt);
+    if (!s) {
+        pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
+        pl->p.scale = pl->scale;
+        pl->p.has_scale = 1;
+        pl->off = pl->p.seq_k - pl->p.seq_q;
+        s = fa_cost_compute(pl);
+    }
+    if (s) {
+        free(pl);
+        return s;
+    }
+    *out = pl;
+    return FA_OK;
+}
+
+void fa_plan_destroy(fa_plan *plan) { free(plan); }
+
+fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out) {
+    if (!plan || !out) return fa_error(FA_ERR_NULL, "fa_plan_cost: %s is NULL", plan ? "out" : "plan");
+    if (pass != FA_FORWARD && pass != FA_BACKWARD)
+        return fa_error(FA_ERR_INVALID, "fa_plan_cost: pass %d is not FA_FORWARD or FA_BACKWARD", (int)pass);
+    *out = pass == FA_FORWARD ? plan->fwd : plan->bwd;
+    return FA_OK;
+}
+
+int fa_plan_exact(const fa_plan *plan) { return plan && !plan->p.has_segment_ids; }
+fa_backend fa_plan_backend(const fa_plan *plan) { return plan ? plan->backend : FA_BACKEND_AUTO; }
+int fa_plan_threads(const fa_plan *plan) { return plan ? plan->threads : 0; }
+const fa_problem *fa_plan_problem(const fa_plan *plan) { return plan ? &plan->p : NULL; }
+float fa_plan_scale(const fa_plan *plan) { return plan ? plan->scale : 0.0f; }
+
+void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t *block_k) {
+    if (!plan) return;
+    if (block_q) *block_q = pass == FA_BACKWARD ? plan->bwd_bq : plan->fwd_bq;
+    if (block_k) *block_k = pass == FA_BACKWARD ? plan->bwd_bk : plan->fwd_bk;
+}
+
+fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
+    fa_clear_error();
+    if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", plan ? "args" : "plan");
+    if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_forward(plan, args);
+    return fa_cpu_forward(plan, args);
+}
+
+fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
+    fa_clear_error();
+    if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_backward: %s is NULL", plan ? "args" : "plan");
+    if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_backward(plan, args);
+    return fa_cpu_backward(plan, args);
+}

@@ -1,0 +1,19 @@
+/* The naive float64 reference, for tests only (never linked into the library).
+ * It follows SPEC section 2 literally: inputs read as given (already in their dtype),
+ * every score, mask and sum in double, whole score rows materialised. */
+#ifndef FA_REF_H
+#define FA_REF_H
+
+#include "flashattn.h"
+
+/* o [B,Hq,Sq,Dv] and lse [B,Hq,Sq], contiguous doubles. Tensor pointers and strides as in
+ * fa_forward_args / the problem (strides all zero = contiguous). */
+void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);
+
+/* dq [B,Hq,Sq,D], dk [B,Hk,Sk,D], dv [B,Hk,Sk,Dv], contiguous doubles: gradients of
+ * sum(o * do). Uses a->q, k, v, d_o (and bias, slopes, segment ids); o and lse are
+ * recomputed in double, not taken from a. */
+void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
+                     double *dv);
+
+#endif

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# What the tests need: a C compiler, CMake and make (gcc's OpenMP runtime comes with gcc).
+# Installs only what is missing, so it is quick on a machine that has them.
+set -euo pipefail
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v gcc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need[@]}"
+fi
