@@ -1,0 +1,229 @@
+/* The plan and its cost model, without running a kernel: validation of bad problems (each
+ * with its status and a message naming the argument), the seed's figures, and the tile
+ * walk against a brute-force enumeration of every (query, key) element. */
+#include "test_util.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            failures++;                                                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+            printf(__VA_ARGS__);                                                           \
+            printf("\n");                                                                  \
+        }                                                                                  \
+    } while (0)
+
+static fa_problem small(void) {
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 2;
+    p.heads_q = 4;
+    p.heads_kv = 2;
+    p.seq_q = 10;
+    p.seq_k = 12;
+    p.head_dim = 16;
+    return p;
+}
+
+/* A bad problem must fail with `want` and a message containing `word`. */
+static void expect_bad(const char *what, fa_problem p, fa_options *o, fa_status want, const char *word) {
+    fa_plan *pl = (fa_plan *)0x1;
+    fa_status s = fa_plan_create(&p, o, &pl);
+    CHECK(s == want, "%s: status %d (%s), want %d; message: %s", what, s, fa_status_string(s), want, fa_last_error());
+    CHECK(pl == NULL, "%s: plan not NULL on error", what);
+    CHECK(strstr(fa_last_error(), word) != NULL, "%s: message \"%s\" does not name \"%s\"", what, fa_last_error(), word);
+    if (s == FA_OK) fa_plan_destroy(pl);
+}
+
+static void test_validation(void) {
+    fa_problem p;
+    fa_options o = {0};
+    int n0 = failures;
+#define BAD(field, value, status, word)                                                    \
+    do {                                                                                   \
+        p = small();                                                                       \
+        p.field = value;                                                                   \
+        expect_bad(#field " = " #value, p, NULL, status, word);                            \
+    } while (0)
+    BAD(batch, 0, FA_ERR_INVALID, "batch");
+    BAD(batch, -3, FA_ERR_INVALID, "batch");
+    BAD(heads_q, 0, FA_ERR_INVALID, "heads_q");
+    BAD(heads_kv, -1, FA_ERR_INVALID, "heads_kv");
+    BAD(heads_kv, 3, FA_ERR_INVALID, "multiple");
+    BAD(seq_q, 0, FA_ERR_INVALID, "seq_q");
+    BAD(seq_k, -5, FA_ERR_INVALID, "seq_k");
+    BAD(head_dim, 0, FA_ERR_INVALID, "head_dim");
+    BAD(head_dim_v, -2, FA_ERR_INVALID, "head_dim_v");
+    BAD(dtype, (fa_dtype)7, FA_ERR_INVALID, "dtype");
+    BAD(batch, INT64_MAX / 4, FA_ERR_OVERFLOW, "overflow");
+    BAD(seq_q, (int64_t)1 << 40, FA_ERR_INVALID, "seq_q");
+    BAD(head_dim, INT64_MAX / 2, FA_ERR_OVERFLOW, "overflow");
+    BAD(seq_k, (int64_t)3 << 31, FA_ERR_INVALID, "seq_k");
+    BAD(softcap, -1.0f, FA_ERR_INVALID, "softcap");
+    BAD(softcap, INFINITY, FA_ERR_INVALID, "softcap");
+    BAD(softcap, NAN, FA_ERR_INVALID, "softcap");
+    BAD(window_left, -2, FA_ERR_INVALID, "window");
+    BAD(window_right, -7, FA_ERR_INVALID, "window");
+    BAD(varlen, 1, FA_ERR_UNSUPPORTED, "variable-length");
+    BAD(kv_cache_len, 5, FA_ERR_UNSUPPORTED, "kv-cache");
+    p = small(); p.has_scale = 1; p.scale = NAN;
+    expect_bad("scale = NaN", p, NULL, FA_ERR_INVALID, "scale");
+    p = small(); p.has_scale = 1; p.scale = -INFINITY;
+    expect_bad("scale = -inf", p, NULL, FA_ERR_INVALID, "scale");
+    p = small(); p.has_bias = 1; p.bias_batch = 3;
+    expect_bad("bias batch 3", p, NULL, FA_ERR_INVALID, "bias batch");
+    p = small(); p.has_bias = 1; p.bias_heads = 2;
+    expect_bad("bias heads 2", p, NULL, FA_ERR_INVALID, "bias heads");
+    p = small(); p.q_stride.s[2] = -16;
+    expect_bad("negative stride", p, NULL, FA_ERR_INVALID, "q stride");
+    p = small(); p.k_stride = (fa_strides){{INT64_MAX / 2, INT64_MAX / 2, 1, 1}};
+    expect_bad("stride overflow", p, NULL, FA_ERR_OVERFLOW, "k strides");
+    p = small(); o = (fa_options){0}; o.threads = -1;
+    expect_bad("threads -1", p, &o, FA_ERR_INVALID, "threads");
+    p = small(); o = (fa_options){0}; o.block_q = -4;
+    expect_bad("block_q -4", p, &o, FA_ERR_INVALID, "block_q");
+    p = small(); o = (fa_options){0}; o.block_k = 1 << 20;
+    expect_bad("block_k huge", p, &o, FA_ERR_INVALID, "block_k");
+    p = small(); o = (fa_options){0}; o.backend = (fa_backend)9;
+    expect_bad("backend 9", p, &o, FA_ERR_INVALID, "backend");
+    p = small(); p.head_dim = 12; o = (fa_options){0}; o.backend = FA_BACKEND_CUDA;
+    expect_bad("cuda D=12", p, &o, FA_ERR_UNSUPPORTED, "head dims");
+    fa_plan *pl = (fa_plan *)0x1;
+    CHECK(fa_plan_create(NULL, NULL, &pl) == FA_ERR_NULL && pl == NULL, "NULL problem");
+    CHECK(strstr(fa_last_error(), "problem"), "NULL problem message: %s", fa_last_error());
+    p = small();
+    CHECK(fa_plan_create(&p, NULL, NULL) == FA_ERR_NULL, "NULL out");
+    CHECK(fa_plan_cost(NULL, FA_FORWARD, NULL) == FA_ERR_NULL, "cost of NULL plan");
+    CHECK(fa_forward(NULL, NULL) == FA_ERR_NULL, "forward of NULL plan");
+    CHECK(fa_backward(NULL, NULL) == FA_ERR_NULL, "backward of NULL plan");
+    printf("%s validation: 38 bad problems rejected with status and message\n",
+           failures == n0 ? "PASS" : "FAIL");
+}
+
+/* Brute force: a (query tile, key tile) pair is computed iff any element in it is visible;
+ * the model's interval walk must agree pair by pair, in the totals that follow from it. */
+static void brute(const fa_plan *pl, int64_t bq, int64_t bk, int64_t *flops, int64_t *trans, int64_t *useful) {
+    const fa_problem *p = fa_plan_problem(pl);
+    int64_t f = 0, t = 0, u = 0;
+    for (int64_t r0 = 0; r0 < p->seq_q; r0 += bq) {
+        int64_t r1 = r0 + bq < p->seq_q ? r0 + bq : p->seq_q;
+        for (int64_t k0 = 0; k0 < p->seq_k; k0 += bk) {
+            int64_t k1 = k0 + bk < p->seq_k ? k0 + bk : p->seq_k, any = 0;
+            for (int64_t i = r0; i < r1; i++)
+                for (int64_t j = k0; j < k1; j++)
+                    if (fa_visible(pl, i, j)) { any = 1; u++; }
+            if (any) {
+                f += (r1 - r0) * (k1 - k0);
+                t += (r1 - r0) * (k1 - k0) * (1 + (p->softcap > 0)) + (r1 - r0);
+            }
+        }
+        t += r1 - r0;
+    }
+    int64_t h = p->batch * p->heads_q;
+    *flops = f * h; /* times 2 (D + Dv) by the caller */
+    *trans = t * h;
+    *useful = u * h;
+}
+
+static void test_cost_walk(uint64_t *seed) {
+    int n0 = failures, cases = 0;
+    for (int it = 0; it < 1500 && failures - n0 < 5; it++, cases++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = tu_int(seed, 1, 2);
+        p.heads_kv = tu_int(seed, 1, 2);
+        p.heads_q = p.heads_kv * tu_int(seed, 1, 3);
+        p.seq_q = tu_int(seed, 1, 80);
+        p.seq_k = tu_int(seed, 1, 80);
+        p.head_dim = tu_int(seed, 1, 9) * 8;
+        p.head_dim_v = tu_int(seed, 1, 9) * 8;
+        p.causal = tu_int(seed, 0, 1);
+        if (tu_int(seed, 0, 1)) {
+            p.window_left = tu_int(seed, -1, 25);
+            p.window_right = tu_int(seed, -1, 25);
+        }
+        p.softcap = tu_int(seed, 0, 1) ? 30.0f : 0.0f;
+        fa_options o = {.threads = 1, .block_q = tu_int(seed, 1, 24), .block_k = tu_int(seed, 1, 24)};
+        fa_plan *pl;
+        if (fa_plan_create(&p, &o, &pl)) {
+            CHECK(0, "plan failed: %s", fa_last_error());
+            continue;
+        }
+        int64_t f, t, u;
+        brute(pl, o.block_q, o.block_k, &f, &t, &u);
+        fa_cost c, b;
+        fa_plan_cost(pl, FA_FORWARD, &c);
+        fa_plan_cost(pl, FA_BACKWARD, &b);
+        int64_t D = p.head_dim, Dv = p.head_dim_v;
+        CHECK(c.flops == 2 * f * (D + Dv), "fwd flops %lld != %lld (seed %llu case %d)", (long long)c.flops,
+              (long long)(2 * f * (D + Dv)), (unsigned long long)*seed, it);
+        CHECK(c.transcendentals == t, "fwd trans %lld != %lld", (long long)c.transcendentals, (long long)t);
+        CHECK(c.flops_useful == 2 * u * (D + Dv), "useful %lld != %lld", (long long)c.flops_useful,
+              (long long)(2 * u * (D + Dv)));
+        CHECK(b.flops_useful == 2 * u * (3 * D + 2 * Dv), "bwd useful");
+        CHECK(b.flops == 2 * f * (4 * D + 3 * Dv), "bwd flops %lld != %lld", (long long)b.flops,
+              (long long)(2 * f * (4 * D + 3 * Dv)));
+        CHECK(c.flops >= c.flops_useful && b.flops >= b.flops_useful, "flops below useful");
+        CHECK(c.bytes_accessed >= c.min_bytes - (int64_t)(p.batch * p.heads_kv * p.seq_k * (D + Dv) * 4),
+              "bytes_accessed %lld far below min %lld", (long long)c.bytes_accessed, (long long)c.min_bytes);
+        CHECK(c.peak_bytes == c.min_bytes + c.workspace_bytes, "peak != min + workspace");
+        CHECK(c.naive_peak_bytes == c.min_bytes + p.batch * p.heads_q * p.seq_q * p.seq_k * 4, "naive peak");
+        fa_plan_destroy(pl);
+    }
+    printf("%s cost walk: %d random shapes/masks/tiles match a brute-force element enumeration\n",
+           failures == n0 ? "PASS" : "FAIL", cases);
+}
+
+static void test_seed(void) {
+    int n0 = failures;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 18;
+    p.heads_q = 32;
+    p.seq_q = p.seq_k = 16384;
+    p.head_dim = 256;
+    p.dtype = FA_BF16;
+    fa_plan *pl;
+    CHECK(fa_plan_create(&p, NULL, &pl) == FA_OK, "seed plan: %s", fa_last_error());
+    fa_cost c;
+    fa_plan_cost(pl, FA_FORWARD, &c);
+    CHECK(c.flops == 158329674399744LL, "seed flops %lld", (long long)c.flops);
+    CHECK(c.flops_useful == c.flops, "no mask: every computed flop is useful");
+    /* q, k, v, o: 4 x 18*32*16384*256*2 bytes; lse 18*32*16384*4 */
+    int64_t io = 4LL * 18 * 32 * 16384 * 256 * 2 + 18LL * 32 * 16384 * 4;
+    CHECK(c.min_bytes == io, "seed min_bytes %lld != %lld", (long long)c.min_bytes, (long long)io);
+    CHECK(c.naive_peak_bytes == io + 18LL * 32 * 16384 * 16384 * 4, "seed naive peak %lld",
+          (long long)c.naive_peak_bytes);
+    CHECK(c.naive_peak_bytes > 600000000000LL, "naive above 600 GB");
+    CHECK(c.peak_bytes < (24LL << 30), "flash fits 24 GiB: %lld", (long long)c.peak_bytes);
+    fa_plan_destroy(pl);
+
+    /* causal, Sq = Sk = 5, 2 x 2 tiles, D = Dv = 1: tiles (0,0) (1,0) (1,1) (2,0) (2,1) (2,2)
+     * computed, with in-range sizes 2x2 2x2 2x2 1x2 1x2 1x1 = 17 elements; flops 2*17*2 = 68.
+     * transcendentals: 17 exps + rows per computed tile (2+2+2+1+1+1 = 9) + 5 logs = 31. */
+    fa_problem_init(&p);
+    p.batch = p.heads_q = 1;
+    p.seq_q = p.seq_k = 5;
+    p.head_dim = 1;
+    p.causal = 1;
+    fa_options o = {.threads = 1, .block_q = 2, .block_k = 2};
+    CHECK(fa_plan_create(&p, &o, &pl) == FA_OK, "small causal plan");
+    fa_plan_cost(pl, FA_FORWARD, &c);
+    CHECK(c.flops == 68 && c.transcendentals == 31, "hand count: flops %lld trans %lld", (long long)c.flops,
+          (long long)c.transcendentals);
+    CHECK(c.flops_useful == 2 * 15 * 2, "15 visible pairs, useful %lld", (long long)c.flops_useful);
+    fa_plan_destroy(pl);
+    printf("%s seed and hand-counted plans\n", failures == n0 ? "PASS" : "FAIL");
+}
+
+int main(void) {
+    uint64_t seed = tu_seed();
+    printf("test_plan seed %llu (FA_TEST_SEED reproduces)\n", (unsigned long long)seed);
+    test_validation();
+    test_cost_walk(&seed);
+    test_seed();
+    printf("%s\n", failures ? "FAILED" : "all plan tests passed");
+    return failures != 0;
+}
