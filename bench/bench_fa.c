@@ -1,0 +1,293 @@
+/* bench_fa: times flashattn's CPU forward and backward through the library API, on random
+ * data, and reports the microkernel set used (FA_ISA forces one), so every ISA can be
+ * measured on its own.
+ *
+ *   bench_fa --batch B --heads H --seq S --head-dim D [--dtype f32|f16|bf16] [--causal]
+ *            [--threads N] [--block-q BQ --block-k BK] [--reps N] [--backward]
+ *            [--no-forward] [--run-heads N] [--json]
+ *
+ * --run-heads N: allocate and fill the full [B, H, S, D] tensors (so peak RSS is the real
+ * need of the full problem) but run only the first N (b, h) heads, through strided views
+ * of the same tensors; the full time is then estimated as time x B H / N. For problems
+ * too long to run whole on this machine (the seed problem).
+ *
+ * GFLOP/s: "gflops" divides the plan's flops (what the kernel executes, at tile
+ * granularity); "gflops_useful" divides flops_useful (forward) or 2.5 x flops_useful
+ * (backward, the FlashAttention-2 convention), the count bench/peers.py and
+ * bench/naive_openblas.c use for every peer. */
+#include "flashattn.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of the whole process (all threads): robust to time slicing on a busy box. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint16_t to_bf16(float f) {
+    union { uint32_t u; float f; } v = {.f = f};
+    v.u += 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)(v.u >> 16);
+}
+
+/* f32 -> f16, round to nearest even; inputs here are small normal numbers. */
+static uint16_t to_f16(float f) {
+    union { uint32_t u; float f; } v = {.f = f};
+    uint32_t sign = (v.u >> 16) & 0x8000u;
+    int32_t e = (int32_t)((v.u >> 23) & 0xff) - 127 + 15;
+    uint32_t m = v.u & 0x7fffffu;
+    if (e <= 0) return (uint16_t)sign; /* tiny: flush (not reached by our data's scale) */
+    uint32_t h = ((uint32_t)e << 10) | (m >> 13);
+    uint32_t rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+/* Fills n elements of dtype t with uniform values in [-1, 1). */
+static void fill(void *dst, size_t n, fa_dtype t, uint64_t seed) {
+    uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
+#pragma omp parallel for schedule(static) firstprivate(st)
+    for (size_t blk = 0; blk < (n + 65535) / 65536; blk++) {
+        uint64_t s = st ^ (blk * 0xbf58476d1ce4e5b9ull);
+        size_t end = (blk + 1) * 65536 < n ? (blk + 1) * 65536 : n;
+        for (size_t i = blk * 65536; i < end; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            float x = (float)((double)(s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+            if (t == FA_F32) ((float *)dst)[i] = x;
+            else if (t == FA_BF16) ((uint16_t *)dst)[i] = to_bf16(x);
+            else ((uint16_t *)dst)[i] = to_f16(x);
+        }
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: bench_fa --batch B --heads H --seq S --head-dim D [--dtype f32|f16|bf16] "
+                    "[--causal] [--threads N] [--block-q BQ --block-k BK] [--reps N] [--backward] "
+                    "[--no-forward] [--run-heads N] [--json]\n");
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "bench_fa: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+#define CHECK(call)                                                                      \
+    do {                                                                                 \
+        fa_status st_ = (call);                                                          \
+        if (st_ != FA_OK) {                                                              \
+            fprintf(stderr, "bench_fa: %s: %s (%s)\n", #call, fa_status_string(st_),     \
+                    fa_last_error());                                                    \
+            return 1;                                                                    \
+        }                                                                                \
+    } while (0)
+
+typedef struct {
+    double best, median, worst, cpu; /* cpu: least process CPU seconds of a rep / threads */
+} times;
+
+int main(int argc, char **argv) {
+    int64_t B = 1, H = 8, S = 4096, D = 128, bq = 0, bk = 0, run_heads = 0;
+    fa_dtype dt = FA_F32;
+    int causal = 0, threads = 0, reps = 3, backward = 0, forward = 1, json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name, var)                                  \
+    if (!strcmp(a, name)) {                             \
+        if (!val) { usage(); return 2; }                \
+        var = atoll(val);                               \
+        i++;                                            \
+        continue;                                       \
+    }
+        OPT("--batch", B) OPT("--heads", H) OPT("--seq", S) OPT("--head-dim", D)
+        OPT("--threads", threads) OPT("--block-q", bq) OPT("--block-k", bk) OPT("--reps", reps)
+        OPT("--run-heads", run_heads)
+#undef OPT
+        if (!strcmp(a, "--dtype") && val) {
+            if (!strcmp(val, "f32")) dt = FA_F32;
+            else if (!strcmp(val, "f16")) dt = FA_F16;
+            else if (!strcmp(val, "bf16")) dt = FA_BF16;
+            else { usage(); return 2; }
+            i++;
+        } else if (!strcmp(a, "--causal")) causal = 1;
+        else if (!strcmp(a, "--backward")) backward = 1;
+        else if (!strcmp(a, "--no-forward")) forward = 0;
+        else if (!strcmp(a, "--json")) json = 1;
+        else { fprintf(stderr, "bench_fa: unknown argument %s\n", a); usage(); return 2; }
+    }
+    if (B < 1 || H < 1 || S < 1 || D < 1 || reps < 1 || run_heads < 0 || run_heads > B * H) {
+        usage();
+        return 2;
+    }
+
+    /* The full problem: its plan gives the figures (peak bytes, naive peak bytes). */
+    fa_problem full;
+    fa_problem_init(&full);
+    full.batch = B; full.heads_q = H; full.heads_kv = H; full.seq_q = S; full.seq_k = S;
+    full.head_dim = D; full.head_dim_v = D; full.dtype = dt; full.causal = causal;
+    fa_options opt = {FA_BACKEND_CPU, threads, bq, bk};
+    fa_plan *full_plan = NULL;
+    CHECK(fa_plan_create(&full, &opt, &full_plan));
+    fa_cost fc_full, bc_full;
+    CHECK(fa_plan_cost(full_plan, FA_FORWARD, &fc_full));
+    CHECK(fa_plan_cost(full_plan, FA_BACKWARD, &bc_full));
+
+    /* What actually runs: all heads, or the first run_heads as a [1, run_heads] view. */
+    fa_problem p = full;
+    int64_t nrun = B * H;
+    if (run_heads) {
+        nrun = run_heads;
+        p.batch = 1;
+        p.heads_q = p.heads_kv = run_heads;
+        int64_t st[4] = {H * S * D, S * D, D, 1}; /* head index h' = b * H + h, contiguous */
+        memcpy(p.q_stride.s, st, sizeof st);
+        p.k_stride = p.v_stride = p.o_stride = p.q_stride;
+    }
+    fa_plan *plan = NULL;
+    CHECK(fa_plan_create(&p, &opt, &plan));
+    fa_cost fc, bc;
+    CHECK(fa_plan_cost(plan, FA_FORWARD, &fc));
+    CHECK(fa_plan_cost(plan, FA_BACKWARD, &bc));
+    int64_t fbq, fbk, bbq, bbk;
+    fa_plan_blocks(plan, FA_FORWARD, &fbq, &fbk);
+    fa_plan_blocks(plan, FA_BACKWARD, &bbq, &bbk);
+
+    size_t esz = fa_dtype_size(dt), n = (size_t)(B * H * S * D);
+    void *q = xmalloc(n * esz), *k = xmalloc(n * esz), *v = xmalloc(n * esz), *o = xmalloc(n * esz);
+    float *lse = xmalloc((size_t)(B * H * S) * sizeof(float));
+    fill(q, n, dt, 1);
+    fill(k, n, dt, 2);
+    fill(v, n, dt, 3);
+    memset(o, 0, n * esz);
+    void *d_o = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    if (backward) {
+        d_o = xmalloc(n * esz); dq = xmalloc(n * esz); dk = xmalloc(n * esz); dv = xmalloc(n * esz);
+        fill(d_o, n, dt, 4);
+        memset(dq, 0, n * esz); memset(dk, 0, n * esz); memset(dv, 0, n * esz);
+    }
+    void *fws = xmalloc((size_t)fc.workspace_bytes);
+    void *bws = backward ? xmalloc((size_t)bc.workspace_bytes) : NULL;
+
+    fa_forward_args fa;
+    memset(&fa, 0, sizeof fa);
+    fa.q = q; fa.k = k; fa.v = v; fa.o = o; fa.lse = lse;
+    fa.workspace = fws; fa.workspace_size = (size_t)fc.workspace_bytes;
+    fa_backward_args ba;
+    memset(&ba, 0, sizeof ba);
+    ba.q = q; ba.k = k; ba.v = v; ba.o = o; ba.d_o = d_o; ba.lse = lse;
+    ba.dq = dq; ba.dk = dk; ba.dv = dv;
+    ba.workspace = bws; ba.workspace_size = backward ? (size_t)bc.workspace_bytes : 0;
+
+    double *t = xmalloc((size_t)reps * sizeof(double));
+    times ft = {0, 0, 0, 0}, bt = {0, 0, 0, 0};
+    double c0, cbest;
+    const char *dname = fa_dtype_name(dt);
+    fprintf(stderr, "bench_fa: isa %s, %s, B=%lld H=%lld S=%lld D=%lld%s, blocks fwd %lldx%lld bwd %lldx%lld, "
+                    "threads %d%s\n", fa_cpu_isa(), dname, (long long)B, (long long)H, (long long)S,
+            (long long)D, causal ? " causal" : "", (long long)fbq, (long long)fbk, (long long)bbq,
+            (long long)bbk, fa_plan_threads(plan), run_heads ? " (a subset of heads)" : "");
+    /* The forward always runs once: the backward needs its o and lse. */
+    double t0 = now();
+    CHECK(fa_forward(plan, &fa));
+    double first = now() - t0;
+    if (forward) {
+        int r_eff = first * reps > 600 ? 1 : reps; /* never spend more than ~10 min */
+        cbest = 1e30;
+        for (int r = 0; r < r_eff; r++) {
+            t0 = now();
+            c0 = cpu_now();
+            CHECK(fa_forward(plan, &fa));
+            t[r] = now() - t0;
+            c0 = cpu_now() - c0;
+            if (c0 < cbest) cbest = c0;
+            fprintf(stderr, "  forward rep %d: %.4f s (cpu %.4f s)\n", r, t[r], c0);
+        }
+        qsort(t, (size_t)r_eff, sizeof(double), cmp_double);
+        ft = (times){t[0], t[r_eff / 2], t[r_eff - 1], cbest / fa_plan_threads(plan)};
+    }
+    if (backward) {
+        CHECK(fa_backward(plan, &ba)); /* warm-up */
+        cbest = 1e30;
+        for (int r = 0; r < reps; r++) {
+            t0 = now();
+            c0 = cpu_now();
+            CHECK(fa_backward(plan, &ba));
+            t[r] = now() - t0;
+            c0 = cpu_now() - c0;
+            if (c0 < cbest) cbest = c0;
+            fprintf(stderr, "  backward rep %d: %.4f s (cpu %.4f s)\n", r, t[r], c0);
+        }
+        qsort(t, (size_t)reps, sizeof(double), cmp_double);
+        bt = (times){t[0], t[reps / 2], t[reps - 1], cbest / fa_plan_threads(plan)};
+    }
+    /* A checksum so a broken kernel shows (NaN) and the work cannot be skipped. */
+    double check = 0;
+    for (size_t i = 0; i < (size_t)(nrun * S); i += 61) check += lse[i];
+
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double rss_gb = (double)ru.ru_maxrss / (1024.0 * 1024.0);
+    double scale_up = (double)(B * H) / (double)nrun; /* 1 unless --run-heads */
+
+    printf("{\"isa\": \"%s\", \"dtype\": \"%s\", \"batch\": %lld, \"heads\": %lld, \"seq\": %lld, "
+           "\"head_dim\": %lld, \"causal\": %s, \"threads\": %d, \"run_heads\": %lld, "
+           "\"blocks\": {\"forward\": [%lld, %lld], \"backward\": [%lld, %lld]}",
+           fa_cpu_isa(), dname, (long long)B, (long long)H, (long long)S, (long long)D,
+           causal ? "true" : "false", fa_plan_threads(plan), (long long)nrun, (long long)fbq,
+           (long long)fbk, (long long)bbq, (long long)bbk);
+    if (forward)
+        printf(", \"forward\": {\"seconds\": %.6f, \"median_seconds\": %.6f, \"max_seconds\": %.6f, "
+               "\"gflops\": %.2f, \"gflops_useful\": %.2f, \"flops\": %lld, \"flops_useful\": %lld, "
+               "\"estimated_full_seconds\": %.1f, \"cpu_seconds_per_thread\": %.6f}",
+               ft.best, ft.median, ft.worst, (double)fc.flops / ft.best * 1e-9,
+               (double)fc.flops_useful / ft.best * 1e-9, (long long)fc.flops,
+               (long long)fc.flops_useful, ft.best * scale_up, ft.cpu);
+    if (backward)
+        printf(", \"backward\": {\"seconds\": %.6f, \"median_seconds\": %.6f, \"max_seconds\": %.6f, "
+               "\"gflops\": %.2f, \"gflops_useful\": %.2f, \"flops\": %lld, \"flops_useful\": %lld, "
+               "\"cpu_seconds_per_thread\": %.6f}",
+               bt.best, bt.median, bt.worst, (double)bc.flops / bt.best * 1e-9,
+               2.5 * (double)fc.flops_useful / bt.best * 1e-9, (long long)bc.flops,
+               (long long)(fc.flops_useful * 5 / 2), bt.cpu);
+    printf(", \"peak_rss_gb\": %.3f, \"plan_peak_bytes\": %lld, \"plan_naive_peak_bytes\": %lld, "
+           "\"checksum\": %.6g}\n",
+           rss_gb, (long long)fc_full.peak_bytes, (long long)fc_full.naive_peak_bytes, check);
+    if (!json) {
+        if (forward)
+            fprintf(stderr, "forward : %.4f s, %.1f GFLOP/s (%.1f useful); by cpu time %.1f GFLOP/s\n", ft.best,
+                    (double)fc.flops / ft.best * 1e-9, (double)fc.flops_useful / ft.best * 1e-9,
+                    (double)fc.flops / ft.cpu * 1e-9);
+        if (backward)
+            fprintf(stderr, "backward: %.4f s, %.1f GFLOP/s; by cpu time %.1f GFLOP/s\n", bt.best,
+                    (double)bc.flops / bt.best * 1e-9, (double)bc.flops / bt.cpu * 1e-9);
+    }
+    (void)bc_full;
+    fa_plan_destroy(plan);
+    fa_plan_destroy(full_plan);
+    free(t); free(q); free(k); free(v); free(o); free(lse); free(fws); free(bws);
+    free(d_o); free(dq); free(dk); free(dv);
+    return isfinite(check) ? 0 : 1;
+}

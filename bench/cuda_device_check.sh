@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The CUDA backend on a GPU machine, in one go (about 4-6 minutes on an H200):
+#   1. build with FA_CUDA=ON (sm_90a only, to keep it short) - skipped when FA_PREBUILT
+#      names a folder that already holds test_cuda and cuda_bench built for this machine;
+#   2. tests/test_cuda (correctness against the float64 reference, counts == plan); on a
+#      failure, once more under compute-sanitizer memcheck with the fixed cases only;
+#   3. bench/cuda_bench on B=2 H=16 S=4096 D=64/128/256, causal and not, bf16, forward and
+#      forward+backward, then the seed problem (B=18 H=32 S=16384 D=256 bf16, forward,
+#      with its peak device memory);
+#   4. torch SDPA (flash and cuDNN backends) on the same shapes, same flop counts;
+#   5. the table, printed last whatever failed before.
+# Logs go to $OUT (when set) or build-dev/. Usage: bash bench/cuda_device_check.sh
+set -u
+cd "$(dirname "$0")/.."
+root=$(pwd)
+bld=${FA_PREBUILT:-$root/build-dev}
+out=${OUT:-$bld}
+mkdir -p "$out" "$bld"
+ITERS=${ITERS:-20}
+log() { echo "== $*" >&2; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -2
+
+# ---- 1. build -------------------------------------------------------------------------
+"$bld/cuda_bench" --probe >/dev/null 2>&1 </dev/null
+probe=$?  # 2: it loaded and refused the argument; 127 and friends: it cannot run here
+if [ -x "$bld/test_cuda" ] && [ $probe = 2 ]; then
+  log "using the prebuilt binaries in $bld"
+else
+  log "building in $bld"
+  t0=$(date +%s)
+  timeout 420 cmake -S . -B "$bld" -DCMAKE_BUILD_TYPE=Release -DFA_CUDA=ON -DFA_CUDA_ARCHS=90a >"$out/build.log" 2>&1 &&
+    timeout 420 cmake --build "$bld" -j "$(nproc)" --target test_cuda cuda_bench >>"$out/build.log" 2>&1 ||
+    { log "BUILD FAILED"; tail -30 "$out/build.log"; }
+  log "build took $(( $(date +%s) - t0 )) s"
+fi
+
+# ---- 2. correctness ---------------------------------------------------------------------
+test_rc=1
+if [ -x "$bld/test_cuda" ]; then
+  log "test_cuda"
+  timeout 240 "$bld/test_cuda" >"$out/test_cuda.log" 2>&1
+  test_rc=$?
+  grep -E "FAIL|SKIP|cases" "$out/test_cuda.log" | head -40
+  if [ $test_rc != 0 ] && command -v compute-sanitizer >/dev/null; then
+    log "test_cuda failed (rc $test_rc): compute-sanitizer memcheck, fixed cases only"
+    FA_TEST_CUDA_RANDOM=0 timeout 150 compute-sanitizer --tool memcheck --print-limit 5 \
+      "$bld/test_cuda" >"$out/sanitizer.log" 2>&1
+    grep -vE "^(PASS|test_cuda)" "$out/sanitizer.log" | head -40
+  fi
+fi
+
+# ---- 3. our timings ---------------------------------------------------------------------
+ours="$out/ours.jsonl"
+: >"$ours"
+if [ -x "$bld/cuda_bench" ]; then
+  for D in 64 128 256; do
+    for c in "" "--causal"; do
+      timeout 90 "$bld/cuda_bench" --batch 2 --heads 16 --seq 4096 --head-dim $D $c --iters "$ITERS" >>"$ours" 2>>"$out/bench.err" ||
+        log "cuda_bench D=$D $c failed: $(tail -1 "$out/bench.err")"
+    done
+  done
+  log "seed problem: B=18 H=32 S=16384 D=256 bf16 forward"
+  timeout 150 "$bld/cuda_bench" --batch 18 --heads 32 --seq 16384 --head-dim 256 --no-backward --iters "$ITERS" \
+    --warmup 2 >>"$ours" 2>>"$out/bench.err" || log "seed problem failed: $(tail -1 "$out/bench.err")"
+fi
+cat "$ours" >&2
+
+# ---- 4. peers ---------------------------------------------------------------------------
+peers="$out/peers.jsonl"
+: >"$peers"
+if [ -s "$ours" ]; then
+  log "torch SDPA peers"
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/cuda_peers.py time "$ours" "$peers" "$ITERS" 2>"$out/peers.err" ||
+    log "peers failed: $(tail -3 "$out/peers.err")"
+fi
+
+# ---- 5. the table -----------------------------------------------------------------------
+echo
+echo "CUDA check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d), test_cuda rc=$test_rc"
+python3 bench/cuda_peers.py table "$ours" "$peers" || cat "$ours" "$peers"

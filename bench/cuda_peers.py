@@ -1,0 +1,117 @@
+"""GPU peers for bench/cuda_device_check.sh, and the table it prints last.
+
+    python3 bench/cuda_peers.py time OURS_JSONL OUT_JSONL [ITERS]  time torch SDPA (flash, cuDNN)
+    python3 bench/cuda_peers.py table OURS_JSONL PEERS_JSONL       print the combined table
+
+OURS_JSONL: bench/cuda_bench's lines; the peers run the same shapes (bf16, B H S D,
+causal; the backward where ours timed one) and divide the same flop counts, flashattn's
+plan figures (non-causal forward: 4 B H S^2 D). Timing: CUDA
+events around each call, warm-up first, the median of `iters`. A peer that cannot run a
+shape (backend refuses it, out of memory) is reported as n/a with the reason.
+"""
+import json
+import sys
+
+
+def time_peers(ours_path, out_path, iters):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cases = []
+    for line in open(ours_path):
+        if line.strip().startswith("{"):
+            r = json.loads(line)
+            cases.append(dict(r, iters=iters, warmup=2 if r["S"] * r["B"] > 65536 else 3,
+                              backward=1 if r.get("fwdbwd_ms") else 0))
+    backends = [("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)]
+    out = open(out_path, "w")
+
+    def median_ms(fn, warmup, iters):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for a, b in evs:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        t = sorted(a.elapsed_time(b) for a, b in evs)
+        return t[len(t) // 2]
+
+    for c in cases:
+        B, H, S, D, causal = c["B"], c["H"], c["S"], c["D"], bool(c["causal"])
+        iters, warmup = c.get("iters", 20), c.get("warmup", 3)
+        for name, be in backends:
+            rec = {"impl": name, "B": B, "H": H, "S": S, "D": D, "causal": int(causal)}
+            try:
+                g = torch.Generator(device="cuda").manual_seed(0)
+                mk = lambda amp: ((torch.rand((B, H, S, D), device="cuda", generator=g) * 2 - 1) * amp).to(torch.bfloat16)
+                q, k, v = mk(2.0), mk(2.0), mk(1.0)
+                with sdpa_kernel([be]):
+                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    ms = median_ms(fwd, warmup, iters)
+                    rec["fwd_ms"] = ms
+                    rec["fwd_tflops"] = c["flops_fwd"] / (ms * 1e-3) / 1e12
+                    if c.get("backward", 1):
+                        qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+                        do = mk(1.0)
+
+                        def fb():
+                            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                            o.backward(do)
+
+                        ms2 = median_ms(fb, warmup, iters)
+                        rec["fwdbwd_ms"] = ms2
+                        rec["fwdbwd_tflops"] = (c["flops_fwd"] + c["flops_bwd"]) / (ms2 * 1e-3) / 1e12
+                        del qg, kg, vg, do
+                del q, k, v
+            except Exception as e:  # a peer that cannot run this shape
+                rec["error"] = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            torch.cuda.empty_cache()
+            print(json.dumps(rec), file=out, flush=True)
+            print(json.dumps(rec), file=sys.stderr, flush=True)
+
+
+def table(ours_path, peers_path):
+    rows = []
+    for path in (ours_path, peers_path):
+        try:
+            for line in open(path):
+                line = line.strip()
+                if line.startswith("{"):
+                    rows.append(json.loads(line))
+        except OSError:
+            pass
+    key = lambda r: (r["B"], r["H"], r["S"], r["D"], r["causal"])
+    shapes = []
+    for r in rows:
+        if key(r) not in shapes:
+            shapes.append(key(r))
+    impls = ["flashattn", "torch-flash", "torch-cudnn"]
+    f = lambda r, k: ("%.1f" % r[k]) if k in r and r[k] else "n/a"
+    fm = lambda r, k: ("%.3f" % r[k]) if k in r and r[k] else "n/a"
+    print("| shape (bf16) | impl | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | peak mem (measured / plan) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for s in shapes:
+        for impl in impls:
+            for r in rows:
+                if key(r) == s and r["impl"] == impl:
+                    mem = ""
+                    if "peak_bytes_measured" in r:
+                        mem = "%.2f / %.2f GiB" % (r["peak_bytes_measured"] / 2**30, r["peak_bytes_plan"] / 2**30)
+                    note = (" (" + r["error"] + ")") if "error" in r else ""
+                    print("| B=%d H=%d S=%d D=%d %s | %s%s | %s | %s | %s | %s | %s |"
+                          % (s[0], s[1], s[2], s[3], "causal" if s[4] else "non-causal", impl, note,
+                             fm(r, "fwd_ms"), f(r, "fwd_tflops"), fm(r, "fwdbwd_ms"), f(r, "fwdbwd_tflops"), mem))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "time":
+        time_peers(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) == 5 else 20)
+    elif len(sys.argv) == 4 and sys.argv[1] == "table":
+        table(sys.argv[2], sys.argv[3])
+    else:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The CPU benchmark (`make bench`): installs the peers (bench/setup.sh), builds flashattn
+# and the benchmark programs, measures this machine's peak, then times flashattn against
+# its peers on the same shapes and appends a table to bench/RESULTS.md (bench/suite.py
+# says what each column means).
+#
+#   bash bench/run.sh            the suite (about 10-15 minutes on 2 cores)
+#   bash bench/run.sh --quick    the headline case only (B=1 H=8 S=4096 D=128 f32)
+#   bash bench/run.sh --seed     the seed problem (B=18 H=32 S=16384 D=256 bf16, forward):
+#                                full tensors (~19 GiB) allocated, 2 of 576 heads timed
+# Environment: BUILD (default build), THREADS (default 2), SKIP_SETUP=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD="${BUILD:-build}"
+THREADS="${THREADS:-2}"
+
+if [ "${SKIP_SETUP:-0}" != 1 ]; then bash bench/setup.sh; fi
+
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+targets="flashattn_cli bench_fa peak"
+# the OpenBLAS peer exists as a target only where libopenblas was found
+if cmake --build "$BUILD" --target help 2>/dev/null | grep -q naive_openblas; then
+    targets="$targets naive_openblas"
+fi
+cmake --build "$BUILD" -j"$THREADS" --target $targets >&2
+
+exec python3 bench/suite.py --build "$BUILD" --threads "$THREADS" "$@"

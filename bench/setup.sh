@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what the CPU benchmark's peers need, idempotently:
+#   - Debian's OpenBLAS (libopenblas-dev) for the naive attention peer (bench/naive_openblas.c)
+#   - a venv at bench/.venv with numpy, jax[cpu] and torch (for bench/peers.py)
+# Safe to run again: every step checks first. A step that fails is reported and the
+# benchmark skips that peer (it never stops the rest).
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+venv="$here/.venv"
+log() { echo "[setup] $*" >&2; }
+
+# ---- OpenBLAS ------------------------------------------------------------------------
+if ! dpkg -s libopenblas-dev >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        log "installing libopenblas-dev"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev) >&2 ||
+            log "could not install libopenblas-dev: the OpenBLAS peer will be skipped"
+    else
+        log "libopenblas-dev missing and not root: the OpenBLAS peer will be skipped"
+    fi
+else
+    log "libopenblas-dev present"
+fi
+
+# ---- Python peers ----------------------------------------------------------------------
+py="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+    log "creating $venv"
+    "$py" -m venv "$venv" || { log "could not create the venv: Python peers skipped"; exit 0; }
+fi
+vpy="$venv/bin/python"
+have() { "$vpy" -c "import $1" >/dev/null 2>&1; }
+pipi() { "$vpy" -m pip install -q --disable-pip-version-check "$@" >&2; }
+
+have numpy || { log "installing numpy"; pipi numpy || log "numpy install failed"; }
+have jax || { log "installing jax[cpu]"; pipi "jax[cpu]" || log "jax install failed: jax peer skipped"; }
+# PyPI's Linux torch wheel depends on the CUDA runtime packages (several GB); they are
+# only downloaded once, into the venv, and the CPU benchmark never loads them.
+have torch || { log "installing torch (large download, first time only)"; pipi torch ||
+    log "torch install failed: torch peer skipped"; }
+
+for m in numpy jax torch; do
+    if have $m; then log "$m: $("$vpy" -c "import $m; print($m.__version__)")"; else log "$m: missing"; fi
+done
+exit 0

@@ -1,0 +1,262 @@
+"""The CPU benchmark suite behind bench/run.sh: runs flashattn (bench_fa, and the CLI's
+`flashattn bench` for the headline case) and its peers on the same shapes, prints a table
+and appends it to bench/RESULTS.md.
+
+    python3 bench/suite.py --build build [--seed] [--quick] [--threads 2] [--no-append]
+
+Plain Python (no packages); the Python peers run under bench/.venv/bin/python.
+
+GFLOP/s everywhere counts flops_useful: 2 (D + Dv) x the visible (i, j) pairs, so
+4 B H S^2 D non-causal and 2 B H S (S+1) D causal, for flashattn and every peer alike
+(backward: 2.5x that, FlashAttention-2's convention). flashattn's executed count (the
+plan's `flops`, tile granularity, recomputation in the backward) is shown beside it.
+"% peak" divides by this machine's measured peak on the same thread count: the AVX-512
+FMA peak for f32 and f16 (flashattn multiplies f16 in f32), the vdpbf16ps peak for bf16.
+"""
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def run_json(cmd, env, timeout):
+    """Runs cmd; returns the JSON objects it printed on stdout (one per line)."""
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log(f"  timed out after {timeout} s")
+        return [{"error": f"timed out after {timeout} s"}]
+    except OSError as e:
+        return [{"error": str(e)}]
+    out = []
+    for line in p.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    if p.returncode != 0 and not out:
+        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+        out = [{"error": f"exit {p.returncode}: {tail}"}]
+    log(f"  ({time.time() - t0:.1f} s)")
+    return out
+
+
+def append_cpu_section(path, text):
+    """Adds text at the end of the '## CPU' section of RESULTS.md (made if missing), so the
+    sections other benchmarks keep there (CUDA) stay whole."""
+    try:
+        with open(path) as f:
+            doc = f.read()
+    except FileNotFoundError:
+        doc = "# Benchmark results\n"
+    head = "\n## CPU\n"
+    if head not in doc:
+        doc = doc.rstrip("\n") + "\n" + head + "\nRuns of `bash bench/run.sh` (see bench/suite.py for what is measured).\n"
+    start = doc.index(head) + len(head)
+    nxt = doc.find("\n## ", start)
+    if nxt < 0:
+        doc = doc.rstrip("\n") + "\n" + text
+    else:
+        doc = doc[:nxt].rstrip("\n") + "\n" + text + doc[nxt:]
+    with open(path, "w") as f:
+        f.write(doc)
+
+
+def useful_flops(c, backward=False):
+    B, H, S, D = c["batch"], c["heads"], c["seq"], c["head_dim"]
+    pairs = S * (S + 1) // 2 if c.get("causal") else S * S
+    f = 2 * (2 * D) * pairs * B * H
+    return f * 5 // 2 if backward else f
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", action="store_true", help="run only the seed problem (long)")
+    ap.add_argument("--quick", action="store_true", help="headline case only")
+    ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--seed-heads", type=int, default=2,
+                    help="heads of the seed problem actually run (of 576)")
+    args = ap.parse_args()
+
+    build = os.path.join(ROOT, args.build) if not os.path.isabs(args.build) else args.build
+    venv_py = os.path.join(HERE, ".venv", "bin", "python")
+    have_venv = os.path.exists(venv_py)
+    T = str(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=T, OPENBLAS_NUM_THREADS=T, OPENBLAS_CORETYPE="SKYLAKEX")
+    env.pop("FA_ISA", None)
+
+    # ---- the machine's peak ---------------------------------------------------------
+    peak = {}
+    r = run_json([os.path.join(build, "peak"), T], env, 120)
+    if r and "error" not in r[0]:
+        peak = r[0]
+    def peak_of(dtype):
+        key = "dpbf16" if dtype == "bf16" else "fma_f32"
+        v = peak.get(key) or {}
+        return v.get(T)
+
+    rows = []  # (case, ours record, [peer records])
+
+    def case(name, B=1, H=8, S=4096, D=128, dtype="f32", causal=False, backward=False, reps=3,
+             peers=("openblas", "numpy", "jax", "torch"), cli=False, isa=None, timeout=900):
+        c = {"name": name, "batch": B, "heads": H, "seq": S, "head_dim": D, "dtype": dtype,
+             "causal": causal, "backward": backward}
+        cmd = [os.path.join(build, "bench_fa"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
+               "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--reps", str(reps), "--json"]
+        if causal:
+            cmd.append("--causal")
+        if backward:
+            cmd += ["--backward", "--no-forward"]
+        e = dict(env)
+        if isa:
+            e["FA_ISA"] = isa
+        ours = run_json(cmd, e, timeout)[-1]
+        peer_recs = []
+        if cli and os.path.exists(os.path.join(build, "flashattn")):
+            cc = [os.path.join(build, "flashattn"), "bench", "--batch", str(B), "--heads", str(H), "--seq",
+                  str(S), "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--backend", "cpu", "--json"]
+            if causal:
+                cc.append("--causal")
+            rr = run_json(cc, env, timeout)[-1]
+            rec = rr.get("backward" if backward else "forward", {}) if "error" not in rr else rr
+            peer_recs.append(dict(rec, peer="flashattn CLI"))
+        if "openblas" in peers and dtype == "f32" and not backward and os.path.exists(os.path.join(build, "naive_openblas")):
+            cmd = [os.path.join(build, "naive_openblas"), str(B), str(H), str(S), str(D), "--reps",
+                   str(min(reps, 2) if S >= 16384 else reps), "--json"]
+            if causal:
+                cmd.append("--causal")
+            rr = run_json(cmd, env, timeout)[-1]
+            peer_recs.append(dict(rr, peer="naive OpenBLAS (f32)"))
+        py_peers = [p for p in peers if p in ("numpy", "jax", "torch")]
+        if py_peers and have_venv:
+            cmd = [venv_py, os.path.join(HERE, "peers.py"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
+                   "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--reps",
+                   str(1 if S >= 16384 else reps), "--peers", ",".join(py_peers), "--json"]
+            if causal:
+                cmd.append("--causal")
+            if backward:
+                cmd.append("--backward")
+            for rr in run_json(cmd, env, timeout):
+                if "peer" in rr:
+                    label = {"numpy": "numpy naive", "jax": "jax.nn.dot_product_attention",
+                             "torch": "torch SDPA"}.get(rr["peer"], rr["peer"])
+                    peer_recs.append(dict(rr, peer=f"{label} ({rr.get('dtype', dtype)})"))
+        rows.append((c, ours, peer_recs))
+
+    started = time.time()
+    if args.seed:
+        # The seed problem: B=18 H=32 S=16384 D=256 bf16 forward. Far too long for 2 cores
+        # (1.6e17 flops), so bench_fa allocates and fills the full tensors (peak RSS is the
+        # real need) and runs --seed-heads of the 576 heads through views; time scales.
+        B, H, S, D = 18, 32, 16384, 256
+        cmd = [os.path.join(build, "bench_fa"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
+               "--head-dim", str(D), "--dtype", "bf16", "--threads", T, "--reps", "1",
+               "--run-heads", str(args.seed_heads), "--json"]
+        ours = run_json(cmd, env, 3600)[-1]
+        c = {"name": f"seed problem B=18 H=32 S=16384 D=256 bf16 fwd ({args.seed_heads} of 576 heads run)",
+             "batch": B, "heads": H, "seq": S, "head_dim": D, "dtype": "bf16", "causal": False,
+             "backward": False}
+        rows.append((c, ours, []))
+    else:
+        case("fwd f32 B1 H8 S4096 D128", cli=True)
+        if not args.quick:
+            case("fwd f32 causal S4096 D128", causal=True)
+            case("fwd bf16 S4096 D128", dtype="bf16", peers=("jax", "torch"))
+            case("fwd f16 S4096 D128", dtype="f16", peers=("torch",), reps=2)
+            case("fwd f32 S4096 D64", D=64, peers=("openblas", "torch"))
+            case("fwd f32 S4096 D256", D=256, peers=("openblas", "torch"))
+            case("fwd f32 S1024 D128", S=1024, peers=("openblas", "numpy", "jax", "torch"))
+            case("fwd f32 S16384 D128", S=16384, reps=1, peers=("openblas", "torch"))
+            case("bwd f32 S4096 D128", backward=True, peers=("jax", "torch"))
+            case("bwd bf16 S4096 D128", dtype="bf16", backward=True, peers=("torch",))
+            case("bwd f32 causal S4096 D128", causal=True, backward=True, peers=("torch",))
+    elapsed = time.time() - started
+
+    # ---- the table --------------------------------------------------------------------
+    lines = []
+    lines.append("| case | flashattn s | GFLOP/s (executed) | % peak | isa, blocks | peer | peer s | "
+                 "peer GFLOP/s | flashattn speed-up |")
+    lines.append("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
+    for c, ours, peers in rows:
+        pas = "backward" if c["backward"] else "forward"
+        rec = ours.get(pas) if isinstance(ours, dict) else None
+        pk = peak_of(c["dtype"])
+        if rec:
+            secs = rec.get("estimated_full_seconds", rec["seconds"]) if ours.get("run_heads", 0) and \
+                ours["run_heads"] < c["batch"] * c["heads"] else rec["seconds"]
+            g = useful_flops(c, c["backward"]) / secs * 1e-9
+            ge = rec["flops"] / rec["seconds"] * 1e-9
+            frac = f"{100 * ge / pk:.0f}%" if pk else "?"
+            blocks = ours.get("blocks", {}).get(pas, ["?", "?"])
+            ours_s = f"{secs:.3f}"
+            ours_g = f"{g:.1f} ({ge:.1f})"
+            ours_isa = f"{ours.get('isa')}, {blocks[0]}x{blocks[1]}"
+        else:
+            secs = None
+            ours_s, ours_g, frac, ours_isa = "error", ours.get("error", "?") if isinstance(ours, dict) else "?", "", ""
+        if not peers:
+            peers = [{"peer": "-"}]
+        for i, p in enumerate(peers):
+            if "seconds" in p:
+                ps = p["seconds"]
+                pg = useful_flops(c, c["backward"]) / ps * 1e-9
+                ratio = f"{ps / secs:.2f}x" if secs else ""
+                pcells = f"{ps:.3f} | {pg:.1f} | {ratio}"
+            else:
+                why = p.get("skipped") or p.get("error") or ""
+                pcells = f"{why} | | " if why else " | | "
+            first = i == 0
+            lines.append(f"| {c['name'] if first else ''} | {ours_s if first else ''} | {ours_g if first else ''} | "
+                         f"{frac if first else ''} | {ours_isa if first else ''} | {p['peer']} | {pcells} |")
+        if c.get("name", "").startswith("seed") and rec:
+            lines.append("")
+            lines.append(f"Seed problem: peak RSS {ours.get('peak_rss_gb', 0):.1f} GiB with the full q, k, v, o "
+                         f"tensors allocated and filled; the plan's peak {ours.get('plan_peak_bytes', 0) / 2**30:.1f} GiB; "
+                         f"the naive reference would need {ours.get('plan_naive_peak_bytes', 0) / 1e9:.0f} GB "
+                         f"({ours.get('plan_naive_peak_bytes', 0) / 2**30:.0f} GiB). Time for all 576 heads estimated "
+                         f"from {ours.get('run_heads')} heads: {secs:.0f} s ({secs / 3600:.1f} h).")
+    peak_line = "peak (GFLOP/s, measured by bench/peak): " + ", ".join(
+        f"{k} {v}" for k, v in peak.items()) if peak else "peak: not measured"
+    table = "\n".join(lines)
+    print(table)
+    print(peak_line)
+
+    if not args.no_append:
+        try:
+            model = [l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], stdout=subprocess.PIPE, text=True).stdout.splitlines()
+                     if l.startswith("Model name")][0]
+        except Exception:
+            model = "?"
+        nproc = os.cpu_count()
+        text = (f"\n### CPU run {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n\n"
+                f"Command: `bash bench/run.sh{' --seed' if args.seed else ''}{' --quick' if args.quick else ''}` "
+                f"({args.threads} threads, {elapsed / 60:.1f} min). Machine: {model}, {nproc} CPUs "
+                f"(`lscpu`). {peak_line}.\n\n"
+                "GFLOP/s: flops_useful (the same count for every peer; backward 2.5x), then in "
+                "parentheses flashattn's executed flops (the plan's count); % peak uses the executed "
+                "figure. Speed-up = peer seconds / flashattn seconds. Best of the reps.\n\n"
+                + table + "\n")
+        append_cpu_section(os.path.join(HERE, "RESULTS.md"), text)
+        log(f"appended to {os.path.join(HERE, 'RESULTS.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+/* The CPU backward: FlashAttention-2's two passes, deterministic and without atomics.
+ *
+ *   (0) delta_i = rowsum(dO_i * o_i), f32, for every (b, hq, i), into the workspace.
+ *   (1) dK/dV: one task per (b, kv head, key tile). The task owns its dK and dV tiles (f32
+ *       accumulators) and visits, for each query head of its GQA group, every query tile
+ *       whose key-tile range (fa_key_tile_range) holds this key tile: it recomputes
+ *       s and p = exp(s - lse), dP = dO V^T, dS = p (dP - delta) (times 1 - tanh^2 under
+ *       softcap), then dV += P^T dO and dK += dS^T Q; dK is scaled and both are written once.
+ *   (2) dQ: one task per (b, query head, query tile): the same tiles, dQ += dS K, written once.
+ *
+ * Every output element is owned by one task and summed in a fixed order, so results are
+ * bit-identical across runs and thread counts. p and dS are rounded to the problem's dtype
+ * before they enter a product (the microkernels' contract, isa.h). Counting follows the
+ * COUNTING RULES in internal.h. */
+#include "isa.h"
+#include "vexp.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BWD_ALIGN 64
+
+/* One thread's scratch, carved from the workspace (bwd_carve). */
+typedef struct {
+    void *qa, *ga;   /* Q, dO tile packed as A (S = Q K^T, dP = dO V^T) */
+    void *qb, *gb;   /* Q, dO tile packed as B (dK += dS^T Q, dV += P^T dO) */
+    void *kt, *vt;   /* K, V tile packed as B^T (S, dP) */
+    void *kb;        /* K tile packed as B (dQ += dS K) */
+    float *s, *dp;   /* bq x bk: scores then p; dP then dS */
+    float *th;       /* bq x bk: tanh of the softcap */
+    float *tr;       /* bk x bq: P^T or dS^T */
+    float *acc, *acc_v; /* dK (bk x D) or dQ (bq x D); dV (bk x Dv) */
+} bwd_scratch;
+
+typedef struct {
+    const fa_plan *pl;
+    const fa_backward_args *a;
+    const float *delta; /* [B, Hq, Sq] */
+    size_t esz;         /* bytes per element of q, k, v, ... */
+} bwd_ctx;
+
+static int64_t bwd_round_up(int64_t x) { return (x + BWD_ALIGN - 1) / BWD_ALIGN * BWD_ALIGN; }
+
+/* Lays the pieces out from base (or only measures, when base is NULL); returns the bytes. */
+static int64_t bwd_carve(const fa_plan *pl, char *base, bwd_scratch *w) {
+    const fa_isa *isa = pl->isa;
+    const fa_dtype t = pl->p.dtype;
+    const int64_t bq = pl->bwd_bq, bk = pl->bwd_bk, D = pl->p.head_dim, Dv = pl->p.head_dim_v;
+    const int64_t acc_rows = bq > bk ? bq : bk;
+    int64_t sizes[12] = {
+        isa->packed_bytes(bq, D, t),  isa->packed_bytes(bq, Dv, t), isa->packed_bytes(bq, D, t),
+        isa->packed_bytes(bq, Dv, t), isa->packed_bytes(bk, D, t),  isa->packed_bytes(bk, Dv, t),
+        isa->packed_bytes(bk, D, t),  4 * bq * bk,                  4 * bq * bk,
+        4 * bq * bk,                  4 * bq * bk,                  4 * acc_rows * D,
+    };
+    void **slots[12] = {&w->qa, &w->ga, &w->qb, &w->gb, &w->kt, &w->vt, &w->kb,
+                        (void **)&w->s, (void **)&w->dp, (void **)&w->th, (void **)&w->tr,
+                        (void **)&w->acc};
+    int64_t off = 0;
+    for (int i = 0; i < 12; i++) {
+        if (base) *slots[i] = base + off;
+        off += bwd_round_up(sizes[i]);
+    }
+    if (base) w->acc_v = (float *)(base + off);
+    off += bwd_round_up(4 * bk * Dv);
+    return off;
+}
+
+int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
+    bwd_scratch w;
+    return bwd_carve(plan, NULL, &w) + BWD_ALIGN; /* slack to align each thread's start */
+}
+
+/* A rows x cols block of a [B, H, S, W] tensor starting at [b, h, r0, 0]. */
+static fa_tile_src bwd_src(const bwd_ctx *c, const void *base, const fa_strides *st, int64_t b,
+                           int64_t h, int64_t r0) {
+    fa_tile_src s;
+    s.base = (const char *)base + (size_t)fa_offset(st, b, h, r0, 0) * c->esz;
+    s.dtype = c->pl->p.dtype;
+    s.row_stride = st->s[2];
+    s.col_stride = st->s[3];
+    return s;
+}
+
+/* tanh without libm, so that loops of it vectorize: sign(y) (1 - e) / (1 + e) with
+ * e = exp(-2|y|), one exp; below |y| = 1/8, where 1 - e would cancel, the odd Taylor
+ * polynomial to y^7 (truncation under 2e-9 relative). Within a few ulps of tanhf. */
+static inline float bwd_tanhf(float y) {
+    const float a = fabsf(y), e = fa_vexpf(-2.0f * a);
+    float big = (1.0f - e) / (1.0f + e);
+    big = y < 0.0f ? -big : big;
+    const float y2 = y * y;
+    const float small = y * (1.0f + y2 * (-1.0f / 3.0f + y2 * (2.0f / 15.0f + y2 * (-17.0f / 315.0f))));
+    return a < 0.125f ? small : big;
+}
+
+/* The tile pair (query rows [r0, r0+m) of head h, keys [c0, c0+n)), with Q and dO packed as A
+ * and K and V packed as B^T in w: leaves p = exp(s - lse) in w->s (f32; 0 where masked or
+ * where the row sees no key) and dS = p (dP - delta) (softcap: times 1 - tanh^2), rounded to
+ * the dtype, in w->dp. s is recomputed in the forward's order of operations (its softcap
+ * tanh agrees with the forward's to a few ulps). */
+static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int64_t r0, int m,
+                     int64_t c0, int n) {
+    const fa_plan *pl = c->pl;
+    const fa_problem *p = &pl->p;
+    const fa_backward_args *a = c->a;
+    const int ld = (int)pl->bwd_bk;
+    const float scale = pl->scale, cap = p->softcap;
+    const int64_t Sq = p->seq_q, Sk = p->seq_k;
+
+    pl->isa->gemm_abt(m, n, (int)p->head_dim, w->qa, w->kt, w->s, ld);
+    pl->isa->gemm_abt(m, n, (int)p->head_dim_v, w->ga, w->vt, w->dp, ld);
+
+    for (int i = 0; i < m; i++) {
+        const int64_t row = r0 + i;
+        float *s = w->s + (int64_t)i * ld, *dp = w->dp + (int64_t)i * ld, *th = w->th + (int64_t)i * ld;
+        for (int j = 0; j < n; j++) s[j] *= scale;
+        if (cap > 0.0f)
+            for (int j = 0; j < n; j++) {
+                th[j] = bwd_tanhf(s[j] / cap);
+                s[j] = cap * th[j];
+            }
+        if (p->has_bias) {
+            const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
+            const fa_strides *bs = &p->bias_stride;
+            const float *br = a->bias + bb * bs->s[0] + bh * bs->s[1] + row * bs->s[2] + c0 * bs->s[3];
+            for (int j = 0; j < n; j++) s[j] += br[j * bs->s[3]];
+        }
+        if (p->has_alibi) {
+            const float slope = a->alibi_slopes[h];
+            const int64_t d0 = row + pl->off - c0; /* |i + off - j| = |d0 - jj| */
+            for (int j = 0; j < n; j++) s[j] -= slope * fabsf((float)(d0 - j));
+        }
+        /* causal and window: keys [lo, hi] of this row are visible */
+        const int64_t lo = fa_key_lo(pl, row) - c0, hi = fa_key_hi(pl, row) - c0;
+        for (int64_t j = 0; j < n && j < lo; j++) s[j] = -INFINITY;
+        for (int64_t j = hi + 1 > 0 ? hi + 1 : 0; j < n; j++) s[j] = -INFINITY;
+        if (p->has_segment_ids) {
+            const int32_t qs = a->q_segment_ids[b * Sq + row];
+            const int32_t *ks = a->kv_segment_ids + b * Sk + c0;
+            for (int j = 0; j < n; j++)
+                if (ks[j] != qs) s[j] = -INFINITY;
+        }
+        const int64_t r = (b * p->heads_q + h) * Sq + row;
+        const float lse = a->lse[r], delta = c->delta[r];
+        const int dead = lse == -INFINITY; /* the row sees no key */
+        const float mx = dead ? 0.0f : lse;
+        for (int j = 0; j < n; j++) s[j] = fa_vexpf(s[j] - mx);
+        if (dead) memset(s, 0, sizeof(float) * (size_t)n);
+        for (int j = 0; j < n; j++) {
+            float ds = s[j] * (dp[j] - delta);
+            if (cap > 0.0f) ds *= 1.0f - th[j] * th[j];
+            dp[j] = ds;
+        }
+        if (p->dtype != FA_F32)
+            for (int j = 0; j < n; j++) dp[j] = fa_round_to(p->dtype, dp[j]);
+    }
+}
+
+/* tr[j*m + i] = x[i*ld + j], rounded to the dtype: the left operand of P^T dO and dS^T Q. */
+static void bwd_transpose(fa_dtype t, const float *x, int ld, int m, int n, float *tr) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) tr[(int64_t)j * m + i] = fa_round_to(t, x[(int64_t)i * ld + j]);
+}
+
+/* Writes rows x cols of acc (times mul) into a [B, H, S, W] tensor at [b, h, r0, 0]. */
+static void bwd_store(const bwd_ctx *c, void *dst, const fa_strides *st, int64_t b, int64_t h,
+                      int64_t r0, int rows, int cols, const float *acc, float mul) {
+    for (int i = 0; i < rows; i++)
+        for (int x = 0; x < cols; x++)
+            fa_store(c->pl->p.dtype, dst, fa_offset(st, b, h, r0 + i, x), mul * acc[(int64_t)i * cols + x]);
+}
+
+/* (1) One (b, kv head, key tile): dK and dV of keys [c0, c0 + n). */
+static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t hk, int64_t kt,
+                          fa_counts *cnt) {
+    const fa_plan *pl = c->pl;
+    const fa_problem *p = &pl->p;
+    const fa_isa *isa = pl->isa;
+    const fa_backward_args *a = c->a;
+    const int D = (int)p->head_dim, Dv = (int)p->head_dim_v;
+    const int64_t bq = pl->bwd_bq, bk = pl->bwd_bk, group = p->heads_q / p->heads_kv;
+    const int64_t c0 = kt * bk, nq = (p->seq_q + bq - 1) / bq;
+    const int n = (int)(p->seq_k - c0 < bk ? p->seq_k - c0 : bk);
+    const int64_t per_pair = 2 * (2 * (int64_t)D + 2 * (int64_t)Dv);
+    const int64_t trans_per = p->softcap > 0.0f ? 2 : 1;
+
+    fa_tile_src ks = bwd_src(c, a->k, &p->k_stride, b, hk, c0);
+    fa_tile_src vs = bwd_src(c, a->v, &p->v_stride, b, hk, c0);
+    isa->pack_bt(&ks, n, D, w->kt);
+    isa->pack_bt(&vs, n, Dv, w->vt);
+    memset(w->acc, 0, sizeof(float) * (size_t)n * (size_t)D);
+    memset(w->acc_v, 0, sizeof(float) * (size_t)n * (size_t)Dv);
+
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++)
+        for (int64_t qt = 0; qt < nq; qt++) {
+            const int64_t r0 = qt * bq;
+            const int m = (int)(p->seq_q - r0 < bq ? p->seq_q - r0 : bq);
+            int64_t k0, k1;
+            fa_key_tile_range(pl, r0, r0 + m, bk, &k0, &k1);
+            if (kt < k0 || kt >= k1) continue;
+            fa_tile_src qs = bwd_src(c, a->q, &p->q_stride, b, h, r0);
+            fa_tile_src gs = bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
+            isa->pack_a(&qs, m, D, w->qa);
+            isa->pack_a(&gs, m, Dv, w->ga);
+            isa->pack_b(&qs, m, D, w->qb);
+            isa->pack_b(&gs, m, Dv, w->gb);
+            bwd_tile(c, w, b, h, r0, m, c0, n);
+            bwd_transpose(p->dtype, w->s, (int)bk, m, n, w->tr);
+            isa->gemm_pb(n, m, Dv, w->tr, m, w->gb, w->acc_v, Dv);
+            bwd_transpose(FA_F32, w->dp, (int)bk, m, n, w->tr); /* dS is rounded already */
+            isa->gemm_pb(n, m, D, w->tr, m, w->qb, w->acc, D);
+            cnt->flops += per_pair * m * n;
+            cnt->transcendentals += trans_per * m * n;
+        }
+    bwd_store(c, a->dk, &p->k_stride, b, hk, c0, n, D, w->acc, pl->scale);
+    bwd_store(c, a->dv, &p->v_stride, b, hk, c0, n, Dv, w->acc_v, 1.0f);
+}
+
+/* (2) One (b, query head, query tile): dQ of rows [r0, r0 + m). */
+static void bwd_dq_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int64_t qt,
+                        fa_counts *cnt) {
+    const fa_plan *pl = c->pl;
+    const fa_problem *p = &pl->p;
+    const fa_isa *isa = pl->isa;
+    const fa_backward_args *a = c->a;
+    const int D = (int)p->head_dim, Dv = (int)p->head_dim_v;
+    const int64_t bq = pl->bwd_bq, bk = pl->bwd_bk, hk = h / (p->heads_q / p->heads_kv);
+    const int64_t r0 = qt * bq;
+    const int m = (int)(p->seq_q - r0 < bq ? p->seq_q - r0 : bq);
+    const int64_t per_pair = 2 * (2 * (int64_t)D + (int64_t)Dv);
+    const int64_t trans_per = p->softcap > 0.0f ? 2 : 1;
+
+    memset(w->acc, 0, sizeof(float) * (size_t)m * (size_t)D);
+    int64_t k0, k1;
+    fa_key_tile_range(pl, r0, r0 + m, bk, &k0, &k1);
+    if (k0 < k1) {
+        fa_tile_src qs = bwd_src(c, a->q, &p->q_stride, b, h, r0);
+        fa_tile_src gs = bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
+        isa->pack_a(&qs, m, D, w->qa);
+        isa->pack_a(&gs, m, Dv, w->ga);
+    }
+    for (int64_t kt = k0; kt < k1; kt++) {
+        const int64_t c0 = kt * bk;
+        const int n = (int)(p->seq_k - c0 < bk ? p->seq_k - c0 : bk);
+        fa_tile_src ks = bwd_src(c, a->k, &p->k_stride, b, hk, c0);
+        fa_tile_src vs = bwd_src(c, a->v, &p->v_stride, b, hk, c0);
+        isa->pack_bt(&ks, n, D, w->kt);
+        isa->pack_bt(&vs, n, Dv, w->vt);
+        isa->pack_b(&ks, n, D, w->kb);
+        bwd_tile(c, w, b, h, r0, m, c0, n);
+        isa->gemm_pb(m, n, D, w->dp, (int)bk, w->kb, w->acc, D);
+        cnt->flops += per_pair * m * n;
+        cnt->transcendentals += trans_per * m * n;
+    }
+    bwd_store(c, a->dq, &p->q_stride, b, h, r0, m, D, w->acc, pl->scale);
+}
+
+static fa_status bwd_check_args(const fa_plan *pl, const fa_backward_args *a) {
+    const fa_problem *p = &pl->p;
+    if (!a) return fa_error(FA_ERR_NULL, "backward: args is NULL");
+    const struct { const void *ptr; const char *name; int used; } req[] = {
+        {a->q, "q", 1},   {a->k, "k", 1},     {a->v, "v", 1},
+        {a->o, "o", 1},   {a->d_o, "do", 1},  {a->lse, "lse", 1},
+        {a->dq, "dq", 1}, {a->dk, "dk", 1},   {a->dv, "dv", 1},
+        {a->bias, "bias", p->has_bias},       {a->alibi_slopes, "alibi_slopes", p->has_alibi},
+        {a->q_segment_ids, "q_segment_ids", p->has_segment_ids},
+        {a->kv_segment_ids, "kv_segment_ids", p->has_segment_ids},
+    };
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
+        if (req[i].used && !req[i].ptr)
+            return fa_error(FA_ERR_NULL, "backward: %s is NULL", req[i].name);
+    return FA_OK;
+}
+
+fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a) {
+    fa_status st = bwd_check_args(plan, a);
+    if (st != FA_OK) return st;
+    const fa_problem *p = &plan->p;
+    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q;
+    const int threads = plan->threads > 0 ? plan->threads : 1;
+    const int64_t rows = B * Hq * Sq;
+    const int64_t scratch = fa_cpu_backward_scratch_bytes(plan);
+    const int64_t need = 4 * rows + threads * scratch; /* delta, then each thread's scratch */
+
+    char *ws = a->workspace, *owned = NULL;
+    if (ws) {
+        if ((int64_t)a->workspace_size < need)
+            return fa_error(FA_ERR_INVALID,
+                            "backward: workspace_size is %zu bytes but the backward needs %lld",
+                            a->workspace_size, (long long)need);
+    } else {
+        owned = malloc((size_t)need);
+        if (!owned)
+            return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate %lld bytes of workspace",
+                            (long long)need);
+        ws = owned;
+    }
+    float *delta = (float *)ws;
+    char *scratch_base = ws + 4 * rows;
+    bwd_ctx c = {plan, a, delta, fa_dtype_size(p->dtype)};
+
+    const int64_t bq = plan->bwd_bq, bk = plan->bwd_bk, Dv = p->head_dim_v;
+    const int64_t nq = (Sq + bq - 1) / bq, nk = (p->seq_k + bk - 1) / bk;
+    int64_t flops = 0, trans = 0;
+
+#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+    {
+        bwd_scratch w;
+        char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
+        mine += (BWD_ALIGN - (uintptr_t)mine % BWD_ALIGN) % BWD_ALIGN; /* within the slack */
+        bwd_carve(plan, mine, &w);
+        fa_counts cnt = {0, 0};
+
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
+            float sum = 0.0f;
+            for (int64_t x = 0; x < Dv; x++)
+                sum += fa_load(p->dtype, a->d_o, fa_offset(&p->o_stride, b, h, i, x)) *
+                       fa_load(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, x));
+            delta[r] = sum;
+        }
+        /* the implicit barrier above publishes delta */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < B * Hk * nk; t++)
+            bwd_dkdv_task(&c, &w, t / (Hk * nk), t / nk % Hk, t % nk, &cnt);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < B * Hq * nq; t++)
+            bwd_dq_task(&c, &w, t / (Hq * nq), t / nq % Hq, t % nq, &cnt);
+        flops += cnt.flops;
+        trans += cnt.transcendentals;
+    }
+    free(owned);
+    if (a->counts) {
+        a->counts->flops = flops;
+        a->counts->transcendentals = trans;
+    }
+    return FA_OK;
+}

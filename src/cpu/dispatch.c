@@ -1,0 +1,95 @@
+/* Choosing the CPU microkernels: one table of every ISA compiled in, best first, checked
+ * against this CPU at run time. FA_ISA=<name> forces one; FA_ISA_VERBOSE=1 logs the
+ * choice on stderr.
+ *
+ * Adding an ISA: compile its file (isa_<name>.c, defining `const fa_isa fa_isa_<name>`)
+ * and define FA_HAVE_ISA_<NAME> for this file; its slot below then joins the table. */
+#include "isa.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef FA_HAVE_ISA_AMX
+extern const fa_isa fa_isa_amx;
+#endif
+#ifdef FA_HAVE_ISA_AVX512BF16
+extern const fa_isa fa_isa_avx512bf16;
+#endif
+#ifdef FA_HAVE_ISA_AVX512
+extern const fa_isa fa_isa_avx512;
+#endif
+#ifdef FA_HAVE_ISA_AVX2
+extern const fa_isa fa_isa_avx2;
+#endif
+
+/* Best first; the scalar table is last and always available. */
+static const fa_isa *const isa_table[] = {
+#ifdef FA_HAVE_ISA_AMX
+    &fa_isa_amx,
+#endif
+#ifdef FA_HAVE_ISA_AVX512BF16
+    &fa_isa_avx512bf16,
+#endif
+#ifdef FA_HAVE_ISA_AVX512
+    &fa_isa_avx512,
+#endif
+#ifdef FA_HAVE_ISA_AVX2
+    &fa_isa_avx2,
+#endif
+    &fa_isa_scalar,
+};
+#define ISA_COUNT (sizeof isa_table / sizeof isa_table[0])
+
+/* Every name FA_ISA may give, built into this copy or not. */
+static const char *const known_names[] = {"amx", "avx512bf16", "avx512", "avx2", "scalar"};
+#define KNOWN_COUNT (sizeof known_names / sizeof known_names[0])
+
+/* The last choice logged, so FA_ISA_VERBOSE prints each change once, not once per plan. */
+static _Atomic(const fa_isa *) last_logged;
+
+static void log_choice(const fa_isa *isa, int forced) {
+    const char *v = getenv("FA_ISA_VERBOSE");
+    if (!v || !*v || strcmp(v, "0") == 0) return;
+    if (atomic_exchange(&last_logged, isa) == isa) return;
+    fprintf(stderr, "flashattn: cpu isa %s (%s; compiled in:", isa->name, forced ? "forced by FA_ISA" : "best available");
+    for (size_t i = 0; i < ISA_COUNT; i++)
+        fprintf(stderr, " %s%s", isa_table[i]->name, isa_table[i]->available() ? "" : "[unavailable]");
+    fprintf(stderr, ")\n");
+}
+
+fa_status fa_isa_select(const fa_isa **out) {
+    const char *want = getenv("FA_ISA");
+    if (want && *want && strcmp(want, "auto") != 0) {
+        for (size_t i = 0; i < ISA_COUNT; i++) {
+            if (strcmp(isa_table[i]->name, want) != 0) continue;
+            if (!isa_table[i]->available())
+                return fa_error(FA_ERR_UNSUPPORTED, "FA_ISA=%s: this CPU (or OS) does not support %s", want, want);
+            *out = isa_table[i];
+            log_choice(*out, 1);
+            return FA_OK;
+        }
+        for (size_t i = 0; i < KNOWN_COUNT; i++)
+            if (strcmp(known_names[i], want) == 0)
+                return fa_error(FA_ERR_UNSUPPORTED, "FA_ISA=%s: this build of flashattn has no %s kernels", want,
+                                want);
+        return fa_error(FA_ERR_INVALID, "FA_ISA=%s is not a known ISA (use auto, amx, avx512bf16, avx512, avx2 or scalar)",
+                        want);
+    }
+    for (size_t i = 0; i < ISA_COUNT; i++) {
+        if (isa_table[i]->available()) {
+            *out = isa_table[i];
+            log_choice(*out, 0);
+            return FA_OK;
+        }
+    }
+    *out = &fa_isa_scalar; /* unreachable: scalar is always available */
+    return FA_OK;
+}
+
+const char *fa_cpu_isa(void) {
+    const fa_isa *isa = NULL;
+    if (fa_isa_select(&isa) != FA_OK) return "none";
+    return isa->name;
+}

@@ -1,0 +1,307 @@
+/* The CPU forward driver (FlashAttention-2 schedule).
+ *
+ * Work items are (batch, query head, query tile), spread over plan->threads OpenMP
+ * threads. For its query tile a thread packs q once, then walks the key tiles that
+ * fa_key_tile_range gives (the cost model counts exactly that schedule): pack k and v,
+ * S = Q K^T, turn S into scores (scale, softcap, bias, ALiBi, masks), fold the tile into
+ * an online softmax (row max m, row sum l, f32 accumulator O), and at the end write
+ * o = O / l and lse = m + log(l). The tile math (packing, the two products, the exps)
+ * lives in the ISA table (isa.h); this file owns tiling, threading, masks and the
+ * softmax bookkeeping. Memory: threads x one tile's scratch, never Sq x Sk. */
+#include "isa.h"
+#include "vexp.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SCRATCH_ALIGN 64
+
+static int64_t align_up(int64_t x) { return (x + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN; }
+
+static const fa_isa *plan_isa(const struct fa_plan *pl) { return pl->isa ? pl->isa : &fa_isa_scalar; }
+
+/* The tile edges the driver really uses: the plan's, clipped to the sequence lengths. */
+static void tile_edges(const struct fa_plan *pl, int64_t *bq, int64_t *bk) {
+    *bq = pl->fwd_bq < pl->p.seq_q ? pl->fwd_bq : pl->p.seq_q;
+    *bk = pl->fwd_bk < pl->p.seq_k ? pl->fwd_bk : pl->p.seq_k;
+    if (*bq < 1) *bq = 1;
+    if (*bk < 1) *bk = 1;
+}
+
+/* One thread's scratch. */
+typedef struct {
+    void *qp, *kp, *vp; /* packed q, k, v tiles (ISA layout) */
+    float *s;           /* bq x bk scores, then probabilities */
+    float *acc;         /* bq x Dv output accumulator */
+    float *m, *l;       /* bq row maxima and row sums */
+} fwd_scratch;
+
+/* Byte sizes of the pieces, in carving order. */
+static void scratch_sizes(const struct fa_plan *pl, int64_t sz[7]) {
+    const fa_isa *isa = plan_isa(pl);
+    const fa_problem *p = &pl->p;
+    int64_t bq, bk;
+    tile_edges(pl, &bq, &bk);
+    sz[0] = isa->packed_bytes(bq, p->head_dim, p->dtype);
+    sz[1] = isa->packed_bytes(bk, p->head_dim, p->dtype);
+    sz[2] = isa->packed_bytes(bk, p->head_dim_v, p->dtype);
+    sz[3] = bq * bk * (int64_t)sizeof(float);
+    sz[4] = bq * p->head_dim_v * (int64_t)sizeof(float);
+    sz[5] = bq * (int64_t)sizeof(float);
+    sz[6] = bq * (int64_t)sizeof(float);
+}
+
+int64_t fa_cpu_forward_scratch_bytes(const struct fa_plan *pl) {
+    int64_t sz[7], total = SCRATCH_ALIGN; /* slack to align the start of a thread's slice */
+    scratch_sizes(pl, sz);
+    for (int i = 0; i < 7; i++) total += align_up(sz[i]);
+    return total;
+}
+
+static fwd_scratch carve_scratch(const struct fa_plan *pl, char *slice) {
+    int64_t sz[7];
+    scratch_sizes(pl, sz);
+    char *c = slice + (SCRATCH_ALIGN - (uintptr_t)slice % SCRATCH_ALIGN) % SCRATCH_ALIGN;
+    void *piece[7];
+    for (int i = 0; i < 7; i++) {
+        piece[i] = c;
+        c += align_up(sz[i]);
+    }
+    fwd_scratch sc = {piece[0], piece[1], piece[2], piece[3], piece[4], piece[5], piece[6]};
+    return sc;
+}
+
+/* Everything a work item needs, resolved once per call. */
+typedef struct {
+    const struct fa_plan *pl;
+    const fa_problem *p;
+    const fa_isa *isa;
+    const fa_forward_args *a;
+    int64_t bq, bk, group; /* tile edges; query heads per kv head */
+    size_t esz;            /* bytes per q/k/v/o element */
+    float scale, softcap;
+} fwd_ctx;
+
+static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_strides *st, int64_t b, int64_t h,
+                            int64_t row) {
+    fa_tile_src src;
+    src.base = (const char *)base + fa_offset(st, b, h, row, 0) * (int64_t)cx->esz;
+    src.dtype = cx->p->dtype;
+    src.row_stride = st->s[2];
+    src.col_stride = st->s[3];
+    return src;
+}
+
+/* Turns raw products S[r, j] (rows r0 + r, keys j0 + j) into scores: scale, softcap,
+ * bias, ALiBi, then -inf wherever a mask hides the key. */
+static void make_scores(const fwd_ctx *cx, int64_t b, int64_t h, int64_t r0, int m, int64_t j0, int n, float *S,
+                        int lds) {
+    const struct fa_plan *pl = cx->pl;
+    const fa_problem *p = cx->p;
+    const fa_forward_args *a = cx->a;
+    /* lo(i) and hi(i) grow with i, so the tile needs no element mask when its last row's
+     * lowest key and its first row's highest key bracket all its keys. */
+    const int band_inside = fa_key_lo(pl, r0 + m - 1) <= j0 && fa_key_hi(pl, r0) >= j0 + n - 1;
+    const float *bias_hd = NULL;
+    if (p->has_bias)
+        bias_hd = a->bias + (p->bias_batch == 1 ? 0 : b * p->bias_stride.s[0]) +
+                  (p->bias_heads == 1 ? 0 : h * p->bias_stride.s[1]);
+    const float slope = p->has_alibi ? a->alibi_slopes[h] : 0.0f;
+    const float scale = cx->scale, cap = cx->softcap;
+
+    for (int r = 0; r < m; r++) {
+        const int64_t i = r0 + r;
+        float *restrict srow = S + (int64_t)r * lds;
+        for (int j = 0; j < n; j++) srow[j] *= scale;
+        if (cap > 0.0f)
+            for (int j = 0; j < n; j++) srow[j] = cap * tanhf(srow[j] / cap);
+        if (bias_hd) {
+            const float *brow = bias_hd + i * p->bias_stride.s[2] + j0 * p->bias_stride.s[3];
+            const int64_t bs = p->bias_stride.s[3];
+            for (int j = 0; j < n; j++) srow[j] += brow[j * bs];
+        }
+        if (p->has_alibi) {
+            const int64_t d0 = i + pl->off - j0; /* |i + off - j| for j = j0 + jj is |d0 - jj| */
+            for (int j = 0; j < n; j++) {
+                int64_t d = d0 - j;
+                srow[j] -= slope * (float)(d < 0 ? -d : d);
+            }
+        }
+        if (!band_inside) {
+            const int64_t lo = fa_key_lo(pl, i) - j0, hi = fa_key_hi(pl, i) - j0;
+            for (int j = 0; j < n; j++)
+                if (j < lo || j > hi) srow[j] = -INFINITY;
+        }
+        if (p->has_segment_ids) {
+            const int32_t qs = a->q_segment_ids[b * p->seq_q + i];
+            const int32_t *ks = a->kv_segment_ids + b * p->seq_k + j0;
+            for (int j = 0; j < n; j++)
+                if (ks[j] != qs) srow[j] = -INFINITY;
+        }
+    }
+}
+
+/* max of x[0..n), -inf if n == 0; eight running maxima so that it vectorizes. */
+static float row_max(const float *x, int n) {
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int c = 0; c < 8; c++) part[c] = x[j + c] > part[c] ? x[j + c] : part[c];
+    float mx = -INFINITY;
+    for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
+    return mx;
+}
+
+/* Folds a tile of scores into the running softmax of its rows: S becomes p (rounded to
+ * the dtype), m and l are updated and acc is rescaled, ready for acc += p V. */
+static void softmax_update(const fwd_ctx *cx, int m, int n, float *S, int lds, float *M, float *L, float *acc) {
+    const int64_t dv = cx->p->head_dim_v;
+    const fa_dtype dt = cx->p->dtype;
+    for (int r = 0; r < m; r++) {
+        float *restrict srow = S + (int64_t)r * lds;
+        const float mt = row_max(srow, n);
+        const float m_old = M[r], m_new = m_old > mt ? m_old : mt;
+        /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
+         * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
+        const float base = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = fa_vexpf(m_old - base);
+        const float rowsum = cx->isa->exp_sum(srow, n, base);
+        if (dt == FA_F16)
+            for (int j = 0; j < n; j++) srow[j] = fa_vround_f16(srow[j]);
+        else if (dt == FA_BF16)
+            for (int j = 0; j < n; j++) srow[j] = fa_round_to(FA_BF16, srow[j]);
+        L[r] = L[r] * alpha + rowsum;
+        M[r] = m_new;
+        if (alpha != 1.0f) {
+            float *restrict arow = acc + r * dv;
+            for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
+        }
+    }
+}
+
+/* One work item: query rows [r0, r0 + m) of (b, h). */
+static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, int64_t h, int64_t r0,
+                         fa_counts *cnt) {
+    const struct fa_plan *pl = cx->pl;
+    const fa_problem *p = cx->p;
+    const fa_isa *isa = cx->isa;
+    const fa_forward_args *a = cx->a;
+    const int64_t D = p->head_dim, Dv = p->head_dim_v, hk = h / cx->group;
+    const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
+    const int lds = (int)cx->bk;
+
+    for (int r = 0; r < m; r++) {
+        sc->m[r] = -INFINITY;
+        sc->l[r] = 0.0f;
+    }
+    memset(sc->acc, 0, (size_t)m * (size_t)Dv * sizeof(float));
+
+    int64_t kt0, kt1;
+    fa_key_tile_range(pl, r0, r0 + m, cx->bk, &kt0, &kt1);
+    if (kt0 < kt1) {
+        fa_tile_src qs = tile_src(cx, a->q, &p->q_stride, b, h, r0);
+        isa->pack_a(&qs, m, (int)D, sc->qp);
+    }
+    for (int64_t kt = kt0; kt < kt1; kt++) {
+        const int64_t j0 = kt * cx->bk;
+        const int n = (int)(p->seq_k - j0 < cx->bk ? p->seq_k - j0 : cx->bk);
+        fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, j0);
+        fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
+        isa->pack_bt(&ks, n, (int)D, sc->kp);
+        isa->pack_b(&vs, n, (int)Dv, sc->vp);
+        isa->gemm_abt(m, n, (int)D, sc->qp, sc->kp, sc->s, lds);
+        make_scores(cx, b, h, r0, m, j0, n, sc->s, lds);
+        softmax_update(cx, m, n, sc->s, lds, sc->m, sc->l, sc->acc);
+        isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, sc->acc, (int)Dv);
+
+        const int64_t mn = (int64_t)m * n;
+        cnt->flops += 2 * mn * (D + Dv);
+        cnt->transcendentals += mn + m + (cx->softcap > 0.0f ? mn : 0);
+    }
+
+    /* o = acc / l and lse = m + log(l); a row that saw no key has l = 0: o = 0, lse = -inf. */
+    for (int r = 0; r < m; r++) {
+        const int64_t i = r0 + r;
+        const float l = sc->l[r];
+        const float lse = sc->m[r] + logf(l);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float *arow = sc->acc + r * Dv;
+        const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
+        for (int64_t c = 0; c < Dv; c++) fa_store(p->dtype, a->o, ob + c * p->o_stride.s[3], arow[c] * inv);
+        if (a->lse) a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? lse : -INFINITY;
+    }
+    cnt->transcendentals += m;
+}
+
+static fa_status check_args(const fa_problem *p, const fa_forward_args *a) {
+    const char *missing = !a->q ? "q" : !a->k ? "k" : !a->v ? "v" : !a->o ? "o" : NULL;
+    if (!missing && p->has_bias && !a->bias) missing = "bias (the problem has_bias)";
+    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
+    if (!missing && p->has_segment_ids && !a->q_segment_ids)
+        missing = "q_segment_ids (the problem has_segment_ids)";
+    if (!missing && p->has_segment_ids && !a->kv_segment_ids)
+        missing = "kv_segment_ids (the problem has_segment_ids)";
+    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
+    return FA_OK;
+}
+
+fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
+    if (!pl || !a) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", pl ? "args" : "plan");
+    const fa_problem *p = &pl->p;
+    fa_status st = check_args(p, a);
+    if (st) return st;
+
+    const int threads = pl->threads > 0 ? pl->threads : 1;
+    const int64_t per_thread = fa_cpu_forward_scratch_bytes(pl);
+    const int64_t need = per_thread * threads;
+    char *ws = a->workspace;
+    void *owned = NULL;
+    if (ws) {
+        if (a->workspace_size < (size_t)need)
+            return fa_error(FA_ERR_INVALID,
+                            "fa_forward: workspace_size is %zu bytes but this plan needs %lld (%d threads x %lld)",
+                            a->workspace_size, (long long)need, threads, (long long)per_thread);
+    } else {
+        owned = malloc((size_t)need);
+        if (!owned)
+            return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of workspace (%d threads x %lld)",
+                            (long long)need, threads, (long long)per_thread);
+        ws = owned;
+    }
+
+    fwd_ctx cx;
+    cx.pl = pl;
+    cx.p = p;
+    cx.isa = plan_isa(pl);
+    cx.a = a;
+    tile_edges(pl, &cx.bq, &cx.bk);
+    cx.group = p->heads_q / p->heads_kv;
+    cx.esz = fa_dtype_size(p->dtype);
+    cx.scale = pl->scale;
+    cx.softcap = p->softcap;
+
+    const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq;
+    const int64_t items = p->batch * p->heads_q * qtiles;
+    int64_t flops = 0, trans = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+    {
+        const fwd_scratch sc = carve_scratch(pl, ws + (int64_t)omp_get_thread_num() * per_thread);
+        fa_counts cnt = {0, 0};
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            /* last query tiles first: under causal masks they carry the most keys */
+            const int64_t qt = qtiles - 1 - it % qtiles, bh = it / qtiles;
+            forward_item(&cx, &sc, bh / p->heads_q, bh % p->heads_q, qt * cx.bq, &cnt);
+        }
+        flops += cnt.flops;
+        trans += cnt.transcendentals;
+    }
+    free(owned);
+    if (a->counts) {
+        a->counts->flops = flops;
+        a->counts->transcendentals = trans;
+    }
+    return FA_OK;
+}

@@ -1,0 +1,66 @@
+/* Shared by the AVX-512 microkernel files (isa_avx512.c, isa_avx512bf16.c): the vector exp
+ * and the f32 helpers the bf16 table reuses for f32 and f16 inputs. Include only from
+ * files compiled with AVX-512 flags. */
+#ifndef FA_CPU_ISA_AVX512_H
+#define FA_CPU_ISA_AVX512_H
+
+#include "isa.h"
+
+#include <immintrin.h>
+
+extern const fa_isa fa_isa_avx512;
+
+int64_t fa_avx512_packed_bytes(int64_t rows, int64_t cols, fa_dtype t);
+/* Copies a rows x cols tile of any dtype to f32 rows of `ld` floats. */
+void fa_avx512_pack_rows(const fa_tile_src *src, int rows, int cols, float *dst, int64_t ld);
+float fa_avx512_exp_sum(float *x, int n, float mx);
+
+/* exp of 16 floats, as vexp.h computes it: x = n ln2 + r, |r| <= ln2/2 (ln2 split in a
+ * short high part and a low part, so n ln2_hi is exact), the degree-7 Taylor polynomial of
+ * exp(r) (truncation below 6e-9), then 2^n applied by vscalefps. Below ln(FLT_MIN) the
+ * result is 0, as in vexp.h (exp(-inf) = 0; no subnormal p reaches the products), above
+ * 88.73 it is +inf, and NaN stays NaN (the clamps return their second operand on NaN). */
+static inline __m512 fa_avx512_exp(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.33654f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* x >= lo, or NaN */
+    __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(lo, x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* Transposes the 16 x 16 block of 32-bit lanes r[0..15] (rows) in place into columns. */
+static inline void fa_avx512_transpose16(__m512 r[16]) {
+    __m512 a[16], b[16];
+    for (int i = 0; i < 16; i += 2) {
+        a[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        a[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        b[i] = _mm512_shuffle_ps(a[i], a[i + 2], 0x44);
+        b[i + 1] = _mm512_shuffle_ps(a[i], a[i + 2], 0xEE);
+        b[i + 2] = _mm512_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+        b[i + 3] = _mm512_shuffle_ps(a[i + 1], a[i + 3], 0xEE);
+    }
+    /* b[4g + c], lane L: column 4L + c of rows 4g..4g+3 */
+    for (int c = 0; c < 4; c++) {
+        __m512 x = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88), y = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xDD);
+        __m512 z = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88), w = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(x, z, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(x, z, 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(y, w, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(y, w, 0xDD);
+    }
+}
+
+#endif /* FA_CPU_ISA_AVX512_H */

@@ -1,0 +1,78 @@
+/* Branch-free f32 helpers that compilers vectorize: no libm call, only arithmetic, integer
+ * conversion and selects, so a loop of calls becomes SIMD code at -O3 on any target (SSE2
+ * included). Used by the scalar microkernels, the drivers and any ISA file that wants the
+ * same numbers. (They rely on IEEE arithmetic: not for -ffast-math builds.)
+ *
+ * fa_vexpf: exp.
+ *
+ * Method: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 split in a high
+ * part with few bits and a low part, so n * ln2_hi is exact); exp(r) by its Taylor
+ * polynomial of degree 7 (truncation below 6e-9 on that interval); 2^n built directly in
+ * the exponent bits. Relative error about 1e-7 (a couple of ulps).
+ *
+ * Domain: exp(-inf) = 0 and every x below ln(FLT_MIN) gives 0 (the true value is below
+ * 1.2e-38); x above 88 gives +inf (the true value is within a factor 2 of FLT_MAX there;
+ * the kernels only call it with x <= 0); NaN gives NaN. */
+#ifndef FA_CPU_VEXP_H
+#define FA_CPU_VEXP_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float fa_vexpf(float x) {
+    const float lo = -87.33654f;    /* ln(FLT_MIN): 2^n stays a normal number above it */
+    const float hi = 88.0f;         /* keeps n <= 127 */
+    const float log2e = 1.44269504088896341f;
+    const float ln2_hi = 0.693359375f;      /* 355/512: n * ln2_hi is exact for |n| < 2^15 */
+    const float ln2_lo = -2.12194440e-4f;   /* ln2 - ln2_hi */
+    const float round_magic = 12582912.0f;  /* 1.5 * 2^23: adding it rounds to an integer */
+
+    float xc = x >= lo ? x : lo; /* NaN too: keeps the integer conversion defined */
+    xc = xc > hi ? hi : xc;
+    float n = (xc * log2e + round_magic) - round_magic;
+    float r = xc - n * ln2_hi;
+    r = r - n * ln2_lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = (int32_t)n + 127; /* in [1, 254] after the clamps */
+    uint32_t bits = (uint32_t)e << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    float y = p * scale;
+    y = x < lo ? 0.0f : y;
+    y = x > hi ? INFINITY : y;
+    y = x == x ? y : x; /* NaN in, NaN out */
+    return y;
+}
+
+/* x rounded to f16 and back (round to nearest, ties to even): equal to
+ * fa_round_to(FA_F16, x) for every x, without its out-of-line calls. Normal f16 range:
+ * round the f32 mantissa to 10 bits in the integer domain (the carry may step the
+ * exponent, as it should); below 2^-14 (f16 subnormals, spacing 2^-24): adding and
+ * removing 0.5 rounds to a multiple of 2^-24 in f32 arithmetic; from 65520 up: inf. */
+static inline float fa_vround_f16(float x) {
+    uint32_t u, a, r, rs;
+    memcpy(&u, &x, sizeof u);
+    a = u & 0x7fffffffu;
+    float ax, sub;
+    memcpy(&ax, &a, sizeof ax);
+    sub = (ax + 0.5f) - 0.5f;
+    memcpy(&rs, &sub, sizeof rs);
+    r = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
+    r = a < 0x38800000u ? rs : r;
+    r = a >= 0x477ff000u ? 0x7f800000u : r;
+    r = a > 0x7f800000u ? (a | 0x00400000u) : r; /* NaN: quiet NaN */
+    r |= u & 0x80000000u;
+    float y;
+    memcpy(&y, &r, sizeof y);
+    return y;
+}
+
+#endif /* FA_CPU_VEXP_H */

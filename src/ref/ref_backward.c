@@ -1,0 +1,139 @@
+/* The naive float64 backward: SPEC section 2 differentiated by hand, one query row at a
+ * time, with the row's scores, probabilities and output recomputed from scratch.
+ *
+ *   s = scale q.k  ->  (softcap) cap tanh(s / cap)  ->  + bias  ->  - slope |i + off - j|
+ *   p = exp(s - lse) over visible keys, o = sum_j p_j v_j, L = sum(o * do)
+ *   dv_j += p_j do,  dp_j = do . v_j,  ds_j = p_j (dp_j - do . o)
+ *   (softcap) ds_j *= 1 - tanh^2,  dq += scale ds_j k_j,  dk_j += scale ds_j q
+ * GQA: dk and dv of a kv head sum over the query heads that read it. */
+#include "ref.h"
+
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Strides as given, or contiguous [n0, n1, n2, n3] when all are zero. */
+static fa_strides ref_strides(fa_strides st, int64_t n1, int64_t n2, int64_t n3) {
+    if (st.s[0] == 0 && st.s[1] == 0 && st.s[2] == 0 && st.s[3] == 0) {
+        st.s[3] = 1;
+        st.s[2] = n3;
+        st.s[1] = n2 * n3;
+        st.s[0] = n1 * n2 * n3;
+    }
+    return st;
+}
+
+/* A contiguous double copy of a [B, H, S, W] tensor of the problem's dtype. */
+static double *ref_load(const fa_problem *p, const void *base, fa_strides st, int64_t H,
+                        int64_t S, int64_t W) {
+    st = ref_strides(st, H, S, W);
+    double *x = malloc(sizeof(double) * (size_t)(p->batch * H * S * W + 1));
+    if (!x) abort(); /* tests only */
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t w = 0; w < W; w++)
+                    x[((b * H + h) * S + s) * W + w] =
+                        (double)fa_load(p->dtype, base, fa_offset(&st, b, h, s, w));
+    return x;
+}
+
+void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
+                     double *dv) {
+    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
+                  Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = Sk - Sq;
+    const int64_t group = Hq / Hk;
+    const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
+    const double cap = (double)p->softcap;
+    double *Q = ref_load(p, a->q, p->q_stride, Hq, Sq, D);
+    double *K = ref_load(p, a->k, p->k_stride, Hk, Sk, D);
+    double *V = ref_load(p, a->v, p->v_stride, Hk, Sk, Dv);
+    double *dO = ref_load(p, a->d_o, p->o_stride, Hq, Sq, Dv);
+    fa_strides bs = ref_strides(p->bias_stride, p->bias_heads, Sq, Sk);
+
+    memset(dq, 0, sizeof(double) * (size_t)(B * Hq * Sq * D));
+    memset(dk, 0, sizeof(double) * (size_t)(B * Hk * Sk * D));
+    memset(dv, 0, sizeof(double) * (size_t)(B * Hk * Sk * Dv));
+
+    double *s = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
+    double *th = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
+    double *o = malloc(sizeof(double) * (size_t)(Dv > 0 ? Dv : 1));
+    if (!s || !th || !o) abort(); /* tests only */
+
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t hk = h / group;
+            for (int64_t i = 0; i < Sq; i++) {
+                const double *qi = Q + ((b * Hq + h) * Sq + i) * D;
+                const double *gi = dO + ((b * Hq + h) * Sq + i) * Dv;
+                const double *Kh = K + (b * Hk + hk) * Sk * D, *Vh = V + (b * Hk + hk) * Sk * Dv;
+                double *dqi = dq + ((b * Hq + h) * Sq + i) * D;
+                double *dKh = dk + (b * Hk + hk) * Sk * D, *dVh = dv + (b * Hk + hk) * Sk * Dv;
+                /* scores; invisible keys get -inf */
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < Sk; j++) {
+                    int vis = 1;
+                    if (p->causal && j > i + off) vis = 0;
+                    if (p->window_left >= 0 && j < i + off - p->window_left) vis = 0;
+                    if (p->window_right >= 0 && j > i + off + p->window_right) vis = 0;
+                    if (p->has_segment_ids &&
+                        a->q_segment_ids[b * Sq + i] != a->kv_segment_ids[b * Sk + j])
+                        vis = 0;
+                    s[j] = -INFINITY;
+                    th[j] = 0.0;
+                    if (!vis) continue;
+                    double x = 0.0;
+                    for (int64_t d = 0; d < D; d++) x += qi[d] * Kh[j * D + d];
+                    x *= scale;
+                    if (cap > 0.0) {
+                        th[j] = tanh(x / cap);
+                        x = cap * th[j];
+                    }
+                    if (p->has_bias) {
+                        int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
+                        x += (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]];
+                    }
+                    if (p->has_alibi) x -= (double)a->alibi_slopes[h] * fabs((double)(i + off - j));
+                    s[j] = x;
+                    if (x > mx) mx = x;
+                }
+                if (mx == -INFINITY) continue; /* no visible key: no gradient */
+                double sum = 0.0;
+                for (int64_t j = 0; j < Sk; j++) sum += exp(s[j] - mx);
+                const double lse = mx + log(sum);
+                for (int64_t j = 0; j < Sk; j++) s[j] = exp(s[j] - lse); /* now p; 0 if masked */
+
+                for (int64_t c = 0; c < Dv; c++) o[c] = 0.0;
+                for (int64_t j = 0; j < Sk; j++)
+                    if (s[j] != 0.0)
+                        for (int64_t c = 0; c < Dv; c++) o[c] += s[j] * Vh[j * Dv + c];
+                double delta = 0.0;
+                for (int64_t c = 0; c < Dv; c++) delta += gi[c] * o[c];
+
+                for (int64_t j = 0; j < Sk; j++) {
+                    if (s[j] == 0.0) continue; /* p = 0: no contribution */
+                    double dp = 0.0;
+                    for (int64_t c = 0; c < Dv; c++) {
+                        dp += gi[c] * Vh[j * Dv + c];
+                        dVh[j * Dv + c] += s[j] * gi[c];
+                    }
+                    double ds = s[j] * (dp - delta);
+                    if (cap > 0.0) ds *= 1.0 - th[j] * th[j];
+                    ds *= scale;
+                    for (int64_t d = 0; d < D; d++) {
+                        dqi[d] += ds * Kh[j * D + d];
+                        dKh[j * D + d] += ds * qi[d];
+                    }
+                }
+            }
+        }
+    free(s);
+    free(th);
+    free(o);
+    free(Q);
+    free(K);
+    free(V);
+    free(dO);
+}

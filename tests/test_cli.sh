@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# The command line (SPEC section 4): the seed problem's plan (figures, speed, memory), run and
+# grad on small random .npy files (shapes, counts equal to the plan's, values against the
+# reference), and bad inputs (exit 2, one stderr line naming the problem, no output left).
+# Usage: bash tests/test_cli.sh BUILD_DIR. Needs BUILD_DIR/flashattn and BUILD_DIR/tool_npy.
+set -u
+BUILD=${1:-build}
+FA=$(cd "$BUILD" && pwd)/flashattn
+NPY=$(cd "$BUILD" && pwd)/tool_npy
+for x in "$FA" "$NPY"; do
+  [ -x "$x" ] || { echo "missing $x (build first)"; echo "0 passed, 1 failed"; exit 1; }
+done
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+OUT=$W/out # every output goes here; it must be empty after each failing case
+mkdir -p "$OUT"
+pass=0 fail=0 crashes=0 calls=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+
+# fa ARGS...: runs the CLI, stdout in $W/so, stderr in $W/se, status in $rc.
+fa() {
+  "$FA" "$@" >"$W/so" 2>"$W/se"
+  rc=$?
+  calls=$((calls + 1))
+  if [ $rc -ge 128 ]; then crashes=$((crashes + 1)); echo "CRASH (exit $rc): flashattn $*"; fi
+}
+# json_field TEXT SECTION KEY: the integer KEY inside "SECTION": {...} ("" for top level).
+json_field() {
+  local t=$1
+  [ -n "$2" ] && t=$(printf '%s' "$t" | sed -n "s/.*\"$2\": {\([^}]*\)}.*/\1/p")
+  printf '%s' "$t" | sed -n "s/.*\"$3\": \([0-9a-z]*\).*/\1/p"
+}
+
+# ---- inputs -----------------------------------------------------------------------------
+I=$W/in
+mkdir -p "$I"
+gen() { "$NPY" rand "$I/$1" "$2" "${@:3}" >/dev/null || { echo "tool_npy failed on $1"; exit 1; }; }
+# B=2 Hq=4 Hk=2 Sq=33 Sk=40 D=16 Dv=8
+gen q.npy '<f4' 2 4 33 16 --seed 1
+gen k.npy '<f4' 2 2 40 16 --seed 2
+gen v.npy '<f4' 2 2 40 8 --seed 3
+gen do.npy '<f4' 2 4 33 8 --seed 4
+gen q16.npy '<f2' 2 4 33 16 --seed 1
+gen k16.npy '<f2' 2 2 40 16 --seed 2
+gen v16.npy '<f2' 2 2 40 8 --seed 3
+gen bias.npy '<f4' 2 4 33 40 --seed 5
+gen bias1.npy '<f4' 1 4 33 40 --seed 6
+gen biash.npy '<f4' 2 1 33 40 --seed 7
+gen slopes.npy '<f4' 4 --seed 8
+gen qseg.npy '<i4' 2 33
+gen kvseg.npy '<i4' 2 40
+SHAPE="--batch 2 --heads 4 --kv-heads 2 --seq-q 33 --seq-k 40 --head-dim 16 --v-head-dim 8"
+QKV="--q $I/q.npy --k $I/k.npy --v $I/v.npy"
+G="--dq $OUT/dq.npy --dk $OUT/dk.npy --dv $OUT/dv.npy"
+
+# ---- (1) the seed problem's plan ---------------------------------------------------------
+SEED="--batch 18 --heads 32 --seq 16384 --head-dim 256 --dtype bf16 --memory-budget 24G"
+fa plan $SEED --json
+j=$(cat "$W/so")
+f=$(json_field "$j" forward flops) n=$(json_field "$j" forward naive_peak_bytes)
+fits=$(json_field "$j" "" fits) nf=$(json_field "$j" "" naive_fits)
+if [ $rc -ne 0 ]; then no "seed plan --json" "exit $rc: $(cat "$W/se")"
+elif [ "$f" != 158329674399744 ]; then no "seed plan --json" "forward flops '$f'"
+elif [ -z "$n" ] || [ "$n" -le 600000000000 ]; then no "seed plan --json" "naive_peak_bytes '$n'"
+elif [ "$fits" != true ] || [ "$nf" != false ]; then no "seed plan --json" "fits '$fits' naive_fits '$nf'"
+else ok "seed plan --json: flops $f, naive_peak_bytes $n, fits true, naive_fits false"; fi
+for k in flops_useful transcendentals bytes_accessed min_bytes workspace_bytes peak_bytes block_q block_k; do
+  for s in forward backward; do
+    [ -n "$(json_field "$j" $s $k)" ] || no "seed plan --json" "$s.$k missing"
+  done
+done
+"$NPY" measure "$W/m" "$FA" plan $SEED --json >/dev/null 2>&1
+read -r ms kb <"$W/m"
+if [ "${kb:-99999}" -lt 16384 ] && awk "BEGIN{exit !($ms < 200)}"; then
+  ok "seed plan answers in $ms ms with $kb KiB peak RSS"
+else no "seed plan cost" "$ms ms, $kb KiB peak RSS (want < 200 ms, < 16384 KiB)"; fi
+fa plan $SEED
+if [ $rc -eq 0 ] && grep -q "158329674399744" "$W/so" && grep -qi "naive.*not fit" "$W/so"; then
+  ok "seed plan (human-readable)"
+else no "seed plan (human-readable)" "exit $rc"; fi
+fa --help; [ $rc -eq 0 ] && grep -q plan "$W/so" && ok "--help" || no "--help" "exit $rc"
+for c in plan run grad bench; do
+  fa $c --help; [ $rc -eq 0 ] && grep -q "usage: flashattn $c" "$W/so" && ok "$c --help" || no "$c --help" "exit $rc"
+done
+
+# ---- (2) run and grad on small files -------------------------------------------------------
+# On the CPU: the counts, block sizes and float32 inputs below are the CPU backend's (the
+# auto backend would pick CUDA where a device is present); CUDA is checked after.
+CPU="--backend cpu"
+# run_case NAME "OPTIONS" EXACT: run --count vs plan --json with the same options.
+run_case() {
+  local name=$1 opts=$2 exact=$3
+  rm -f "$OUT"/*
+  fa run $QKV $CPU $opts --out "$OUT/o.npy" --lse "$OUT/lse.npy" --count
+  local counted=$(cat "$W/so") err=$(cat "$W/se")
+  if [ $rc -ne 0 ]; then no "run $name" "exit $rc: $err"; return; fi
+  local oi=$("$NPY" info "$OUT/o.npy") li=$("$NPY" info "$OUT/lse.npy")
+  if [ "$oi" != "<f4 2,4,33,8 finite" ]; then no "run $name" "o.npy is '$oi'"; return; fi
+  case "$li" in "<f4 2,4,33 "*) ;; *) no "run $name" "lse.npy is '$li'"; return ;; esac
+  fa plan $SHAPE $CPU $opts --json
+  local pj=$(cat "$W/so")
+  local pf=$(json_field "$pj" forward flops) pt=$(json_field "$pj" forward transcendentals)
+  local cf=$(json_field "$counted" "" flops) ct=$(json_field "$counted" "" transcendentals)
+  if [ -z "$cf" ] || [ -z "$pf" ]; then no "run $name" "no counts: '$counted' / plan '$(head -c 100 "$W/se")'"; return; fi
+  if [ "$exact" = 1 ] && { [ "$cf" != "$pf" ] || [ "$ct" != "$pt" ]; }; then
+    no "run $name" "counted $cf flops $ct transcendentals, plan says $pf and $pt"; return
+  fi
+  if [ "$exact" = 0 ] && { [ "$cf" -gt "$pf" ] || [ "$ct" -gt "$pt" ]; }; then
+    no "run $name" "counted $cf/$ct above the plan's bound $pf/$pt"; return
+  fi
+  ok "run $name: o [2,4,33,8], counts $cf flops $ct transcendentals (plan $pf $pt)"
+}
+run_case "plain" "" 1
+run_case "--causal" "--causal" 1
+run_case "--window 7 3" "--window 7 3" 1
+run_case "--causal --window 5 -1" "--causal --window 5 -1" 1
+run_case "--softcap 20 --scale 0.3" "--softcap 20 --scale 0.3" 1
+run_case "--bias [B,Hq,Sq,Sk]" "--bias $I/bias.npy" 1
+run_case "--bias [1,Hq,Sq,Sk]" "--bias $I/bias1.npy --causal" 1
+run_case "--bias [B,1,Sq,Sk]" "--bias $I/biash.npy" 1
+run_case "--alibi" "--alibi $I/slopes.npy --causal" 1
+run_case "segments" "--q-segments $I/qseg.npy --kv-segments $I/kvseg.npy" 0
+run_case "--dtype bf16" "--dtype bf16" 1
+run_case "--dtype f16 --threads 1" "--dtype f16 --threads 1" 1
+run_case "--block-q 16 --block-k 8" "--block-q 16 --block-k 8" 1
+
+rm -f "$OUT"/*
+fa run --q "$I/q16.npy" --k "$I/k16.npy" --v "$I/v16.npy" $CPU --out "$OUT/o.npy"
+[ $rc -eq 0 ] && [ "$("$NPY" info "$OUT/o.npy")" = "<f4 2,4,33,8 finite" ] &&
+  ok "run float16 files (dtype from the files)" || no "run float16 files" "exit $rc: $(cat "$W/se")"
+
+for opts in "" "--causal" "--window 6 2"; do
+  rm -f "$OUT"/*
+  fa run $QKV $CPU $opts --out "$OUT/o.npy"
+  r=$("$NPY" refcheck "$I/q.npy" "$I/k.npy" "$I/v.npy" "$OUT/o.npy" $opts)
+  [ $? -eq 0 ] && ok "run ${opts:-plain} matches the float64 reference" || no "run ${opts:-plain} vs reference" "$r"
+done
+
+for opts in "" "--causal --window 9 0"; do
+  rm -f "$OUT"/*
+  fa grad $QKV $CPU --do "$I/do.npy" $opts --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy" \
+    --out "$OUT/o.npy" --lse "$OUT/lse.npy" --count
+  counted=$(cat "$W/so")
+  if [ $rc -ne 0 ]; then no "grad ${opts:-plain}" "exit $rc: $(cat "$W/se")"; continue; fi
+  s="$("$NPY" info "$OUT/dq.npy")|$("$NPY" info "$OUT/dk.npy")|$("$NPY" info "$OUT/dv.npy")"
+  if [ "$s" != "<f4 2,4,33,16 finite|<f4 2,2,40,16 finite|<f4 2,2,40,8 finite" ]; then
+    no "grad ${opts:-plain}" "gradient files: $s"; continue
+  fi
+  fa plan $SHAPE $CPU $opts --json
+  pf=$(json_field "$(cat "$W/so")" backward flops) pt=$(json_field "$(cat "$W/so")" backward transcendentals)
+  cf=$(json_field "$counted" "" flops) ct=$(json_field "$counted" "" transcendentals)
+  if [ "$cf" != "$pf" ] || [ "$ct" != "$pt" ]; then
+    no "grad ${opts:-plain} --count" "counted '$cf' '$ct', plan's backward '$pf' '$pt'"; continue
+  fi
+  r=$("$NPY" refcheck "$I/q.npy" "$I/k.npy" "$I/v.npy" "$OUT/o.npy" $opts --do "$I/do.npy" \
+    --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy")
+  [ $? -eq 0 ] && ok "grad ${opts:-plain}: shapes, counts ($cf flops) and reference" ||
+    no "grad ${opts:-plain} vs reference" "$r"
+done
+
+rm -f "$OUT"/*
+fa bench --batch 1 --heads 2 --seq 64 --head-dim 32 --causal --iters 2 --json $CPU
+last=$(tail -n 1 "$W/so")
+case "$last" in
+  '{"forward": {"seconds": '*'"backward": {"seconds": '*'"peak_rss_bytes": '*) [ $rc -eq 0 ] && ok "bench --json" || no "bench" "exit $rc" ;;
+  *) no "bench --json" "exit $rc, last line '$last' $(head -c 200 "$W/se")" ;;
+esac
+
+# --backend cuda: where a device is present, run and grad agree with the CPU (bf16); else
+# they fail cleanly (exit 1, one line, no output), never as bad input.
+fa run $QKV --backend cuda --dtype bf16 --out "$OUT/o.npy"
+if [ $rc -eq 0 ] && [ -f "$OUT/o.npy" ]; then
+  "$FA" run $QKV --backend cpu --dtype bf16 --out "$OUT/o_cpu.npy" 2>/dev/null
+  r=$("$NPY" compare "$OUT/o.npy" "$OUT/o_cpu.npy" 0.01) && ok "run --backend cuda agrees with cpu: $r" ||
+    no "run --backend cuda vs cpu" "$r"
+  for opts in "--causal" "--window 6 2 --bias $I/bias1.npy --alibi $I/slopes.npy --softcap 5"; do
+    rm -f "$OUT"/*
+    fa grad $QKV --do "$I/do.npy" --dtype bf16 $opts --backend cuda $G --out "$OUT/o.npy" --count
+    if [ $rc -ne 0 ]; then no "grad --backend cuda $opts" "exit $rc: $(cat "$W/se")"; continue; fi
+    "$FA" grad $QKV --do "$I/do.npy" --dtype bf16 $opts --backend cpu --out "$OUT/o_c.npy" \
+      --dq "$OUT/dq_c.npy" --dk "$OUT/dk_c.npy" --dv "$OUT/dv_c.npy" 2>/dev/null
+    r=""
+    for t in o dq dk dv; do
+      r="$r $t: $("$NPY" compare "$OUT/$t.npy" "$OUT/${t}_c.npy" 0.02)" || { no "grad --backend cuda $opts" "$r"; continue 2; }
+    done
+    ok "grad --backend cuda $opts agrees with cpu:$r"
+  done
+  rm -f "$OUT"/*
+  fa bench --batch 1 --heads 4 --seq 512 --head-dim 128 --dtype bf16 --backend cuda --iters 2 --json
+  [ $rc -eq 0 ] && ok "bench --backend cuda: $(tail -n 1 "$W/so")" || no "bench --backend cuda" "exit $rc: $(cat "$W/se")"
+elif [ $rc -eq 1 ] && [ "$(wc -l <"$W/se")" -eq 1 ] && [ -z "$(ls -A "$OUT")" ]; then
+  ok "run --backend cuda without a usable device: exit 1, $(cat "$W/se")"
+else no "run --backend cuda" "exit $rc: $(cat "$W/se")"; fi
+fa plan $SHAPE --backend cuda --json
+[ $rc -eq 0 ] && grep -q '"backend": "cuda"' "$W/so" && ok "plan --backend cuda needs no device" ||
+  no "plan --backend cuda" "exit $rc: $(cat "$W/se")"
+
+# ---- (3) bad inputs ---------------------------------------------------------------------
+# Malformed and mismatched files.
+gen k_d12.npy '<f4' 2 2 40 12
+gen v_s39.npy '<f4' 2 2 39 8
+gen v_b3.npy '<f4' 3 2 40 8
+gen q_h3.npy '<f4' 2 3 33 16
+gen q_3d.npy '<f4' 2 4 33
+gen q_zero.npy '<f4' 2 0 33 16
+gen q_f8.npy '<f8' 2 4 33 16
+gen slopes3.npy '<f4' 3
+gen bias_bad.npy '<f4' 2 4 33 39
+gen bias_3d.npy '<f4' 4 33 40
+gen qseg_f4.npy '<f4' 2 33
+gen qseg_bad.npy '<i4' 2 34
+gen do_bad.npy '<f4' 2 4 33 16
+head -c 200 "$I/q.npy" >"$I/trunc.npy"
+R="$NPY raw"
+$R "$I/lying.npy" --header "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4, 33, 16), }" --data 64
+$R "$I/magic.npy" --magic "GIF89a"
+$R "$I/fortran.npy" --header "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }"
+$R "$I/big_endian.npy" --header "{'descr': '>f4', 'fortran_order': False, 'shape': (2, 2), }"
+$R "$I/version4.npy" --major 4
+$R "$I/hlen.npy" --hlen 60000
+$R "$I/noshape.npy" --header "{'descr': '<f4', 'fortran_order': False, }"
+$R "$I/trailing.npy" --data 20
+$R "$I/garbage.npy" --header "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), } junk"
+$R "$I/v2.npy" --major 2 --header "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }" --data 15
+echo "not a file" >"$W/keep.txt"
+printf 'precious' >"$OUT/existing.npy" # must survive failing runs untouched
+
+# bad NAME PATTERN ARGS...: exit 2, one stderr line matching PATTERN (grep -E, case-insensitive),
+# nothing new in $OUT and existing.npy unchanged.
+bad() {
+  local name=$1 pat=$2
+  shift 2
+  fa "$@"
+  local lines=$(wc -l <"$W/se") msg=$(head -c 300 "$W/se")
+  local extra=$(ls -A "$OUT" | grep -v '^existing.npy$')
+  if [ $rc -ne 2 ]; then no "$name" "exit $rc, want 2 ($msg)"
+  elif [ "$lines" -ne 1 ]; then no "$name" "$lines stderr lines: $msg"
+  elif ! grep -qiE -- "$pat" "$W/se"; then no "$name" "message does not match /$pat/: $msg"
+  elif [ -n "$extra" ]; then no "$name" "left output: $extra"; rm -f "$OUT"/*.tmp-* "$OUT"/o*.npy "$OUT"/d*.npy
+  elif [ "$(cat "$OUT/existing.npy")" != precious ]; then no "$name" "clobbered an existing file"
+  else ok "$name -> $msg"; fi
+}
+O="--out $OUT/o.npy --lse $OUT/lse.npy"
+bad "q/k head dim mismatch" "head dim 12" run --q "$I/q.npy" --k "$I/k_d12.npy" --v "$I/v.npy" $O
+bad "k/v seq mismatch" "seq 39" run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v_s39.npy" $O
+bad "v/k batch mismatch" "batch 3" run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v_b3.npy" $O
+bad "Hq not a multiple of Hk (files)" "multiple" run --q "$I/q_h3.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "q not 4-D" "4-D" run --q "$I/q_3d.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "zero-size dimension in a file" "zero" run --q "$I/q_zero.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "--batch 0" "batch.*below 1" plan --batch 0 --heads 4 --seq 8 --head-dim 16
+bad "negative --heads" "heads.*below 1" plan --batch 1 --heads -3 --seq 8 --head-dim 16
+bad "--head-dim not a number" "head-dim.*not an integer" plan --batch 1 --heads 4 --seq 8 --head-dim 16x
+bad "Hq not a multiple of Hk (flags)" "multiple" plan --batch 1 --heads 6 --kv-heads 4 --seq 8 --head-dim 16
+bad "sizes overflow int64" "overflow|too large|large" plan --batch 1000000 --heads 1000000 --seq 1000000000 --head-dim 1000000
+bad "--seq beyond int64" "seq.*range" plan --batch 1 --heads 1 --seq 99999999999999999999 --head-dim 8
+bad "--window -2" "window.*-2.*below -1" run $QKV --window -2 0 $O
+bad "--window right -5" "window.*below -1" plan $SHAPE --window 3 -5
+bad "--window missing a value" "window.*needs 2" plan $SHAPE --window 3
+bad "--threads 0" "threads.*below 1" run $QKV --threads 0 $O
+bad "--scale nan" "scale.*finite" run $QKV --scale nan $O
+bad "--scale 1e40" "scale.*finite" plan $SHAPE --scale 1e40
+bad "--softcap inf" "softcap.*finite" run $QKV --softcap inf $O
+bad "--softcap negative" "softcap.*negative" plan $SHAPE --softcap -1
+bad "slopes of the wrong length" "alibi.*\(3,\)" run $QKV --alibi "$I/slopes3.npy" $O
+bad "bias shape wrong" "bias.*\(2, 4, 33, 39\)" run $QKV --bias "$I/bias_bad.npy" $O
+bad "bias 3-D" "bias.*\(4, 33, 40\)" run $QKV --bias "$I/bias_3d.npy" $O
+bad "bias shape wrong (plan reads headers)" "bias.*\(2, 4, 33, 39\)" plan $SHAPE --bias "$I/bias_bad.npy"
+bad "bias missing (plan)" "nope.npy.*cannot open" plan $SHAPE --bias "$I/nope.npy"
+bad "segments wrong dtype" "q-segments.*'<f4'.*int32" run $QKV --q-segments "$I/qseg_f4.npy" --kv-segments "$I/kvseg.npy" $O
+bad "segments wrong shape" "q-segments.*\(2, 34\)" run $QKV --q-segments "$I/qseg_bad.npy" --kv-segments "$I/kvseg.npy" $O
+bad "q-segments without kv-segments" "kv-segments" run $QKV --q-segments "$I/qseg.npy" $O
+bad "truncated .npy" "trunc.npy.*truncated" run --q "$I/trunc.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "lying header (shape bigger than data)" "lying.npy.*truncated" run --q "$I/lying.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "data beyond the shape" "trailing.npy.*beyond" run --q "$I/trailing.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "bad magic" "magic.npy.*magic" run --q "$I/magic.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "fortran_order True" "fortran_order" run --q "$I/fortran.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "descr <f8" "'<f8'" run --q "$I/q_f8.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "descr >f4" "'>f4'" run --q "$I/big_endian.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "format version 4.0" "version 4" run --q "$I/version4.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "header length past the end" "header length" run --q "$I/hlen.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "header without shape" "shape" run --q "$I/noshape.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "text after the header dict" "malformed" run --q "$I/garbage.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "version 2.0, truncated" "v2.npy.*truncated" run --q "$I/v2.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "missing file" "missing.npy.*cannot open" run --q "$I/missing.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "a directory as input" "not a regular file" run --q "$I" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "a text file as input" "magic" run --q "$W/keep.txt" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "unknown flag" "unknown option '--frobnicate'" run $QKV --frobnicate $O
+bad "flag of another command" "unknown option '--memory-budget'" run $QKV --memory-budget 1G $O
+bad "missing flag value" "--out needs 1 value" run $QKV --out
+bad "flag given twice" "given twice" plan $SHAPE --causal --causal
+bad "unknown subcommand" "unknown command 'frob'" frob --batch 1
+bad "no subcommand" "missing command"
+bad "bad --dtype" "dtype.*f64" plan $SHAPE --dtype f64
+bad "bad --memory-budget suffix" "memory-budget.*24X" plan $SHAPE --memory-budget 24X
+bad "negative --memory-budget" "memory-budget" plan $SHAPE --memory-budget -5G
+bad "bad --backend" "backend.*tpu" plan $SHAPE --backend tpu
+bad "--iters 0" "iters.*below 1" bench --batch 1 --heads 1 --seq 8 --head-dim 8 --iters 0
+bad "plan missing --head-dim" "missing --head-dim" plan --batch 1 --heads 1 --seq 8
+bad "--seq with --seq-q" "not both" plan --batch 1 --heads 1 --seq 8 --seq-q 8 --head-dim 8
+bad "run missing --out" "missing --out" run $QKV
+bad "grad missing --dk" "missing --dk" grad $QKV --do "$I/do.npy" --dq "$OUT/dq.npy" --dv "$OUT/dv.npy"
+bad "grad do shape wrong" "do.*head dim 16" grad $QKV --do "$I/do_bad.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy"
+bad "two outputs, one file" "same file" grad $QKV --do "$I/do.npy" --dq "$OUT/d.npy" --dk "$OUT/d.npy" --dv "$OUT/dv.npy"
+bad "output directory missing" "nodir/o.npy.*cannot create" run $QKV --out "$OUT/nodir/o.npy"
+bad "q and k dtypes differ" "dtype" run --q "$I/q16.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "shape flag disagrees with the files" "--batch 3 does not match" run $QKV --batch 3 $O
+bad "bad do.npy with every output named (grad)" "trunc.npy.*truncated" grad $QKV --do "$I/trunc.npy" $G --out "$OUT/o.npy"
+
+# ---- (4) crashes --------------------------------------------------------------------------
+[ $crashes -eq 0 ] && ok "no crash (exit >= 128) in $calls calls" || no "crash check" "$crashes of $calls calls crashed"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

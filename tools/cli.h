@@ -1,0 +1,112 @@
+/* The flashattn command line: what the subcommands share (parsed flags, the problem built
+ * from them, error reporting, tensors loaded from .npy files). Contract: SPEC section 4.
+ *
+ * Exit codes everywhere: 0 success, 2 bad input (one line on stderr naming the problem),
+ * 1 any other failure. A function that fails prints its one line and returns the code;
+ * callers only pass it up. */
+#ifndef FA_TOOLS_CLI_H
+#define FA_TOOLS_CLI_H
+
+#include "flashattn.h"
+#include "npy.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { CMD_PLAN = 1, CMD_RUN = 2, CMD_GRAD = 4, CMD_BENCH = 8 };
+
+typedef struct {
+    int cmd;           /* one CMD_* */
+    const char *name;  /* "plan", "run", ... */
+    int help;
+
+    /* shape flags (0: not given) */
+    int64_t batch, heads, kv_heads, seq, seq_q, seq_k, head_dim, v_head_dim;
+    int has_dtype;
+    fa_dtype dtype;
+
+    /* option flags */
+    int causal;
+    int has_window;
+    int64_t window_left, window_right;
+    int has_softcap, has_scale;
+    float softcap, scale;
+    const char *alibi, *bias, *q_segments, *kv_segments;
+    fa_backend backend;
+    int threads;               /* 0: not given */
+    int64_t block_q, block_k;  /* 0: not given */
+
+    /* subcommand flags */
+    int json, count;
+    int has_budget;
+    int64_t budget;
+    int iters;                 /* 0: not given */
+    int pass;                  /* bench: 0 both, 1 forward only, 2 backward only */
+    const char *q, *k, *v, *out, *lse, *d_o, *dq, *dk, *dv;
+} cli_args;
+
+/* Prints "flashattn: <message>" as one line on stderr and returns code. */
+int cli_fail(int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Maps a library status to an exit code (2 for the caller's mistakes, 1 otherwise) and
+ * prints fa_last_error() with the given context. */
+int cli_fail_status(fa_status st, const char *context);
+
+/* cli_args.c: parses argv after the subcommand; prints help for --help. */
+int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a);
+/* Fills in the shape from the flags (plan and bench, which need them all). */
+int cli_shape_from_flags(const cli_args *a, fa_problem *p);
+/* Copies the option flags (masks, softcap, scale) into p and o. */
+void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o);
+
+/* cli_inputs.c: the option files (bias, slopes, segment ids). Checks their headers against
+ * the problem and sets its has_* fields; with load, also reads their data. */
+typedef struct {
+    float *bias, *slopes;
+    int32_t *q_seg, *kv_seg;
+} cli_extras;
+int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x);
+void cli_extras_free(cli_extras *x);
+
+/* Reads the data of a q/k/v/do file whose header was already checked (expect; it must still
+ * match), converted to dtype t: malloc'ed, count elements of fa_dtype_size(t) bytes. */
+int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_header *expect,
+                    void **out);
+
+/* Converts n elements of dtype t to a new float32 buffer. */
+float *cli_to_f32(fa_dtype t, const void *x, int64_t n);
+
+/* Parses "24G"-style sizes (K, M, G, T powers of 1024). Returns 0 on success. */
+int cli_parse_bytes(const char *s, int64_t *out);
+
+/* Creates the plan; on failure prints and returns the exit code. */
+int cli_plan_create(const fa_problem *p, const fa_options *o, fa_plan **plan);
+
+/* Human units for the plan and bench output: "1.50 GiB", "158.33 T". */
+const char *cli_human_bytes(double bytes, char *buf, size_t len);
+const char *cli_human_count(double x, char *buf, size_t len);
+
+/* cli_device.c: tensors live where the plan's backend runs. For the CPU, put returns the
+ * host buffer itself and get does nothing; for CUDA, put allocates a device buffer (copying
+ * the host data over when copy is set) and get copies it back. */
+typedef struct {
+    int device;
+} cli_mem;
+int cli_mem_init(cli_mem *m, const fa_plan *plan); /* 1 if the device cannot be used */
+int cli_mem_put(cli_mem *m, const void *host, size_t bytes, int copy, void **where);
+int cli_mem_get(cli_mem *m, void *host, const void *where, size_t bytes);
+int cli_mem_sync(cli_mem *m);
+void cli_mem_free(cli_mem *m, const void *host, void *where);
+
+/* Subcommands. */
+int cli_plan(const cli_args *a);
+int cli_run(const cli_args *a);  /* run and grad */
+int cli_bench(const cli_args *a);
+
+/* Help text for a subcommand (NULL: the overview). */
+void cli_usage(const char *name);
+
+#endif

@@ -1,0 +1,292 @@
+/* Flag parsing: one table of every flag, the subcommands that take it and its arity; each
+ * value checked where it is parsed, so the message names the flag and the value. */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALL (CMD_PLAN | CMD_RUN | CMD_GRAD | CMD_BENCH)
+#define FILES (CMD_RUN | CMD_GRAD)
+
+typedef enum {
+    F_BATCH, F_HEADS, F_KV_HEADS, F_SEQ, F_SEQ_Q, F_SEQ_K, F_HEAD_DIM, F_V_HEAD_DIM, F_DTYPE,
+    F_CAUSAL, F_WINDOW, F_SOFTCAP, F_SCALE, F_ALIBI, F_BIAS, F_Q_SEG, F_KV_SEG, F_BACKEND,
+    F_THREADS, F_BLOCK_Q, F_BLOCK_K, F_BUDGET, F_JSON, F_COUNT, F_ITERS, F_Q, F_K, F_V, F_OUT,
+    F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_COUNT_OF_FLAGS
+} flag_id;
+
+static const struct {
+    const char *name;
+    int nvals;
+    int cmds;
+} flags[F_COUNT_OF_FLAGS] = {
+    [F_BATCH] = {"--batch", 1, ALL},         [F_HEADS] = {"--heads", 1, ALL},
+    [F_KV_HEADS] = {"--kv-heads", 1, ALL},   [F_SEQ] = {"--seq", 1, ALL},
+    [F_SEQ_Q] = {"--seq-q", 1, ALL},         [F_SEQ_K] = {"--seq-k", 1, ALL},
+    [F_HEAD_DIM] = {"--head-dim", 1, ALL},   [F_V_HEAD_DIM] = {"--v-head-dim", 1, ALL},
+    [F_DTYPE] = {"--dtype", 1, ALL},         [F_CAUSAL] = {"--causal", 0, ALL},
+    [F_WINDOW] = {"--window", 2, ALL},       [F_SOFTCAP] = {"--softcap", 1, ALL},
+    [F_SCALE] = {"--scale", 1, ALL},         [F_ALIBI] = {"--alibi", 1, ALL},
+    [F_BIAS] = {"--bias", 1, ALL},           [F_Q_SEG] = {"--q-segments", 1, ALL},
+    [F_KV_SEG] = {"--kv-segments", 1, ALL},  [F_BACKEND] = {"--backend", 1, ALL},
+    [F_THREADS] = {"--threads", 1, ALL},     [F_BLOCK_Q] = {"--block-q", 1, ALL},
+    [F_BLOCK_K] = {"--block-k", 1, ALL},     [F_BUDGET] = {"--memory-budget", 1, CMD_PLAN},
+    [F_JSON] = {"--json", 0, CMD_PLAN | CMD_BENCH},
+    [F_COUNT] = {"--count", 0, FILES},       [F_ITERS] = {"--iters", 1, CMD_BENCH},
+    [F_Q] = {"--q", 1, FILES},               [F_K] = {"--k", 1, FILES},
+    [F_V] = {"--v", 1, FILES},               [F_OUT] = {"--out", 1, FILES},
+    [F_LSE] = {"--lse", 1, FILES},           [F_DO] = {"--do", 1, CMD_GRAD},
+    [F_DQ] = {"--dq", 1, CMD_GRAD},          [F_DK] = {"--dk", 1, CMD_GRAD},
+    [F_DV] = {"--dv", 1, CMD_GRAD},          [F_PASS] = {"--pass", 1, CMD_BENCH},
+    [F_HELP] = {"--help", 0, ALL},
+};
+
+int cli_fail(int code, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (char *c = msg; *c; c++)
+        if (*c == '\n' || *c == '\r') *c = ' ';
+    fprintf(stderr, "flashattn: %s\n", msg);
+    return code;
+}
+
+int cli_fail_status(fa_status st, const char *context) {
+    const char *m = fa_last_error();
+    int code = (st == FA_ERR_INVALID || st == FA_ERR_NULL || st == FA_ERR_OVERFLOW) ? 2 : 1;
+    return cli_fail(code, "%s: %s", context, (m && *m) ? m : fa_status_string(st));
+}
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || s[0] == ' ')
+        return cli_fail(2, "%s: '%s' is not an integer", flag, s);
+    if (errno == ERANGE) return cli_fail(2, "%s: '%s' is out of range", flag, s);
+    if (v < lo) return cli_fail(2, "%s: %lld is below %lld", flag, v, (long long)lo);
+    *out = v;
+    return 0;
+}
+
+static int parse_int(const char *flag, const char *s, int lo, int *out) {
+    int64_t v;
+    int rc = parse_i64(flag, s, lo, &v);
+    if (rc) return rc;
+    if (v > INT_MAX) return cli_fail(2, "%s: %lld is too large", flag, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || s[0] == ' ') return cli_fail(2, "%s: '%s' is not a number", flag, s);
+    if (!isfinite(v) || !isfinite((float)v))
+        return cli_fail(2, "%s: '%s' is not a finite float32", flag, s);
+    *out = (float)v;
+    return 0;
+}
+
+int cli_parse_bytes(const char *s, int64_t *out) {
+    char *end;
+    if (!*s || !((*s >= '0' && *s <= '9') || *s == '.')) return -1;
+    double v = strtod(s, &end);
+    double unit = 1;
+    const char *units = "KMGT";
+    const char *u = *end ? strchr(units, *end >= 'a' ? *end - 32 : *end) : NULL;
+    if (*end && u) {
+        for (const char *x = units; x <= u; x++) unit *= 1024;
+        end++;
+        if (*end == 'i' && end[1] == 'B') end += 2;
+        else if (*end == 'B') end++;
+    } else if (*end == 'B') {
+        end++;
+    }
+    if (*end || !isfinite(v) || v < 0) return -1;
+    double bytes = v * unit;
+    if (bytes >= 9.2e18) return -1;
+    *out = (int64_t)bytes;
+    return 0;
+}
+
+static int set_file(const char **slot, const char *flag, const char *v) {
+    if (!*v) return cli_fail(2, "%s: empty file name", flag);
+    *slot = v;
+    return 0;
+}
+
+/* Applies one flag with its values. */
+static int apply(cli_args *a, flag_id id, char **v) {
+    const char *f = flags[id].name;
+    switch (id) {
+    case F_BATCH: return parse_i64(f, v[0], 1, &a->batch);
+    case F_HEADS: return parse_i64(f, v[0], 1, &a->heads);
+    case F_KV_HEADS: return parse_i64(f, v[0], 1, &a->kv_heads);
+    case F_SEQ: return parse_i64(f, v[0], 1, &a->seq);
+    case F_SEQ_Q: return parse_i64(f, v[0], 1, &a->seq_q);
+    case F_SEQ_K: return parse_i64(f, v[0], 1, &a->seq_k);
+    case F_HEAD_DIM: return parse_i64(f, v[0], 1, &a->head_dim);
+    case F_V_HEAD_DIM: return parse_i64(f, v[0], 1, &a->v_head_dim);
+    case F_DTYPE:
+        a->has_dtype = 1;
+        if (strcmp(v[0], "f32") == 0 || strcmp(v[0], "float32") == 0) a->dtype = FA_F32;
+        else if (strcmp(v[0], "f16") == 0 || strcmp(v[0], "float16") == 0) a->dtype = FA_F16;
+        else if (strcmp(v[0], "bf16") == 0 || strcmp(v[0], "bfloat16") == 0) a->dtype = FA_BF16;
+        else return cli_fail(2, "--dtype: '%s' is not one of f32, f16, bf16", v[0]);
+        return 0;
+    case F_CAUSAL: a->causal = 1; return 0;
+    case F_WINDOW:
+        a->has_window = 1;
+        if (parse_i64("--window (left)", v[0], -1, &a->window_left)) return 2;
+        return parse_i64("--window (right)", v[1], -1, &a->window_right);
+    case F_SOFTCAP:
+        a->has_softcap = 1;
+        if (parse_float(f, v[0], &a->softcap)) return 2;
+        if (a->softcap < 0) return cli_fail(2, "--softcap: %s is negative", v[0]);
+        return 0;
+    case F_SCALE:
+        a->has_scale = 1;
+        return parse_float(f, v[0], &a->scale);
+    case F_ALIBI: return set_file(&a->alibi, f, v[0]);
+    case F_BIAS: return set_file(&a->bias, f, v[0]);
+    case F_Q_SEG: return set_file(&a->q_segments, f, v[0]);
+    case F_KV_SEG: return set_file(&a->kv_segments, f, v[0]);
+    case F_BACKEND:
+        if (strcmp(v[0], "auto") == 0) a->backend = FA_BACKEND_AUTO;
+        else if (strcmp(v[0], "cpu") == 0) a->backend = FA_BACKEND_CPU;
+        else if (strcmp(v[0], "cuda") == 0) a->backend = FA_BACKEND_CUDA;
+        else return cli_fail(2, "--backend: '%s' is not one of auto, cpu, cuda", v[0]);
+        return 0;
+    case F_THREADS: return parse_int(f, v[0], 1, &a->threads);
+    case F_BLOCK_Q: return parse_i64(f, v[0], 1, &a->block_q);
+    case F_BLOCK_K: return parse_i64(f, v[0], 1, &a->block_k);
+    case F_BUDGET:
+        a->has_budget = 1;
+        if (cli_parse_bytes(v[0], &a->budget))
+            return cli_fail(2, "--memory-budget: '%s' is not a size (e.g. 24G, 512M, 1.5T)",
+                            v[0]);
+        return 0;
+    case F_JSON: a->json = 1; return 0;
+    case F_COUNT: a->count = 1; return 0;
+    case F_ITERS: return parse_int(f, v[0], 1, &a->iters);
+    case F_Q: return set_file(&a->q, f, v[0]);
+    case F_K: return set_file(&a->k, f, v[0]);
+    case F_V: return set_file(&a->v, f, v[0]);
+    case F_OUT: return set_file(&a->out, f, v[0]);
+    case F_LSE: return set_file(&a->lse, f, v[0]);
+    case F_DO: return set_file(&a->d_o, f, v[0]);
+    case F_DQ: return set_file(&a->dq, f, v[0]);
+    case F_DK: return set_file(&a->dk, f, v[0]);
+    case F_DV: return set_file(&a->dv, f, v[0]);
+    case F_PASS:
+        if (strcmp(v[0], "both") == 0) a->pass = 0;
+        else if (strcmp(v[0], "forward") == 0) a->pass = 1;
+        else if (strcmp(v[0], "backward") == 0) a->pass = 2;
+        else return cli_fail(2, "--pass: '%s' is not one of forward, backward, both", v[0]);
+        return 0;
+    case F_HELP: a->help = 1; return 0;
+    case F_COUNT_OF_FLAGS: break;
+    }
+    return cli_fail(1, "internal error: flag %d", (int)id);
+}
+
+int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
+    memset(a, 0, sizeof *a);
+    a->cmd = cmd;
+    a->name = name;
+    a->window_left = a->window_right = -1;
+    unsigned char seen[F_COUNT_OF_FLAGS] = {0};
+    for (int i = 0; i < argc; i++) {
+        char *arg = argv[i], *vals[2] = {NULL, NULL}, inline_buf[64];
+        const char *eq = strchr(arg, '=');
+        size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (strcmp(arg, "-h") == 0) {
+            a->help = 1;
+            continue;
+        }
+        int id = -1;
+        for (int f = 0; f < F_COUNT_OF_FLAGS; f++)
+            if (strlen(flags[f].name) == n && strncmp(arg, flags[f].name, n) == 0) id = f;
+        if (id < 0 || !(flags[id].cmds & cmd)) {
+            snprintf(inline_buf, sizeof inline_buf, "%.*s", (int)(n < 40 ? n : 40), arg);
+            if (arg[0] != '-')
+                return cli_fail(2, "%s: unexpected argument '%s' (see flashattn %s --help)",
+                                name, inline_buf, name);
+            return cli_fail(2, "%s: unknown option '%s' (see flashattn %s --help)", name,
+                            inline_buf, name);
+        }
+        if (seen[id]) return cli_fail(2, "%s: %s given twice", name, flags[id].name);
+        seen[id] = 1;
+        int nv = flags[id].nvals;
+        if (eq) {
+            if (nv != 1) return cli_fail(2, "%s: %s does not take '=value'", name, flags[id].name);
+            vals[0] = (char *)eq + 1;
+        } else {
+            if (i + nv >= argc)
+                return cli_fail(2, "%s: %s needs %d value%s", name, flags[id].name, nv,
+                                nv > 1 ? "s" : "");
+            for (int k = 0; k < nv; k++) vals[k] = argv[i + 1 + k];
+            i += nv;
+        }
+        int rc = apply(a, (flag_id)id, vals);
+        if (rc) return rc;
+    }
+    if (a->help) return 0;
+    if (a->seq && (a->seq_q || a->seq_k))
+        return cli_fail(2, "%s: give either --seq or --seq-q and --seq-k, not both", name);
+    if (!!a->q_segments != !!a->kv_segments)
+        return cli_fail(2, "%s: --q-segments and --kv-segments go together; %s is missing", name,
+                        a->q_segments ? "--kv-segments" : "--q-segments");
+    return 0;
+}
+
+int cli_shape_from_flags(const cli_args *a, fa_problem *p) {
+    const char *missing = !a->batch ? "--batch" : !a->heads ? "--heads"
+                          : !a->head_dim ? "--head-dim" : NULL;
+    if (!missing && !a->seq && !(a->seq_q && a->seq_k))
+        missing = (a->seq_q || a->seq_k) ? (a->seq_q ? "--seq-k" : "--seq-q") : "--seq";
+    if (missing) return cli_fail(2, "%s: missing %s", a->name, missing);
+    if (a->kv_heads && a->heads % a->kv_heads != 0)
+        return cli_fail(2, "%s: --heads %lld is not a multiple of --kv-heads %lld", a->name,
+                        (long long)a->heads, (long long)a->kv_heads);
+    fa_problem_init(p);
+    p->batch = a->batch;
+    p->heads_q = a->heads;
+    p->heads_kv = a->kv_heads ? a->kv_heads : a->heads;
+    p->seq_q = a->seq ? a->seq : a->seq_q;
+    p->seq_k = a->seq ? a->seq : a->seq_k;
+    p->head_dim = a->head_dim;
+    p->head_dim_v = a->v_head_dim ? a->v_head_dim : a->head_dim;
+    p->dtype = a->has_dtype ? a->dtype : FA_F32;
+    return 0;
+}
+
+void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o) {
+    p->causal = a->causal;
+    p->window_left = a->window_left;
+    p->window_right = a->window_right;
+    if (a->has_softcap) p->softcap = a->softcap;
+    if (a->has_scale) {
+        p->has_scale = 1;
+        p->scale = a->scale;
+    }
+    memset(o, 0, sizeof *o);
+    o->backend = a->backend;
+    o->threads = a->threads;
+    o->block_q = a->block_q;
+    o->block_k = a->block_k;
+}
+
+int cli_plan_create(const fa_problem *p, const fa_options *o, fa_plan **plan) {
+    fa_status st = fa_plan_create(p, o, plan);
+    if (st != FA_OK) return cli_fail_status(st, "invalid problem");
+    return 0;
+}

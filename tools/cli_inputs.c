@@ -1,0 +1,112 @@
+/* Input files: the optional bias, ALiBi slopes and segment ids (headers checked against the
+ * problem, data read only when a command runs), and q/k/v/do tensors cast to the problem's
+ * dtype. */
+#include "cli.h"
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int read_file(const char *flag, const char *path, int kinds, int load, npy_header *h,
+                     void **data) {
+    char err[NPY_ERR_LEN];
+    int rc = load ? npy_read(path, kinds, h, data, err, sizeof err)
+                  : npy_read_header(path, kinds, h, err, sizeof err);
+    if (rc) return cli_fail(rc, "%s %s", flag, err);
+    return 0;
+}
+
+/* "has shape (a, b) but must be (c, d)" for a file whose dims do not match want. */
+static int check_shape(const char *flag, const char *path, const npy_header *h, int ndim,
+                       const int64_t *want, const char *hint) {
+    int ok = h->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = h->shape[i] == want[i];
+    if (ok) return 0;
+    char got[256], exp[256];
+    npy_shape_str(h->ndim, h->shape, got, sizeof got);
+    npy_shape_str(ndim, want, exp, sizeof exp);
+    return cli_fail(2, "%s %s: shape %s does not match the problem: want %s%s", flag, path, got,
+                    exp, hint);
+}
+
+int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x) {
+    memset(x, 0, sizeof *x);
+    npy_header h;
+    int rc;
+    if (a->alibi) {
+        if ((rc = read_file("--alibi", a->alibi, NPY_F32, load, &h, (void **)&x->slopes))) return rc;
+        int64_t want[1] = {p->heads_q};
+        if ((rc = check_shape("--alibi", a->alibi, &h, 1, want, " (one slope per query head)")))
+            return rc;
+        p->has_alibi = 1;
+    }
+    if (a->bias) {
+        if ((rc = read_file("--bias", a->bias, NPY_F32, load, &h, (void **)&x->bias))) return rc;
+        int64_t want[4] = {p->batch, p->heads_q, p->seq_q, p->seq_k};
+        if (h.ndim == 4 && h.shape[0] == 1) want[0] = 1;
+        if (h.ndim == 4 && h.shape[1] == 1) want[1] = 1;
+        if ((rc = check_shape("--bias", a->bias, &h, 4, want,
+                              " ([B or 1, Hq or 1, Sq, Sk], float32)")))
+            return rc;
+        p->has_bias = 1;
+        p->bias_batch = h.shape[0];
+        p->bias_heads = h.shape[1];
+    }
+    if (a->q_segments) {
+        if ((rc = read_file("--q-segments", a->q_segments, NPY_I32, load, &h, (void **)&x->q_seg)))
+            return rc;
+        int64_t wq[2] = {p->batch, p->seq_q};
+        if ((rc = check_shape("--q-segments", a->q_segments, &h, 2, wq, " ([B, Sq], int32)")))
+            return rc;
+        if ((rc = read_file("--kv-segments", a->kv_segments, NPY_I32, load, &h,
+                            (void **)&x->kv_seg)))
+            return rc;
+        int64_t wk[2] = {p->batch, p->seq_k};
+        if ((rc = check_shape("--kv-segments", a->kv_segments, &h, 2, wk, " ([B, Sk], int32)")))
+            return rc;
+        p->has_segment_ids = 1;
+    }
+    return 0;
+}
+
+void cli_extras_free(cli_extras *x) {
+    free(x->bias);
+    free(x->slopes);
+    free(x->q_seg);
+    free(x->kv_seg);
+    memset(x, 0, sizeof *x);
+}
+
+float *cli_to_f32(fa_dtype t, const void *x, int64_t n) {
+    float *y = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (!y) return NULL;
+    for (int64_t i = 0; i < n; i++) y[i] = fa_load(t, x, i);
+    return y;
+}
+
+int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_header *expect,
+                    void **out) {
+    npy_header h;
+    void *raw;
+    int rc = read_file(flag, path, NPY_F32 | NPY_F16, 1, &h, &raw);
+    if (rc) return rc;
+    if (h.ndim != expect->ndim || memcmp(h.shape, expect->shape, sizeof h.shape) != 0 ||
+        h.kind != expect->kind) {
+        free(raw);
+        return cli_fail(2, "%s %s: changed while being read", flag, path);
+    }
+    fa_dtype from = h.kind == NPY_F32 ? FA_F32 : FA_F16;
+    if (from == t) {
+        *out = raw;
+        return 0;
+    }
+    void *y = malloc((size_t)h.count * fa_dtype_size(t) + 1);
+    if (!y) {
+        free(raw);
+        return cli_fail(1, "%s %s: out of memory", flag, path);
+    }
+    for (int64_t i = 0; i < h.count; i++) fa_store(t, y, i, fa_load(from, raw, i));
+    free(raw);
+    *out = y;
+    return 0;
+}

@@ -1,0 +1,151 @@
+/* `flashattn plan`: the plan of a problem described by flags alone (option files are read for
+ * their headers only), its cost for both passes, and whether it fits a memory budget. */
+#include "cli.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <unistd.h>
+
+const char *cli_human_bytes(double b, char *buf, size_t len) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int i = 0;
+    while (b >= 1024 && i < 6) b /= 1024, i++;
+    snprintf(buf, len, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+    return buf;
+}
+
+const char *cli_human_count(double x, char *buf, size_t len) {
+    const char *u[] = {"", " K", " M", " G", " T", " P", " E"};
+    int i = 0;
+    while (x >= 1000 && i < 6) x /= 1000, i++;
+    snprintf(buf, len, i ? "%.2f%s" : "%.0f%s", x, u[i]);
+    return buf;
+}
+
+/* The budget when none is given: this machine's memory. */
+static int64_t default_budget(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0) return INT64_MAX;
+    return (int64_t)pages * size;
+}
+
+static void json_cost(const char *name, const fa_cost *c, int64_t bq, int64_t bk) {
+    printf("\"%s\": {\"flops\": %" PRId64 ", \"flops_useful\": %" PRId64
+           ", \"transcendentals\": %" PRId64 ", \"bytes_accessed\": %" PRId64
+           ", \"min_bytes\": %" PRId64 ", \"workspace_bytes\": %" PRId64
+           ", \"peak_bytes\": %" PRId64 ", \"naive_peak_bytes\": %" PRId64
+           ", \"block_q\": %" PRId64 ", \"block_k\": %" PRId64 "}",
+           name, c->flops, c->flops_useful, c->transcendentals, c->bytes_accessed, c->min_bytes,
+           c->workspace_bytes, c->peak_bytes, c->naive_peak_bytes, bq, bk);
+}
+
+static const char *tf(int b) { return b ? "true" : "false"; }
+
+static void print_json(const fa_plan *plan, const fa_cost *f, const fa_cost *b, int64_t budget) {
+    const fa_problem *p = fa_plan_problem(plan);
+    int64_t fq, fk, bq, bk;
+    fa_plan_blocks(plan, FA_FORWARD, &fq, &fk);
+    fa_plan_blocks(plan, FA_BACKWARD, &bq, &bk);
+    int cuda = fa_plan_backend(plan) == FA_BACKEND_CUDA;
+    printf("{\"backend\": \"%s\", ", cuda ? "cuda" : "cpu");
+    json_cost("forward", f, fq, fk);
+    printf(", ");
+    json_cost("backward", b, bq, bk);
+    printf(", \"exact\": %s, \"fits\": %s, \"fits_backward\": %s, \"naive_fits\": %s",
+           tf(fa_plan_exact(plan)), tf(f->peak_bytes <= budget), tf(b->peak_bytes <= budget),
+           tf(f->naive_peak_bytes <= budget));
+    printf(", \"memory_budget\": %" PRId64 ", \"isa\": \"%s\", \"threads\": %d", budget,
+           cuda ? "cuda" : fa_cpu_isa(), fa_plan_threads(plan));
+    printf(", \"problem\": {\"batch\": %" PRId64 ", \"heads_q\": %" PRId64 ", \"heads_kv\": %" PRId64
+           ", \"seq_q\": %" PRId64 ", \"seq_k\": %" PRId64 ", \"head_dim\": %" PRId64
+           ", \"head_dim_v\": %" PRId64 ", \"dtype\": \"%s\", \"scale\": %.9g, \"causal\": %s"
+           ", \"window\": [%" PRId64 ", %" PRId64 "], \"softcap\": %.9g, \"bias\": %s"
+           ", \"alibi\": %s, \"segment_ids\": %s}}\n",
+           p->batch, p->heads_q, p->heads_kv, p->seq_q, p->seq_k, p->head_dim, p->head_dim_v,
+           fa_dtype_name(p->dtype), (double)fa_plan_scale(plan), tf(p->causal), p->window_left,
+           p->window_right, (double)p->softcap, tf(p->has_bias), tf(p->has_alibi),
+           tf(p->has_segment_ids));
+}
+
+static void human_row(const char *name, int64_t f, int64_t b, int bytes) {
+    char hf[32], hb[32];
+    if (bytes) {
+        cli_human_bytes((double)f, hf, sizeof hf);
+        cli_human_bytes((double)b, hb, sizeof hb);
+    } else {
+        cli_human_count((double)f, hf, sizeof hf);
+        cli_human_count((double)b, hb, sizeof hb);
+    }
+    printf("  %-17s %22" PRId64 " %-11s %22" PRId64 " %s\n", name, f, hf, b, hb);
+}
+
+static void print_human(const fa_plan *plan, const fa_cost *f, const fa_cost *b, int64_t budget,
+                        int budget_given) {
+    const fa_problem *p = fa_plan_problem(plan);
+    int64_t fq, fk, bq, bk;
+    fa_plan_blocks(plan, FA_FORWARD, &fq, &fk);
+    fa_plan_blocks(plan, FA_BACKWARD, &bq, &bk);
+    int cuda = fa_plan_backend(plan) == FA_BACKEND_CUDA;
+    printf("problem   B=%" PRId64 " Hq=%" PRId64 " Hk=%" PRId64 " Sq=%" PRId64 " Sk=%" PRId64
+           " D=%" PRId64 " Dv=%" PRId64 " %s, scale %.6g",
+           p->batch, p->heads_q, p->heads_kv, p->seq_q, p->seq_k, p->head_dim, p->head_dim_v,
+           fa_dtype_name(p->dtype), (double)fa_plan_scale(plan));
+    if (p->causal) printf(", causal");
+    if (p->window_left >= 0 || p->window_right >= 0)
+        printf(", window (%" PRId64 ", %" PRId64 ")", p->window_left, p->window_right);
+    if (p->softcap > 0) printf(", softcap %.6g", (double)p->softcap);
+    if (p->has_bias) printf(", bias [%" PRId64 ", %" PRId64 ", Sq, Sk]", p->bias_batch, p->bias_heads);
+    if (p->has_alibi) printf(", alibi");
+    if (p->has_segment_ids) printf(", segment ids");
+    printf("\n");
+    if (cuda) printf("backend   cuda\n");
+    else printf("backend   cpu (%s kernels, %d threads)\n", fa_cpu_isa(), fa_plan_threads(plan));
+    printf("blocks    forward %" PRId64 " x %" PRId64 ", backward %" PRId64 " x %" PRId64
+           " (query rows x keys)\n", fq, fk, bq, bk);
+    printf("cost%s\n", fa_plan_exact(plan) ? " (exact)"
+                                           : " (upper bound: segment ids may skip more tiles)");
+    printf("  %-17s %34s %34s\n", "", "forward", "backward");
+    human_row("flops", f->flops, b->flops, 0);
+    human_row("flops_useful", f->flops_useful, b->flops_useful, 0);
+    human_row("transcendentals", f->transcendentals, b->transcendentals, 0);
+    human_row("bytes_accessed", f->bytes_accessed, b->bytes_accessed, 1);
+    human_row("min_bytes", f->min_bytes, b->min_bytes, 1);
+    human_row("workspace_bytes", f->workspace_bytes, b->workspace_bytes, 1);
+    human_row("peak_bytes", f->peak_bytes, b->peak_bytes, 1);
+    human_row("naive_peak_bytes", f->naive_peak_bytes, b->naive_peak_bytes, 1);
+    char hb[32], hx[32];
+    printf("memory budget %s%s\n", cli_human_bytes((double)budget, hb, sizeof hb),
+           budget_given ? "" : " (this machine's memory; set with --memory-budget)");
+    printf("  flash forward  %s (peak %s)\n", f->peak_bytes <= budget ? "fits" : "does NOT fit",
+           cli_human_bytes((double)f->peak_bytes, hx, sizeof hx));
+    printf("  flash backward %s (peak %s)\n", b->peak_bytes <= budget ? "fits" : "does NOT fit",
+           cli_human_bytes((double)b->peak_bytes, hx, sizeof hx));
+    printf("  naive forward  %s (peak %s)\n",
+           f->naive_peak_bytes <= budget ? "fits" : "does NOT fit",
+           cli_human_bytes((double)f->naive_peak_bytes, hx, sizeof hx));
+}
+
+int cli_plan(const cli_args *a) {
+    fa_problem p;
+    fa_options o;
+    cli_extras x;
+    int rc = cli_shape_from_flags(a, &p);
+    if (rc) return rc;
+    cli_apply_options(a, &p, &o);
+    rc = cli_extras_load(a, &p, 0, &x); /* headers only: a plan never reads tensor data */
+    if (rc) return rc;
+    fa_plan *plan;
+    if ((rc = cli_plan_create(&p, &o, &plan))) return rc;
+    fa_cost f, b;
+    fa_status st = fa_plan_cost(plan, FA_FORWARD, &f);
+    if (st == FA_OK) st = fa_plan_cost(plan, FA_BACKWARD, &b);
+    if (st != FA_OK) {
+        fa_plan_destroy(plan);
+        return cli_fail_status(st, "plan cost");
+    }
+    int64_t budget = a->has_budget ? a->budget : default_budget();
+    if (a->json) print_json(plan, &f, &b, budget);
+    else print_human(plan, &f, &b, budget, a->has_budget);
+    fa_plan_destroy(plan);
+    return 0;
+}

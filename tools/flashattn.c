@@ -1,0 +1,92 @@
+/* flashattn: the command line (SPEC section 4). Picks the subcommand; the rest lives in
+ * cli_args.c (flags), cli_plan.c, cli_run.c (run and grad) and cli_bench.c. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char shape_help[] =
+    "shape:   --batch B --heads Hq [--kv-heads Hk] --seq S | (--seq-q Sq --seq-k Sk)\n"
+    "         --head-dim D [--v-head-dim Dv] [--dtype f32|f16|bf16]\n";
+static const char options_help[] =
+    "options: [--causal] [--window L R] [--softcap C] [--scale X]\n"
+    "         [--alibi slopes.npy] [--bias b.npy] [--q-segments a.npy --kv-segments b.npy]\n"
+    "         [--backend auto|cpu|cuda] [--threads N] [--block-q N] [--block-k N]\n"
+    "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
+    "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
+    "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n";
+
+void cli_usage(const char *name) {
+    if (!name) {
+        printf("usage: flashattn <command> [flags]   (flashattn <command> --help for more)\n\n"
+               "  plan    the plan of a problem: block sizes, cost of both passes, memory fit\n"
+               "  run     attention forward on .npy tensors: o (and lse)\n"
+               "  grad    forward then backward on .npy tensors: dq, dk, dv\n"
+               "  bench   time forward and backward on random data\n\n"
+               "exit codes: 0 ok, 2 bad input (one line on stderr), 1 other failures\n");
+        return;
+    }
+    if (strcmp(name, "plan") == 0) {
+        printf("usage: flashattn plan SHAPE OPTIONS [--memory-budget SIZE] [--json]\n\n%s%s"
+               "  --memory-budget  e.g. 24G (K, M, G, T are powers of 1024); default: this\n"
+               "                   machine's memory\n"
+               "  --json           one JSON object: backend, forward{...}, backward{...}, exact,\n"
+               "                   fits, fits_backward, naive_fits\n"
+               "option files are read for their headers only.\n", shape_help, options_help);
+    } else if (strcmp(name, "run") == 0) {
+        printf("usage: flashattn run --q q.npy --k k.npy --v v.npy OPTIONS --out o.npy\n"
+               "                     [--lse lse.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
+               "q [B,Hq,Sq,D], k [B,Hk,Sk,D], v [B,Hk,Sk,Dv]: float32 or float16 .npy, cast to\n"
+               "--dtype (default: the files'). Outputs are float32 .npy. --count prints\n"
+               "{\"flops\": N, \"transcendentals\": N} as counted by the kernels.\n",
+               options_help);
+    } else if (strcmp(name, "grad") == 0) {
+        printf("usage: flashattn grad --q q.npy --k k.npy --v v.npy --do do.npy OPTIONS\n"
+               "                      --dq dq.npy --dk dk.npy --dv dv.npy [--out o.npy]\n"
+               "                      [--lse lse.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
+               "Runs the forward, then the backward; gradients are written as float32 .npy.\n"
+               "--count reports the backward pass's counts.\n", options_help);
+    } else {
+        printf("usage: flashattn bench SHAPE OPTIONS [--iters N] [--pass both|forward|backward]\n"
+               "                       [--json]\n\n%s%s"
+               "  --iters N  timed calls per pass after one warm-up (default 3); median reported\n"
+               "  --pass P   time only the forward or only the backward (default both)\n"
+               "  --json     last stdout line: {\"forward\": {\"seconds\": s, \"gflops\": g},\n"
+               "             \"backward\": {...}, \"peak_rss_bytes\": N}\n",
+               shape_help, options_help);
+    }
+}
+
+int main(int argc, char **argv) {
+    static const struct {
+        const char *name;
+        int cmd;
+    } cmds[] = {{"plan", CMD_PLAN}, {"run", CMD_RUN}, {"grad", CMD_GRAD}, {"bench", CMD_BENCH}};
+    if (argc < 2) {
+        cli_usage(NULL);
+        return cli_fail(2, "missing command (plan, run, grad or bench)");
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        cli_usage(NULL);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        if (strcmp(argv[1], cmds[i].name) != 0) continue;
+        cli_args a;
+        int rc = cli_parse(cmds[i].cmd, cmds[i].name, argc - 2, argv + 2, &a);
+        if (rc) return rc;
+        if (a.help) {
+            cli_usage(cmds[i].name);
+            return 0;
+        }
+        switch (cmds[i].cmd) {
+        case CMD_PLAN: rc = cli_plan(&a); break;
+        case CMD_BENCH: rc = cli_bench(&a); break;
+        default: rc = cli_run(&a); break;
+        }
+        if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
+        return rc;
+    }
+    return cli_fail(2, "unknown command '%.40s' (plan, run, grad or bench)", argv[1]);
+}
