@@ -10,6 +10,8 @@
 #   4. torch SDPA (flash and cuDNN backends) on the same shapes, same flop counts;
 #   5. the table, printed last whatever failed before.
 # Logs go to $OUT (when set) or build-dev/. Usage: bash bench/cuda_device_check.sh
+# Knobs (environment): ITERS (timed calls, default 20), SKIP_SEED=1, SKIP_PEERS=1, NCU=1
+# (Nsight Compute on the D=128 forward and backward kernels, summary in the log).
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -60,16 +62,25 @@ if [ -x "$bld/cuda_bench" ]; then
         log "cuda_bench D=$D $c failed: $(tail -1 "$out/bench.err")"
     done
   done
+  if [ "${SKIP_SEED:-0}" != 1 ]; then
   log "seed problem: B=18 H=32 S=16384 D=256 bf16 forward"
   timeout 150 "$bld/cuda_bench" --batch 18 --heads 32 --seq 16384 --head-dim 256 --no-backward --iters "$ITERS" \
     --warmup 2 >>"$ours" 2>>"$out/bench.err" || log "seed problem failed: $(tail -1 "$out/bench.err")"
+  fi
+  if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+    log "ncu: D=128 non-causal forward and backward kernels"
+    timeout 180 ncu --clock-control none -k 'regex:fwd_kernel|dkdv_kernel|dq_kernel|delta_kernel' -c 6 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
+      "$bld/cuda_bench" --batch 2 --heads 16 --seq 4096 --head-dim 128 --iters 1 --warmup 0 >"$out/ncu.txt" 2>&1
+    grep -E "fwd_kernel|dkdv_kernel|dq_kernel|delta_kernel|^ +Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Bank|Shared Load|Shared Store|Issue Slot|Warp Cycles Per Issued" "$out/ncu.txt" | cut -c1-150 | head -90
+  fi
 fi
 cat "$ours" >&2
 
 # ---- 4. peers ---------------------------------------------------------------------------
 peers="$out/peers.jsonl"
 : >"$peers"
-if [ -s "$ours" ]; then
+if [ -s "$ours" ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
   log "torch SDPA peers"
   PYTHONUNBUFFERED=1 timeout 240 python3 bench/cuda_peers.py time "$ours" "$peers" "$ITERS" 2>"$out/peers.err" ||
     log "peers failed: $(tail -3 "$out/peers.err")"

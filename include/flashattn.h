@@ -58,7 +58,7 @@ typedef struct {
     int64_t head_dim_v; /* Dv, of v and o */
     fa_dtype dtype;     /* of q, k, v, o (and do, dq, dk, dv) */
 
-    fa_strides q_stride, k_stride, v_stride, o_stride; /* o's also for do/dq; k's for dk; v's for dv */
+    fa_strides q_stride, k_stride, v_stride, o_stride; /* q's also for dq, k's for dk, v's for dv, o's for do */
 
     int has_scale; /* 0: scale = 1/sqrt(head_dim) */
     float scale;
@@ -81,7 +81,9 @@ typedef struct {
 
 /* Plan options: where and how to run. Zero means "let the library choose". */
 typedef struct {
-    fa_backend backend;
+    fa_backend backend; /* AUTO: CUDA for f16/bf16 where built with it and an NVIDIA device
+                           node exists, else CPU; check fa_plan_backend() before passing
+                           host or device pointers */
     int threads;      /* CPU threads; 0: OpenMP's default */
     int64_t block_q;  /* query rows per tile; 0: chosen by the library */
     int64_t block_k;  /* keys per tile; 0: chosen by the library */

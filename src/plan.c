@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Largest tile edge accepted; scratch grows with it and nothing gains beyond it. */
 #define FA_MAX_BLOCK 4096
@@ -145,11 +146,24 @@ static void cpu_default_blocks(const fa_problem *p, int64_t *bq, int64_t *bk) {
     *bk = 64;
 }
 
+/* AUTO: the GPU for f16/bf16 where this build has CUDA and the machine has an NVIDIA
+ * device node, else the CPU. The node check is a stat, so plans stay cheap and need no
+ * device context (cudaGetDeviceCount alone costs ~150 ms); a missing driver is reported by
+ * fa_forward. The CUDA kernels take f16/bf16 only, so f32 stays on the CPU. */
+static fa_backend auto_backend(const fa_problem *p) {
+#ifdef FA_HAVE_CUDA
+    if (p->dtype != FA_F32 && access("/dev/nvidiactl", F_OK) == 0) return FA_BACKEND_CUDA;
+#else
+    (void)p;
+#endif
+    return FA_BACKEND_CPU;
+}
+
 static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
     fa_backend b = o->backend;
     if (b != FA_BACKEND_AUTO && b != FA_BACKEND_CPU && b != FA_BACKEND_CUDA)
         return fa_error(FA_ERR_INVALID, "backend %d is not auto, cpu or cuda", (int)b);
-    if (b == FA_BACKEND_AUTO) b = fa_cuda_available() ? FA_BACKEND_CUDA : FA_BACKEND_CPU;
+    if (b == FA_BACKEND_AUTO) b = auto_backend(&pl->p);
     pl->backend = b;
     if (o->threads < 0) return fa_error(FA_ERR_INVALID, "threads must be >= 1 (0 = default), got %d", o->threads);
     fa_status s;

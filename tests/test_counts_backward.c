@@ -12,7 +12,7 @@ int main(void) {
     static const int64_t heads[][2] = {{1, 1}, {2, 1}, {3, 3}, {4, 1}, {8, 2}};
     static const fa_dtype types[] = {FA_F32, FA_F16, FA_BF16};
     int failures = 0;
-    const int cases = 60;
+    const int cases = 150;
     for (int n = 0; n < cases; n++) {
         fa_problem p;
         fa_problem_init(&p);

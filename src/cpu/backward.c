@@ -9,9 +9,9 @@
  *   (2) dQ: one task per (b, query head, query tile): the same tiles, dQ += dS K, written once.
  *
  * Every output element is owned by one task and summed in a fixed order, so results are
- * bit-identical across runs and thread counts. p and dS are rounded to the problem's dtype
- * before they enter a product (the microkernels' contract, isa.h). Counting follows the
- * COUNTING RULES in internal.h. */
+ * bit-identical across runs and thread counts. p comes from the ISA's exp_sum, the exp the
+ * forward uses; p and dS are rounded to the problem's dtype before they enter a product
+ * (the microkernels' contract, isa.h). Counting follows the COUNTING RULES in internal.h. */
 #include "isa.h"
 #include "vexp.h"
 
@@ -27,8 +27,8 @@ typedef struct {
     void *qb, *gb;   /* Q, dO tile packed as B (dK += dS^T Q, dV += P^T dO) */
     void *kt, *vt;   /* K, V tile packed as B^T (S, dP) */
     void *kb;        /* K tile packed as B (dQ += dS K) */
-    float *s, *dp;   /* bq x bk: scores then p; dP then dS */
-    float *th;       /* bq x bk: tanh of the softcap */
+    float *s, *dp;   /* bq x bk: scores, then p; dP, then dS */
+    float *th;       /* bq x bk: exp, then tanh, of the softcap */
     float *tr;       /* bk x bq: P^T or dS^T */
     float *acc, *acc_v; /* dK (bk x D) or dQ (bq x D); dV (bk x Dv) */
 } bwd_scratch;
@@ -83,25 +83,51 @@ static fa_tile_src bwd_src(const bwd_ctx *c, const void *base, const fa_strides 
     return s;
 }
 
-/* tanh without libm, so that loops of it vectorize: sign(y) (1 - e) / (1 + e) with
- * e = exp(-2|y|), one exp; below |y| = 1/8, where 1 - e would cancel, the odd Taylor
- * polynomial to y^7 (truncation under 2e-9 relative). Within a few ulps of tanhf. */
-static inline float bwd_tanhf(float y) {
-    const float a = fabsf(y), e = fa_vexpf(-2.0f * a);
-    float big = (1.0f - e) / (1.0f + e);
-    big = y < 0.0f ? -big : big;
-    const float y2 = y * y;
+/* tanh(y) from e = exp(-2|y|): sign(y) (1 - e) / (1 + e); below |y| = 1/8, where 1 - e
+ * would cancel, the odd Taylor polynomial to y^7 (truncation under 2e-9 relative). Within
+ * a few ulps of tanhf. It selects with bit masks, so that loops of it vectorize: GCC 12
+ * does not if-convert a ?: whose arms hold float arithmetic (under -ftrapping-math). */
+static inline float bwd_tanh_from(float y, float e) {
+    uint32_t ybits, abits, bbits, sbits;
+    memcpy(&ybits, &y, sizeof ybits);
+    abits = ybits & 0x7fffffffu;
+    const float big = (1.0f - e) / (1.0f + e), y2 = y * y;
     const float small = y * (1.0f + y2 * (-1.0f / 3.0f + y2 * (2.0f / 15.0f + y2 * (-17.0f / 315.0f))));
-    return a < 0.125f ? small : big;
+    memcpy(&bbits, &big, sizeof bbits);
+    memcpy(&sbits, &small, sizeof sbits);
+    const uint32_t below = (uint32_t) - (int32_t)(abits < 0x3e000000u); /* |y| < 1/8: all ones */
+    const uint32_t r = (sbits & below) | ((bbits | (ybits & 0x80000000u)) & ~below);
+    float out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+/* x rounded to bf16 and back, as fa_round_to(FA_BF16, x), without branches. */
+static inline float bwd_round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : r; /* quiet NaN */
+    float y;
+    memcpy(&y, &r, sizeof y);
+    return y;
+}
+
+/* x[j] rounded to the dtype, j < n. */
+static void bwd_round_row(fa_dtype t, float *x, int n) {
+    if (t == FA_F16)
+        for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
+    else if (t == FA_BF16)
+        for (int j = 0; j < n; j++) x[j] = bwd_round_bf16(x[j]);
 }
 
 /* The tile pair (query rows [r0, r0+m) of head h, keys [c0, c0+n)), with Q and dO packed as A
- * and K and V packed as B^T in w: leaves p = exp(s - lse) in w->s (f32; 0 where masked or
- * where the row sees no key) and dS = p (dP - delta) (softcap: times 1 - tanh^2), rounded to
- * the dtype, in w->dp. s is recomputed in the forward's order of operations (its softcap
- * tanh agrees with the forward's to a few ulps). */
+ * and K and V packed as B^T in w: leaves dS = p (dP - delta) (softcap: times 1 - tanh^2),
+ * rounded to the dtype, in w->dp, and with want_p, p = exp(s - lse) rounded to the dtype in
+ * w->s (0 where masked or where the row sees no key). s is recomputed in the forward's
+ * order of operations (its softcap tanh agrees with the forward's to a few ulps). */
 static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int64_t r0, int m,
-                     int64_t c0, int n) {
+                     int64_t c0, int n, int want_p) {
     const fa_plan *pl = c->pl;
     const fa_problem *p = &pl->p;
     const fa_backward_args *a = c->a;
@@ -116,11 +142,14 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
         const int64_t row = r0 + i;
         float *s = w->s + (int64_t)i * ld, *dp = w->dp + (int64_t)i * ld, *th = w->th + (int64_t)i * ld;
         for (int j = 0; j < n; j++) s[j] *= scale;
-        if (cap > 0.0f)
+        if (cap > 0.0f) {
+            for (int j = 0; j < n; j++) th[j] = -2.0f * fabsf(s[j] / cap);
+            pl->isa->exp_sum(th, n, 0.0f); /* exp(-2|y|), y = s / cap */
             for (int j = 0; j < n; j++) {
-                th[j] = bwd_tanhf(s[j] / cap);
+                th[j] = bwd_tanh_from(s[j] / cap, th[j]);
                 s[j] = cap * th[j];
             }
+        }
         if (p->has_bias) {
             const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
             const fa_strides *bs = &p->bias_stride;
@@ -139,29 +168,26 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
         if (p->has_segment_ids) {
             const int32_t qs = a->q_segment_ids[b * Sq + row];
             const int32_t *ks = a->kv_segment_ids + b * Sk + c0;
-            for (int j = 0; j < n; j++)
-                if (ks[j] != qs) s[j] = -INFINITY;
+            for (int j = 0; j < n; j++) s[j] = ks[j] != qs ? -INFINITY : s[j];
         }
         const int64_t r = (b * p->heads_q + h) * Sq + row;
         const float lse = a->lse[r], delta = c->delta[r];
         const int dead = lse == -INFINITY; /* the row sees no key */
-        const float mx = dead ? 0.0f : lse;
-        for (int j = 0; j < n; j++) s[j] = fa_vexpf(s[j] - mx);
+        pl->isa->exp_sum(s, n, dead ? 0.0f : lse);
         if (dead) memset(s, 0, sizeof(float) * (size_t)n);
-        for (int j = 0; j < n; j++) {
-            float ds = s[j] * (dp[j] - delta);
-            if (cap > 0.0f) ds *= 1.0f - th[j] * th[j];
-            dp[j] = ds;
-        }
-        if (p->dtype != FA_F32)
-            for (int j = 0; j < n; j++) dp[j] = fa_round_to(p->dtype, dp[j]);
+        if (cap > 0.0f)
+            for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta) * (1.0f - th[j] * th[j]);
+        else
+            for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
+        bwd_round_row(p->dtype, dp, n);
+        if (want_p) bwd_round_row(p->dtype, s, n);
     }
 }
 
-/* tr[j*m + i] = x[i*ld + j], rounded to the dtype: the left operand of P^T dO and dS^T Q. */
-static void bwd_transpose(fa_dtype t, const float *x, int ld, int m, int n, float *tr) {
+/* tr[j*m + i] = x[i*ld + j]: the left operand of P^T dO or dS^T Q. */
+static void bwd_transpose(const float *x, int ld, int m, int n, float *tr) {
     for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) tr[(int64_t)j * m + i] = fa_round_to(t, x[(int64_t)i * ld + j]);
+        for (int j = 0; j < n; j++) tr[(int64_t)j * m + i] = x[(int64_t)i * ld + j];
 }
 
 /* Writes rows x cols of acc (times mul) into a [B, H, S, W] tensor at [b, h, r0, 0]. */
@@ -170,6 +196,25 @@ static void bwd_store(const bwd_ctx *c, void *dst, const fa_strides *st, int64_t
     for (int i = 0; i < rows; i++)
         for (int x = 0; x < cols; x++)
             fa_store(c->pl->p.dtype, dst, fa_offset(st, b, h, r0 + i, x), mul * acc[(int64_t)i * cols + x]);
+}
+
+/* The query tiles [*q0, *q1) that visit key tile kt (fa_key_tile_range of their rows holds
+ * kt). Both ends of a row's visible keys grow with the row (internal.h), so a tile's key
+ * range [k0, k1) only moves right as the tile does (tiles that see nothing come first,
+ * with [0, 0)): the visitors are contiguous, found by two binary searches. */
+static void bwd_query_tiles(const fa_plan *pl, int64_t kt, int64_t *q0, int64_t *q1) {
+    const int64_t bq = pl->bwd_bq, Sq = pl->p.seq_q, nq = (Sq + bq - 1) / bq;
+    for (int side = 0; side < 2; side++) {
+        int64_t lo = 0, hi = nq; /* first tile with k1 > kt (side 0), with k0 > kt (side 1) */
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2, r0 = mid * bq, r1 = r0 + bq < Sq ? r0 + bq : Sq;
+            int64_t k0, k1;
+            fa_key_tile_range(pl, r0, r1, pl->bwd_bk, &k0, &k1);
+            if ((side == 0 ? k1 : k0) > kt) hi = mid;
+            else lo = mid + 1;
+        }
+        *(side == 0 ? q0 : q1) = lo;
+    }
 }
 
 /* (1) One (b, kv head, key tile): dK and dV of keys [c0, c0 + n). */
@@ -181,7 +226,7 @@ static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h
     const fa_backward_args *a = c->a;
     const int D = (int)p->head_dim, Dv = (int)p->head_dim_v;
     const int64_t bq = pl->bwd_bq, bk = pl->bwd_bk, group = p->heads_q / p->heads_kv;
-    const int64_t c0 = kt * bk, nq = (p->seq_q + bq - 1) / bq;
+    const int64_t c0 = kt * bk;
     const int n = (int)(p->seq_k - c0 < bk ? p->seq_k - c0 : bk);
     const int64_t per_pair = 2 * (2 * (int64_t)D + 2 * (int64_t)Dv);
     const int64_t trans_per = p->softcap > 0.0f ? 2 : 1;
@@ -192,24 +237,23 @@ static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h
     isa->pack_bt(&vs, n, Dv, w->vt);
     memset(w->acc, 0, sizeof(float) * (size_t)n * (size_t)D);
     memset(w->acc_v, 0, sizeof(float) * (size_t)n * (size_t)Dv);
+    int64_t q0, q1;
+    bwd_query_tiles(pl, kt, &q0, &q1);
 
     for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-        for (int64_t qt = 0; qt < nq; qt++) {
+        for (int64_t qt = q0; qt < q1; qt++) {
             const int64_t r0 = qt * bq;
             const int m = (int)(p->seq_q - r0 < bq ? p->seq_q - r0 : bq);
-            int64_t k0, k1;
-            fa_key_tile_range(pl, r0, r0 + m, bk, &k0, &k1);
-            if (kt < k0 || kt >= k1) continue;
             fa_tile_src qs = bwd_src(c, a->q, &p->q_stride, b, h, r0);
             fa_tile_src gs = bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
             isa->pack_a(&qs, m, D, w->qa);
             isa->pack_a(&gs, m, Dv, w->ga);
             isa->pack_b(&qs, m, D, w->qb);
             isa->pack_b(&gs, m, Dv, w->gb);
-            bwd_tile(c, w, b, h, r0, m, c0, n);
-            bwd_transpose(p->dtype, w->s, (int)bk, m, n, w->tr);
+            bwd_tile(c, w, b, h, r0, m, c0, n, 1);
+            bwd_transpose(w->s, (int)bk, m, n, w->tr);
             isa->gemm_pb(n, m, Dv, w->tr, m, w->gb, w->acc_v, Dv);
-            bwd_transpose(FA_F32, w->dp, (int)bk, m, n, w->tr); /* dS is rounded already */
+            bwd_transpose(w->dp, (int)bk, m, n, w->tr);
             isa->gemm_pb(n, m, D, w->tr, m, w->qb, w->acc, D);
             cnt->flops += per_pair * m * n;
             cnt->transcendentals += trans_per * m * n;
@@ -249,7 +293,7 @@ static void bwd_dq_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, 
         isa->pack_bt(&ks, n, D, w->kt);
         isa->pack_bt(&vs, n, Dv, w->vt);
         isa->pack_b(&ks, n, D, w->kb);
-        bwd_tile(c, w, b, h, r0, m, c0, n);
+        bwd_tile(c, w, b, h, r0, m, c0, n, 0);
         isa->gemm_pb(m, n, D, w->dp, (int)bk, w->kb, w->acc, D);
         cnt->flops += per_pair * m * n;
         cnt->transcendentals += trans_per * m * n;
@@ -286,7 +330,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
 
     char *ws = a->workspace, *owned = NULL;
     if (ws) {
-        if ((int64_t)a->workspace_size < need)
+        if (a->workspace_size < (size_t)need)
             return fa_error(FA_ERR_INVALID,
                             "backward: workspace_size is %zu bytes but the backward needs %lld",
                             a->workspace_size, (long long)need);

@@ -112,7 +112,10 @@ static void avx2_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) 
                 if (j >= nj) {
                     r[j] = _mm256_setzero_ps();
                 } else if (src->col_stride == 1) {
-                    r[j] = load8(src->dtype, (const char *)src->base + (size_t)((j0 + j) * src->row_stride + x0) * esz, nx);
+                    const char *row = (const char *)src->base + (size_t)((j0 + j) * src->row_stride + x0) * esz;
+                    /* the same columns 32 keys ahead: many row streams defeat the hardware prefetcher */
+                    if (j0 + 32 + j < rows) _mm_prefetch(row + (size_t)(32 * src->row_stride) * esz, _MM_HINT_T0);
+                    r[j] = load8(src->dtype, row, nx);
                 } else {
                     float tmp[8] = {0};
                     for (int x = 0; x < nx; x++)

@@ -99,6 +99,7 @@ static void bf16_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) 
                     r[j] = _mm512_setzero_ps();
                 } else if (src->col_stride == 1) {
                     const uint16_t *row = (const uint16_t *)src->base + (j0 + j) * src->row_stride + 2 * x0;
+                    if (j0 + 32 + j < rows) _mm_prefetch((const char *)(row + 32 * src->row_stride), _MM_HINT_T0);
                     r[j] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask32(ne), row));
                 } else {
                     uint16_t tmp[32] = {0};

@@ -74,16 +74,24 @@ __device__ __forceinline__ float grad_one(const fa_cuda_params &p, bool full, fl
     return pv;
 }
 
-/* ---- dK, dV -------------------------------------------------------------------------- */
+/* Barrier among the n threads (a multiple of 32) of named barrier id (1..15). */
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n)); }
 
-template <int HD, int NW, int CS, int SUBQ, bool BF16, bool GEN>
+/* ---- dK, dV -------------------------------------------------------------------------- *
+ * Warps form key groups of 16*MTK keys; the CS warps of a group split the queries of the S
+ * phase and the head dim of dK/dV. With CS = 1 P^T and dS^T go from the accumulators
+ * straight into the next products; with CS > 1 the group exchanges them through shared
+ * memory (a named barrier per group), so each warp's dV/dK tile is 16*MTK keys x HD/CS:
+ * twice the reuse of every ldmatrix of dO and Q for MTK = 2. */
+template <int HD, int NW, int CS, int MTK, int SUBQ, bool BF16, bool GEN>
 __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p) {
-    constexpr int NT = NW * 32, BR = BWD_BR, BC = 16 * NW / CS, SROW = HD + 8;
+    constexpr int NT = NW * 32, BR = BWD_BR, KG = 16 * MTK, BC = KG * NW / CS, SROW = HD + 8;
     constexpr int QW = SUBQ / CS;   /* queries per warp in the S phase */
     constexpr int NQT = QW / 8;     /* their n8 tiles */
     constexpr int HDW = HD / CS;    /* dK/dV columns per warp */
     constexpr int NDW = HDW / 8;
     constexpr int PROW = SUBQ + 8;  /* pitch of the P^T / dS^T exchange (CS > 1) */
+    static_assert(QW % 16 == 0 && HDW % 16 == 0 && BR % SUBQ == 0, "bad dk/dv tiling");
     extern __shared__ __align__(128) uint16_t smem[];
     uint16_t *sK = smem, *sV = sK + BC * SROW, *sQ = sV + BC * SROW, *sO = sQ + 2 * BR * SROW;
     float *sL = reinterpret_cast<float *>(sO + 2 * BR * SROW), *sD = sL + 2 * BR;
@@ -132,14 +140,16 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
         cp_async_commit();
     }
 
-    float dk[NDW][4], dv[NDW][4];
+    float dk[MTK][NDW][4], dv[MTK][NDW][4];
 #pragma unroll
-    for (int d = 0; d < NDW; d++)
+    for (int mt = 0; mt < MTK; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.f;
+        for (int d = 0; d < NDW; d++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[mt][d][e] = dv[mt][d][e] = 0.f;
 
-    /* this thread's keys: k0 + kg*16 + g + 8*hr */
-    const int jrow = k0 + kg * 16 + g;
+    /* this thread's keys: k0 + kg*KG + mt*16 + g + 8*hr */
+    const int jrow = k0 + kg * KG + g;
     const uint32_t sKa = smem_addr(sK), sVa = smem_addr(sV);
     for (int it = 0; it < total; it++) {
         if (it + 1 < total) cp_async_wait<1>();
@@ -147,7 +157,7 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
         __syncthreads();
         const int buf = it & 1;
         const int hq = hk * p.G + it / nq, q0 = (qlo + it % nq) * BR, m = min(BR, p.Sq - q0);
-        const bool full = dev_tile_full(p, q0, q0 + m, k0, BC);
+        const bool full = !GEN && dev_tile_full(p, q0, q0 + m, k0, BC);
         const float slope = GEN && p.has_alibi ? p.slopes[hq] : 0.f;
         const uint32_t sQa = smem_addr(sQ + buf * BR * SROW), sOa = smem_addr(sO + buf * BR * SROW);
         const float *lrow = sL + buf * BR, *drow = sD + buf * BR;
@@ -155,17 +165,24 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
 #pragma unroll 1
         for (int sq = 0; sq < BR / SUBQ; sq++) {
             const int qb = sq * SUBQ + cw * QW; /* first local query of this warp */
-            float st[NQT][4], dp[NQT][4];
+            float st[MTK][NQT][4], dp[MTK][NQT][4];
 #pragma unroll
-            for (int nt = 0; nt < NQT; nt++)
+            for (int mt = 0; mt < MTK; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) st[nt][e] = dp[nt][e] = 0.f;
+                for (int nt = 0; nt < NQT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) st[mt][nt][e] = dp[mt][nt][e] = 0.f;
+            /* S^T = K Q^T, dP^T = V dO^T */
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t ak[4], av[4];
-                const uint32_t aoff = (uint32_t)((kg * 16 + (lane & 15)) * SROW + kk * 16 + (lane >> 4) * 8) * 2u;
-                ldsm_x4(ak, sKa + aoff);
-                ldsm_x4(av, sVa + aoff);
+                uint32_t ak[MTK][4], av[MTK][4];
+#pragma unroll
+                for (int mt = 0; mt < MTK; mt++) {
+                    const uint32_t aoff =
+                        (uint32_t)((kg * KG + mt * 16 + (lane & 15)) * SROW + kk * 16 + (lane >> 4) * 8) * 2u;
+                    ldsm_x4(ak[mt], sKa + aoff);
+                    ldsm_x4(av[mt], sVa + aoff);
+                }
 #pragma unroll
                 for (int nb = 0; nb < QW / 16; nb++) {
                     const uint32_t boff = (uint32_t)((qb + nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * SROW +
@@ -173,42 +190,71 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
                     uint32_t bq[4], bo[4];
                     ldsm_x4(bq, sQa + boff);
                     ldsm_x4(bo, sOa + boff);
-                    mma16816<BF16>(st[2 * nb], ak, bq[0], bq[1]);
-                    mma16816<BF16>(st[2 * nb + 1], ak, bq[2], bq[3]);
-                    mma16816<BF16>(dp[2 * nb], av, bo[0], bo[1]);
-                    mma16816<BF16>(dp[2 * nb + 1], av, bo[2], bo[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MTK; mt++) {
+                        mma16816<BF16>(st[mt][2 * nb], ak[mt], bq[0], bq[1]);
+                        mma16816<BF16>(st[mt][2 * nb + 1], ak[mt], bq[2], bq[3]);
+                        mma16816<BF16>(dp[mt][2 * nb], av[mt], bo[0], bo[1]);
+                        mma16816<BF16>(dp[mt][2 * nb + 1], av[mt], bo[2], bo[3]);
+                    }
                 }
             }
             /* P^T and dS^T: rows are keys, columns queries */
+            if (full) {
 #pragma unroll
-            for (int nt = 0; nt < NQT; nt++)
+                for (int nt = 0; nt < NQT; nt++) {
+                    const int iq = qb + nt * 8 + tg * 2;
+                    const float2 l2 = *reinterpret_cast<const float2 *>(lrow + iq);
+                    const float2 d2 = *reinterpret_cast<const float2 *>(drow + iq);
+                    const float lse2[2] = {lse_log2(l2.x), lse_log2(l2.y)}, del[2] = {d2.x, d2.y};
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int iq = qb + nt * 8 + tg * 2 + (e & 1);
-                    const int64_t i = (int64_t)q0 + iq;
-                    const int j = jrow + 8 * (e >> 1);
-                    int lo = 0, hi = 0;
-                    int32_t qseg = 0;
-                    if (!full || GEN) dev_row_bounds(p, i, &lo, &hi);
-                    if (GEN && p.has_seg && i < p.Sq) qseg = p.q_seg[(int64_t)b * p.Sq + i];
-                    float ds;
-                    st[nt][e] = grad_one<GEN>(p, full, st[nt][e], dp[nt][e], lse_log2(lrow[iq]), drow[iq], b, hq,
-                                         i, j, lo, hi, qseg, slope, &ds);
-                    dp[nt][e] = ds;
+                    for (int mt = 0; mt < MTK; mt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float pv = fast_exp2(st[mt][nt][e] * p.scale_log2 - lse2[e & 1]);
+                            dp[mt][nt][e] = pv * (dp[mt][nt][e] - del[e & 1]);
+                            st[mt][nt][e] = pv;
+                        }
                 }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < NQT; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int iq = qb + nt * 8 + tg * 2 + c;
+                        const int64_t i = (int64_t)q0 + iq;
+                        int lo, hi;
+                        dev_row_bounds(p, i, &lo, &hi);
+                        const int32_t qseg = (GEN && p.has_seg && i < p.Sq) ? p.q_seg[(int64_t)b * p.Sq + i] : 0;
+                        const float lse2 = lse_log2(lrow[iq]), del = drow[iq];
+#pragma unroll
+                        for (int mt = 0; mt < MTK; mt++)
+#pragma unroll
+                            for (int hr = 0; hr < 2; hr++) {
+                                const int e = 2 * hr + c, j = jrow + mt * 16 + 8 * hr;
+                                float ds;
+                                st[mt][nt][e] = grad_one<GEN>(p, false, st[mt][nt][e], dp[mt][nt][e], lse2, del, b,
+                                                              hq, i, j, lo, hi, qseg, slope, &ds);
+                                dp[mt][nt][e] = ds;
+                            }
+                    }
+            }
             if (CS == 1) {
                 /* dV += P^T dO, dK += dS^T Q with A straight from the accumulators */
 #pragma unroll
                 for (int kq = 0; kq < QW / 16; kq++) {
-                    uint32_t ap[4], as[4];
-                    ap[0] = pack2<BF16>(st[2 * kq][0], st[2 * kq][1]);
-                    ap[1] = pack2<BF16>(st[2 * kq][2], st[2 * kq][3]);
-                    ap[2] = pack2<BF16>(st[2 * kq + 1][0], st[2 * kq + 1][1]);
-                    ap[3] = pack2<BF16>(st[2 * kq + 1][2], st[2 * kq + 1][3]);
-                    as[0] = pack2<BF16>(dp[2 * kq][0], dp[2 * kq][1]);
-                    as[1] = pack2<BF16>(dp[2 * kq][2], dp[2 * kq][3]);
-                    as[2] = pack2<BF16>(dp[2 * kq + 1][0], dp[2 * kq + 1][1]);
-                    as[3] = pack2<BF16>(dp[2 * kq + 1][2], dp[2 * kq + 1][3]);
+                    uint32_t ap[MTK][4], as[MTK][4];
+#pragma unroll
+                    for (int mt = 0; mt < MTK; mt++) {
+                        ap[mt][0] = pack2<BF16>(st[mt][2 * kq][0], st[mt][2 * kq][1]);
+                        ap[mt][1] = pack2<BF16>(st[mt][2 * kq][2], st[mt][2 * kq][3]);
+                        ap[mt][2] = pack2<BF16>(st[mt][2 * kq + 1][0], st[mt][2 * kq + 1][1]);
+                        ap[mt][3] = pack2<BF16>(st[mt][2 * kq + 1][2], st[mt][2 * kq + 1][3]);
+                        as[mt][0] = pack2<BF16>(dp[mt][2 * kq][0], dp[mt][2 * kq][1]);
+                        as[mt][1] = pack2<BF16>(dp[mt][2 * kq][2], dp[mt][2 * kq][3]);
+                        as[mt][2] = pack2<BF16>(dp[mt][2 * kq + 1][0], dp[mt][2 * kq + 1][1]);
+                        as[mt][3] = pack2<BF16>(dp[mt][2 * kq + 1][2], dp[mt][2 * kq + 1][3]);
+                    }
 #pragma unroll
                     for (int nb = 0; nb < HD / 16; nb++) {
                         const uint32_t boff = (uint32_t)((qb + kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SROW +
@@ -216,30 +262,41 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
                         uint32_t bo[4], bq[4];
                         ldsm_x4_t(bo, sOa + boff);
                         ldsm_x4_t(bq, sQa + boff);
-                        mma16816<BF16>(dv[2 * nb], ap, bo[0], bo[1]);
-                        mma16816<BF16>(dv[2 * nb + 1], ap, bo[2], bo[3]);
-                        mma16816<BF16>(dk[2 * nb], as, bq[0], bq[1]);
-                        mma16816<BF16>(dk[2 * nb + 1], as, bq[2], bq[3]);
+#pragma unroll
+                        for (int mt = 0; mt < MTK; mt++) {
+                            mma16816<BF16>(dv[mt][2 * nb], ap[mt], bo[0], bo[1]);
+                            mma16816<BF16>(dv[mt][2 * nb + 1], ap[mt], bo[2], bo[3]);
+                            mma16816<BF16>(dk[mt][2 * nb], as[mt], bq[0], bq[1]);
+                            mma16816<BF16>(dk[mt][2 * nb + 1], as[mt], bq[2], bq[3]);
+                        }
                     }
                 }
             } else {
-                /* the CS warps of a key group exchange their query halves through shared memory */
+                /* the CS warps of a key group exchange their query parts through shared memory */
 #pragma unroll
-                for (int nt = 0; nt < NQT; nt++)
+                for (int mt = 0; mt < MTK; mt++)
 #pragma unroll
-                    for (int hr = 0; hr < 2; hr++) {
-                        const int off = (kg * 16 + g + 8 * hr) * PROW + cw * QW + nt * 8 + tg * 2;
-                        *reinterpret_cast<uint32_t *>(sP + off) = pack2<BF16>(st[nt][2 * hr], st[nt][2 * hr + 1]);
-                        *reinterpret_cast<uint32_t *>(sS + off) = pack2<BF16>(dp[nt][2 * hr], dp[nt][2 * hr + 1]);
-                    }
-                __syncthreads();
+                    for (int nt = 0; nt < NQT; nt++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const int off = (kg * KG + mt * 16 + g + 8 * hr) * PROW + cw * QW + nt * 8 + tg * 2;
+                            *reinterpret_cast<uint32_t *>(sP + off) =
+                                pack2<BF16>(st[mt][nt][2 * hr], st[mt][nt][2 * hr + 1]);
+                            *reinterpret_cast<uint32_t *>(sS + off) =
+                                pack2<BF16>(dp[mt][nt][2 * hr], dp[mt][nt][2 * hr + 1]);
+                        }
+                bar_sync(1 + kg, CS * 32);
                 const uint32_t sPa = smem_addr(sP), sSa = smem_addr(sS);
 #pragma unroll
                 for (int kq = 0; kq < SUBQ / 16; kq++) {
-                    uint32_t ap[4], as[4];
-                    const uint32_t aoff = (uint32_t)((kg * 16 + (lane & 15)) * PROW + kq * 16 + (lane >> 4) * 8) * 2u;
-                    ldsm_x4(ap, sPa + aoff);
-                    ldsm_x4(as, sSa + aoff);
+                    uint32_t ap[MTK][4], as[MTK][4];
+#pragma unroll
+                    for (int mt = 0; mt < MTK; mt++) {
+                        const uint32_t aoff =
+                            (uint32_t)((kg * KG + mt * 16 + (lane & 15)) * PROW + kq * 16 + (lane >> 4) * 8) * 2u;
+                        ldsm_x4(ap[mt], sPa + aoff);
+                        ldsm_x4(as[mt], sSa + aoff);
+                    }
 #pragma unroll
                     for (int nb = 0; nb < HDW / 16; nb++) {
                         const uint32_t boff =
@@ -248,13 +305,16 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
                         uint32_t bo[4], bq[4];
                         ldsm_x4_t(bo, sOa + boff);
                         ldsm_x4_t(bq, sQa + boff);
-                        mma16816<BF16>(dv[2 * nb], ap, bo[0], bo[1]);
-                        mma16816<BF16>(dv[2 * nb + 1], ap, bo[2], bo[3]);
-                        mma16816<BF16>(dk[2 * nb], as, bq[0], bq[1]);
-                        mma16816<BF16>(dk[2 * nb + 1], as, bq[2], bq[3]);
+#pragma unroll
+                        for (int mt = 0; mt < MTK; mt++) {
+                            mma16816<BF16>(dv[mt][2 * nb], ap[mt], bo[0], bo[1]);
+                            mma16816<BF16>(dv[mt][2 * nb + 1], ap[mt], bo[2], bo[3]);
+                            mma16816<BF16>(dk[mt][2 * nb], as[mt], bq[0], bq[1]);
+                            mma16816<BF16>(dk[mt][2 * nb + 1], as[mt], bq[2], bq[3]);
+                        }
                     }
                 }
-                __syncthreads();
+                bar_sync(1 + kg, CS * 32);
             }
         }
         __syncthreads();
@@ -268,14 +328,16 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
     cp_async_wait<0>();
     __syncthreads();
 #pragma unroll
-    for (int d = 0; d < NDW; d++)
+    for (int mt = 0; mt < MTK; mt++)
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int off = (kg * 16 + g + 8 * hr) * SROW + cw * HDW + d * 8 + tg * 2;
-            *reinterpret_cast<uint32_t *>(sK + off) =
-                pack2<BF16>(dk[d][2 * hr] * p.scale, dk[d][2 * hr + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(sV + off) = pack2<BF16>(dv[d][2 * hr], dv[d][2 * hr + 1]);
-        }
+        for (int d = 0; d < NDW; d++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int off = (kg * KG + mt * 16 + g + 8 * hr) * SROW + cw * HDW + d * 8 + tg * 2;
+                *reinterpret_cast<uint32_t *>(sK + off) =
+                    pack2<BF16>(dk[mt][d][2 * hr] * p.scale, dk[mt][d][2 * hr + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(sV + off) = pack2<BF16>(dv[mt][d][2 * hr], dv[mt][d][2 * hr + 1]);
+            }
     __syncthreads();
     store_tile<BC, HD, NT>(sK, (uint16_t *)p.dk + b * p.ks[0] + hk * p.ks[1] + (int64_t)k0 * p.ks[2], p.ks[2],
                            p.ks[3], n, p.D, p.vec_k, tid);
@@ -291,21 +353,25 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
     }
 }
 
-/* ---- dQ ------------------------------------------------------------------------------ */
-
-template <int HD, int QPC, int BC, int SUBK, bool BF16, bool GEN>
-__global__ void __launch_bounds__(QPC * 128, 1) dq_kernel(const fa_cuda_params p) {
-    constexpr int NW = 4 * QPC, NT = NW * 32, BR = BWD_BR, ROWS = QPC * BR, SROW = HD + 8;
-    constexpr int NKT = SUBK / 8, NDT = HD / 8;
+/* ---- dQ ------------------------------------------------------------------------------ *
+ * QPC query tiles per CTA; warps form row groups of 16*MT rows, and the KS warps of a
+ * group split each key sub-chunk: each keeps a partial dQ over its keys, and the parts
+ * are summed in a fixed order (through shared memory) at the end. */
+template <int HD, int QPC, int MT, int KS, int BC, int SUBK, bool BF16, bool GEN>
+__global__ void __launch_bounds__(QPC * BWD_BR / (16 * MT) * KS * 32, 1) dq_kernel(const fa_cuda_params p) {
+    constexpr int BR = BWD_BR, ROWS = QPC * BR, RG = 16 * MT, NW = ROWS / RG * KS, NT = NW * 32;
+    constexpr int SROW = HD + 8, KW = SUBK / KS, NKT = KW / 8, NDT = HD / 8;
+    static_assert(KW % 16 == 0 && BC % SUBK == 0 && BR % RG == 0, "bad dq tiling");
     extern __shared__ __align__(128) uint16_t smem[];
     uint16_t *sQ = smem, *sO = sQ + ROWS * SROW, *sK = sO + ROWS * SROW, *sV = sK + 2 * BC * SROW;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    const int rg = warp / KS, kh = warp % KS;
     const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
     const int r0 = blockIdx.x * ROWS, mrows = min(ROWS, p.Sq - r0);
 
     /* each query tile's key range; the CTA walks their union */
-    const int qi = warp / 4;
+    const int qi = rg * RG / BR;
     int my0 = 0, my1 = 0, u0 = INT32_MAX, u1 = 0;
 #pragma unroll
     for (int t = 0; t < QPC; t++) {
@@ -346,26 +412,26 @@ __global__ void __launch_bounds__(QPC * 128, 1) dq_kernel(const fa_cuda_params p
         }
     }
 
-    /* this thread's rows: r0 + warp*16 + g + 8*hr */
-    float lse2[2], del[2];
-    int rlo[2], rhi[2];
-    int32_t qseg[2];
+    /* this thread's rows: r0 + rg*RG + mt*16 + g + 8*hr */
+    float lse2[MT][2], del[MT][2];
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int64_t i = (int64_t)r0 + warp * 16 + g + 8 * hr;
-        const int64_t ri = ((int64_t)b * p.Hq + h) * p.Sq + i;
-        lse2[hr] = i < p.Sq ? lse_log2(p.lse_in[ri]) : INFINITY;
-        del[hr] = i < p.Sq ? p.delta[ri] : 0.f;
-        dev_row_bounds(p, i, &rlo[hr], &rhi[hr]);
-        qseg[hr] = (GEN && p.has_seg && i < p.Sq) ? p.q_seg[(int64_t)b * p.Sq + i] : 0;
-    }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int64_t i = (int64_t)r0 + rg * RG + mt * 16 + g + 8 * hr;
+            const int64_t ri = ((int64_t)b * p.Hq + h) * p.Sq + i;
+            lse2[mt][hr] = i < p.Sq ? lse_log2(p.lse_in[ri]) : INFINITY;
+            del[mt][hr] = i < p.Sq ? p.delta[ri] : 0.f;
+        }
     const float slope = GEN && p.has_alibi ? p.slopes[h] : 0.f;
 
-    float acc[NDT][4];
+    float acc[MT][NDT][4];
 #pragma unroll
-    for (int d = 0; d < NDT; d++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) acc[d][e] = 0.f;
+        for (int d = 0; d < NDT; d++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][d][e] = 0.f;
 
     const uint32_t sQa = smem_addr(sQ), sOa = smem_addr(sO);
     for (int t = 0; t < ntiles; t++) {
@@ -374,61 +440,98 @@ __global__ void __launch_bounds__(QPC * 128, 1) dq_kernel(const fa_cuda_params p
         __syncthreads();
         const int buf = t & 1, kt = u0 + t, k0 = kt * BC;
         if (kt >= my0 && kt < my1) { /* warp-uniform: does this warp's query tile visit kt? */
-            const bool full = dev_tile_full(p, q0w, q0w + mq, k0, BC);
+            const bool full = !GEN && dev_tile_full(p, q0w, q0w + mq, k0, BC);
             const uint32_t sKa = smem_addr(sK + buf * BC * SROW), sVa = smem_addr(sV + buf * BC * SROW);
 #pragma unroll 1
             for (int sk = 0; sk < BC / SUBK; sk++) {
-                float s[NKT][4], dp[NKT][4];
+                const int kb = sk * SUBK + kh * KW; /* first local key of this warp */
+                float s[MT][NKT][4], dp[MT][NKT][4];
 #pragma unroll
-                for (int nt = 0; nt < NKT; nt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+                    for (int nt = 0; nt < NKT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; kk++) {
-                    uint32_t aq[4], ao[4];
-                    const uint32_t aoff = (uint32_t)((warp * 16 + (lane & 15)) * SROW + kk * 16 + (lane >> 4) * 8) * 2u;
-                    ldsm_x4(aq, sQa + aoff);
-                    ldsm_x4(ao, sOa + aoff);
+                    uint32_t aq[MT][4], ao[MT][4];
 #pragma unroll
-                    for (int nb = 0; nb < SUBK / 16; nb++) {
-                        const uint32_t boff = (uint32_t)((sk * SUBK + nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * SROW +
+                    for (int mt = 0; mt < MT; mt++) {
+                        const uint32_t aoff =
+                            (uint32_t)((rg * RG + mt * 16 + (lane & 15)) * SROW + kk * 16 + (lane >> 4) * 8) * 2u;
+                        ldsm_x4(aq[mt], sQa + aoff);
+                        ldsm_x4(ao[mt], sOa + aoff);
+                    }
+#pragma unroll
+                    for (int nb = 0; nb < KW / 16; nb++) {
+                        const uint32_t boff = (uint32_t)((kb + nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * SROW +
                                                          kk * 16 + ((lane >> 3) & 1) * 8) * 2u;
                         uint32_t bk[4], bv[4];
                         ldsm_x4(bk, sKa + boff);
                         ldsm_x4(bv, sVa + boff);
-                        mma16816<BF16>(s[2 * nb], aq, bk[0], bk[1]);
-                        mma16816<BF16>(s[2 * nb + 1], aq, bk[2], bk[3]);
-                        mma16816<BF16>(dp[2 * nb], ao, bv[0], bv[1]);
-                        mma16816<BF16>(dp[2 * nb + 1], ao, bv[2], bv[3]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma16816<BF16>(s[mt][2 * nb], aq[mt], bk[0], bk[1]);
+                            mma16816<BF16>(s[mt][2 * nb + 1], aq[mt], bk[2], bk[3]);
+                            mma16816<BF16>(dp[mt][2 * nb], ao[mt], bv[0], bv[1]);
+                            mma16816<BF16>(dp[mt][2 * nb + 1], ao[mt], bv[2], bv[3]);
+                        }
                     }
                 }
+                if (full) {
 #pragma unroll
-                for (int nt = 0; nt < NKT; nt++)
+                    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int hr = e >> 1;
-                        const int j = k0 + sk * SUBK + nt * 8 + tg * 2 + (e & 1);
-                        const int64_t i = (int64_t)r0 + warp * 16 + g + 8 * hr;
-                        float ds;
-                        grad_one<GEN>(p, full, s[nt][e], dp[nt][e], lse2[hr], del[hr], b, h, i, j, rlo[hr],
-                                 rhi[hr], qseg[hr], slope, &ds);
-                        s[nt][e] = ds;
-                    }
+                        for (int nt = 0; nt < NKT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const int hr = e >> 1;
+                                const float pv = fast_exp2(s[mt][nt][e] * p.scale_log2 - lse2[mt][hr]);
+                                s[mt][nt][e] = pv * (dp[mt][nt][e] - del[mt][hr]);
+                            }
+                } else {
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int hr = 0; hr < 2; hr++) {
+                            const int64_t i = (int64_t)r0 + rg * RG + mt * 16 + g + 8 * hr;
+                            int lo, hi;
+                            dev_row_bounds(p, i, &lo, &hi);
+                            const int32_t qseg =
+                                (GEN && p.has_seg && i < p.Sq) ? p.q_seg[(int64_t)b * p.Sq + i] : 0;
+#pragma unroll
+                            for (int nt = 0; nt < NKT; nt++)
+#pragma unroll
+                                for (int c = 0; c < 2; c++) {
+                                    const int e = 2 * hr + c, j = k0 + kb + nt * 8 + tg * 2 + c;
+                                    float ds;
+                                    grad_one<GEN>(p, false, s[mt][nt][e], dp[mt][nt][e], lse2[mt][hr], del[mt][hr], b,
+                                                  h, i, j, lo, hi, qseg, slope, &ds);
+                                    s[mt][nt][e] = ds;
+                                }
+                        }
+                }
                 /* dQ += dS K */
 #pragma unroll
-                for (int kq = 0; kq < SUBK / 16; kq++) {
-                    uint32_t as[4];
-                    as[0] = pack2<BF16>(s[2 * kq][0], s[2 * kq][1]);
-                    as[1] = pack2<BF16>(s[2 * kq][2], s[2 * kq][3]);
-                    as[2] = pack2<BF16>(s[2 * kq + 1][0], s[2 * kq + 1][1]);
-                    as[3] = pack2<BF16>(s[2 * kq + 1][2], s[2 * kq + 1][3]);
+                for (int kq = 0; kq < KW / 16; kq++) {
+                    uint32_t as[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        as[mt][0] = pack2<BF16>(s[mt][2 * kq][0], s[mt][2 * kq][1]);
+                        as[mt][1] = pack2<BF16>(s[mt][2 * kq][2], s[mt][2 * kq][3]);
+                        as[mt][2] = pack2<BF16>(s[mt][2 * kq + 1][0], s[mt][2 * kq + 1][1]);
+                        as[mt][3] = pack2<BF16>(s[mt][2 * kq + 1][2], s[mt][2 * kq + 1][3]);
+                    }
 #pragma unroll
                     for (int nb = 0; nb < HD / 16; nb++) {
                         uint32_t bk[4];
-                        ldsm_x4_t(bk, sKa + (uint32_t)((sk * SUBK + kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) *
-                                                          SROW + nb * 16 + (lane >> 4) * 8) * 2u);
-                        mma16816<BF16>(acc[2 * nb], as, bk[0], bk[1]);
-                        mma16816<BF16>(acc[2 * nb + 1], as, bk[2], bk[3]);
+                        ldsm_x4_t(bk, sKa + (uint32_t)((kb + kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * SROW +
+                                                          nb * 16 + (lane >> 4) * 8) * 2u);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma16816<BF16>(acc[mt][2 * nb], as[mt], bk[0], bk[1]);
+                            mma16816<BF16>(acc[mt][2 * nb + 1], as[mt], bk[2], bk[3]);
+                        }
                     }
                 }
             }
@@ -440,15 +543,48 @@ __global__ void __launch_bounds__(QPC * 128, 1) dq_kernel(const fa_cuda_params p
         }
     }
 
-    /* stage dQ (scaled) in sQ, store */
     cp_async_wait<0>();
     __syncthreads();
+    /* sum the KS partial dQ of a row group in a fixed order: part 0 + part 1 + ... (the
+     * parts of kh > 0 travel through the K/V buffers, lane-major, conflict-free) */
+    if (KS > 1) {
+        float *red = reinterpret_cast<float *>(sK);
+        constexpr int PER = MT * NDT * 4; /* floats per thread */
+        if (kh > 0) {
 #pragma unroll
-    for (int d = 0; d < NDT; d++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++)
-            *reinterpret_cast<uint32_t *>(sQ + (warp * 16 + g + 8 * hr) * SROW + d * 8 + tg * 2) =
-                pack2<BF16>(acc[d][2 * hr] * p.scale, acc[d][2 * hr + 1] * p.scale);
+                for (int d = 0; d < NDT; d++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        red[((size_t)((rg * (KS - 1) + kh - 1) * PER + (mt * NDT + d) * 4 + e)) * 32 + lane] =
+                            acc[mt][d][e];
+        }
+        __syncthreads();
+        if (kh == 0) {
+#pragma unroll 1
+            for (int part = 1; part < KS; part++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int d = 0; d < NDT; d++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[mt][d][e] +=
+                                red[((size_t)((rg * (KS - 1) + part - 1) * PER + (mt * NDT + d) * 4 + e)) * 32 + lane];
+        }
+    }
+    /* stage dQ (scaled) in sQ, store */
+    if (kh == 0) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int d = 0; d < NDT; d++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    *reinterpret_cast<uint32_t *>(sQ + (rg * RG + mt * 16 + g + 8 * hr) * SROW + d * 8 + tg * 2) =
+                        pack2<BF16>(acc[mt][d][2 * hr] * p.scale, acc[mt][d][2 * hr + 1] * p.scale);
+    }
     __syncthreads();
     store_tile<ROWS, HD, NT>(sQ, (uint16_t *)p.dq + b * p.qs[0] + h * p.qs[1] + (int64_t)r0 * p.qs[2], p.qs[2],
                              p.qs[3], mrows, p.D, p.vec_q, tid);
@@ -471,9 +607,10 @@ __global__ void __launch_bounds__(QPC * 128, 1) dq_kernel(const fa_cuda_params p
     }
 }
 
-template <int HD, int NW, int CS, int SUBQ, int QPC, int SUBK, bool BF16, bool GEN>
+template <int HD, int NW, int CS, int MTK, int SUBQ, int QPC, int MT, int KS, int SUBK, bool BF16, bool GEN>
 cudaError_t launch_bwd(const fa_cuda_params &p, cudaStream_t st) {
-    constexpr int BC = 16 * NW / CS, SROW = HD + 8, BR = BWD_BR;
+    constexpr int BC = 16 * MTK * NW / CS, SROW = HD + 8, BR = BWD_BR;
+    constexpr int NWQ = QPC * BR / (16 * MT) * KS;
     cudaError_t e;
     {
         const dim3 grid((unsigned)(((int64_t)p.B * p.Hq * p.Sq + 7) / 8));
@@ -483,41 +620,41 @@ cudaError_t launch_bwd(const fa_cuda_params &p, cudaStream_t st) {
     {
         const size_t smem = (size_t)(2 * BC + 4 * BR) * SROW * 2 + 4 * BR * sizeof(float) +
                             (CS > 1 ? (size_t)2 * BC * (SUBQ + 8) * 2 : 0);
-        if ((e = cudaFuncSetAttribute(dkdv_kernel<HD, NW, CS, SUBQ, BF16, GEN>,
+        if ((e = cudaFuncSetAttribute(dkdv_kernel<HD, NW, CS, MTK, SUBQ, BF16, GEN>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
             return e;
         const dim3 grid((unsigned)((p.Sk + BC - 1) / BC), (unsigned)p.Hk, (unsigned)p.B);
-        dkdv_kernel<HD, NW, CS, SUBQ, BF16, GEN><<<grid, NW * 32, smem, st>>>(p);
+        dkdv_kernel<HD, NW, CS, MTK, SUBQ, BF16, GEN><<<grid, NW * 32, smem, st>>>(p);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     {
         const size_t smem = (size_t)(2 * QPC * BR + 4 * BC) * SROW * 2;
-        if ((e = cudaFuncSetAttribute(dq_kernel<HD, QPC, BC, SUBK, BF16, GEN>,
+        if ((e = cudaFuncSetAttribute(dq_kernel<HD, QPC, MT, KS, BC, SUBK, BF16, GEN>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) != cudaSuccess)
             return e;
         const dim3 grid((unsigned)((p.Sq + QPC * BR - 1) / (QPC * BR)), (unsigned)p.Hq, (unsigned)p.B);
-        dq_kernel<HD, QPC, BC, SUBK, BF16, GEN><<<grid, QPC * 128, smem, st>>>(p);
+        dq_kernel<HD, QPC, MT, KS, BC, SUBK, BF16, GEN><<<grid, NWQ * 32, smem, st>>>(p);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     return cudaSuccess;
 }
 
-template <int HD, int NW, int CS, int SUBQ, int QPC, int SUBK, bool BF16>
+template <int HD, int NW, int CS, int MTK, int SUBQ, int QPC, int MT, int KS, int SUBK, bool BF16>
 cudaError_t launch_bwd_gen(const fa_cuda_params &p, cudaStream_t st) {
-    if (p.has_mods || p.has_seg) return launch_bwd<HD, NW, CS, SUBQ, QPC, SUBK, BF16, true>(p, st);
-    return launch_bwd<HD, NW, CS, SUBQ, QPC, SUBK, BF16, false>(p, st);
+    if (p.has_mods || p.has_seg) return launch_bwd<HD, NW, CS, MTK, SUBQ, QPC, MT, KS, SUBK, BF16, true>(p, st);
+    return launch_bwd<HD, NW, CS, MTK, SUBQ, QPC, MT, KS, SUBK, BF16, false>(p, st);
 }
 
-/* head-dim class -> dk/dv warps, CS, its query sub-chunk, dq's query tiles per CTA, its key
- * sub-chunk (keys per tile: 16 * warps / CS, cuda_config.h) */
+/* head-dim class -> dk/dv: warps, CS, MTK, query sub-chunk; dq: query tiles per CTA, MT,
+ * KS, key sub-chunk. Keys per tile 16 * MTK * warps / CS must match cuda_config.h. */
 template <bool BF16> cudaError_t launch_bwd_dtype(const fa_cuda_params &p, int hd, cudaStream_t st) {
     switch (hd) {
-    case 32: return launch_bwd_gen<32, 8, 1, 64, 2, 64, BF16>(p, st);
-    case 64: return launch_bwd_gen<64, 8, 1, 64, 2, 64, BF16>(p, st);
-    case 96: return launch_bwd_gen<96, 8, 1, 32, 2, 64, BF16>(p, st);
-    case 128: return launch_bwd_gen<128, 8, 1, 32, 2, 64, BF16>(p, st);
-    case 192: return launch_bwd_gen<192, 8, 2, 64, 1, 32, BF16>(p, st);
-    case 256: return launch_bwd_gen<256, 8, 2, 64, 1, 32, BF16>(p, st);
+    case 32: return launch_bwd_gen<32, 8, 1, 1, 64, 2, 2, 2, 64, BF16>(p, st);
+    case 64: return launch_bwd_gen<64, 8, 1, 1, 64, 2, 2, 2, 64, BF16>(p, st);
+    case 96: return launch_bwd_gen<96, 8, 2, 2, 64, 2, 2, 2, 64, BF16>(p, st);
+    case 128: return launch_bwd_gen<128, 8, 2, 2, 64, 2, 2, 2, 64, BF16>(p, st);
+    case 192: return launch_bwd_gen<192, 8, 2, 1, 64, 1, 1, 2, 32, BF16>(p, st);
+    case 256: return launch_bwd_gen<256, 8, 2, 1, 64, 1, 1, 2, 32, BF16>(p, st);
     default: return cudaErrorInvalidValue;
     }
 }

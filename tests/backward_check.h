@@ -1,0 +1,373 @@
+/* The backward tests' shared machinery: a problem with its tensors (random data, strided
+ * layouts, masks), the saved forward outputs, and the comparison of fa_backward's
+ * gradients with the float64 reference under bounds derived from the dtype. Included by
+ * test_backward.c only (each test is one program). */
+#ifndef FA_BACKWARD_CHECK_H
+#define FA_BACKWARD_CHECK_H
+
+#include "ref/ref.h"
+#include "test_util.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                     \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            failures++;                                                                      \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                      \
+            printf(__VA_ARGS__);                                                             \
+            printf("\n");                                                                    \
+        }                                                                                    \
+    } while (0)
+
+/* ---- one problem with its tensors ------------------------------------------------------ */
+
+enum { M_CAUSAL = 1, M_WINDOW = 2, M_SEG = 4, M_BIAS = 8, M_ALIBI = 16, M_SOFTCAP = 32, M_NEGINF = 64 };
+
+typedef struct {
+    fa_problem p;
+    void *q, *k, *v, *o, *g, *dq, *dk, *dv; /* g = do */
+    int64_t nq, nk, nv, no;                 /* buffer elements (padding included) */
+    float *lse, *bias, *slopes;
+    int32_t *qseg, *kseg;
+    double *o_exact; /* [B, Hq, Sq, Dv] the reference o, before it is rounded into o */
+} tcase;
+
+/* Strides for a [B, H, S, W] tensor in layout 0 (contiguous, given as zeros), 1 (BSHD with
+ * padded rows) or 2 (BHWS: the last two dims transposed); returns the buffer elements. */
+static int64_t make_layout(int layout, int64_t B, int64_t H, int64_t S, int64_t W, fa_strides *st) {
+    memset(st, 0, sizeof *st);
+    if (layout == 1) {
+        const int64_t row = W + 3;
+        st->s[3] = 1, st->s[1] = row, st->s[2] = H * row, st->s[0] = S * H * row;
+        return B * S * H * row;
+    }
+    if (layout == 2) {
+        st->s[2] = 1, st->s[3] = S, st->s[1] = W * S, st->s[0] = H * W * S;
+    }
+    return B * H * S * W;
+}
+
+static double rnd01(uint64_t *s) { return 0.5 * (tu_uniform(s) + 1.0); }
+
+/* Allocates and fills a case. p: shapes and options set (strides are chosen here). */
+static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, int layouts) {
+    memset(c, 0, sizeof *c);
+    c->p = *p;
+    fa_problem *q = &c->p;
+    if (!q->heads_kv) q->heads_kv = q->heads_q;
+    if (!q->head_dim_v) q->head_dim_v = q->head_dim;
+    const int64_t B = q->batch, Hq = q->heads_q, Hk = q->heads_kv, Sq = q->seq_q, Sk = q->seq_k;
+    const size_t es = fa_dtype_size(q->dtype);
+    c->nq = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hq, Sq, q->head_dim, &q->q_stride);
+    c->nk = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hk, Sk, q->head_dim, &q->k_stride);
+    c->nv = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hk, Sk, q->head_dim_v, &q->v_stride);
+    c->no = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hq, Sq, q->head_dim_v, &q->o_stride);
+    c->q = tu_alloc(c->nq * es), c->dq = tu_alloc(c->nq * es);
+    c->k = tu_alloc(c->nk * es), c->dk = tu_alloc(c->nk * es);
+    c->v = tu_alloc(c->nv * es), c->dv = tu_alloc(c->nv * es);
+    c->o = tu_alloc(c->no * es), c->g = tu_alloc(c->no * es);
+    tu_fill(rng, q->dtype, c->q, c->nq, 1.5);
+    tu_fill(rng, q->dtype, c->k, c->nk, 1.5);
+    tu_fill(rng, q->dtype, c->v, c->nv, 1.0);
+    tu_fill(rng, q->dtype, c->g, c->no, 1.0);
+    c->lse = tu_alloc(sizeof(float) * (size_t)(B * Hq * Sq));
+    if (mask & M_CAUSAL) q->causal = 1;
+    if (mask & M_WINDOW) {
+        static const int64_t w[] = {-1, 0, 5, 40};
+        do {
+            q->window_left = w[tu_int(rng, 0, 3)];
+            q->window_right = w[tu_int(rng, 0, 3)];
+        } while (q->window_left < 0 && q->window_right < 0);
+    }
+    if (mask & M_SOFTCAP) q->softcap = (float)(0.5 + 9.5 * rnd01(rng)); /* down to saturation */
+    if (mask & M_ALIBI) {
+        q->has_alibi = 1;
+        c->slopes = tu_alloc(sizeof(float) * (size_t)Hq);
+        for (int64_t h = 0; h < Hq; h++) c->slopes[h] = (float)(0.01 + 0.3 * rnd01(rng));
+    }
+    if (mask & M_BIAS) {
+        q->has_bias = 1;
+        q->bias_batch = tu_int(rng, 0, 1) ? B : 1;
+        q->bias_heads = tu_int(rng, 0, 1) ? Hq : 1;
+        int64_t n = q->bias_batch * q->bias_heads * Sq * Sk;
+        c->bias = tu_alloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) c->bias[i] = (float)tu_uniform(rng);
+        if (mask & M_NEGINF) { /* some -inf scores, and a whole row of them */
+            for (int64_t i = 0; i < n; i++)
+                if (tu_int(rng, 0, 9) == 0) c->bias[i] = -INFINITY;
+            for (int64_t j = 0; j < Sk; j++) c->bias[(Sq / 2) * Sk + j] = -INFINITY;
+        }
+    }
+    if (mask & M_SEG) {
+        q->has_segment_ids = 1;
+        c->qseg = tu_alloc(sizeof(int32_t) * (size_t)(B * Sq));
+        c->kseg = tu_alloc(sizeof(int32_t) * (size_t)(B * Sk));
+        /* runs of ids 0..2 on keys; queries also get 3, which no key has (dead rows) */
+        for (int64_t i = 0; i < B * Sq; i++) c->qseg[i] = (int32_t)tu_int(rng, 0, 3);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Sk; j++) c->kseg[b * Sk + j] = (int32_t)(3 * j / Sk);
+    }
+}
+
+static void case_free(tcase *c) {
+    void *ptrs[] = {c->q, c->k, c->v, c->o, c->g, c->dq, c->dk, c->dv, c->lse, c->bias, c->slopes, c->qseg, c->kseg,
+                    c->o_exact};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
+}
+
+static fa_forward_args case_fwd_args(const tcase *c) {
+    fa_forward_args a;
+    memset(&a, 0, sizeof a);
+    a.q = c->q, a.k = c->k, a.v = c->v, a.o = c->o, a.lse = c->lse;
+    a.bias = c->bias, a.alibi_slopes = c->slopes;
+    a.q_segment_ids = c->qseg, a.kv_segment_ids = c->kseg;
+    return a;
+}
+
+static fa_backward_args case_bwd_args(const tcase *c) {
+    fa_backward_args a;
+    memset(&a, 0, sizeof a);
+    a.q = c->q, a.k = c->k, a.v = c->v, a.o = c->o, a.d_o = c->g, a.lse = c->lse;
+    a.dq = c->dq, a.dk = c->dk, a.dv = c->dv;
+    a.bias = c->bias, a.alibi_slopes = c->slopes;
+    a.q_segment_ids = c->qseg, a.kv_segment_ids = c->kseg;
+    return a;
+}
+
+/* The saved forward outputs, from the float64 reference: o rounded to the dtype, lse to f32. */
+static void case_forward_ref(tcase *c, const fa_plan *pl) {
+    const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
+    const int64_t rows = p->batch * p->heads_q * p->seq_q, Dv = p->head_dim_v;
+    free(c->o_exact);
+    double *o = c->o_exact = tu_alloc(sizeof(double) * (size_t)(rows * Dv));
+    double *lse = tu_alloc(sizeof(double) * (size_t)rows);
+    fa_forward_args a = case_fwd_args(c);
+    fa_ref_forward(p, &a, o, lse);
+    for (int64_t r = 0; r < rows; r++) {
+        c->lse[r] = (float)lse[r];
+        const int64_t b = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
+        for (int64_t x = 0; x < Dv; x++)
+            fa_store(p->dtype, c->o, fa_offset(&rp->o_stride, b, h, i, x), (float)o[r * Dv + x]);
+    }
+    free(lse);
+}
+
+/* The saved forward outputs from the kernel's own forward instead (the reference's o is
+ * still kept, for add_saved_o_error). */
+static int case_forward_kernel(tcase *c, const fa_plan *pl) {
+    case_forward_ref(c, pl);
+    fa_forward_args a = case_fwd_args(c);
+    fa_status st = fa_forward(pl, &a);
+    if (st != FA_OK) {
+        printf("FAIL fa_forward: %s: %s\n", fa_status_string(st), fa_last_error());
+        failures++;
+    }
+    return st == FA_OK;
+}
+
+/* The backward reads delta_i = do_i . o_i from the saved o, which is rounded to the dtype:
+ * it computes the exact gradients of a delta off by e_i = do_i . (o_saved_i - o_i). Where
+ * the softmax is nearly one-hot, dP - delta cancels and e_i, tiny as it is (u |do| |o|),
+ * dominates the small dq and dk that remain; that is the saved o's error, not the
+ * kernel's. So the reference takes the same e_i (dv does not depend on delta):
+ *   dq_i -= scale e_i (P K)_i        (P K: the forward with v = k)
+ *   dk_j -= scale sum_i p_ij e_i q_i (the reference's dv with v = k and do_i = e_i q_i) */
+static void add_saved_o_error(const tcase *c, const fa_plan *pl, double *rq, double *rk) {
+    const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
+    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
+    const int64_t D = p->head_dim, Dv = p->head_dim_v, rows = B * Hq * Sq;
+    const double scale = 1.0 / sqrt((double)D);
+    double *e = tu_alloc(sizeof(double) * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
+        e[r] = 0.0;
+        for (int64_t x = 0; x < Dv; x++) {
+            const int64_t at = fa_offset(&rp->o_stride, b, h, i, x);
+            e[r] += (double)fa_load(p->dtype, c->g, at) * ((double)fa_load(p->dtype, c->o, at) - c->o_exact[r * Dv + x]);
+        }
+    }
+    fa_problem pk = *p; /* v := k */
+    pk.head_dim_v = D;
+    pk.v_stride = p->k_stride;
+    memset(&pk.o_stride, 0, sizeof pk.o_stride);
+    double *pko = tu_alloc(sizeof(double) * (size_t)(rows * D)), *lse = tu_alloc(sizeof(double) * (size_t)rows);
+    fa_forward_args fa = case_fwd_args(c);
+    fa.v = c->k;
+    fa_ref_forward(&pk, &fa, pko, lse);
+    void *w = tu_alloc((size_t)(rows * D) * fa_dtype_size(p->dtype));
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
+        for (int64_t d = 0; d < D; d++) {
+            rq[r * D + d] -= scale * e[r] * pko[r * D + d];
+            fa_store(p->dtype, w, r * D + d, (float)(e[r] * fa_load(p->dtype, c->q, fa_offset(&rp->q_stride, b, h, i, d))));
+        }
+    }
+    fa_backward_args ba = case_bwd_args(c);
+    ba.v = c->k;
+    ba.d_o = w;
+    double *tq = tu_alloc(sizeof(double) * (size_t)(rows * D)), *tk = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
+    double *tv = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
+    fa_ref_backward(&pk, &ba, tq, tk, tv);
+    for (int64_t x = 0; x < B * Hk * Sk * D; x++) rk[x] -= scale * tv[x];
+    free(e), free(pko), free(lse), free(w), free(tq), free(tk), free(tv);
+}
+
+/* max|got - ref| over a [B, H, S, W] gradient (infinite on NaN), and *mag = max|ref|; also
+ * fails on any element outside the tensor (padding) that is no longer the NaN it was
+ * poisoned with. */
+static double grad_error(const char *name, fa_dtype t, const void *got, int64_t nbuf, const fa_strides *st,
+                         const double *ref, int64_t B, int64_t H, int64_t S, int64_t W, double *mag, int *bad) {
+    double err = 0.0;
+    *mag = 0.0;
+    char *inside = calloc((size_t)nbuf + 1, 1);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t w = 0; w < W; w++) {
+                    const int64_t at = fa_offset(st, b, h, s, w);
+                    const double g = fa_load(t, got, at), r = ref[((b * H + h) * S + s) * W + w];
+                    inside[at] = 1;
+                    if (!(fabs(g - r) <= err)) err = isnan(g) ? INFINITY : fabs(g - r);
+                    if (fabs(r) > *mag) *mag = fabs(r);
+                }
+    int64_t touched = 0;
+    for (int64_t i = 0; i < nbuf; i++)
+        if (!inside[i] && !isnan(fa_load(t, got, i))) touched++;
+    free(inside);
+    if (touched) {
+        printf("FAIL %s: %lld elements outside the tensor were written\n", name, (long long)touched);
+        *bad = 1;
+    }
+    return err;
+}
+
+/* max over rows of a [B, H, S, W] tensor of the row's 2-norm (l2) or largest |element|. */
+static double max_row_norm(fa_dtype t, const void *x, const fa_strides *st, int64_t B, int64_t H, int64_t S,
+                           int64_t W, int l2) {
+    double best = 0.0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t s = 0; s < S; s++) {
+                double n = 0.0;
+                for (int64_t w = 0; w < W; w++) {
+                    const double e = fabs((double)fa_load(t, x, fa_offset(st, b, h, s, w)));
+                    n = l2 ? n + e * e : (e > n ? e : n);
+                }
+                n = l2 ? sqrt(n) : n;
+                best = n > best ? n : best;
+            }
+    return best;
+}
+
+/* Where dq or dk vanish mathematically (a row that sees one key has p = 1 and dP = delta),
+ * the kernel returns f32 rounding noise and the relative error means nothing. So each is
+ * also allowed 8 u_f32 times the size of the terms it sums, scale |dP - delta| |k or q|,
+ * with |dP - delta| <= 2 |do_i|_2 max_j |v_j|_2:
+ *   dq_i: sum_j p_ij (...) <= scale 2 max|do|_2 max|v|_2 max|k|          (sum_j p_ij = 1)
+ *   dk_j: sum_i p_ij (...) <= scale 2 max|v|_2 max|q| max_j sum_i p_ij |do_i|_1, the last
+ *         the largest |dv_j|_1 of the reference run with |do| for do. */
+static void noise_floors(const tcase *c, const fa_plan *pl, double *fq, double *fk) {
+    const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
+    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
+    const int64_t D = p->head_dim, Dv = p->head_dim_v;
+    const double scale = 1.0 / sqrt((double)D), u32 = 0x1p-24;
+    const double vmax = max_row_norm(p->dtype, c->v, &rp->v_stride, B, Hk, Sk, Dv, 1);
+    const double gmax = max_row_norm(p->dtype, c->g, &rp->o_stride, B, Hq, Sq, Dv, 1);
+    const double kmax = max_row_norm(p->dtype, c->k, &rp->k_stride, B, Hk, Sk, D, 0);
+    const double qmax = max_row_norm(p->dtype, c->q, &rp->q_stride, B, Hq, Sq, D, 0);
+    void *gabs = tu_alloc((size_t)c->no * fa_dtype_size(p->dtype));
+    for (int64_t i = 0; i < c->no; i++) fa_store(p->dtype, gabs, i, fabsf(fa_load(p->dtype, c->g, i)));
+    fa_backward_args a = case_bwd_args(c);
+    a.d_o = gabs;
+    double *tq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D)), *tk = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
+    double *tv = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * Dv));
+    fa_ref_backward(p, &a, tq, tk, tv);
+    double colmax = 0.0;
+    for (int64_t j = 0; j < B * Hk * Sk; j++) {
+        double n = 0.0;
+        for (int64_t x = 0; x < Dv; x++) n += fabs(tv[j * Dv + x]);
+        colmax = n > colmax ? n : colmax;
+    }
+    *fq = 8.0 * u32 * scale * 2.0 * gmax * vmax * kmax;
+    *fk = 8.0 * u32 * scale * 2.0 * vmax * qmax * colmax;
+    free(gabs), free(tq), free(tk), free(tv);
+}
+
+/* Bounds on max|g - ref| / max|ref|, from the unit roundoff u of the dtype (the reference
+ * already carries the saved o's rounding, add_saved_o_error).
+ * f32 (u = 2^-24 = 6e-8): inputs are exact; the products sum up to 300 keys or rows and 256
+ * dims in f32 (error ~ u sqrt(n) per sum), exp is good to a few u, and dS = p (dP - delta)
+ * cancels (sum_j dS_ij = 0), which magnifies dP's rounding where the softmax is peaked:
+ * 5e-5 (~800 u) leaves a wide margin (seen over ~2000 cases: <= 4e-6).
+ * f16 (u = 2^-11 = 4.9e-4) and bf16 (u = 2^-8 = 3.9e-3), u being the largest relative
+ * error of one rounding to nearest: p and dS are rounded before their products and every
+ * output once, each within u relative; the f32 sums add nothing at this scale, and the
+ * rounding errors of the summed terms are independent, so together they stay within a
+ * couple of u of the largest gradient: 5 u (seen over ~2000 cases each: <= 1.8 u). */
+static double tolerance(fa_dtype t) {
+    if (t == FA_F16) return 5.0 * 0x1p-11;
+    if (t == FA_BF16) return 5.0 * 0x1p-8;
+    return 5e-5;
+}
+
+/* Runs fa_backward on a case (gradients poisoned first) and compares with the reference.
+ * Returns 0 if it passes. label: printed with the numbers. */
+static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
+    const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
+    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
+    const int64_t D = p->head_dim, Dv = p->head_dim_v;
+    tu_poison(p->dtype, c->dq, c->nq);
+    tu_poison(p->dtype, c->dk, c->nk);
+    tu_poison(p->dtype, c->dv, c->nv);
+    fa_backward_args a = case_bwd_args(c);
+    fa_status st = fa_backward(pl, &a);
+    if (st != FA_OK) {
+        printf("FAIL %s: fa_backward returned %s: %s\n", label, fa_status_string(st), fa_last_error());
+        failures++;
+        return 1;
+    }
+    double *rq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D));
+    double *rk = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
+    double *rv = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * Dv));
+    fa_ref_backward(p, &a, rq, rk, rv);
+    add_saved_o_error(c, pl, rq, rk);
+    double fq, fk, mq, mk, mv;
+    noise_floors(c, pl, &fq, &fk);
+    int bad = 0;
+    const double eq = grad_error("dq", p->dtype, c->dq, c->nq, &rp->q_stride, rq, B, Hq, Sq, D, &mq, &bad);
+    const double ek = grad_error("dk", p->dtype, c->dk, c->nk, &rp->k_stride, rk, B, Hk, Sk, D, &mk, &bad);
+    const double ev = grad_error("dv", p->dtype, c->dv, c->nv, &rp->v_stride, rv, B, Hk, Sk, Dv, &mv, &bad);
+    const double tol = tolerance(p->dtype);
+    if (!(eq <= tol * mq + fq) || !(ek <= tol * mk + fk) || !(ev <= tol * mv)) bad = 1;
+    const int floored = eq > tol * mq || ek > tol * mk; /* passed on the noise floor */
+    char e3[3][32];
+    const double es[3] = {eq, ek, ev}, ms[3] = {mq, mk, mv};
+    for (int g = 0; g < 3; g++) /* relative; absolute where the reference is exactly 0 */
+        snprintf(e3[g], sizeof e3[g], ms[g] > 0.0 ? "%.2e" : "%.1e abs", ms[g] > 0.0 ? es[g] / ms[g] : es[g]);
+    printf("%s %s: dq %s dk %s dv %s (bound %.1e%s)\n", bad ? "FAIL" : "PASS", label, e3[0], e3[1], e3[2], tol,
+           floored ? "; dq/dk within the f32 noise floor" : "");
+    failures += bad;
+    free(rq);
+    free(rk);
+    free(rv);
+    return bad;
+}
+
+/* A CPU plan; NULL (and a failure counted) if it is refused. bq, bk: 0 = the default. */
+static fa_plan *make_plan(const fa_problem *p, int threads, int64_t bq, int64_t bk) {
+    fa_options o = {0};
+    o.backend = FA_BACKEND_CPU;
+    o.threads = threads;
+    o.block_q = bq;
+    o.block_k = bk;
+    fa_plan *pl = NULL;
+    fa_status st = fa_plan_create(p, &o, &pl);
+    if (st != FA_OK) {
+        printf("FAIL fa_plan_create: %s: %s\n", fa_status_string(st), fa_last_error());
+        failures++;
+    }
+    return pl;
+}
+
+#endif
