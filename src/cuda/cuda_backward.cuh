@@ -611,6 +611,7 @@ template <int HD, int NW, int CS, int MTK, int SUBQ, int QPC, int MT, int KS, in
 cudaError_t launch_bwd(const fa_cuda_params &p, cudaStream_t st) {
     constexpr int BC = 16 * MTK * NW / CS, SROW = HD + 8, BR = BWD_BR;
     constexpr int NWQ = QPC * BR / (16 * MT) * KS;
+    if (BR != FA_CUDA_BWD_BQ || BC != fa_cuda_bwd_bk(HD)) return cudaErrorInvalidConfiguration; /* plan != kernel */
     cudaError_t e;
     {
         const dim3 grid((unsigned)(((int64_t)p.B * p.Hq * p.Sq + 7) / 8));

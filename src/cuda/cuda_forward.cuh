@@ -248,6 +248,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) fwd_kernel(const fa_
 template <int HD, int NW, int MT, int BC, bool BF16, bool GEN>
 cudaError_t launch_fwd(const fa_cuda_params &p, cudaStream_t st) {
     constexpr int BR = NW * MT * 16;
+    if (BR != FA_CUDA_FWD_BQ || BC != fa_cuda_fwd_bk(HD)) return cudaErrorInvalidConfiguration; /* plan != kernel */
     const size_t smem = (size_t)(BR + 4 * BC) * (HD + 8) * 2;
     cudaError_t e = cudaFuncSetAttribute(fwd_kernel<HD, NW, MT, BC, BF16, GEN>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_common.cuh"
+#include "cuda_config.h"
 
 /* hd: the head-dim class (cuda_config.h). Launch errors come back as the cudaError_t of
  * the failing call. One launcher per dtype (cuda_forward_bf16.cu, ..._f16.cu). */
