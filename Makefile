@@ -1,4 +1,5 @@
 # Thin wrapper over CMake: make, make run, make test, make bench.
+MAKEFLAGS += --no-print-directory
 JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=

@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     int maxt = omp_get_max_threads();
     if (argc > 1) maxt = atoi(argv[1]);
     if (maxt < 1) maxt = 1;
-    const int reps = 5;
+    const int reps = 10;
     struct { const char *name; loop_fn fn; int ok; } loops[] = {
         {"fma_f32", fma_loop, __builtin_cpu_supports("avx512f")},
         {"dpbf16", dpbf16_loop, __builtin_cpu_supports("avx512bf16")},

@@ -6,8 +6,9 @@
 #
 #   bash bench/run.sh            the suite (about 10-15 minutes on 2 cores)
 #   bash bench/run.sh --quick    the headline case only (B=1 H=8 S=4096 D=128 f32)
-#   bash bench/run.sh --seed     the seed problem (B=18 H=32 S=16384 D=256 bf16, forward):
-#                                full tensors (~19 GiB) allocated, 2 of 576 heads timed
+#   bash bench/run.sh --blocks 256x128   flashattn with that tile instead of the default
+#   bash bench/run.sh --seed     the seed problem (B=18 H=32 S=16384 D=256 bf16, forward,
+#                                18 GiB of tensors, about 10-20 min; --seed-heads N: N heads)
 # Environment: BUILD (default build), THREADS (default 2), SKIP_SETUP=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ THREADS="${THREADS:-2}"
 
 if [ "${SKIP_SETUP:-0}" != 1 ]; then bash bench/setup.sh; fi
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B "$BUILD" >/dev/null
 targets="flashattn_cli bench_fa peak"
 # the OpenBLAS peer exists as a target only where libopenblas was found
 if cmake --build "$BUILD" --target help 2>/dev/null | grep -q naive_openblas; then

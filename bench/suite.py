@@ -92,8 +92,10 @@ def main():
     ap.add_argument("--seed", action="store_true", help="run only the seed problem (long)")
     ap.add_argument("--quick", action="store_true", help="headline case only")
     ap.add_argument("--no-append", action="store_true")
-    ap.add_argument("--seed-heads", type=int, default=2,
-                    help="heads of the seed problem actually run (of 576)")
+    ap.add_argument("--blocks", default="",
+                    help="BQxBK: flashattn's tile instead of the plan's default (e.g. 256x128)")
+    ap.add_argument("--seed-heads", type=int, default=0,
+                    help="heads of the seed problem actually run (of 576; 0: all)")
     args = ap.parse_args()
 
     build = os.path.join(ROOT, args.build) if not os.path.isabs(args.build) else args.build
@@ -104,16 +106,34 @@ def main():
     env.pop("FA_ISA", None)
 
     # ---- the machine's peak ---------------------------------------------------------
+    # Measured at the start and again at the end; the best of the two counts, since a busy
+    # machine (other jobs on the 2 cores) can only lower it.
     peak = {}
-    r = run_json([os.path.join(build, "peak"), T], env, 120)
-    if r and "error" not in r[0]:
-        peak = r[0]
+
+    def measure_peak():
+        r = run_json([os.path.join(build, "peak"), T], env, 120)
+        if not r or "error" in r[0]:
+            return
+        for k, v in r[0].items():
+            if not v:
+                peak.setdefault(k, v)
+                continue
+            cur = peak.setdefault(k, {})
+            for t, g in v.items():
+                cur[t] = max(cur.get(t, 0), g)
+
+    measure_peak()
+
     def peak_of(dtype):
         key = "dpbf16" if dtype == "bf16" else "fma_f32"
         v = peak.get(key) or {}
         return v.get(T)
 
     rows = []  # (case, ours record, [peer records])
+    block_args = []
+    if args.blocks:
+        bq, bk = args.blocks.lower().split("x")
+        block_args = ["--block-q", bq, "--block-k", bk]
 
     def case(name, B=1, H=8, S=4096, D=128, dtype="f32", causal=False, backward=False, reps=3,
              peers=("openblas", "numpy", "jax", "torch"), cli=False, isa=None, timeout=900):
@@ -125,6 +145,7 @@ def main():
             cmd.append("--causal")
         if backward:
             cmd += ["--backward", "--no-forward"]
+        cmd += block_args
         e = dict(env)
         if isa:
             e["FA_ISA"] = isa
@@ -163,15 +184,18 @@ def main():
 
     started = time.time()
     if args.seed:
-        # The seed problem: B=18 H=32 S=16384 D=256 bf16 forward. Far too long for 2 cores
-        # (1.6e17 flops), so bench_fa allocates and fills the full tensors (peak RSS is the
-        # real need) and runs --seed-heads of the 576 heads through views; time scales.
+        # The seed problem: B=18 H=32 S=16384 D=256 bf16 forward, 1.6e14 flops: about 10 min
+        # on 2 cores, timed once (--reps 0: no warm-up run). bench_fa allocates and fills the
+        # full tensors, so its peak RSS is the problem's real memory need.
+        # --seed-heads N runs only N of the 576 heads (through views) and scales the time.
         B, H, S, D = 18, 32, 16384, 256
         cmd = [os.path.join(build, "bench_fa"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
-               "--head-dim", str(D), "--dtype", "bf16", "--threads", T, "--reps", "1",
-               "--run-heads", str(args.seed_heads), "--json"]
-        ours = run_json(cmd, env, 3600)[-1]
-        c = {"name": f"seed problem B=18 H=32 S=16384 D=256 bf16 fwd ({args.seed_heads} of 576 heads run)",
+               "--head-dim", str(D), "--dtype", "bf16", "--threads", T, "--reps", "0", "--json"] + block_args
+        if args.seed_heads:
+            cmd += ["--run-heads", str(args.seed_heads)]
+        ours = run_json(cmd, env, 4 * 3600)[-1]
+        part = f", {args.seed_heads} of 576 heads run" if args.seed_heads else ""
+        c = {"name": f"seed problem B=18 H=32 S=16384 D=256 bf16 fwd{part}",
              "batch": B, "heads": H, "seq": S, "head_dim": D, "dtype": "bf16", "causal": False,
              "backward": False}
         rows.append((c, ours, []))
@@ -189,6 +213,7 @@ def main():
             case("bwd bf16 S4096 D128", dtype="bf16", backward=True, peers=("torch",))
             case("bwd f32 causal S4096 D128", causal=True, backward=True, peers=("torch",))
     elapsed = time.time() - started
+    measure_peak()
 
     # ---- the table --------------------------------------------------------------------
     lines = []
@@ -231,8 +256,10 @@ def main():
             lines.append(f"Seed problem: peak RSS {ours.get('peak_rss_gb', 0):.1f} GiB with the full q, k, v, o "
                          f"tensors allocated and filled; the plan's peak {ours.get('plan_peak_bytes', 0) / 2**30:.1f} GiB; "
                          f"the naive reference would need {ours.get('plan_naive_peak_bytes', 0) / 1e9:.0f} GB "
-                         f"({ours.get('plan_naive_peak_bytes', 0) / 2**30:.0f} GiB). Time for all 576 heads estimated "
-                         f"from {ours.get('run_heads')} heads: {secs:.0f} s ({secs / 3600:.1f} h).")
+                         f"(inputs, outputs and the {c['batch'] * c['heads'] * c['seq'] ** 2 * 4 / 1e9:.0f} GB f32 "
+                         f"score matrix). Time for all 576 heads: {secs:.0f} s "
+                         f"({secs / 60:.1f} min)" + ("" if ours.get("run_heads") == 576 else
+                         f", estimated from {ours.get('run_heads')} heads") + ".")
     peak_line = "peak (GFLOP/s, measured by bench/peak): " + ", ".join(
         f"{k} {v}" for k, v in peak.items()) if peak else "peak: not measured"
     table = "\n".join(lines)
@@ -247,7 +274,8 @@ def main():
             model = "?"
         nproc = os.cpu_count()
         text = (f"\n### CPU run {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n\n"
-                f"Command: `bash bench/run.sh{' --seed' if args.seed else ''}{' --quick' if args.quick else ''}` "
+                f"Command: `bash bench/run.sh{' --seed' if args.seed else ''}{' --quick' if args.quick else ''}"
+                f"{' --blocks ' + args.blocks if args.blocks else ''}` "
                 f"({args.threads} threads, {elapsed / 60:.1f} min). Machine: {model}, {nproc} CPUs "
                 f"(`lscpu`). {peak_line}.\n\n"
                 "GFLOP/s: flops_useful (the same count for every peer; backward 2.5x), then in "

@@ -139,11 +139,16 @@ static fa_status check_block(const char *name, int64_t v) {
     return FA_OK;
 }
 
-/* CPU tile defaults: 64 query rows keep a tile of accumulators in L1/L2 for D <= 256. */
-static void cpu_default_blocks(const fa_problem *p, int64_t *bq, int64_t *bk) {
-    (void)p;
-    *bq = 64;
-    *bk = 64;
+/* CPU tile defaults, measured on 2 Zen 4 cores (bench/RESULTS.md): the products reach ~92%
+ * of the FMA peak at 256 x 128 without masks; masked problems skip whole tiles, which pays
+ * more with 128 rows; the backward keeps five tiles live and prefers 128 x 128. Then fewer
+ * rows per tile while there are under 4 work items per thread, so threads stay busy. */
+static void cpu_default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t *bk) {
+    const fa_problem *p = &pl->p;
+    int masked = p->causal || p->window_left >= 0 || p->window_right >= 0;
+    *bk = 128;
+    *bq = (pass == FA_FORWARD && !masked && p->dtype != FA_BF16) ? 256 : 128;
+    while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < 4 * (int64_t)pl->threads) *bq /= 2;
 }
 
 /* AUTO: the GPU for f16/bf16 where this build has CUDA and the machine has an NVIDIA
@@ -172,9 +177,12 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
         pl->threads = o->threads ? o->threads : omp_get_max_threads();
         if ((s = fa_isa_select(&pl->isa))) return s;
         int64_t bq, bk;
-        cpu_default_blocks(&pl->p, &bq, &bk);
-        pl->fwd_bq = pl->bwd_bq = o->block_q ? o->block_q : bq;
-        pl->fwd_bk = pl->bwd_bk = o->block_k ? o->block_k : bk;
+        cpu_default_blocks(pl, FA_FORWARD, &bq, &bk);
+        pl->fwd_bq = o->block_q ? o->block_q : bq;
+        pl->fwd_bk = o->block_k ? o->block_k : bk;
+        cpu_default_blocks(pl, FA_BACKWARD, &bq, &bk);
+        pl->bwd_bq = o->block_q ? o->block_q : bq;
+        pl->bwd_bk = o->block_k ? o->block_k : bk;
         return FA_OK;
     }
     /* CUDA: tiles are compiled in, so the defaults are the only sizes it runs. */
