@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: Release build (with CUDA compiled where nvcc exists), the suite once per CPU
-# instruction set this machine supports (FA_ISA), then an ASan + UBSan build and its run.
+# instruction set this machine supports (FA_ISA), then an ASan + UBSan build, run the same way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
@@ -26,5 +26,14 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFA_SANITIZE=ON -DFA_CUDA=OFF \
   -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
 cmake --build build-asan -j "$JOBS"
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
+first=1
+for isa in $isas; do
+  echo "== sanitized ctest with FA_ISA=$isa"
+  if [ $first = 1 ]; then
+    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+    first=0
+  else
+    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda'
+  fi
+done

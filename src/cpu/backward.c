@@ -102,23 +102,12 @@ static inline float bwd_tanh_from(float y, float e) {
     return out;
 }
 
-/* x rounded to bf16 and back, as fa_round_to(FA_BF16, x), without branches. */
-static inline float bwd_round_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : r; /* quiet NaN */
-    float y;
-    memcpy(&y, &r, sizeof y);
-    return y;
-}
-
 /* x[j] rounded to the dtype, j < n. */
 static void bwd_round_row(fa_dtype t, float *x, int n) {
     if (t == FA_F16)
         for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
     else if (t == FA_BF16)
-        for (int j = 0; j < n; j++) x[j] = bwd_round_bf16(x[j]);
+        for (int j = 0; j < n; j++) x[j] = fa_vround_bf16(x[j]);
 }
 
 /* The tile pair (query rows [r0, r0+m) of head h, keys [c0, c0+n)), with Q and dO packed as A

@@ -93,60 +93,15 @@ static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_stride
     return src;
 }
 
-/* Turns raw products S[r, j] (rows r0 + r, keys j0 + j) into scores: scale, softcap,
- * bias, ALiBi, then -inf wherever a mask hides the key. */
-static void make_scores(const fwd_ctx *cx, int64_t b, int64_t h, int64_t r0, int m, int64_t j0, int n, float *S,
-                        int lds) {
-    const struct fa_plan *pl = cx->pl;
-    const fa_problem *p = cx->p;
-    const fa_forward_args *a = cx->a;
-    /* lo(i) and hi(i) grow with i, so the tile needs no element mask when its last row's
-     * lowest key and its first row's highest key bracket all its keys. */
-    const int band_inside = fa_key_lo(pl, r0 + m - 1) <= j0 && fa_key_hi(pl, r0) >= j0 + n - 1;
-    const float *bias_hd = NULL;
-    if (p->has_bias)
-        bias_hd = a->bias + (p->bias_batch == 1 ? 0 : b * p->bias_stride.s[0]) +
-                  (p->bias_heads == 1 ? 0 : h * p->bias_stride.s[1]);
-    const float slope = p->has_alibi ? a->alibi_slopes[h] : 0.0f;
-    const float scale = cx->scale, cap = cx->softcap;
-
-    for (int r = 0; r < m; r++) {
-        const int64_t i = r0 + r;
-        float *restrict srow = S + (int64_t)r * lds;
-        for (int j = 0; j < n; j++) srow[j] *= scale;
-        if (cap > 0.0f)
-            for (int j = 0; j < n; j++) srow[j] = cap * tanhf(srow[j] / cap);
-        if (bias_hd) {
-            const float *brow = bias_hd + i * p->bias_stride.s[2] + j0 * p->bias_stride.s[3];
-            const int64_t bs = p->bias_stride.s[3];
-            for (int j = 0; j < n; j++) srow[j] += brow[j * bs];
-        }
-        if (p->has_alibi) {
-            const int64_t d0 = i + pl->off - j0; /* |i + off - j| for j = j0 + jj is |d0 - jj| */
-            for (int j = 0; j < n; j++) {
-                int64_t d = d0 - j;
-                srow[j] -= slope * (float)(d < 0 ? -d : d);
-            }
-        }
-        if (!band_inside) {
-            const int64_t lo = fa_key_lo(pl, i) - j0, hi = fa_key_hi(pl, i) - j0;
-            for (int j = 0; j < n; j++)
-                if (j < lo || j > hi) srow[j] = -INFINITY;
-        }
-        if (p->has_segment_ids) {
-            const int32_t qs = a->q_segment_ids[b * p->seq_q + i];
-            const int32_t *ks = a->kv_segment_ids + b * p->seq_k + j0;
-            for (int j = 0; j < n; j++)
-                if (ks[j] != qs) srow[j] = -INFINITY;
-        }
-    }
-}
-
-/* max of x[0..n), -inf if n == 0; eight running maxima so that it vectorizes. */
+/* max of x[0..n), -inf if n == 0. Eight running maxima so that it vectorizes: the inner
+ * loop over them must stay a loop (GCC 12 vectorizes it as maxps, but fails on the eight
+ * scalar reductions it becomes when unrolled). A NaN never wins a comparison, so it is
+ * skipped, here and in scale_max. */
 static float row_max(const float *x, int n) {
     float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     int j = 0;
     for (; j + 8 <= n; j += 8)
+#pragma GCC unroll 1
         for (int c = 0; c < 8; c++) part[c] = x[j + c] > part[c] ? x[j + c] : part[c];
     float mx = -INFINITY;
     for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
@@ -154,30 +109,117 @@ static float row_max(const float *x, int n) {
     return mx;
 }
 
-/* Folds a tile of scores into the running softmax of its rows: S becomes p (rounded to
- * the dtype), m and l are updated and acc is rescaled, ready for acc += p V. */
-static void softmax_update(const fwd_ctx *cx, int m, int n, float *S, int lds, float *M, float *L, float *acc) {
-    const int64_t dv = cx->p->head_dim_v;
-    const fa_dtype dt = cx->p->dtype;
-    for (int r = 0; r < m; r++) {
-        float *restrict srow = S + (int64_t)r * lds;
-        const float mt = row_max(srow, n);
-        const float m_old = M[r], m_new = m_old > mt ? m_old : mt;
-        /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
-         * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
-        const float base = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = fa_vexpf(m_old - base);
-        const float rowsum = cx->isa->exp_sum(srow, n, base);
-        if (dt == FA_F16)
-            for (int j = 0; j < n; j++) srow[j] = fa_vround_f16(srow[j]);
-        else if (dt == FA_BF16)
-            for (int j = 0; j < n; j++) srow[j] = fa_round_to(FA_BF16, srow[j]);
-        L[r] = L[r] * alpha + rowsum;
-        M[r] = m_new;
-        if (alpha != 1.0f) {
-            float *restrict arow = acc + r * dv;
-            for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
+/* x[j] *= scale and returns the max of the results, in one pass: in the common case (no
+ * softcap, bias, ALiBi or mask on the row) this is all that turns products into scores,
+ * and scaling then taking the max in two passes would read the row twice. The same
+ * products and comparisons as the two passes, so the same results. */
+static float scale_max(float *restrict x, int n, float scale) {
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+#pragma GCC unroll 1 /* as in row_max */
+        for (int c = 0; c < 8; c++) {
+            const float s = x[j + c] * scale;
+            x[j + c] = s;
+            part[c] = s > part[c] ? s : part[c];
         }
+    float mx = -INFINITY;
+    for (; j < n; j++) {
+        x[j] *= scale;
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
+    return mx;
+}
+
+/* Turns the raw products of query row i with keys j0 .. j0 + n - 1 (srow) into scores:
+ * scale, softcap, bias, ALiBi, then -inf wherever a mask hides the key. Returns the row's
+ * max. Row by row, so that the row stays in L1 from here through the exps and the
+ * rounding (a whole tile of S does not fit). */
+static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
+                       float *restrict srow) {
+    const struct fa_plan *pl = cx->pl;
+    const fa_problem *p = cx->p;
+    const fa_forward_args *a = cx->a;
+    const float scale = cx->scale, cap = cx->softcap;
+    /* visible keys of this row, relative to j0: [lo, hi] (causal and window) */
+    const int64_t lo = fa_key_lo(pl, i) - j0, hi = fa_key_hi(pl, i) - j0;
+    const int masked = lo > 0 || hi < n - 1;
+    if (!(cap > 0.0f) && !p->has_bias && !p->has_alibi && !masked && !p->has_segment_ids)
+        return scale_max(srow, n, scale);
+
+    for (int j = 0; j < n; j++) srow[j] *= scale;
+    if (cap > 0.0f)
+        for (int j = 0; j < n; j++) srow[j] = cap * tanhf(srow[j] / cap);
+    if (p->has_bias) {
+        const float *bias_hd = a->bias + (p->bias_batch == 1 ? 0 : b * p->bias_stride.s[0]) +
+                               (p->bias_heads == 1 ? 0 : h * p->bias_stride.s[1]);
+        const float *brow = bias_hd + i * p->bias_stride.s[2] + j0 * p->bias_stride.s[3];
+        const int64_t bs = p->bias_stride.s[3];
+        for (int j = 0; j < n; j++) srow[j] += brow[j * bs];
+    }
+    if (p->has_alibi) {
+        const float slope = a->alibi_slopes[h];
+        const int64_t d0 = i + pl->off - j0; /* |i + off - j| for j = j0 + jj is |d0 - jj| */
+        for (int j = 0; j < n; j++) {
+            int64_t d = d0 - j;
+            srow[j] -= slope * (float)(d < 0 ? -d : d);
+        }
+    }
+    if (masked) {
+        for (int64_t j = 0; j < n && j < lo; j++) srow[j] = -INFINITY;
+        for (int64_t j = hi + 1 > 0 ? hi + 1 : 0; j < n; j++) srow[j] = -INFINITY;
+    }
+    if (p->has_segment_ids) {
+        const int32_t qs = a->q_segment_ids[b * p->seq_q + i];
+        const int32_t *ks = a->kv_segment_ids + b * p->seq_k + j0;
+        for (int j = 0; j < n; j++)
+            if (ks[j] != qs) srow[j] = -INFINITY;
+    }
+    return row_max(srow, n);
+}
+
+/* x[j] rounded to dtype t and back (p before the second product, SPEC section 1), with the
+ * branch-free vexp.h roundings so that the loops vectorize. */
+static void round_row(fa_dtype t, float *restrict x, int n) {
+    if (t == FA_F16)
+        for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
+    else if (t == FA_BF16)
+        for (int j = 0; j < n; j++) x[j] = fa_vround_bf16(x[j]);
+}
+
+/* Folds one row of scores (srow, whose max is mt) into the running softmax of its row:
+ * srow becomes p (rounded to the dtype), *M and *L are updated and arow (Dv) is rescaled,
+ * ready for acc += p V. */
+static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt, float *M, float *L,
+                        float *restrict arow) {
+    const float m_old = *M, m_new = m_old > mt ? m_old : mt;
+    /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
+     * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = fa_vexpf(m_old - base);
+    const float rowsum = cx->isa->exp_sum(srow, n, base);
+    round_row(cx->p->dtype, srow, n);
+    *L = *L * alpha + rowsum;
+    *M = m_new;
+    const int64_t dv = cx->p->head_dim_v;
+    if (alpha != 1.0f)
+        for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
+}
+
+/* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
+ * branch-free rounding: the same bits as fa_store). */
+static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
+    if (t == FA_BF16) {
+        uint16_t *dst = (uint16_t *)o + ob;
+        for (int64_t c = 0; c < dv; c++) {
+            const float y = fa_vround_bf16(arow[c] * inv);
+            uint32_t u;
+            memcpy(&u, &y, sizeof u);
+            dst[c * os] = (uint16_t)(u >> 16);
+        }
+    } else {
+        for (int64_t c = 0; c < dv; c++) fa_store(t, o, ob + c * os, arow[c] * inv);
     }
 }
 
@@ -212,8 +254,11 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         isa->pack_bt(&ks, n, (int)D, sc->kp);
         isa->pack_b(&vs, n, (int)Dv, sc->vp);
         isa->gemm_abt(m, n, (int)D, sc->qp, sc->kp, sc->s, lds);
-        make_scores(cx, b, h, r0, m, j0, n, sc->s, lds);
-        softmax_update(cx, m, n, sc->s, lds, sc->m, sc->l, sc->acc);
+        for (int r = 0; r < m; r++) {
+            float *srow = sc->s + (int64_t)r * lds;
+            const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
+            softmax_row(cx, srow, n, mt, &sc->m[r], &sc->l[r], sc->acc + r * Dv);
+        }
         isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, sc->acc, (int)Dv);
 
         const int64_t mn = (int64_t)m * n;
@@ -227,9 +272,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         const float l = sc->l[r];
         const float lse = sc->m[r] + logf(l);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const float *arow = sc->acc + r * Dv;
-        const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
-        for (int64_t c = 0; c < Dv; c++) fa_store(p->dtype, a->o, ob + c * p->o_stride.s[3], arow[c] * inv);
+        store_row(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, 0), p->o_stride.s[3], sc->acc + r * Dv, inv, Dv);
         if (a->lse) a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? lse : -INFINITY;
     }
     cnt->transcendentals += m;

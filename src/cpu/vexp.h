@@ -3,7 +3,7 @@
  * included). Used by the scalar microkernels, the drivers and any ISA file that wants the
  * same numbers. (They rely on IEEE arithmetic: not for -ffast-math builds.)
  *
- * fa_vexpf: exp.
+ * fa_vexpf: exp. fa_vround_f16, fa_vround_bf16: x rounded to f16 / bf16 and back.
  *
  * Method: x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2 (ln2 split in a high
  * part with few bits and a low part, so n * ln2_hi is exact); exp(r) by its Taylor
@@ -70,6 +70,22 @@ static inline float fa_vround_f16(float x) {
     r = a >= 0x477ff000u ? 0x7f800000u : r;
     r = a > 0x7f800000u ? (a | 0x00400000u) : r; /* NaN: quiet NaN */
     r |= u & 0x80000000u;
+    float y;
+    memcpy(&y, &r, sizeof y);
+    return y;
+}
+
+/* x rounded to bf16 and back (round to nearest, ties to even): equal to
+ * fa_round_to(FA_BF16, x) for every x (its bits >> 16 are fa_f32_to_bf16(x)), without the
+ * early return for NaN that keeps that one from vectorizing. Adding 0x7fff plus the lowest
+ * kept bit rounds the low 16 bits away in the integer domain (the carry may step the
+ * exponent, up to inf, as it should); NaN becomes a quiet NaN instead, so that the carry
+ * can never turn it into inf. */
+static inline float fa_vround_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : r;
     float y;
     memcpy(&y, &r, sizeof y);
     return y;
