@@ -3,11 +3,12 @@
  * Work items are (batch, query head, query tile), spread over plan->threads OpenMP
  * threads. For its query tile a thread packs q once, then walks the key tiles that
  * fa_key_tile_range gives (the cost model counts exactly that schedule): pack k and v,
- * S = Q K^T, turn S into scores (scale, softcap, bias, ALiBi, masks), fold the tile into
- * an online softmax (row max m, row sum l, f32 accumulator O), and at the end write
- * o = O / l and lse = m + log(l). The tile math (packing, the two products, the exps)
- * lives in the ISA table (isa.h); this file owns tiling, threading, masks and the
- * softmax bookkeeping. Memory: threads x one tile's scratch, never Sq x Sk. */
+ * S = Q K^T, then row by row turn S into scores (scale, softcap, bias, ALiBi, masks) and
+ * fold them into an online softmax (row max m, row sum l, f32 accumulator O), then
+ * O += P V; at the end write o = O / l and lse = m + log(l). The tile math (packing,
+ * the two products, the exps) lives in the ISA table (isa.h); this file owns tiling,
+ * threading, masks and the softmax bookkeeping. Memory: threads x one tile's scratch,
+ * never Sq x Sk. */
 #include "isa.h"
 #include "vexp.h"
 
@@ -272,7 +273,8 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         const float l = sc->l[r];
         const float lse = sc->m[r] + logf(l);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        store_row(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, 0), p->o_stride.s[3], sc->acc + r * Dv, inv, Dv);
+        const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
+        store_row(p->dtype, a->o, ob, p->o_stride.s[3], sc->acc + r * Dv, inv, Dv);
         if (a->lse) a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? lse : -INFINITY;
     }
     cnt->transcendentals += m;

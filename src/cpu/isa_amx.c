@@ -1,0 +1,387 @@
+/* AMX microkernels (fa_isa_amx): bf16 problems multiply in the tile unit. tdpbf16ps adds
+ * a 16 x 32 bf16 tile A times a 32 x 16 bf16 tile B (stored as 16 rows of 16 pairs, the
+ * "VNNI" layout: row kk holds B[2kk][c], B[2kk+1][c] for c = 0..15) into a 16 x 16 f32
+ * tile C. As with vdpbf16ps (isa_avx512bf16.c) the products of bf16 numbers are exact in
+ * f32 and the driver rounds p to bf16 before O += P V, so both products see exactly the
+ * problem's values (bf16 subnormals, below 1.2e-38, are flushed to zero). f32 and f16
+ * problems use the f32 kernels of isa_avx512.c unchanged, so their results are avx512's.
+ *
+ * Every packed buffer starts with a 64-byte header naming its payload (f32 or AMX bf16),
+ * since the products are not told the dtype. AMX payloads, zero padded (kp = cols rounded
+ * up to 32, np = rows rounded up to 32):
+ *   pack_a  (q, m x k):  A[r][kp]                 bf16 rows, m rounded up to 16 rows
+ *   pack_bt (k, n x k):  BT[n/16][kp/2][16]        panels of 16 keys, a pair of head dims each
+ *   pack_b  (v, n x c):  B[c/16][np/2][16]         panels of 16 columns, a pair of keys each
+ * so a B tile (32 head dims or keys x 16 keys or columns) is 1 KiB of contiguous memory,
+ * and an A tile is 16 rows of 64 bytes at the row stride.
+ *
+ * Both products use all eight tiles: C = tiles 0..3 (2 x 2 blocks of 16 x 16 f32, 32 rows
+ * x 32 columns), A = tiles 4, 5 and B = tiles 6, 7. Edge blocks use 1 x 2, 2 x 1 or 1 x 1
+ * of them; a C tile that is cut by m, n or cols goes through a 1 KiB stack buffer, so only
+ * the caller's m x n of s (m x cols of o) is ever read or written. gemm_pb converts up to
+ * PB_KC keys of 32 rows of p to bf16 at a time (exact: p is already rounded to bf16).
+ *
+ * Tile state belongs to the thread: each product loads the configuration (all tiles 16
+ * rows x 64 bytes) on entry and releases the tiles on exit. The configuration is loaded
+ * with our own ldtilecfg (GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes,
+ * not 64), and tiles are loaded with our own tileloadd that clobbers memory (GCC's does
+ * not, so stores into a buffer read only by a tile load could be dropped). */
+#define _DEFAULT_SOURCE /* syscall() */
+#include "isa_avx512.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define HDR 64 /* header bytes in front of every packed buffer */
+#define FMT_F32 1u
+#define FMT_AMX 2u
+#define PB_KC 512 /* keys of p converted to bf16 at a time (32 rows: 32 KiB of stack) */
+
+#define ARCH_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an extended state component */
+#define XFEATURE_XTILEDATA 18      /* the AMX tile data */
+
+/* ---- the tile instructions -------------------------------------------------------- */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; /* bytes per row of tile t */
+    uint8_t rows[16];
+} __attribute__((aligned(64))) tile_config;
+_Static_assert(sizeof(tile_config) == 64, "ldtilecfg reads 64 bytes");
+
+/* Palette 1, tiles 0..7 all 16 rows x 64 bytes (16 f32, or 32 bf16 = 16 pairs). */
+static const tile_config amx_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+static inline __attribute__((always_inline)) void tiles_begin(void) {
+    __asm__ volatile("ldtilecfg %0" : : "m"(amx_config));
+}
+static inline __attribute__((always_inline)) void tiles_end(void) { __asm__ volatile("tilerelease" ::); }
+
+#define TILE_LOAD(t, base, stride)                                                                     \
+    __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm" #t "|tileloadd\t%%tmm" #t ", [%0+%1*1]}"             \
+                     : : "r"((const void *)(base)), "r"((long)(stride)) : "memory")
+#define TILE_STORE(t, base, stride) _tile_stored(t, base, stride)
+#define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+#define TILE_ZERO(t) _tile_zero(t)
+
+/* ---- availability ------------------------------------------------------------------- */
+
+/* cpuid says AMX-TILE and AMX-BF16, the AVX-512 the packing uses is there, and Linux lets
+ * this process use the tile data (a refusal, or an older kernel, means unavailable). */
+static int amx_probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return 0; /* AMX-TILE, AMX-BF16 */
+    if (!fa_isa_avx512.available()) return 0;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+static int amx_available(void) {
+    static atomic_int state; /* 0: not asked yet, 1: available, 2: not */
+    int s = atomic_load(&state);
+    if (!s) {
+        s = amx_probe() ? 1 : 2;
+        atomic_store(&state, s);
+    }
+    return s == 1;
+}
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+static int64_t amx_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
+    if (t != FA_BF16) return HDR + fa_avx512_packed_bytes(rows, cols, t);
+    return HDR + round_up(rows, 32) * round_up(cols, 32) * 2; /* covers all three layouts */
+}
+
+static inline uint32_t fmt_of(const void *packed) {
+    uint32_t f;
+    memcpy(&f, packed, sizeof f);
+    return f;
+}
+static inline void set_fmt(void *packed, uint32_t f) { memcpy(packed, &f, sizeof f); }
+static inline void *payload(void *packed) { return (char *)packed + HDR; }
+static inline const void *cpayload(const void *packed) { return (const char *)packed + HDR; }
+
+static inline __mmask16 mask16(int n) {
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+static inline __mmask32 mask32(int n) {
+    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1u);
+}
+
+/* 32 bf16 values of row r from column c: those below column c + nc, zeros after. */
+static inline __m512i load32(const fa_tile_src *s, int r, int c, int nc) {
+    if (nc <= 0) return _mm512_setzero_si512();
+    if (s->col_stride == 1)
+        return _mm512_maskz_loadu_epi16(mask32(nc), (const uint16_t *)s->base + r * s->row_stride + c);
+    uint16_t tmp[32] = {0};
+    for (int e = 0; e < nc && e < 32; e++)
+        tmp[e] = ((const uint16_t *)s->base)[r * s->row_stride + (int64_t)(c + e) * s->col_stride];
+    return _mm512_loadu_si512(tmp);
+}
+
+/* ---- packing ------------------------------------------------------------------------ */
+
+/* Q (m x k) as bf16 rows of kp values, m rounded up to 16 rows. */
+static void amx_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
+    if (src->dtype != FA_BF16) {
+        set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_a(src, rows, cols, payload(dst));
+        return;
+    }
+    set_fmt(dst, FMT_AMX);
+    const int kp = (int)round_up(cols, 32), mp = (int)round_up(rows, 16);
+    uint16_t *out = (uint16_t *)payload(dst);
+    for (int r = 0; r < mp; r++)
+        for (int c = 0; c < kp; c += 32)
+            _mm512_storeu_si512(out + (int64_t)r * kp + c,
+                                r < rows ? load32(src, r, c, cols - c) : _mm512_setzero_si512());
+}
+
+/* K (n keys x k) into panels of 16 keys of head-dim pairs: dst[n/16][kp/2][16]. Each 16
+ * keys x 32 head dims block is transposed as 16 x 16 words (a word = a pair). */
+static void amx_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
+    if (src->dtype != FA_BF16) {
+        set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_bt(src, rows, cols, payload(dst));
+        return;
+    }
+    set_fmt(dst, FMT_AMX);
+    const int kp = (int)round_up(cols, 32);
+    uint32_t *out = (uint32_t *)payload(dst);
+    for (int j0 = 0; j0 < rows; j0 += 16) {
+        uint32_t *panel = out + (int64_t)(j0 / 16) * (kp / 2) * 16;
+        for (int c = 0; c < kp; c += 32) {
+            __m512 r[16];
+            for (int j = 0; j < 16; j++) {
+                if (j0 + j >= rows) {
+                    r[j] = _mm512_setzero_ps();
+                    continue;
+                }
+                if (src->col_stride == 1 && j0 + 32 + j < rows)
+                    _mm_prefetch((const char *)((const uint16_t *)src->base + (j0 + 32 + j) * src->row_stride + c),
+                                 _MM_HINT_T0);
+                r[j] = _mm512_castsi512_ps(load32(src, j0 + j, c, cols - c));
+            }
+            fa_avx512_transpose16(r); /* r[x] lane j: pair x of key j0 + j */
+            for (int x = 0; x < 16; x++) _mm512_storeu_ps(panel + (int64_t)(c / 2 + x) * 16, r[x]);
+        }
+    }
+}
+
+/* V (n keys x cols) into panels of 16 columns of key pairs: dst[c/16][np/2][16]. Two rows
+ * of 32 columns are interleaved into the pairs of two panels. */
+static void amx_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
+    if (src->dtype != FA_BF16) {
+        set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_b(src, rows, cols, payload(dst));
+        return;
+    }
+    set_fmt(dst, FMT_AMX);
+    const int np2 = (int)round_up(rows, 32) / 2;
+    uint32_t *out = (uint32_t *)payload(dst);
+    /* word c of the low half: (a[c], b[c]); of the high half: (a[16 + c], b[16 + c]) */
+    uint16_t lo_idx[32], hi_idx[32];
+    for (int c = 0; c < 16; c++) {
+        lo_idx[2 * c] = (uint16_t)c;
+        lo_idx[2 * c + 1] = (uint16_t)(32 + c);
+        hi_idx[2 * c] = (uint16_t)(16 + c);
+        hi_idx[2 * c + 1] = (uint16_t)(48 + c);
+    }
+    const __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
+    for (int kk = 0; kk < np2; kk++) {
+        const int j = 2 * kk;
+        for (int c = 0; c < cols; c += 32) {
+            const __m512i a = j < rows ? load32(src, j, c, cols - c) : _mm512_setzero_si512();
+            const __m512i b = j + 1 < rows ? load32(src, j + 1, c, cols - c) : _mm512_setzero_si512();
+            uint32_t *row = out + ((int64_t)(c / 16) * np2 + kk) * 16;
+            _mm512_storeu_si512(row, _mm512_permutex2var_epi16(a, lo, b));
+            if (c + 16 < cols) _mm512_storeu_si512(row + (int64_t)np2 * 16, _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* ---- C tiles at the edges ----------------------------------------------------------- */
+
+/* rows x cols (<= 16 x 16) of a 16 x 16 f32 tile buffer to / from a matrix of stride ld. */
+static inline void tile_to(const float *t, float *dst, int ld, int rows, int cols) {
+    const __mmask16 k = mask16(cols);
+    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(dst + (int64_t)r * ld, k, _mm512_loadu_ps(t + 16 * r));
+}
+static inline void tile_from(float *t, const float *src, int ld, int rows, int cols) {
+    const __mmask16 k = mask16(cols);
+    for (int r = 0; r < 16; r++)
+        _mm512_storeu_ps(t + 16 * r, r < rows ? _mm512_maskz_loadu_ps(k, src + (int64_t)r * ld) : _mm512_setzero_ps());
+}
+
+/* C tile t <-> rows x cols (<= 16 x 16) of a matrix at p with stride ld (the whole tile if
+ * it is all valid, else through a stack buffer). */
+#define STORE_C(t, p, ld, rows, cols)                                    \
+    do {                                                                 \
+        if ((rows) >= 16 && (cols) >= 16) {                              \
+            TILE_STORE(t, p, (long)(ld) * 4);                            \
+        } else {                                                         \
+            float buf_[256] __attribute__((aligned(64)));                \
+            TILE_STORE(t, buf_, 64);                                     \
+            tile_to(buf_, p, ld, rows, cols);                            \
+        }                                                                \
+    } while (0)
+#define LOAD_C(t, p, ld, rows, cols)                                     \
+    do {                                                                 \
+        if ((rows) >= 16 && (cols) >= 16) {                              \
+            TILE_LOAD(t, p, (long)(ld) * 4);                             \
+        } else {                                                         \
+            float buf_[256] __attribute__((aligned(64)));                \
+            tile_from(buf_, p, ld, rows, cols);                          \
+            TILE_LOAD(t, buf_, 64);                                      \
+        }                                                                \
+    } while (0)
+
+/* ---- the block kernel --------------------------------------------------------------- *
+ * C[16 MT x 16 NT] (+)= A B over KT steps of 32: A tiles at a + 16 ti rows (stride lda
+ * bf16), B tiles at b0 / b1 + 512 bf16 per step. C is the matrix at c (stride ldc), of
+ * which rows x cols are valid. accumulate: C starts from c, else from zero. */
+static inline __attribute__((always_inline)) void block(const int MT, const int NT, int KT, const uint16_t *a,
+                                                        int64_t lda, const uint32_t *b0, const uint32_t *b1,
+                                                        float *c, int ldc, int rows, int cols, const int accumulate) {
+    const long sa = (long)lda * 2;
+    const int r0 = rows < 16 ? rows : 16, c0 = cols < 16 ? cols : 16, r1 = rows - 16, c1 = cols - 16;
+    if (accumulate) {
+        LOAD_C(0, c, ldc, r0, c0);
+        if (NT > 1) LOAD_C(1, c + 16, ldc, r0, c1);
+        if (MT > 1) LOAD_C(2, c + 16 * (int64_t)ldc, ldc, r1, c0);
+        if (MT > 1 && NT > 1) LOAD_C(3, c + 16 * (int64_t)ldc + 16, ldc, r1, c1);
+    } else {
+        TILE_ZERO(0);
+        if (NT > 1) TILE_ZERO(1);
+        if (MT > 1) TILE_ZERO(2);
+        if (MT > 1 && NT > 1) TILE_ZERO(3);
+    }
+    for (int x = 0; x < KT; x++) {
+        TILE_LOAD(4, a + 32 * x, sa);
+        TILE_LOAD(6, b0 + 256 * x, 64);
+        if (NT > 1) TILE_LOAD(7, b1 + 256 * x, 64);
+        TILE_DP(0, 4, 6);
+        if (NT > 1) TILE_DP(1, 4, 7);
+        if (MT > 1) {
+            TILE_LOAD(5, a + 16 * lda + 32 * x, sa);
+            TILE_DP(2, 5, 6);
+            if (NT > 1) TILE_DP(3, 5, 7);
+        }
+    }
+    STORE_C(0, c, ldc, r0, c0);
+    if (NT > 1) STORE_C(1, c + 16, ldc, r0, c1);
+    if (MT > 1) STORE_C(2, c + 16 * (int64_t)ldc, ldc, r1, c0);
+    if (MT > 1 && NT > 1) STORE_C(3, c + 16 * (int64_t)ldc + 16, ldc, r1, c1);
+}
+
+/* The instance for mt x nt tiles (1 or 2 each). */
+static void block_any(int mt, int nt, int KT, const uint16_t *a, int64_t lda, const uint32_t *b0, const uint32_t *b1,
+                      float *c, int ldc, int rows, int cols, int accumulate) {
+    if (accumulate) {
+        if (mt == 2 && nt == 2) block(2, 2, KT, a, lda, b0, b1, c, ldc, rows, cols, 1);
+        else if (mt == 2) block(2, 1, KT, a, lda, b0, b1, c, ldc, rows, cols, 1);
+        else if (nt == 2) block(1, 2, KT, a, lda, b0, b1, c, ldc, rows, cols, 1);
+        else block(1, 1, KT, a, lda, b0, b1, c, ldc, rows, cols, 1);
+    } else {
+        if (mt == 2 && nt == 2) block(2, 2, KT, a, lda, b0, b1, c, ldc, rows, cols, 0);
+        else if (mt == 2) block(2, 1, KT, a, lda, b0, b1, c, ldc, rows, cols, 0);
+        else if (nt == 2) block(1, 2, KT, a, lda, b0, b1, c, ldc, rows, cols, 0);
+        else block(1, 1, KT, a, lda, b0, b1, c, ldc, rows, cols, 0);
+    }
+}
+
+/* ---- products ----------------------------------------------------------------------- */
+
+static void amx_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
+    if (fmt_of(a) != FMT_AMX) {
+        fa_isa_avx512.gemm_abt(m, n, k, cpayload(a), cpayload(bt), s, lds);
+        return;
+    }
+    const uint16_t *A = (const uint16_t *)cpayload(a);
+    const uint32_t *BT = (const uint32_t *)cpayload(bt);
+    const int kp = (int)round_up(k, 32);
+    const int64_t panel = (int64_t)(kp / 2) * 16; /* words per panel of 16 keys */
+    tiles_begin();
+    for (int j0 = 0; j0 < n; j0 += 32) {
+        const int nc = n - j0 < 32 ? n - j0 : 32;
+        const uint32_t *b0 = BT + (int64_t)(j0 / 16) * panel;
+        for (int i0 = 0; i0 < m; i0 += 32) {
+            const int mr = m - i0 < 32 ? m - i0 : 32;
+            block_any(mr > 16 ? 2 : 1, nc > 16 ? 2 : 1, kp / 32, A + (int64_t)i0 * kp, kp, b0, b0 + panel,
+                      s + (int64_t)i0 * lds + j0, lds, mr, nc, 0);
+        }
+    }
+    tiles_end();
+}
+
+/* Rows [0, rows) of p, keys [0, kn), as bf16 rows of kc (kn rounded up to 32) values,
+ * zero padded to 16 mt rows (exact: p is already rounded to bf16). */
+static void p_to_bf16(const float *p, int ldp, int rows, int mt, int kn, int kc, uint16_t *dst) {
+    for (int r = 0; r < 16 * mt; r++) {
+        uint16_t *d = dst + (int64_t)r * kc;
+        if (r >= rows) {
+            for (int e = 0; e < kc; e += 32) _mm512_storeu_si512(d + e, _mm512_setzero_si512());
+            continue;
+        }
+        const float *row = p + (int64_t)r * ldp;
+        int e = 0;
+        for (; e + 32 <= kn; e += 32)
+            _mm512_storeu_si512(d + e, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + e + 16), _mm512_loadu_ps(row + e)));
+        for (; e < kc; e += 32) {
+            const __m512 lo = _mm512_maskz_loadu_ps(mask16(kn - e), row + e);
+            const __m512 hi = _mm512_maskz_loadu_ps(mask16(kn - e - 16), row + e + 16);
+            _mm512_storeu_si512(d + e, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
+    if (fmt_of(b) != FMT_AMX) {
+        fa_isa_avx512.gemm_pb(m, n, cols, p, ldp, cpayload(b), o, ldo);
+        return;
+    }
+    const uint32_t *V = (const uint32_t *)cpayload(b);
+    const int np2 = (int)round_up(n, 32) / 2;
+    const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
+    uint16_t pp[32 * PB_KC] __attribute__((aligned(64)));
+    tiles_begin();
+    for (int i0 = 0; i0 < m; i0 += 32) {
+        const int mr = m - i0 < 32 ? m - i0 : 32, mt = mr > 16 ? 2 : 1;
+        for (int k0 = 0; k0 < n; k0 += PB_KC) {
+            const int kn = n - k0 < PB_KC ? n - k0 : PB_KC, kc = (int)round_up(kn, 32);
+            p_to_bf16(p + (int64_t)i0 * ldp + k0, ldp, mr, mt, kn, kc, pp);
+            for (int c0 = 0; c0 < cols; c0 += 32) {
+                const int nc = cols - c0 < 32 ? cols - c0 : 32;
+                const uint32_t *b0 = V + (int64_t)(c0 / 16) * panel + (int64_t)(k0 / 2) * 16;
+                block_any(mt, nc > 16 ? 2 : 1, kc / 32, pp, kc, b0, b0 + panel, o + (int64_t)i0 * ldo + c0, ldo, mr,
+                          nc, 1);
+            }
+        }
+    }
+    tiles_end();
+}
+
+const fa_isa fa_isa_amx = {
+    .name = "amx",
+    .available = amx_available,
+    .packed_bytes = amx_packed_bytes,
+    .pack_a = amx_pack_a,
+    .pack_bt = amx_pack_bt,
+    .pack_b = amx_pack_b,
+    .gemm_abt = amx_gemm_abt,
+    .gemm_pb = amx_gemm_pb,
+    .exp_sum = fa_avx512_exp_sum,
+};
