@@ -20,7 +20,9 @@ if [ "${SKIP_SETUP:-0}" != 1 ]; then bash bench/setup.sh; fi
 cmake -S . -B "$BUILD" >/dev/null
 targets="flashattn_cli bench_fa peak"
 # the OpenBLAS peer exists as a target only where libopenblas was found
-if cmake --build "$BUILD" --target help 2>/dev/null | grep -q naive_openblas; then
+# (read the whole list first: grep -q quitting early would fail the pipe under pipefail)
+target_list=$(cmake --build "$BUILD" --target help 2>/dev/null || true)
+if grep -q naive_openblas <<<"$target_list"; then
     targets="$targets naive_openblas"
 fi
 cmake --build "$BUILD" -j"$THREADS" --target $targets >&2
