@@ -1,0 +1,200 @@
+/* The forward's small contracts, apart from its accuracy grid (test_forward.c): the
+ * vectorized exp against libm, p rounded to the dtype before P V (SPEC section 1), argument
+ * errors (NULL pointers, workspace_size) and the FA_ISA switch. */
+#include "test_util.h"
+
+#include "cpu/isa.h"
+#include "cpu/vexp.h"
+
+static int failures;
+/* ---- the vectorized exp ----------------------------------------------------------- */
+
+static void test_vexp(void) {
+    double worst = 0;
+    float at = 0;
+    for (int i = 0; i <= 200000; i++) {
+        const float x = -87.0f + 87.5f * (float)i / 200000.0f;
+        const double want = exp((double)x), got = fa_vexpf(x);
+        const double e = fabs(got - want) / want;
+        if (e > worst) worst = e, at = x;
+    }
+    int ok = worst < 2e-7;
+    ok &= fa_vexpf(-INFINITY) == 0.0f && fa_vexpf(-1e4f) == 0.0f && fa_vexpf(-88.5f) == 0.0f;
+    ok &= fa_vexpf(0.0f) == 1.0f && isnan(fa_vexpf(NAN)) && fa_vexpf(1e4f) == INFINITY;
+    printf("vexp       max rel err %.2e at x=%g on [-87, 0.5]; -inf, -1e4 -> 0, NaN -> NaN: %s\n", worst, (double)at,
+           ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+}
+
+/* ---- p is rounded to the dtype before P V (SPEC section 1) -------------------------
+ * One query, two keys with scores 0 and -d, values +1 and -1: o = (p0 - p1) / l with
+ * p0 = 1 and p1 = exp(-d). d is chosen so that exp(-d) rounds to 1 in the dtype (f16:
+ * d = 2^-13, above the midpoint 1 - 2^-12; bf16: d = 2^-10, above 1 - 2^-9), so a
+ * kernel that rounds p gets o = 0 exactly, one that does not gets tanh(d/2) != 0. */
+static void test_p_rounding(void) {
+    const fa_dtype dts[3] = {FA_F32, FA_F16, FA_BF16};
+    int ok = 1;
+    for (int t = 0; t < 3; t++) {
+        const fa_dtype dt = dts[t];
+        const float d = dt == FA_F16 ? 0x1p-13f : 0x1p-10f;
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = p.heads_q = 1, p.seq_q = 1, p.seq_k = 2, p.head_dim = 1, p.dtype = dt;
+        p.has_scale = 1, p.scale = 1.0f;
+        uint16_t q[1], k[2], v[2], o[1];
+        float qf[1] = {1}, kf[2] = {0, -d}, vf[2] = {1, -1}, of[1] = {NAN};
+        void *qq = qf, *kk = kf, *vv = vf, *oo = of;
+        if (dt != FA_F32) {
+            fa_store(dt, q, 0, 1), fa_store(dt, k, 0, 0), fa_store(dt, k, 1, -d);
+            fa_store(dt, v, 0, 1), fa_store(dt, v, 1, -1), fa_store(dt, o, 0, NAN);
+            qq = q, kk = k, vv = v, oo = o;
+        }
+        fa_options opt = {FA_BACKEND_CPU, 1, 0, 0};
+        fa_plan *plan = NULL;
+        fa_status st = fa_plan_create(&p, &opt, &plan);
+        if (!st) st = fa_forward(plan, &(fa_forward_args){.q = qq, .k = kk, .v = vv, .o = oo});
+        fa_plan_destroy(plan);
+        const double got = st ? NAN : fa_load(dt, oo, 0), want = dt == FA_F32 ? tanh(d / 2.0) : 0.0;
+        const int good = dt == FA_F32 ? fabs(got - want) <= 1e-3 * want : got == 0.0;
+        if (!good) {
+            ok = 0;
+            printf("FAIL p rounding, %s: o = %.9g, want %.9g (status %d)\n", fa_dtype_name(dt), got, want, st);
+        }
+    }
+    /* fa_vround_f16 (the driver's fast rounding) == fa_round_to(FA_F16) around every f16
+     * value (exact, midpoints, neighbours) and on a spread of all f32 bit patterns */
+    long checked = 0, wrong = 0;
+    float first_bad = 0;
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        const float f = fa_f16_to_f32((uint16_t)h);
+        const float nx = fa_f16_to_f32((uint16_t)(h + 1));
+        uint32_t fb;
+        memcpy(&fb, &f, 4);
+        float cand[6] = {f, (f + nx) / 2, nextafterf(f, INFINITY), nextafterf(f, -INFINITY),
+                         nextafterf((f + nx) / 2, INFINITY), nextafterf((f + nx) / 2, -INFINITY)};
+        for (int c = 0; c < 6; c++) {
+            const float x = cand[c], want = fa_round_to(FA_F16, x), got = fa_vround_f16(x);
+            checked++;
+            if (!(got == want || (isnan(got) && isnan(want))) || signbit(got) != signbit(want)) {
+                if (!wrong) first_bad = x;
+                wrong++;
+            }
+        }
+    }
+    for (uint64_t b = 0; b < 0x100000000ull; b += 4099) {
+        const uint32_t u = (uint32_t)b;
+        float x;
+        memcpy(&x, &u, 4);
+        const float want = fa_round_to(FA_F16, x), got = fa_vround_f16(x);
+        checked++;
+        if (!(got == want || (isnan(got) && isnan(want))) || signbit(got) != signbit(want)) {
+            if (!wrong) first_bad = x;
+            wrong++;
+        }
+    }
+    if (wrong) {
+        ok = 0;
+        printf("FAIL fa_vround_f16 differs from fa_round_to on %ld of %ld values (first %a)\n", wrong, checked,
+               (double)first_bad);
+    }
+    printf("rounding   p rounded to f16/bf16 before P V; fa_vround_f16 exact on %ld values: %s\n", checked,
+           ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+}
+
+/* ---- errors and the ISA switch ---------------------------------------------------- */
+
+#define EXPECT(cond, ...)                                                                  \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            failures++;                                                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+            printf(__VA_ARGS__);                                                           \
+            printf("\n");                                                                  \
+        }                                                                                  \
+    } while (0)
+
+static void test_errors(void) {
+    const int before = failures;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 1, p.heads_q = 2, p.seq_q = 9, p.seq_k = 11, p.head_dim = 8;
+    p.has_bias = 1, p.has_alibi = 1, p.has_segment_ids = 1;
+    fa_options opt = {FA_BACKEND_CPU, 2, 4, 4};
+    fa_plan *plan = NULL;
+    fa_status st = fa_plan_create(&p, &opt, &plan);
+    EXPECT(st == FA_OK, "plan: %s", fa_last_error());
+    if (st != FA_OK) return;
+    float q[2 * 9 * 8] = {0}, k[2 * 11 * 8] = {0}, v[2 * 11 * 8] = {0}, o[2 * 9 * 8], bias[9 * 11] = {0}, sl[2] = {0};
+    int32_t qs[9] = {0}, ks[11] = {0};
+    fa_forward_args good = {.q = q, .k = k, .v = v, .o = o, .bias = bias, .alibi_slopes = sl, .q_segment_ids = qs,
+                            .kv_segment_ids = ks};
+    struct {
+        const char *name;
+        fa_forward_args a;
+    } bad[6];
+    for (int i = 0; i < 6; i++) bad[i].a = good;
+    bad[0].name = "q", bad[0].a.q = NULL;
+    bad[1].name = "o", bad[1].a.o = NULL;
+    bad[2].name = "bias", bad[2].a.bias = NULL;
+    bad[3].name = "alibi_slopes", bad[3].a.alibi_slopes = NULL;
+    bad[4].name = "kv_segment_ids", bad[4].a.kv_segment_ids = NULL;
+    bad[5].name = "v", bad[5].a.v = NULL;
+    for (int i = 0; i < 6; i++) {
+        st = fa_forward(plan, &bad[i].a);
+        EXPECT(st == FA_ERR_NULL && strstr(fa_last_error(), bad[i].name), "NULL %s: status %d, message \"%s\"",
+               bad[i].name, st, fa_last_error());
+    }
+    fa_cost cost;
+    fa_plan_cost(plan, FA_FORWARD, &cost);
+    char *ws = tu_alloc((size_t)cost.workspace_bytes + 1);
+    fa_forward_args a = good;
+    a.workspace = ws;
+    a.workspace_size = (size_t)cost.workspace_bytes - 1;
+    st = fa_forward(plan, &a);
+    EXPECT(st == FA_ERR_INVALID && strstr(fa_last_error(), "workspace_size"), "small workspace: status %d, \"%s\"", st,
+           fa_last_error());
+    a.workspace_size = (size_t)cost.workspace_bytes;
+    st = fa_forward(plan, &a);
+    EXPECT(st == FA_OK, "exact workspace: %s", fa_last_error());
+    a.workspace = ws + 1; /* misaligned: the driver aligns within its slack */
+    st = fa_forward(plan, &a);
+    EXPECT(st == FA_OK, "misaligned workspace: %s", fa_last_error());
+    EXPECT(cost.workspace_bytes == 2 * fa_cpu_forward_scratch_bytes(plan), "workspace %lld != 2 threads x %lld",
+           (long long)cost.workspace_bytes, (long long)fa_cpu_forward_scratch_bytes(plan));
+    free(ws);
+    fa_plan_destroy(plan);
+
+    /* the ISA switch */
+    const char *saved = getenv("FA_ISA");
+    char keep[64] = "";
+    if (saved) snprintf(keep, sizeof keep, "%s", saved);
+    const fa_isa *isa = NULL;
+    setenv("FA_ISA", "no-such-isa", 1);
+    st = fa_isa_select(&isa);
+    EXPECT(st == FA_ERR_INVALID && strstr(fa_last_error(), "no-such-isa"), "FA_ISA unknown: %d \"%s\"", st,
+           fa_last_error());
+    EXPECT(strcmp(fa_cpu_isa(), "none") == 0, "fa_cpu_isa with a bad FA_ISA: %s", fa_cpu_isa());
+    st = fa_plan_create(&p, &opt, &plan);
+    EXPECT(st == FA_ERR_INVALID && plan == NULL, "plan with a bad FA_ISA: %d", st);
+    setenv("FA_ISA", "scalar", 1);
+    st = fa_isa_select(&isa);
+    EXPECT(st == FA_OK && isa == &fa_isa_scalar, "FA_ISA=scalar: %d", st);
+    EXPECT(strcmp(fa_cpu_isa(), "scalar") == 0, "fa_cpu_isa: %s", fa_cpu_isa());
+    unsetenv("FA_ISA");
+    st = fa_isa_select(&isa);
+    EXPECT(st == FA_OK && isa->available(), "best ISA: %d", st);
+    const char *best = isa->name;
+    if (keep[0]) setenv("FA_ISA", keep, 1);
+    printf("errors     NULL pointers, workspace_size, FA_ISA: %s (best ISA here: %s, in use: %s)\n",
+           failures == before ? "ok" : "FAIL", best, fa_cpu_isa());
+}
+
+int main(void) {
+    printf("test_forward_contracts: isa %s\n", fa_cpu_isa());
+    test_vexp();
+    test_p_rounding();
+    test_errors();
+    printf("test_forward_contracts: %s\n", failures ? "FAILED" : "all passed");
+    return failures != 0;
+}
