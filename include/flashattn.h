@@ -109,6 +109,10 @@ typedef struct {
 
 typedef struct fa_plan fa_plan;
 
+/* Progress of a long call: work items (tiles) done out of total. Called by the CPU backend
+ * at most once per percent, from one worker thread at a time; keep it short. */
+typedef void (*fa_progress_fn)(void *ctx, int64_t done, int64_t total);
+
 /* Tensors of one forward call. Pointers are host pointers for the CPU backend and device
  * pointers for CUDA. lse may be NULL (the kernel computes it anyway). */
 typedef struct {
@@ -122,6 +126,8 @@ typedef struct {
     size_t workspace_size;
     void *stream;                /* CUDA stream (cudaStream_t), NULL for the default */
     fa_counts *counts;           /* if not NULL, receives what the kernels counted */
+    fa_progress_fn progress;     /* optional (CPU backend) */
+    void *progress_ctx;
 } fa_forward_args;
 
 /* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */
@@ -136,6 +142,8 @@ typedef struct {
     size_t workspace_size;
     void *stream;
     fa_counts *counts;
+    fa_progress_fn progress;     /* optional (CPU backend) */
+    void *progress_ctx;
 } fa_backward_args;
 
 /* ---- describe a problem ----------------------------------------------------------- */

@@ -1,6 +1,6 @@
 /* The forward's small contracts, apart from its accuracy grid (test_forward.c): the
  * vectorized exp against libm, p rounded to the dtype before P V (SPEC section 1), argument
- * errors (NULL pointers, workspace_size) and the FA_ISA switch. */
+ * errors (NULL pointers, workspace_size), the FA_ISA switch and progress callbacks. */
 #include "test_util.h"
 
 #include "cpu/isa.h"
@@ -190,11 +190,58 @@ static void test_errors(void) {
            failures == before ? "ok" : "FAIL", best, fa_cpu_isa());
 }
 
+/* ---- progress callbacks (forward and backward) ------------------------------------ */
+
+typedef struct {
+    int calls, monotone;
+    int64_t last, total;
+} progress_seen;
+
+static void on_progress(void *ctx, int64_t done, int64_t total) {
+    progress_seen *ps = ctx;
+    /* reports come one thread at a time, each moving the percent forward */
+    if (done <= ps->last || done > total) ps->monotone = 0;
+    ps->calls++;
+    ps->last = done;
+    ps->total = total;
+}
+
+static void test_progress(void) {
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 2, p.heads_q = 3, p.seq_q = 200, p.seq_k = 150, p.head_dim = 16;
+    fa_options o = {.threads = 2, .block_q = 16, .block_k = 16};
+    fa_plan *plan;
+    int ok = fa_plan_create(&p, &o, &plan) == FA_OK;
+    size_t n = 2 * 3 * 200 * 16, nk = 2 * 3 * 150 * 16;
+    float *q = tu_alloc(n * 4), *k = tu_alloc(nk * 4), *v = tu_alloc(nk * 4), *out = tu_alloc(n * 4);
+    float *lse = tu_alloc(2 * 3 * 200 * 4), *dq = tu_alloc(n * 4), *dk = tu_alloc(nk * 4), *dv = tu_alloc(nk * 4);
+    uint64_t s = 7;
+    tu_fill(&s, FA_F32, q, (int64_t)n, 1.0);
+    tu_fill(&s, FA_F32, k, (int64_t)nk, 1.0);
+    tu_fill(&s, FA_F32, v, (int64_t)nk, 1.0);
+    progress_seen f = {0, 1, 0, 0}, b = {0, 1, 0, 0};
+    fa_forward_args fw = {.q = q, .k = k, .v = v, .o = out, .lse = lse, .progress = on_progress, .progress_ctx = &f};
+    ok = ok && fa_forward(plan, &fw) == FA_OK;
+    /* 2 x 3 heads x 13 query tiles = 78 items; backward 2 x 3 x 10 key tiles + 78 */
+    ok = ok && f.monotone && f.calls >= 2 && f.last == 78 && f.total == 78;
+    fa_backward_args bw = {.q = q, .k = k, .v = v, .o = out, .d_o = out, .lse = lse, .dq = dq, .dk = dk, .dv = dv,
+                           .progress = on_progress, .progress_ctx = &b};
+    ok = ok && fa_backward(plan, &bw) == FA_OK;
+    ok = ok && b.monotone && b.calls >= 2 && b.last == 138 && b.total == 138;
+    printf("progress   forward %d reports, last %lld/%lld; backward %d reports, last %lld/%lld: %s\n", f.calls,
+           (long long)f.last, (long long)f.total, b.calls, (long long)b.last, (long long)b.total, ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+    fa_plan_destroy(plan);
+    free(q), free(k), free(v), free(out), free(lse), free(dq), free(dk), free(dv);
+}
+
 int main(void) {
     printf("test_forward_contracts: isa %s\n", fa_cpu_isa());
     test_vexp();
     test_p_rounding();
     test_errors();
+    test_progress();
     printf("test_forward_contracts: %s\n", failures ? "FAILED" : "all passed");
     return failures != 0;
 }

@@ -125,6 +125,21 @@ static int write_outputs(output *outs, int n, fa_dtype t) {
     return 0;
 }
 
+/* Progress of a long run on stderr, every 10%: "run: forward 40% (1200/3000 tiles)". */
+typedef struct {
+    const char *pass;
+    int64_t last_tenth;
+} progress_state;
+
+static void report_progress(void *ctx, int64_t done, int64_t total) {
+    progress_state *ps = ctx;
+    int64_t tenth = done * 10 / total;
+    if (tenth == ps->last_tenth) return;
+    ps->last_tenth = tenth;
+    fprintf(stderr, "flashattn: %s %3d%% (%" PRId64 "/%" PRId64 " tiles)\n", ps->pass, (int)(done * 100 / total),
+            done, total);
+}
+
 int cli_run(const cli_args *a) {
     int grad = a->cmd == CMD_GRAD;
     const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
@@ -212,8 +227,14 @@ int cli_run(const cli_args *a) {
     for (int i = 0; i < 4; i++)
         if (dx[i] && (rc = cli_mem_put(&mem, dx[i], xb[i], 1, &ddx[i]))) goto done_dev;
 
+    fa_cost cost;
+    fa_plan_cost(plan, FA_FORWARD, &cost);
+    /* long CPU calls show progress on stderr (500 GFLOP is seconds even on many cores) */
+    const int show = fa_plan_backend(plan) == FA_BACKEND_CPU && cost.flops > (int64_t)5e11;
+    progress_state ps = {"forward", -1};
     fa_forward_args fw;
     memset(&fw, 0, sizeof fw);
+    if (show) fw.progress = report_progress, fw.progress_ctx = &ps;
     fw.q = d[0], fw.k = d[1], fw.v = d[2], fw.o = d[4], fw.lse = d[5];
     fw.bias = ddx[0], fw.alibi_slopes = ddx[1], fw.q_segment_ids = ddx[2], fw.kv_segment_ids = ddx[3];
     fw.counts = (a->count && !grad) ? &counts : NULL;
@@ -230,6 +251,8 @@ int cli_run(const cli_args *a) {
         bw.bias = fw.bias, bw.alibi_slopes = fw.alibi_slopes;
         bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
         bw.counts = a->count ? &counts : NULL;
+        progress_state pb = {"backward", -1};
+        if (show) bw.progress = report_progress, bw.progress_ctx = &pb;
         st = fa_backward(plan, &bw);
         if (st != FA_OK) {
             rc = cli_fail_status(st, "backward");

@@ -13,6 +13,7 @@
  * forward uses; p and dS are rounded to the problem's dtype before they enter a product
  * (the microkernels' contract, isa.h). Counting follows the COUNTING RULES in internal.h. */
 #include "isa.h"
+#include "progress.h"
 #include "vexp.h"
 
 #include <omp.h>
@@ -337,6 +338,8 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
     const int64_t bq = plan->bwd_bq, bk = plan->bwd_bk, Dv = p->head_dim_v;
     const int64_t nq = (Sq + bq - 1) / bq, nk = (p->seq_k + bk - 1) / bk;
     int64_t flops = 0, trans = 0;
+    fa_progress progress;
+    fa_progress_init(&progress, a->progress, a->progress_ctx, B * Hk * nk + B * Hq * nq);
 
 #pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
     {
@@ -358,10 +361,16 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
         /* the implicit barrier above publishes delta */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < B * Hk * nk; t++)
+        {
             bwd_dkdv_task(&c, &w, t / (Hk * nk), t / nk % Hk, t % nk, &cnt);
+            fa_progress_step(&progress, 1);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < B * Hq * nq; t++)
+        {
             bwd_dq_task(&c, &w, t / (Hq * nq), t / nq % Hq, t % nq, &cnt);
+            fa_progress_step(&progress, 1);
+        }
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }

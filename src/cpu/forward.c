@@ -10,6 +10,7 @@
  * threading, masks and the softmax bookkeeping. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
 #include "isa.h"
+#include "progress.h"
 #include "vexp.h"
 
 #include <omp.h>
@@ -330,6 +331,8 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq;
     const int64_t items = p->batch * p->heads_q * qtiles;
     int64_t flops = 0, trans = 0;
+    fa_progress progress;
+    fa_progress_init(&progress, a->progress, a->progress_ctx, items);
 #pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
     {
         const fwd_scratch sc = carve_scratch(pl, ws + (int64_t)omp_get_thread_num() * per_thread);
@@ -339,6 +342,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
             /* last query tiles first: under causal masks they carry the most keys */
             const int64_t qt = qtiles - 1 - it % qtiles, bh = it / qtiles;
             forward_item(&cx, &sc, bh / p->heads_q, bh % p->heads_q, qt * cx.bq, &cnt);
+            fa_progress_step(&progress, 1);
         }
         flops += cnt.flops;
         trans += cnt.transcendentals;
