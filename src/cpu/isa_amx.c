@@ -36,7 +36,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define HDR 64 /* header bytes in front of every packed buffer */
 #define FMT_F32 1u
 #define FMT_AMX 2u
 #define PB_KC 512 /* keys of p converted to bf16 at a time (32 rows: 32 KiB of stack) */
@@ -101,31 +100,15 @@ static int amx_available(void) {
 static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 static int64_t amx_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
-    if (t != FA_BF16) return HDR + fa_avx512_packed_bytes(rows, cols, t);
-    return HDR + round_up(rows, 32) * round_up(cols, 32) * 2; /* covers all three layouts */
-}
-
-static inline uint32_t fmt_of(const void *packed) {
-    uint32_t f;
-    memcpy(&f, packed, sizeof f);
-    return f;
-}
-static inline void set_fmt(void *packed, uint32_t f) { memcpy(packed, &f, sizeof f); }
-static inline void *payload(void *packed) { return (char *)packed + HDR; }
-static inline const void *cpayload(const void *packed) { return (const char *)packed + HDR; }
-
-static inline __mmask16 mask16(int n) {
-    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
-}
-static inline __mmask32 mask32(int n) {
-    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1u);
+    if (t != FA_BF16) return FA_PACK_HDR + fa_avx512_packed_bytes(rows, cols, t);
+    return FA_PACK_HDR + round_up(rows, 32) * round_up(cols, 32) * 2; /* covers all three layouts */
 }
 
 /* 32 bf16 values of row r from column c: those below column c + nc, zeros after. */
 static inline __m512i load32(const fa_tile_src *s, int r, int c, int nc) {
     if (nc <= 0) return _mm512_setzero_si512();
     if (s->col_stride == 1)
-        return _mm512_maskz_loadu_epi16(mask32(nc), (const uint16_t *)s->base + r * s->row_stride + c);
+        return _mm512_maskz_loadu_epi16(fa_mask32(nc), (const uint16_t *)s->base + r * s->row_stride + c);
     uint16_t tmp[32] = {0};
     for (int e = 0; e < nc && e < 32; e++)
         tmp[e] = ((const uint16_t *)s->base)[r * s->row_stride + (int64_t)(c + e) * s->col_stride];
@@ -137,13 +120,13 @@ static inline __m512i load32(const fa_tile_src *s, int r, int c, int nc) {
 /* Q (m x k) as bf16 rows of kp values, m rounded up to 16 rows. */
 static void amx_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
     if (src->dtype != FA_BF16) {
-        set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_a(src, rows, cols, payload(dst));
+        fa_pack_set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_a(src, rows, cols, fa_pack_payload(dst));
         return;
     }
-    set_fmt(dst, FMT_AMX);
+    fa_pack_set_fmt(dst, FMT_AMX);
     const int kp = (int)round_up(cols, 32), mp = (int)round_up(rows, 16);
-    uint16_t *out = (uint16_t *)payload(dst);
+    uint16_t *out = (uint16_t *)fa_pack_payload(dst);
     for (int r = 0; r < mp; r++)
         for (int c = 0; c < kp; c += 32)
             _mm512_storeu_si512(out + (int64_t)r * kp + c,
@@ -154,13 +137,13 @@ static void amx_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
  * keys x 32 head dims block is transposed as 16 x 16 words (a word = a pair). */
 static void amx_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
     if (src->dtype != FA_BF16) {
-        set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_bt(src, rows, cols, payload(dst));
+        fa_pack_set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_bt(src, rows, cols, fa_pack_payload(dst));
         return;
     }
-    set_fmt(dst, FMT_AMX);
+    fa_pack_set_fmt(dst, FMT_AMX);
     const int kp = (int)round_up(cols, 32);
-    uint32_t *out = (uint32_t *)payload(dst);
+    uint32_t *out = (uint32_t *)fa_pack_payload(dst);
     for (int j0 = 0; j0 < rows; j0 += 16) {
         uint32_t *panel = out + (int64_t)(j0 / 16) * (kp / 2) * 16;
         for (int c = 0; c < kp; c += 32) {
@@ -185,13 +168,13 @@ static void amx_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
  * of 32 columns are interleaved into the pairs of two panels. */
 static void amx_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
     if (src->dtype != FA_BF16) {
-        set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_b(src, rows, cols, payload(dst));
+        fa_pack_set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_b(src, rows, cols, fa_pack_payload(dst));
         return;
     }
-    set_fmt(dst, FMT_AMX);
+    fa_pack_set_fmt(dst, FMT_AMX);
     const int np2 = (int)round_up(rows, 32) / 2;
-    uint32_t *out = (uint32_t *)payload(dst);
+    uint32_t *out = (uint32_t *)fa_pack_payload(dst);
     /* word c of the low half: (a[c], b[c]); of the high half: (a[16 + c], b[16 + c]) */
     uint16_t lo_idx[32], hi_idx[32];
     for (int c = 0; c < 16; c++) {
@@ -217,11 +200,11 @@ static void amx_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
 
 /* rows x cols (<= 16 x 16) of a 16 x 16 f32 tile buffer to / from a matrix of stride ld. */
 static inline void tile_to(const float *t, float *dst, int ld, int rows, int cols) {
-    const __mmask16 k = mask16(cols);
+    const __mmask16 k = fa_mask16(cols);
     for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(dst + (int64_t)r * ld, k, _mm512_loadu_ps(t + 16 * r));
 }
 static inline void tile_from(float *t, const float *src, int ld, int rows, int cols) {
-    const __mmask16 k = mask16(cols);
+    const __mmask16 k = fa_mask16(cols);
     for (int r = 0; r < 16; r++)
         _mm512_storeu_ps(t + 16 * r, r < rows ? _mm512_maskz_loadu_ps(k, src + (int64_t)r * ld) : _mm512_setzero_ps());
 }
@@ -306,12 +289,12 @@ static void block_any(int mt, int nt, int KT, const uint16_t *a, int64_t lda, co
 /* ---- products ----------------------------------------------------------------------- */
 
 static void amx_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
-    if (fmt_of(a) != FMT_AMX) {
-        fa_isa_avx512.gemm_abt(m, n, k, cpayload(a), cpayload(bt), s, lds);
+    if (fa_pack_fmt(a) != FMT_AMX) {
+        fa_isa_avx512.gemm_abt(m, n, k, fa_pack_cpayload(a), fa_pack_cpayload(bt), s, lds);
         return;
     }
-    const uint16_t *A = (const uint16_t *)cpayload(a);
-    const uint32_t *BT = (const uint32_t *)cpayload(bt);
+    const uint16_t *A = (const uint16_t *)fa_pack_cpayload(a);
+    const uint32_t *BT = (const uint32_t *)fa_pack_cpayload(bt);
     const int kp = (int)round_up(k, 32);
     const int64_t panel = (int64_t)(kp / 2) * 16; /* words per panel of 16 keys */
     tiles_begin();
@@ -341,19 +324,19 @@ static void p_to_bf16(const float *p, int ldp, int rows, int mt, int kn, int kc,
         for (; e + 32 <= kn; e += 32)
             _mm512_storeu_si512(d + e, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + e + 16), _mm512_loadu_ps(row + e)));
         for (; e < kc; e += 32) {
-            const __m512 lo = _mm512_maskz_loadu_ps(mask16(kn - e), row + e);
-            const __m512 hi = _mm512_maskz_loadu_ps(mask16(kn - e - 16), row + e + 16);
+            const __m512 lo = _mm512_maskz_loadu_ps(fa_mask16(kn - e), row + e);
+            const __m512 hi = _mm512_maskz_loadu_ps(fa_mask16(kn - e - 16), row + e + 16);
             _mm512_storeu_si512(d + e, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
     }
 }
 
 static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
-    if (fmt_of(b) != FMT_AMX) {
-        fa_isa_avx512.gemm_pb(m, n, cols, p, ldp, cpayload(b), o, ldo);
+    if (fa_pack_fmt(b) != FMT_AMX) {
+        fa_isa_avx512.gemm_pb(m, n, cols, p, ldp, fa_pack_cpayload(b), o, ldo);
         return;
     }
-    const uint32_t *V = (const uint32_t *)cpayload(b);
+    const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
     const int np2 = (int)round_up(n, 32) / 2;
     const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
     uint16_t pp[32 * PB_KC] __attribute__((aligned(64)));

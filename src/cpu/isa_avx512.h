@@ -1,4 +1,4 @@
-/* Shared by the AVX-512 microkernel files (isa_avx512.c, isa_avx512bf16.c): the vector exp
+/* Shared by the AVX-512 microkernel files (isa_avx512.c, isa_avx512bf16.c, isa_amx.c): the vector exp
  * and the f32 helpers the bf16 table reuses for f32 and f16 inputs. Include only from
  * files compiled with AVX-512 flags. */
 #ifndef FA_CPU_ISA_AVX512_H
@@ -7,6 +7,7 @@
 #include "isa.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 extern const fa_isa fa_isa_avx512;
 
@@ -37,6 +38,27 @@ static inline __m512 fa_avx512_exp(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* Packed buffers of the bf16-capable tables (isa_avx512bf16.c, isa_amx.c) start with a
+ * 64-byte header naming their format, so one table can hold f32 (for f32/f16 problems) or
+ * bf16 layouts, and the products know which they were given. */
+#define FA_PACK_HDR 64
+static inline uint32_t fa_pack_fmt(const void *packed) {
+    uint32_t f;
+    memcpy(&f, packed, sizeof f);
+    return f;
+}
+static inline void fa_pack_set_fmt(void *packed, uint32_t f) { memcpy(packed, &f, sizeof f); }
+static inline void *fa_pack_payload(void *packed) { return (char *)packed + FA_PACK_HDR; }
+static inline const void *fa_pack_cpayload(const void *packed) { return (const char *)packed + FA_PACK_HDR; }
+
+/* Lane masks for the first n lanes (n clamped to [0, 16] / [0, 32]). */
+static inline __mmask16 fa_mask16(int n) {
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+static inline __mmask32 fa_mask32(int n) {
+    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1u);
 }
 
 /* Transposes the 16 x 16 block of 32-bit lanes r[0..15] (rows) in place into columns. */

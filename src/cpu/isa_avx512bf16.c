@@ -18,7 +18,6 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define HDR 64 /* header bytes in front of every packed buffer */
 #define FMT_F32 1u
 #define FMT_BF16 2u
 #define ABT_MR 12
@@ -33,20 +32,8 @@ static int bf16_available(void) {
 }
 
 static int64_t bf16_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
-    return HDR + fa_avx512_packed_bytes(rows, cols, t);
+    return FA_PACK_HDR + fa_avx512_packed_bytes(rows, cols, t);
 }
-
-static inline uint32_t fmt_of(const void *packed) {
-    uint32_t f;
-    memcpy(&f, packed, sizeof f);
-    return f;
-}
-static inline void set_fmt(void *packed, uint32_t f) { memcpy(packed, &f, sizeof f); }
-static inline void *payload(void *packed) { return (char *)packed + HDR; }
-static inline const void *cpayload(const void *packed) { return (const char *)packed + HDR; }
-
-static inline __mmask16 mask16(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
-static inline __mmask32 mask32(int n) { return n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1u); }
 
 /* Element (r, c) of a bf16 source as raw bits. */
 static inline uint16_t raw(const fa_tile_src *s, int r, int c) {
@@ -57,20 +44,20 @@ static inline uint16_t raw(const fa_tile_src *s, int r, int c) {
 
 static void bf16_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
     if (src->dtype != FA_BF16) {
-        set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_a(src, rows, cols, payload(dst));
+        fa_pack_set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_a(src, rows, cols, fa_pack_payload(dst));
         return;
     }
-    set_fmt(dst, FMT_BF16);
+    fa_pack_set_fmt(dst, FMT_BF16);
     const int kp = (cols + 1) / 2;
-    uint16_t *out = (uint16_t *)payload(dst);
+    uint16_t *out = (uint16_t *)fa_pack_payload(dst);
     for (int r = 0; r < rows; r++) {
         uint16_t *d = out + (int64_t)r * 2 * kp;
         if (src->col_stride == 1) {
             const uint16_t *s = (const uint16_t *)src->base + r * src->row_stride;
             int c = 0;
             for (; c + 32 <= cols; c += 32) _mm512_storeu_si512(d + c, _mm512_loadu_si512(s + c));
-            if (c < cols) _mm512_mask_storeu_epi16(d + c, mask32(cols - c), _mm512_maskz_loadu_epi16(mask32(cols - c), s + c));
+            if (c < cols) _mm512_mask_storeu_epi16(d + c, fa_mask32(cols - c), _mm512_maskz_loadu_epi16(fa_mask32(cols - c), s + c));
         } else {
             for (int c = 0; c < cols; c++) d[c] = raw(src, r, c);
         }
@@ -81,12 +68,12 @@ static void bf16_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
 /* K (n keys x k) into panels of 32 keys of head-dim pairs: dst[p][x/2][32]. */
 static void bf16_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
     if (src->dtype != FA_BF16) {
-        set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_bt(src, rows, cols, payload(dst));
+        fa_pack_set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_bt(src, rows, cols, fa_pack_payload(dst));
         return;
     }
-    set_fmt(dst, FMT_BF16);
-    uint32_t *out = (uint32_t *)payload(dst);
+    fa_pack_set_fmt(dst, FMT_BF16);
+    uint32_t *out = (uint32_t *)fa_pack_payload(dst);
     const int kp = (cols + 1) / 2;
     for (int j0 = 0; j0 < rows; j0 += 16) {
         const int nj = rows - j0 < 16 ? rows - j0 : 16;
@@ -100,7 +87,7 @@ static void bf16_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) 
                 } else if (src->col_stride == 1) {
                     const uint16_t *row = (const uint16_t *)src->base + (j0 + j) * src->row_stride + 2 * x0;
                     if (j0 + 32 + j < rows) _mm_prefetch((const char *)(row + 32 * src->row_stride), _MM_HINT_T0);
-                    r[j] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask32(ne), row));
+                    r[j] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(fa_mask32(ne), row));
                 } else {
                     uint16_t tmp[32] = {0};
                     for (int e = 0; e < ne; e++) tmp[e] = raw(src, j0 + j, 2 * x0 + e);
@@ -125,7 +112,7 @@ static inline int pb_width(int cols, int p) {
 /* 16 bf16 values of row r from column c (masked) as zero-extended 32-bit words. */
 static inline __m512i row16(const fa_tile_src *s, int r, int c, int nc) {
     if (s->col_stride == 1)
-        return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask16(nc), (const uint16_t *)s->base + r * s->row_stride + c));
+        return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(fa_mask16(nc), (const uint16_t *)s->base + r * s->row_stride + c));
     uint16_t tmp[16] = {0};
     for (int e = 0; e < nc && e < 16; e++) tmp[e] = raw(s, r, c + e);
     return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)tmp));
@@ -134,12 +121,12 @@ static inline __m512i row16(const fa_tile_src *s, int r, int c, int nc) {
 /* V (n keys x cols) into panels of 64 columns of key pairs: dst[p][j/2][w]. */
 static void bf16_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
     if (src->dtype != FA_BF16) {
-        set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_b(src, rows, cols, payload(dst));
+        fa_pack_set_fmt(dst, FMT_F32);
+        fa_isa_avx512.pack_b(src, rows, cols, fa_pack_payload(dst));
         return;
     }
-    set_fmt(dst, FMT_BF16);
-    uint32_t *out = (uint32_t *)payload(dst);
+    fa_pack_set_fmt(dst, FMT_BF16);
+    uint32_t *out = (uint32_t *)fa_pack_payload(dst);
     const int np = (rows + 1) / 2;
     for (int p = 0; p * PB_NR < cols; p++) {
         const int w = pb_width(cols, p), c0 = p * PB_NR;
@@ -219,15 +206,15 @@ static void pb_block(int mr, int nv, int KP, const uint32_t *A, int64_t lda, con
 }
 
 static void bf16_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
-    if (fmt_of(a) != FMT_BF16) {
-        fa_isa_avx512.gemm_abt(m, n, k, cpayload(a), cpayload(bt), s, lds);
+    if (fa_pack_fmt(a) != FMT_BF16) {
+        fa_isa_avx512.gemm_abt(m, n, k, fa_pack_cpayload(a), fa_pack_cpayload(bt), s, lds);
         return;
     }
-    const uint32_t *A = (const uint32_t *)cpayload(a), *BT = (const uint32_t *)cpayload(bt);
+    const uint32_t *A = (const uint32_t *)fa_pack_cpayload(a), *BT = (const uint32_t *)fa_pack_cpayload(bt);
     const int kp = (k + 1) / 2;
     for (int j0 = 0; j0 < n; j0 += ABT_NR) {
         const int nj = n - j0 < ABT_NR ? n - j0 : ABT_NR, nv = (nj + 15) / 16;
-        const __mmask16 last = mask16(nj - 16 * (nv - 1));
+        const __mmask16 last = fa_mask16(nj - 16 * (nv - 1));
         const uint32_t *panel = BT + (int64_t)j0 * kp;
         for (int i0 = 0; i0 < m; i0 += ABT_MR) {
             const int mr = m - i0 < ABT_MR ? m - i0 : ABT_MR;
@@ -247,19 +234,19 @@ static void p_pairs(const float *p, int ldp, int mr, int n, int j0, int np, uint
             _mm512_storeu_si512(d + e / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + e + 16), _mm512_loadu_ps(row + e)));
         if (e < ne) {
             const int t = ne - e;
-            __m512 lo = _mm512_maskz_loadu_ps(mask16(t), row + e);
-            __m512 hi = t > 16 ? _mm512_maskz_loadu_ps(mask16(t - 16), row + e + 16) : _mm512_setzero_ps();
-            _mm512_mask_storeu_epi32(d + e / 2, mask16((t + 1) / 2), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            __m512 lo = _mm512_maskz_loadu_ps(fa_mask16(t), row + e);
+            __m512 hi = t > 16 ? _mm512_maskz_loadu_ps(fa_mask16(t - 16), row + e + 16) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(d + e / 2, fa_mask16((t + 1) / 2), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
     }
 }
 
 static void bf16_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
-    if (fmt_of(b) != FMT_BF16) {
-        fa_isa_avx512.gemm_pb(m, n, cols, p, ldp, cpayload(b), o, ldo);
+    if (fa_pack_fmt(b) != FMT_BF16) {
+        fa_isa_avx512.gemm_pb(m, n, cols, p, ldp, fa_pack_cpayload(b), o, ldo);
         return;
     }
-    const uint32_t *V = (const uint32_t *)cpayload(b);
+    const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
     const int np = (n + 1) / 2;
     uint32_t pp[PB_MR * PB_MAX_PAIRS];
     for (int i0 = 0; i0 < m; i0 += PB_MR) {
@@ -269,7 +256,7 @@ static void bf16_gemm_pb(int m, int n, int cols, const float *p, int ldp, const 
             p_pairs(p + (int64_t)i0 * ldp, ldp, mr, n, j0, nj, pp);
             for (int c0 = 0, pi = 0; c0 < cols; c0 += PB_NR, pi++) {
                 const int w = pb_width(cols, pi), nc = cols - c0 < PB_NR ? cols - c0 : PB_NR, nv = w / 16;
-                const __mmask16 last = mask16(nc - 16 * (nv - 1));
+                const __mmask16 last = fa_mask16(nc - 16 * (nv - 1));
                 const uint32_t *panel = V + (int64_t)c0 * np + (int64_t)j0 * w;
                 pb_block(mr, nv, nj, pp, nj, panel, w, o + (int64_t)i0 * ldo + c0, ldo, last);
             }
