@@ -62,7 +62,7 @@ typedef struct {
 
     int has_scale; /* 0: scale = 1/sqrt(head_dim) */
     float scale;
-    int causal;            /* bottom-right aligned: key j visible to query i if j <= i + Sk - Sq */
+    int causal;            /* key j visible to query i if j <= i + off (off: see diag_offset) */
     int64_t window_left;   /* -1 unbounded (the default) */
     int64_t window_right;  /* -1 unbounded (the default) */
     float softcap;         /* 0: off; > 0: s = cap * tanh(s / cap) */
@@ -72,6 +72,22 @@ typedef struct {
     int64_t bias_heads;    /* 1 or Hq */
     fa_strides bias_stride; /* all zeros: contiguous; a stride of a size-1 dim is ignored */
     int has_segment_ids;   /* q_segment_ids [B, Sq], kv_segment_ids [B, Sk], int32, contiguous */
+
+    /* Where masks align. Query row i sits at key position i + off: causal shows keys
+     * j <= i + off, windows are measured from i + off, ALiBi uses |i + off - j|. By default
+     * off = Sk - Sq (bottom-right, as FlashAttention-2); has_diag_offset sets off =
+     * diag_offset instead (0: top-left, as PyTorch's is_causal and the Pallas TPU kernel; any
+     * value: a block of a larger problem, as the sequence-parallel code uses). */
+    int has_diag_offset;
+    int64_t diag_offset;
+    /* Bias scale: s += bias_scale * bias (has_bias_scale; else 1). The Pallas TPU kernel adds
+     * its bias before scaling, which is bias_scale = scale. Must be finite. */
+    int has_bias_scale;
+    float bias_scale;
+    /* The backward also writes dbias (fa_backward_args.dbias, f32, contiguous, the bias's
+     * shape [bias_batch, bias_heads, Sq, Sk], summed over broadcast dims in a fixed order).
+     * A plan-time flag so that the backward's cost includes it. Needs has_bias. */
+    int bias_grad;
 
     /* Reserved for packed variable-length sequences (cu_seqlens) and kv-cache decoding;
      * must be 0 in this version. */
@@ -135,6 +151,7 @@ typedef struct {
     const void *q, *k, *v, *o, *d_o;
     const float *lse;            /* [B, Hq, Sq] contiguous, required */
     void *dq, *dk, *dv;          /* strided like q, k, v */
+    float *dbias;                /* when the problem has bias_grad: [bias_batch, bias_heads, Sq, Sk] */
     const float *bias;
     const float *alibi_slopes;
     const int32_t *q_segment_ids, *kv_segment_ids;

@@ -100,6 +100,17 @@ static fa_status validate_problem(fa_problem *p) {
     if (p->window_left < -1 || p->window_right < -1)
         return fa_error(FA_ERR_INVALID, "window (%lld, %lld): each side must be >= -1 (-1 = unbounded)",
                         (long long)p->window_left, (long long)p->window_right);
+    if (p->has_diag_offset && (p->diag_offset < -(int64_t)INT32_MAX || p->diag_offset > (int64_t)INT32_MAX))
+        return fa_error(FA_ERR_INVALID, "diag_offset must be within +-%d, got %lld", INT32_MAX,
+                        (long long)p->diag_offset);
+    if (p->has_bias_scale && !isfinite(p->bias_scale))
+        return fa_error(FA_ERR_INVALID, "bias_scale must be finite, got %g", (double)p->bias_scale);
+    if (p->bias_grad && !p->has_bias)
+        return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
+    /* TODO(issue 8): bias_scale and dbias land with the kernels' support */
+    if (p->has_bias_scale && p->bias_scale != 1.0f)
+        return fa_error(FA_ERR_UNSUPPORTED, "bias_scale is not supported yet");
+    if (p->bias_grad) return fa_error(FA_ERR_UNSUPPORTED, "bias_grad is not supported yet");
     if (p->varlen)
         return fa_error(FA_ERR_UNSUPPORTED, "packed variable-length sequences are not supported yet");
     if (p->kv_cache_len)
@@ -218,7 +229,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
         pl->p.scale = pl->scale;
         pl->p.has_scale = 1;
-        pl->off = pl->p.seq_k - pl->p.seq_q;
+        pl->off = pl->p.has_diag_offset ? pl->p.diag_offset : pl->p.seq_k - pl->p.seq_q;
         s = fa_cost_compute(pl);
     }
     if (s) {

@@ -73,6 +73,8 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
     tu_fill(rng, q->dtype, c->g, c->no, 1.0);
     c->lse = tu_alloc(sizeof(float) * (size_t)(B * Hq * Sq));
     if (mask & M_CAUSAL) q->causal = 1;
+    /* now and then masks aligned elsewhere (top-left, or a block of a larger problem) */
+    if (!(mask & M_NEGINF) && tu_int(rng, 0, 3) == 0) q->has_diag_offset = 1, q->diag_offset = tu_int(rng, -Sq, Sk);
     if (mask & M_WINDOW) {
         static const int64_t w[] = {-1, 0, 5, 40};
         do {

@@ -75,6 +75,7 @@ static void test_random(int n) {
             p.window_right = tu_int(&rng, -1, 40);
         }
         p.softcap = tu_int(&rng, 0, 1) ? 7.5f : 0.0f;
+        if (tu_int(&rng, 0, 3) == 0) p.has_diag_offset = 1, p.diag_offset = tu_int(&rng, -p.seq_q - 2, p.seq_k + 2);
         p.has_bias = (int)tu_int(&rng, 0, 3) == 0;
         if (p.has_bias) {
             p.bias_batch = tu_int(&rng, 0, 1) ? p.batch : 1;

@@ -57,6 +57,8 @@ typedef struct {
     int integer;           /* q, k small integers: exact scores of any magnitude */
     int no_lse;
     int user_ws;           /* pass a workspace of exactly the plan's size */
+    int has_diag;          /* masks aligned at off = diag instead of Sk - Sq */
+    int64_t diag;
 } tcase;
 
 static tcase base_case(void) {
@@ -149,6 +151,7 @@ static int run_case(const char *group, int idx, const tcase *c, group_stats *gs)
     p.has_scale = c->has_scale, p.scale = c->scale;
     p.has_alibi = c->alibi != 0, p.has_bias = c->bias, p.has_segment_ids = c->seg != 0;
     p.bias_batch = c->bias_b, p.bias_heads = c->bias_h;
+    p.has_diag_offset = c->has_diag, p.diag_offset = c->diag;
 
     const int64_t qd[4] = {c->B, c->Hq, c->Sq, c->D}, kd[4] = {c->B, c->Hk, c->Sk, c->D};
     const int64_t vd[4] = {c->B, c->Hk, c->Sk, c->Dv}, od[4] = {c->B, c->Hq, c->Sq, c->Dv};
@@ -436,6 +439,17 @@ static void mk_threads(tcase *c, int i) {
     c->no_lse = i % 3 == 1;
     c->causal = i % 2;
 }
+/* Masks aligned elsewhere than bottom-right: top-left (0) and arbitrary offsets, as a
+ * block of a larger problem has (with causal, windows and ALiBi, which all use it). */
+static void mk_diag(tcase *c, int i) {
+    random_shape(c);
+    c->has_diag = 1;
+    c->diag = i % 3 == 0 ? 0 : tu_int(&rng, -c->Sq - 3, c->Sk + 3);
+    c->causal = i % 2 == 0;
+    if (i % 4 >= 2) random_window(c);
+    if (i % 5 == 1) c->alibi = 1;
+    if (i % 3 == 2) c->bq = tu_int(&rng, 1, 40), c->bk = tu_int(&rng, 1, 40);
+}
 /* Everything at once. */
 static void mk_combined(tcase *c, int i) {
     random_shape(c);
@@ -492,6 +506,7 @@ int main(void) {
     run_group("large", mk_large, 8);
     run_group("blocks", mk_blocks, 24);
     run_group("threads", mk_threads, 10);
+    run_group("diag", mk_diag, 18);
     run_group("combined", mk_combined, 40);
     if (failures) {
         printf("test_forward: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);

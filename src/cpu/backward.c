@@ -190,8 +190,10 @@ static void bwd_store(const bwd_ctx *c, void *dst, const fa_strides *st, int64_t
 
 /* The query tiles [*q0, *q1) that visit key tile kt (fa_key_tile_range of their rows holds
  * kt). Both ends of a row's visible keys grow with the row (internal.h), so a tile's key
- * range [k0, k1) only moves right as the tile does (tiles that see nothing come first,
- * with [0, 0)): the visitors are contiguous, found by two binary searches. */
+ * range [k0, k1) only moves right as the tile does: the visitors are contiguous, found by
+ * two binary searches. A tile that sees nothing gets [0, 0) from fa_key_tile_range; for the
+ * search it counts as [nk, nk) when its keys would start past the last one (a diagonal
+ * offset can leave the last tiles with nothing to see), so the order stays monotone. */
 static void bwd_query_tiles(const fa_plan *pl, int64_t kt, int64_t *q0, int64_t *q1) {
     const int64_t bq = pl->bwd_bq, Sq = pl->p.seq_q, nq = (Sq + bq - 1) / bq;
     for (int side = 0; side < 2; side++) {
@@ -200,6 +202,7 @@ static void bwd_query_tiles(const fa_plan *pl, int64_t kt, int64_t *q0, int64_t 
             const int64_t mid = lo + (hi - lo) / 2, r0 = mid * bq, r1 = r0 + bq < Sq ? r0 + bq : Sq;
             int64_t k0, k1;
             fa_key_tile_range(pl, r0, r1, pl->bwd_bk, &k0, &k1);
+            if (k0 == k1 && fa_key_lo(pl, r0) > pl->p.seq_k - 1) k0 = k1 = INT64_MAX;
             if ((side == 0 ? k1 : k0) > kt) hi = mid;
             else lo = mid + 1;
         }

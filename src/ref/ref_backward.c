@@ -43,7 +43,7 @@ static double *ref_load(const fa_problem *p, const void *base, fa_strides st, in
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv) {
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
-                  Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = Sk - Sq;
+                  Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
     const int64_t group = Hq / Hk;
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;

@@ -35,7 +35,7 @@ static double *fwd_ref_load(const fa_problem *p, const void *base, const fa_stri
 void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse) {
     const int64_t B = p->batch, Hq = p->heads_q, Sq = p->seq_q, Sk = p->seq_k, D = p->head_dim;
     const int64_t Hk = p->heads_kv ? p->heads_kv : Hq, Dv = p->head_dim_v ? p->head_dim_v : D;
-    const int64_t off = Sk - Sq, group = Hq / Hk;
+    const int64_t off = p->has_diag_offset ? p->diag_offset : Sk - Sq, group = Hq / Hk;
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
     const fa_strides qs = fwd_ref_strides(p->q_stride, Hq, Sq, D);
