@@ -95,12 +95,16 @@ typedef struct {
     int64_t kv_cache_len;
 } fa_problem;
 
+/* The most CPU threads a plan may ask for (fa_options.threads, or OpenMP's default when
+ * that is 0); more is FA_ERR_INVALID. OpenMP runtimes fail or crash far above it. */
+#define FA_MAX_THREADS 1024
+
 /* Plan options: where and how to run. Zero means "let the library choose". */
 typedef struct {
     fa_backend backend; /* AUTO: CUDA for f16/bf16 where built with it and an NVIDIA device
                            node exists, else CPU; check fa_plan_backend() before passing
                            host or device pointers */
-    int threads;      /* CPU threads; 0: OpenMP's default */
+    int threads;      /* CPU threads, 1..FA_MAX_THREADS; 0: OpenMP's default */
     int64_t block_q;  /* query rows per tile; 0: chosen by the library */
     int64_t block_k;  /* keys per tile; 0: chosen by the library */
 } fa_options;

@@ -181,11 +181,15 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
         return fa_error(FA_ERR_INVALID, "backend %d is not auto, cpu or cuda", (int)b);
     if (b == FA_BACKEND_AUTO) b = auto_backend(&pl->p);
     pl->backend = b;
-    if (o->threads < 0) return fa_error(FA_ERR_INVALID, "threads must be >= 1 (0 = default), got %d", o->threads);
+    if (o->threads < 0 || o->threads > FA_MAX_THREADS)
+        return fa_error(FA_ERR_INVALID, "threads must be 1..%d (0 = default), got %d", FA_MAX_THREADS, o->threads);
     fa_status s;
     if ((s = check_block("block_q", o->block_q)) || (s = check_block("block_k", o->block_k))) return s;
     if (b == FA_BACKEND_CPU) {
         pl->threads = o->threads ? o->threads : omp_get_max_threads();
+        if (pl->threads > FA_MAX_THREADS) /* only the default can get here: OMP_NUM_THREADS */
+            return fa_error(FA_ERR_INVALID, "OpenMP's default of %d threads (OMP_NUM_THREADS) is above the maximum of %d",
+                            pl->threads, FA_MAX_THREADS);
         if ((s = fa_isa_select(&pl->isa))) return s;
         int64_t bq, bk;
         cpu_default_blocks(pl, FA_FORWARD, &bq, &bk);

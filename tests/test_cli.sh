@@ -307,6 +307,77 @@ bad "q and k dtypes differ" "dtype" run --q "$I/q16.npy" --k "$I/k.npy" --v "$I/
 bad "shape flag disagrees with the files" "--batch 3 does not match" run $QKV --batch 3 $O
 bad "bad do.npy with every output named (grad)" "trunc.npy.*truncated" grad $QKV --do "$I/trunc.npy" $G --out "$OUT/o.npy"
 
+# ---- (3b) findings of a black-box run (issue 13, item 7), each a regression case ----------
+# --threads: OpenMP crashed at 65536 and printed its own message at 50000; bounded to 1..1024.
+for c in plan run grad bench; do
+  case $c in
+    plan|bench) args="$SHAPE" ;;
+    run) args="$QKV $O" ;;
+    grad) args="$QKV --do $I/do.npy $G" ;;
+  esac
+  for t in 65536 50000 1025; do
+    bad "$c --threads $t" "^flashattn: --threads: $t is above the maximum of 1024" $c $args --threads $t
+  done
+done
+OMP_NUM_THREADS=5000 bad "OMP_NUM_THREADS=5000 (default above the maximum)" "OMP_NUM_THREADS.*1024" plan $SHAPE
+rm -f "$OUT"/o.npy
+fa run $QKV $CPU --threads 1024 --out "$OUT/o.npy"
+[ $rc -eq 0 ] && [ -f "$OUT/o.npy" ] && ok "run --threads 1024 (the maximum) works" || no "run --threads 1024" "exit $rc: $(cat "$W/se")"
+rm -f "$OUT"/o.npy
+# --memory-budget: whole bytes up to 2^63-1 exactly, units up to E; no hex, no exponents.
+for b in 9223372036854775807:9223372036854775807 7.5E:8646911284551352320 24G:25769803776 1.5T:1649267441664 12B:12 512MiB:536870912; do
+  fa plan $SHAPE --memory-budget "${b%%:*}" --json
+  got=$(json_field "$(cat "$W/so")" "" memory_budget)
+  [ $rc -eq 0 ] && [ "$got" = "${b##*:}" ] && ok "--memory-budget ${b%%:*} = $got bytes" ||
+    no "--memory-budget ${b%%:*}" "exit $rc, memory_budget '$got', want ${b##*:}: $(cat "$W/se")"
+done
+for b in 0x10 1e9 9223372036854775808 8E 1.5 " 1" 1G5 ""; do
+  bad "--memory-budget '$b'" "memory-budget: '$b' is not a size" plan $SHAPE --memory-budget "$b"
+done
+# FA_ISA naming an ISA this CPU lacks is bad input like an unknown name: exit 2, the message
+# names it and what this CPU has.
+have=$("$BUILD/tool_isas" 2>/dev/null)
+FA_ISA=bogus bad "FA_ISA=bogus" "FA_ISA=bogus is not a known ISA.*usable here: .*scalar" run $QKV $CPU $O
+for isa in amx avx512bf16 avx512 avx2; do
+  case " $have " in *" $isa "*) continue ;; esac
+  FA_ISA=$isa bad "FA_ISA=$isa on a CPU without it" "FA_ISA=$isa: this CPU.*does not support $isa; it has: .*scalar" run $QKV $CPU $O
+  FA_ISA=$isa bad "FA_ISA=$isa (plan)" "FA_ISA=$isa" plan $SHAPE --backend cpu
+done
+# .npy descr: exactly what numpy writes here ('<f4', '<f2', '<i4'); a NUL inside the string
+# is malformed, '=f4' and '|f4' (which numpy never writes) are refused by name.
+nul_npy() { # a [2, 2] file whose descr is '<f4' followed by a NUL byte
+  local h1="{'descr': '<f4" h2="', 'fortran_order': False, 'shape': (2, 2), }"
+  local n=$((${#h1} + 1 + ${#h2}))
+  { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $n)\\x00"; printf '%s' "$h1"; printf '\0'
+    printf '%s' "$h2"; head -c 16 /dev/zero; } >"$1"
+}
+nul_npy "$I/descr_nul.npy"
+$R "$I/descr_eq.npy" --header "{'descr': '=f4', 'fortran_order': False, 'shape': (2, 2), }"
+$R "$I/descr_bar.npy" --header "{'descr': '|f4', 'fortran_order': False, 'shape': (2, 2), }"
+bad "descr '<f4\\0'" "descr_nul.npy: malformed .npy header \(bad 'descr'\)" run --q "$I/descr_nul.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "descr '=f4'" "descr_eq.npy: dtype '=f4' is not supported" run --q "$I/descr_eq.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+bad "descr '|f4'" "descr_bar.npy: dtype '\|f4' is not supported" run --q "$I/descr_bar.npy" --k "$I/k.npy" --v "$I/v.npy" $O
+
+# bench --pass forward allocates what the forward needs and no more: its peak RSS, less the
+# process's own (a tiny bench), stays within the plan's forward peak; a both-pass bench
+# within the backward's. 8 MiB per [1, 8, 2048, 128] f32 tensor: one extra would show.
+MID="--batch 1 --heads 8 --seq 2048 --head-dim 128 --dtype f32 $CPU --threads 2"
+fa bench --batch 1 --heads 1 --seq 16 --head-dim 8 $CPU --threads 2 --iters 1 --json
+base=$(json_field "$(tail -n 1 "$W/so")" "" peak_rss_bytes)
+fa plan $MID --json
+pj=$(cat "$W/so")
+for passes in forward both; do
+  fa bench $MID --iters 1 --pass $passes --json
+  rss=$(json_field "$(tail -n 1 "$W/so")" "" peak_rss_bytes)
+  sec=$([ $passes = forward ] && echo forward || echo backward)
+  peak=$(json_field "$pj" $sec peak_bytes)
+  if [ $rc -ne 0 ] || [ -z "$rss" ] || [ -z "$base" ] || [ -z "$peak" ]; then
+    no "bench --pass $passes peak RSS" "exit $rc, rss '$rss' base '$base' peak '$peak': $(tail -n 1 "$W/se")"
+  elif [ $((rss - base)) -le $((peak + 1048576)) ]; then
+    ok "bench --pass $passes: peak RSS $rss - process $base = $((rss - base)) <= plan's $sec peak $peak + 1 MiB"
+  else no "bench --pass $passes peak RSS" "$rss - $base = $((rss - base)) bytes above the plan's $sec peak $peak + 1 MiB"; fi
+done
+
 # ---- (4) crashes --------------------------------------------------------------------------
 [ $crashes -eq 0 ] && ok "no crash (exit >= 128) in $calls calls" || no "crash check" "$crashes of $calls calls crashed"
 

@@ -79,7 +79,8 @@ int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_he
 /* Converts n elements of dtype t to a new float32 buffer. */
 float *cli_to_f32(fa_dtype t, const void *x, int64_t n);
 
-/* Parses "24G"-style sizes (K, M, G, T powers of 1024). Returns 0 on success. */
+/* Parses "24G"-style sizes (K, M, G, T, P, E powers of 1024; plain bytes up to INT64_MAX;
+ * no hex or exponents). Returns 0 on success. */
 int cli_parse_bytes(const char *s, int64_t *out);
 
 /* Creates the plan; on failure prints and returns the exit code. */

@@ -95,25 +95,39 @@ static int parse_float(const char *flag, const char *s, float *out) {
     return 0;
 }
 
+/* Sizes: decimal digits with an optional fraction, then an optional unit K, M, G, T, P or E
+ * (powers of 1024, either case, optionally followed by "iB" or "B"), or a bare "B". The
+ * whole part is parsed as an integer so every size up to INT64_MAX is exact; hexadecimal,
+ * exponents, signs and spaces are refused (strtod would take "0x10" and "1e9"). */
 int cli_parse_bytes(const char *s, int64_t *out) {
-    char *end;
-    if (!*s || !((*s >= '0' && *s <= '9') || *s == '.')) return -1;
-    double v = strtod(s, &end);
-    double unit = 1;
-    const char *units = "KMGT";
-    const char *u = *end ? strchr(units, *end >= 'a' ? *end - 32 : *end) : NULL;
-    if (*end && u) {
-        for (const char *x = units; x <= u; x++) unit *= 1024;
-        end++;
-        if (*end == 'i' && end[1] == 'B') end += 2;
-        else if (*end == 'B') end++;
-    } else if (*end == 'B') {
-        end++;
+    const char *c = s;
+    int64_t whole = 0;
+    double frac = 0, place = 0.1;
+    int digits = 0;
+    for (; *c >= '0' && *c <= '9'; c++, digits++) {
+        int d = *c - '0';
+        if (whole > (INT64_MAX - d) / 10) return -1;
+        whole = whole * 10 + d;
     }
-    if (*end || !isfinite(v) || v < 0) return -1;
-    double bytes = v * unit;
-    if (bytes >= 9.2e18) return -1;
-    *out = (int64_t)bytes;
+    if (*c == '.')
+        for (c++; *c >= '0' && *c <= '9'; c++, digits++, place *= 0.1) frac += (*c - '0') * place;
+    if (!digits) return -1;
+    int shift = 0;
+    const char *u = *c ? strchr("KMGTPE", *c >= 'a' && *c <= 'z' ? *c - 32 : *c) : NULL;
+    if (u) {
+        shift = 10 * (int)(u - "KMGTPE" + 1);
+        c++;
+        if (c[0] == 'i' && c[1] == 'B') c += 2;
+        else if (*c == 'B') c++;
+    } else if (*c == 'B') {
+        c++;
+    }
+    if (*c || (frac > 0 && !shift)) return -1; /* no fractions of a byte */
+    if (whole > (INT64_MAX >> shift)) return -1;
+    int64_t bytes = whole << shift;
+    double part = frac * (double)((int64_t)1 << shift); /* below one unit: exact enough, floored */
+    if ((double)(INT64_MAX - bytes) < part) return -1;
+    *out = bytes + (int64_t)part;
     return 0;
 }
 
@@ -165,13 +179,17 @@ static int apply(cli_args *a, flag_id id, char **v) {
         else if (strcmp(v[0], "cuda") == 0) a->backend = FA_BACKEND_CUDA;
         else return cli_fail(2, "--backend: '%s' is not one of auto, cpu, cuda", v[0]);
         return 0;
-    case F_THREADS: return parse_int(f, v[0], 1, &a->threads);
+    case F_THREADS:
+        if (parse_int(f, v[0], 1, &a->threads)) return 2;
+        if (a->threads > FA_MAX_THREADS) /* the library refuses it too; say so before any work */
+            return cli_fail(2, "--threads: %d is above the maximum of %d", a->threads, FA_MAX_THREADS);
+        return 0;
     case F_BLOCK_Q: return parse_i64(f, v[0], 1, &a->block_q);
     case F_BLOCK_K: return parse_i64(f, v[0], 1, &a->block_k);
     case F_BUDGET:
         a->has_budget = 1;
         if (cli_parse_bytes(v[0], &a->budget))
-            return cli_fail(2, "--memory-budget: '%s' is not a size (e.g. 24G, 512M, 1.5T)",
+            return cli_fail(2, "--memory-budget: '%s' is not a size (bytes, or e.g. 24G, 512M, 1.5T; at most 2^63-1)",
                             v[0]);
         return 0;
     case F_JSON: a->json = 1; return 0;
@@ -287,6 +305,9 @@ void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o) {
 
 int cli_plan_create(const fa_problem *p, const fa_options *o, fa_plan **plan) {
     fa_status st = fa_plan_create(p, o, plan);
-    if (st != FA_OK) return cli_fail_status(st, "invalid problem");
-    return 0;
+    if (st == FA_OK) return 0;
+    /* an FA_ISA or OMP_NUM_THREADS the library refused is the environment's fault, not the problem's */
+    const char *m = fa_last_error();
+    int env = m && (strncmp(m, "FA_ISA", 6) == 0 || strncmp(m, "OpenMP", 6) == 0);
+    return cli_fail_status(st, env ? "environment" : "invalid problem");
 }

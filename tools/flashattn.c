@@ -12,6 +12,7 @@ static const char options_help[] =
     "options: [--causal] [--window L R] [--softcap C] [--scale X]\n"
     "         [--alibi slopes.npy] [--bias b.npy] [--q-segments a.npy --kv-segments b.npy]\n"
     "         [--backend auto|cpu|cuda] [--threads N] [--block-q N] [--block-k N]\n"
+    "  --threads N    CPU threads, 1..1024 (default: OpenMP's, OMP_NUM_THREADS)\n"
     "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
     "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
     "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n";
@@ -28,8 +29,8 @@ void cli_usage(const char *name) {
     }
     if (strcmp(name, "plan") == 0) {
         printf("usage: flashattn plan SHAPE OPTIONS [--memory-budget SIZE] [--json]\n\n%s%s"
-               "  --memory-budget  e.g. 24G (K, M, G, T are powers of 1024); default: this\n"
-               "                   machine's memory\n"
+               "  --memory-budget  bytes, or e.g. 24G, 1.5T (K, M, G, T, P, E are powers of 1024;\n"
+               "                   at most 2^63-1); default: this machine's memory\n"
                "  --json           one JSON object: backend, forward{...}, backward{...}, exact,\n"
                "                   fits, fits_backward, naive_fits\n"
                "option files are read for their headers only.\n", shape_help, options_help);

@@ -84,7 +84,8 @@ static int parse_string(cursor *c, char *out, size_t outlen) {
     char q = *c->s++;
     size_t n = 0;
     while (c->s < c->end && *c->s != q) {
-        if (*c->s == '\\' || n + 1 >= outlen) return 0;
+        /* no escapes, and no control characters: '<f4\0' is not '<f4' */
+        if (*c->s == '\\' || (unsigned char)*c->s < 0x20 || *c->s == 0x7f || n + 1 >= outlen) return 0;
         out[n++] = *c->s++;
     }
     if (c->s >= c->end) return 0;

@@ -59,23 +59,36 @@ static void log_choice(const fa_isa *isa, int forced) {
     fprintf(stderr, ")\n");
 }
 
+/* The names usable here, best first ("avx512 avx2 scalar"). */
+static const char *usable_names(char *buf, size_t len) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < ISA_COUNT && n < len; i++)
+        if (isa_table[i]->available()) n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? " " : "", isa_table[i]->name);
+    return buf;
+}
+
+/* An FA_ISA this copy cannot run (unknown, not built, or not on this CPU) is the caller's
+ * setting to fix, so all three are FA_ERR_INVALID (the CLI exits 2) and say what would run. */
 fa_status fa_isa_select(const fa_isa **out) {
     const char *want = getenv("FA_ISA");
     if (want && *want && strcmp(want, "auto") != 0) {
+        char usable[128];
         for (size_t i = 0; i < ISA_COUNT; i++) {
             if (strcmp(isa_table[i]->name, want) != 0) continue;
             if (!isa_table[i]->available())
-                return fa_error(FA_ERR_UNSUPPORTED, "FA_ISA=%s: this CPU (or OS) does not support %s", want, want);
+                return fa_error(FA_ERR_INVALID, "FA_ISA=%s: this CPU (or OS) does not support %s; it has: %s", want,
+                                want, usable_names(usable, sizeof usable));
             *out = isa_table[i];
             log_choice(*out, 1);
             return FA_OK;
         }
         for (size_t i = 0; i < KNOWN_COUNT; i++)
             if (strcmp(known_names[i], want) == 0)
-                return fa_error(FA_ERR_UNSUPPORTED, "FA_ISA=%s: this build of flashattn has no %s kernels", want,
-                                want);
-        return fa_error(FA_ERR_INVALID, "FA_ISA=%s is not a known ISA (use auto, amx, avx512bf16, avx512, avx2 or scalar)",
-                        want);
+                return fa_error(FA_ERR_INVALID, "FA_ISA=%s: this build of flashattn has no %s kernels; usable here: %s",
+                                want, want, usable_names(usable, sizeof usable));
+        return fa_error(FA_ERR_INVALID, "FA_ISA=%.40s is not a known ISA (use auto, amx, avx512bf16, avx512, avx2 or scalar; usable here: %s)",
+                        want, usable_names(usable, sizeof usable));
     }
     for (size_t i = 0; i < ISA_COUNT; i++) {
         if (isa_table[i]->available()) {
