@@ -4,7 +4,7 @@ JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-deps bench clean
+.PHONY: all build run test test-deps bench clean check-long
 
 all: build
 
@@ -20,6 +20,11 @@ run: build
 # CPU instruction set this machine has, then the whole suite under ASan + UBSan.
 test: test-deps
 	bash tests/run_all.sh
+
+# The long differential run: FA_CHECK_CASES (default 10000) random forward and as many
+# backward configurations against the float64 reference; prints its seed (FA_TEST_SEED).
+check-long: build
+	bash tests/check_long.sh $(BUILD)
 
 test-deps:
 	bash tests/install_deps.sh

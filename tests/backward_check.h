@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 static int failures;
+static int bc_quiet; /* run_and_compare prints only failures (the long run) */
 
 #define CHECK(cond, ...)                                                                     \
     do {                                                                                     \
@@ -23,6 +24,13 @@ static int failures;
 /* ---- one problem with its tensors ------------------------------------------------------ */
 
 enum { M_CAUSAL = 1, M_WINDOW = 2, M_SEG = 4, M_BIAS = 8, M_ALIBI = 16, M_SOFTCAP = 32, M_NEGINF = 64 };
+/* A scale other than the default 1/sqrt(D): 0.3 to 2.5 times it, a quarter of them negative. */
+enum { M_SCALE = 128 };
+
+/* The scale a problem's scores use (the default resolved as the reference does). */
+static double case_scale(const fa_problem *p) {
+    return p->has_scale ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
+}
 
 typedef struct {
     fa_problem p;
@@ -50,7 +58,9 @@ static int64_t make_layout(int layout, int64_t B, int64_t H, int64_t S, int64_t 
 
 static double rnd01(uint64_t *s) { return 0.5 * (tu_uniform(s) + 1.0); }
 
-/* Allocates and fills a case. p: shapes and options set (strides are chosen here). */
+/* Allocates and fills a case. p: shapes and options set (strides are chosen here).
+ * layouts: 0 all contiguous, 1 each tensor's layout at random, 2 every tensor a strided
+ * view (padded rows or transposed), so dq, dk, dv are written through views too. */
 static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, int layouts) {
     memset(c, 0, sizeof *c);
     c->p = *p;
@@ -59,10 +69,10 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
     if (!q->head_dim_v) q->head_dim_v = q->head_dim;
     const int64_t B = q->batch, Hq = q->heads_q, Hk = q->heads_kv, Sq = q->seq_q, Sk = q->seq_k;
     const size_t es = fa_dtype_size(q->dtype);
-    c->nq = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hq, Sq, q->head_dim, &q->q_stride);
-    c->nk = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hk, Sk, q->head_dim, &q->k_stride);
-    c->nv = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hk, Sk, q->head_dim_v, &q->v_stride);
-    c->no = make_layout(layouts ? (int)tu_int(rng, 0, 2) : 0, B, Hq, Sq, q->head_dim_v, &q->o_stride);
+    c->nq = make_layout(layouts ? (int)tu_int(rng, layouts == 2 ? 1 : 0, 2) : 0, B, Hq, Sq, q->head_dim, &q->q_stride);
+    c->nk = make_layout(layouts ? (int)tu_int(rng, layouts == 2 ? 1 : 0, 2) : 0, B, Hk, Sk, q->head_dim, &q->k_stride);
+    c->nv = make_layout(layouts ? (int)tu_int(rng, layouts == 2 ? 1 : 0, 2) : 0, B, Hk, Sk, q->head_dim_v, &q->v_stride);
+    c->no = make_layout(layouts ? (int)tu_int(rng, layouts == 2 ? 1 : 0, 2) : 0, B, Hq, Sq, q->head_dim_v, &q->o_stride);
     c->q = tu_alloc(c->nq * es), c->dq = tu_alloc(c->nq * es);
     c->k = tu_alloc(c->nk * es), c->dk = tu_alloc(c->nk * es);
     c->v = tu_alloc(c->nv * es), c->dv = tu_alloc(c->nv * es);
@@ -83,6 +93,10 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
         } while (q->window_left < 0 && q->window_right < 0);
     }
     if (mask & M_SOFTCAP) q->softcap = (float)(0.5 + 9.5 * rnd01(rng)); /* down to saturation */
+    if (mask & M_SCALE) {
+        q->has_scale = 1;
+        q->scale = (float)((0.3 + 2.2 * rnd01(rng)) / sqrt((double)q->head_dim) * (tu_int(rng, 0, 3) ? 1 : -1));
+    }
     if (mask & M_ALIBI) {
         q->has_alibi = 1;
         c->slopes = tu_alloc(sizeof(float) * (size_t)Hq);
@@ -179,7 +193,7 @@ static void add_saved_o_error(const tcase *c, const fa_plan *pl, double *rq, dou
     const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
     const int64_t D = p->head_dim, Dv = p->head_dim_v, rows = B * Hq * Sq;
-    const double scale = 1.0 / sqrt((double)D);
+    const double scale = case_scale(p);
     double *e = tu_alloc(sizeof(double) * (size_t)rows);
     for (int64_t r = 0; r < rows; r++) {
         const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
@@ -273,7 +287,7 @@ static void noise_floors(const tcase *c, const fa_plan *pl, double *fq, double *
     const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
     const int64_t D = p->head_dim, Dv = p->head_dim_v;
-    const double scale = 1.0 / sqrt((double)D), u32 = 0x1p-24;
+    const double scale = fabs(case_scale(p)), u32 = 0x1p-24;
     const double vmax = max_row_norm(p->dtype, c->v, &rp->v_stride, B, Hk, Sk, Dv, 1);
     const double gmax = max_row_norm(p->dtype, c->g, &rp->o_stride, B, Hq, Sq, Dv, 1);
     const double kmax = max_row_norm(p->dtype, c->k, &rp->k_stride, B, Hk, Sk, D, 0);
@@ -347,8 +361,9 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     const double es[3] = {eq, ek, ev}, ms[3] = {mq, mk, mv};
     for (int g = 0; g < 3; g++) /* relative; absolute where the reference is exactly 0 */
         snprintf(e3[g], sizeof e3[g], ms[g] > 0.0 ? "%.2e" : "%.1e abs", ms[g] > 0.0 ? es[g] / ms[g] : es[g]);
-    printf("%s %s: dq %s dk %s dv %s (bound %.1e%s)\n", bad ? "FAIL" : "PASS", label, e3[0], e3[1], e3[2], tol,
-           floored ? "; dq/dk within the f32 noise floor" : "");
+    if (bad || !bc_quiet)
+        printf("%s %s: dq %s dk %s dv %s (bound %.1e%s)\n", bad ? "FAIL" : "PASS", label, e3[0], e3[1], e3[2], tol,
+               floored ? "; dq/dk within the f32 noise floor" : "");
     failures += bad;
     free(rq);
     free(rk);

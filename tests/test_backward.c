@@ -44,6 +44,7 @@ static void test_reference_gradients(uint64_t *rng) {
     static const struct { int mask; const char *name; } cfg[] = {
         {0, "plain"}, {M_SOFTCAP, "softcap"}, {M_BIAS, "bias"}, {M_ALIBI, "alibi"}, {M_CAUSAL, "causal"},
         {M_WINDOW, "window"}, {M_SEG, "segments"}, {M_CAUSAL | M_WINDOW | M_BIAS | M_ALIBI | M_SOFTCAP, "all"},
+        {M_SCALE, "scale"}, {M_SCALE | M_SOFTCAP | M_ALIBI | M_BIAS, "scale+softcap+alibi+bias"},
     };
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         fa_problem p;
@@ -75,23 +76,38 @@ static void test_reference_gradients(uint64_t *rng) {
 
 /* ---- (b) randomized cases ---------------------------------------------------------------- */
 
-static void test_random(uint64_t *rng) {
+/* A random set of options for the long run: each feature on or off independently (-inf
+ * bias entries only with a bias). */
+static int random_mask(uint64_t *rng) {
+    int m = (int)tu_int(rng, 0, 255);
+    if (!(m & M_BIAS)) m &= ~M_NEGINF;
+    return m;
+}
+
+/* count cases; 0: the fixed sweep (every listed mask in every dtype, twice). A count (the
+ * long run, FA_CHECK_CASES) draws every option at random, and half the shapes from any
+ * size up to the grid's largest (odd sizes included), not only the grid. */
+static void test_random(uint64_t *rng, int count) {
     static const int masks[] = {
         0, M_CAUSAL, M_WINDOW, M_SEG, M_BIAS, M_ALIBI, M_SOFTCAP, M_CAUSAL | M_WINDOW,
         M_CAUSAL | M_SEG | M_ALIBI, M_WINDOW | M_BIAS | M_SOFTCAP,
         M_CAUSAL | M_BIAS | M_NEGINF | M_SOFTCAP | M_ALIBI,
         M_CAUSAL | M_WINDOW | M_SEG | M_BIAS | M_ALIBI | M_SOFTCAP,
+        M_SCALE, M_SCALE | M_SOFTCAP | M_ALIBI | M_BIAS, M_SCALE | M_CAUSAL | M_WINDOW | M_SEG,
     };
     static const int64_t seqs[] = {1, 7, 37, 128, 129, 300}, dims[] = {8, 40, 64, 80, 128, 256};
     static const int64_t heads[][2] = {{1, 1}, {2, 2}, {4, 1}, {8, 2}}; /* MQA, GQA 4:1 */
     static const int64_t blocks[] = {0, 0, 16, 32, 33, 128};
     static const fa_dtype types[] = {FA_F32, FA_F16, FA_BF16};
     const int nmask = (int)(sizeof masks / sizeof masks[0]);
-    for (int n = 0; n < 6 * nmask; n++) { /* every mask in every dtype, twice */
+    const int total = count ? count : 6 * nmask;
+    int passed = 0;
+    for (int n = 0; n < total; n++) {
         fa_problem p;
         fa_problem_init(&p);
-        p.dtype = types[n % 3];
-        const int mask = masks[n / 3 % nmask];
+        p.dtype = count ? types[tu_int(rng, 0, 2)] : types[n % 3];
+        const int mask = count ? random_mask(rng) : masks[n / 3 % nmask];
+        const int odd = count && tu_int(rng, 0, 1);
         /* a few million multiply-adds of the reference per case keep the run short */
         do {
             const int hc = (int)tu_int(rng, 0, 3);
@@ -99,6 +115,10 @@ static void test_random(uint64_t *rng) {
             p.batch = tu_int(rng, 1, 2);
             p.seq_q = seqs[tu_int(rng, 0, 5)], p.seq_k = seqs[tu_int(rng, 0, 5)];
             p.head_dim = dims[tu_int(rng, 0, 5)], p.head_dim_v = dims[tu_int(rng, 0, 5)];
+            if (odd) {
+                p.seq_q = tu_int(rng, 1, 300), p.seq_k = tu_int(rng, 1, 300);
+                p.head_dim = tu_int(rng, 1, 256), p.head_dim_v = tu_int(rng, 1, 256);
+            }
         } while (p.batch * p.heads_q * p.seq_q * p.seq_k * (p.head_dim + p.head_dim_v) > 25000000);
         tcase c;
         case_init(&c, &p, mask, rng, 1);
@@ -107,7 +127,7 @@ static void test_random(uint64_t *rng) {
             int64_t bq, bk;
             fa_plan_blocks(pl, FA_BACKWARD, &bq, &bk);
             /* the first round saves the reference forward's o and lse, the second the kernel's */
-            const int kernel_fwd = n >= 3 * nmask;
+            const int kernel_fwd = count ? (int)tu_int(rng, 0, 1) : n >= 3 * nmask;
             if (kernel_fwd ? !case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 0)) {
                 fa_plan_destroy(pl);
                 case_free(&c);
@@ -115,14 +135,49 @@ static void test_random(uint64_t *rng) {
             }
             char label[256];
             snprintf(label, sizeof label,
-                     "%-4s %s B=%lld H=%lld/%lld S=%lld/%lld D=%lld/%lld tile %lldx%lld%s%s%s%s%s%s (win %lld,%lld)",
-                     fa_dtype_name(p.dtype), kernel_fwd ? "fwd=kernel" : "fwd=ref", (long long)p.batch, (long long)p.heads_q, (long long)p.heads_kv,
+                     "#%d %-4s %s B=%lld H=%lld/%lld S=%lld/%lld D=%lld/%lld tile %lldx%lld%s%s%s%s%s%s%s (win %lld,%lld)",
+                     n, fa_dtype_name(p.dtype), kernel_fwd ? "fwd=kernel" : "fwd=ref", (long long)p.batch, (long long)p.heads_q, (long long)p.heads_kv,
                      (long long)p.seq_q, (long long)p.seq_k, (long long)p.head_dim, (long long)p.head_dim_v,
                      (long long)bq, (long long)bk, mask & M_CAUSAL ? " causal" : "", mask & M_WINDOW ? " window" : "",
                      mask & M_SEG ? " seg" : "", mask & M_BIAS ? (mask & M_NEGINF ? " bias(-inf)" : " bias") : "",
                      mask & M_ALIBI ? " alibi" : "", mask & M_SOFTCAP ? " softcap" : "",
-                     (long long)c.p.window_left, (long long)c.p.window_right);
-            run_and_compare(&c, pl, label);
+                     mask & M_SCALE ? " scale" : "", (long long)c.p.window_left, (long long)c.p.window_right);
+            if (mask & M_SCALE) {
+                const size_t len = strlen(label);
+                snprintf(label + len, sizeof label - len, " scale %.4g", (double)c.p.scale);
+            }
+            passed += !run_and_compare(&c, pl, label);
+            fa_plan_destroy(pl);
+        }
+        case_free(&c);
+    }
+    printf("%s random cases: %d of %d passed\n", passed == total ? "PASS" : "FAIL", passed, total);
+}
+
+/* ---- (f) non-default scales with softcap, ALiBi and bias together, every tensor a strided
+ * view (dq, dk, dv written through the same views as q, k, v) ------------------------------- */
+
+static void test_scale_views(uint64_t *rng) {
+    static const fa_dtype types[] = {FA_F32, FA_F16, FA_BF16};
+    static const int masks[] = {M_SCALE, M_SCALE | M_SOFTCAP | M_ALIBI | M_BIAS,
+                                M_SCALE | M_SOFTCAP | M_ALIBI | M_BIAS | M_CAUSAL | M_WINDOW};
+    for (int n = 0; n < 9; n++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        p.dtype = types[n % 3];
+        p.batch = 2, p.heads_q = 4, p.heads_kv = 2, p.seq_q = 45, p.seq_k = 70, p.head_dim = 40, p.head_dim_v = 24;
+        tcase c;
+        case_init(&c, &p, masks[n / 3], rng, 2);
+        if (n == 0) c.p.scale = 1.0f; /* the Pallas default */
+        fa_plan *pl = make_plan(&c.p, 2, 16, 32);
+        if (pl) {
+            if (n % 2 ? case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 1)) {
+                char label[160];
+                snprintf(label, sizeof label, "%-4s scale %.4g%s%s, strided views of q k v o do dq dk dv",
+                         fa_dtype_name(p.dtype), (double)c.p.scale, n >= 3 ? " softcap alibi bias" : "",
+                         n >= 6 ? " causal window" : "");
+                run_and_compare(&c, pl, label);
+            }
             fa_plan_destroy(pl);
         }
         case_free(&c);
@@ -257,10 +312,18 @@ static void test_bad_args(uint64_t *rng) {
 int main(void) {
     const uint64_t seed = tu_seed();
     uint64_t rng = seed;
+    const int count = tu_check_cases(); /* FA_CHECK_CASES: the long run's count; 0 the fixed sweep */
     printf("test_backward: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
            (unsigned long long)seed, fa_cpu_isa());
+    if (count) { /* the long run: random cases only, one line each for failures */
+        bc_quiet = 1;
+        test_random(&rng, count);
+        if (failures) printf("test_backward: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
+        return failures ? 1 : 0;
+    }
     test_reference_gradients(&rng);
-    test_random(&rng);
+    test_random(&rng, 0);
+    test_scale_views(&rng);
     test_dead_rows(&rng);
     test_determinism(&rng);
     test_bad_args(&rng);

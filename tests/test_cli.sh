@@ -33,21 +33,26 @@ json_field() {
 }
 
 # ---- inputs -----------------------------------------------------------------------------
+# Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
+S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
+case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
+S0=$((10#${S0: -9})) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 8
+echo "test_cli: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 I=$W/in
 mkdir -p "$I"
 gen() { "$NPY" rand "$I/$1" "$2" "${@:3}" >/dev/null || { echo "tool_npy failed on $1"; exit 1; }; }
 # B=2 Hq=4 Hk=2 Sq=33 Sk=40 D=16 Dv=8
-gen q.npy '<f4' 2 4 33 16 --seed 1
-gen k.npy '<f4' 2 2 40 16 --seed 2
-gen v.npy '<f4' 2 2 40 8 --seed 3
-gen do.npy '<f4' 2 4 33 8 --seed 4
-gen q16.npy '<f2' 2 4 33 16 --seed 1
-gen k16.npy '<f2' 2 2 40 16 --seed 2
-gen v16.npy '<f2' 2 2 40 8 --seed 3
-gen bias.npy '<f4' 2 4 33 40 --seed 5
-gen bias1.npy '<f4' 1 4 33 40 --seed 6
-gen biash.npy '<f4' 2 1 33 40 --seed 7
-gen slopes.npy '<f4' 4 --seed 8
+gen q.npy '<f4' 2 4 33 16 --seed $((S0 + 1))
+gen k.npy '<f4' 2 2 40 16 --seed $((S0 + 2))
+gen v.npy '<f4' 2 2 40 8 --seed $((S0 + 3))
+gen do.npy '<f4' 2 4 33 8 --seed $((S0 + 4))
+gen q16.npy '<f2' 2 4 33 16 --seed $((S0 + 1))
+gen k16.npy '<f2' 2 2 40 16 --seed $((S0 + 2))
+gen v16.npy '<f2' 2 2 40 8 --seed $((S0 + 3))
+gen bias.npy '<f4' 2 4 33 40 --seed $((S0 + 5))
+gen bias1.npy '<f4' 1 4 33 40 --seed $((S0 + 6))
+gen biash.npy '<f4' 2 1 33 40 --seed $((S0 + 7))
+gen slopes.npy '<f4' 4 --seed $((S0 + 8))
 gen qseg.npy '<i4' 2 33
 gen kvseg.npy '<i4' 2 40
 SHAPE="--batch 2 --heads 4 --kv-heads 2 --seq-q 33 --seq-k 40 --head-dim 16 --v-head-dim 8"
@@ -381,5 +386,5 @@ done
 # ---- (4) crashes --------------------------------------------------------------------------
 [ $crashes -eq 0 ] && ok "no crash (exit >= 128) in $calls calls" || no "crash check" "$crashes of $calls calls crashed"
 
-echo "$pass passed, $fail failed"
+echo "$pass passed, $fail failed (seed $S0)"
 [ $fail -eq 0 ]

@@ -470,6 +470,44 @@ static void mk_combined(tcase *c, int i) {
     c->has_scale = i % 2, c->scale = 0.1f;
 }
 
+/* The long run's case (make check-long, FA_CHECK_CASES): every option on or off
+ * independently, so any combination can come up; half the shapes of any size up to the
+ * grid's largest (odd sizes), GQA ratios other than 1 and Hq. */
+static void mk_random(tcase *c, int i) {
+    (void)i;
+    random_shape(c);
+    if (tu_int(&rng, 0, 1)) {
+        c->Sq = tu_int(&rng, 1, 300), c->Sk = tu_int(&rng, 1, 300);
+        c->D = tu_int(&rng, 1, 256), c->Dv = tu_int(&rng, 1, 256);
+        const int64_t work = c->Sq * c->Sk * (c->D + c->Dv);
+        c->Hk = tu_int(&rng, 1, work > 4000000 ? 1 : 2);
+        c->Hq = c->Hk * tu_int(&rng, 1, work > 500000 ? 2 : 4);
+        c->B = tu_int(&rng, 1, 2);
+    }
+    c->dt = (fa_dtype)tu_int(&rng, 0, 2);
+    c->causal = tu_int(&rng, 0, 1);
+    if (tu_int(&rng, 0, 2) == 0) random_window(c);
+    if (tu_int(&rng, 0, 2) == 0) c->softcap = (float)(1.0 + 29.0 * (tu_uniform(&rng) + 1) / 2), c->amp = 3.0;
+    if (tu_int(&rng, 0, 2) == 0)
+        c->has_scale = 1, c->scale = (float)((0.3 + 2.2 * (tu_uniform(&rng) + 1) / 2) / sqrt((double)c->D) * (tu_int(&rng, 0, 3) ? 1 : -1));
+    if (tu_int(&rng, 0, 4) < 2) {
+        c->bias = 1;
+        c->bias_b = tu_int(&rng, 0, 1) ? c->B : 1;
+        c->bias_h = tu_int(&rng, 0, 1) ? c->Hq : 1;
+        c->bias_pad = tu_int(&rng, 0, 1);
+        c->bias_ninf = (double)tu_int(&rng, 0, 3) / 10;
+        c->bias_dead_rows = tu_int(&rng, 0, 3) == 0;
+    }
+    if (tu_int(&rng, 0, 2) == 0) c->alibi = (int)tu_int(&rng, 1, 2);
+    if (tu_int(&rng, 0, 3) == 0) c->seg = (int)tu_int(&rng, 1, 3);
+    c->layout = (int)tu_int(&rng, 0, 3);
+    if (tu_int(&rng, 0, 2) == 0) c->bq = tu_int(&rng, 1, 80), c->bk = tu_int(&rng, 1, 80);
+    c->threads = (int)tu_int(&rng, 1, 4);
+    if (tu_int(&rng, 0, 4) == 0) c->has_diag = 1, c->diag = tu_int(&rng, -c->Sq - 3, c->Sk + 3);
+    c->no_lse = tu_int(&rng, 0, 9) == 0;
+    c->user_ws = tu_int(&rng, 0, 4) == 0;
+}
+
 static void run_group(const char *name, case_maker mk, int count) {
     group_stats gs = {0, 0, 0};
     int pass = 0;
@@ -492,6 +530,12 @@ int main(void) {
     rng = seed;
     printf("test_forward: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
            (unsigned long long)seed, fa_cpu_isa());
+    const int count = tu_check_cases(); /* FA_CHECK_CASES: the long run, random cases only */
+    if (count) {
+        run_group("random", mk_random, count);
+        if (failures) printf("test_forward: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
+        return failures != 0;
+    }
     run_group("shapes", mk_shapes, 40);
     run_group("f16", mk_f16, 25);
     run_group("bf16", mk_bf16, 25);

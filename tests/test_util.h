@@ -26,6 +26,13 @@ static inline uint64_t tu_seed(void) {
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
 }
+/* FA_CHECK_CASES: how many random configurations a long differential run draws (make
+ * check-long); 0 (unset) means the program's own fixed sweep. */
+static inline int tu_check_cases(void) {
+    const char *e = getenv("FA_CHECK_CASES");
+    long n = e && *e ? strtol(e, NULL, 10) : 0;
+    return n > 0 ? (n > 100000000 ? 100000000 : (int)n) : 0;
+}
 /* uniform in [-1, 1) */
 static inline double tu_uniform(uint64_t *s) {
     return (double)(tu_next(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;
