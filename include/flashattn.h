@@ -2,7 +2,8 @@
  *
  * The one public header. Describe a problem (fa_problem), make a plan from shapes alone
  * (fa_plan_create), ask the plan what the kernel will cost (fa_plan_cost), then run it
- * (fa_forward, fa_backward). Semantics: ../shared/SPEC.md and README.md. */
+ * (fa_forward, fa_backward). What it computes (score order, masks, rounding, what the cost
+ * figures mean, status codes): docs/semantics.md; non-finite inputs: docs/nonfinite.md. */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
 
