@@ -365,23 +365,29 @@ bad "descr '|f4'" "descr_bar.npy: dtype '\|f4' is not supported" run --q "$I/des
 
 # bench --pass forward allocates what the forward needs and no more: its peak RSS, less the
 # process's own (a tiny bench), stays within the plan's forward peak; a both-pass bench
-# within the backward's. 8 MiB per [1, 8, 2048, 128] f32 tensor: one extra would show.
+# within the backward's, give or take 2 MiB. 8 MiB per [1, 8, 2048, 128] f32 tensor: one
+# extra would show.
+# (Not under AddressSanitizer: its shadow memory and the quarantine of freed blocks count in RSS.)
 MID="--batch 1 --heads 8 --seq 2048 --head-dim 128 --dtype f32 $CPU --threads 2"
-fa bench --batch 1 --heads 1 --seq 16 --head-dim 8 $CPU --threads 2 --iters 1 --json
-base=$(json_field "$(tail -n 1 "$W/so")" "" peak_rss_bytes)
-fa plan $MID --json
-pj=$(cat "$W/so")
-for passes in forward both; do
-  fa bench $MID --iters 1 --pass $passes --json
-  rss=$(json_field "$(tail -n 1 "$W/so")" "" peak_rss_bytes)
-  sec=$([ $passes = forward ] && echo forward || echo backward)
-  peak=$(json_field "$pj" $sec peak_bytes)
-  if [ $rc -ne 0 ] || [ -z "$rss" ] || [ -z "$base" ] || [ -z "$peak" ]; then
-    no "bench --pass $passes peak RSS" "exit $rc, rss '$rss' base '$base' peak '$peak': $(tail -n 1 "$W/se")"
-  elif [ $((rss - base)) -le $((peak + 1048576)) ]; then
-    ok "bench --pass $passes: peak RSS $rss - process $base = $((rss - base)) <= plan's $sec peak $peak + 1 MiB"
-  else no "bench --pass $passes peak RSS" "$rss - $base = $((rss - base)) bytes above the plan's $sec peak $peak + 1 MiB"; fi
-done
+if ldd "$FA" 2>/dev/null | grep -q libasan; then
+  echo "skip bench peak RSS checks: this flashattn is built with AddressSanitizer"
+else
+  fa bench --batch 1 --heads 1 --seq 16 --head-dim 8 $CPU --threads 2 --iters 1 --json
+  base=$(json_field "$(tail -n 1 "$W/so")" "" peak_rss_bytes)
+  fa plan $MID --json
+  pj=$(cat "$W/so")
+  for passes in forward both; do
+    fa bench $MID --iters 1 --pass $passes --json
+    rss=$(json_field "$(tail -n 1 "$W/so")" "" peak_rss_bytes)
+    sec=$([ $passes = forward ] && echo forward || echo backward)
+    peak=$(json_field "$pj" $sec peak_bytes)
+    if [ $rc -ne 0 ] || [ -z "$rss" ] || [ -z "$base" ] || [ -z "$peak" ]; then
+      no "bench --pass $passes peak RSS" "exit $rc, rss '$rss' base '$base' peak '$peak': $(tail -n 1 "$W/se")"
+    elif [ $((rss - base)) -le $((peak + 2097152)) ]; then
+      ok "bench --pass $passes: peak RSS $rss - process $base = $((rss - base)) <= plan's $sec peak $peak + 2 MiB"
+    else no "bench --pass $passes peak RSS" "$rss - $base = $((rss - base)) bytes above the plan's $sec peak $peak + 2 MiB"; fi
+  done
+fi
 
 # ---- (4) crashes --------------------------------------------------------------------------
 [ $crashes -eq 0 ] && ok "no crash (exit >= 128) in $calls calls" || no "crash check" "$crashes of $calls calls crashed"
