@@ -170,7 +170,7 @@ static void case_forward_ref(tcase *c, const fa_plan *pl) {
 }
 
 /* The saved forward outputs from the kernel's own forward instead (the reference's o is
- * still kept, for add_saved_o_error). */
+ * still kept in o_exact). */
 static int case_forward_kernel(tcase *c, const fa_plan *pl) {
     case_forward_ref(c, pl);
     fa_forward_args a = case_fwd_args(c);
@@ -185,49 +185,9 @@ static int case_forward_kernel(tcase *c, const fa_plan *pl) {
 /* The backward reads delta_i = do_i . o_i from the saved o, which is rounded to the dtype:
  * it computes the exact gradients of a delta off by e_i = do_i . (o_saved_i - o_i). Where
  * the softmax is nearly one-hot, dP - delta cancels and e_i, tiny as it is (u |do| |o|),
- * dominates the small dq and dk that remain; that is the saved o's error, not the
- * kernel's. So the reference takes the same e_i (dv does not depend on delta):
- *   dq_i -= scale e_i (P K)_i        (P K: the forward with v = k)
- *   dk_j -= scale sum_i p_ij e_i q_i (the reference's dv with v = k and do_i = e_i q_i) */
-static void add_saved_o_error(const tcase *c, const fa_plan *pl, double *rq, double *rk) {
-    const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
-    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
-    const int64_t D = p->head_dim, Dv = p->head_dim_v, rows = B * Hq * Sq;
-    const double scale = case_scale(p);
-    double *e = tu_alloc(sizeof(double) * (size_t)rows);
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
-        e[r] = 0.0;
-        for (int64_t x = 0; x < Dv; x++) {
-            const int64_t at = fa_offset(&rp->o_stride, b, h, i, x);
-            e[r] += (double)fa_load(p->dtype, c->g, at) * ((double)fa_load(p->dtype, c->o, at) - c->o_exact[r * Dv + x]);
-        }
-    }
-    fa_problem pk = *p; /* v := k */
-    pk.head_dim_v = D;
-    pk.v_stride = p->k_stride;
-    memset(&pk.o_stride, 0, sizeof pk.o_stride);
-    double *pko = tu_alloc(sizeof(double) * (size_t)(rows * D)), *lse = tu_alloc(sizeof(double) * (size_t)rows);
-    fa_forward_args fa = case_fwd_args(c);
-    fa.v = c->k;
-    fa_ref_forward(&pk, &fa, pko, lse);
-    void *w = tu_alloc((size_t)(rows * D) * fa_dtype_size(p->dtype));
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
-        for (int64_t d = 0; d < D; d++) {
-            rq[r * D + d] -= scale * e[r] * pko[r * D + d];
-            fa_store(p->dtype, w, r * D + d, (float)(e[r] * fa_load(p->dtype, c->q, fa_offset(&rp->q_stride, b, h, i, d))));
-        }
-    }
-    fa_backward_args ba = case_bwd_args(c);
-    ba.v = c->k;
-    ba.d_o = w;
-    double *tq = tu_alloc(sizeof(double) * (size_t)(rows * D)), *tk = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
-    double *tv = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
-    fa_ref_backward(&pk, &ba, tq, tk, tv);
-    for (int64_t x = 0; x < B * Hk * Sk * D; x++) rk[x] -= scale * tv[x];
-    free(e), free(pko), free(lse), free(w), free(tq), free(tk), free(tv);
-}
+ * dominates the small dq and dk that remain; that is the saved o's error, not the kernel's.
+ * So the reference takes delta from the same saved o (fa_ref_backward_saved_o), which also
+ * weights the shift by softcap's 1 - tanh^2 per key as the kernel does. */
 
 /* max|got - ref| over a [B, H, S, W] gradient (infinite on NaN), and *mag = max|ref|; also
  * fails on any element outside the tensor (padding) that is no longer the NaN it was
@@ -311,7 +271,7 @@ static void noise_floors(const tcase *c, const fa_plan *pl, double *fq, double *
 }
 
 /* Bounds on max|g - ref| / max|ref|, from the unit roundoff u of the dtype (the reference
- * already carries the saved o's rounding, add_saved_o_error).
+ * takes delta from the same saved o, fa_ref_backward_saved_o).
  * f32 (u = 2^-24 = 6e-8): inputs are exact; the products sum up to 300 keys or rows and 256
  * dims in f32 (error ~ u sqrt(n) per sum), exp is good to a few u, and dS = p (dP - delta)
  * cancels (sum_j dS_ij = 0), which magnifies dP's rounding where the softmax is peaked:
@@ -346,8 +306,7 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     double *rq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D));
     double *rk = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
     double *rv = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * Dv));
-    fa_ref_backward(p, &a, rq, rk, rv);
-    add_saved_o_error(c, pl, rq, rk);
+    fa_ref_backward_saved_o(p, &a, rq, rk, rv);
     double fq, fk, mq, mk, mv;
     noise_floors(c, pl, &fq, &fk);
     int bad = 0;

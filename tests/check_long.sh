@@ -4,7 +4,8 @@
 # drawn by the generators of test_forward.c and test_backward.c (every option on or off
 # independently: masks, windows, softcap, scale, bias, ALiBi, segment ids, diagonal offset,
 # GQA/MQA, Sq != Sk, odd sizes, strided layouts, f32/f16/bf16, block sizes, threads).
-# One seed drives both programs; it is printed, and FA_TEST_SEED=<seed> reproduces the run.
+# One seed drives both programs; it is printed, and FA_TEST_SEED=<seed> reproduces the run;
+# FA_CHECK_ONLY=<n> with the same seed and count replays case #n alone (the others only draw).
 # make test runs two slices of 60: a fixed seed and a fresh one (CMakeLists.txt).
 # Usage: bash tests/check_long.sh BUILD_DIR   (FA_ISA picks the kernels, as everywhere)
 set -u

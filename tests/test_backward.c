@@ -87,7 +87,7 @@ static int random_mask(uint64_t *rng) {
 /* count cases; 0: the fixed sweep (every listed mask in every dtype, twice). A count (the
  * long run, FA_CHECK_CASES) draws every option at random, and half the shapes from any
  * size up to the grid's largest (odd sizes included), not only the grid. */
-static void test_random(uint64_t *rng, int count) {
+static void test_random(uint64_t *rng, int count, int only) {
     static const int masks[] = {
         0, M_CAUSAL, M_WINDOW, M_SEG, M_BIAS, M_ALIBI, M_SOFTCAP, M_CAUSAL | M_WINDOW,
         M_CAUSAL | M_SEG | M_ALIBI, M_WINDOW | M_BIAS | M_SOFTCAP,
@@ -122,12 +122,18 @@ static void test_random(uint64_t *rng, int count) {
         } while (p.batch * p.heads_q * p.seq_q * p.seq_k * (p.head_dim + p.head_dim_v) > 25000000);
         tcase c;
         case_init(&c, &p, mask, rng, 1);
-        fa_plan *pl = make_plan(&c.p, 2, blocks[tu_int(rng, 0, 5)], blocks[tu_int(rng, 0, 5)]);
+        const int64_t bq0 = blocks[tu_int(rng, 0, 5)], bk0 = blocks[tu_int(rng, 0, 5)];
+        const int kernel_draw = (int)tu_int(rng, 0, 1);
+        if (only >= 0 && n != only) { /* replaying one case: draw the others, run nothing */
+            case_free(&c);
+            continue;
+        }
+        fa_plan *pl = make_plan(&c.p, 2, bq0, bk0);
         if (pl) {
             int64_t bq, bk;
             fa_plan_blocks(pl, FA_BACKWARD, &bq, &bk);
             /* the first round saves the reference forward's o and lse, the second the kernel's */
-            const int kernel_fwd = count ? (int)tu_int(rng, 0, 1) : n >= 3 * nmask;
+            const int kernel_fwd = count ? kernel_draw : n >= 3 * nmask;
             if (kernel_fwd ? !case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 0)) {
                 fa_plan_destroy(pl);
                 case_free(&c);
@@ -146,12 +152,21 @@ static void test_random(uint64_t *rng, int count) {
                 const size_t len = strlen(label);
                 snprintf(label + len, sizeof label - len, " scale %.4g", (double)c.p.scale);
             }
+            if (mask & M_SOFTCAP) {
+                const size_t len = strlen(label);
+                snprintf(label + len, sizeof label - len, " cap %.4g", (double)c.p.softcap);
+            }
+            if (c.p.has_diag_offset) {
+                const size_t len = strlen(label);
+                snprintf(label + len, sizeof label - len, " diag %lld", (long long)c.p.diag_offset);
+            }
             passed += !run_and_compare(&c, pl, label);
             fa_plan_destroy(pl);
         }
         case_free(&c);
     }
-    printf("%s random cases: %d of %d passed\n", passed == total ? "PASS" : "FAIL", passed, total);
+    if (only >= 0) printf("%s random case #%d (FA_CHECK_ONLY) of %d\n", passed ? "PASS" : "FAIL", only, total);
+    else printf("%s random cases: %d of %d passed\n", passed == total ? "PASS" : "FAIL", passed, total);
 }
 
 /* ---- (f) non-default scales with softcap, ALiBi and bias together, every tensor a strided
@@ -317,12 +332,13 @@ int main(void) {
            (unsigned long long)seed, fa_cpu_isa());
     if (count) { /* the long run: random cases only, one line each for failures */
         bc_quiet = 1;
-        test_random(&rng, count);
+        const char *one = getenv("FA_CHECK_ONLY"); /* replays case #n of the run alone */
+        test_random(&rng, count, one && *one ? atoi(one) : -1);
         if (failures) printf("test_backward: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
         return failures ? 1 : 0;
     }
     test_reference_gradients(&rng);
-    test_random(&rng, 0);
+    test_random(&rng, 0, -1);
     test_scale_views(&rng);
     test_dead_rows(&rng);
     test_determinism(&rng);

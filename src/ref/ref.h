@@ -15,5 +15,12 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
  * recomputed in double, not taken from a. */
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv);
+/* The same, but with delta_i = do_i . o_i taken from a->o (the saved forward output, in the
+ * problem's dtype and o_stride) as a kernel's backward does: the exact gradients the
+ * kernel should give for that saved o. Its rounding shifts delta by do_i . (o_saved - o),
+ * which dominates dq and dk where they nearly cancel (few visible keys, a peaked softmax);
+ * through softcap that shift is weighted by 1 - tanh^2 per key. */
+void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
+                             double *dv);
 
 #endif

@@ -40,8 +40,9 @@ static double *ref_load(const fa_problem *p, const void *base, fa_strides st, in
     return x;
 }
 
-void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
-                     double *dv) {
+/* saved_o: delta = do . (the caller's a->o) instead of do . (this function's own o). */
+static void ref_backward(const fa_problem *p, const fa_backward_args *a, int saved_o, double *dq, double *dk,
+                         double *dv) {
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
                   Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
     const int64_t group = Hq / Hk;
@@ -51,6 +52,7 @@ void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq,
     double *K = ref_load(p, a->k, p->k_stride, Hk, Sk, D);
     double *V = ref_load(p, a->v, p->v_stride, Hk, Sk, Dv);
     double *dO = ref_load(p, a->d_o, p->o_stride, Hq, Sq, Dv);
+    double *Os = saved_o ? ref_load(p, a->o, p->o_stride, Hq, Sq, Dv) : NULL;
     fa_strides bs = ref_strides(p->bias_stride, p->bias_heads, Sq, Sk);
 
     memset(dq, 0, sizeof(double) * (size_t)(B * Hq * Sq * D));
@@ -109,8 +111,9 @@ void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq,
                 for (int64_t j = 0; j < Sk; j++)
                     if (s[j] != 0.0)
                         for (int64_t c = 0; c < Dv; c++) o[c] += s[j] * Vh[j * Dv + c];
+                const double *oi = Os ? Os + ((b * Hq + h) * Sq + i) * Dv : o;
                 double delta = 0.0;
-                for (int64_t c = 0; c < Dv; c++) delta += gi[c] * o[c];
+                for (int64_t c = 0; c < Dv; c++) delta += gi[c] * oi[c];
 
                 for (int64_t j = 0; j < Sk; j++) {
                     if (s[j] == 0.0) continue; /* p = 0: no contribution */
@@ -136,4 +139,15 @@ void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq,
     free(K);
     free(V);
     free(dO);
+    free(Os);
+}
+
+void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
+                     double *dv) {
+    ref_backward(p, a, 0, dq, dk, dv);
+}
+
+void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
+                             double *dv) {
+    ref_backward(p, a, 1, dq, dk, dv);
 }
