@@ -1,8 +1,10 @@
 /* The backward pass: (a) the float64 reference against central differences of the float64
  * forward; (b) randomized fa_backward cases against the reference, every mask alone and
  * combined, GQA and MQA, strided views, f32/f16/bf16; (c) rows that see no key; (d)
- * bit-identical results across runs and thread counts; (e) bad arguments.
- * A fresh seed every run, printed; FA_TEST_SEED=<seed> reproduces a run. */
+ * bit-identical results across runs and thread counts; (e) bad arguments; (f) non-default
+ * scales with softcap, ALiBi and bias together, every tensor (dq, dk, dv too) a strided view.
+ * A fresh seed every run, printed; FA_TEST_SEED=<seed> reproduces a run. FA_CHECK_CASES=N
+ * runs N random cases of (b) instead (make check-long), FA_CHECK_ONLY=n replays case #n. */
 #include "backward_check.h"
 
 /* ---- (a) the reference against central differences ------------------------------------ */
@@ -141,13 +143,13 @@ static void test_random(uint64_t *rng, int count, int only) {
             }
             char label[256];
             snprintf(label, sizeof label,
-                     "#%d %-4s %s B=%lld H=%lld/%lld S=%lld/%lld D=%lld/%lld tile %lldx%lld%s%s%s%s%s%s%s (win %lld,%lld)",
+                     "#%d %-4s %s B=%lld H=%lld/%lld S=%lld/%lld D=%lld/%lld tile %lldx%lld%s%s%s%s%s%s (win %lld,%lld)",
                      n, fa_dtype_name(p.dtype), kernel_fwd ? "fwd=kernel" : "fwd=ref", (long long)p.batch, (long long)p.heads_q, (long long)p.heads_kv,
                      (long long)p.seq_q, (long long)p.seq_k, (long long)p.head_dim, (long long)p.head_dim_v,
                      (long long)bq, (long long)bk, mask & M_CAUSAL ? " causal" : "", mask & M_WINDOW ? " window" : "",
                      mask & M_SEG ? " seg" : "", mask & M_BIAS ? (mask & M_NEGINF ? " bias(-inf)" : " bias") : "",
                      mask & M_ALIBI ? " alibi" : "", mask & M_SOFTCAP ? " softcap" : "",
-                     mask & M_SCALE ? " scale" : "", (long long)c.p.window_left, (long long)c.p.window_right);
+                     (long long)c.p.window_left, (long long)c.p.window_right);
             if (mask & M_SCALE) {
                 const size_t len = strlen(label);
                 snprintf(label + len, sizeof label - len, " scale %.4g", (double)c.p.scale);
