@@ -1,0 +1,292 @@
+/* The CPU kv-cache decode driver (flash-decoding).
+ *
+ * Work items are (sequence b, kv head, chunk of FA_DECODE_CHUNK keys): an item stacks the
+ * seq_q rows of all Hq / Hk query heads that share the kv head into one M-row tile, so each
+ * cache byte is read once per call, and walks its chunk's key tiles (fa_decode_tile keys,
+ * never crossing a page) with the ISA table's pack and product kernels and an online
+ * softmax, leaving a partial (acc, max, sum) per row in the workspace. A merge then combines
+ * each row's chunks in chunk order. Chunks, tiles and the merge order come from shapes
+ * alone, so results are bit-identical for any thread count. Only rows below a sequence's
+ * length are ever packed: stale or NaN cache rows beyond it are never read.
+ * Before anything is written, every argument is checked (block-table entries included);
+ * then k_new/v_new are copied into the caches at rows cache_seqlens[b].. . */
+#include "isa.h"
+#include "vexp.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEC_ALIGN 64
+
+static int64_t dec_align(int64_t x) { return (x + DEC_ALIGN - 1) / DEC_ALIGN * DEC_ALIGN; }
+
+static const fa_isa *dec_isa(const struct fa_plan *pl) { return pl->isa ? pl->isa : &fa_isa_scalar; }
+
+/* Rows of one item: query heads of a kv head x new tokens; row r is head r / seq_q, token r % seq_q. */
+static int64_t dec_rows(const fa_problem *p) { return p->heads_q / p->heads_kv * p->seq_q; }
+
+/* Scratch pieces: q staging (M x D, contiguous, the dtype), packed q, k, v, scores M x T. */
+static void dec_sizes(const struct fa_plan *pl, int64_t sz[5]) {
+    const fa_problem *p = &pl->p;
+    const fa_isa *isa = dec_isa(pl);
+    const int64_t M = dec_rows(p), T = fa_decode_tile(p);
+    sz[0] = M * p->head_dim * (int64_t)fa_dtype_size(p->dtype);
+    sz[1] = isa->packed_bytes(M, p->head_dim, p->dtype);
+    sz[2] = isa->packed_bytes(T, p->head_dim, p->dtype);
+    sz[3] = isa->packed_bytes(T, p->head_dim_v, p->dtype);
+    sz[4] = M * T * (int64_t)sizeof(float);
+}
+
+int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl) {
+    int64_t sz[5], total = DEC_ALIGN;
+    dec_sizes(pl, sz);
+    for (int i = 0; i < 5; i++) total += dec_align(sz[i]);
+    return total;
+}
+
+typedef struct {
+    const struct fa_plan *pl;
+    const fa_problem *p;
+    const fa_isa *isa;
+    const fa_forward_args *a;
+    size_t esz;
+    int64_t M, T, group;
+    float *partials;        /* per item: acc M x Dv, then max M, then sum M */
+    const int64_t *first;   /* first[b]: index of sequence b's first item */
+} dec_ctx;
+
+/* Where cache row t of sequence b, kv head hk starts (paged or not). */
+static fa_tile_src dec_cache_row(const dec_ctx *cx, const void *base, const fa_strides *st, int64_t b, int64_t hk,
+                                 int64_t t) {
+    const fa_problem *p = cx->p;
+    int64_t item = b, row = t;
+    if (p->page_size) {
+        item = cx->a->block_table[b * p->max_pages + t / p->page_size];
+        row = t % p->page_size;
+    }
+    fa_tile_src src = {(const char *)base + fa_offset(st, item, hk, row, 0) * (int64_t)cx->esz, p->dtype, st->s[2],
+                       st->s[3]};
+    return src;
+}
+
+/* Scores of one row (the forward's transform: scale, softcap, ALiBi, masks; no bias or
+ * segment ids with caches), then its online-softmax step. Returns nothing; updates M, L, acc. */
+static void dec_row(const dec_ctx *cx, float *restrict srow, int n, int64_t h, int64_t i, int64_t j0,
+                    const struct fa_plan *one, float *M, float *L, float *restrict arow) {
+    const fa_problem *p = cx->p;
+    const float scale = cx->pl->scale, cap = p->softcap;
+    for (int j = 0; j < n; j++) srow[j] *= scale;
+    if (cap > 0.0f)
+        for (int j = 0; j < n; j++) srow[j] = cap * tanhf(srow[j] / cap);
+    if (p->has_alibi) {
+        const float slope = cx->a->alibi_slopes[h];
+        const int64_t d0 = i + one->off - j0;
+        for (int j = 0; j < n; j++) {
+            const int64_t d = d0 - j;
+            srow[j] -= slope * (float)(d < 0 ? -d : d);
+        }
+    }
+    const int64_t lo = fa_key_lo(one, i) - j0, hi = fa_key_hi(one, i) - j0;
+    for (int64_t j = 0; j < n && j < lo; j++) srow[j] = -INFINITY;
+    for (int64_t j = hi + 1 > 0 ? hi + 1 : 0; j < n; j++) srow[j] = -INFINITY;
+    float mt = -INFINITY;
+    for (int j = 0; j < n; j++) mt = srow[j] > mt ? srow[j] : mt;
+    const float m_old = *M, m_new = m_old > mt ? m_old : mt;
+    const float base = m_new == -INFINITY ? 0.0f : m_new; /* as the forward: never -inf + inf */
+    const float alpha = fa_vexpf(m_old - base);
+    const float rowsum = cx->isa->exp_sum(srow, n, base);
+    if (p->dtype == FA_BF16)
+        for (int j = 0; j < n; j++) srow[j] = fa_vround_bf16(srow[j]);
+    else if (p->dtype == FA_F16)
+        for (int j = 0; j < n; j++) srow[j] = fa_vround_f16(srow[j]);
+    *L = *L * alpha + rowsum;
+    *M = m_new;
+    if (alpha != 1.0f)
+        for (int64_t c = 0; c < p->head_dim_v; c++) arow[c] *= alpha;
+}
+
+/* Item (b, hk, chunk c): keys [k0, k1] of the chunk that some row may see. */
+static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t hk, int64_t k0, int64_t k1,
+                     float *part, fa_counts *cnt) {
+    const fa_problem *p = cx->p;
+    const fa_isa *isa = cx->isa;
+    const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q;
+    const int64_t sk = fa_decode_keys(cx->pl, b);
+    int64_t sz[5];
+    dec_sizes(cx->pl, sz);
+    char *qs = scratch, *qp = qs + dec_align(sz[0]), *kp = qp + dec_align(sz[1]), *vp = kp + dec_align(sz[2]);
+    float *s = (float *)(vp + dec_align(sz[3]));
+    float *acc = part, *mx = part + M * Dv, *sum = mx + M;
+
+    /* the masks of sequence b: a dense view with its keys and offset */
+    struct fa_plan one = *cx->pl;
+    one.p.seq_k = sk;
+    one.off = fa_decode_off(cx->pl, b);
+
+    for (int64_t r = 0; r < M; r++) {
+        const int64_t h = hk * cx->group + r / Sq, i = r % Sq;
+        const char *src = (const char *)cx->a->q;
+        for (int64_t d = 0; d < D; d++)
+            memcpy(qs + (r * D + d) * (int64_t)cx->esz, src + fa_offset(&p->q_stride, b, h, i, d) * (int64_t)cx->esz,
+                   cx->esz);
+        mx[r] = -INFINITY;
+        sum[r] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(M * Dv));
+    const fa_tile_src qsrc = {qs, p->dtype, D, 1};
+    isa->pack_a(&qsrc, (int)M, (int)D, qp);
+
+    for (int64_t t = k0 / T; t <= k1 / T; t++) {
+        const int64_t j0 = t * T;
+        const int n = (int)(sk - j0 < T ? sk - j0 : T);
+        const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
+        const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
+        isa->pack_bt(&ks, n, (int)D, kp);
+        isa->pack_b(&vs, n, (int)Dv, vp);
+        isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+        for (int64_t r = 0; r < M; r++)
+            dec_row(cx, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &one, &mx[r], &sum[r], acc + r * Dv);
+        isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
+        cnt->flops += 2 * M * n * (D + Dv);
+        cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
+    }
+}
+
+/* Row i of query head h of sequence b: the chunks' partials combined in chunk order. */
+static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t chunks, fa_counts *cnt) {
+    const fa_problem *p = cx->p;
+    const int64_t M = cx->M, Dv = p->head_dim_v, hk = h / cx->group, r = (h % cx->group) * p->seq_q + i;
+    const int64_t item0 = cx->first[b] + hk * chunks, stride = M * (Dv + 2);
+    float top = -INFINITY, l = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        const float m = cx->partials[(item0 + c) * stride + M * Dv + r];
+        top = m > top ? m : top;
+    }
+    const float base = top == -INFINITY ? 0.0f : top;
+    /* the sum accumulates in the first chunk's row (this row's alone) */
+    float *o = chunks ? cx->partials + item0 * stride + r * Dv : NULL;
+    for (int64_t c = 0; c < chunks; c++) {
+        const float *part = cx->partials + (item0 + c) * stride;
+        const float w = fa_vexpf(part[M * Dv + r] - base);
+        l += part[M * Dv + M + r] * w;
+        if (c == 0)
+            for (int64_t x = 0; x < Dv; x++) o[x] *= w;
+        else
+            for (int64_t x = 0; x < Dv; x++) o[x] += part[r * Dv + x] * w;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
+    for (int64_t x = 0; x < Dv; x++) fa_store(p->dtype, cx->a->o, ob + x * p->o_stride.s[3], o ? o[x] * inv : 0.0f);
+    if (cx->a->lse) cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? top + logf(l) : -INFINITY;
+    cnt->transcendentals += chunks + 1;
+}
+
+/* Every pointer and block-table entry a call uses, before anything is written. */
+static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
+    const fa_problem *p = &pl->p;
+    const char *missing = !a->q ? "q" : !a->k ? "k (the key cache)" : !a->v ? "v (the value cache)" : !a->o ? "o" : NULL;
+    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
+    if (!missing && p->has_new_kv && !a->k_new) missing = "k_new (the problem has_new_kv)";
+    if (!missing && p->has_new_kv && !a->v_new) missing = "v_new (the problem has_new_kv)";
+    if (!missing && p->page_size && !a->block_table) missing = "block_table (the problem has page_size)";
+    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
+    if (!p->page_size) return FA_OK;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t used = (fa_decode_keys(pl, b) + p->page_size - 1) / p->page_size;
+        for (int64_t j = 0; j < used; j++) {
+            const int32_t id = a->block_table[b * p->max_pages + j];
+            if (id < 0 || id >= p->num_pages)
+                return fa_error(FA_ERR_INVALID, "block_table[%lld][%lld] = %d is out of range [0, %lld) (num_pages)",
+                                (long long)b, (long long)j, id, (long long)p->num_pages);
+        }
+    }
+    return FA_OK;
+}
+
+/* k_new/v_new rows into the caches at positions cache_seqlens[b] + t. */
+static void dec_append(const dec_ctx *cx, void *cache, const fa_strides *st, const void *src, int64_t width) {
+    const fa_problem *p = cx->p;
+    const int64_t Hk = p->heads_kv, Sq = p->seq_q, es = (int64_t)cx->esz;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t t = 0; t < Sq; t++)
+            for (int64_t hk = 0; hk < Hk; hk++) {
+                const fa_tile_src dst = dec_cache_row(cx, cache, st, b, hk, cx->pl->lens[b] + t);
+                const char *from = (const char *)src + ((b * Sq + t) * Hk + hk) * width * es;
+                for (int64_t d = 0; d < width; d++)
+                    memcpy((char *)dst.base + d * st->s[3] * es, from + d * es, (size_t)es);
+            }
+}
+
+fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a) {
+    const fa_problem *p = &pl->p;
+    fa_status st = dec_check(pl, a);
+    if (st) return st;
+    const int threads = pl->threads > 0 ? pl->threads : 1;
+    const int64_t need = fa_decode_workspace_bytes(pl), scratch = fa_cpu_decode_scratch_bytes(pl);
+    char *ws = a->workspace, *owned = NULL;
+    if (ws && a->workspace_size < (size_t)need)
+        return fa_error(FA_ERR_INVALID, "fa_forward: workspace_size is %zu bytes but this decode plan needs %lld",
+                        a->workspace_size, (long long)need);
+    if (!ws && !(ws = owned = malloc((size_t)need)))
+        return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
+
+    dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
+                  p->heads_q / p->heads_kv, NULL, NULL};
+    if (p->has_new_kv) {
+        dec_append(&cx, (void *)a->k, &p->k_stride, a->k_new, p->head_dim);
+        dec_append(&cx, (void *)a->v, &p->v_stride, a->v_new, p->head_dim_v);
+    }
+    /* items of sequence b: Hk x its chunks, numbered after those of sequences < b */
+    const int64_t B = p->batch, Hk = p->heads_kv, CH = FA_DECODE_CHUNK;
+    int64_t items = 0, nparts = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t lo, hi;
+        fa_decode_key_span(pl, b, &lo, &hi);
+        nparts += lo > hi ? 0 : Hk * (hi / CH - lo / CH + 1);
+    }
+    const int64_t part_floats = cx.M * (p->head_dim_v + 2);
+    cx.partials = (float *)ws;
+    int64_t *first = (int64_t *)(ws + nparts * part_floats * (int64_t)sizeof(float));
+    for (int64_t b = 0; b < B; b++) {
+        int64_t lo, hi;
+        fa_decode_key_span(pl, b, &lo, &hi);
+        first[b] = items;
+        items += lo > hi ? 0 : Hk * (hi / CH - lo / CH + 1);
+    }
+    first[B] = items;
+    cx.first = first;
+    char *scratch_base = (char *)(first + B + 1);
+
+    int64_t flops = 0, trans = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+    {
+        char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
+        mine += (DEC_ALIGN - (uintptr_t)mine % DEC_ALIGN) % DEC_ALIGN;
+        fa_counts cnt = {0, 0};
+        int64_t b = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            while (first[b + 1] <= it) b++; /* items ascend within a thread */
+            int64_t lo, hi;
+            fa_decode_key_span(pl, b, &lo, &hi);
+            const int64_t chunks = hi / CH - lo / CH + 1, hk = (it - first[b]) / chunks;
+            const int64_t c = lo / CH + (it - first[b]) % chunks;
+            const int64_t k0 = c * CH > lo ? c * CH : lo, k1 = c * CH + CH - 1 < hi ? c * CH + CH - 1 : hi;
+            dec_item(&cx, mine, b, hk, k0, k1, cx.partials + it * part_floats, &cnt);
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < B * p->heads_q * p->seq_q; r++) {
+            const int64_t bb = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
+            dec_merge(&cx, bb, h, i, (first[bb + 1] - first[bb]) / Hk, &cnt);
+        }
+        flops += cnt.flops;
+        trans += cnt.transcendentals;
+    }
+    free(owned);
+    if (a->counts) {
+        a->counts->flops = flops;
+        a->counts->transcendentals = trans;
+    }
+    return FA_OK;
+}
