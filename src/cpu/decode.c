@@ -10,6 +10,7 @@
  * length are ever packed: stale or NaN cache rows beyond it are never read.
  * Before anything is written, every argument is checked (block-table entries included);
  * then k_new/v_new are copied into the caches at rows cache_seqlens[b].. . */
+#include "decode_kernels.h"
 #include "isa.h"
 #include "vexp.h"
 
@@ -52,6 +53,7 @@ typedef struct {
     const fa_forward_args *a;
     size_t esz;
     int64_t M, T, group;
+    int direct;             /* bf16 rows read in place by decode_avx512bf16.c, no packing */
     float *partials;        /* per item: acc M x Dv, then max M, then sum M */
     const int64_t *first;   /* first[b]: index of sequence b's first item */
 } dec_ctx;
@@ -135,19 +137,25 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t hk, in
     }
     memset(acc, 0, sizeof(float) * (size_t)(M * Dv));
     const fa_tile_src qsrc = {qs, p->dtype, D, 1};
-    isa->pack_a(&qsrc, (int)M, (int)D, qp);
+    if (!cx->direct) isa->pack_a(&qsrc, (int)M, (int)D, qp);
 
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
         const int64_t j0 = t * T;
         const int n = (int)(sk - j0 < T ? sk - j0 : T);
         const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
         const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
-        isa->pack_bt(&ks, n, (int)D, kp);
-        isa->pack_b(&vs, n, (int)Dv, vp);
-        isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+        if (cx->direct) {
+            fa_decode_qk_bf16((const uint16_t *)qs, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T, vs.base,
+                              vs.row_stride, (int)Dv);
+        } else {
+            isa->pack_bt(&ks, n, (int)D, kp);
+            isa->pack_b(&vs, n, (int)Dv, vp);
+            isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+        }
         for (int64_t r = 0; r < M; r++)
             dec_row(cx, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &one, &mx[r], &sum[r], acc + r * Dv);
-        isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
+        if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
+        else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
         cnt->flops += 2 * M * n * (D + Dv);
         cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
     }
@@ -232,7 +240,9 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
-                  p->heads_q / p->heads_kv, NULL, NULL};
+                  p->heads_q / p->heads_kv, 0, NULL, NULL};
+    cx.direct = p->dtype == FA_BF16 && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1 &&
+                (!strcmp(cx.isa->name, "avx512bf16") || !strcmp(cx.isa->name, "amx"));
     if (p->has_new_kv) {
         dec_append(&cx, (void *)a->k, &p->k_stride, a->k_new, p->head_dim);
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_new, p->head_dim_v);
