@@ -116,8 +116,7 @@ typedef struct {
     const char *flag, *path;
     int ndim;
     int64_t shape[4];
-    const void *data; /* in the problem's dtype, or f32 */
-    int is_f32;
+    int slot; /* 0 o, 1 lse (f32), 2 the k cache, 3 the v cache */
     npy_out file;
 } out_file;
 
@@ -141,11 +140,11 @@ static void release(run_state *s) {
     fa_plan_destroy(s->plan);
 }
 
-static void add_out(run_state *s, const char *flag, const char *path, int ndim, const int64_t *shape) {
+static void add_out(run_state *s, const char *flag, const char *path, int slot, int ndim, const int64_t *shape) {
     if (!path) return;
     out_file *o = &s->outs[s->nout++];
     memset(o, 0, sizeof *o);
-    o->flag = flag, o->path = path, o->ndim = ndim;
+    o->flag = flag, o->path = path, o->slot = slot, o->ndim = ndim;
     memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
 }
 
@@ -225,11 +224,11 @@ int cli_run_inference(const cli_args *a) {
     const int64_t o_shape[4] = {varlen ? p.seq_q : p.batch, varlen ? p.heads_q : p.seq_q,
                                 varlen ? p.head_dim_v : p.heads_q, p.head_dim_v};
     const int64_t l_shape[3] = {varlen ? p.heads_q : p.batch, varlen ? p.seq_q : p.heads_q, p.seq_q};
-    add_out(&s, "--out", a->out, varlen ? 3 : 4, o_shape);
-    add_out(&s, "--lse", a->lse, varlen ? 2 : 3, l_shape);
+    add_out(&s, "--out", a->out, 0, varlen ? 3 : 4, o_shape);
+    add_out(&s, "--lse", a->lse, 1, varlen ? 2 : 3, l_shape);
     if (a->update_cache) {
-        add_out(&s, "--k", a->k, 4, s.hk.shape);
-        add_out(&s, "--v", a->v, 4, s.hv.shape);
+        add_out(&s, "--k", a->k, 2, 4, s.hk.shape);
+        add_out(&s, "--v", a->v, 3, 4, s.hv.shape);
     }
     for (int i = 0; i < s.nout; i++)
         for (int j = 0; j < i; j++)
@@ -265,12 +264,13 @@ int cli_run_inference(const cli_args *a) {
 
     const void *data[4] = {s.o, s.lse, s.k, s.v};
     for (int i = 0; i < s.nout && !rc; i++) {
-        const float *x = data[i];
+        const int slot = s.outs[i].slot;
+        const float *x = data[slot];
         float *conv = NULL;
-        if (i != 1 && p.dtype != FA_F32) {
+        if (slot != 1 && p.dtype != FA_F32) {
             int64_t n = 1;
             for (int d = 0; d < s.outs[i].ndim; d++) n *= s.outs[i].shape[d];
-            if (!(conv = cli_to_f32(p.dtype, data[i], n))) rc = cli_fail(1, "%s: out of memory", s.outs[i].flag);
+            if (!(conv = cli_to_f32(p.dtype, data[slot], n))) rc = cli_fail(1, "%s: out of memory", s.outs[i].flag);
             x = conv;
         }
         if (!rc && (rc = npy_out_write(&s.outs[i].file, s.outs[i].ndim, s.outs[i].shape, x, err, sizeof err)))
