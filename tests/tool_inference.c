@@ -25,6 +25,14 @@ static int die(const char *msg, const char *arg) {
     return 3;
 }
 
+/* Everything a command allocates, freed when it returns. */
+static void *owned[64];
+static int n_owned;
+static void *keep(void *x) {
+    if (x && n_owned < 64) owned[n_owned++] = x;
+    return x;
+}
+
 typedef struct {
     int ndim;
     int64_t shape[4], n;
@@ -55,7 +63,7 @@ static int load(const char *path, const char *descr, arr *a) {
         a->n *= a->shape[a->ndim++];
         p = end;
     }
-    a->data = malloc((size_t)a->n * 4 + 4);
+    a->data = keep(malloc((size_t)a->n * 4 + 4));
     const int ok = a->data && fread(a->data, 4, (size_t)a->n, f) == (size_t)a->n;
     fclose(f);
     return ok ? 0 : die("short data in", path);
@@ -110,7 +118,7 @@ static int cmd_varlen(int argc, char **argv) {
     p.head_dim_v = v.shape[2], p.seq_q = q.shape[0], p.seq_k = k.shape[0];
     p.cu_seqlens_q = cq.data, p.cu_seqlens_k = ck.data;
     p.causal = argc > 7 && !strcmp(argv[7], "--causal");
-    double *ro = malloc(sizeof(double) * (size_t)o.n), *rl = malloc(sizeof(double) * (size_t)l.n);
+    double *ro = keep(malloc(sizeof(double) * (size_t)o.n)), *rl = keep(malloc(sizeof(double) * (size_t)l.n));
     fa_forward_args a = {0};
     a.q = q.data, a.k = k.data, a.v = v.data;
     fa_ref_varlen_forward(&p, &a, ro, rl);
@@ -139,7 +147,7 @@ static int cmd_decode(int argc, char **argv) {
     p.heads_kv = k.shape[2], p.head_dim_v = v.shape[3], p.cache_seqlens = lens.data;
     if (bt.data) p.page_size = k.shape[1], p.num_pages = k.shape[0], p.max_pages = bt.shape[1];
     p.seq_k = bt.data ? p.max_pages * p.page_size : k.shape[1];
-    double *ro = malloc(sizeof(double) * (size_t)o.n), *rl = malloc(sizeof(double) * (size_t)l.n);
+    double *ro = keep(malloc(sizeof(double) * (size_t)o.n)), *rl = keep(malloc(sizeof(double) * (size_t)l.n));
     fa_forward_args a = {0};
     a.q = q.data, a.k = k.data, a.v = v.data, a.k_new = kn.data, a.v_new = vn.data, a.block_table = bt.data;
     fa_ref_decode(&p, &a, ro, rl);
@@ -171,9 +179,12 @@ static int cmd_cache(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc < 2) return die("usage: tool_inference ints|varlen|decode|cache ...", NULL);
-    if (!strcmp(argv[1], "ints")) return cmd_ints(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "varlen")) return cmd_varlen(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "decode")) return cmd_decode(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "cache")) return cmd_cache(argc - 2, argv + 2);
-    return die("unknown command", argv[1]);
+    int rc = 3;
+    if (!strcmp(argv[1], "ints")) rc = cmd_ints(argc - 2, argv + 2);
+    else if (!strcmp(argv[1], "varlen")) rc = cmd_varlen(argc - 2, argv + 2);
+    else if (!strcmp(argv[1], "decode")) rc = cmd_decode(argc - 2, argv + 2);
+    else if (!strcmp(argv[1], "cache")) rc = cmd_cache(argc - 2, argv + 2);
+    else die("unknown command", argv[1]);
+    while (n_owned) free(owned[--n_owned]);
+    return rc;
 }
