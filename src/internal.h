@@ -37,12 +37,12 @@ fa_status fa_cost_inference(struct fa_plan *pl);
 /* Decoding splits each sequence's keys into chunks of FA_DECODE_CHUNK (one work item per
  * (sequence, kv head, chunk), merged in chunk order) and chunks into tiles; both from
  * shapes alone, so results do not depend on the thread count. */
-#define FA_DECODE_CHUNK 1024
-/* Keys per tile: 128, or the largest of 64, 32, 16 that divides the page (tiles never
- * cross a page). */
+#define FA_DECODE_CHUNK 512
+/* Keys per tile: 64 (a tile's K and V rows, and the next tile's being prefetched, stay in
+ * L2), or the largest of 32, 16 that divides the page (tiles never cross a page). */
 static inline int64_t fa_decode_tile(const fa_problem *p) {
-    if (p->page_size <= 0 || p->page_size % 128 == 0) return 128;
-    return p->page_size % 64 == 0 ? 64 : p->page_size % 32 == 0 ? 32 : 16;
+    if (p->page_size <= 0 || p->page_size % 64 == 0) return 64;
+    return p->page_size % 32 == 0 ? 32 : 16;
 }
 /* Sequence b's keys (cache plus new) and mask offset. */
 static inline int64_t fa_decode_keys(const struct fa_plan *pl, int64_t b) {

@@ -1,13 +1,16 @@
 /* The CPU kv-cache decode driver (flash-decoding).
  *
- * Work items are (sequence b, kv head, chunk of FA_DECODE_CHUNK keys): an item stacks the
- * seq_q rows of all Hq / Hk query heads that share the kv head into one M-row tile, so each
- * cache byte is read once per call, and walks its chunk's key tiles (fa_decode_tile keys,
- * never crossing a page) with the ISA table's pack and product kernels and an online
- * softmax, leaving a partial (acc, max, sum) per row in the workspace. A merge then combines
- * each row's chunks in chunk order. Chunks, tiles and the merge order come from shapes
- * alone, so results are bit-identical for any thread count. Only rows below a sequence's
- * length are ever packed: stale or NaN cache rows beyond it are never read.
+ * Work items are (sequence b, chunk of FA_DECODE_CHUNK keys). An item walks its chunk's key
+ * tiles (fa_decode_tile keys, never crossing a page); for each tile, each kv head computes
+ * the seq_q rows of all Hq / Hk query heads that share it as one M-row tile, so each cache
+ * byte is read once per call, while the next tile's rows are prefetched whole (reading a
+ * cache head by head is several times slower than reading its rows). The tile math is the
+ * ISA table's pack and product kernels, or for bf16 caches with AVX512_BF16 kernels that
+ * read the rows in place (decode_avx512bf16.c); an online softmax leaves a partial (acc,
+ * max, sum) per (item, kv head, row) in the workspace, and a merge combines each row's
+ * chunks in chunk order. Chunks, tiles and the merge order come from shapes alone, so
+ * results are bit-identical for any thread count. Only rows below a sequence's length are
+ * ever read: stale or NaN cache rows beyond it are never touched.
  * Before anything is written, every argument is checked (block-table entries included);
  * then k_new/v_new are copied into the caches at rows cache_seqlens[b].. . */
 #include "decode_kernels.h"
@@ -27,12 +30,13 @@ static const fa_isa *dec_isa(const struct fa_plan *pl) { return pl->isa ? pl->is
 /* Rows of one item: query heads of a kv head x new tokens; row r is head r / seq_q, token r % seq_q. */
 static int64_t dec_rows(const fa_problem *p) { return p->heads_q / p->heads_kv * p->seq_q; }
 
-/* Scratch pieces: q staging (M x D, contiguous, the dtype), packed q, k, v, scores M x T. */
+/* Scratch pieces: q staging (Hq x seq_q rows of D, contiguous, the dtype), packed q (M x D),
+ * k, v, scores M x T. */
 static void dec_sizes(const struct fa_plan *pl, int64_t sz[5]) {
     const fa_problem *p = &pl->p;
     const fa_isa *isa = dec_isa(pl);
     const int64_t M = dec_rows(p), T = fa_decode_tile(p);
-    sz[0] = M * p->head_dim * (int64_t)fa_dtype_size(p->dtype);
+    sz[0] = p->heads_q * p->seq_q * p->head_dim * (int64_t)fa_dtype_size(p->dtype); /* every head's rows */
     sz[1] = isa->packed_bytes(M, p->head_dim, p->dtype);
     sz[2] = isa->packed_bytes(T, p->head_dim, p->dtype);
     sz[3] = isa->packed_bytes(T, p->head_dim_v, p->dtype);
@@ -54,6 +58,7 @@ typedef struct {
     size_t esz;
     int64_t M, T, group;
     int direct;             /* bf16 rows read in place by decode_avx512bf16.c, no packing */
+    int rows_whole;         /* K and V rows are Hk x D contiguous elements, equal in size */
     float *partials;        /* per item: acc M x Dv, then max M, then sum M */
     const int64_t *first;   /* first[b]: index of sequence b's first item */
 } dec_ctx;
@@ -108,56 +113,111 @@ static void dec_row(const dec_ctx *cx, float *restrict srow, int n, int64_t h, i
         for (int64_t c = 0; c < p->head_dim_v; c++) arow[c] *= alpha;
 }
 
-/* Item (b, hk, chunk c): keys [k0, k1] of the chunk that some row may see. */
-static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t hk, int64_t k0, int64_t k1,
-                     float *part, fa_counts *cnt) {
+/* Prefetches cache rows [r0, r1) of sequence b, every kv head, K then V, in address order
+ * for the usual layouts: cache rows are read once per call, and reading them head by head
+ * (each head's D elements of a row, rows Hk x D apart) runs at a fraction of the memory's
+ * speed, while whole rows stream. Needs contiguous head dims. */
+static void dec_prefetch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
+    const fa_problem *p = cx->p;
+    const int64_t es = (int64_t)cx->esz;
+    for (int64_t r = r0; r < r1; r++)
+        for (int x = 0; x < 2; x++)
+            for (int64_t hk = 0; hk < p->heads_kv; hk++) {
+                const fa_tile_src row = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, hk, r);
+                const int64_t bytes = (x ? p->head_dim_v : p->head_dim) * es;
+                for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)row.base + off, 0, 2);
+            }
+}
+
+/* Reads rows [r0, r1) of sequence b's caches whole, K then V, so that a chunk's first tile
+ * arrives at streaming speed (prefetches issued in one burst would mostly be dropped). */
+static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
+    const fa_problem *p = cx->p;
+    if (!cx->rows_whole) {
+        dec_prefetch(cx, b, r0, r1);
+        return;
+    }
+    unsigned char sink = 0;
+    const int64_t row_bytes = p->k_stride.s[2] * (int64_t)cx->esz;
+    for (int x = 0; x < 2; x++) {
+        const unsigned char *c = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, 0, r0).base;
+        for (int64_t off = 0; off < (r1 - r0) * row_bytes; off += 64) sink ^= c[off];
+    }
+    volatile unsigned char keep = sink; /* the loads must happen */
+    (void)keep;
+}
+
+/* Item (b, chunk): keys [k0, k1] of the chunk that some row may see, for every kv head
+ * (part: Hk partials). Tile by tile, head by head; while a tile's heads compute, the next
+ * tile's rows are prefetched, a slice per head. */
+static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, int64_t k1, float *part,
+                     fa_counts *cnt) {
     const fa_problem *p = cx->p;
     const fa_isa *isa = cx->isa;
-    const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q;
-    const int64_t sk = fa_decode_keys(cx->pl, b);
+    const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, Hk = p->heads_kv;
+    const int64_t sk = fa_decode_keys(cx->pl, b), part_floats = M * (Dv + 2);
     int64_t sz[5];
     dec_sizes(cx->pl, sz);
     char *qs = scratch, *qp = qs + dec_align(sz[0]), *kp = qp + dec_align(sz[1]), *vp = kp + dec_align(sz[2]);
     float *s = (float *)(vp + dec_align(sz[3]));
-    float *acc = part, *mx = part + M * Dv, *sum = mx + M;
+    const int prefetch = p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
 
     /* the masks of sequence b: a dense view with its keys and offset */
     struct fa_plan one = *cx->pl;
     one.p.seq_k = sk;
     one.off = fa_decode_off(cx->pl, b);
 
-    for (int64_t r = 0; r < M; r++) {
-        const int64_t h = hk * cx->group + r / Sq, i = r % Sq;
-        const char *src = (const char *)cx->a->q;
-        for (int64_t d = 0; d < D; d++)
-            memcpy(qs + (r * D + d) * (int64_t)cx->esz, src + fa_offset(&p->q_stride, b, h, i, d) * (int64_t)cx->esz,
-                   cx->esz);
-        mx[r] = -INFINITY;
-        sum[r] = 0.0f;
+    /* every query row of the sequence, staged contiguous (row r of head hk: hk * M + r) */
+    for (int64_t hk = 0; hk < Hk; hk++) {
+        float *mx = part + hk * part_floats + M * Dv, *sum = mx + M;
+        for (int64_t r = 0; r < M; r++) {
+            const int64_t h = hk * cx->group + r / Sq, i = r % Sq;
+            const char *src = (const char *)cx->a->q;
+            char *dst = qs + (hk * M + r) * D * (int64_t)cx->esz;
+            for (int64_t d = 0; d < D; d++)
+                memcpy(dst + d * (int64_t)cx->esz, src + fa_offset(&p->q_stride, b, h, i, d) * (int64_t)cx->esz, cx->esz);
+            mx[r] = -INFINITY;
+            sum[r] = 0.0f;
+        }
+        memset(part + hk * part_floats, 0, sizeof(float) * (size_t)(M * Dv));
     }
-    memset(acc, 0, sizeof(float) * (size_t)(M * Dv));
-    const fa_tile_src qsrc = {qs, p->dtype, D, 1};
-    if (!cx->direct) isa->pack_a(&qsrc, (int)M, (int)D, qp);
+    if (prefetch) dec_touch(cx, b, k0 / T * T, k0 / T * T + (sk - k0 / T * T < T ? sk - k0 / T * T : T));
 
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
-        const int64_t j0 = t * T;
-        const int n = (int)(sk - j0 < T ? sk - j0 : T);
-        const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
-        const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
-        if (cx->direct) {
-            fa_decode_qk_bf16((const uint16_t *)qs, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T, vs.base,
-                              vs.row_stride, (int)Dv);
-        } else {
-            isa->pack_bt(&ks, n, (int)D, kp);
-            isa->pack_b(&vs, n, (int)Dv, vp);
-            isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+        const int64_t j0 = t * T, j1 = j0 + T;
+        const int n = (int)(sk - j0 < T ? sk - j0 : T), nn = t < k1 / T ? (int)(sk - j1 < T ? sk - j1 : T) : 0;
+        for (int64_t hk = 0; hk < Hk; hk++) {
+            float *acc = part + hk * part_floats, *mx = acc + M * Dv, *sum = mx + M;
+            const char *qh = qs + hk * M * D * (int64_t)cx->esz;
+            const int64_t r0 = j1 + hk * nn / Hk, r1 = j1 + (hk + 1) * nn / Hk; /* this head's slice ahead */
+            fa_decode_fetch ahead = {NULL, NULL, 0};
+            if (prefetch && nn && cx->rows_whole) { /* rows [r0, r1) are one byte range in each cache */
+                ahead.k = dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, r0).base;
+                ahead.v = dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, r0).base;
+                ahead.bytes = (r1 - r0) * p->k_stride.s[2] * (int64_t)cx->esz;
+            } else if (prefetch && nn) {
+                dec_prefetch(cx, b, r0, r1);
+            }
+            const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
+            const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
+            if (cx->direct) {
+                fa_decode_qk_bf16((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T,
+                                  ahead.bytes ? &ahead : NULL);
+            } else {
+                if (ahead.bytes) dec_prefetch(cx, b, r0, r1);
+                const fa_tile_src qsrc = {qh, p->dtype, D, 1};
+                isa->pack_a(&qsrc, (int)M, (int)D, qp); /* M x D: small beside the tile */
+                isa->pack_bt(&ks, n, (int)D, kp);
+                isa->pack_b(&vs, n, (int)Dv, vp);
+                isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+            }
+            for (int64_t r = 0; r < M; r++)
+                dec_row(cx, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &one, &mx[r], &sum[r], acc + r * Dv);
+            if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
+            else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
+            cnt->flops += 2 * M * n * (D + Dv);
+            cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
         }
-        for (int64_t r = 0; r < M; r++)
-            dec_row(cx, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &one, &mx[r], &sum[r], acc + r * Dv);
-        if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
-        else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
-        cnt->flops += 2 * M * n * (D + Dv);
-        cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
     }
 }
 
@@ -165,17 +225,18 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t hk, in
 static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t chunks, fa_counts *cnt) {
     const fa_problem *p = cx->p;
     const int64_t M = cx->M, Dv = p->head_dim_v, hk = h / cx->group, r = (h % cx->group) * p->seq_q + i;
-    const int64_t item0 = cx->first[b] + hk * chunks, stride = M * (Dv + 2);
+    const int64_t stride = M * (Dv + 2) * p->heads_kv, item0 = cx->first[b]; /* item c's head hk: + c * stride */
+    const float *head = cx->partials + hk * M * (Dv + 2);
     float top = -INFINITY, l = 0.0f;
     for (int64_t c = 0; c < chunks; c++) {
-        const float m = cx->partials[(item0 + c) * stride + M * Dv + r];
+        const float m = head[(item0 + c) * stride + M * Dv + r];
         top = m > top ? m : top;
     }
     const float base = top == -INFINITY ? 0.0f : top;
     /* the sum accumulates in the first chunk's row (this row's alone) */
-    float *o = chunks ? cx->partials + item0 * stride + r * Dv : NULL;
+    float *o = chunks ? (float *)head + item0 * stride + r * Dv : NULL;
     for (int64_t c = 0; c < chunks; c++) {
-        const float *part = cx->partials + (item0 + c) * stride;
+        const float *part = head + (item0 + c) * stride;
         const float w = fa_vexpf(part[M * Dv + r] - base);
         l += part[M * Dv + M + r] * w;
         if (c == 0)
@@ -240,14 +301,17 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
-                  p->heads_q / p->heads_kv, 0, NULL, NULL};
+                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL};
+    cx.rows_whole = p->k_stride.s[3] == 1 && p->k_stride.s[1] == p->head_dim && p->k_stride.s[2] == p->heads_kv * p->head_dim &&
+                    p->v_stride.s[3] == 1 && p->v_stride.s[1] == p->head_dim_v && p->v_stride.s[2] == p->heads_kv * p->head_dim_v &&
+                    p->head_dim == p->head_dim_v && (!p->page_size || fa_decode_tile(p) <= p->page_size);
     cx.direct = p->dtype == FA_BF16 && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1 &&
                 (!strcmp(cx.isa->name, "avx512bf16") || !strcmp(cx.isa->name, "amx"));
     if (p->has_new_kv) {
         dec_append(&cx, (void *)a->k, &p->k_stride, a->k_new, p->head_dim);
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_new, p->head_dim_v);
     }
-    /* items of sequence b: Hk x its chunks, numbered after those of sequences < b */
+    /* items of sequence b: its chunks, numbered after those of sequences < b; each holds Hk partials */
     const int64_t B = p->batch, Hk = p->heads_kv, CH = FA_DECODE_CHUNK;
     int64_t items = 0, nparts = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -262,7 +326,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         int64_t lo, hi;
         fa_decode_key_span(pl, b, &lo, &hi);
         first[b] = items;
-        items += lo > hi ? 0 : Hk * (hi / CH - lo / CH + 1);
+        items += lo > hi ? 0 : hi / CH - lo / CH + 1;
     }
     first[B] = items;
     cx.first = first;
@@ -280,15 +344,14 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
             while (first[b + 1] <= it) b++; /* items ascend within a thread */
             int64_t lo, hi;
             fa_decode_key_span(pl, b, &lo, &hi);
-            const int64_t chunks = hi / CH - lo / CH + 1, hk = (it - first[b]) / chunks;
-            const int64_t c = lo / CH + (it - first[b]) % chunks;
+            const int64_t c = lo / CH + it - first[b];
             const int64_t k0 = c * CH > lo ? c * CH : lo, k1 = c * CH + CH - 1 < hi ? c * CH + CH - 1 : hi;
-            dec_item(&cx, mine, b, hk, k0, k1, cx.partials + it * part_floats, &cnt);
+            dec_item(&cx, mine, b, k0, k1, cx.partials + it * Hk * part_floats, &cnt);
         }
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < B * p->heads_q * p->seq_q; r++) {
             const int64_t bb = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
-            dec_merge(&cx, bb, h, i, (first[bb + 1] - first[bb]) / Hk, &cnt);
+            dec_merge(&cx, bb, h, i, first[bb + 1] - first[bb], &cnt);
         }
         flops += cnt.flops;
         trans += cnt.transcendentals;

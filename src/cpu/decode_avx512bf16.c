@@ -10,16 +10,20 @@
 
 /* s[r * lds + j] = dot(q[r], k[j]) for r < m, j < n: q is m x d contiguous bf16, key j
  * starts at k + j * kstride (d contiguous bf16). Pairs of products go through
- * vdpbf16ps into f32 lanes, then one horizontal sum per (r, j). */
+ * vdpbf16ps into f32 lanes, then one horizontal sum per (r, j). The driver has prefetched
+ * the rows (decode.c). */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s,
-                       int lds, const uint16_t *v, int64_t vstride, int dv) {
-    /* Cache rows are far apart (Hk x D apart): fetch keys 16 rows ahead and this tile's
-     * values meanwhile, so both streams keep many lines in flight. */
+                       int lds, const fa_decode_fetch *ahead) {
+    int64_t done = 0; /* bytes of the ranges ahead prefetched so far, spread evenly over the keys */
     for (int j = 0; j < n; j++) {
         const uint16_t *kr = k + j * kstride;
-        if (j + 16 < n)
-            for (int c = 0; c < d; c += 32) _mm_prefetch((const char *)(kr + 16 * kstride + c), _MM_HINT_T0);
-        for (int c = 0; c < dv; c += 32) _mm_prefetch((const char *)(v + j * vstride + c), _MM_HINT_T1);
+        if (ahead) {
+            const int64_t upto = ahead->bytes * (j + 1) / n;
+            for (; done < upto; done += 64) {
+                _mm_prefetch(ahead->k + done, _MM_HINT_T2);
+                _mm_prefetch(ahead->v + done, _MM_HINT_T2);
+            }
+        }
         for (int r = 0; r < m; r++) {
             const uint16_t *qr = q + (int64_t)r * d;
             __m512 acc = _mm512_setzero_ps();
@@ -43,34 +47,36 @@ static inline __m512 load16(const uint16_t *x, int nc) {
 }
 
 /* o[r * ldo + c] += sum_j p[r * ldp + j] * v[j][c] for r < m, c < cols: value j starts at
- * v + j * vstride. Blocks of 16 columns x 8 rows stay in registers across the keys. */
+ * v + j * vstride. A block of 4 rows x 64 columns (16 accumulators) stays in registers
+ * across the keys, so each cache line of a value row is used whole once it is loaded. */
 void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
                        int ldo) {
-    for (int c0 = 0; c0 < cols; c0 += 16) {
-        const int nc = cols - c0 < 16 ? cols - c0 : 16;
-        const __mmask16 mk = fa_mask16(nc);
+    static const float zeros[FA_DECODE_MAX_TILE];
+    for (int c0 = 0; c0 < cols; c0 += 64) {
+        int nc[4];
+        __mmask16 mk[4];
+        for (int b = 0; b < 4; b++) nc[b] = cols - c0 - 16 * b, mk[b] = fa_mask16(nc[b]);
         for (int r0 = 0; r0 < m; r0 += 4) {
-            /* four rows at a time, all in registers; missing rows read zeros and are not stored */
-            static const float zeros[FA_DECODE_MAX_TILE];
-            const int mr = m - r0 < 4 ? m - r0 : 4;
-            const float *p0 = p + (int64_t)r0 * ldp, *p1 = mr > 1 ? p0 + ldp : zeros;
-            const float *p2 = mr > 2 ? p0 + 2 * ldp : zeros, *p3 = mr > 3 ? p0 + 3 * ldp : zeros;
-            float *o0 = o + (int64_t)r0 * ldo + c0;
-            __m512 a0 = _mm512_maskz_loadu_ps(mk, o0), a1 = _mm512_setzero_ps(), a2 = a1, a3 = a1;
-            if (mr > 1) a1 = _mm512_maskz_loadu_ps(mk, o0 + ldo);
-            if (mr > 2) a2 = _mm512_maskz_loadu_ps(mk, o0 + 2 * ldo);
-            if (mr > 3) a3 = _mm512_maskz_loadu_ps(mk, o0 + 3 * ldo);
-            for (int j = 0; j < n; j++) {
-                const __m512 x = load16(v + j * vstride + c0, nc);
-                a0 = _mm512_fmadd_ps(_mm512_set1_ps(p0[j]), x, a0);
-                a1 = _mm512_fmadd_ps(_mm512_set1_ps(p1[j]), x, a1);
-                a2 = _mm512_fmadd_ps(_mm512_set1_ps(p2[j]), x, a2);
-                a3 = _mm512_fmadd_ps(_mm512_set1_ps(p3[j]), x, a3);
+            const int mr = m - r0 < 4 ? m - r0 : 4; /* missing rows read zeros and are not stored */
+            const float *pr[4];
+            __m512 acc[4][4];
+            for (int r = 0; r < 4; r++) {
+                pr[r] = r < mr ? p + (int64_t)(r0 + r) * ldp : zeros;
+                for (int b = 0; b < 4; b++)
+                    acc[r][b] = r < mr ? _mm512_maskz_loadu_ps(mk[b], o + (int64_t)(r0 + r) * ldo + c0 + 16 * b)
+                                       : _mm512_setzero_ps();
             }
-            _mm512_mask_storeu_ps(o0, mk, a0);
-            if (mr > 1) _mm512_mask_storeu_ps(o0 + ldo, mk, a1);
-            if (mr > 2) _mm512_mask_storeu_ps(o0 + 2 * ldo, mk, a2);
-            if (mr > 3) _mm512_mask_storeu_ps(o0 + 3 * ldo, mk, a3);
+            for (int j = 0; j < n; j++) {
+                const uint16_t *vr = v + j * vstride + c0;
+                __m512 x[4];
+                for (int b = 0; b < 4; b++) x[b] = load16(vr + 16 * b, nc[b]);
+                for (int r = 0; r < 4; r++) {
+                    const __m512 w = _mm512_set1_ps(pr[r][j]);
+                    for (int b = 0; b < 4; b++) acc[r][b] = _mm512_fmadd_ps(w, x[b], acc[r][b]);
+                }
+            }
+            for (int r = 0; r < mr; r++)
+                for (int b = 0; b < 4; b++) _mm512_mask_storeu_ps(o + (int64_t)(r0 + r) * ldo + c0 + 16 * b, mk[b], acc[r][b]);
         }
     }
 }
