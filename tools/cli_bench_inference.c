@@ -38,9 +38,11 @@ static void fill(uint64_t *st, fa_dtype t, void *x, int64_t n) {
     }
 }
 
-/* Median seconds of iters forward calls after one warm-up. */
-static int time_forward(const char *what, const fa_plan *pl, const fa_forward_args *fw, int iters, double *median) {
-    double t[64];
+/* Median seconds of iters forward calls after one warm-up (and, if cpu_median, the median of
+ * all threads' cpu seconds per call). */
+static int time_forward(const char *what, const fa_plan *pl, const fa_forward_args *fw, int iters, double *median,
+                        double *cpu_median) {
+    double t[64], cpu[64];
     if (iters > 64) iters = 64;
     fa_status st = fa_forward(pl, fw);
     for (int i = 0; st == FA_OK && i < iters; i++) {
@@ -51,12 +53,14 @@ static int time_forward(const char *what, const fa_plan *pl, const fa_forward_ar
         t[i] = seconds_now() - t0;
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
         /* cpu: all threads' time, which on a shared machine shows how much of the wall the run got */
-        fprintf(stderr, "bench: %s %d/%d: %.6f s (cpu %.6f s)\n", what, i + 1, iters, t[i],
-                (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec));
+        cpu[i] = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+        fprintf(stderr, "bench: %s %d/%d: %.6f s (cpu %.6f s)\n", what, i + 1, iters, t[i], cpu[i]);
     }
     if (st != FA_OK) return cli_fail_status(st, what);
     qsort(t, (size_t)iters, sizeof t[0], by_value);
+    qsort(cpu, (size_t)iters, sizeof cpu[0], by_value);
     *median = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    if (cpu_median) *cpu_median = iters % 2 ? cpu[iters / 2] : 0.5 * (cpu[iters / 2 - 1] + cpu[iters / 2]);
     return 0;
 }
 
@@ -103,7 +107,7 @@ static int bench_decode(const cli_args *a) {
     void *q = zalloc(nq * es), *k = zalloc(rows * p.heads_kv * p.head_dim * es);
     void *v = zalloc(rows * p.heads_kv * p.head_dim_v * es), *o = zalloc(no * es);
     float *lse = zalloc(sizeof(float) * (size_t)(B * p.heads_q * p.seq_q));
-    double t = 0;
+    double t = 0, tc = 0;
     if (!q || !k || !v || !o || !lse) {
         rc = cli_fail(1, "out of memory");
     } else {
@@ -113,16 +117,18 @@ static int bench_decode(const cli_args *a) {
         fa_forward_args fw;
         memset(&fw, 0, sizeof fw);
         fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse, fw.block_table = table;
-        rc = time_forward("decode", pl, &fw, a->iters ? a->iters : 20, &t);
+        rc = time_forward("decode", pl, &fw, a->iters ? a->iters : 20, &t, &tc);
     }
     if (!rc) {
         fa_cost c;
         fa_plan_cost(pl, FA_FORWARD, &c);
         const double cache = (double)B * (double)p.heads_kv * (double)N * (double)(p.head_dim + p.head_dim_v) * (double)es;
         if (a->json)
-            printf("{\"decode\": {\"seconds\": %.6g, \"cache_bytes\": %.0f, \"gbytes_per_s\": %.6g, \"bytes_accessed\": %"
-                   PRId64 ", \"flops\": %" PRId64 ", \"threads\": %d, \"isa\": \"%s\"}}\n",
-                   t, cache, cache / t * 1e-9, c.bytes_accessed, c.flops, fa_plan_threads(pl), fa_cpu_isa());
+            printf("{\"decode\": {\"seconds\": %.6g, \"cache_bytes\": %.0f, \"gbytes_per_s\": %.6g, \"cpu_seconds\": %.6g, "
+                   "\"gbytes_per_cpu_s\": %.6g, \"bytes_accessed\": %" PRId64 ", \"flops\": %" PRId64
+                   ", \"threads\": %d, \"isa\": \"%s\"}}\n",
+                   t, cache, cache / t * 1e-9, tc, cache / (tc / fa_plan_threads(pl)) * 1e-9, c.bytes_accessed, c.flops,
+                   fa_plan_threads(pl), fa_cpu_isa());
         else
             printf("decode    %10.6f s  %8.2f GB/s of cache read (%.0f bytes; plan bytes_accessed %" PRId64
                    ", %.2f GFLOP/s)\n", t, cache / t * 1e-9, cache, c.bytes_accessed, (double)c.flops / t * 1e-9);
@@ -192,9 +198,9 @@ static int bench_varlen(const cli_args *a) {
         memset(&fw, 0, sizeof fw);
         fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse;
         const int iters = a->iters ? a->iters : 3;
-        rc = time_forward("varlen packed", plk, &fw, iters, &tk);
+        rc = time_forward("varlen packed", plk, &fw, iters, &tk, NULL);
         fw.q_segment_ids = qs, fw.kv_segment_ids = ks;
-        if (!rc) rc = time_forward("padded + segment ids", pld, &fw, iters, &td);
+        if (!rc) rc = time_forward("padded + segment ids", pld, &fw, iters, &td, NULL);
     }
     if (!rc) {
         fa_cost ck, cd;

@@ -8,34 +8,54 @@
 
 #include <immintrin.h>
 
+/* The sums of 16 vectors, one per lane, in order: pairwise unpacks add within 128-bit
+ * lanes, then two rounds of 128-bit lane shuffles add across them (15 adds, not 16
+ * horizontal reductions). */
+static inline __m512 sum16(const __m512 a[16]) {
+    __m512 u[8], v[4];
+    for (int i = 0; i < 8; i++) /* per lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        u[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per lane: the lane sums of four vectors */
+        const __m512d x = _mm512_castps_pd(u[2 * i]), y = _mm512_castps_pd(u[2 * i + 1]);
+        v[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xdd));
+    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x88), _mm512_shuffle_f32x4(v[2], v[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xdd));
+}
+
 /* s[r * lds + j] = dot(q[r], k[j]) for r < m, j < n: q is m x d contiguous bf16, key j
- * starts at k + j * kstride (d contiguous bf16). Pairs of products go through
- * vdpbf16ps into f32 lanes, then one horizontal sum per (r, j). The driver has prefetched
- * the rows (decode.c). */
+ * starts at k + j * kstride (d contiguous bf16). Pairs of products go through vdpbf16ps
+ * into f32 lanes, 16 keys at a time, then sum16. Meanwhile the ranges ahead (the driver's
+ * next tile, or NULL) are prefetched, spread evenly over the keys. */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s,
                        int lds, const fa_decode_fetch *ahead) {
-    int64_t done = 0; /* bytes of the ranges ahead prefetched so far, spread evenly over the keys */
-    for (int j = 0; j < n; j++) {
-        const uint16_t *kr = k + j * kstride;
+    int64_t done = 0;
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        const int nj = n - j0 < 16 ? n - j0 : 16;
         if (ahead) {
-            const int64_t upto = ahead->bytes * (j + 1) / n;
+            const int64_t upto = ahead->bytes * (j0 + nj) / n;
             for (; done < upto; done += 64) {
-                _mm_prefetch(ahead->k + done, _MM_HINT_T2);
-                _mm_prefetch(ahead->v + done, _MM_HINT_T2);
+                _mm_prefetch(ahead->k + done, _MM_HINT_T1);
+                _mm_prefetch(ahead->v + done, _MM_HINT_T1);
             }
         }
+        const uint16_t *kr[16]; /* keys past n: row j0 again, loaded under an empty mask (never read) */
+        __mmask32 live[16];
+        for (int j = 0; j < 16; j++) kr[j] = k + (j < nj ? j0 + j : j0) * kstride, live[j] = j < nj ? ~0u : 0u;
         for (int r = 0; r < m; r++) {
             const uint16_t *qr = q + (int64_t)r * d;
-            __m512 acc = _mm512_setzero_ps();
-            int c = 0;
-            for (; c + 32 <= d; c += 32)
-                acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qr + c), (__m512bh)_mm512_loadu_si512(kr + c));
-            if (c < d) {
+            __m512 acc[16];
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+            for (int c = 0; c < d; c += 32) {
                 const __mmask32 mk = fa_mask32(d - c);
-                acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mk, qr + c),
-                                       (__m512bh)_mm512_maskz_loadu_epi16(mk, kr + c));
+                const __m512bh qv = (__m512bh)_mm512_maskz_loadu_epi16(mk, qr + c);
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; j++)
+                    acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_maskz_loadu_epi16(mk & live[j], kr[j] + c));
             }
-            s[(int64_t)r * lds + j] = _mm512_reduce_add_ps(acc);
+            _mm512_mask_storeu_ps(s + (int64_t)r * lds + j0, fa_mask16(nj), sum16(acc));
         }
     }
 }
@@ -60,23 +80,33 @@ void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_
             const int mr = m - r0 < 4 ? m - r0 : 4; /* missing rows read zeros and are not stored */
             const float *pr[4];
             __m512 acc[4][4];
+#pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 pr[r] = r < mr ? p + (int64_t)(r0 + r) * ldp : zeros;
-                for (int b = 0; b < 4; b++)
-                    acc[r][b] = r < mr ? _mm512_maskz_loadu_ps(mk[b], o + (int64_t)(r0 + r) * ldo + c0 + 16 * b)
-                                       : _mm512_setzero_ps();
+                const __mmask16 live = r < mr ? 0xffff : 0; /* missing rows: zeros, nothing read */
+                const float *orow = o + (int64_t)(r0 + (r < mr ? r : 0)) * ldo + c0;
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++) acc[r][b] = _mm512_maskz_loadu_ps(mk[b] & live, orow + 16 * b);
             }
             for (int j = 0; j < n; j++) {
                 const uint16_t *vr = v + j * vstride + c0;
                 __m512 x[4];
+#pragma GCC unroll 4
                 for (int b = 0; b < 4; b++) x[b] = load16(vr + 16 * b, nc[b]);
+#pragma GCC unroll 4
                 for (int r = 0; r < 4; r++) {
                     const __m512 w = _mm512_set1_ps(pr[r][j]);
+#pragma GCC unroll 4
                     for (int b = 0; b < 4; b++) acc[r][b] = _mm512_fmadd_ps(w, x[b], acc[r][b]);
                 }
             }
-            for (int r = 0; r < mr; r++)
-                for (int b = 0; b < 4; b++) _mm512_mask_storeu_ps(o + (int64_t)(r0 + r) * ldo + c0 + 16 * b, mk[b], acc[r][b]);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __mmask16 live = r < mr ? 0xffff : 0;
+                float *orow = o + (int64_t)(r0 + (r < mr ? r : 0)) * ldo + c0;
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++) _mm512_mask_storeu_ps(orow + 16 * b, mk[b] & live, acc[r][b]);
+            }
         }
     }
 }
