@@ -26,16 +26,23 @@ FA="$BUILD/flashattn"
 SHAPE="--batch 1 --heads 32 --kv-heads 8 --head-dim 128 --cache-len 32768 --dtype bf16 --threads $THREADS"
 json() { sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p" | head -1; }
 
-bw=() dec=()
+# per round: bandwidth, decode with THREADS threads, decode with 1 thread; wall rates and rates
+# per cpu-second of each thread (what the threads did while they ran: the machine's other
+# jobs deschedule them, and wall time then counts the waits)
+bw=() bwc=() dec=() decc=() one=() onec=()
 for r in $(seq "$ROUNDS"); do
-    bw+=("$("$BUILD/bandwidth" 1024 "$THREADS" 5 | json read_gbytes_per_s)")
-    dec+=("$("$FA" bench --decode $SHAPE --iters 20 --json 2>/dev/null | json gbytes_per_s)")
-    echo "bench: round $r: bandwidth ${bw[-1]} GB/s, decode ${dec[-1]} GB/s" >&2
+    b=$("$BUILD/bandwidth" 1024 "$THREADS" 5)
+    d=$("$FA" bench --decode $SHAPE --iters 20 --json 2>/dev/null)
+    o=$("$FA" bench --decode ${SHAPE/--threads $THREADS/--threads 1} --iters 20 --json 2>/dev/null)
+    bw+=("$(echo "$b" | json read_gbytes_per_s)") bwc+=("$(echo "$b" | json read_gbytes_per_cpu_s)")
+    dec+=("$(echo "$d" | json gbytes_per_s)") decc+=("$(echo "$d" | json gbytes_per_cpu_s)")
+    one+=("$(echo "$o" | json gbytes_per_s)") onec+=("$(echo "$o" | json gbytes_per_cpu_s)")
+    echo "bench: round $r: bandwidth ${bw[-1]} GB/s, decode ${dec[-1]} GB/s (1 thread: ${one[-1]})" >&2
 done
-bw+=("$("$BUILD/bandwidth" 1024 "$THREADS" 5 | json read_gbytes_per_s)")
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-BW=$(median "${bw[@]}")
-DEC=$(median "${dec[@]}")
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.2f", (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+BW=$(median "${bw[@]}") BWC=$(median "${bwc[@]}")
+DEC=$(median "${dec[@]}") DECC=$(median "${decc[@]}") ONE=$(median "${one[@]}") ONEC=$(median "${onec[@]}")
+ratio() { awk "BEGIN {printf \"%.2f\", $1 / $2}"; }
 torch_line=$("$PYTHON" bench/decode_peer.py --threads "$THREADS" --iters 10 2>/dev/null || echo '{}')
 TORCH=$(echo "$torch_line" | json gbytes_per_s)
 TORCH_V=$(echo "$torch_line" | sed -n 's/.*"torch": "\([^"]*\)".*/\1/p')
@@ -56,13 +63,15 @@ ISA: $("$FA" plan --batch 1 --heads 1 --seq 1 --head-dim 8 --json | sed -n 's/.*
 Decode (B=1, Hq=32, Hk=8, D=128, bf16 cache of 32768 tokens = 128 MiB of K and V, Sq_new=1; useful
 flops 4 x 32 x 32768 x 128 = 537 MFLOP per step, the cost is bytes):
 
-| what | GB/s | vs streaming read |
-| --- | --- | --- |
-| streaming read (bench/bandwidth, 1 GiB, $THREADS threads) | $BW | 1.00 |
-| flashattn decode (bytes of cache read per second) | $DEC | $(awk "BEGIN {printf \"%.2f\", $DEC / $BW}") |
-| PyTorch $TORCH_V SDPA enable_gqa | ${TORCH:-n/a} | $( [ -n "$TORCH" ] && awk "BEGIN {printf \"%.2f\", $TORCH / $BW}" || echo n/a) |
+| what | GB/s (wall) | vs streaming read | GB/s per thread cpu-second | vs streaming read |
+| --- | --- | --- | --- | --- |
+| streaming read (bench/bandwidth, 1 GiB, $THREADS threads) | $BW | 1.00 | $BWC | 1.00 |
+| flashattn decode, $THREADS threads (bytes of cache read per second) | $DEC | $(ratio $DEC $BW) | $DECC | $(ratio $DECC $BWC) |
+| flashattn decode, 1 thread | $ONE | $(ratio $ONE $BW) | $ONEC | $(ratio $ONEC $BWC) |
+| PyTorch $TORCH_V SDPA enable_gqa, $THREADS threads | $(printf '%.3f' "${TORCH:-0}") | $( [ -n "$TORCH" ] && ratio $TORCH $BW || echo n/a) | | |
 
-flashattn / PyTorch: $( [ -n "$TORCH" ] && awk "BEGIN {printf \"%.1fx\", $DEC / $TORCH}" || echo n/a). Rounds: bandwidth ${bw[*]}; decode ${dec[*]}.
+flashattn / PyTorch ($THREADS threads, wall): $( [ -n "$TORCH" ] && awk "BEGIN {printf \"%.1fx\", $DEC / $TORCH}" || echo n/a).
+Rounds (wall GB/s): bandwidth ${bw[*]}; decode ${dec[*]}; decode 1 thread ${one[*]}.
 
 Varlen prefill (8 sequences of 128, 256, 512, 1024, 1536, 2048, 3072, 4096 tokens, Hq=Hk=8, D=64,
 f32, causal; both runs do the same useful flops):
