@@ -44,6 +44,13 @@ typedef struct {
     int pass;                  /* bench: 0 both, 1 forward only, 2 backward only */
     const char *q, *k, *v, *out, *lse, *d_o, *dq, *dk, *dv;
 
+    /* bias scale, mask alignment, dbias (grad) */
+    int has_bias_scale;
+    float bias_scale;
+    int has_diag_offset;       /* --diag-offset N, or --top-left (N = 0) */
+    int64_t diag_offset;
+    const char *dbias;
+
     /* inference shapes (SPEC section 5; cli_inference.c, cli_bench_inference.c) */
     const char *cu_seqlens_q, *cu_seqlens_k, *cache_seqlens, *block_table, *k_new, *v_new;
     int update_cache;

@@ -15,6 +15,7 @@
  * then k_new/v_new are copied into the caches at rows cache_seqlens[b].. . */
 #include "decode_kernels.h"
 #include "isa.h"
+#include "scores.h"
 #include "vexp.h"
 
 #include <omp.h>
@@ -77,26 +78,15 @@ static fa_tile_src dec_cache_row(const dec_ctx *cx, const void *base, const fa_s
     return src;
 }
 
-/* Scores of one row (the forward's transform: scale, softcap, ALiBi, masks; no bias or
- * segment ids with caches), then its online-softmax step. Returns nothing; updates M, L, acc. */
-static void dec_row(const dec_ctx *cx, float *restrict srow, int n, int64_t h, int64_t i, int64_t j0,
-                    const struct fa_plan *one, float *M, float *L, float *restrict arow) {
+/* Scores of one row (scores.h: the forward's and the backward's definition, over the
+ * sequence's dense view sc->pl), then its online-softmax step: updates M, L and acc. */
+static void dec_row(const dec_ctx *cx, const fa_score_ctx *sc, float *restrict srow, int n, int64_t h, int64_t i,
+                    int64_t j0, float *M, float *L, float *restrict arow) {
     const fa_problem *p = cx->p;
-    const float scale = cx->pl->scale, cap = p->softcap;
-    for (int j = 0; j < n; j++) srow[j] *= scale;
-    if (cap > 0.0f)
-        for (int j = 0; j < n; j++) srow[j] = cap * tanhf(srow[j] / cap);
-    if (p->has_alibi) {
-        const float slope = cx->a->alibi_slopes[h];
-        const int64_t d0 = i + one->off - j0;
-        for (int j = 0; j < n; j++) {
-            const int64_t d = d0 - j;
-            srow[j] -= slope * (float)(d < 0 ? -d : d);
-        }
-    }
-    const int64_t lo = fa_key_lo(one, i) - j0, hi = fa_key_hi(one, i) - j0;
-    for (int64_t j = 0; j < n && j < lo; j++) srow[j] = -INFINITY;
-    for (int64_t j = hi + 1 > 0 ? hi + 1 : 0; j < n; j++) srow[j] = -INFINITY;
+    if (fa_score_plain(sc, i, j0, n))
+        for (int j = 0; j < n; j++) srow[j] *= sc->scale;
+    else
+        fa_score_row(sc, 0, h, i, j0, n, srow, NULL);
     float mt = -INFINITY;
     for (int j = 0; j < n; j++) mt = srow[j] > mt ? srow[j] : mt;
     const float m_old = *M, m_new = m_old > mt ? m_old : mt;
@@ -166,6 +156,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     struct fa_plan one = *cx->pl;
     one.p.seq_k = sk;
     one.off = fa_decode_off(cx->pl, b);
+    const fa_score_ctx sc = fa_score_ctx_make(&one, NULL, cx->a->alibi_slopes, NULL, NULL);
 
     /* every query row of the sequence, staged contiguous (row r of head hk: hk * M + r) */
     for (int64_t hk = 0; hk < Hk; hk++) {
@@ -212,7 +203,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
                 isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
             }
             for (int64_t r = 0; r < M; r++)
-                dec_row(cx, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &one, &mx[r], &sum[r], acc + r * Dv);
+                dec_row(cx, &sc, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &mx[r], &sum[r], acc + r * Dv);
             if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
             else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             cnt->flops += 2 * M * n * (D + Dv);
