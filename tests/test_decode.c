@@ -173,6 +173,19 @@ static void run_case(const char *label, dcase *c) {
               "%s: the caches after the call are not the expected ones", label);
         if (threads == 1) memcpy(first, c->o, no * es);
         else CHECK(!memcmp(first, c->o, no * es), "%s: o differs between 1 and %d threads", label, threads);
+        if (threads == 2 && !p->has_new_kv) { /* the plan's workspace is what the call needs: exactly */
+            fa_forward_args w = a;
+            w.workspace_size = (size_t)fc.workspace_bytes;
+            w.workspace = tu_alloc(w.workspace_size);
+            memset(w.workspace, 0xff, w.workspace_size); /* NaN-filled scratch */
+            st = fa_forward(pl, &w);
+            CHECK(st == FA_OK && !memcmp(first, c->o, no * es), "%s: run in the plan's workspace: %s", label,
+                  fa_status_string(st));
+            w.workspace_size--;
+            st = fa_forward(pl, &w);
+            CHECK(st == FA_ERR_INVALID, "%s: a workspace one byte short gave %s", label, fa_status_string(st));
+            free(w.workspace);
+        }
         fa_plan_destroy(pl);
     }
     free(ro), free(rl), free(first);

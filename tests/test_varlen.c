@@ -120,6 +120,19 @@ static void run_case(const char *label, vcase *c) {
         CHECK(eo <= tol && el <= 1e-5, "%s threads %d: o err %.3g (bound %.3g), lse err %.3g", label, threads, eo, tol, el);
         if (threads == 1) memcpy(first_o, c->o, nq * es);
         else CHECK(!memcmp(first_o, c->o, nq * es), "%s: o differs between 1 and %d threads", label, threads);
+        if (threads == 2) { /* the plan's workspace is what the call needs: exactly */
+            fa_forward_args w = a;
+            w.workspace_size = (size_t)fc.workspace_bytes;
+            w.workspace = tu_alloc(w.workspace_size);
+            memset(w.workspace, 0xff, w.workspace_size);
+            st = fa_forward(pl, &w);
+            CHECK(st == FA_OK && !memcmp(first_o, c->o, nq * es), "%s: run in the plan's workspace: %s", label,
+                  fa_status_string(st));
+            w.workspace_size--;
+            st = fa_forward(pl, &w);
+            CHECK(st == FA_ERR_INVALID, "%s: a workspace one byte short gave %s", label, fa_status_string(st));
+            free(w.workspace);
+        }
 
         /* backward (f32: the saved o is accurate enough to compare with the reference directly) */
         if (p->dtype == FA_F32) {
