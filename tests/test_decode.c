@@ -31,6 +31,8 @@ typedef struct {
 } dcase;
 
 /* Random caches (NaN past each sequence's length), lengths (0 among them), pages. */
+static const int32_t *fixed_lens; /* when set, the lengths of the next case (each below the capacity) */
+
 static void make_case(dcase *c, int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t Sq, fa_dtype dt, int paged,
                       int append, int masks) {
     memset(c, 0, sizeof *c);
@@ -38,11 +40,11 @@ static void make_case(dcase *c, int64_t B, int64_t Hq, int64_t Hk, int64_t D, in
     fa_problem *p = &c->p;
     p->batch = B, p->heads_q = Hq, p->heads_kv = Hk, p->head_dim = D, p->head_dim_v = D, p->dtype = dt, p->seq_q = Sq;
     p->has_new_kv = append;
-    const int64_t cap = 48 * (int64_t)tu_int(&rng, 1, 60); /* up to 2880 keys: several chunks */
+    const int64_t cap = fixed_lens ? 2880 : 48 * (int64_t)tu_int(&rng, 1, 60); /* up to 2880 keys: several chunks */
     for (int64_t b = 0; b < B; b++) {
         const int64_t kind = tu_int(&rng, 0, 4);
         int64_t n = kind == 0 ? 0 : kind == 1 ? tu_int(&rng, 1, 5) : tu_int(&rng, 0, cap - Sq);
-        c->lens[b] = (int32_t)n;
+        c->lens[b] = (int32_t)(fixed_lens ? fixed_lens[b] : n);
     }
     if (paged) {
         const int64_t ps = 16 * tu_int(&rng, 1, 8);
@@ -262,7 +264,44 @@ int main(void) {
                 run_case(label, &c);
                 free_case(&c);
             }
+    /* cases every run covers: lengths 0, 1 and several chunks; Sq_new 3; GQA 8:1; MQA;
+     * paged and appending; and a batch whose only sequence sees nothing */
+    static const int32_t lens_a[] = {0, 1, 700, 2000}, lens_b[] = {0};
+    fixed_lens = lens_a;
+    for (int paged = 0; paged <= 1; paged++) {
+        dcase c;
+        make_case(&c, 4, 16, 2, 64, 3, FA_BF16, paged, 1, 1);
+        run_case(paged ? "fixed: lengths 0, 1, 700, 2000, 3 new, GQA 8:1, paged, bf16"
+                       : "fixed: lengths 0, 1, 700, 2000, 3 new, GQA 8:1, bf16", &c);
+        free_case(&c);
+        make_case(&c, 4, 8, 1, 32, 1, FA_F32, paged, 0, 4);
+        run_case(paged ? "fixed: MQA, ALiBi, paged, f32" : "fixed: MQA, ALiBi, f32", &c);
+        free_case(&c);
+    }
+    fixed_lens = lens_b;
+    {
+        dcase c;
+        make_case(&c, 1, 4, 2, 32, 2, FA_F32, 0, 0, 1);
+        run_case("fixed: one empty sequence, nothing new (o = 0, lse = -inf)", &c);
+        free_case(&c);
+    }
+    fixed_lens = NULL;
+    n += 5;
     bad_inputs();
+    {
+        fa_problem p; /* the cuda backend says it has no decode kernels */
+        int32_t lens[1] = {5};
+        fa_problem_init(&p);
+        p.batch = 1, p.heads_q = 8, p.heads_kv = 8, p.head_dim = 64, p.seq_q = 1, p.seq_k = 64, p.dtype = FA_BF16;
+        p.cache_seqlens = lens;
+        fa_options opt = {0};
+        opt.backend = FA_BACKEND_CUDA;
+        fa_plan *pl = NULL;
+        const fa_status st = fa_plan_create(&p, &opt, &pl);
+        CHECK(st == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "cuda"), "cuda decode plan: %s (%s)",
+              fa_status_string(st), fa_last_error());
+        fa_plan_destroy(pl);
+    }
     if (failures) {
         printf("test_decode: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
         return 1;

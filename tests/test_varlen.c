@@ -25,6 +25,9 @@ typedef struct {
     float *lse, *slopes;
 } vcase;
 
+/* When set, (Sq_b, Sk_b) pairs of the next case. */
+static const int64_t *fixed;
+
 /* Sequence lengths: 0, 1 and random ones, Sq_b and Sk_b drawn apart. */
 static void make_case(vcase *c, int64_t B, int64_t Hq, int64_t Hk, int64_t D, fa_dtype dt, int masks) {
     memset(c, 0, sizeof *c);
@@ -33,8 +36,9 @@ static void make_case(vcase *c, int64_t B, int64_t Hq, int64_t Hk, int64_t D, fa
     c->cq[0] = c->ck[0] = 0;
     for (int64_t b = 0; b < B; b++) {
         const int64_t kind = tu_int(&rng, 0, 5);
-        const int64_t lq = kind == 0 ? 0 : kind == 1 ? 1 : tu_int(&rng, 1, 150);
-        const int64_t lk = kind == 2 ? 0 : kind == 3 ? 1 : tu_int(&rng, 1, 150);
+        int64_t lq = kind == 0 ? 0 : kind == 1 ? 1 : tu_int(&rng, 1, 150);
+        int64_t lk = kind == 2 ? 0 : kind == 3 ? 1 : tu_int(&rng, 1, 150);
+        if (fixed) lq = fixed[2 * b], lk = fixed[2 * b + 1];
         c->cq[b + 1] = c->cq[b] + (int32_t)lq;
         c->ck[b + 1] = c->ck[b] + (int32_t)lk;
     }
@@ -210,6 +214,19 @@ int main(void) {
             run_case(label, &c);
             free_case(&c);
         }
+    /* every run: sequences (0, 3), (1, 0), (37, 1), (5, 70), (64, 64), (1, 1) under each mask set */
+    static const int64_t pairs[] = {0, 3, 1, 0, 37, 1, 5, 70, 64, 64, 1, 1};
+    fixed = pairs;
+    for (size_t m = 0; m < sizeof mask_sets / sizeof mask_sets[0]; m++) {
+        vcase c;
+        make_case(&c, 6, 4, 2, 32, FA_F32, mask_sets[m]);
+        char label[96];
+        snprintf(label, sizeof label, "varlen fixed lengths, masks=%d", mask_sets[m]);
+        run_case(label, &c);
+        free_case(&c);
+        n++;
+    }
+    fixed = NULL;
     bad_inputs();
     if (failures) {
         printf("test_varlen: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
