@@ -25,14 +25,15 @@ static inline __m512 sum16(const __m512 a[16]) {
 }
 
 /* s[r * lds + j] = dot(q[r], k[j]) for r < m, j < n: q is m x d contiguous bf16, key j
- * starts at k + j * kstride (d contiguous bf16). Pairs of products go through vdpbf16ps
- * into f32 lanes, 16 keys at a time, then sum16. Meanwhile the ranges ahead (the driver's
- * next tile, or NULL) are prefetched, spread evenly over the keys. */
+ * starts at k + j * kstride (d contiguous bf16). Blocks of 4 rows x 4 keys: each 32-dim
+ * slice of a key is loaded once for the 4 rows, pairs of products go through vdpbf16ps
+ * into 16 accumulators, and sum16 turns them into the block's 16 scores. Meanwhile the
+ * ranges ahead (the driver's next tile, or NULL) are prefetched, spread over the keys. */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s,
                        int lds, const fa_decode_fetch *ahead) {
     int64_t done = 0;
-    for (int j0 = 0; j0 < n; j0 += 16) {
-        const int nj = n - j0 < 16 ? n - j0 : 16;
+    for (int j0 = 0; j0 < n; j0 += 4) {
+        const int nj = n - j0 < 4 ? n - j0 : 4;
         if (ahead) {
             const int64_t upto = ahead->bytes * (j0 + nj) / n;
             for (; done < upto; done += 64) {
@@ -40,22 +41,33 @@ void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64
                 _mm_prefetch(ahead->v + done, _MM_HINT_T1);
             }
         }
-        const uint16_t *kr[16]; /* keys past n: row j0 again, loaded under an empty mask (never read) */
-        __mmask32 live[16];
-        for (int j = 0; j < 16; j++) kr[j] = k + (j < nj ? j0 + j : j0) * kstride, live[j] = j < nj ? ~0u : 0u;
-        for (int r = 0; r < m; r++) {
-            const uint16_t *qr = q + (int64_t)r * d;
+        const uint16_t *kr[4]; /* missing keys and rows: row 0 under an empty mask (never read) */
+        __mmask32 klive[4];
+        for (int j = 0; j < 4; j++) kr[j] = k + (j < nj ? j0 + j : j0) * kstride, klive[j] = j < nj ? ~0u : 0u;
+        for (int r0 = 0; r0 < m; r0 += 4) {
+            const int mr = m - r0 < 4 ? m - r0 : 4;
+            const uint16_t *qr[4];
+            __mmask32 qlive[4];
+            for (int r = 0; r < 4; r++) qr[r] = q + (int64_t)(r < mr ? r0 + r : r0) * d, qlive[r] = r < mr ? ~0u : 0u;
             __m512 acc[16];
 #pragma GCC unroll 16
-            for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+            for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
             for (int c = 0; c < d; c += 32) {
                 const __mmask32 mk = fa_mask32(d - c);
-                const __m512bh qv = (__m512bh)_mm512_maskz_loadu_epi16(mk, qr + c);
-#pragma GCC unroll 16
-                for (int j = 0; j < 16; j++)
-                    acc[j] = _mm512_dpbf16_ps(acc[j], qv, (__m512bh)_mm512_maskz_loadu_epi16(mk & live[j], kr[j] + c));
+                __m512bh kv[4], qv;
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) kv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mk & klive[j], kr[j] + c);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    qv = (__m512bh)_mm512_maskz_loadu_epi16(mk & qlive[r], qr[r] + c);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) acc[4 * r + j] = _mm512_dpbf16_ps(acc[4 * r + j], qv, kv[j]);
+                }
             }
-            _mm512_mask_storeu_ps(s + (int64_t)r * lds + j0, fa_mask16(nj), sum16(acc));
+            float out[16]; /* lane 4 r + j: row r0 + r, key j0 + j */
+            _mm512_storeu_ps(out, sum16(acc));
+            for (int r = 0; r < mr; r++)
+                for (int j = 0; j < nj; j++) s[(int64_t)(r0 + r) * lds + j0 + j] = out[4 * r + j];
         }
     }
 }
