@@ -7,6 +7,7 @@
 #include "isa_avx512.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 /* The sums of 16 vectors, one per lane, in order: pairwise unpacks add within 128-bit
  * lanes, then two rounds of 128-bit lane shuffles add across them (15 adds, not 16
@@ -72,52 +73,80 @@ void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64
     }
 }
 
-/* 16 bf16 values at x (nc of them, the rest zero) as f32. */
-static inline __m512 load16(const uint16_t *x, int nc) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(fa_mask16(nc), x));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
 /* o[r * ldo + c] += sum_j p[r * ldp + j] * v[j][c] for r < m, c < cols: value j starts at
- * v + j * vstride. A block of 4 rows x 64 columns (16 accumulators) stays in registers
- * across the keys, so each cache line of a value row is used whole once it is loaded. */
+ * v + j * vstride; p holds values already rounded to bf16 (SPEC section 1), so their bf16
+ * bits are exact. Keys go in pairs through vdpbf16ps: rows j and j+1 interleaved by
+ * unpacklo/hi_epi16 against the broadcast pair (p_j, p_j+1), which leaves the columns of
+ * each 32 in a lane-interleaved order (lo: 0-3, 8-11, 16-19, 24-27; hi: 4-7, 12-15, ...);
+ * the accumulators are loaded into that order and stored back out of it. Blocks of 4 rows
+ * x 64 columns (16 accumulators). */
 void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
                        int ldo) {
-    static const float zeros[FA_DECODE_MAX_TILE];
-    for (int c0 = 0; c0 < cols; c0 += 64) {
-        int nc[4];
-        __mmask16 mk[4];
-        for (int b = 0; b < 4; b++) nc[b] = cols - c0 - 16 * b, mk[b] = fa_mask16(nc[b]);
-        for (int r0 = 0; r0 < m; r0 += 4) {
-            const int mr = m - r0 < 4 ? m - r0 : 4; /* missing rows read zeros and are not stored */
-            const float *pr[4];
-            __m512 acc[4][4];
+    static const uint16_t zero_row[64];
+    const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i to_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const int np = (n + 1) / 2;
+    for (int r0 = 0; r0 < m; r0 += 4) {
+        const int mr = m - r0 < 4 ? m - r0 : 4;
+        uint32_t pp[4][FA_DECODE_MAX_TILE / 2]; /* (p_j, p_j+1) as bf16 pairs; missing rows and keys: 0 */
+        for (int r = 0; r < 4; r++)
+            for (int jp = 0; jp < np; jp++) {
+                uint32_t lo = 0, hi = 0;
+                if (r < mr) {
+                    const float *pr = p + (int64_t)(r0 + r) * ldp;
+                    memcpy(&lo, &pr[2 * jp], 4);
+                    if (2 * jp + 1 < n) memcpy(&hi, &pr[2 * jp + 1], 4);
+                }
+                pp[r][jp] = (lo >> 16) | (hi & 0xffff0000u);
+            }
+        for (int c0 = 0; c0 < cols; c0 += 64) {
+            __m512 acc[4][4]; /* [row][lo 0-31, hi 0-31, lo 32-63, hi 32-63] */
+            __mmask32 mk[2];
+            for (int h = 0; h < 2; h++) mk[h] = fa_mask32(cols - c0 - 32 * h);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
-                pr[r] = r < mr ? p + (int64_t)(r0 + r) * ldp : zeros;
-                const __mmask16 live = r < mr ? 0xffff : 0; /* missing rows: zeros, nothing read */
+                const __mmask16 live = r < mr ? 0xffff : 0;
                 const float *orow = o + (int64_t)(r0 + (r < mr ? r : 0)) * ldo + c0;
-#pragma GCC unroll 4
-                for (int b = 0; b < 4; b++) acc[r][b] = _mm512_maskz_loadu_ps(mk[b] & live, orow + 16 * b);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m512 a = _mm512_maskz_loadu_ps(live & (__mmask16)mk[h], orow + 32 * h);
+                    const __m512 b = _mm512_maskz_loadu_ps(live & (__mmask16)(mk[h] >> 16), orow + 32 * h + 16);
+                    acc[r][2 * h] = _mm512_permutex2var_ps(a, to_lo, b);
+                    acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, to_hi, b);
+                }
             }
-            for (int j = 0; j < n; j++) {
-                const uint16_t *vr = v + j * vstride + c0;
-                __m512 x[4];
-#pragma GCC unroll 4
-                for (int b = 0; b < 4; b++) x[b] = load16(vr + 16 * b, nc[b]);
+            for (int jp = 0; jp < np; jp++) {
+                const uint16_t *va = v + 2 * jp * vstride + c0;
+                const uint16_t *vb = 2 * jp + 1 < n ? va + vstride : zero_row;
+                const __mmask32 bm = 2 * jp + 1 < n ? ~0u : 0u;
+                __m512bh x[4];
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m512i a = _mm512_maskz_loadu_epi16(mk[h], va + 32 * h);
+                    const __m512i b = _mm512_maskz_loadu_epi16(mk[h] & bm, vb + (bm ? 32 * h : 0));
+                    x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+                    x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+                }
 #pragma GCC unroll 4
                 for (int r = 0; r < 4; r++) {
-                    const __m512 w = _mm512_set1_ps(pr[r][j]);
+                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[r][jp]);
 #pragma GCC unroll 4
-                    for (int b = 0; b < 4; b++) acc[r][b] = _mm512_fmadd_ps(w, x[b], acc[r][b]);
+                    for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], w, x[q]);
                 }
             }
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 const __mmask16 live = r < mr ? 0xffff : 0;
                 float *orow = o + (int64_t)(r0 + (r < mr ? r : 0)) * ldo + c0;
-#pragma GCC unroll 4
-                for (int b = 0; b < 4; b++) _mm512_mask_storeu_ps(orow + 16 * b, mk[b] & live, acc[r][b]);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    _mm512_mask_storeu_ps(orow + 32 * h, live & (__mmask16)mk[h],
+                                          _mm512_permutex2var_ps(acc[r][2 * h], back0, acc[r][2 * h + 1]));
+                    _mm512_mask_storeu_ps(orow + 32 * h + 16, live & (__mmask16)(mk[h] >> 16),
+                                          _mm512_permutex2var_ps(acc[r][2 * h], back1, acc[r][2 * h + 1]));
+                }
             }
         }
     }
