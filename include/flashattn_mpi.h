@@ -46,6 +46,9 @@ FA_API void fa_mpi_plan_destroy(fa_mpi_plan *plan);
  * row of local row t. */
 FA_API int64_t fa_mpi_local_rows(const fa_mpi_plan *plan, int which);
 FA_API int64_t fa_mpi_global_row(const fa_mpi_plan *plan, int which, int64_t t);
+/* The same without a plan: global row of local row t of `rank`, S rows in all (-1 if t is
+ * not a local row or S does not divide as the layout needs). */
+FA_API int64_t fa_mpi_layout_row(fa_mpi_layout layout, int nranks, int rank, int64_t S, int64_t t);
 
 /* What one pass costs this rank. flops and transcendentals are those of the local kernel
  * calls (the merge's few element-wise operations per row are not counted); bytes are what
@@ -85,7 +88,7 @@ typedef struct {
     int64_t bytes_sent, bytes_received;
     double compute_s;        /* in local kernel calls */
     double comm_wait_s;      /* blocked on communication (waits, collectives, agreement) */
-    double merge_s;          /* merging partial results, packing and unpacking */
+    double merge_s;          /* merging partial results, packing, unpacking, local plans */
 } fa_mpi_stats;
 
 typedef struct {

@@ -17,7 +17,7 @@ typedef enum {
     F_BATCH, F_HEADS, F_KV_HEADS, F_SEQ, F_SEQ_Q, F_SEQ_K, F_HEAD_DIM, F_V_HEAD_DIM, F_DTYPE,
     F_CAUSAL, F_WINDOW, F_SOFTCAP, F_SCALE, F_ALIBI, F_BIAS, F_Q_SEG, F_KV_SEG, F_BACKEND,
     F_THREADS, F_BLOCK_Q, F_BLOCK_K, F_BUDGET, F_JSON, F_COUNT, F_ITERS, F_Q, F_K, F_V, F_OUT,
-    F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_COUNT_OF_FLAGS
+    F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_SEQ_PARALLEL, F_ZIGZAG, F_COUNT_OF_FLAGS
 } flag_id;
 
 static const struct {
@@ -44,6 +44,8 @@ static const struct {
     [F_DQ] = {"--dq", 1, CMD_GRAD},          [F_DK] = {"--dk", 1, CMD_GRAD},
     [F_DV] = {"--dv", 1, CMD_GRAD},          [F_PASS] = {"--pass", 1, CMD_BENCH},
     [F_HELP] = {"--help", 0, ALL},
+    [F_SEQ_PARALLEL] = {"--seq-parallel", 1, FILES | CMD_BENCH},
+    [F_ZIGZAG] = {"--zigzag", 0, FILES | CMD_BENCH},
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -193,6 +195,12 @@ static int apply(cli_args *a, flag_id id, char **v) {
         else return cli_fail(2, "--pass: '%s' is not one of forward, backward, both", v[0]);
         return 0;
     case F_HELP: a->help = 1; return 0;
+    case F_SEQ_PARALLEL:
+        if (strcmp(v[0], "ring") == 0) a->seq_parallel = CLI_SP_RING;
+        else if (strcmp(v[0], "ulysses") == 0) a->seq_parallel = CLI_SP_ULYSSES;
+        else return cli_fail(2, "--seq-parallel: '%s' is not one of ring, ulysses", v[0]);
+        return 0;
+    case F_ZIGZAG: a->zigzag = 1; return 0;
     case F_COUNT_OF_FLAGS: break;
     }
     return cli_fail(1, "internal error: flag %d", (int)id);
@@ -242,6 +250,8 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     if (a->help) return 0;
     if (a->seq && (a->seq_q || a->seq_k))
         return cli_fail(2, "%s: give either --seq or --seq-q and --seq-k, not both", name);
+    if (a->zigzag && !a->seq_parallel)
+        return cli_fail(2, "%s: --zigzag needs --seq-parallel ring|ulysses", name);
     if (!!a->q_segments != !!a->kv_segments)
         return cli_fail(2, "%s: --q-segments and --kv-segments go together; %s is missing", name,
                         a->q_segments ? "--kv-segments" : "--q-segments");

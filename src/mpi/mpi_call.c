@@ -71,7 +71,10 @@ fa_status fa_mpi_begin(fa_mpi_call *c, MPI_Comm comm, const fa_mpi_plan *pl, fa_
     if (size != pl->P)
         return fa_error(FA_ERR_INVALID, "the plan is for %d ranks but the communicator has %d",
                         pl->P, size);
-    if (!fa_mpi_ok(c, MPI_Comm_dup(comm, &c->comm), "MPI_Comm_dup")) return c->st;
+    double t0 = fa_mpi_now();
+    int rc = MPI_Comm_dup(comm, &c->comm);
+    c->stats.comm_wait_s += fa_mpi_now() - t0;
+    if (!fa_mpi_ok(c, rc, "MPI_Comm_dup")) return c->st;
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     c->st = local;
     if (local == FA_OK && rank != pl->rank)

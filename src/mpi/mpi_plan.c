@@ -283,11 +283,16 @@ void fa_mpi_plan_destroy(fa_mpi_plan *plan) { free(plan); }
 int64_t fa_mpi_local_rows(const fa_mpi_plan *pl, int which) { return which ? pl->lk : pl->lq; }
 
 int64_t fa_mpi_global_row(const fa_mpi_plan *pl, int which, int64_t t) {
-    fa_mpi_shard sh;
-    fa_mpi_shard_of(pl, which, pl->rank, &sh);
-    for (int i = 0; i < sh.n; i++)
-        if (t >= sh.s[i].lstart && t < sh.s[i].lstart + sh.s[i].len)
-            return sh.s[i].gstart + (t - sh.s[i].lstart);
+    return fa_mpi_layout_row(pl->layout, pl->P, pl->rank, which ? pl->g.seq_k : pl->g.seq_q, t);
+}
+
+int64_t fa_mpi_layout_row(fa_mpi_layout layout, int nranks, int rank, int64_t S, int64_t t) {
+    int64_t parts = layout == FA_MPI_ZIGZAG ? 2 * (int64_t)nranks : nranks;
+    if (nranks < 1 || rank < 0 || rank >= nranks || S % parts != 0 || t < 0) return -1;
+    int64_t c = S / parts;
+    if (layout != FA_MPI_ZIGZAG) return t < c ? rank * c + t : -1;
+    if (t < c) return rank * c + t;
+    if (t < 2 * c) return (2 * (int64_t)nranks - 1 - rank) * c + (t - c);
     return -1;
 }
 

@@ -89,7 +89,9 @@ static fa_plan *pair_plan(fa_mpi_call *c, const fa_mpi_seg *qs, const fa_mpi_seg
     fa_mpi_pair_problem(c->pl, qs, ks, &p);
     if (forward) p.o_stride = fa_mpi_contiguous(p.batch, p.heads_q, segq, p.head_dim_v);
     fa_plan *lp = NULL;
+    double t0 = fa_mpi_now();
     fa_status st = fa_plan_create(&p, &c->pl->opt, &lp);
+    c->stats.merge_s += fa_mpi_now() - t0; /* bookkeeping, with the merge */
     if (st != FA_OK) {
         fa_mpi_fail(c, st, "local plan: %s", fa_last_error());
         return NULL;
