@@ -242,7 +242,11 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
     fa_plan *check = NULL; /* the global problem must be valid on its own */
     fa_status st = fa_plan_create(global, &o, &check);
     if (st != FA_OK) return st;
+    fa_problem g = *global; /* defaults resolved (Hk, Dv); strides stay the local ones given */
+    g.heads_kv = fa_plan_problem(check)->heads_kv;
+    g.head_dim_v = fa_plan_problem(check)->head_dim_v;
     fa_plan_destroy(check);
+    global = &g;
     int64_t parts = layout == FA_MPI_ZIGZAG ? 2 * (int64_t)nranks : nranks;
     const char *lname = layout == FA_MPI_ZIGZAG ? "zigzag (2P chunks)" : "contiguous";
     if (!divides(parts, global->seq_q) || !divides(parts, global->seq_k))
