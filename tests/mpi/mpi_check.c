@@ -75,14 +75,14 @@ static void run_case(const tcase *tc, uint64_t seed) {
     const int64_t B = 2, D = 16, Dv = 8;
     fa_problem p;
     fa_problem_init(&p);
-    p.batch = B, p.heads_q = tc->Hq, p.heads_kv = tc->Hk, p.seq_q = tc->Sq, p.seq_k = tc->Sk;
+    p.batch = B, p.heads_q = tc->Hq, p.heads_kv = tc->Hk, p.seq_q = tc->Sq, p.seq_k = tc->Sk; /* Hk 0: default */
     p.head_dim = D, p.head_dim_v = Dv, p.causal = tc->causal;
     p.window_left = tc->wl, p.window_right = tc->wr, p.softcap = tc->softcap;
     p.has_alibi = tc->alibi, p.has_segment_ids = tc->seg;
     fa_options opt;
     memset(&opt, 0, sizeof opt);
     opt.backend = FA_BACKEND_CPU, opt.threads = 1, opt.block_q = 8, opt.block_k = 8;
-    int64_t Sq = p.seq_q, Sk = p.seq_k, Hq = p.heads_q, Hk = p.heads_kv;
+    int64_t Sq = p.seq_q, Sk = p.seq_k, Hq = p.heads_q, Hk = tc->Hk ? tc->Hk : tc->Hq;
     int64_t nq = B * Hq * Sq * D, nk = B * Hk * Sk * D, nv = B * Hk * Sk * Dv, no = B * Hq * Sq * Dv;
     uint64_t s = seed;
     float *q = tu_alloc(4 * (size_t)nq), *k = tu_alloc(4 * (size_t)nk), *v = tu_alloc(4 * (size_t)nv);
@@ -100,11 +100,13 @@ static void run_case(const tcase *tc, uint64_t seed) {
     fa_forward_args fw = {0};
     fw.q = q, fw.k = k, fw.v = v, fw.alibi_slopes = tc->alibi ? slopes : NULL;
     fw.q_segment_ids = tc->seg ? qs : NULL, fw.kv_segment_ids = tc->seg ? ks : NULL;
-    fa_ref_forward(&p, &fw, ro, rl);
+    fa_problem rp = p; /* the reference takes every field resolved */
+    rp.heads_kv = Hk;
+    fa_ref_forward(&rp, &fw, ro, rl);
     fa_backward_args bw = {0};
     bw.q = q, bw.k = k, bw.v = v, bw.d_o = d_o, bw.alibi_slopes = fw.alibi_slopes;
     bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
-    fa_ref_backward(&p, &bw, rq, rk, rv);
+    fa_ref_backward(&rp, &bw, rq, rk, rv);
     float *so = tu_alloc(4 * (size_t)no);
     double *so_d = tu_alloc(8 * (size_t)no);
     fa_plan *single = NULL;
@@ -284,7 +286,7 @@ int main(int argc, char **argv) {
     const int64_t U = 12; /* kv heads divisible by 1..4 for Ulysses */
     const tcase cases[] = {
         {"ring contiguous, not causal, Sq != Sk", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 72, 0, 0, 0, -1, -1, 0},
-        {"ring contiguous, causal", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0},
+        {"ring contiguous, causal, Hk left 0", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 0, 96, 96, 1, 0, 0, -1, -1, 0},
         {"ring zigzag, causal", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0},
         {"ring zigzag, causal GQA, softcap, alibi", FA_MPI_RING, FA_MPI_ZIGZAG, 6, 2, 96, 96, 1, 1, 0, -1, -1, 20},
         {"ring contiguous, window (10, 5)", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 48, 0, 0, 0, 10, 5, 0},
