@@ -9,7 +9,7 @@ BUILD=${1:-build}
 FA=$BUILD/flashattn
 SHAPE=${SHAPE:-"--batch 1 --heads 8 --seq 4096 --head-dim 128 --dtype bf16 --causal"}
 export OMP_NUM_THREADS=1
-echo "== $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $SHAPE"
+echo "== $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $SHAPE"
 echo "== one process, 1 thread"
 "$FA" bench $SHAPE --threads 1 --iters 3 2>/dev/null
 for np in 1 2; do

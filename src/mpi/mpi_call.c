@@ -12,6 +12,7 @@
 #include <time.h>
 
 int fa_mpi_test_fail_alloc_rank = -1;
+int fa_mpi_test_fail_kernel_rank = -1;
 
 double fa_mpi_now(void) {
     struct timespec ts;

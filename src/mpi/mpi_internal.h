@@ -111,8 +111,10 @@ void fa_mpi_scatter_rows(void *dst, const fa_strides *st, const void *src, int64
 void fa_mpi_store_f32(fa_dtype t, void *dst, const fa_strides *st, const float *src, int64_t B,
                       int64_t H, int64_t L, int64_t D);
 
-/* Test hook: the rank that pretends its allocations fail (-1: none). Internal on purpose. */
+/* Test hooks (internal on purpose; -1: none): the rank whose allocations fail, and the rank
+ * whose local kernel fails in mid-call (ring step min(1, P-1), or the Ulysses kernel). */
 extern int fa_mpi_test_fail_alloc_rank;
+extern int fa_mpi_test_fail_kernel_rank;
 void *fa_mpi_alloc(const fa_mpi_plan *pl, int64_t bytes);
 
 /* The two methods. Each allocates first, then calls fa_mpi_begin with local (the argument

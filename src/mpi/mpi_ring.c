@@ -158,6 +158,8 @@ fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi
                 fw.counts = &n;
                 double t1 = fa_mpi_now();
                 fa_status ks_st = fa_forward(lp, &fw);
+                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
+                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
                 double t2 = fa_mpi_now();
                 c.stats.compute_s += t2 - t1;
                 fa_plan_destroy(lp);
@@ -262,6 +264,8 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
                 double t2 = fa_mpi_now();
                 c.stats.merge_s += t2 - t1;
                 fa_status ks_st = fa_backward(lp, &bw);
+                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
+                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
                 double t3 = fa_mpi_now();
                 c.stats.compute_s += t3 - t2;
                 fa_plan_destroy(lp);

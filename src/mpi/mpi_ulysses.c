@@ -187,6 +187,8 @@ static void run_kernel(fa_mpi_call *c, const shapes *z, int backward, void *args
     }
     double t0 = fa_mpi_now();
     st = backward ? fa_backward(lp, args) : fa_forward(lp, args);
+    if (c->pl->rank == fa_mpi_test_fail_kernel_rank)
+        st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
     c->stats.compute_s += fa_mpi_now() - t0;
     fa_plan_destroy(lp);
     if (st != FA_OK) {

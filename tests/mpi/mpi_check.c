@@ -211,6 +211,44 @@ static void run_case(const tcase *tc, uint64_t seed) {
     fa_mpi_plan_destroy(pl);
 }
 
+/* The paper model against hand-computed figures: a non-causal ring of 8 ranks does the same
+ * work every step (2 B Hq L^2 (D + Dv) flops against one K/V block of B Hk L (D + Dv) es
+ * bytes), so it hides exactly when bandwidth >= block / (step flops / rate). */
+static void check_model(void) {
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 2, p.heads_q = 16, p.heads_kv = 8, p.seq_q = p.seq_k = 1024, p.head_dim = 64, p.head_dim_v = 32;
+    p.dtype = FA_BF16;
+    fa_options opt = {FA_BACKEND_CPU, 1, 0, 0};
+    const int np = 8;
+    const int64_t L = 1024 / np;
+    fa_mpi_plan *pl = NULL, *ul = NULL;
+    int ok = fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, np, 3, &pl) == FA_OK &&
+             fa_mpi_plan_create(&p, &opt, FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, np, 3, &ul) == FA_OK;
+    if (!ok) { report("model", "plans", 0, fa_last_error()); return; }
+    double step = 2.0 * 2 * 16 * L * L * (64 + 32), block = 2.0 * 8 * L * (64 + 32) * 2, rate = 1e12;
+    double edge = block / (step / rate); /* the bandwidth at which a step's transfer just hides */
+    fa_mpi_cost c;
+    fa_mpi_plan_cost(pl, FA_FORWARD, &c);
+    ok = c.flops == (int64_t)(step * np) && c.bytes_sent == (int64_t)(block * (np - 1)) && c.steps == np;
+    fa_mpi_prediction pr;
+    fa_mpi_predict(pl, FA_FORWARD, rate, edge * 0.5, &pr);
+    double want = (np - 1) * (block / (edge * 0.5)) + step / rate;
+    ok = ok && !pr.comm_hidden && fabs(pr.predicted_s - want) <= 1e-9 * want;
+    ok = ok && fa_mpi_comm_hides(pl, FA_FORWARD, rate, edge * 1.01) && !fa_mpi_comm_hides(pl, FA_FORWARD, rate, edge * 0.99);
+    /* Ulysses: (P-1)/P of q, k, v there and of o, lse back; compute plus communication */
+    fa_mpi_plan_cost(ul, FA_FORWARD, &c);
+    int64_t moved = 2 * 16 * L * 64 * 2 + 2 * 8 * L * (64 + 32) * 2 + 2 * 16 * L * 32 * 2 + 2 * 16 * L * 4;
+    ok = ok && c.bytes_sent == moved / np * (np - 1) && c.bytes_received == c.bytes_sent;
+    fa_mpi_predict(ul, FA_FORWARD, rate, 1e9, &pr);
+    ok = ok && !pr.comm_hidden && fabs(pr.predicted_s - ((double)c.flops / rate + (double)c.bytes_sent / 1e9)) < 1e-12;
+    char msg[200];
+    snprintf(msg, sizeof msg, "(ring P=8 hides from %.3g GB/s at 1 TFLOP/s)", edge / 1e9);
+    report("model", "per-rank plan and predicted time match hand-computed figures", ok, msg);
+    fa_mpi_plan_destroy(pl);
+    fa_mpi_plan_destroy(ul);
+}
+
 /* How the failure cases end: every rank's status, and the slowest rank's seconds. */
 static void expect_all_fail(const char *what, fa_status st, double t0, const char *must_say) {
     double dt = fa_mpi_now() - t0;
@@ -232,6 +270,7 @@ static void run_failures(void) {
     float *o = tu_alloc(4 * (size_t)n), *lse = tu_alloc(4 * (size_t)n);
     uint64_t s = 7;
     tu_fill(&s, FA_F32, q, n, 1), tu_fill(&s, FA_F32, k, n, 1), tu_fill(&s, FA_F32, v, n, 1);
+    tu_fill(&s, FA_F32, o, n, 1), tu_fill(&s, FA_F32, lse, n, 1);
     fa_mpi_plan *pl = NULL;
     fa_mpi_forward_args a = {q, k, v, o, lse, NULL, NULL, NULL, NULL};
     double t0;
@@ -266,6 +305,32 @@ static void run_failures(void) {
     }
     fa_mpi_test_fail_alloc_rank = -1;
     fa_mpi_plan_destroy(pl);
+    /* a kernel failing in mid-call: the ranks keep passing messages, then all fail */
+    float *g = tu_alloc(4 * (size_t)n * 3); /* dq, dk, dv */
+    fa_mpi_test_fail_kernel_rank = P - 1;
+    for (int m = 0; m < 2 && !(m && P > 2); m++) { /* Ulysses: Hk = 2 */
+        fa_mpi_plan_create(&p, &opt, m ? FA_MPI_ULYSSES : FA_MPI_RING, FA_MPI_ZIGZAG, P, R, &pl);
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL};
+        t0 = fa_mpi_now();
+        st = m ? fa_mpi_backward(MPI_COMM_WORLD, pl, &b) : fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
+        expect_all_fail(m ? "a kernel failing in mid-call (ulysses backward)" : "a kernel failing in mid-call (ring forward)",
+                        st, t0, R == P - 1 ? "test hook" : "during the call");
+        fa_mpi_plan_destroy(pl);
+    }
+    fa_mpi_test_fail_kernel_rank = -1;
+    /* and the ring backward */
+    fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
+    {
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL};
+        fa_mpi_test_fail_kernel_rank = P - 1;
+        t0 = fa_mpi_now();
+        st = fa_mpi_backward(MPI_COMM_WORLD, pl, &b);
+        expect_all_fail("a kernel failing in mid-call (ring backward)", st, t0,
+                        R == P - 1 ? "test hook" : "during the call");
+        fa_mpi_test_fail_kernel_rank = -1;
+    }
+    free(g);
+    fa_mpi_plan_destroy(pl);
     /* Ulysses with kv heads not divisible by P: a clear error from the plan, on every rank */
     if (P > 2) {
         pl = NULL;
@@ -295,6 +360,7 @@ int main(int argc, char **argv) {
         {"ulysses zigzag, window (7, 3), alibi, segment ids", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 72, 0, 1, 1, 7, 3, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed + i);
+    check_model();
     run_failures();
     if (R == 0) printf("mpi_check P=%d: %d failed\n", P, failures);
     MPI_Finalize();
