@@ -68,26 +68,27 @@ fa_status fa_mpi_begin(fa_mpi_call *c, MPI_Comm comm, const fa_mpi_plan *pl, fa_
     int size = 0, rank = 0;
     if (MPI_Comm_size(comm, &size) != MPI_SUCCESS || MPI_Comm_rank(comm, &rank) != MPI_SUCCESS)
         return fa_error(FA_ERR_INVALID, "not a valid communicator");
-    /* every rank sees the same size, so this is decided alike everywhere */
-    if (size != pl->P)
-        return fa_error(FA_ERR_INVALID, "the plan is for %d ranks but the communicator has %d",
-                        pl->P, size);
     double t0 = fa_mpi_now();
     int rc = MPI_Comm_dup(comm, &c->comm);
     c->stats.comm_wait_s += fa_mpi_now() - t0;
     if (!fa_mpi_ok(c, rc, "MPI_Comm_dup")) return c->st;
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    /* a plan for another P or rank is this rank's failure, but it still joins the agreement:
+     * ranks whose plans do match would otherwise wait for it */
     c->st = local;
-    if (local == FA_OK && rank != pl->rank)
+    if (local == FA_OK && size != pl->P)
+        fa_mpi_fail(c, FA_ERR_INVALID, "the plan is for %d ranks but the communicator has %d",
+                    pl->P, size);
+    if (c->st == FA_OK && rank != pl->rank)
         fa_mpi_fail(c, FA_ERR_INVALID, "the plan is for rank %d but this is rank %d", pl->rank, rank);
     int failed = -1;
     int all = agree(c, pl->digest ^ (uint64_t)pass, c->st, &failed);
     if (all == FA_OK) return FA_OK;
     MPI_Comm_free(&c->comm);
+    if (c->st != FA_OK) return c->st; /* this rank's own failure, its message set */
     if (all == DISAGREE)
         return fa_error(FA_ERR_INVALID, "ranks disagree on the problem (shapes, options, method "
                         "or layout differ between ranks; seen by rank %d)", rank);
-    if (c->st != FA_OK) return c->st; /* this rank's own failure, its message set */
     return fa_error((fa_status)all, "rank %d failed before any traffic (%s); every rank stops",
                     failed, fa_status_string((fa_status)all));
 }

@@ -284,6 +284,15 @@ static void run_failures(void) {
         expect_all_fail("ranks disagreeing on the problem", st, t0, "disagree");
         fa_mpi_plan_destroy(pl);
     }
+    if (P > 1) { /* the last rank holds a plan made for one rank more (60 rows: P up to 5) */
+        fa_problem p60 = p;
+        p60.seq_q = p60.seq_k = 60;
+        fa_mpi_plan_create(&p60, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, R == P - 1 ? P + 1 : P, R, &pl);
+        t0 = fa_mpi_now();
+        st = fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
+        expect_all_fail("a rank whose plan is for another P", st, t0, R == P - 1 ? "communicator has" : NULL);
+        fa_mpi_plan_destroy(pl);
+    }
     fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_ZIGZAG, P, R, &pl);
     fa_mpi_forward_args bad = a;
     if (R == P - 1) bad.q = NULL;
