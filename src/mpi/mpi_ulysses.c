@@ -2,7 +2,7 @@
  * holds some rows of every head) to head shards (each rank holds every row of Hq/P query
  * heads and of the Hk/P kv heads they read), the local kernel runs on full sequences, and
  * the outputs come back the same way. The kernel call is the single-process one on a head
- * slice, so results match one process bit for bit. Collectives run in the same order on
+ * slice, so results match one process's (same block sizes) bit for bit. Collectives run in the same order on
  * every rank even after a local failure, so no rank is left waiting. */
 #include "mpi_internal.h"
 

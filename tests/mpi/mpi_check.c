@@ -25,6 +25,7 @@ typedef struct {
     int causal, alibi, seg;
     int64_t wl, wr;
     float softcap;
+    int topleft; /* causal aligned top-left (diag_offset 0) */
 } tcase;
 
 /* Every rank agrees: a failure anywhere fails the case for all. */
@@ -79,6 +80,7 @@ static void run_case(const tcase *tc, uint64_t seed) {
     p.head_dim = D, p.head_dim_v = Dv, p.causal = tc->causal;
     p.window_left = tc->wl, p.window_right = tc->wr, p.softcap = tc->softcap;
     p.has_alibi = tc->alibi, p.has_segment_ids = tc->seg;
+    p.has_diag_offset = tc->topleft, p.diag_offset = 0;
     fa_options opt;
     memset(&opt, 0, sizeof opt);
     opt.backend = FA_BACKEND_CPU, opt.threads = 1, opt.block_q = 8, opt.block_k = 8;
@@ -193,7 +195,8 @@ static void run_case(const tcase *tc, uint64_t seed) {
     snprintf(msg, sizeof msg, "(rank %d sent %lld/%lld, plan %lld/%lld)", R, (long long)fs[0].bytes_sent,
              (long long)bs[0].bytes_sent, (long long)cf.bytes_sent, (long long)cb.bytes_sent);
     report(tc->name, "bytes sent and received == plan", bytes, bytes && R ? NULL : msg);
-    if (tc->layout == FA_MPI_ZIGZAG && tc->causal && tc->method == FA_MPI_RING && tc->wl < 0) {
+    if (tc->layout == FA_MPI_ZIGZAG && tc->causal && tc->method == FA_MPI_RING && tc->wl < 0 &&
+        tc->Sq == tc->Sk) {
         /* zigzag balances the causal triangle (a window cuts it unevenly) */
         int64_t f[2] = {fs[0].counts.flops, bs[0].counts.flops}, lo[2], hi[2];
         MPI_Allreduce(f, lo, 2, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
@@ -359,14 +362,15 @@ int main(int argc, char **argv) {
     if (R == 0) printf("mpi_check: P=%d seed %llu (FA_TEST_SEED to repeat)\n", P, (unsigned long long)seed);
     const int64_t U = 12; /* kv heads divisible by 1..4 for Ulysses */
     const tcase cases[] = {
-        {"ring contiguous, not causal, Sq != Sk", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 72, 0, 0, 0, -1, -1, 0},
-        {"ring contiguous, causal, Hk left 0", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 0, 96, 96, 1, 0, 0, -1, -1, 0},
-        {"ring zigzag, causal", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0},
-        {"ring zigzag, causal GQA, softcap, alibi", FA_MPI_RING, FA_MPI_ZIGZAG, 6, 2, 96, 96, 1, 1, 0, -1, -1, 20},
-        {"ring contiguous, window (10, 5)", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 48, 0, 0, 0, 10, 5, 0},
-        {"ring zigzag, causal window (12, 0), segment ids", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 1, 12, 0, 0},
-        {"ulysses contiguous, causal GQA", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, 2 * U, U, 48, 48, 1, 0, 0, -1, -1, 0},
-        {"ulysses zigzag, window (7, 3), alibi, segment ids", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 72, 0, 1, 1, 7, 3, 0},
+        {"ring contiguous, not causal, Sq != Sk", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 72, 0, 0, 0, -1, -1, 0, 0},
+        {"ring contiguous, causal, Hk left 0", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 0, 96, 96, 1, 0, 0, -1, -1, 0, 0},
+        {"ring zigzag, causal", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0, 0},
+        {"ring zigzag, causal GQA, softcap, alibi", FA_MPI_RING, FA_MPI_ZIGZAG, 6, 2, 96, 96, 1, 1, 0, -1, -1, 20, 0},
+        {"ring contiguous, window (10, 5)", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 48, 0, 0, 0, 10, 5, 0, 0},
+        {"ring zigzag, causal window (12, 0), segment ids", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 1, 12, 0, 0, 0},
+        {"ring zigzag, causal top-left, Sq != Sk", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 72, 1, 0, 0, -1, -1, 0, 1},
+        {"ulysses contiguous, causal GQA, softcap", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, 2 * U, U, 48, 48, 1, 0, 0, -1, -1, 30, 0},
+        {"ulysses zigzag, window (7, 3), alibi, segment ids", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 72, 0, 1, 1, 7, 3, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed + i);
     check_model();
