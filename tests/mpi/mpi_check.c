@@ -15,7 +15,9 @@
 #include <mpi.h>
 
 static int P, R, failures;
-static const double TOL = 5e-5;
+static double TOL;  /* of the case's dtype: as tests/backward_check.h (f32 5e-5, else 5 u) */
+static fa_dtype T;  /* the case's dtype */
+static size_t ES;   /* its size */
 
 typedef struct {
     const char *name;
@@ -26,6 +28,7 @@ typedef struct {
     int64_t wl, wr;
     float softcap;
     int topleft; /* causal aligned top-left (diag_offset 0) */
+    fa_dtype dtype;
 } tcase;
 
 /* Every rank agrees: a failure anywhere fails the case for all. */
@@ -41,20 +44,21 @@ static void report(const char *name, const char *what, int ok, const char *detai
     fflush(stdout);
 }
 
-/* Local rows of a global [B, H, S, D] f32 tensor (which: q-like or k-like). */
-static float *shard(const fa_mpi_plan *pl, int which, const float *g, int64_t B, int64_t H,
-                    int64_t S, int64_t D) {
+/* Local rows of a global [B, H, S, D] tensor of dtype T (which: q-like or k-like). */
+static void *shard(const fa_mpi_plan *pl, int which, const void *g, int64_t B, int64_t H,
+                   int64_t S, int64_t D) {
     int64_t L = fa_mpi_local_rows(pl, which);
-    float *x = tu_alloc(sizeof(float) * (size_t)(B * H * L * D));
+    char *x = tu_alloc(ES * (size_t)(B * H * L * D));
     for (int64_t bh = 0; bh < B * H; bh++)
         for (int64_t t = 0; t < L; t++)
-            memcpy(x + (bh * L + t) * D, g + (bh * S + fa_mpi_global_row(pl, which, t)) * D,
-                   sizeof(float) * (size_t)D);
+            memcpy(x + ES * (size_t)((bh * L + t) * D),
+                   (const char *)g + ES * (size_t)((bh * S + fa_mpi_global_row(pl, which, t)) * D),
+                   ES * (size_t)D);
     return x;
 }
 
 /* max |local - global rows| over this rank's rows, and max |global ref| over all. */
-static double err_f(const fa_mpi_plan *pl, int which, const float *loc, const double *ref,
+static double err_f(const fa_mpi_plan *pl, int which, const void *loc, const double *ref,
                     int64_t B, int64_t H, int64_t S, int64_t D, double *refmax) {
     int64_t L = fa_mpi_local_rows(pl, which);
     double e = 0, m = 0;
@@ -63,7 +67,7 @@ static double err_f(const fa_mpi_plan *pl, int which, const float *loc, const do
         for (int64_t t = 0; t < L; t++)
             for (int64_t d = 0; d < D; d++) {
                 double r = ref[(bh * S + fa_mpi_global_row(pl, which, t)) * D + d];
-                double x = loc[(bh * L + t) * D + d];
+                double x = fa_load(T, loc, (bh * L + t) * D + d);
                 if (!(fabs(x - r) <= e)) e = isnan(x) ? INFINITY : fabs(x - r);
             }
     *refmax = m;
@@ -77,7 +81,9 @@ static void run_case(const tcase *tc, uint64_t seed) {
     fa_problem p;
     fa_problem_init(&p);
     p.batch = B, p.heads_q = tc->Hq, p.heads_kv = tc->Hk, p.seq_q = tc->Sq, p.seq_k = tc->Sk; /* Hk 0: default */
-    p.head_dim = D, p.head_dim_v = Dv, p.causal = tc->causal;
+    p.head_dim = D, p.head_dim_v = Dv, p.causal = tc->causal, p.dtype = tc->dtype;
+    T = tc->dtype, ES = fa_dtype_size(T);
+    TOL = T == FA_F32 ? 5e-5 : T == FA_BF16 ? 5.0 * 0x1p-8 : 5.0 * 0x1p-11;
     p.window_left = tc->wl, p.window_right = tc->wr, p.softcap = tc->softcap;
     p.has_alibi = tc->alibi, p.has_segment_ids = tc->seg;
     p.has_diag_offset = tc->topleft, p.diag_offset = 0;
@@ -87,11 +93,12 @@ static void run_case(const tcase *tc, uint64_t seed) {
     int64_t Sq = p.seq_q, Sk = p.seq_k, Hq = p.heads_q, Hk = tc->Hk ? tc->Hk : tc->Hq;
     int64_t nq = B * Hq * Sq * D, nk = B * Hk * Sk * D, nv = B * Hk * Sk * Dv, no = B * Hq * Sq * Dv;
     uint64_t s = seed;
-    float *q = tu_alloc(4 * (size_t)nq), *k = tu_alloc(4 * (size_t)nk), *v = tu_alloc(4 * (size_t)nv);
-    float *d_o = tu_alloc(4 * (size_t)no), *slopes = tu_alloc(4 * (size_t)Hq);
+    void *q = tu_alloc(ES * (size_t)nq), *k = tu_alloc(ES * (size_t)nk), *v = tu_alloc(ES * (size_t)nv);
+    void *d_o = tu_alloc(ES * (size_t)no);
+    float *slopes = tu_alloc(4 * (size_t)Hq);
     int32_t *qs = tu_alloc(4 * (size_t)(B * Sq)), *ks = tu_alloc(4 * (size_t)(B * Sk));
-    tu_fill(&s, FA_F32, q, nq, 1.5), tu_fill(&s, FA_F32, k, nk, 1.5), tu_fill(&s, FA_F32, v, nv, 1);
-    tu_fill(&s, FA_F32, d_o, no, 1);
+    tu_fill(&s, T, q, nq, 1.5), tu_fill(&s, T, k, nk, 1.5), tu_fill(&s, T, v, nv, 1);
+    tu_fill(&s, T, d_o, no, 1);
     for (int64_t h = 0; h < Hq; h++) slopes[h] = (float)(0.05 + 0.1 * h / Hq);
     for (int64_t i = 0; i < B * Sq; i++) qs[i] = (int32_t)((i % Sq) / 20 + (i / Sq));
     for (int64_t i = 0; i < B * Sk; i++) ks[i] = (int32_t)((i % Sk) * Sq / Sk / 20 + (i / Sk));
@@ -109,7 +116,7 @@ static void run_case(const tcase *tc, uint64_t seed) {
     bw.q = q, bw.k = k, bw.v = v, bw.d_o = d_o, bw.alibi_slopes = fw.alibi_slopes;
     bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
     fa_ref_backward(&rp, &bw, rq, rk, rv);
-    float *so = tu_alloc(4 * (size_t)no);
+    void *so = tu_alloc(ES * (size_t)no);
     double *so_d = tu_alloc(8 * (size_t)no);
     fa_plan *single = NULL;
     fa_options o1 = opt;
@@ -118,29 +125,30 @@ static void run_case(const tcase *tc, uint64_t seed) {
     fw.o = so;
     fa_forward(single, &fw);
     fa_plan_destroy(single);
-    for (int64_t i = 0; i < no; i++) so_d[i] = so[i];
+    for (int64_t i = 0; i < no; i++) so_d[i] = fa_load(T, so, i);
 
     fa_mpi_plan *pl = NULL;
     fa_status st = fa_mpi_plan_create(&p, &opt, tc->method, tc->layout, P, R, &pl);
     if (st != FA_OK) { report(tc->name, "plan", 0, fa_last_error()); return; }
     int64_t lq = fa_mpi_local_rows(pl, 0), lk = fa_mpi_local_rows(pl, 1);
-    float *lqv = shard(pl, 0, q, B, Hq, Sq, D), *lkv = shard(pl, 1, k, B, Hk, Sk, D);
-    float *lvv = shard(pl, 1, v, B, Hk, Sk, Dv), *ldo = shard(pl, 0, d_o, B, Hq, Sq, Dv);
+    void *lqv = shard(pl, 0, q, B, Hq, Sq, D), *lkv = shard(pl, 1, k, B, Hk, Sk, D);
+    void *lvv = shard(pl, 1, v, B, Hk, Sk, Dv), *ldo = shard(pl, 0, d_o, B, Hq, Sq, Dv);
     int32_t *lqs = tu_alloc(4 * (size_t)(B * lq)), *lks = tu_alloc(4 * (size_t)(B * lk));
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < lq; t++) lqs[b * lq + t] = qs[b * Sq + fa_mpi_global_row(pl, 0, t)];
         for (int64_t t = 0; t < lk; t++) lks[b * lk + t] = ks[b * Sk + fa_mpi_global_row(pl, 1, t)];
     }
-    float *o[2], *lse[2], *dq[2], *dk[2], *dv[2];
+    void *o[2], *dq[2], *dk[2], *dv[2];
+    float *lse[2];
     fa_mpi_stats fs[2], bs[2];
     int ok = 1;
     for (int run = 0; run < 2; run++) {
-        o[run] = tu_alloc(4 * (size_t)(B * Hq * lq * Dv)), lse[run] = tu_alloc(4 * (size_t)(B * Hq * lq));
-        dq[run] = tu_alloc(4 * (size_t)(B * Hq * lq * D)), dk[run] = tu_alloc(4 * (size_t)(B * Hk * lk * D));
-        dv[run] = tu_alloc(4 * (size_t)(B * Hk * lk * Dv));
-        tu_poison(FA_F32, o[run], B * Hq * lq * Dv), tu_poison(FA_F32, lse[run], B * Hq * lq);
-        tu_poison(FA_F32, dq[run], B * Hq * lq * D), tu_poison(FA_F32, dk[run], B * Hk * lk * D);
-        tu_poison(FA_F32, dv[run], B * Hk * lk * Dv);
+        o[run] = tu_alloc(ES * (size_t)(B * Hq * lq * Dv)), lse[run] = tu_alloc(4 * (size_t)(B * Hq * lq));
+        dq[run] = tu_alloc(ES * (size_t)(B * Hq * lq * D)), dk[run] = tu_alloc(ES * (size_t)(B * Hk * lk * D));
+        dv[run] = tu_alloc(ES * (size_t)(B * Hk * lk * Dv));
+        tu_poison(T, o[run], B * Hq * lq * Dv), tu_poison(FA_F32, lse[run], B * Hq * lq);
+        tu_poison(T, dq[run], B * Hq * lq * D), tu_poison(T, dk[run], B * Hk * lk * D);
+        tu_poison(T, dv[run], B * Hk * lk * Dv);
         fa_mpi_forward_args ma = {lqv, lkv, lvv, o[run], lse[run], fw.alibi_slopes,
                                   tc->seg ? lqs : NULL, tc->seg ? lks : NULL, &fs[run]};
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &ma);
@@ -171,11 +179,11 @@ static void run_case(const tcase *tc, uint64_t seed) {
              E[0], E[1], E[2], E[3], E[4], E[5], TOL);
     report(tc->name, "values", within(eo, mo) && within(es, mo) && el <= TOL && within(eq, mq) &&
                                    within(ek, mk) && within(ev, mv), msg);
-    int same = !memcmp(o[0], o[1], 4 * (size_t)(B * Hq * lq * Dv)) &&
+    int same = !memcmp(o[0], o[1], ES * (size_t)(B * Hq * lq * Dv)) &&
                !memcmp(lse[0], lse[1], 4 * (size_t)(B * Hq * lq)) &&
-               !memcmp(dq[0], dq[1], 4 * (size_t)(B * Hq * lq * D)) &&
-               !memcmp(dk[0], dk[1], 4 * (size_t)(B * Hk * lk * D)) &&
-               !memcmp(dv[0], dv[1], 4 * (size_t)(B * Hk * lk * Dv));
+               !memcmp(dq[0], dq[1], ES * (size_t)(B * Hq * lq * D)) &&
+               !memcmp(dk[0], dk[1], ES * (size_t)(B * Hk * lk * D)) &&
+               !memcmp(dv[0], dv[1], ES * (size_t)(B * Hk * lk * Dv));
     report(tc->name, "same bits on a second run", same, NULL);
 
     fa_mpi_cost cf, cb;
@@ -362,15 +370,17 @@ int main(int argc, char **argv) {
     if (R == 0) printf("mpi_check: P=%d seed %llu (FA_TEST_SEED to repeat)\n", P, (unsigned long long)seed);
     const int64_t U = 12; /* kv heads divisible by 1..4 for Ulysses */
     const tcase cases[] = {
-        {"ring contiguous, not causal, Sq != Sk", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 72, 0, 0, 0, -1, -1, 0, 0},
-        {"ring contiguous, causal, Hk left 0", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 0, 96, 96, 1, 0, 0, -1, -1, 0, 0},
-        {"ring zigzag, causal", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0, 0},
-        {"ring zigzag, causal GQA, softcap, alibi", FA_MPI_RING, FA_MPI_ZIGZAG, 6, 2, 96, 96, 1, 1, 0, -1, -1, 20, 0},
-        {"ring contiguous, window (10, 5)", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 48, 0, 0, 0, 10, 5, 0, 0},
-        {"ring zigzag, causal window (12, 0), segment ids", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 1, 12, 0, 0, 0},
-        {"ring zigzag, causal top-left, Sq != Sk", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 72, 1, 0, 0, -1, -1, 0, 1},
-        {"ulysses contiguous, causal GQA, softcap", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, 2 * U, U, 48, 48, 1, 0, 0, -1, -1, 30, 0},
-        {"ulysses zigzag, window (7, 3), alibi, segment ids", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 72, 0, 1, 1, 7, 3, 0, 0},
+        {"ring contiguous, not causal, Sq != Sk", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 72, 0, 0, 0, -1, -1, 0, 0, FA_F32},
+        {"ring contiguous, causal, Hk left 0", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 0, 96, 96, 1, 0, 0, -1, -1, 0, 0, FA_F32},
+        {"ring zigzag, causal", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0, 0, FA_F32},
+        {"ring zigzag, causal GQA, softcap, alibi", FA_MPI_RING, FA_MPI_ZIGZAG, 6, 2, 96, 96, 1, 1, 0, -1, -1, 20, 0, FA_F32},
+        {"ring contiguous, window (10, 5)", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 48, 0, 0, 0, 10, 5, 0, 0, FA_F32},
+        {"ring zigzag, causal window (12, 0), segment ids", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 1, 12, 0, 0, 0, FA_F32},
+        {"ring zigzag, causal top-left, Sq != Sk", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 72, 1, 0, 0, -1, -1, 0, 1, FA_F32},
+        {"ulysses contiguous, causal GQA, softcap", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, 2 * U, U, 48, 48, 1, 0, 0, -1, -1, 30, 0, FA_F32},
+        {"ulysses zigzag, window (7, 3), alibi, segment ids", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 72, 0, 1, 1, 7, 3, 0, 0, FA_F32},
+        {"ring zigzag, causal GQA, bf16", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 0, -1, -1, 0, 0, FA_BF16},
+        {"ulysses contiguous, window (7, 3), f16", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, U, U, 48, 48, 0, 0, 0, 7, 3, 0, 0, FA_F16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed + i);
     check_model();
