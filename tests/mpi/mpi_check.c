@@ -29,6 +29,7 @@ typedef struct {
     float softcap;
     int topleft; /* causal aligned top-left (diag_offset 0) */
     fa_dtype dtype;
+    int bshd; /* local tensors laid out [B, S/P, H, D] (strides in the problem) */
 } tcase;
 
 /* Every rank agrees: a failure anywhere fails the case for all. */
@@ -58,6 +59,25 @@ static void *shard(const fa_mpi_plan *pl, int which, const void *g, int64_t B, i
 }
 
 /* max |local - global rows| over this rank's rows, and max |global ref| over all. */
+/* [B, H, L, D] <-> [B, L, H, D] copies (elements of ES bytes); back = 1 for the inverse. */
+static void *permute(void *x, int64_t B, int64_t H, int64_t L, int64_t D, int back) {
+    char *y = tu_alloc(ES * (size_t)(B * H * L * D));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < L; t++) {
+                int64_t bhsd = ((b * H + h) * L + t) * D, bshd = ((b * L + t) * H + h) * D;
+                memcpy(y + ES * (size_t)(back ? bhsd : bshd), (char *)x + ES * (size_t)(back ? bshd : bhsd),
+                       ES * (size_t)D);
+            }
+    free(x);
+    return y;
+}
+
+static fa_strides bshd_stride(int64_t H, int64_t L, int64_t D) {
+    fa_strides st = {{L * H * D, D, H * D, 1}};
+    return st;
+}
+
 static double err_f(const fa_mpi_plan *pl, int which, const void *loc, const double *ref,
                     int64_t B, int64_t H, int64_t S, int64_t D, double *refmax) {
     int64_t L = fa_mpi_local_rows(pl, which);
@@ -127,12 +147,21 @@ static void run_case(const tcase *tc, uint64_t seed) {
     fa_plan_destroy(single);
     for (int64_t i = 0; i < no; i++) so_d[i] = fa_load(T, so, i);
 
+    if (tc->bshd) { /* the local tensors' strides: the same on every rank */
+        int64_t lq0 = Sq / P, lk0 = Sk / P;
+        p.q_stride = bshd_stride(Hq, lq0, D), p.o_stride = bshd_stride(Hq, lq0, Dv);
+        p.k_stride = bshd_stride(Hk, lk0, D), p.v_stride = bshd_stride(Hk, lk0, Dv);
+    }
     fa_mpi_plan *pl = NULL;
     fa_status st = fa_mpi_plan_create(&p, &opt, tc->method, tc->layout, P, R, &pl);
     if (st != FA_OK) { report(tc->name, "plan", 0, fa_last_error()); return; }
     int64_t lq = fa_mpi_local_rows(pl, 0), lk = fa_mpi_local_rows(pl, 1);
     void *lqv = shard(pl, 0, q, B, Hq, Sq, D), *lkv = shard(pl, 1, k, B, Hk, Sk, D);
     void *lvv = shard(pl, 1, v, B, Hk, Sk, Dv), *ldo = shard(pl, 0, d_o, B, Hq, Sq, Dv);
+    if (tc->bshd) {
+        lqv = permute(lqv, B, Hq, lq, D, 0), lkv = permute(lkv, B, Hk, lk, D, 0);
+        lvv = permute(lvv, B, Hk, lk, Dv, 0), ldo = permute(ldo, B, Hq, lq, Dv, 0);
+    }
     int32_t *lqs = tu_alloc(4 * (size_t)(B * lq)), *lks = tu_alloc(4 * (size_t)(B * lk));
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < lq; t++) lqs[b * lq + t] = qs[b * Sq + fa_mpi_global_row(pl, 0, t)];
@@ -159,6 +188,10 @@ static void run_case(const tcase *tc, uint64_t seed) {
         if (st != FA_OK) { ok = 0; printf("rank %d: backward: %s\n", R, fa_last_error()); break; }
     }
     if (!all_ok(ok)) { report(tc->name, "runs", 0, NULL); return; }
+    for (int run = 0; tc->bshd && run < 2; run++) {
+        o[run] = permute(o[run], B, Hq, lq, Dv, 1), dq[run] = permute(dq[run], B, Hq, lq, D, 1);
+        dk[run] = permute(dk[run], B, Hk, lk, D, 1), dv[run] = permute(dv[run], B, Hk, lk, Dv, 1);
+    }
 
     char msg[256];
     double m, eo = err_f(pl, 0, o[0], ro, B, Hq, Sq, Dv, &m), mo = m;
@@ -370,17 +403,19 @@ int main(int argc, char **argv) {
     if (R == 0) printf("mpi_check: P=%d seed %llu (FA_TEST_SEED to repeat)\n", P, (unsigned long long)seed);
     const int64_t U = 12; /* kv heads divisible by 1..4 for Ulysses */
     const tcase cases[] = {
-        {"ring contiguous, not causal, Sq != Sk", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 72, 0, 0, 0, -1, -1, 0, 0, FA_F32},
-        {"ring contiguous, causal, Hk left 0", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 0, 96, 96, 1, 0, 0, -1, -1, 0, 0, FA_F32},
-        {"ring zigzag, causal", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0, 0, FA_F32},
-        {"ring zigzag, causal GQA, softcap, alibi", FA_MPI_RING, FA_MPI_ZIGZAG, 6, 2, 96, 96, 1, 1, 0, -1, -1, 20, 0, FA_F32},
-        {"ring contiguous, window (10, 5)", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 48, 0, 0, 0, 10, 5, 0, 0, FA_F32},
-        {"ring zigzag, causal window (12, 0), segment ids", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 1, 12, 0, 0, 0, FA_F32},
-        {"ring zigzag, causal top-left, Sq != Sk", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 72, 1, 0, 0, -1, -1, 0, 1, FA_F32},
-        {"ulysses contiguous, causal GQA, softcap", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, 2 * U, U, 48, 48, 1, 0, 0, -1, -1, 30, 0, FA_F32},
-        {"ulysses zigzag, window (7, 3), alibi, segment ids", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 72, 0, 1, 1, 7, 3, 0, 0, FA_F32},
-        {"ring zigzag, causal GQA, bf16", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 0, -1, -1, 0, 0, FA_BF16},
-        {"ulysses contiguous, window (7, 3), f16", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, U, U, 48, 48, 0, 0, 0, 7, 3, 0, 0, FA_F16},
+        {"ring contiguous, not causal, Sq != Sk", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 72, 0, 0, 0, -1, -1, 0, 0, FA_F32, 0},
+        {"ring contiguous, causal, Hk left 0", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 0, 96, 96, 1, 0, 0, -1, -1, 0, 0, FA_F32, 0},
+        {"ring zigzag, causal", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 4, 96, 96, 1, 0, 0, -1, -1, 0, 0, FA_F32, 0},
+        {"ring zigzag, causal GQA, softcap, alibi", FA_MPI_RING, FA_MPI_ZIGZAG, 6, 2, 96, 96, 1, 1, 0, -1, -1, 20, 0, FA_F32, 0},
+        {"ring contiguous, window (10, 5)", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 48, 48, 0, 0, 0, 10, 5, 0, 0, FA_F32, 0},
+        {"ring zigzag, causal window (12, 0), segment ids", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 1, 12, 0, 0, 0, FA_F32, 0},
+        {"ring zigzag, causal top-left, Sq != Sk", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 72, 1, 0, 0, -1, -1, 0, 1, FA_F32, 0},
+        {"ulysses contiguous, causal GQA, softcap", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, 2 * U, U, 48, 48, 1, 0, 0, -1, -1, 30, 0, FA_F32, 0},
+        {"ulysses zigzag, window (7, 3), alibi, segment ids", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 72, 0, 1, 1, 7, 3, 0, 0, FA_F32, 0},
+        {"ring zigzag, causal GQA, bf16", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 0, -1, -1, 0, 0, FA_BF16, 0},
+        {"ulysses contiguous, window (7, 3), f16", FA_MPI_ULYSSES, FA_MPI_CONTIGUOUS, U, U, 48, 48, 0, 0, 0, 7, 3, 0, 0, FA_F16, 0},
+        {"ring zigzag, causal, BSHD strides", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 48, 1, 0, 0, -1, -1, 0, 0, FA_F32, 1},
+        {"ulysses zigzag, causal, BSHD strides", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 48, 1, 0, 0, -1, -1, 0, 0, FA_F32, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed + i);
     check_model();
