@@ -82,7 +82,7 @@ FA_API int fa_mpi_comm_hides(const fa_mpi_plan *plan, fa_pass pass, double flops
 
 /* ---- run ---------------------------------------------------------------------------- */
 
-/* What one call did on this rank, measured where it happens. */
+/* What one call did on this rank, measured where it happens (zeroed first). */
 typedef struct {
     fa_counts counts;        /* summed over the local kernel calls */
     int64_t bytes_sent, bytes_received;

@@ -205,6 +205,7 @@ static fa_status check_backward(const fa_problem *g, const fa_mpi_backward_args 
 /* A local mistake still joins the agreement, so that no peer waits for this rank. */
 fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_forward_args *a) {
     if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
+    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
     fa_status local = check_forward(&plan->g, a);
     fa_mpi_forward_args none;
     memset(&none, 0, sizeof none);
@@ -215,6 +216,7 @@ fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_fo
 
 fa_status fa_mpi_backward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_backward_args *a) {
     if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
+    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
     fa_status local = check_backward(&plan->g, a);
     fa_mpi_backward_args none;
     memset(&none, 0, sizeof none);
