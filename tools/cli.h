@@ -43,6 +43,14 @@ typedef struct {
     int iters;                 /* 0: not given */
     int pass;                  /* bench: 0 both, 1 forward only, 2 backward only */
     const char *q, *k, *v, *out, *lse, *d_o, *dq, *dk, *dv;
+
+    /* bias scale, mask alignment, dbias (grad) */
+    int has_bias_scale;
+    float bias_scale;
+    int has_diag_offset;       /* --diag-offset N, or --top-left (N = 0) */
+    int64_t diag_offset;
+    const char *dbias;
+
     int seq_parallel;          /* 0: one process; CLI_SP_RING or CLI_SP_ULYSSES (cli_mpi.c) */
     int zigzag;
 } cli_args;
