@@ -3,7 +3,7 @@
 # ring --zigzag and ulysses on P = 2 and 3 equal the single-process outputs (f32 bound) and
 # repeat bit for bit; --count prints one JSON line per rank; bad input exits 2 on every rank
 # with nothing written (shapes not divisible, Ulysses with Hk % P != 0, --bias, --zigzag
-# alone); ranks given different problems, or one rank failing to read its input, end every
+# alone), and --top-left with Sq != Sk; ranks given different problems, or one rank failing to read its input, end every
 # rank with exit 2 within seconds; bench --seq-parallel --json reports per-rank times.
 # Exits 77 (skipped) where this build has no MPI. Usage: bash tests/mpi/test_mpi_cli.sh BUILD
 set -u
@@ -34,6 +34,8 @@ gen k.npy '<f4' 2 2 48 16 --seed 12
 gen v.npy '<f4' 2 2 48 8 --seed 13
 gen do.npy '<f4' 2 4 48 8 --seed 14
 gen q50.npy '<f4' 2 4 50 16 --seed 15
+gen k72.npy '<f4' 2 2 72 16 --seed 17
+gen v72.npy '<f4' 2 2 72 8 --seed 18
 IN="--q q.npy --k k.npy --v v.npy"
 
 # cases: P, method, mask (a few of each; tests/mpi/mpi_check.c covers the library in full)
@@ -68,6 +70,14 @@ mpi -np $np "$FA" grad $IN --do do.npy $mask $out --seq-parallel $sp
 same=1
 for t in o dq dk; do cmp -s ${t}2.npy ${t}2a.npy || same=0; done
 [ $rc = 0 ] && [ $same = 1 ] && ok "$name: same bits on a second run" || no "$name rerun" "exit $rc, same=$same"
+
+# Sq != Sk with the causal mask aligned top-left (--top-left), zigzag over 3 ranks
+"$FA" run --q q.npy --k k72.npy --v v72.npy --causal --top-left --out o1.npy --lse l1.npy >/dev/null
+mpi -np 3 "$FA" run --q q.npy --k k72.npy --v v72.npy --causal --top-left --out o2.npy --lse l2.npy \
+  --seq-parallel ring --zigzag
+if [ $rc = 0 ] && "$NPY" compare o2.npy o1.npy 1e-5 >cmp && "$NPY" compare l2.npy l1.npy 1e-5 >>cmp; then
+  ok "P=3 ring --zigzag --causal --top-left, Sq=48 Sk=72: equals one process"
+else no "top-left" "exit $rc: $(cat cmp) $(head -c 300 se)"; fi
 
 # bad input: every rank exits 2, one line each, nothing written
 rm -f o9.npy
