@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The command line under mpirun (SPEC section 6): run and grad with --seq-parallel ring,
 # ring --zigzag and ulysses on P = 2 and 3 equal the single-process outputs (f32 bound) and
-# repeat bit for bit; --count prints one JSON line per rank; bad input exits 2 on every rank
-# with nothing written (shapes not divisible, Ulysses with Hk % P != 0, --bias, --zigzag
-# alone), and --top-left with Sq != Sk; ranks given different problems, or one rank failing to read its input, end every
-# rank with exit 2 within seconds; bench --seq-parallel --json reports per-rank times.
+# repeat bit for bit, also causal --top-left with Sq != Sk; --count prints one JSON line per
+# rank; bad input exits 2 on every rank with nothing written (shapes not divisible, Ulysses
+# with Hk % P != 0, --bias, --zigzag alone); ranks given different problems, or one rank
+# failing to read its input, end every rank with exit 2 within seconds; bench
+# --seq-parallel --json reports per-rank times.
 # Exits 77 (skipped) where this build has no MPI. Usage: bash tests/mpi/test_mpi_cli.sh BUILD
 set -u
 BUILD=${1:-build}
