@@ -193,6 +193,35 @@ static void run_case(const char *label, dcase *c) {
     free(ro), free(rl), free(first);
 }
 
+/* Plan figures against hand counts: without masks every row sees Sk_b = lens[b] + Sq_new
+ * keys; the cache bytes read are those keys' K and V rows once per kv head. */
+static void hand_counts(void) {
+    int32_t lens[3] = {100, 0, 513};
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 3, p.heads_q = 8, p.heads_kv = 2, p.head_dim = 16, p.seq_q = 2, p.seq_k = 1024, p.dtype = FA_BF16;
+    p.cache_seqlens = lens, p.has_new_kv = 1;
+    fa_options opt = {0};
+    opt.backend = FA_BACKEND_CPU, opt.threads = 2;
+    fa_plan *pl = NULL;
+    if (fa_plan_create(&p, &opt, &pl)) {
+        CHECK(0, "hand counts: plan: %s", fa_last_error());
+        return;
+    }
+    fa_cost c;
+    fa_plan_cost(pl, FA_FORWARD, &c);
+    const int64_t keys = 102 + 2 + 515; /* Sk_b */
+    CHECK(c.flops_useful == 8 * 2 * keys * 2 * 32, "hand counts: flops_useful %lld, want %lld",
+          (long long)c.flops_useful, (long long)(8 * 2 * keys * 64));
+    CHECK(c.flops == c.flops_useful, "hand counts: no masks, every tile full of useful keys: flops %lld",
+          (long long)c.flops);
+    const int64_t q = 3 * 2 * 8 * 16 * 2, o = q, lse = 3 * 8 * 2 * 4, fresh = 3 * 2 * 2 * 32 * 2;
+    CHECK(c.min_bytes == q + keys * 2 * 32 * 2 + 2 * fresh + o + lse, "hand counts: min_bytes %lld, want %lld",
+          (long long)c.min_bytes, (long long)(q + keys * 2 * 32 * 2 + 2 * fresh + o + lse));
+    CHECK(fa_plan_exact(pl), "hand counts: decode plans are exact");
+    fa_plan_destroy(pl);
+}
+
 /* Bad input: the plan refuses capacities, the call refuses block tables; nothing written. */
 static void bad_inputs(void) {
     dcase c;
@@ -287,6 +316,7 @@ int main(void) {
     }
     fixed_lens = NULL;
     n += 5;
+    hand_counts();
     bad_inputs();
     {
         fa_problem p; /* the cuda backend says it has no decode kernels */

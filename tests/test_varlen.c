@@ -179,6 +179,38 @@ static void expect_invalid(const char *label, const fa_problem *p, const char *n
     fa_plan_destroy(pl);
 }
 
+/* Plan figures against hand counts: useful flops 2 (D + Dv) Sq_b Sk_b per head without
+ * masks, (Sq_b (Sq_b + 1) / 2 when Sq_b = Sk_b) causal; no naive score beyond the packed one. */
+static void hand_counts(void) {
+    int32_t cq[4] = {0, 7, 7, 40}, ck[4] = {0, 7, 19, 52};
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 3, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 16, p.head_dim_v = 8, p.seq_q = 40, p.seq_k = 52;
+    p.cu_seqlens_q = cq, p.cu_seqlens_k = ck;
+    fa_options opt = {0};
+    opt.backend = FA_BACKEND_CPU, opt.threads = 2;
+    for (int causal = 0; causal <= 1; causal++) {
+        p.causal = causal;
+        fa_plan *pl = NULL;
+        if (fa_plan_create(&p, &opt, &pl)) {
+            CHECK(0, "hand counts: plan: %s", fa_last_error());
+            return;
+        }
+        fa_cost c;
+        fa_plan_cost(pl, FA_FORWARD, &c);
+        /* sequences (7, 7), (0, 12), (33, 33) */
+        const int64_t pairs = causal ? 7 * 8 / 2 + 33 * 34 / 2 : 7 * 7 + 33 * 33;
+        CHECK(c.flops_useful == 4 * pairs * 2 * (16 + 8), "hand counts: flops_useful %lld, want %lld",
+              (long long)c.flops_useful, (long long)(4 * pairs * 2 * 24));
+        const int64_t in = (40 * 4 * 16 + 52 * 2 * (16 + 8)) * 4 + 2 * 4 * 4, out = 40 * 4 * 8 * 4 + 40 * 4 * 4;
+        CHECK(c.min_bytes == in + out, "hand counts: min_bytes %lld, want %lld", (long long)c.min_bytes,
+              (long long)(in + out));
+        CHECK(c.naive_peak_bytes == in + out + 4LL * 40 * 52 * 4 && c.peak_bytes == in + out + c.workspace_bytes,
+              "hand counts: peak %lld, naive %lld", (long long)c.peak_bytes, (long long)c.naive_peak_bytes);
+        fa_plan_destroy(pl);
+    }
+}
+
 static void bad_inputs(void) {
     vcase c;
     make_case(&c, 3, 2, 1, 16, FA_F32, 0);
@@ -229,6 +261,7 @@ int main(void) {
         n++;
     }
     fixed = NULL;
+    hand_counts();
     bad_inputs();
     if (failures) {
         printf("test_varlen: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
