@@ -87,8 +87,15 @@ static void dec_row(const dec_ctx *cx, const fa_score_ctx *sc, float *restrict s
         for (int j = 0; j < n; j++) srow[j] *= sc->scale;
     else
         fa_score_row(sc, 0, h, i, j0, n, srow, NULL);
+    /* the row max with eight running maxima, so that it vectorizes (a NaN never wins) */
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j8 = 0;
+    for (; j8 + 8 <= n; j8 += 8)
+#pragma GCC unroll 1
+        for (int c = 0; c < 8; c++) part[c] = srow[j8 + c] > part[c] ? srow[j8 + c] : part[c];
     float mt = -INFINITY;
-    for (int j = 0; j < n; j++) mt = srow[j] > mt ? srow[j] : mt;
+    for (; j8 < n; j8++) mt = srow[j8] > mt ? srow[j8] : mt;
+    for (int c = 0; c < 8; c++) mt = part[c] > mt ? part[c] : mt;
     const float m_old = *M, m_new = m_old > mt ? m_old : mt;
     const float base = m_new == -INFINITY ? 0.0f : m_new; /* as the forward: never -inf + inf */
     const float alpha = fa_vexpf(m_old - base);
