@@ -74,7 +74,8 @@ static fa_status check_counts(const fa_problem *p) {
     return FA_OK;
 }
 
-static fa_status validate_problem(fa_problem *p) {
+static fa_status validate_problem(fa_plan *pl) {
+    fa_problem *p = &pl->p;
     fa_status s;
     if (p->heads_kv == 0) p->heads_kv = p->heads_q;
     if (p->head_dim_v == 0) p->head_dim_v = p->head_dim;
@@ -107,14 +108,7 @@ static fa_status validate_problem(fa_problem *p) {
         return fa_error(FA_ERR_INVALID, "bias_scale must be finite, got %g", (double)p->bias_scale);
     if (p->bias_grad && !p->has_bias)
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
-    /* TODO(issue 8): bias_scale and dbias land with the kernels' support */
-    if (p->has_bias_scale && p->bias_scale != 1.0f)
-        return fa_error(FA_ERR_UNSUPPORTED, "bias_scale is not supported yet");
-    if (p->bias_grad) return fa_error(FA_ERR_UNSUPPORTED, "bias_grad is not supported yet");
-    if (p->varlen)
-        return fa_error(FA_ERR_UNSUPPORTED, "packed variable-length sequences are not supported yet");
-    if (p->kv_cache_len)
-        return fa_error(FA_ERR_UNSUPPORTED, "kv-cache decoding is not supported yet");
+    if ((s = fa_validate_inference(pl))) return s; /* varlen and decode: plan_inference.c */
 
     int64_t qd[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
     int64_t kd[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim};
@@ -136,6 +130,9 @@ static fa_status validate_problem(fa_problem *p) {
         if (p->bias_batch == 1) p->bias_stride.s[0] = 0;
         if (p->bias_heads == 1) p->bias_stride.s[1] = 0;
     }
+    if (!p->has_bias_scale) p->bias_scale = 1.0f;
+    p->has_bias_scale = 1;
+    p->bias_grad = p->bias_grad != 0;
     p->has_alibi = p->has_alibi != 0;
     p->has_bias = p->has_bias != 0;
     p->has_segment_ids = p->has_segment_ids != 0;
@@ -165,10 +162,12 @@ static void cpu_default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int
 /* AUTO: the GPU for f16/bf16 where this build has CUDA and the machine has an NVIDIA
  * device node, else the CPU. The node check is a stat, so plans stay cheap and need no
  * device context (cudaGetDeviceCount alone costs ~150 ms); a missing driver is reported by
- * fa_forward. The CUDA kernels take f16/bf16 only, so f32 stays on the CPU. */
+ * fa_forward. The CUDA kernels take f16/bf16 only, so f32 stays on the CPU; dbias is CPU
+ * only too. */
 static fa_backend auto_backend(const fa_problem *p) {
 #ifdef FA_HAVE_CUDA
-    if (p->dtype != FA_F32 && access("/dev/nvidiactl", F_OK) == 0) return FA_BACKEND_CUDA;
+    if (p->cu_seqlens_q || p->cu_seqlens_k || p->cache_seqlens) return FA_BACKEND_CPU; /* CPU-only shapes */
+    if (p->dtype != FA_F32 && !p->bias_grad && access("/dev/nvidiactl", F_OK) == 0) return FA_BACKEND_CUDA;
 #else
     (void)p;
 #endif
@@ -202,6 +201,9 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
     }
     /* CUDA: tiles are compiled in, so the defaults are the only sizes it runs. */
     const fa_problem *p = &pl->p;
+    if (p->bias_grad)
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend does not compute dbias (bias_grad); plan it on the cpu backend");
     if (p->head_dim > 256 || p->head_dim % 8 || p->head_dim_v > 256 || p->head_dim_v % 8)
         return fa_error(FA_ERR_UNSUPPORTED,
                         "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",
@@ -227,8 +229,11 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     fa_plan *pl = calloc(1, sizeof *pl);
     if (!pl) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate the plan");
     pl->p = *problem;
-    fa_status s = validate_problem(&pl->p);
+    fa_status s = validate_problem(pl);
     if (!s) s = choose_backend(pl, opt);
+    if (!s && pl->shape != FA_SHAPE_DENSE && pl->backend == FA_BACKEND_CUDA)
+        s = fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no %s kernels yet; use backend cpu",
+                     pl->shape == FA_SHAPE_VARLEN ? "packed variable-length (cu_seqlens)" : "kv-cache decoding");
     if (!s) {
         pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
         pl->p.scale = pl->scale;
@@ -237,6 +242,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         s = fa_cost_compute(pl);
     }
     if (s) {
+        free(pl->lens);
         free(pl);
         return s;
     }
@@ -244,7 +250,10 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     return FA_OK;
 }
 
-void fa_plan_destroy(fa_plan *plan) { free(plan); }
+void fa_plan_destroy(fa_plan *plan) {
+    if (plan) free(plan->lens);
+    free(plan);
+}
 
 fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out) {
     if (!plan || !out) return fa_error(FA_ERR_NULL, "fa_plan_cost: %s is NULL", plan ? "out" : "plan");
@@ -270,6 +279,8 @@ fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
     fa_clear_error();
     if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", plan ? "args" : "plan");
     if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_forward(plan, args);
+    if (plan->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_forward(plan, args);
+    if (plan->shape == FA_SHAPE_DECODE) return fa_cpu_decode_forward(plan, args);
     return fa_cpu_forward(plan, args);
 }
 
@@ -277,5 +288,8 @@ fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_clear_error();
     if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_backward: %s is NULL", plan ? "args" : "plan");
     if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_backward(plan, args);
+    if (plan->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_backward(plan, args);
+    if (plan->shape == FA_SHAPE_DECODE)
+        return fa_error(FA_ERR_UNSUPPORTED, "fa_backward: kv-cache decoding has no backward pass");
     return fa_cpu_backward(plan, args);
 }

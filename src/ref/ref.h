@@ -15,12 +15,25 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
  * recomputed in double, not taken from a. */
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv);
-/* The same, but with delta_i = do_i . o_i taken from a->o (the saved forward output, in the
+/* The same, and (when dbias is not NULL) dbias [bias_batch, bias_heads, Sq, Sk], contiguous
+ * doubles: bias_scale times the gradient of each final score, summed over the (b, h) that
+ * read the bias entry. */
+void fa_ref_backward_dbias(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
+                           double *dv, double *dbias);
+
+/* Packed varlen (cu_seqlens): o [total_q, Hq, Dv], lse [Hq, total_q]; gradients packed
+ * like q, k, v ([total, H, W] contiguous doubles). */
+void fa_ref_varlen_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);
+void fa_ref_varlen_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk, double *dv);
+/* KV-cache decoding (cache_seqlens, paged via a->block_table, k_new/v_new appended):
+ * o [B, Sq, Hq, Dv], lse [B, Hq, Sq]. Reads the caches as they were before the call. */
+void fa_ref_decode(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);
+/* fa_ref_backward_dbias, but with delta_i = do_i . o_i taken from a->o (the saved forward output, in the
  * problem's dtype and o_stride) as a kernel's backward does: the exact gradients the
  * kernel should give for that saved o. Its rounding shifts delta by do_i . (o_saved - o),
  * which dominates dq and dk where they nearly cancel (few visible keys, a peaked softmax);
  * through softcap that shift is weighted by 1 - tanh^2 per key. */
 void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
-                             double *dv);
+                             double *dv, double *dbias);
 
 #endif
