@@ -196,13 +196,16 @@ static int case_forward_kernel(tcase *c, const fa_plan *pl) {
  * So the reference takes delta from the same saved o (fa_ref_backward_saved_o), which also
  * weights the shift by softcap's 1 - tanh^2 per key as the kernel does. */
 
-/* max|got - ref| over a [B, H, S, W] gradient (infinite on NaN), and *mag = max|ref|; also
+/* max|got - ref| over a [B, H, S, W] gradient (infinite on NaN), *mag = max|ref| and
+ * *excess = max(|got - ref| - allow) (allow per element, NULL: none); also
  * fails on any element outside the tensor (padding) that is no longer the NaN it was
  * poisoned with. */
 static double grad_error(const char *name, fa_dtype t, const void *got, int64_t nbuf, const fa_strides *st,
-                         const double *ref, int64_t B, int64_t H, int64_t S, int64_t W, double *mag, int *bad) {
+                         const double *ref, const double *allow, int64_t B, int64_t H, int64_t S, int64_t W,
+                         double *mag, double *excess, int *bad) {
     double err = 0.0;
     *mag = 0.0;
+    *excess = 0.0;
     char *inside = calloc((size_t)nbuf + 1, 1);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
@@ -211,6 +214,9 @@ static double grad_error(const char *name, fa_dtype t, const void *got, int64_t 
                     const int64_t at = fa_offset(st, b, h, s, w);
                     const double g = fa_load(t, got, at), r = ref[((b * H + h) * S + s) * W + w];
                     inside[at] = 1;
+                    /* allow: this element's share of the terms' rounding (see run_and_compare) */
+                    const double e = fabs(g - r) - (allow ? allow[((b * H + h) * S + s) * W + w] : 0.0);
+                    if (!(e <= *excess)) *excess = isnan(g) ? INFINITY : e;
                     if (!(fabs(g - r) <= err)) err = isnan(g) ? INFINITY : fabs(g - r);
                     if (fabs(r) > *mag) *mag = fabs(r);
                 }
@@ -362,12 +368,26 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     double fq, fk, mq, mk, mv;
     noise_floors(c, pl, &fq, &fk);
     int bad = 0;
-    const double eq = grad_error("dq", p->dtype, c->dq, c->nq, &rp->q_stride, rq, B, Hq, Sq, D, &mq, &bad);
-    const double ek = grad_error("dk", p->dtype, c->dk, c->nk, &rp->k_stride, rk, B, Hk, Sk, D, &mk, &bad);
-    const double ev = grad_error("dv", p->dtype, c->dv, c->nv, &rp->v_stride, rv, B, Hk, Sk, Dv, &mv, &bad);
+    /* Each term of a gradient sum has a factor rounded to the dtype (p, dS: u/2 each), so an
+     * element may be off by u times the sum of its terms' magnitudes, however much they
+     * cancel (the long run found a bf16 row with sum |dS k| = 2.22 against dq = 0.0103, off
+     * by 0.7 u of that sum, while the bound below scales with max|dq| = 0.21). */
+    const double u = p->dtype == FA_BF16 ? 0x1p-8 : p->dtype == FA_F16 ? 0x1p-11 : 0x1p-24;
+    double *aq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D)), *ak = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
+    double *av = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * Dv));
+    fa_ref_backward_abs_terms(p, &a, aq, ak, av);
+    for (int64_t x = 0; x < B * Hq * Sq * D; x++) aq[x] *= u;
+    for (int64_t x = 0; x < B * Hk * Sk * D; x++) ak[x] *= u;
+    for (int64_t x = 0; x < B * Hk * Sk * Dv; x++) av[x] *= u;
+    double xq, xk, xv;
+    const double eq = grad_error("dq", p->dtype, c->dq, c->nq, &rp->q_stride, rq, aq, B, Hq, Sq, D, &mq, &xq, &bad);
+    const double ek = grad_error("dk", p->dtype, c->dk, c->nk, &rp->k_stride, rk, ak, B, Hk, Sk, D, &mk, &xk, &bad);
+    const double ev = grad_error("dv", p->dtype, c->dv, c->nv, &rp->v_stride, rv, av, B, Hk, Sk, Dv, &mv, &xv, &bad);
+    free(aq), free(ak), free(av);
     const double tol = tolerance(p->dtype);
-    if (!(eq <= tol * mq + fq) || !(ek <= tol * mk + fk) || !(ev <= tol * mv)) bad = 1;
-    const int floored = eq > tol * mq || ek > tol * mk; /* passed on the noise floor */
+    if (!(xq <= tol * mq + fq) || !(xk <= tol * mk + fk) || !(xv <= tol * mv)) bad = 1;
+    /* passed only thanks to the f32 noise floor or the terms' rounding allowance */
+    const int floored = eq > tol * mq || ek > tol * mk || ev > tol * mv;
     char edb[48] = "";
     if (rb && dbias_check(c, pl, rb, edb, sizeof edb)) bad = 1;
     char e3[3][32];
@@ -376,7 +396,7 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
         snprintf(e3[g], sizeof e3[g], ms[g] > 0.0 ? "%.2e" : "%.1e abs", ms[g] > 0.0 ? es[g] / ms[g] : es[g]);
     if (bad || !bc_quiet)
         printf("%s %s: dq %s dk %s dv %s%s (bound %.1e%s)\n", bad ? "FAIL" : "PASS", label, e3[0], e3[1], e3[2], edb,
-               tol, floored ? "; dq/dk within the f32 noise floor" : "");
+               tol, floored ? "; within the f32 noise floor and the terms' rounding" : "");
     failures += bad;
     free(rb);
     free(rq);

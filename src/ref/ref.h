@@ -35,5 +35,9 @@ void fa_ref_decode(const fa_problem *p, const fa_forward_args *a, double *o, dou
  * through softcap that shift is weighted by 1 - tanh^2 per key. */
 void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                              double *dv, double *dbias);
+/* Per element of dq, dk, dv, the sum of the magnitudes of the terms fa_ref_backward_saved_o
+ * adds up (|dS_ij k_j|, |dS_ij q_i|, p_ij |do_i|): a kernel that rounds each term's factor
+ * (p, dS) to the dtype is off by up to u times this, however much the terms cancel. */
+void fa_ref_backward_abs_terms(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk, double *dv);
 
 #endif

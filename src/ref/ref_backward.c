@@ -41,9 +41,10 @@ static double *ref_load(const fa_problem *p, const void *base, fa_strides st, in
     return x;
 }
 
-/* saved_o: delta = do . (the caller's a->o) instead of do . (this function's own o). */
-static void ref_backward(const fa_problem *p, const fa_backward_args *a, int saved_o, double *dq, double *dk,
-                         double *dv, double *dbias) {
+/* saved_o: delta = do . (the caller's a->o) instead of do . (this function's own o).
+ * abs_terms: sums of the terms' magnitudes, |ds| |k|, |ds| |q|, p |do|, instead of the terms. */
+static void ref_backward(const fa_problem *p, const fa_backward_args *a, int saved_o, int abs_terms, double *dq,
+                         double *dk, double *dv, double *dbias) {
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
                   Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
     const int64_t group = Hq / Hk;
@@ -123,7 +124,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                     double dp = 0.0;
                     for (int64_t c = 0; c < Dv; c++) {
                         dp += gi[c] * Vh[j * Dv + c];
-                        dVh[j * Dv + c] += s[j] * gi[c];
+                        dVh[j * Dv + c] += s[j] * (abs_terms ? fabs(gi[c]) : gi[c]);
                     }
                     double ds = s[j] * (dp - delta);
                     if (dbias) {
@@ -132,6 +133,13 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                     }
                     if (cap > 0.0) ds *= 1.0 - th[j] * th[j];
                     ds *= scale;
+                    if (abs_terms) {
+                        for (int64_t d = 0; d < D; d++) {
+                            dqi[d] += fabs(ds * Kh[j * D + d]);
+                            dKh[j * D + d] += fabs(ds * qi[d]);
+                        }
+                        continue;
+                    }
                     for (int64_t d = 0; d < D; d++) {
                         dqi[d] += ds * Kh[j * D + d];
                         dKh[j * D + d] += ds * qi[d];
@@ -151,15 +159,19 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
 
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv) {
-    ref_backward(p, a, 0, dq, dk, dv, NULL);
+    ref_backward(p, a, 0, 0, dq, dk, dv, NULL);
 }
 
 void fa_ref_backward_dbias(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                            double *dv, double *dbias) {
-    ref_backward(p, a, 0, dq, dk, dv, dbias);
+    ref_backward(p, a, 0, 0, dq, dk, dv, dbias);
 }
 
 void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                              double *dv, double *dbias) {
-    ref_backward(p, a, 1, dq, dk, dv, dbias);
+    ref_backward(p, a, 1, 0, dq, dk, dv, dbias);
+}
+
+void fa_ref_backward_abs_terms(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk, double *dv) {
+    ref_backward(p, a, 1, 1, dq, dk, dv, NULL);
 }
