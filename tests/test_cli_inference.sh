@@ -39,11 +39,16 @@ expect_bad() {
   rm -f "$OUT"/*
 }
 
+# Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
+S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
+case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
+S0=$((10#${S0: -9})) # its last 9 digits: the file seeds below are S0 + n
+echo "$(basename "$0" .sh): seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 # ---- packed varlen --------------------------------------------------------------------
 # 4 sequences: (Sq, Sk) = (5, 10), (0, 1), (15, 0), (17, 34); Hq=4 Hk=2 D=16 Dv=8
-gen q.npy '<f4' 37 4 16 --seed 1
-gen k.npy '<f4' 45 2 16 --seed 2
-gen v.npy '<f4' 45 2 8 --seed 3
+gen q.npy '<f4' 37 4 16 --seed $((S0 + 1))
+gen k.npy '<f4' 45 2 16 --seed $((S0 + 2))
+gen v.npy '<f4' 45 2 8 --seed $((S0 + 3))
 ints cq.npy 5 -- 0 5 5 20 37
 ints ck.npy 5 -- 0 10 11 11 45
 VL="--q $I/q.npy --k $I/k.npy --v $I/v.npy --cu-seqlens-q $I/cq.npy --cu-seqlens-k $I/ck.npy"
@@ -82,11 +87,11 @@ else no "varlen plan --backend cuda" "exit $rc: $(cat "$W/se")"; fi
 
 # ---- kv-cache decoding ------------------------------------------------------------------
 # B=3, Sq_new=2, Hq=8, Hk=1 (MQA), D=16; caches [3, 64, 1, 16]; lengths 0, 17, 50
-gen dq.npy '<f4' 3 2 8 16 --seed 11
-gen kc.npy '<f4' 3 64 1 16 --seed 12
-gen vc.npy '<f4' 3 64 1 16 --seed 13
-gen kn.npy '<f4' 3 2 1 16 --seed 14
-gen vn.npy '<f4' 3 2 1 16 --seed 15
+gen dq.npy '<f4' 3 2 8 16 --seed $((S0 + 11))
+gen kc.npy '<f4' 3 64 1 16 --seed $((S0 + 12))
+gen vc.npy '<f4' 3 64 1 16 --seed $((S0 + 13))
+gen kn.npy '<f4' 3 2 1 16 --seed $((S0 + 14))
+gen vn.npy '<f4' 3 2 1 16 --seed $((S0 + 15))
 ints lens.npy 3 -- 0 17 50
 ints full.npy 3 -- 0 63 50
 cp "$I/kc.npy" "$W/kc0.npy"; cp "$I/vc.npy" "$W/vc0.npy"
@@ -121,11 +126,11 @@ expect_bad "decode: --update-cache without new tokens" "update-cache" run $DEC -
 expect_bad "decode: --k-new without --v-new" "go together" run $DEC --k-new "$I/kn.npy" --out "$OUT/o.npy"
 
 # paged: 10 pages of 16 rows, Hk=2; tables [3, 4] in shuffled order; sequences 0 and 1 share page 7
-gen pq.npy '<f4' 3 1 4 16 --seed 21
-gen pk.npy '<f4' 10 16 2 16 --seed 22
-gen pv.npy '<f4' 10 16 2 16 --seed 23
-gen pkn.npy '<f4' 3 1 2 16 --seed 24
-gen pvn.npy '<f4' 3 1 2 16 --seed 25
+gen pq.npy '<f4' 3 1 4 16 --seed $((S0 + 21))
+gen pk.npy '<f4' 10 16 2 16 --seed $((S0 + 22))
+gen pv.npy '<f4' 10 16 2 16 --seed $((S0 + 23))
+gen pkn.npy '<f4' 3 1 2 16 --seed $((S0 + 24))
+gen pvn.npy '<f4' 3 1 2 16 --seed $((S0 + 25))
 ints bt.npy 3 4 -- 7 2 9 -1 7 4 -1 -1 5 0 3 8
 ints bt_bad.npy 3 4 -- 7 2 9 -1 7 4 -1 -1 5 0 10 8
 ints plens.npy 3 -- 40 20 50

@@ -29,14 +29,19 @@ no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
 mpi() { timeout 60 mpirun --oversubscribe --allow-run-as-root "$@" >so 2>se; rc=$?; }
 
 gen() { "$NPY" rand "$1" "$2" "${@:3}" >/dev/null || { echo "tool_npy failed"; exit 1; }; }
+# Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
+S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
+case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
+S0=$((10#${S0: -9})) # its last 9 digits: the file seeds below are S0 + n
+echo "$(basename "$0" .sh): seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 # B=2 Hq=4 Hk=2 S=48 (divisible by 2P for P = 2, 3) D=16 Dv=8
-gen q.npy '<f4' 2 4 48 16 --seed 11
-gen k.npy '<f4' 2 2 48 16 --seed 12
-gen v.npy '<f4' 2 2 48 8 --seed 13
-gen do.npy '<f4' 2 4 48 8 --seed 14
-gen q50.npy '<f4' 2 4 50 16 --seed 15
-gen k72.npy '<f4' 2 2 72 16 --seed 17
-gen v72.npy '<f4' 2 2 72 8 --seed 18
+gen q.npy '<f4' 2 4 48 16 --seed $((S0 + 11))
+gen k.npy '<f4' 2 2 48 16 --seed $((S0 + 12))
+gen v.npy '<f4' 2 2 48 8 --seed $((S0 + 13))
+gen do.npy '<f4' 2 4 48 8 --seed $((S0 + 14))
+gen q50.npy '<f4' 2 4 50 16 --seed $((S0 + 15))
+gen k72.npy '<f4' 2 2 72 16 --seed $((S0 + 17))
+gen v72.npy '<f4' 2 2 72 8 --seed $((S0 + 18))
 IN="--q q.npy --k k.npy --v v.npy"
 
 # cases: P, method, mask (a few of each; tests/mpi/mpi_check.c covers the library in full)
@@ -94,7 +99,7 @@ expect2() {
 expect2 "Sq not divisible by 2P (zigzag)" "divisible" -np 2 "$FA" run --q q50.npy --k k.npy --v v.npy \
   --out o9.npy --seq-parallel ring --zigzag
 expect2 "ulysses with Hk=2 on 3 ranks" "divisible" -np 3 "$FA" run $IN --out o9.npy --seq-parallel ulysses
-gen bias.npy '<f4' 2 4 48 48 --seed 16
+gen bias.npy '<f4' 2 4 48 48 --seed $((S0 + 16))
 expect2 "--bias" "not supported" -np 2 "$FA" run $IN --bias bias.npy --out o9.npy --seq-parallel ring
 "$FA" run $IN --out o9.npy --zigzag >so 2>se
 [ $? = 2 ] && [ ! -e o9.npy ] && grep -q "needs --seq-parallel" se && ok "--zigzag alone: exit 2" || no "--zigzag alone" "$(cat se)"
