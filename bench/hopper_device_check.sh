@@ -5,9 +5,11 @@
 #      FA_PREBUILT names a folder that already holds both, built for this machine;
 #   2. tests/test_cuda: every case with the mma.sync kernels, then (on sm_90) every case
 #      again with the Hopper forward opted in; the log shows how many launches reached it;
-#   3. the forward of both kernels, bf16, B=2 H=16 S=4096 D=64/128/256, causal and not,
-#      and the seed problem's forward (B=18 H=32 S=16384 D=256) unless SKIP_SEED=1;
-#      Hopper timings only when its test pass finished (a hang would eat the budget);
+#      then the Hopper cases alone once more with ping-pong (FA_CUDA_HOPPER_PINGPONG=1);
+#   3. the forward of the three (mma.sync, hopper, hopper + ping-pong), bf16, B=2 H=16
+#      S=4096 D=64/128/256, causal and not, and the seed problem's forward (B=18 H=32
+#      S=16384 D=256) unless SKIP_SEED=1; a Hopper variant is timed only when its test
+#      pass finished (a hang would eat the device budget);
 #   4. torch SDPA (flash and cuDNN) on the same shapes, unless SKIP_PEERS=1;
 #   5. the table, printed last: median of ITERS (default 20) timed calls after warm-up
 #      (CUDA events), useful flops (4 B H S^2 D, half of it causal) for every row.
@@ -40,6 +42,7 @@ fi
 # ---- 2. correctness (both kernels) --------------------------------------------------------
 test_rc=1
 hopper_ok=0
+pingpong_ok=0
 if [ -x "$bld/test_cuda" ]; then
   log "test_cuda (mma.sync pass, then the hopper pass)"
   FA_TEST_CUDA_RANDOM=${FA_TEST_CUDA_RANDOM:-12} timeout 300 "$bld/test_cuda" >"$out/test_cuda.log" 2>&1
@@ -47,6 +50,15 @@ if [ -x "$bld/test_cuda" ]; then
   grep -E "FAIL|SKIP|cases|hopper pass|seed" "$out/test_cuda.log" | head -40
   echo "PASS lines: $(grep -c '^PASS [^h]' "$out/test_cuda.log") mma.sync, $(grep -c '^PASS hopper' "$out/test_cuda.log") hopper"
   grep -q "^hopper pass:" "$out/test_cuda.log" && hopper_ok=1
+  if [ $hopper_ok = 1 ]; then
+    log "test_cuda, Hopper cases only, ping-pong"
+    FA_CUDA_HOPPER_PINGPONG=1 FA_TEST_CUDA_ONLY_HOPPER=1 FA_TEST_CUDA_RANDOM=6 timeout 200 "$bld/test_cuda" \
+      >"$out/test_cuda_pingpong.log" 2>&1
+    echo "ping-pong: rc $?, $(grep -c '^PASS hopper-pingpong' "$out/test_cuda_pingpong.log") PASS," \
+      "$(grep -c '^FAIL' "$out/test_cuda_pingpong.log") FAIL lines"
+    grep -E "^FAIL" "$out/test_cuda_pingpong.log" | head -10
+    grep -q "^hopper pass:" "$out/test_cuda_pingpong.log" && pingpong_ok=1
+  fi
   if [ $test_rc != 0 ] && [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
     log "compute-sanitizer memcheck, fixed cases only"
     FA_TEST_CUDA_RANDOM=0 timeout 200 compute-sanitizer --tool memcheck --print-limit 5 \
@@ -57,15 +69,16 @@ fi
 
 # ---- 3. timings of both kernels ----------------------------------------------------------
 ours="$out/ours.jsonl"   # mma.sync rows (the peers time these shapes)
-hop="$out/hopper.jsonl"  # FA_CUDA_KERNEL=hopper rows
+hop="$out/hopper.jsonl"  # FA_CUDA_KERNEL=hopper rows, with and without ping-pong
 : >"$ours"
 : >"$hop"
-bench() { # $1: output file, $2: kernel ("" or hopper), rest: cuda_bench arguments
-  local f=$1 k=$2
+bench() { # $1: output file, $2: variant ("", hopper or hopper-pingpong), rest: cuda_bench arguments
+  local f=$1 k=$2 pp=0
   shift 2
-  FA_CUDA_KERNEL=$k timeout 120 "$bld/cuda_bench" --no-backward --iters "$ITERS" "$@" >>"$f.tmp" 2>>"$out/bench.err" ||
-    log "cuda_bench ${k:-mma} $* failed: $(tail -1 "$out/bench.err")"
-  if [ -n "$k" ]; then sed 's/"impl": "flashattn"/"impl": "flashattn-hopper"/' "$f.tmp" >>"$f"; else cat "$f.tmp" >>"$f"; fi
+  [ "$k" = hopper-pingpong ] && pp=1
+  FA_CUDA_KERNEL=${k%-pingpong} FA_CUDA_HOPPER_PINGPONG=$pp timeout 120 "$bld/cuda_bench" --no-backward \
+    --iters "$ITERS" "$@" >>"$f.tmp" 2>>"$out/bench.err" || log "cuda_bench ${k:-mma} $* failed: $(tail -1 "$out/bench.err")"
+  if [ -n "$k" ]; then sed "s/\"impl\": \"flashattn\"/\"impl\": \"flashattn-$k\"/" "$f.tmp" >>"$f"; else cat "$f.tmp" >>"$f"; fi
   rm -f "$f.tmp"
 }
 if [ -x "$bld/cuda_bench" ]; then
@@ -79,6 +92,8 @@ if [ -x "$bld/cuda_bench" ]; then
     bench "$ours" "" $s
     # shellcheck disable=SC2086
     if [ $hopper_ok = 1 ]; then bench "$hop" hopper $s; fi
+    # shellcheck disable=SC2086
+    if [ $pingpong_ok = 1 ]; then bench "$hop" hopper-pingpong $s; fi
   done
   [ $hopper_ok = 1 ] || log "no hopper timings: its test pass did not finish"
 fi
@@ -95,7 +110,8 @@ fi
 # ---- 5. the table ----------------------------------------------------------------------------
 echo
 echo "Hopper check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)," \
-  "test_cuda rc=$test_rc ($(grep -c '^FAIL hopper' "$out/test_cuda.log" 2>/dev/null) hopper failures)"
+  "test_cuda rc=$test_rc ($(grep -c '^FAIL hopper' "$out/test_cuda.log" 2>/dev/null) hopper failures," \
+  "$(grep -c '^FAIL' "$out/test_cuda_pingpong.log" 2>/dev/null) ping-pong failures)"
 python3 - "$ours" "$hop" "$peers" <<'PY'
 import json, sys
 rows = []
@@ -110,13 +126,13 @@ for r in rows:
     if key(r) not in shapes:
         shapes.append(key(r))
 print("forward, bf16, median ms; TFLOP/s of useful flops 4*B*H*S^2*D (causal: half)")
-print("| shape | impl | fwd ms | TFLOP/s | vs torch-cudnn |")
+print("| shape | impl | fwd ms | TFLOP/s | speed vs torch-cudnn |")
 print("| --- | --- | --- | --- | --- |")
 for s in shapes:
     B, H, S, D, c = s
     useful = 4.0 * B * H * S * S * D * (0.5 if c else 1.0)
     ref = [r["fwd_ms"] for r in rows if key(r) == s and r["impl"] == "torch-cudnn" and r.get("fwd_ms")]
-    for impl in ("flashattn", "flashattn-hopper", "torch-flash", "torch-cudnn"):
+    for impl in ("flashattn", "flashattn-hopper", "flashattn-hopper-pingpong", "torch-flash", "torch-cudnn"):
         for r in rows:
             if key(r) != s or r["impl"] != impl:
                 continue

@@ -456,16 +456,19 @@ int main(void) {
     check_refusals();
     const char *e = getenv("FA_TEST_CUDA_RANDOM");
     const int nrand = e && *e ? atoi(e) : 12;
-    /* the default kernels (mma.sync) even where the caller's environment opts in */
+    /* the default kernels (mma.sync) even where the caller's environment opts in;
+     * FA_TEST_CUDA_ONLY_HOPPER=1 skips this pass (a second Hopper variant's run) */
     unsetenv("FA_CUDA_KERNEL");
-    run_cases("", nrand);
+    const char *only = getenv("FA_TEST_CUDA_ONLY_HOPPER");
+    if (!(only && !strcmp(only, "1"))) run_cases("", nrand);
 
     /* On sm_90 every case once more with the Hopper forward opted in (FA_CUDA_KERNEL=hopper):
      * the shapes in its scope run it, the rest must still fall back to mma.sync. */
     if (fa_cuda_compute_capability() == 90) {
         setenv("FA_CUDA_KERNEL", "hopper", 1);
         const long long before = fa_cuda_hopper_launches();
-        run_cases("hopper ", nrand);
+        const char *pp = getenv("FA_CUDA_HOPPER_PINGPONG"); /* the kernel reads it too */
+        run_cases(pp && !strcmp(pp, "1") ? "hopper-pingpong " : "hopper ", nrand);
         const long long ran = fa_cuda_hopper_launches() - before;
         unsetenv("FA_CUDA_KERNEL");
         printf("hopper pass: %lld Hopper forward launches\n", ran);

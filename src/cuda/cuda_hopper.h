@@ -14,6 +14,8 @@
  * 9.0 current device. Until a device run has verified the Hopper kernels, nothing else
  * selects them. */
 bool fa_cuda_hopper_selected(void);
+/* FA_CUDA_HOPPER_PINGPONG=1: the consumers take turns to issue their products (1 or 0). */
+int fa_cuda_hopper_pingpong(void);
 /* Does the Hopper forward cover this problem (head-dim class hd)? See cuda_hopper_fwd.cuh. */
 bool fa_cuda_hopper_fwd_eligible(const fa_cuda_params *p, int hd);
 /* A 4-d tensor map over a [B, H, S, W] tensor of 16-bit elements (unit column stride,

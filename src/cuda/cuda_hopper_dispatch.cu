@@ -29,6 +29,11 @@ bool fa_cuda_hopper_selected(void) {
     return major == 9 && minor == 0;
 }
 
+int fa_cuda_hopper_pingpong(void) {
+    const char *e = getenv("FA_CUDA_HOPPER_PINGPONG");
+    return e && strcmp(e, "1") == 0;
+}
+
 bool fa_cuda_hopper_fwd_eligible(const fa_cuda_params *p, int hd) {
     if (hd != 64 && hd != 128 && hd != 256) return false;
     if (p->D != hd || p->Dv != hd) return false;

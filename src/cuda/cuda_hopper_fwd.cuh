@@ -8,9 +8,10 @@
  *     (setmaxnreg.inc), and per key tile S = Q K^T (wgmma, A and B from shared memory),
  *     the scores and online softmax of the mma.sync kernel (cuda_forward.cuh, the same
  *     dev_tile_full / dev_row_bounds masks), O += P V (wgmma, P from registers, V
- *     MN-major from shared memory), then release the stage.
- * Not yet here (FlashAttention-3 has them): ping-pong ordering of the two consumers'
- * products with named barriers, and overlapping the softmax of tile t with S of t + 1.
+ *     MN-major from shared memory), then release the stage; the softmax of tile t runs
+ *     while the tensor cores do P_{t-1} V_{t-1} (intra-warpgroup overlap, see the loop).
+ * Ping-pong ordering of the two consumers' products (named barriers) is a run-time
+ * opt-in (FA_CUDA_HOPPER_PINGPONG=1) so that one device run can time both.
  *
  * Scope, checked by the launcher (hopper_fwd_eligible): head dim class 64, 128 or 256
  * with D == Dv == the class, no softcap / bias / ALiBi / segment ids (those run the
@@ -47,7 +48,8 @@ template <int HD_, bool BF16_> struct hopper_fwd_traits {
 template <class T>
 __global__ void __launch_bounds__(T::THREADS, 1)
     hopper_fwd_kernel(const __grid_constant__ fa_cuda_params p, const __grid_constant__ CUtensorMap tmq,
-                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
+                      const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv,
+                      int pingpong) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int HD = T::HD, BQ = T::BQ, BK = T::BK, ST = T::ST, NBOX = T::NBOX;
     constexpr bool BF16 = T::BF16;
@@ -106,15 +108,15 @@ __global__ void __launch_bounds__(T::THREADS, 1)
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
 
-    if (ntiles > 0) mbar_wait(qbar, 0);
-    for (int t = 0; t < ntiles; t++) {
-        const int s = t % ST, k0 = (kt0 + t) * BK;
-        mbar_wait(full0 + 8 * s, (t / ST) & 1);
-        const uint32_t kst = sK + s * T::KV_BYTES, vst = sV + s * T::KV_BYTES;
-
-        /* S = Q K^T: this warpgroup's 64 rows of Q (8 KB into each Q box) */
-        float sc[32];
-        wgmma_fence();
+    /* Software pipeline inside the warpgroup: iteration t issues S_t = Q K_t^T and then
+     * O += P_{t-1} V_{t-1}, waits for S_t only (wait_group 1: groups complete in order),
+     * and computes the softmax of S_t while the tensor cores still run P_{t-1} V_{t-1};
+     * only the rescale of O waits for that product. P lives in pa (16 registers), so
+     * the S accumulators are free for the next tile. */
+    float sc[32];
+    uint32_t pa[4][4];
+    auto issue_s = [&](int s) {
+        const uint32_t kst = sK + s * T::KV_BYTES;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             const uint32_t qa = sQ + (kk / 4) * T::Q_BOX + 64 * cw * 128 + (kk % 4) * 32;
@@ -122,10 +124,22 @@ __global__ void __launch_bounds__(T::THREADS, 1)
             wgmma_ss_n64<BF16>(sc, wgmma_desc(qa, 16, 1024), wgmma_desc(ka, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(sc);
-
-        /* scores, base 2 (the mma.sync kernel's non-general path) */
+    };
+    /* V stage s as the MN-major B operand: 16 keys (2 KB) per step, 64-column boxes 8 KB apart */
+    auto issue_pv = [&](int s) {
+        const uint32_t vst = sV + s * T::KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const uint64_t dv = wgmma_desc(vst + kk * 16 * 128, T::KV_BOX, 1024);
+            if constexpr (HD == 64) wgmma_rs_n64<BF16>(o, pa[kk], dv, 1);
+            else if constexpr (HD == 128) wgmma_rs_n128<BF16>(o, pa[kk], dv, 1);
+            else wgmma_rs_n256<BF16>(o, pa[kk], dv, 1);
+        }
+        wgmma_commit();
+    };
+    /* scores (base 2, the mma.sync kernel's non-general path), then the online softmax of
+     * S_t in place: row maxima, exps, row sums; alpha[hr] rescales O afterwards */
+    auto softmax = [&](int k0, float (&alpha)[2]) {
         if (dev_tile_full(p, r0, r0 + m, k0, BK)) {
 #pragma unroll
             for (int i = 0; i < 32; i++) sc[i] *= p.scale_log2;
@@ -146,10 +160,8 @@ __global__ void __launch_bounds__(T::THREADS, 1)
                     }
             }
         }
-
-        /* online softmax: one rescale exp per row */
 #pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
+        for (int hr = 0; hr < 2; hr++) { /* one rescale exp per row */
             float mx = -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(sc[4 * nt + 2 * hr], sc[4 * nt + 2 * hr + 1]));
@@ -157,7 +169,7 @@ __global__ void __launch_bounds__(T::THREADS, 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mnew = fmaxf(row_m[hr], mx);
             const float muse = mnew == -INFINITY ? 0.f : mnew;
-            const float alpha = fast_exp2(row_m[hr] - muse);
+            alpha[hr] = fast_exp2(row_m[hr] - muse);
             row_m[hr] = mnew;
             float sum = 0.f;
 #pragma unroll
@@ -168,33 +180,79 @@ __global__ void __launch_bounds__(T::THREADS, 1)
                     sc[4 * nt + 2 * hr + e] = pv;
                     sum += pv;
                 }
-            row_l[hr] = row_l[hr] * alpha + sum;
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; dt++) {
-                o[4 * dt + 2 * hr] *= alpha;
-                o[4 * dt + 2 * hr + 1] *= alpha;
-            }
+            row_l[hr] = row_l[hr] * alpha[hr] + sum;
         }
-
-        /* O += P V: P as the register A operand, 16 keys per step (2 KB of V rows) */
-        uint32_t pa[4][4];
+    };
+    auto rescale_and_pack = [&](const float (&alpha)[2]) {
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[4 * dt + e] *= alpha[e >> 1];
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
 #pragma unroll
             for (int r = 0; r < 4; r++) pa[kk][r] = pack2<BF16>(sc[8 * kk + 2 * r], sc[8 * kk + 2 * r + 1]);
-        reg_fence(o);
+    };
+
+    /* Ping-pong (run-time opt-in, FA_CUDA_HOPPER_PINGPONG=1): the two consumers take turns
+     * to issue their products, on named barriers 1 (consumer 0's turn) and 2 (consumer
+     * 1's), so one's softmax runs while the other's products occupy the tensor cores.
+     * Each issue waits for its turn (bar.sync, 256 = its 128 threads + the other's 128
+     * arrivals) and then hands the turn over (bar.arrive); consumer 1 opens with one
+     * hand-over so consumer 0 goes first, and skips its last one, so every barrier
+     * completes as often as it is waited on. Both consumers issue ntiles + 1 times. */
+    const int events = ntiles + 1;
+    int event = 0;
+    auto turn_begin = [&]() {
+        if (pingpong) named_bar_sync(1 + cw, 256);
+    };
+    auto turn_end = [&]() {
+        if (pingpong && !(cw == 1 && event == events - 1)) named_bar_arrive(2 - cw, 256);
+        event++;
+    };
+    if (pingpong && ntiles > 0 && cw == 1) named_bar_arrive(1, 256);
+
+    if (ntiles > 0) {
+        mbar_wait(qbar, 0);
+        mbar_wait(full0, 0);
+        turn_begin();
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            const uint64_t dv = wgmma_desc(vst + kk * 16 * 128, T::KV_BOX, 1024);
-            if constexpr (HD == 64) wgmma_rs_n64<BF16>(o, pa[kk], dv, 1);
-            else if constexpr (HD == 128) wgmma_rs_n128<BF16>(o, pa[kk], dv, 1);
-            else wgmma_rs_n256<BF16>(o, pa[kk], dv, 1);
-        }
-        wgmma_commit();
+        issue_s(0);
+        turn_end();
+        wgmma_wait<0>();
+        reg_fence(sc);
+        float alpha[2];
+        softmax(kt0 * BK, alpha);
+        rescale_and_pack(alpha);
+    }
+    for (int t = 1; t < ntiles; t++) {
+        const int s = t % ST, sp = (t - 1) % ST;
+        mbar_wait(full0 + 8 * s, (t / ST) & 1);
+        reg_fence(o);
+        turn_begin();
+        wgmma_fence();
+        issue_s(s);
+        issue_pv(sp);
+        turn_end();
+        wgmma_wait<1>();
+        reg_fence(sc);
+        float alpha[2];
+        softmax((kt0 + t) * BK, alpha);
         wgmma_wait<0>();
         reg_fence(o);
-        if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        if (lane == 0) mbar_arrive(empty0 + 8 * sp); /* K and V of tile t - 1 read */
+        rescale_and_pack(alpha);
+    }
+    if (ntiles > 0) {
+        const int sp = (ntiles - 1) % ST;
+        reg_fence(o);
+        turn_begin();
+        wgmma_fence();
+        issue_pv(sp);
+        turn_end();
+        wgmma_wait<0>();
+        reg_fence(o);
+        if (lane == 0) mbar_arrive(empty0 + 8 * sp);
     }
 
     /* normalise, lse, store (4-byte pairs straight from the accumulators) */
@@ -224,7 +282,7 @@ __global__ void __launch_bounds__(T::THREADS, 1)
         atomicAdd(&p.counts[1], mn * (p.softcap > 0.f ? 2ull : 1ull) + mm * (unsigned long long)ntiles + mm);
     }
 #else
-    (void)p, (void)tmq, (void)tmk, (void)tmv; /* no sm_90a code in this pass: the launcher never runs it */
+    (void)p, (void)tmq, (void)tmk, (void)tmv, (void)pingpong; /* no sm_90a code in this pass: the launcher never runs it */
 #endif
 }
 
@@ -235,7 +293,8 @@ template <int HD, bool BF16> cudaError_t launch_hopper_fwd_hd(const fa_cuda_para
     cudaFuncAttributes fa;
     cudaError_t e = cudaFuncGetAttributes(&fa, hopper_fwd_kernel<T>);
     if (e != cudaSuccess) return e;
-    if (fa.binaryVersion != 90) return cudaErrorNoKernelImageForDevice; /* built without sm_90a */
+    /* sm_90a machine code, not the empty body JIT-compiled from another target's PTX */
+    if (fa.binaryVersion != 90 || fa.ptxVersion < 90) return cudaErrorNoKernelImageForDevice;
     CUtensorMap mq, mk, mv;
     if ((e = fa_cuda_tmap_bhsd(&mq, p.q, BF16, p.D, p.Sq, p.Hq, p.B, p.qs, 64, T::BQ)) != cudaSuccess) return e;
     if ((e = fa_cuda_tmap_bhsd(&mk, p.k, BF16, p.D, p.Sk, p.Hk, p.B, p.ks, 64, T::BK)) != cudaSuccess) return e;
@@ -243,7 +302,7 @@ template <int HD, bool BF16> cudaError_t launch_hopper_fwd_hd(const fa_cuda_para
     e = cudaFuncSetAttribute(hopper_fwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::SMEM);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)((p.Sq + T::BQ - 1) / T::BQ), (unsigned)p.Hq, (unsigned)p.B);
-    hopper_fwd_kernel<T><<<grid, T::THREADS, T::SMEM, st>>>(p, mq, mk, mv);
+    hopper_fwd_kernel<T><<<grid, T::THREADS, T::SMEM, st>>>(p, mq, mk, mv, fa_cuda_hopper_pingpong());
     e = cudaGetLastError();
     if (e == cudaSuccess) fa_cuda_hopper_note_launch();
     return e;

@@ -85,6 +85,15 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+/* ---- named barriers (ids 1..15; 0 is __syncthreads) ------------------------------- */
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 /* ---- register reallocation (per warpgroup; needs a register cap at kernel entry) ---- */
 
 template <int R> __device__ __forceinline__ void regs_release() {
