@@ -45,7 +45,7 @@ hopper_ok=0
 pingpong_ok=0
 if [ -x "$bld/test_cuda" ]; then
   log "test_cuda (mma.sync pass, then the hopper pass)"
-  FA_TEST_CUDA_RANDOM=${FA_TEST_CUDA_RANDOM:-12} timeout 300 "$bld/test_cuda" >"$out/test_cuda.log" 2>&1
+  FA_TEST_CUDA_RANDOM=${FA_TEST_CUDA_RANDOM:-12} timeout 420 "$bld/test_cuda" >"$out/test_cuda.log" 2>&1
   test_rc=$?
   grep -E "FAIL|SKIP|cases|hopper pass|seed" "$out/test_cuda.log" | head -40
   echo "PASS lines: $(grep -c '^PASS [^h]' "$out/test_cuda.log") mma.sync, $(grep -c '^PASS hopper' "$out/test_cuda.log") hopper"
