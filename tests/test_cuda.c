@@ -405,13 +405,15 @@ static void run_cases(const char *pass, int nrand) {
     fixed[n] = mk("D96 f16 everything", 2, 4, 2, 133, 145, 96, 96, FA_F16), fixed[n].causal = 1,
     fixed[n].softcap = 4.f, fixed[n].bias = 1, fixed[n].alibi = 1, fixed[n++].seg = 1;
     fixed[n++] = mk("D128 f16 long", 1, 1, 1, 1100, 1100, 128, 128, FA_F16);
-    /* shapes the Hopper forward takes (D = Dv in {64, 128, 256}, no score modifiers): many
-     * key tiles through its stage ring, windows, one query row, one key */
+    /* shapes the Hopper forward takes (D = Dv in {64, 128, 256}): many key tiles through
+     * its stage ring, windows, one query row, one key */
     fixed[n] = mk("D256 bf16 window long", 1, 2, 2, 600, 700, 256, 256, FA_BF16), fixed[n].wl = 300,
     fixed[n++].wr = 50;
     fixed[n++] = mk("D128 GQA Sq=1 Sk=1000", 2, 4, 1, 1, 1000, 128, 128, FA_BF16);
     fixed[n] = mk("D64 f16 causal 513", 1, 3, 3, 513, 513, 64, 64, FA_F16), fixed[n++].causal = 1;
     fixed[n++] = mk("D128 f16 Sk=1", 1, 2, 2, 150, 1, 128, 128, FA_F16);
+    fixed[n] = mk("D128 GQA softcap alibi", 1, 4, 2, 300, 260, 128, 128, FA_BF16), fixed[n].softcap = 3.f,
+    fixed[n++].alibi = 1;
     for (int i = 0; i < n; i++) {
         int before = failures;
         run_case(&fixed[i]);

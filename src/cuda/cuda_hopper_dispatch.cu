@@ -37,7 +37,6 @@ int fa_cuda_hopper_pingpong(void) {
 bool fa_cuda_hopper_fwd_eligible(const fa_cuda_params *p, int hd) {
     if (hd != 64 && hd != 128 && hd != 256) return false;
     if (p->D != hd || p->Dv != hd) return false;
-    if (p->has_mods || p->has_seg) return false;
     /* TMA: unit column stride, 16-byte aligned base and strides; o: 4-byte pair stores */
     return p->vec_q && p->vec_k && p->vec_v && p->vec_o;
 }

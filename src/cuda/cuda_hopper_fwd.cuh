@@ -13,12 +13,14 @@
  * Ping-pong ordering of the two consumers' products (named barriers) is a run-time
  * opt-in (FA_CUDA_HOPPER_PINGPONG=1) so that one device run can time both.
  *
- * Scope, checked by the launcher (hopper_fwd_eligible): head dim class 64, 128 or 256
- * with D == Dv == the class, no softcap / bias / ALiBi / segment ids (those run the
- * mma.sync kernel's general path), unit column strides with 16-byte rows (TMA). Tiles are
+ * Scope, checked by the launcher (fa_cuda_hopper_fwd_eligible): head dim class 64, 128
+ * or 256 with D == Dv == the class, unit column strides with 16-byte rows (TMA); other
+ * problems run the mma.sync kernel. Softcap, bias, ALiBi and segment ids take a GEN
+ * instantiation that scores each element with score_one, as fwd_kernel's GEN does. Tiles are
  * the plan's (FA_CUDA_FWD_BQ x fa_cuda_fwd_bk = 128 x 64), so counts equal the plan's:
  * per CTA the same formula as fwd_kernel. Selected only with FA_CUDA_KERNEL=hopper on a
- * compute capability 9.0 device (cuda_hopper_dispatch.cu): unverified on a device. */
+ * compute capability 9.0 device (cuda_hopper_dispatch.cu): unverified on a device. The GEN
+ * instantiations spill a few bytes at D 128/256 (score_one's tanhf and bias reads). */
 #ifndef FA_CUDA_HOPPER_FWD_CUH
 #define FA_CUDA_HOPPER_FWD_CUH
 
@@ -31,9 +33,10 @@ namespace {
 /* One configuration: tile sizes, stages, shared-memory layout (byte offsets from a
  * 1024-aligned base; every tile a whole number of 1024-byte swizzle atoms). A "box" is
  * the TMA unit: rows x 64 columns (128 bytes per row, swizzled). */
-template <int HD_, bool BF16_> struct hopper_fwd_traits {
+template <int HD_, bool BF16_, bool GEN_> struct hopper_fwd_traits {
     static constexpr int HD = HD_, BQ = 128, BK = 64, NBOX = HD / 64;
     static constexpr bool BF16 = BF16_;
+    static constexpr bool GEN = GEN_; /* softcap, bias, ALiBi or segment ids: score_one per element */
     static constexpr int ST = HD == 256 ? 2 : 4;            /* K/V ring depth */
     static constexpr int THREADS = 384;                      /* producer + 2 consumers */
     static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(T::THREADS, 1)
                       int pingpong) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int HD = T::HD, BQ = T::BQ, BK = T::BK, ST = T::ST, NBOX = T::NBOX;
-    constexpr bool BF16 = T::BF16;
+    constexpr bool BF16 = T::BF16, GEN = T::GEN;
     extern __shared__ __align__(1024) uint8_t hsmem[];
     __shared__ __align__(8) uint64_t bars[2 * ST + 1]; /* full[ST], empty[ST], q */
     const uint32_t base = (smem_addr(hsmem) + 1023u) & ~1023u;
@@ -107,6 +110,7 @@ __global__ void __launch_bounds__(T::THREADS, 1)
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     float row_m[2] = {-INFINITY, -INFINITY}, row_l[2] = {0.f, 0.f};
+    const float slope = GEN && p.has_alibi ? p.slopes[h] : 0.f;
 
     /* Software pipeline inside the warpgroup: iteration t issues S_t = Q K_t^T and then
      * O += P_{t-1} V_{t-1}, waits for S_t only (wait_group 1: groups complete in order),
@@ -140,7 +144,23 @@ __global__ void __launch_bounds__(T::THREADS, 1)
     /* scores (base 2, the mma.sync kernel's non-general path), then the online softmax of
      * S_t in place: row maxima, exps, row sums; alpha[hr] rescales O afterwards */
     auto softmax = [&](int k0, float (&alpha)[2]) {
-        if (dev_tile_full(p, r0, r0 + m, k0, BK)) {
+        if constexpr (GEN) { /* the mma.sync kernel's general path: score_one (cuda_common.cuh) */
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int64_t i = rowbase + g + 8 * hr;
+                int lo, hi;
+                dev_row_bounds(p, i, &lo, &hi);
+                const int32_t qseg = (p.has_seg && i < p.Sq) ? p.q_seg[(int64_t)b * p.Sq + i] : 0;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float th;
+                        float &x = sc[4 * nt + 2 * hr + e];
+                        x = score_one(p, x, b, h, i, k0 + nt * 8 + tg * 2 + e, lo, hi, qseg, slope, &th);
+                    }
+            }
+        } else if (dev_tile_full(p, r0, r0 + m, k0, BK)) {
 #pragma unroll
             for (int i = 0; i < 32; i++) sc[i] *= p.scale_log2;
         } else {
@@ -286,8 +306,8 @@ __global__ void __launch_bounds__(T::THREADS, 1)
 #endif
 }
 
-template <int HD, bool BF16> cudaError_t launch_hopper_fwd_hd(const fa_cuda_params &p, cudaStream_t st) {
-    using T = hopper_fwd_traits<HD, BF16>;
+template <int HD, bool BF16, bool GEN> cudaError_t launch_hopper_fwd_hd(const fa_cuda_params &p, cudaStream_t st) {
+    using T = hopper_fwd_traits<HD, BF16, GEN>;
     static_assert(T::BQ == FA_CUDA_FWD_BQ, "the plan's query tile");
     if (T::BK != fa_cuda_fwd_bk(HD)) return cudaErrorInvalidConfiguration; /* plan != kernel */
     cudaFuncAttributes fa;
@@ -311,10 +331,11 @@ template <int HD, bool BF16> cudaError_t launch_hopper_fwd_hd(const fa_cuda_para
 /* The Hopper forward for this dtype, or cudaErrorNotSupported when its scope excludes p. */
 template <bool BF16> cudaError_t launch_hopper_fwd(const fa_cuda_params &p, int hd, cudaStream_t st) {
     if (!fa_cuda_hopper_fwd_eligible(&p, hd)) return cudaErrorNotSupported;
+    const bool gen = p.has_mods || p.has_seg;
     switch (hd) {
-    case 64: return launch_hopper_fwd_hd<64, BF16>(p, st);
-    case 128: return launch_hopper_fwd_hd<128, BF16>(p, st);
-    case 256: return launch_hopper_fwd_hd<256, BF16>(p, st);
+    case 64: return gen ? launch_hopper_fwd_hd<64, BF16, true>(p, st) : launch_hopper_fwd_hd<64, BF16, false>(p, st);
+    case 128: return gen ? launch_hopper_fwd_hd<128, BF16, true>(p, st) : launch_hopper_fwd_hd<128, BF16, false>(p, st);
+    case 256: return gen ? launch_hopper_fwd_hd<256, BF16, true>(p, st) : launch_hopper_fwd_hd<256, BF16, false>(p, st);
     default: return cudaErrorNotSupported;
     }
 }
