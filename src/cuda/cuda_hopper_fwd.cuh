@@ -313,8 +313,12 @@ template <int HD, bool BF16, bool GEN> cudaError_t launch_hopper_fwd_hd(const fa
     cudaFuncAttributes fa;
     cudaError_t e = cudaFuncGetAttributes(&fa, hopper_fwd_kernel<T>);
     if (e != cudaSuccess) return e;
-    /* sm_90a machine code, not the empty body JIT-compiled from another target's PTX */
-    if (fa.binaryVersion != 90 || fa.ptxVersion < 90) return cudaErrorNoKernelImageForDevice;
+    /* sm_90a machine code (FA_CUDA_SM90A: 90a is among FA_CUDA_ARCHS, cmake/cuda.cmake), not
+     * the empty body the driver would JIT-compile from another target's PTX */
+#ifndef FA_CUDA_SM90A
+    return cudaErrorNotSupported;
+#endif
+    if (fa.binaryVersion != 90) return cudaErrorNoKernelImageForDevice;
     CUtensorMap mq, mk, mv;
     if ((e = fa_cuda_tmap_bhsd(&mq, p.q, BF16, p.D, p.Sq, p.Hq, p.B, p.qs, 64, T::BQ)) != cudaSuccess) return e;
     if ((e = fa_cuda_tmap_bhsd(&mk, p.k, BF16, p.D, p.Sk, p.Hk, p.B, p.ks, 64, T::BK)) != cudaSuccess) return e;
