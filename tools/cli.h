@@ -105,6 +105,7 @@ void cli_mem_free(cli_mem *m, const void *host, void *where);
 int cli_plan(const cli_args *a);
 int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
+int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate.c) */
 
 /* Help text for a subcommand (NULL: the overview). */
 void cli_usage(const char *name);
