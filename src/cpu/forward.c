@@ -9,6 +9,7 @@
  * the two products, the exps) lives in the ISA table (isa.h); this file owns tiling,
  * threading and the softmax bookkeeping. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
+#include "guard.h"
 #include "isa.h"
 #include "progress.h"
 #include "scores.h"
@@ -219,29 +220,32 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, j0);
         fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
         isa->pack_bt(&ks, n, (int)D, sc->kp);
-        isa->pack_b(&vs, n, (int)Dv, sc->vp);
+        const int v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv); /* guard.h */
+        if (!v_nonfinite) isa->pack_b(&vs, n, (int)Dv, sc->vp);
         isa->gemm_abt(m, n, (int)D, sc->qp, sc->kp, sc->s, lds);
         for (int r = 0; r < m; r++) {
             float *srow = sc->s + (int64_t)r * lds;
             const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
             softmax_row(cx, srow, n, mt, &sc->m[r], &sc->l[r], sc->acc + r * Dv);
         }
-        isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, sc->acc, (int)Dv);
+        if (v_nonfinite) fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, sc->acc, (int)Dv);
+        else isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, sc->acc, (int)Dv);
 
         const int64_t mn = (int64_t)m * n;
         cnt->flops += 2 * mn * (D + Dv);
         cnt->transcendentals += mn + m + (cx->sc.softcap > 0.0f ? mn : 0);
     }
 
-    /* o = acc / l and lse = m + log(l); a row that saw no key has l = 0: o = 0, lse = -inf. */
+    /* o = acc / l and lse = m + log(l). A row that saw no key has l = 0: o = 0, lse = -inf.
+     * NaN or +inf among its visible scores makes l NaN: o = NaN, lse = NaN (docs/nonfinite.md). */
     for (int r = 0; r < m; r++) {
         const int64_t i = r0 + r;
         const float l = sc->l[r];
         const float lse = sc->m[r] + logf(l);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : NAN;
         const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
         store_row(p->dtype, a->o, ob, p->o_stride.s[3], sc->acc + r * Dv, inv, Dv);
-        if (a->lse) a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? lse : -INFINITY;
+        if (a->lse) a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? lse : l == 0.0f ? -INFINITY : NAN;
     }
     cnt->transcendentals += m;
 }
@@ -255,7 +259,7 @@ static fa_status check_args(const fa_problem *p, const fa_forward_args *a) {
     if (!missing && p->has_segment_ids && !a->kv_segment_ids)
         missing = "kv_segment_ids (the problem has_segment_ids)";
     if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
-    return FA_OK;
+    return fa_check_slopes(p, a->alibi_slopes, "fa_forward");
 }
 
 fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
