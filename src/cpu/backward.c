@@ -220,7 +220,9 @@ static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h
             isa->pack_a(&qs, m, D, w->qa);
             isa->pack_a(&gs, m, Dv, w->ga);
             /* a NaN row must not reach keys it cannot see through 0 * q or 0 * do (guard.h) */
-            const int q_nonfinite = fa_tile_nonfinite(&qs, m, D), g_nonfinite = fa_tile_nonfinite(&gs, m, Dv);
+            const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
+            const int q_nonfinite = hide && fa_tile_nonfinite(&qs, m, D);
+            const int g_nonfinite = hide && fa_tile_nonfinite(&gs, m, Dv);
             if (!q_nonfinite) isa->pack_b(&qs, m, D, w->qb);
             if (!g_nonfinite) isa->pack_b(&gs, m, Dv, w->gb);
             bwd_tile(c, w, b, h, r0, m, c0, n, 1, NULL, 0);
@@ -268,7 +270,7 @@ static void bwd_dq_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, 
         fa_tile_src vs = bwd_src(c, a->v, &p->v_stride, b, hk, c0);
         isa->pack_bt(&ks, n, D, w->kt);
         isa->pack_bt(&vs, n, Dv, w->vt);
-        const int k_nonfinite = fa_tile_nonfinite(&ks, n, D); /* guard.h */
+        const int k_nonfinite = fa_tile_may_hide(pl, r0, r0 + m, c0, n) && fa_tile_nonfinite(&ks, n, D); /* guard.h */
         if (!k_nonfinite) isa->pack_b(&ks, n, D, w->kb);
         bwd_tile(c, w, b, h, r0, m, c0, n, 0, dbias ? dbias + c0 : NULL, p->seq_k);
         if (k_nonfinite) fa_gemm_pb_guarded(isa, m, n, D, w->dp, (int)bk, &ks, w->kb, w->acc, D);

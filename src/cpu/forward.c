@@ -220,7 +220,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, j0);
         fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
         isa->pack_bt(&ks, n, (int)D, sc->kp);
-        const int v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv); /* guard.h */
+        const int v_nonfinite = fa_tile_may_hide(pl, r0, r0 + m, j0, n) && fa_tile_nonfinite(&vs, n, (int)Dv);
         if (!v_nonfinite) isa->pack_b(&vs, n, (int)Dv, sc->vp);
         isa->gemm_abt(m, n, (int)D, sc->qp, sc->kp, sc->s, lds);
         for (int r = 0; r < m; r++) {
