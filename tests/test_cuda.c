@@ -35,6 +35,7 @@ typedef struct {
     int alibi;
     int seg;
     int layout;            /* 0 BHSD, 1 BSHD, 2 q/o with column stride 2 (no 16-byte rows) */
+    float bias_scale;      /* 0: not set (1) */
 } tcase;
 
 static int64_t elems(const fa_strides *st, const int64_t dims[4]) {
@@ -145,6 +146,7 @@ static void run_case(const tcase *tc) {
         p.bias_batch = tc->bias == 2 ? tc->B : 1;
         p.bias_heads = tc->bias == 1 ? tc->Hq : 1;
     }
+    if (tc->bias_scale != 0.0f) p.has_bias_scale = 1, p.bias_scale = tc->bias_scale;
     p.has_alibi = tc->alibi;
     p.has_segment_ids = tc->seg;
     fa_options opt = {0};
@@ -410,6 +412,8 @@ int main(void) {
     fixed[n] = mk("D96 f16 everything", 2, 4, 2, 133, 145, 96, 96, FA_F16), fixed[n].causal = 1,
     fixed[n].softcap = 4.f, fixed[n].bias = 1, fixed[n].alibi = 1, fixed[n++].seg = 1;
     fixed[n++] = mk("D128 f16 long", 1, 1, 1, 1100, 1100, 128, 128, FA_F16);
+    fixed[n] = mk("D64 bias_scale 0.5, softcap 1 (saturated)", 1, 2, 2, 150, 170, 64, 64, FA_BF16);
+    fixed[n].bias = 2, fixed[n].bias_scale = 0.5f, fixed[n++].softcap = 1.0f;
     for (int i = 0; i < n; i++) {
         int before = failures;
         run_case(&fixed[i]);
