@@ -12,6 +12,7 @@ static const char options_help[] =
     "options: [--causal] [--window L R] [--softcap C] [--scale X]\n"
     "         [--alibi slopes.npy] [--bias b.npy] [--q-segments a.npy --kv-segments b.npy]\n"
     "         [--backend auto|cpu|cuda] [--threads N] [--block-q N] [--block-k N]\n"
+    "         [--seq-parallel ring|ulysses [--zigzag]]  (run, grad, bench; under mpirun)\n"
     "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
     "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
     "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n"
@@ -86,8 +87,8 @@ int main(int argc, char **argv) {
         }
         switch (cmds[i].cmd) {
         case CMD_PLAN: rc = cli_plan(&a); break;
-        case CMD_BENCH: rc = cli_bench(&a); break;
-        default: rc = cli_run(&a); break;
+        case CMD_BENCH: rc = a.seq_parallel ? cli_mpi_bench(&a) : cli_bench(&a); break;
+        default: rc = a.seq_parallel ? cli_mpi_run(&a) : cli_run(&a); break;
         }
         if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
         return rc;
