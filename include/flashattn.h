@@ -86,7 +86,8 @@ typedef struct {
     float bias_scale;
     /* The backward also writes dbias (fa_backward_args.dbias, f32, contiguous, the bias's
      * shape [bias_batch, bias_heads, Sq, Sk], summed over broadcast dims in a fixed order).
-     * A plan-time flag so that the backward's cost includes it. Needs has_bias. */
+     * A plan-time flag so that the backward's cost includes it. Needs has_bias. CPU backend
+     * only: a CUDA plan refuses it (FA_ERR_UNSUPPORTED) and AUTO picks the CPU. */
     int bias_grad;
 
     /* Reserved for packed variable-length sequences (cu_seqlens) and kv-cache decoding;
