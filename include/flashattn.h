@@ -66,7 +66,7 @@ typedef struct {
     int64_t window_left;   /* -1 unbounded (the default) */
     int64_t window_right;  /* -1 unbounded (the default) */
     float softcap;         /* 0: off; > 0: s = cap * tanh(s / cap) */
-    int has_alibi;         /* slopes [Hq] f32 */
+    int has_alibi;         /* slopes [Hq] f32, finite (checked by each call) */
     int has_bias;          /* additive f32 bias [bias_batch, bias_heads, Sq, Sk] */
     int64_t bias_batch;    /* 1 or B */
     int64_t bias_heads;    /* 1 or Hq */
