@@ -114,16 +114,20 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
     const int cap = p->softcap > 0.0f;
     const float bias_scale = c->sc.bias_scale;
 
+    /* where no key can be hidden, p = 0 only by underflow: no guard needed (guard.h) */
+    const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
+
     pl->isa->gemm_abt(m, n, (int)p->head_dim, w->qa, w->kt, w->s, ld);
     pl->isa->gemm_abt(m, n, (int)p->head_dim_v, w->ga, w->vt, w->dp, ld);
 
     for (int i = 0; i < m; i++) {
         const int64_t row = r0 + i;
-        float *s = w->s + (int64_t)i * ld, *dp = w->dp + (int64_t)i * ld, *th = w->th + (int64_t)i * ld;
+        float *restrict s = w->s + (int64_t)i * ld, *restrict dp = w->dp + (int64_t)i * ld;
+        const float *restrict th = w->th + (int64_t)i * ld;
         if (fa_score_plain(&c->sc, row, c0, n))
             for (int j = 0; j < n; j++) s[j] *= c->sc.scale;
         else
-            fa_score_row(&c->sc, b, h, row, c0, n, s, th);
+            fa_score_row(&c->sc, b, h, row, c0, n, s, w->th + (int64_t)i * ld);
         const int64_t r = (b * p->heads_q + h) * p->seq_q + row;
         const float lse = a->lse[r], delta = c->delta[r];
         if (lse == -INFINITY) { /* the row sees no key */
@@ -134,19 +138,24 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
             pl->isa->exp_sum(s, n, lse);
         }
         /* dS = 0 where p = 0, even where dP is inf or NaN (v at a hidden key) */
-        for (int j = 0; j < n; j++) {
-            const float ds = s[j] * (dp[j] - delta);
-            dp[j] = s[j] == 0.0f ? 0.0f : ds;
-        }
+        if (hide)
+            for (int j = 0; j < n; j++) {
+                const float ds = s[j] * (dp[j] - delta);
+                dp[j] = s[j] == 0.0f ? 0.0f : ds;
+            }
+        else
+            for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
         if (dbias) {
             float *db = dbias + (int64_t)i * ld_dbias;
             for (int j = 0; j < n; j++) db[j] += bias_scale * dp[j];
         }
-        if (cap) /* (a hidden key's sech^2 may be NaN: keep its dS 0) */
+        if (cap && hide) /* (a hidden key's sech^2 may be NaN: keep its dS 0) */
             for (int j = 0; j < n; j++) {
                 const float t = dp[j] * th[j];
                 dp[j] = dp[j] == 0.0f ? 0.0f : t;
             }
+        else if (cap)
+            for (int j = 0; j < n; j++) dp[j] *= th[j];
         bwd_round_row(p->dtype, dp, n);
         if (want_p) bwd_round_row(p->dtype, s, n);
     }
