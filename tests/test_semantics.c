@@ -7,6 +7,7 @@
  *       lse = -inf; non-finite ALiBi slopes are refused (FA_ERR_INVALID naming the head);
  *   (c) inf or NaN in k or v at a key a row cannot see (causal, window, bias -inf, segment
  *       ids) never reaches that row, under several tilings.
+ * Each under both backward schedules (FA_BWD_SCHEDULE=two-pass, fused).
  * A fresh seed every run, printed; FA_TEST_SEED=<seed> reproduces a run. */
 #include "ref/ref.h"
 #include "test_util.h"
@@ -243,12 +244,12 @@ static void test_nonfinite(void) {
         /* f32 overflow of q.k: +inf makes the row NaN, -inf hides the key */
         if (t == FA_F32) {
             sc_init(&c, t, 2, 1, Sq, Sk, D);
-            for (int64_t d = 0; d < D / 2; d++) { /* row 6 meets key 7 at +4e38: +inf, a NaN row */
-                put(&c, c.q, 6 * D + d, 1e19f), put(&c, c.k, 7 * D + d, 1e19f);
-                /* row 2 meets key 8 at -4e38: -inf, the key hidden (the others meet both finite) */
-                put(&c, c.q, 2 * D + D / 2 + d, 1e19f), put(&c, c.k, 8 * D + D / 2 + d, -1e19f);
-            }
-            check("f32 overflow of q.k (q = k = 1e19)", &c, 4, 8, -1);
+            /* row 6 meets key 7 at 4e19 * 1e19 = +4e38: +inf, a NaN row; row 2 meets key 8 at
+             * -4e38: -inf, the key hidden. One large term per product, so the other rows'
+             * large but finite scores carry no cancellation. */
+            put(&c, c.q, 6 * D, 4e19f), put(&c, c.k, 7 * D, 1e19f);
+            put(&c, c.q, 2 * D + D - 1, 4e19f), put(&c, c.k, 8 * D + D - 1, -1e19f);
+            check("f32 overflow of q.k (4e19 x 1e19)", &c, 4, 8, 1);
             sc_free(&c);
         }
     }
@@ -342,9 +343,16 @@ int main(void) {
     rng = seed;
     printf("test_semantics: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
            (unsigned long long)seed, fa_cpu_isa());
-    test_huge_windows();
-    test_nonfinite();
-    test_hidden_garbage();
+    /* both backward schedules (two passes; one pass, backward_fused.c) */
+    static const char *schedules[2] = {"two-pass", "fused"};
+    for (int k = 0; k < 2; k++) {
+        setenv("FA_BWD_SCHEDULE", schedules[k], 1);
+        printf("-- backward schedule: %s\n", schedules[k]);
+        test_huge_windows();
+        test_nonfinite();
+        test_hidden_garbage();
+    }
+    unsetenv("FA_BWD_SCHEDULE");
     if (failures) printf("test_semantics: %d FAILED (seed %llu)\n", failures, (unsigned long long)seed);
     else printf("test_semantics: all passed\n");
     return failures ? 1 : 0;
