@@ -66,7 +66,7 @@ typedef struct {
     int64_t window_left;   /* -1 unbounded (the default) */
     int64_t window_right;  /* -1 unbounded (the default) */
     float softcap;         /* 0: off; > 0: s = cap * tanh(s / cap) */
-    int has_alibi;         /* slopes [Hq] f32 */
+    int has_alibi;         /* slopes [Hq] f32, finite (checked by each call) */
     int has_bias;          /* additive f32 bias [bias_batch, bias_heads, Sq, Sk] */
     int64_t bias_batch;    /* 1 or B */
     int64_t bias_heads;    /* 1 or Hq */
@@ -86,7 +86,8 @@ typedef struct {
     float bias_scale;
     /* The backward also writes dbias (fa_backward_args.dbias, f32, contiguous, the bias's
      * shape [bias_batch, bias_heads, Sq, Sk], summed over broadcast dims in a fixed order).
-     * A plan-time flag so that the backward's cost includes it. Needs has_bias. */
+     * A plan-time flag so that the backward's cost includes it. Needs has_bias. CPU backend
+     * only: a CUDA plan refuses it (FA_ERR_UNSUPPORTED) and AUTO picks the CPU. */
     int bias_grad;
 
     /* Packed variable-length batches (SPEC section 5): cu_seqlens_q and cu_seqlens_k, host

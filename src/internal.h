@@ -103,18 +103,36 @@ fa_status fa_cuda_backward(const struct fa_plan *plan, const fa_backward_args *a
  * overlaps it is computed (and masked element by element where needed). Segment ids and
  * bias never skip tiles. */
 
+/* Window sides are clipped to FA_WINDOW_CLIP before any arithmetic: |i + off - j| stays
+ * below 2^33 (Sq, Sk < 2^31, |off| < 2^31), so every window from 2^33 up shows the same
+ * keys as an unbounded side, and i + off +- window cannot overflow, whatever the caller's
+ * window in [-1, INT64_MAX]. */
+#define FA_WINDOW_CLIP ((int64_t)1 << 40)
+static inline int64_t fa_window_clip(int64_t w) { return w < FA_WINDOW_CLIP ? w : FA_WINDOW_CLIP; }
+
 /* Lowest key row i may see, before clipping to [0, Sk). */
 static inline int64_t fa_key_lo(const struct fa_plan *pl, int64_t i) {
-    if (pl->p.window_left >= 0) return i + pl->off - pl->p.window_left;
+    if (pl->p.window_left >= 0) return i + pl->off - fa_window_clip(pl->p.window_left);
     return INT64_MIN / 4;
 }
 /* Highest key row i may see, before clipping to [0, Sk). */
 static inline int64_t fa_key_hi(const struct fa_plan *pl, int64_t i) {
     int64_t hi = INT64_MAX / 4;
     if (pl->p.causal) hi = i + pl->off;
-    if (pl->p.window_right >= 0 && i + pl->off + pl->p.window_right < hi)
-        hi = i + pl->off + pl->p.window_right;
+    if (pl->p.window_right >= 0 && i + pl->off + fa_window_clip(pl->p.window_right) < hi)
+        hi = i + pl->off + fa_window_clip(pl->p.window_right);
     return hi;
+}
+
+/* FA_ERR_INVALID unless every ALiBi slope (Hq of them, in host memory) is finite: a
+ * non-finite slope would turn whole rows into NaN or hide keys (docs/nonfinite.md). */
+static inline fa_status fa_check_slopes(const fa_problem *p, const float *slopes, const char *fn) {
+    if (!p->has_alibi || !slopes) return FA_OK;
+    for (int64_t h = 0; h < p->heads_q; h++)
+        if (!isfinite(slopes[h]))
+            return fa_error(FA_ERR_INVALID, "%s: alibi_slopes[%lld] (head %lld) is %g; slopes must be finite", fn,
+                            (long long)h, (long long)h, (double)slopes[h]);
+    return FA_OK;
 }
 
 /* Key tiles [*kt0, *kt1) visited by query rows [r0, r1) with key tiles of bk keys. */

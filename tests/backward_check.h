@@ -186,7 +186,7 @@ static void add_saved_o_error(const tcase *c, const fa_plan *pl, double *rq, dou
     const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
     const int64_t D = p->head_dim, Dv = p->head_dim_v, rows = B * Hq * Sq;
-    const double scale = 1.0 / sqrt((double)D);
+    const double scale = (double)fa_plan_scale(pl);
     double *e = tu_alloc(sizeof(double) * (size_t)rows);
     for (int64_t r = 0; r < rows; r++) {
         const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
@@ -280,7 +280,7 @@ static void noise_floors(const tcase *c, const fa_plan *pl, double *fq, double *
     const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
     const int64_t D = p->head_dim, Dv = p->head_dim_v;
-    const double scale = 1.0 / sqrt((double)D), u32 = 0x1p-24;
+    const double scale = (double)fa_plan_scale(pl), u32 = 0x1p-24;
     const double vmax = max_row_norm(p->dtype, c->v, &rp->v_stride, B, Hk, Sk, Dv, 1);
     const double gmax = max_row_norm(p->dtype, c->g, &rp->o_stride, B, Hq, Sq, Dv, 1);
     const double kmax = max_row_norm(p->dtype, c->k, &rp->k_stride, B, Hk, Sk, D, 0);

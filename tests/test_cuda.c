@@ -38,6 +38,7 @@ typedef struct {
     int alibi;
     int seg;
     int layout;            /* 0 BHSD, 1 BSHD, 2 q/o with column stride 2 (no 16-byte rows) */
+    float bias_scale;      /* 0: not set (1) */
 } tcase;
 
 static int64_t elems(const fa_strides *st, const int64_t dims[4]) {
@@ -148,6 +149,7 @@ static void run_case(const tcase *tc) {
         p.bias_batch = tc->bias == 2 ? tc->B : 1;
         p.bias_heads = tc->bias == 1 ? tc->Hq : 1;
     }
+    if (tc->bias_scale != 0.0f) p.has_bias_scale = 1, p.bias_scale = tc->bias_scale;
     p.has_alibi = tc->alibi;
     p.has_segment_ids = tc->seg;
     fa_options opt = {0};
@@ -414,6 +416,8 @@ static void run_cases(const char *pass, int nrand) {
     fixed[n++] = mk("D128 f16 Sk=1", 1, 2, 2, 150, 1, 128, 128, FA_F16);
     fixed[n] = mk("D128 GQA softcap alibi", 1, 4, 2, 300, 260, 128, 128, FA_BF16), fixed[n].softcap = 3.f,
     fixed[n++].alibi = 1;
+    fixed[n] = mk("D64 bias_scale 0.5, softcap 1 (saturated)", 1, 2, 2, 150, 170, 64, 64, FA_BF16);
+    fixed[n].bias = 2, fixed[n].bias_scale = 0.5f, fixed[n++].softcap = 1.0f;
     for (int i = 0; i < n; i++) {
         int before = failures;
         run_case(&fixed[i]);

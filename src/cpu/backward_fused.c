@@ -24,6 +24,7 @@
  * 4 (2 Sq (D + Dv) + Sq D + Sk (D + Dv)) bytes) and fewer work items (B x Hk). The plan
  * takes it when the shapes make that worthwhile
  * (fa_cpu_backward_fused_fits); FA_BWD_SCHEDULE=fused|two-pass forces either. */
+#include "guard.h"
 #include "isa.h"
 #include "progress.h"
 #include "scores.h"
@@ -147,6 +148,8 @@ static void fused_tile(const fused_ctx *c, fused_scratch *w, int64_t b, int64_t 
     const int ld = (int)pl->bwd_bk, cap = p->softcap > 0.0f;
     const float bias_scale = c->sc.bias_scale;
 
+    const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n); /* as backward.c's tile */
+
     pl->isa->gemm_abt(m, n, (int)p->head_dim, qa, w->kt, w->s, ld);
     pl->isa->gemm_abt(m, n, (int)p->head_dim_v, ga, w->vt, w->dp, ld);
     for (int i = 0; i < m; i++) {
@@ -158,14 +161,30 @@ static void fused_tile(const fused_ctx *c, fused_scratch *w, int64_t b, int64_t 
             fa_score_row(&c->sc, b, h, row, c0, n, s, th);
         const int64_t r = (b * p->heads_q + h) * p->seq_q + row;
         const float lse = c->a->lse[fa_lse_index(pl, b, h, row)], delta = c->delta[r];
-        const int dead = lse == -INFINITY; /* the row sees no key */
-        pl->isa->exp_sum(s, n, dead ? 0.0f : lse);
-        if (dead) memset(s, 0, sizeof(float) * (size_t)n);
-        for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
+        if (lse == -INFINITY) { /* the row sees no key */
+            memset(s, 0, sizeof(float) * (size_t)n);
+        } else if (lse != lse) { /* a NaN row (docs/nonfinite.md): NaN where visible, 0 where hidden */
+            for (int j = 0; j < n; j++) s[j] = s[j] == -INFINITY ? 0.0f : NAN;
+        } else {
+            pl->isa->exp_sum(s, n, lse);
+        }
+        /* dS = 0 where p = 0, even where dP is inf or NaN (v at a hidden key) */
+        if (hide)
+            for (int j = 0; j < n; j++) {
+                const float ds = s[j] * (dp[j] - delta);
+                dp[j] = s[j] == 0.0f ? 0.0f : ds;
+            }
+        else
+            for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
         float *db = fused_dbias_row(c, b, h, row);
         if (db)
             for (int j = 0; j < n; j++) db[c0 + j] += bias_scale * dp[j];
-        if (cap)
+        if (cap && hide) /* (a hidden key's sech^2 may be NaN: keep its dS 0) */
+            for (int j = 0; j < n; j++) {
+                const float t = dp[j] * th[j];
+                dp[j] = dp[j] == 0.0f ? 0.0f : t;
+            }
+        else if (cap)
             for (int j = 0; j < n; j++) dp[j] *= th[j];
         fused_round_row(pl->isa, p->dtype, dp, n);
         fused_round_row(pl->isa, p->dtype, s, n);
@@ -276,15 +295,38 @@ static void fused_item(const fused_ctx *c, fused_scratch *w, int64_t b, int64_t 
             isa->pack_bt(&ks, n, D, w->kt);
             isa->pack_bt(&vs, n, Dv, w->vt);
             isa->pack_b(&ks, n, D, w->kb);
+            int k_nonfinite = -1; /* checked once, when a pair can hide a key (guard.h) */
             for (int64_t qt = q0; qt < q1; qt++) {
                 const int64_t r0 = qt * bq;
                 const int m = (int)(Sq - r0 < bq ? Sq - r0 : bq);
+                void *qb = (char *)w->qb + qt * w->sb_q, *gb = (char *)w->gb + qt * w->sb_g;
                 fused_tile(c, w, b, h, r0, m, c0, n, (char *)w->qa + qt * w->sa_q, (char *)w->ga + qt * w->sa_g);
+                /* inf or NaN in q, dO (a NaN row) or k must not cross a zero weight into keys or
+                 * rows that cannot see each other: guarded products, each slot packed again */
+                const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
+                fa_tile_src qs = fused_src(c, a->q, &p->q_stride, b, h, r0);
+                fa_tile_src gs = fused_src(c, a->d_o, &p->o_stride, b, h, r0);
+                if (hide && k_nonfinite < 0) k_nonfinite = fa_tile_nonfinite(&ks, n, D);
                 fused_transpose(isa, w->s, (int)bk, m, n, w->tr);
-                isa->gemm_pb(n, m, Dv, w->tr, m, (char *)w->gb + qt * w->sb_g, w->dv + c0 * Dv, Dv);
+                if (hide && fa_tile_nonfinite(&gs, m, Dv)) {
+                    fa_gemm_pb_guarded(isa, n, m, Dv, w->tr, m, &gs, gb, w->dv + c0 * Dv, Dv);
+                    isa->pack_b(&gs, m, Dv, gb);
+                } else {
+                    isa->gemm_pb(n, m, Dv, w->tr, m, gb, w->dv + c0 * Dv, Dv);
+                }
                 fused_transpose(isa, w->dp, (int)bk, m, n, w->tr);
-                isa->gemm_pb(n, m, D, w->tr, m, (char *)w->qb + qt * w->sb_q, w->dk + c0 * D, D);
-                isa->gemm_pb(m, n, D, w->dp, (int)bk, w->kb, w->dq + r0 * D, D);
+                if (hide && fa_tile_nonfinite(&qs, m, D)) {
+                    fa_gemm_pb_guarded(isa, n, m, D, w->tr, m, &qs, qb, w->dk + c0 * D, D);
+                    isa->pack_b(&qs, m, D, qb);
+                } else {
+                    isa->gemm_pb(n, m, D, w->tr, m, qb, w->dk + c0 * D, D);
+                }
+                if (hide && k_nonfinite) {
+                    fa_gemm_pb_guarded(isa, m, n, D, w->dp, (int)bk, &ks, w->kb, w->dq + r0 * D, D);
+                    isa->pack_b(&ks, n, D, w->kb);
+                } else {
+                    isa->gemm_pb(m, n, D, w->dp, (int)bk, w->kb, w->dq + r0 * D, D);
+                }
                 cnt->flops += per_pair * m * n;
                 cnt->transcendentals += trans_per * m * n;
             }

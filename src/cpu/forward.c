@@ -13,6 +13,7 @@
  * the two products, the exps) lives in the ISA table (isa.h); this file owns tiling,
  * threading and the softmax bookkeeping. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
+#include "guard.h"
 #include "isa.h"
 #include "progress.h"
 #include "scores.h"
@@ -253,6 +254,9 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
         isa->pack_bt(&ks, n, (int)D, sc->kp);
         isa->pack_b(&vs, n, (int)Dv, sc->vp);
+        /* inf or NaN in v must not reach rows that cannot see its key (guard.h): checked once
+         * per key tile, and only if a query tile here can hide a key (-1: not yet) */
+        int v_nonfinite = -1, vp_repack = 0;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             if (kt < k0[t] || kt >= k1[t]) continue;
             const int64_t r0 = (qt0 + t) * cx->bq;
@@ -264,7 +268,14 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
                 const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
                 softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv);
             }
-            isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
+            if (fa_tile_may_hide(pl, r0, r0 + m, j0, n) &&
+                (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite)) {
+                fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
+                vp_repack = 1; /* the guarded product packed runs of v into vp */
+            } else {
+                if (vp_repack) isa->pack_b(&vs, n, (int)Dv, sc->vp), vp_repack = 0;
+                isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
+            }
 
             const int64_t mn = (int64_t)m * n;
             cnt->flops += 2 * mn * (D + Dv);
@@ -272,7 +283,8 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         }
     }
 
-    /* o = acc / l and lse = m + log(l); a row that saw no key has l = 0: o = 0, lse = -inf. */
+    /* o = acc / l and lse = m + log(l). A row that saw no key has l = 0: o = 0, lse = -inf.
+     * NaN or +inf among its visible scores makes l NaN: o = NaN, lse = NaN (docs/nonfinite.md). */
     for (int64_t t = 0; t < qt1 - qt0; t++) {
         const int64_t r0 = (qt0 + t) * cx->bq;
         const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
@@ -281,10 +293,10 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
             const int64_t i = r0 + r;
             const float l = L[r];
             const float lse = M[r] + logf(l);
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            const float inv = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : NAN;
             const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
             store_row(p->dtype, a->o, ob, p->o_stride.s[3], acc + r * Dv, inv, Dv);
-            if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : -INFINITY;
+            if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : l == 0.0f ? -INFINITY : NAN;
         }
         cnt->transcendentals += m;
     }
@@ -299,7 +311,7 @@ static fa_status check_args(const fa_problem *p, const fa_forward_args *a) {
     if (!missing && p->has_segment_ids && !a->kv_segment_ids)
         missing = "kv_segment_ids (the problem has_segment_ids)";
     if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
-    return FA_OK;
+    return fa_check_slopes(p, a->alibi_slopes, "fa_forward");
 }
 
 fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
