@@ -4,7 +4,7 @@ JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-deps bench clean
+.PHONY: all build run test test-deps bench clean fuzz
 
 all: build
 
@@ -27,5 +27,10 @@ test-deps:
 bench: build
 	bash bench/run.sh
 
+# libFuzzer on the .npy reader, the CLI parser, the plan and the forward vs the reference
+# (clang; FUZZ_SECONDS in all, default 240). See tests/fuzz/run.sh.
+fuzz:
+	bash tests/fuzz/run.sh
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
