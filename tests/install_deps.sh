@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# What the tests need: a C compiler, CMake and make (gcc's OpenMP runtime comes with gcc).
+# What the tests need: a C compiler, CMake and make (gcc's OpenMP runtime comes with gcc),
+# and for the ThreadSanitizer build clang with LLVM's OpenMP runtime (libomp-dev).
 # Installs only what is missing, so it is quick on a machine that has them.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v gcc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
+command -v clang >/dev/null || need+=(clang)
+if command -v clang >/dev/null; then
+  # clang finds omp.h in its own resource directory only when libomp-dev is installed
+  echo '#include <omp.h>
+int main(void) { return omp_get_max_threads() < 1; }' |
+    clang -fopenmp -x c - -o /dev/null 2>/dev/null || need+=(libomp-dev)
+else
+  need+=(libomp-dev)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
