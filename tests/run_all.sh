@@ -23,8 +23,9 @@ for isa in $isas; do
 done
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
+# (with the allocation-failure hook: tests/alloc/ fail every allocation in turn)
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFA_SANITIZE=ON -DFA_CUDA=OFF \
-  -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
+  -DCMAKE_C_FLAGS_DEBUG="-O1 -g" -DFA_ALLOC_FAILURE_INJECTION=ON >/dev/null
 cmake --build build-asan -j "$JOBS"
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 first=1
