@@ -62,7 +62,7 @@ static int replay_dir(const char *dir, int *count) {
         snprintf(names[n++], len, "%s/%s", dir, e->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof *names, cmp_names);
+    if (n) qsort(names, n, sizeof *names, cmp_names);
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         rc |= replay_file(names[i]);

@@ -41,10 +41,12 @@ for h in "${HARNESSES[@]}"; do
     -artifact_prefix="$art" >"$log" 2>&1 || rc=$?
   runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')
   cov=$(grep -E '^#[0-9]+' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+' || echo 'cov: ? ft: ?')
-  found=$(ls "$art" 2>/dev/null | wc -l)
-  summary+=("fuzz_$h: ${runs} executions in ${per}s, ${cov}, corpus $(ls "$work" | wc -l) inputs, ${found} crashes")
+  # slow-unit-*: inputs slower than 10 s (libFuzzer's report, not a failure) are listed apart
+  found=$(ls "$art" 2>/dev/null | grep -vc '^slow-unit-' || true)
+  slow=$(ls "$art" 2>/dev/null | grep -c '^slow-unit-' || true)
+  summary+=("fuzz_$h: ${runs} executions in ${per}s, ${cov}, corpus $(ls "$work" | wc -l) inputs, ${found} crashes, ${slow} slow inputs (>10 s)")
   if [ "$rc" != 0 ] || [ "$found" != 0 ]; then
-    for f in "$art"*; do [ -f "$f" ] && cp "$f" tests/fuzz/regressions/$h/; done
+    for f in "$art"*; do [ -f "$f" ] && [[ $f != *slow-unit-* ]] && cp "$f" tests/fuzz/regressions/$h/; done
     grep -E 'ERROR|invariant|differs|SUMMARY|runtime error' "$log" | head -5 || true
     failed+=("$h")
   fi
