@@ -34,10 +34,11 @@ for h in "${HARNESSES[@]}"; do
   rm -f "$art"*
   echo "== fuzz_$h for ${per}s (log: $log)"
   rc=0
-  # -close_fd_mask=2: the CLI parser's error lines would flood the log; libFuzzer keeps its
-  # own stderr (and the sanitizers' reports) on a duplicate
+  # the CLI parser's error lines would flood the log: its stderr is closed (libFuzzer keeps
+  # its own, and the sanitizers' reports, on a duplicate)
+  quiet=(); [ "$h" = cli_args ] && quiet=(-close_fd_mask=2)
   ./$BUILD/fuzz_$h "$work" tests/fuzz/corpus/$h -max_total_time="$per" -timeout=30 \
-    -rss_limit_mb=4096 -max_len="${MAXLEN[$h]:-1024}" -print_final_stats=1 -close_fd_mask=2 \
+    -rss_limit_mb=4096 -max_len="${MAXLEN[$h]:-1024}" -print_final_stats=1 "${quiet[@]}" \
     -artifact_prefix="$art" >"$log" 2>&1 || rc=$?
   runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')
   cov=$(grep -E '^#[0-9]+' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+' || echo 'cov: ? ft: ?')
