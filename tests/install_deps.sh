@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # What the tests need: a C compiler, CMake and make (gcc's OpenMP runtime comes with gcc),
-# and for the ThreadSanitizer build clang with LLVM's OpenMP runtime (libomp-dev).
+# Open MPI's development package for the sequence-parallel component, and for the
+# ThreadSanitizer build clang with LLVM's OpenMP runtime (libomp-dev).
 # Installs only what is missing, so it is quick on a machine that has them.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v gcc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
+# Open MPI for the sequence-parallel component (its tests are skipped without it)
+command -v mpicc >/dev/null || need+=(libopenmpi-dev)
+command -v mpirun >/dev/null || need+=(openmpi-bin)
 command -v clang >/dev/null || need+=(clang)
 if command -v clang >/dev/null; then
   # clang finds omp.h in its own resource directory only when libomp-dev is installed

@@ -44,7 +44,19 @@ typedef struct {
     int iters;                 /* 0: not given */
     int pass;                  /* bench: 0 both, 1 forward only, 2 backward only */
     const char *q, *k, *v, *out, *lse, *d_o, *dq, *dk, *dv;
+
+    /* bias scale, mask alignment, dbias (grad) */
+    int has_bias_scale;
+    float bias_scale;
+    int has_diag_offset;       /* --diag-offset N, or --top-left (N = 0) */
+    int64_t diag_offset;
+    const char *dbias;
+
+    int seq_parallel;          /* 0: one process; CLI_SP_RING or CLI_SP_ULYSSES (cli_mpi.c) */
+    int zigzag;
 } cli_args;
+
+enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };
 
 /* Prints "flashattn: <message>" as one line on stderr and returns code. */
 int cli_fail(int code, const char *fmt, ...)
@@ -106,6 +118,17 @@ void cli_mem_free(cli_mem *m, const void *host, void *where);
 int cli_plan(const cli_args *a);
 int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
+
+/* cli_run.c: the problem of run/grad from the input files' headers (nothing read yet):
+ * checks every header (do's too for grad) and applies the option flags. */
+int cli_run_problem(const cli_args *a, npy_header *hq, npy_header *hk, npy_header *hv,
+                    npy_header *hdo, fa_problem *p, fa_options *opt);
+
+/* cli_mpi.c: run, grad and bench with --seq-parallel, under mpirun (docs/mpi.md). */
+int cli_mpi_run(const cli_args *a);
+int cli_mpi_bench(const cli_args *a);
+/* With MPI built: initializes MPI, runs body(a, P, rank), finalizes; returns body's code. */
+int cli_mpi_with(const cli_args *a, int (*body)(const cli_args *, int P, int R));
 
 /* Help text for a subcommand (NULL: the overview). */
 void cli_usage(const char *name);

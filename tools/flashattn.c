@@ -12,9 +12,13 @@ static const char options_help[] =
     "options: [--causal] [--window L R] [--softcap C] [--scale X]\n"
     "         [--alibi slopes.npy] [--bias b.npy] [--q-segments a.npy --kv-segments b.npy]\n"
     "         [--backend auto|cpu|cuda] [--threads N] [--block-q N] [--block-k N]\n"
+    "         [--seq-parallel ring|ulysses [--zigzag]]  (run, grad, bench; under mpirun)\n"
     "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
     "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
-    "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n";
+    "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n"
+    "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
+    "  --diag-offset N  masks and ALiBi align query i with key i + N (default Sk - Sq,\n"
+    "                 bottom-right); --top-left is --diag-offset 0\n";
 
 void cli_usage(const char *name) {
     if (!name) {
@@ -43,8 +47,9 @@ void cli_usage(const char *name) {
     } else if (strcmp(name, "grad") == 0) {
         printf("usage: flashattn grad --q q.npy --k k.npy --v v.npy --do do.npy OPTIONS\n"
                "                      --dq dq.npy --dk dk.npy --dv dv.npy [--out o.npy]\n"
-               "                      [--lse lse.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
+               "                      [--lse lse.npy] [--dbias dbias.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
                "Runs the forward, then the backward; gradients are written as float32 .npy.\n"
+               "--dbias (with --bias): the bias's gradient, its shape, summed over broadcast dims.\n"
                "--count reports the backward pass's counts.\n", options_help);
     } else {
         printf("usage: flashattn bench SHAPE OPTIONS [--iters N] [--pass both|forward|backward]\n"
@@ -82,8 +87,8 @@ int main(int argc, char **argv) {
         }
         switch (cmds[i].cmd) {
         case CMD_PLAN: rc = cli_plan(&a); break;
-        case CMD_BENCH: rc = cli_bench(&a); break;
-        default: rc = cli_run(&a); break;
+        case CMD_BENCH: rc = a.seq_parallel ? cli_mpi_bench(&a) : cli_bench(&a); break;
+        default: rc = a.seq_parallel ? cli_mpi_run(&a) : cli_run(&a); break;
         }
         if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
         return rc;
