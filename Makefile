@@ -33,4 +33,4 @@ fuzz:
 	bash tests/fuzz/run.sh
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-tsan
