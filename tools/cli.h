@@ -54,6 +54,14 @@ typedef struct {
 
     int seq_parallel;          /* 0: one process; CLI_SP_RING or CLI_SP_ULYSSES (cli_mpi.c) */
     int zigzag;
+
+    /* inference shapes (SPEC section 5; cli_inference.c, cli_bench_inference.c) */
+    const char *cu_seqlens_q, *cu_seqlens_k, *cache_seqlens, *block_table, *k_new, *v_new;
+    int update_cache;
+    int64_t page_size, num_pages; /* plan and bench of paged caches (0: not given) */
+    int decode;                   /* bench --decode */
+    int64_t cache_len;            /* bench --cache-len */
+    const char *varlen_lens;      /* bench --varlen 128,4096,... */
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };
@@ -113,6 +121,14 @@ int cli_mem_put(cli_mem *m, const void *host, size_t bytes, int copy, void **whe
 int cli_mem_get(cli_mem *m, void *host, const void *where, size_t bytes);
 int cli_mem_sync(cli_mem *m);
 void cli_mem_free(cli_mem *m, const void *host, void *where);
+
+/* cli_inference.c: packed varlen and kv-cache shapes. Any of their flags given? */
+int cli_inference_wanted(const cli_args *a);
+/* The problem of `plan` from the shape flags and the length files (read: they are plan
+ * inputs); *lens holds the arrays p points into (free it after the plan is made). */
+int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens);
+int cli_run_inference(const cli_args *a);
+int cli_bench_inference(const cli_args *a);
 
 /* Subcommands. */
 int cli_plan(const cli_args *a);

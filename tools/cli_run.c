@@ -141,6 +141,7 @@ static void report_progress(void *ctx, int64_t done, int64_t total) {
 }
 
 int cli_run(const cli_args *a) {
+    if (cli_inference_wanted(a)) return cli_run_inference(a); /* cli_inference.c */
     int grad = a->cmd == CMD_GRAD;
     const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
     if (!missing && !grad && !a->out) missing = "--out";
