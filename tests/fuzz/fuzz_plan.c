@@ -41,13 +41,31 @@ static void take_strides(fuzz_bytes *b, fa_strides *s) {
     for (int i = 0; i < 4; i++) s->s[i] = take_i64(b);
 }
 
-/* Most fields get a value the decoder chose; mode 0 takes the whole struct as raw bytes. */
+/* Length arrays (cu_seqlens, cache_seqlens) live here: the plan copies them, the harness
+ * owns them. Entries are small steps (a prefix sum when cumulative) or raw int32s. */
+#define MAX_LENS 65
+static int32_t lens_q[MAX_LENS], lens_k[MAX_LENS], lens_cache[MAX_LENS];
+
+static const int32_t *take_lens(fuzz_bytes *b, int32_t *out, int64_t n, int cumulative) {
+    int32_t acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t sel = take_u64(b, 1);
+        if (sel < 200) acc = cumulative ? (i ? acc + (int32_t)(sel % 40) : 0) : (int32_t)(sel % 40);
+        else take_raw(b, &acc, sizeof acc);
+        out[i] = acc;
+    }
+    return out;
+}
+
+/* Most fields get a value the decoder chose; mode 0 takes the whole struct as raw bytes
+ * (its pointers then cleared: a caller's pointers must be valid, which bytes cannot say). */
 static void decode(fuzz_bytes *b, fa_problem *p, fa_options *o, int *opt_null) {
     uint64_t mode = take_u64(b, 1);
     *opt_null = (mode & 0x80) != 0;
     if ((mode & 0x7f) == 0) {
         take_raw(b, p, sizeof *p);
         take_raw(b, o, sizeof *o);
+        p->cu_seqlens_q = p->cu_seqlens_k = p->cache_seqlens = NULL;
         return;
     }
     fa_problem_init(p);
@@ -61,7 +79,7 @@ static void decode(fuzz_bytes *b, fa_problem *p, fa_options *o, int *opt_null) {
     p->has_scale = flags & 1, p->causal = (flags >> 1) & 1, p->has_alibi = (flags >> 2) & 1;
     p->has_bias = (flags >> 3) & 1, p->has_segment_ids = (flags >> 4) & 1;
     p->has_diag_offset = (flags >> 5) & 1, p->has_bias_scale = (flags >> 6) & 1;
-    p->bias_grad = (flags >> 7) & 1, p->varlen = (flags >> 8) & 1;
+    p->bias_grad = (flags >> 7) & 1, p->has_new_kv = (flags >> 13) & 1;
     if (p->has_scale) p->scale = take_f32(b);
     if ((flags >> 9) & 1) p->softcap = take_f32(b);
     if ((flags >> 10) & 1) p->window_left = take_i64(b);
@@ -72,7 +90,14 @@ static void decode(fuzz_bytes *b, fa_problem *p, fa_options *o, int *opt_null) {
     }
     if (p->has_diag_offset) p->diag_offset = take_i64(b);
     if (p->has_bias_scale) p->bias_scale = take_f32(b);
-    if ((flags >> 12) & 1) p->kv_cache_len = take_i64(b);
+    if ((flags >> 8) & 1 && p->batch >= 1 && p->batch < MAX_LENS) { /* packed variable-length */
+        p->cu_seqlens_q = take_lens(b, lens_q, p->batch + 1, 1);
+        p->cu_seqlens_k = take_lens(b, lens_k, p->batch + 1, 1);
+    }
+    if ((flags >> 12) & 1 && p->batch >= 1 && p->batch <= MAX_LENS) { /* kv-cache decoding */
+        p->cache_seqlens = take_lens(b, lens_cache, p->batch, 0);
+        if ((flags >> 14) & 1) p->page_size = take_i64(b), p->num_pages = take_i64(b), p->max_pages = take_i64(b);
+    }
     o->backend = (fa_backend)take_range(b, -1, 3);
     o->threads = (int)take_range(b, -2, 64);
     o->block_q = take_i64(b), o->block_k = take_i64(b);
@@ -101,9 +126,10 @@ static void check_cost(const fa_plan *pl, fa_pass pass) {
     CHECK(c.flops_useful <= c.flops, "pass %d: useful %lld > flops %lld", (int)pass, (long long)c.flops_useful,
           (long long)c.flops);
     const fa_problem *p = fa_plan_problem(pl);
+    const int64_t rows = p->heads_q * p->seq_q * (p->cu_seqlens_q ? 1 : p->batch); /* seq_q: packed total */
     if (pass == FA_FORWARD) /* one log per query row at least */
-        CHECK(c.transcendentals >= p->batch * p->heads_q * p->seq_q, "forward transcendentals %lld",
-              (long long)c.transcendentals);
+        CHECK(c.transcendentals >= rows, "forward transcendentals %lld, rows %lld", (long long)c.transcendentals,
+              (long long)rows);
     int64_t bq = 0, bk = 0;
     fa_plan_blocks(pl, pass, &bq, &bk);
     CHECK(bq >= 1 && bq <= 4096 && bk >= 1 && bk <= 4096, "pass %d blocks %lld x %lld", (int)pass, (long long)bq,
