@@ -2,6 +2,7 @@
 #ifndef FA_INTERNAL_H
 #define FA_INTERNAL_H
 
+#include "alloc.h" /* fa_malloc, fa_calloc, fa_free: every allocation goes through them */
 #include "flashattn.h"
 
 #include <math.h>

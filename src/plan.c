@@ -226,7 +226,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     fa_options defaults = {0};
     if (!opt) opt = &defaults;
 
-    fa_plan *pl = calloc(1, sizeof *pl);
+    fa_plan *pl = fa_calloc(1, sizeof *pl);
     if (!pl) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate the plan");
     pl->p = *problem;
     fa_status s = validate_problem(pl);
@@ -242,8 +242,8 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         s = fa_cost_compute(pl);
     }
     if (s) {
-        free(pl->lens);
-        free(pl);
+        fa_free(pl->lens);
+        fa_free(pl);
         return s;
     }
     *out = pl;
@@ -251,8 +251,8 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
 }
 
 void fa_plan_destroy(fa_plan *plan) {
-    if (plan) free(plan->lens);
-    free(plan);
+    if (plan) fa_free(plan->lens);
+    fa_free(plan);
 }
 
 fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the tests need: a C compiler, CMake and make (gcc's OpenMP runtime comes with gcc),
-# and Open MPI's development package for the sequence-parallel component.
+# Open MPI's development package for the sequence-parallel component, and for the
+# ThreadSanitizer build clang with LLVM's OpenMP runtime (libomp-dev).
 # Installs only what is missing, so it is quick on a machine that has them.
 set -euo pipefail
 need=()
@@ -10,6 +11,15 @@ command -v make >/dev/null || need+=(make)
 # Open MPI for the sequence-parallel component (its tests are skipped without it)
 command -v mpicc >/dev/null || need+=(libopenmpi-dev)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
+command -v clang >/dev/null || need+=(clang)
+if command -v clang >/dev/null; then
+  # clang finds omp.h in its own resource directory only when libomp-dev is installed
+  echo '#include <omp.h>
+int main(void) { return omp_get_max_threads() < 1; }' |
+    clang -fopenmp -x c - -o /dev/null 2>/dev/null || need+=(libomp-dev)
+else
+  need+=(libomp-dev)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

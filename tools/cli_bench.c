@@ -56,7 +56,7 @@ static fa_status call(const bench_ctx *c, fa_pass pass) {
 /* Median seconds of iters calls after one warm-up call; progress on stderr. */
 static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median) {
     const char *name = pass == FA_FORWARD ? "forward" : "backward";
-    double *t = malloc(sizeof(double) * (size_t)iters);
+    double *t = fa_malloc(sizeof(double) * (size_t)iters);
     if (!t) return cli_fail(1, "out of memory");
     fprintf(stderr, "bench: %s warm-up...\n", name);
     fa_status st = call(c, pass);
@@ -67,12 +67,12 @@ static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median
         fprintf(stderr, "bench: %s %d/%d: %.4f s\n", name, i + 1, iters, t[i]);
     }
     if (st != FA_OK) {
-        free(t);
+        fa_free(t);
         return cli_fail_status(st, name);
     }
     qsort(t, (size_t)iters, sizeof *t, cmp_double);
     *median = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
-    free(t);
+    fa_free(t);
     return 0;
 }
 
@@ -117,7 +117,7 @@ int cli_bench(const cli_args *a) {
     if (x.q_seg) bytes[11] = nl / (size_t)p.heads_q * 4, bytes[12] = (size_t)(p.batch * p.seq_k) * 4;
     uint64_t seed = 0x5eed;
     for (int i = 0; i < 9; i++) {
-        if (!(h[i] = malloc(bytes[i] ? bytes[i] : 1))) {
+        if (!(h[i] = fa_malloc(bytes[i] ? bytes[i] : 1))) {
             rc = cli_fail(1, "out of memory (%zu bytes for the benchmark's tensors)", bytes[i]);
             goto done;
         }
@@ -187,7 +187,7 @@ int cli_bench(const cli_args *a) {
     }
 done:
     for (int i = 0; i < 13; i++) cli_mem_free(&mem, h[i], d[i]);
-    for (int i = 0; i < 9; i++) free(h[i]);
+    for (int i = 0; i < 9; i++) fa_free(h[i]);
     cli_extras_free(&x);
     fa_plan_destroy(plan);
     return rc;

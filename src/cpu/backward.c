@@ -334,7 +334,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
                             "backward: workspace_size is %zu bytes but the backward needs %lld",
                             a->workspace_size, (long long)need);
     } else {
-        owned = malloc((size_t)need);
+        owned = fa_malloc((size_t)need);
         if (!owned)
             return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate %lld bytes of workspace",
                             (long long)need);
@@ -401,7 +401,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }
-    free(owned);
+    fa_free(owned);
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;

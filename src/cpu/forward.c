@@ -331,7 +331,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
                             "fa_forward: workspace_size is %zu bytes but this plan needs %lld (%d threads x %lld)",
                             a->workspace_size, (long long)need, threads, (long long)per_thread);
     } else {
-        owned = malloc((size_t)need);
+        owned = fa_malloc((size_t)need);
         if (!owned)
             return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of workspace (%d threads x %lld)",
                             (long long)need, threads, (long long)per_thread);
@@ -368,7 +368,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }
-    free(owned);
+    fa_free(owned);
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;
