@@ -40,6 +40,10 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/flashattn.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
 
 if(FA_PYTHON)
+  # what pip builds (pyproject.toml's build.targets): the libraries the package loads, and
+  # nothing else (the target "flashattn" would be ambiguous with the CLI's file name)
+  add_custom_target(fa_python)
+  add_dependencies(fa_python flashattn)
   # beside python/flashattn/_native.py, which loads it by this name (no SONAME links)
   install(FILES $<TARGET_FILE:flashattn> DESTINATION flashattn RENAME libflashattn.so COMPONENT python)
 endif()
