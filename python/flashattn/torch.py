@@ -47,7 +47,7 @@ def _ptr(t):
 
 
 def _problem(q, k, v, o_stride, bias, alibi_slopes, q_segment_ids, causal, window_left,
-             window_right, softcap, scale, layout, bias_grad=False):
+             window_right, softcap, scale, layout, diag_offset, bias_scale, bias_grad=False):
     L = layout
     return make_problem(
         q_dims=_layout.to_bhsd(L, q.shape), k_dims=_layout.to_bhsd(L, k.shape),
@@ -57,7 +57,8 @@ def _problem(q, k, v, o_stride, bias, alibi_slopes, q_segment_ids, causal, windo
         causal=causal, window=(window_left, window_right), softcap=softcap, scale=scale,
         bias_shape=None if bias is None else tuple(bias.shape),
         bias_stride=None if bias is None else tuple(bias.stride()),
-        alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None, bias_grad=bias_grad)
+        alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None,
+        diag_offset=diag_offset, bias_scale=bias_scale, bias_grad=bias_grad)
 
 
 class _Device:
@@ -93,8 +94,8 @@ def _readable(t):
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
                    alibi_slopes: Optional[torch.Tensor], q_segment_ids: Optional[torch.Tensor],
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
-                   window_right: int, softcap: float, scale: Optional[float],
-                   layout: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                   window_right: int, softcap: float, scale: Optional[float], layout: str,
+                   diag_offset: Optional[int], bias_scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _readable(q), _readable(k), _readable(v)
     bias = None if bias is None else _readable(bias)
     o = torch.empty(_o_shape(q, v, layout), dtype=q.dtype, device=q.device)
@@ -102,7 +103,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
     dev = _Device(q)
     handle = _native.cached_plan(
         _problem(q, k, v, o.stride(), bias, alibi_slopes, q_segment_ids, causal, window_left,
-                 window_right, softcap, scale, layout), dev.options())
+                 window_right, softcap, scale, layout, diag_offset, bias_scale), dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     with torch.cuda.device(q.device) if dev.cuda else _nullcontext():
         handle.forward(_native.ForwardArgs(
@@ -115,7 +116,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
 
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
-                        window_left, window_right, softcap, scale, layout):
+                        window_left, window_right, softcap, scale, layout, diag_offset, bias_scale):
     o = q.new_empty(_o_shape(q, v, layout))
     lse = q.new_empty(_lse_shape(q, layout), dtype=torch.float32)
     return o, lse
@@ -127,6 +128,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    alibi_slopes: Optional[torch.Tensor], q_segment_ids: Optional[torch.Tensor],
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
+                   diag_offset: Optional[int], bias_scale: Optional[float],
                    bias_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = _dense_for_grad(q), _dense_for_grad(k), _dense_for_grad(v)
     dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
@@ -142,7 +144,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dev = _Device(q)
     handle = _native.cached_plan(
         _problem(q, k, v, o.stride(), bias, alibi_slopes, q_segment_ids, causal, window_left,
-                 window_right, softcap, scale, layout, bias_grad), dev.options())
+                 window_right, softcap, scale, layout, diag_offset, bias_scale, bias_grad), dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     with torch.cuda.device(q.device) if dev.cuda else _nullcontext():
         handle.backward(_native.BackwardArgs(
@@ -156,7 +158,8 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
 @_attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
-                        causal, window_left, window_right, softcap, scale, layout, bias_grad):
+                        causal, window_left, window_right, softcap, scale, layout, diag_offset,
+                        bias_scale, bias_grad):
     dq, dk, dv = (_grad_like(_dense_for_grad(t)) for t in (q, k, v))
     dbias = q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32)
     return dq, dk, dv, dbias
@@ -168,10 +171,6 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
-
-
-_OPTION_INPUTS = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "causal",
-                  "window_left", "window_right", "softcap", "scale", "layout")
 
 
 def _setup_context(ctx, inputs, output):
@@ -187,7 +186,7 @@ def _backward(ctx, do, dlse):
     bias_grad = bias is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dbias = torch.ops.flashattn.attention_bwd(
         q, k, v, o, lse, do, bias, alibi_slopes, q_seg, kv_seg, *ctx.options, bias_grad)
-    return dq, dk, dv, (dbias if bias_grad else None), None, None, None, None, None, None, None, None, None
+    return (dq, dk, dv, dbias if bias_grad else None) + (None,) * (len(ctx.options) + 3)
 
 
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -205,7 +204,7 @@ def _check_tensor(name, t, ndim=None):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False):
+              return_lse=False, bias_scale=None, diag_offset=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v, differentiable in q, k, v.
 
     q [B, Hq, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (layout "bhsd", as
@@ -215,7 +214,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     window (left, right), -1 unbounded; softcap > 0: cap * tanh(s / cap); bias (f32, or
     converted to it) broadcastable to [B or 1, Hq or 1, Sq, Sk]; alibi_slopes [Hq]; segment
     ids [B, Sq] and [B, Sk]. Returns o in q's layout, and lse [B, Hq, Sq] f32 (not
-    differentiable) with return_lse."""
+    differentiable) with return_lse. Beyond the issue's signature: bias_scale (s +=
+    bias_scale * bias) and diag_offset (query i sits at key position i + diag_offset;
+    0 aligns masks top-left, as SDPA's is_causal)."""
     L = _layout.check_layout(layout)
     q, k, v = (_check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     if not (q.dtype == k.dtype == v.dtype):
@@ -266,6 +267,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     wl, wr = window_pair(window)
     softcap = 0.0 if softcap is None else float(softcap)
     scale = None if scale is None else float(scale)
+    bias_scale = None if bias_scale is None else float(bias_scale)
+    diag_offset = None if diag_offset is None else int(diag_offset)
     o, lse = _attention_fwd(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
-                            bool(causal), wl, wr, softcap, scale, L)
+                            bool(causal), wl, wr, softcap, scale, L, diag_offset, bias_scale)
     return (o, lse) if return_lse else o

@@ -24,6 +24,8 @@ CASES = {
     "bias_2d": (2, 3, 3, 20, 24, 16, 16, {"bias": (20, 24)}),
     "bias_neg_inf": (1, 2, 2, 20, 24, 16, 16, {"bias": (1, 2, 20, 24), "neg_inf": True}),
     "segments": (2, 2, 2, 31, 27, 16, 16, {"segments": True}),
+    "top_left": (1, 2, 2, 17, 40, 16, 16, {"causal": True, "diag_offset": 0, "alibi": True}),
+    "block_offset": (1, 2, 2, 24, 30, 16, 16, {"window": (4, 2), "diag_offset": 9}),
     "everything": (2, 4, 2, 29, 35, 16, 8, {"causal": True, "window": (9, 2), "softcap": 4.0,
                                              "alibi": True, "bias": (2, 1, 29, 35), "segments": True}),
 }
@@ -44,7 +46,7 @@ def make(rng, name, dtype="f32"):
     q = randn(rng, (B, Hq, Sq, D), dtype)
     k = randn(rng, (B, Hk, Sk, D), dtype)
     v = randn(rng, (B, Hk, Sk, Dv), dtype)
-    kw = {key: opt[key] for key in ("causal", "window", "softcap", "scale") if key in opt}
+    kw = {key: opt[key] for key in ("causal", "window", "softcap", "scale", "diag_offset") if key in opt}
     if opt.get("alibi"):
         kw["alibi_slopes"] = (0.5 ** (np.arange(1, Hq + 1) * 8.0 / Hq)).astype(np.float32)
     if "bias" in opt:

@@ -5,9 +5,10 @@ Arrays are [B, H, S, D] (the tests transpose other layouts first)."""
 import numpy as np
 
 
-def visible(Sq, Sk, causal=False, window=(-1, -1), q_seg=None, kv_seg=None, batch=1):
-    """[B, Sq, Sk] bool: key j visible to query i (masks aligned bottom-right)."""
-    off = Sk - Sq
+def visible(Sq, Sk, causal=False, window=(-1, -1), q_seg=None, kv_seg=None, batch=1, diag_offset=None):
+    """[B, Sq, Sk] bool: key j visible to query i (masks aligned bottom-right, or at
+    diag_offset: query i sits at key position i + diag_offset)."""
+    off = Sk - Sq if diag_offset is None else diag_offset
     i = np.arange(Sq)[:, None] + off
     j = np.arange(Sk)[None, :]
     m = np.ones((Sq, Sk), bool)
@@ -28,7 +29,8 @@ def _expand_heads(k, Hq):
     return np.repeat(k, Hq // k.shape[1], axis=1)
 
 
-def scores(q, k, *, scale=None, softcap=0.0, bias=None, alibi_slopes=None):
+def scores(q, k, *, scale=None, softcap=0.0, bias=None, alibi_slopes=None, bias_scale=None,
+           diag_offset=None):
     """(s, s_before_cap / cap or None): the scores, f64, [B, Hq, Sq, Sk], before masking."""
     q = np.asarray(q, np.float64)
     k = _expand_heads(np.asarray(k, np.float64), q.shape[1])
@@ -41,21 +43,24 @@ def scores(q, k, *, scale=None, softcap=0.0, bias=None, alibi_slopes=None):
         s = softcap * t
     if bias is not None:
         b = np.asarray(bias, np.float64)
-        s = s + b.reshape((1,) * (4 - b.ndim) + b.shape)
+        s = s + (1.0 if bias_scale is None else float(bias_scale)) * b.reshape((1,) * (4 - b.ndim) + b.shape)
     if alibi_slopes is not None:
         Sq, Sk = s.shape[-2:]
-        dist = np.abs(np.arange(Sq)[:, None] + (Sk - Sq) - np.arange(Sk)[None, :])
+        off = Sk - Sq if diag_offset is None else diag_offset
+        dist = np.abs(np.arange(Sq)[:, None] + off - np.arange(Sk)[None, :])
         s = s - np.asarray(alibi_slopes, np.float64)[None, :, None, None] * dist
     return s, t, scale
 
 
 def forward(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, bias=None,
-            alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
+            alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, bias_scale=None,
+            diag_offset=None):
     """(o, lse, p) in f64. A row with no visible key: o = 0, lse = -inf."""
-    s, _, _ = scores(q, k, scale=scale, softcap=softcap, bias=bias, alibi_slopes=alibi_slopes)
+    s, _, _ = scores(q, k, scale=scale, softcap=softcap, bias=bias, alibi_slopes=alibi_slopes,
+                     bias_scale=bias_scale, diag_offset=diag_offset)
     B, H, Sq, Sk = s.shape
     window = (-1, -1) if window is None else tuple(-1 if w is None else w for w in window)
-    vis = visible(Sq, Sk, causal, window, q_segment_ids, kv_segment_ids, B)[:, None]
+    vis = visible(Sq, Sk, causal, window, q_segment_ids, kv_segment_ids, B, diag_offset)[:, None]
     vis = vis & (s != -np.inf)
     s = np.where(vis, s, -np.inf)
     m = s.max(-1, keepdims=True)
@@ -71,14 +76,17 @@ def forward(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, 
 
 
 def backward(q, k, v, do, *, o_saved=None, causal=False, window=(-1, -1), softcap=0.0,
-             scale=None, bias=None, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
+             scale=None, bias=None, alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None,
+             bias_scale=None, diag_offset=None):
     """(dq, dk, dv, dbias4) of sum(o * do) in f64; dbias4 is [B, Hq, Sq, Sk] (sum it over
     broadcast dims). o_saved: the o whose rows give delta = sum(do * o), as a kernel that
     saved a rounded o computes it (default: the exact o)."""
     kw = dict(causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
-              alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+              alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+              bias_scale=bias_scale, diag_offset=diag_offset)
     o, _, p = forward(q, k, v, **kw)
-    _, t, sc = scores(q, k, scale=scale, softcap=softcap, bias=bias, alibi_slopes=alibi_slopes)
+    _, t, sc = scores(q, k, scale=scale, softcap=softcap, bias=bias, alibi_slopes=alibi_slopes,
+                      bias_scale=bias_scale, diag_offset=diag_offset)
     Hq, Hk = q.shape[1], k.shape[1]
     do = np.asarray(do, np.float64)
     v64 = _expand_heads(np.asarray(v, np.float64), Hq)
@@ -87,8 +95,8 @@ def backward(q, k, v, do, *, o_saved=None, causal=False, window=(-1, -1), softca
     o_used = o if o_saved is None else np.asarray(o_saved, np.float64)
     dp = do @ np.swapaxes(v64, -1, -2)
     delta = (do * o_used).sum(-1, keepdims=True)
-    ds = p * (dp - delta)            # d/ds of the final score: also dbias
-    dbias = ds
+    ds = p * (dp - delta)            # d/ds of the final score
+    dbias = ds * (1.0 if bias_scale is None else float(bias_scale))
     if t is not None:
         ds = ds * (1.0 - t * t)      # through cap * tanh(s / cap)
     dq = sc * ds @ k64

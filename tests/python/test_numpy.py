@@ -30,7 +30,7 @@ def test_forward_matches_reference(rng, case, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["plain", "causal_sq_gt_sk", "gqa", "softcap", "alibi",
-                                  "bias_full", "bias_neg_inf", "segments", "everything"])
+                                  "bias_full", "bias_neg_inf", "segments", "top_left", "everything"])
 def test_backward_matches_reference(rng, case, dtype):
     q, k, v, kw = make(rng, case, dtype)
     o, lse = flashattn.attention(q, k, v, return_lse=True, **kw)
@@ -132,6 +132,22 @@ def test_bias_grad(rng):
         pytest.skip(f"the C library does not compute dbias yet (issue 8, branch semantics): {e}")
     *_, rb = ref.backward(q, k, v, do, o_saved=o, **kw)
     check("dbias", db, rb.sum(0, keepdims=True), BWD_TOL["f32"])
+
+
+def test_bias_scale(rng):
+    q, k, v, kw = make(rng, "bias_full")
+    try:
+        o, lse = flashattn.attention(q, k, v, bias_scale=0.125, return_lse=True, **kw)
+    except NotImplementedError as e:
+        pytest.skip(f"the C library does not take bias_scale yet (issue 8, branch semantics): {e}")
+    o_ref, lse_ref, _ = ref.forward(q, k, v, bias_scale=0.125, **kw)
+    check("o", o, o_ref, fwd_tol("f32", lse_ref))
+    check_lse(lse, lse_ref)
+    do = randn(rng, o.shape)
+    dq, dk, dv, db = flashattn.attention_backward(q, k, v, o, lse, do, bias_scale=0.125, bias_grad=True, **kw)
+    rq, rk, rv, rb = ref.backward(q, k, v, do, o_saved=o, bias_scale=0.125, **kw)
+    for name, g, r in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv), ("dbias", db, rb)):
+        check(name, g, r, BWD_TOL["f32"])
 
 
 def test_plan_matches_what_the_call_uses(rng):

@@ -68,6 +68,37 @@ def test_matches_sdpa(rng, dtype, causal, Hq, Hk, Sk):
         check(f"{name} vs sdpa", f64(g), f64(w), tol)
 
 
+@pytest.mark.parametrize("Sq, Sk", [(13, 40), (40, 13)])
+def test_top_left_causal_matches_sdpa_is_causal(rng, Sq, Sk):
+    """SDPA's is_causal aligns top-left: flashattn's diag_offset=0."""
+    q = t(rng.standard_normal((2, 4, Sq, 16)), grad=True)
+    k = t(rng.standard_normal((2, 2, Sk, 16)), grad=True)
+    v = t(rng.standard_normal((2, 2, Sk, 16)), grad=True)
+    o = fat.attention(q, k, v, causal=True, diag_offset=0)
+    r = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    check("o vs sdpa", f64(o), f64(r), 2 * fwd_tol("f32", np.zeros(1)))
+    do = torch.randn_like(o)
+    for name, g, w in zip(("dq", "dk", "dv"), grads(o, (q, k, v), do), grads(r, (q, k, v), do)):
+        check(f"{name} vs sdpa", f64(g), f64(w), BWD_TOL["f32"])
+
+
+def test_bias_scale_and_gradient(rng):
+    qn, kn, vn, kw = make(rng, "bias_full")
+    q, k, v = (t(a, grad=True) for a in (qn, kn, vn))
+    bias = torch.from_numpy(kw["bias"]).requires_grad_()
+    try:
+        o = fat.attention(q, k, v, bias=bias, bias_scale=0.125)
+        do = torch.randn_like(o)
+        got = grads(o, (q, k, v, bias), do)
+    except NotImplementedError as e:
+        pytest.skip(f"the C library does not take bias_scale / dbias yet (issue 8, branch semantics): {e}")
+    o_ref, lse_ref, _ = ref.forward(qn, kn, vn, bias=kw["bias"], bias_scale=0.125)
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+    want = ref.backward(qn, kn, vn, f64(do), o_saved=f64(o), bias=kw["bias"], bias_scale=0.125)
+    for name, g, r in zip(("dq", "dk", "dv", "dbias"), got, want):
+        check(name, f64(g), r, BWD_TOL["f32"])
+
+
 # ---- against the float64 reference --------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -137,7 +168,8 @@ def test_torch_compile_fullgraph_matches_eager():
 def test_ops_are_registered_with_fake_kernels():
     q = torch.empty(2, 4, 7, 16, device="meta")
     k = torch.empty(2, 2, 9, 16, device="meta")
-    o, lse = torch.ops.flashattn.attention_fwd(q, k, k, None, None, None, None, True, -1, -1, 0.0, None, "bhsd")
+    o, lse = torch.ops.flashattn.attention_fwd(q, k, k, None, None, None, None, True, -1, -1, 0.0, None,
+                                               "bhsd", None, None)
     assert o.shape == (2, 4, 7, 16) and lse.shape == (2, 4, 7) and lse.dtype == torch.float32
 
 
