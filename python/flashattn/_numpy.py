@@ -8,6 +8,13 @@ from . import _layout, _native
 from ._problem import check_shapes, make_options, make_problem
 
 
+def _empty(shape, dtype):
+    a = np.empty(shape, dtype)
+    if _native.POISON:
+        a[...] = np.nan
+    return a
+
+
 def _dtype_name(dt):
     if dt == np.float32:
         return "f32"
@@ -159,9 +166,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
               kv_segment_ids, layout, bias_scale, diag_offset)
     shape = c.o_shape()
-    o = np.empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
+    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
     B, H, Sq, _ = c.qd
-    lse = np.empty((B, H, Sq), np.float32)
+    lse = _empty((B, H, Sq), np.float32)
     handle = c.plan(_strides(o))
     args = _native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                o=o.ctypes.data, lse=lse.ctypes.data, **c.common_ptrs())
@@ -177,7 +184,7 @@ def _grad_buffer(a):
         a = np.ascontiguousarray(a)
         st = _elem_strides(a)
     n = _layout.span(a.shape, st)
-    buf = np.empty(max(n, 1), a.dtype)
+    buf = _empty(max(n, 1), a.dtype)
     g = np.lib.stride_tricks.as_strided(buf, a.shape, tuple(s * a.itemsize for s in st))
     return a, g
 
@@ -216,7 +223,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
     v, dv = _grad_buffer(c.v)
     if bias_grad and c.bias is None:
         raise ValueError("bias_grad needs a bias")
-    dbias = np.empty(c.bias.shape, np.float32) if bias_grad else None
+    dbias = _empty(c.bias.shape, np.float32) if bias_grad else None
     handle = c.plan(_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
     args = _native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                 o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,

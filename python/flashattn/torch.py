@@ -27,12 +27,19 @@ def _lse_shape(q, layout):
     return (B, H, Sq)
 
 
+def _poisoned(t):
+    """NaN-filled under FLASHATTN_POISON=1 (tests), so unwritten elements show; real tensors only."""
+    if _native.POISON and t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor):
+        t.fill_(float("nan"))
+    return t
+
+
 def _grad_like(t):
     """A gradient buffer with t's own strides (the library writes dq with q's strides),
     or a dense one where those strides do not suit an output."""
     if _layout.grad_strides_ok(tuple(t.shape), tuple(t.stride())):
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        return _poisoned(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device))
+    return _poisoned(torch.empty(t.shape, dtype=t.dtype, device=t.device))
 
 
 def _dense_for_grad(t):
@@ -98,8 +105,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    diag_offset: Optional[int], bias_scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _readable(q), _readable(k), _readable(v)
     bias = None if bias is None else _readable(bias)
-    o = torch.empty(_o_shape(q, v, layout), dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
+    o = _poisoned(torch.empty(_o_shape(q, v, layout), dtype=q.dtype, device=q.device))
+    lse = _poisoned(torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device))
     dev = _Device(q)
     handle = _native.cached_plan(
         _problem(q, k, v, o.stride(), bias, alibi_slopes, q_segment_ids, causal, window_left,
@@ -140,7 +147,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
             do = _grad_like(o).copy_(do)
         else:
             o, do = o.contiguous(), do.contiguous()
-    dbias = torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device)
+    dbias = _poisoned(torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device))
     dev = _Device(q)
     handle = _native.cached_plan(
         _problem(q, k, v, o.stride(), bias, alibi_slopes, q_segment_ids, causal, window_left,
