@@ -14,6 +14,7 @@ struct fa_plan {
     int threads;            /* CPU threads the kernels use */
     int64_t fwd_bq, fwd_bk; /* forward tile: query rows x keys */
     int64_t bwd_bq, bwd_bk; /* backward tile */
+    int bwd_fused;          /* CPU backward: one pass (backward_fused.c), else two passes */
     float scale;
     int64_t off;            /* Sk - Sq: masks align bottom-right */
     fa_cost fwd, bwd;       /* computed once, at plan time */
@@ -78,6 +79,12 @@ fa_status fa_cost_compute(struct fa_plan *plan);
  * allocate exactly that. */
 int64_t fa_cpu_forward_scratch_bytes(const struct fa_plan *plan);
 int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan);
+/* The one-pass backward (backward_fused.c): whether the shapes suit it (set in
+ * plan->bwd_fused at plan time), its per-thread scratch, and the pass itself (called by
+ * fa_cpu_backward with the arguments and the workspace checked). */
+int fa_cpu_backward_fused_fits(const struct fa_plan *plan);
+int64_t fa_cpu_backward_fused_scratch_bytes(const struct fa_plan *plan);
+fa_status fa_cpu_backward_fused(const struct fa_plan *plan, const fa_backward_args *a, char *workspace);
 /* Workspace of the CUDA kernels (bytes); plain C so plans need no device. */
 int64_t fa_cuda_workspace_bytes(const struct fa_plan *plan, fa_pass pass);
 void fa_cuda_default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64_t *bk);
@@ -138,6 +145,9 @@ static inline int fa_visible(const struct fa_plan *pl, int64_t i, int64_t j) {
  *   dk/dv pass: flops += 2*m*n*(2*D + 2*Dv)  S, dP = dO V^T, dV += P^T dO, dK += dS^T Q
  *   dq pass:    flops += 2*m*n*(2*D + Dv)    S, dP, dQ += dS K
  *   each pass:  trans += m*n (+ m*n tanh with softcap)    p = exp(s - lse)
+ * or, where the plan chose the one-pass schedule (plan->bwd_fused), one pass:
+ *   flops += 2*m*n*(3*D + 2*Dv)             S, dP, dV, dK, dQ += dS K
+ *   trans += m*n (+ m*n tanh with softcap)
  * D_i = rowsum(dO o) is not a matrix product and counts nothing. */
 
 /* Index of lse[b, h, i]: [B, Hq, Sq] contiguous, or a packed sequence's rows of [Hq, total_q]. */

@@ -76,6 +76,7 @@ static int64_t bwd_carve(const fa_plan *pl, char *base, bwd_scratch *w) {
 
 int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
     bwd_scratch w;
+    if (plan->bwd_fused) return fa_cpu_backward_fused_scratch_bytes(plan);
     return bwd_carve(plan, NULL, &w) + BWD_ALIGN; /* slack to align each thread's start */
 }
 
@@ -91,7 +92,11 @@ static fa_tile_src bwd_src(const bwd_ctx *c, const void *base, const fa_strides 
 }
 
 /* x[j] rounded to the dtype, j < n. */
-static void bwd_round_row(fa_dtype t, float *x, int n) {
+static void bwd_round_row(const fa_isa *isa, fa_dtype t, float *x, int n) {
+    if (t != FA_F32 && isa->round_row) { /* the ISA's pass: the same bits */
+        isa->round_row(x, n, t);
+        return;
+    }
     if (t == FA_F16)
         for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
     else if (t == FA_BF16)
@@ -135,13 +140,17 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
         }
         if (cap)
             for (int j = 0; j < n; j++) dp[j] *= th[j];
-        bwd_round_row(p->dtype, dp, n);
-        if (want_p) bwd_round_row(p->dtype, s, n);
+        bwd_round_row(pl->isa, p->dtype, dp, n);
+        if (want_p) bwd_round_row(pl->isa, p->dtype, s, n);
     }
 }
 
 /* tr[j*m + i] = x[i*ld + j]: the left operand of P^T dO or dS^T Q. */
-static void bwd_transpose(const float *x, int ld, int m, int n, float *tr) {
+static void bwd_transpose(const fa_isa *isa, const float *x, int ld, int m, int n, float *tr) {
+    if (isa->transpose) { /* the ISA's pass (a row-by-row copy misses L1 on every store) */
+        isa->transpose(x, ld, m, n, tr);
+        return;
+    }
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) tr[(int64_t)j * m + i] = x[(int64_t)i * ld + j];
 }
@@ -210,9 +219,9 @@ static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h
             isa->pack_b(&qs, m, D, w->qb);
             isa->pack_b(&gs, m, Dv, w->gb);
             bwd_tile(c, w, b, h, r0, m, c0, n, 1, NULL, 0);
-            bwd_transpose(w->s, (int)bk, m, n, w->tr);
+            bwd_transpose(isa, w->s, (int)bk, m, n, w->tr);
             isa->gemm_pb(n, m, Dv, w->tr, m, w->gb, w->acc_v, Dv);
-            bwd_transpose(w->dp, (int)bk, m, n, w->tr);
+            bwd_transpose(isa, w->dp, (int)bk, m, n, w->tr);
             isa->gemm_pb(n, m, D, w->tr, m, w->qb, w->acc, D);
             cnt->flops += per_pair * m * n;
             cnt->transcendentals += trans_per * m * n;
@@ -301,6 +310,11 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
             return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate %lld bytes of workspace",
                             (long long)need);
         ws = owned;
+    }
+    if (plan->bwd_fused) { /* the one-pass schedule (backward_fused.c) */
+        st = fa_cpu_backward_fused(plan, a, ws);
+        free(owned);
+        return st;
     }
     float *delta = (float *)ws;
     char *scratch_base = ws + 4 * rows;
