@@ -17,8 +17,8 @@ for isa in $isas; do
     FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS"
     first=0
   else
-    # the kernels' correctness and count tests again; the CLI tests do not depend on the ISA
-    FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_mpi_cli'
+    # the kernels' correctness and count tests again; the CLI, install and MPI CLI tests do not depend on the ISA
+    FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_install|test_mpi_cli'
   fi
 done
 
@@ -35,7 +35,7 @@ for isa in $isas; do
     FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS"
     first=0
   else
-    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_mpi_cli'
+    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_install|test_mpi_cli'
   fi
 done
 
@@ -54,3 +54,12 @@ CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DFA_TSAN=ON -DFA_CUD
   -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
 cmake --build build-tsan -j "$JOBS" --target test_threads
 TSAN_OPTIONS="ignore_noninstrumented_modules=1 halt_on_error=1" ./build-tsan/test_threads
+
+# The Python package: built and installed into the test environment by pip (the same CMake
+# build, through scikit-build-core; build isolation off, the environment has the backend),
+# then its suite. The installed package is what runs: no FLASHATTN_LIBDIR, no source path.
+VENV=${FA_VENV:-$HOME/.cache/flashattn/venv}
+echo "== Python: pip install . into $VENV"
+time "$VENV/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall .
+echo "== Python: pytest tests/python"
+(cd tests/python && env -u FLASHATTN_LIBDIR -u PYTHONPATH "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider .)
