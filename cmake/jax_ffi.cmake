@@ -17,6 +17,7 @@ endif()
 if(NOT EXISTS "${FA_JAX_FFI_INCLUDE_DIR}/xla/ffi/api/c_api.h")
   message(STATUS "flashattn: jaxlib's FFI headers not found (Python: ${Python_EXECUTABLE}); "
                  "building without flashattn.jax")
+  add_custom_target(flashattn_jax) # pyproject's build.targets names it: nothing to build
   return()
 endif()
 message(STATUS "flashattn: JAX FFI handler against ${FA_JAX_FFI_INCLUDE_DIR}")
@@ -30,6 +31,9 @@ set_target_properties(flashattn_jax PROPERTIES
   PREFIX "lib" C_VISIBILITY_PRESET hidden
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}
   INSTALL_RPATH "$ORIGIN")
-if(SKBUILD)
-  install(TARGETS flashattn_jax LIBRARY DESTINATION flashattn)
+# Beside libflashattn.so in the package. Its NEEDED entry is the library's SONAME
+# (libflashattn.so.0); flashattn.jax imports flashattn first, which loads the library, and
+# the dynamic loader matches an already loaded library by SONAME.
+if(FA_PYTHON)
+  install(TARGETS flashattn_jax LIBRARY DESTINATION flashattn COMPONENT python)
 endif()

@@ -204,6 +204,21 @@ FA_API const char *fa_cpu_isa(void);
 FA_API const char *fa_dtype_name(fa_dtype t);
 FA_API size_t fa_dtype_size(fa_dtype t);
 
+/* ---- bindings ---------------------------------------------------------------------- */
+
+/* Which public struct fa_struct_size measures. Language bindings that mirror the structs
+ * (the Python package) compare their sizes at load time, so a stale mirror fails loudly. */
+typedef enum {
+    FA_STRUCT_PROBLEM = 0,
+    FA_STRUCT_OPTIONS = 1,
+    FA_STRUCT_COST = 2,
+    FA_STRUCT_COUNTS = 3,
+    FA_STRUCT_FORWARD_ARGS = 4,
+    FA_STRUCT_BACKWARD_ARGS = 5
+} fa_struct_id;
+/* sizeof the struct named by which, as this library was compiled; 0 for an unknown id. */
+FA_API size_t fa_struct_size(int which);
+
 #ifdef __cplusplus
 }
 #endif

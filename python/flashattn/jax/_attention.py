@@ -13,13 +13,13 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from . import _ffi
 from ._ffi import Options
+from ._plan import plan_for
 
-_FLOAT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
+_FLOAT_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.float16, jnp.bfloat16))
 
 
 def _check_qkv(q, k, v, layout):
@@ -29,7 +29,7 @@ def _check_qkv(q, k, v, layout):
         if x.ndim != 4:
             order = "[B, S, H, D]" if layout == "bshd" else "[B, H, S, D]"
             raise ValueError(f"{name} must have rank 4 ({order} for layout={layout!r}), got shape {tuple(x.shape)}")
-        if x.dtype not in _FLOAT_DTYPES:
+        if x.dtype is None or jnp.dtype(x.dtype) not in _FLOAT_DTYPES:
             raise ValueError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
@@ -72,42 +72,54 @@ def _finite(name, x, positive=False):
     return x
 
 
-def _bias(bias, b, hq, sq, sk):
-    """A bias broadcastable to [B, Hq, Sq, Sk] as a float32 [1 or B, 1 or Hq, Sq, Sk]."""
-    if bias is None:
-        return None
-    bias = jnp.asarray(bias)
-    if not 2 <= bias.ndim <= 4:
-        raise ValueError(f"bias must have rank 2 to 4 (broadcastable to [B, H, Sq, Sk]), got shape {bias.shape}")
-    bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
-    bb, bh, bq, bk = bias.shape
+def _bias_shape(shape, b, hq, sq, sk):
+    """A bias shape broadcastable to [B, Hq, Sq, Sk] as [1 or B, 1 or Hq, Sq, Sk]."""
+    shape = tuple(shape)
+    if not 2 <= len(shape) <= 4:
+        raise ValueError(f"bias must have rank 2 to 4 (broadcastable to [B, H, Sq, Sk]), got shape {shape}")
+    shape = (1,) * (4 - len(shape)) + shape
+    bb, bh, bq, bk = shape
     if bb not in (1, b) or bh not in (1, hq) or bq != sq or bk != sk:
-        raise ValueError(f"bias has shape {bias.shape}, expected [1 or {b}, 1 or {hq}, {sq}, {sk}] "
-                         "([B, H, Sq, Sk], batch and heads may be 1)")
-    return bias.astype(jnp.float32)
+        raise ValueError(f"bias has shape {shape}, expected [1 or {b}, 1 or {hq}, {sq}, {sk}] "
+                         "([B, H, Sq, Sk]; batch and heads may be 1)")
+    return shape
 
 
-def _slopes(slopes, hq):
-    if slopes is None:
-        return None
-    slopes = jnp.asarray(slopes)
-    if slopes.shape != (hq,):
-        raise ValueError(f"alibi_slopes must have shape ({hq},) (one per query head), got {slopes.shape}")
-    return jax.lax.stop_gradient(slopes.astype(jnp.float32))
-
-
-def _segments(q_seg, kv_seg, b, sq, sk):
-    if q_seg is None and kv_seg is None:
-        return None, None
-    if q_seg is None or kv_seg is None:
+def _check_extras(alibi_slopes, q_seg, kv_seg, b, hq, sq, sk, shapes_only):
+    """Shapes of the slopes and segment ids (True stands for "present" in shapes_only)."""
+    if alibi_slopes is not None and not (shapes_only and alibi_slopes is True):
+        if tuple(alibi_slopes.shape) != (hq,):
+            raise ValueError(f"alibi_slopes must have shape ({hq},) (one per query head), "
+                             f"got {tuple(alibi_slopes.shape)}")
+    if (q_seg is None) != (kv_seg is None):
         raise ValueError("q_segment_ids and kv_segment_ids must be given together")
-    q_seg, kv_seg = jnp.asarray(q_seg), jnp.asarray(kv_seg)
     for name, x, s in (("q_segment_ids", q_seg, sq), ("kv_segment_ids", kv_seg, sk)):
-        if x.shape != (b, s):
-            raise ValueError(f"{name} must have shape ({b}, {s}), got {x.shape}")
-        if not jnp.issubdtype(x.dtype, jnp.integer):
+        if x is None or (shapes_only and x is True):
+            continue
+        if tuple(x.shape) != (b, s):
+            raise ValueError(f"{name} must have shape ({b}, {s}), got {tuple(x.shape)}")
+        if x.dtype is not None and not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(f"{name} must be integers, got {x.dtype}")
-    return q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
+
+
+def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
+                 q_segment_ids=None, kv_segment_ids=None, layout="bshd", diag_offset=None, bias_scale=None,
+                 shapes_only=False):
+    """Checks a call's arguments from their shapes and dtypes; returns its Options and the
+    bias's shape as [1 or B, 1 or Hq, Sq, Sk] (None without a bias)."""
+    b, hq, sq, sk = _check_qkv(q, k, v, layout)
+    softcap = _finite("softcap", softcap)
+    if softcap is not None and softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 or None: off), got {softcap}")
+    bias_shape = None if bias is None else _bias_shape(bias.shape, b, hq, sq, sk)
+    _check_extras(alibi_slopes, q_segment_ids, kv_segment_ids, b, hq, sq, sk, shapes_only)
+    if diag_offset is not None and (isinstance(diag_offset, bool) or not hasattr(diag_offset, "__index__")):
+        raise ValueError(f"diag_offset must be an integer, got {diag_offset!r}")
+    opt = Options(layout=layout, causal=bool(causal), window=_window(window), softcap=softcap or 0.0,
+                  scale=_finite("scale", scale), diag_offset=None if diag_offset is None else int(diag_offset),
+                  bias_scale=_finite("bias_scale", bias_scale), has_bias=bias is not None,
+                  has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None)
+    return opt, bias_shape
 
 
 def _unwrap(x):
@@ -151,17 +163,17 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
          bias_scale=None):
     """attention() with the two options the Pallas drop-in needs (diag_offset, bias_scale)."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    b, hq, sq, sk = _check_qkv(q, k, v, layout)
-    softcap = _finite("softcap", softcap)
-    if softcap is not None and softcap < 0:
-        raise ValueError(f"softcap must be >= 0 (0 or None: off), got {softcap}")
-    bias = _bias(bias, b, hq, sq, sk)
-    slopes = _slopes(alibi_slopes, hq)
-    q_seg, kv_seg = _segments(q_segment_ids, kv_segment_ids, b, sq, sk)
-    opt = Options(layout=layout, causal=bool(causal), window=_window(window), softcap=softcap or 0.0,
-                  scale=_finite("scale", scale), diag_offset=None if diag_offset is None else int(diag_offset),
-                  bias_scale=_finite("bias_scale", bias_scale), has_bias=bias is not None,
-                  has_alibi=slopes is not None, has_segment_ids=q_seg is not None)
+    bias, slopes, q_seg, kv_seg = (None if x is None else jnp.asarray(x)
+                                   for x in (bias, alibi_slopes, q_segment_ids, kv_segment_ids))
+    opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
+                                   alibi_slopes=slopes, q_segment_ids=q_seg, kv_segment_ids=kv_seg, layout=layout,
+                                   diag_offset=diag_offset, bias_scale=bias_scale)
+    if bias is not None:  # outside the custom_vjp: autodiff takes the cast and reshape back
+        bias = bias.reshape(bias_shape).astype(jnp.float32)
+    if slopes is not None:
+        slopes = jax.lax.stop_gradient(slopes.astype(jnp.float32))
+    if q_seg is not None:
+        q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
     _check_plan(opt, q, k, v, bias)
     o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg)
     return (o, lse) if return_lse else o
@@ -170,8 +182,6 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
 def _check_plan(opt, q, k, v, bias):
     """Plans the problem at trace time (microseconds, shapes only) so that whatever the
     library rejects raises ValueError here, naming the problem, before anything runs."""
-    from ._plan import plan_for  # the package's ctypes front; imported late, it is optional
-
     plan_for(opt, q, k, v, bias)
 
 

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _native
+
 _LIB_NAME = "libflashattn_jax.so"
 FORWARD_TARGET = "flashattn_forward"
 BACKWARD_TARGET = "flashattn_backward"
@@ -37,22 +39,14 @@ class Options(NamedTuple):
 
 
 def _find_library() -> str:
-    """$FLASHATTN_LIBDIR first (a build folder), then the installed package's folder."""
-    tried = []
-    env = os.environ.get("FLASHATTN_LIBDIR")
-    if env:
-        tried.append(os.path.join(env, _LIB_NAME))
-    tried.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), _LIB_NAME))
-    for path in tried:
-        if os.path.exists(path):
-            return path
-    raise ImportError(
-        "flashattn.jax: the XLA FFI handler library was not found (looked for "
-        + ", ".join(tried)
-        + "); the package was built without jaxlib's FFI headers. Reinstall with jaxlib "
-        "present in the build environment, or set FLASHATTN_LIBDIR to a build folder "
-        "configured with -DFA_JAX_FFI=ON."
-    )
+    """Beside the libflashattn.so that flashattn loaded ($FLASHATTN_LIBDIR or the package)."""
+    path = os.path.join(os.path.dirname(_native.LIB_PATH), _LIB_NAME)
+    if not os.path.exists(path):
+        raise ImportError(
+            f"flashattn.jax: {path} does not exist: the package was built without jaxlib's FFI "
+            "headers. Reinstall with jaxlib in the build environment (pip install . does), or "
+            "point FLASHATTN_LIBDIR at a build folder configured with -DFA_JAX_FFI=ON.")
+    return path
 
 
 _registered = False
@@ -63,6 +57,8 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    # _native has loaded libflashattn.so; the handler library's NEEDED entry (the
+    # library's SONAME) resolves to that copy
     lib = ctypes.CDLL(_find_library())
     jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_forward_cpu), platform="cpu")
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_backward_cpu), platform="cpu")
