@@ -136,6 +136,8 @@ def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg):
     # when the bias is being differentiated
     bias_grad = bias is not None and bias.perturbed
     q, k, v, bias, slopes, q_seg, kv_seg = map(_unwrap, (q, k, v, bias, slopes, q_seg, kv_seg))
+    if bias_grad:  # at trace time, so that a library without dbias says so before anything runs
+        plan_for(opt, q, k, v, bias, bias_grad=True)
     o, lse = _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg)
     marker = () if bias_grad else None  # static: the residuals' structure carries it
     return (o, lse), (q, k, v, o, lse, bias, slopes, q_seg, kv_seg, marker)
@@ -144,14 +146,22 @@ def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg):
 def _op_bwd(opt, res, cotangents):
     q, k, v, o, lse, bias, slopes, q_seg, kv_seg, marker = res
     do, dlse = cotangents
-    if not isinstance(dlse, SymbolicZero):
-        raise NotImplementedError(
-            "flashattn.jax.attention: gradients through the returned lse are not supported "
-            "(the library's backward differentiates o only); use return_lse=False or stop_gradient(lse)")
     if isinstance(do, SymbolicZero):
         do = jnp.zeros(o.shape, o.dtype)
-    dq, dk, dv, dbias = _ffi.backward(opt, marker is not None, q, k, v, o, lse, do.astype(o.dtype),
-                                      bias, slopes, q_seg, kv_seg)
+    do = do.astype(o.dtype)
+    with_lse = not isinstance(dlse, SymbolicZero)
+    if with_lse:
+        # d lse_i / d s_ij = p_ij, so lse's cotangent adds dlse_i to every dp_ij of row i.
+        # The library's backward gets it as one more value column: ones in v, dlse in do,
+        # and 0 in o so that the row term rowsum(do * o) leaves it out.
+        dlse = dlse.astype(o.dtype)
+        dlse = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
+        v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+        o = jnp.concatenate([o, jnp.zeros(o.shape[:-1] + (1,), o.dtype)], axis=-1)
+        do = jnp.concatenate([do, dlse[..., None]], axis=-1)
+    dq, dk, dv, dbias = _ffi.backward(opt, marker is not None, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg)
+    if with_lse:
+        dv = dv[..., :-1]
     return dq, dk, dv, dbias, None, None, None
 
 
