@@ -69,7 +69,7 @@ static int store(wide v, int64_t *out) {
 
 /* Bytes of every input and output (the optional ones as used), for min and peak figures. */
 typedef struct {
-    wide q, k, v, o, lse, bias, slopes, segments;
+    wide q, k, v, o, lse, bias, slopes, segments, dbias;
 } tensor_bytes;
 
 static tensor_bytes sizes(const fa_problem *p) {
@@ -83,6 +83,7 @@ static tensor_bytes sizes(const fa_problem *p) {
     t.bias = p->has_bias ? (wide)p->bias_batch * p->bias_heads * p->seq_q * p->seq_k * 4 : 0;
     t.slopes = p->has_alibi ? (wide)p->heads_q * 4 : 0;
     t.segments = p->has_segment_ids ? b * (p->seq_q + p->seq_k) * 4 : 0;
+    t.dbias = p->bias_grad ? t.bias : 0; /* f32, the bias's shape */
     return t;
 }
 
@@ -140,11 +141,13 @@ static fa_status backward_cost(struct fa_plan *pl) {
     if (p->has_bias) per_head += 2 * w.rows_keys * 4;
     if (p->has_segment_ids) per_head += 2 * (rows_pairs * 4 + w.keys * 4);
     if (p->has_alibi) per_head += 2 * w.qtiles * 4;
+    /* dbias: the dq pass zeroes it once, then reads and writes it per computed element */
+    if (p->bias_grad) per_head += w.rows_keys * 8;
     /* per kv head: k and v read once, dk and dv written once, by the dk/dv pass */
-    wide kv_once = 2 * (t.k + t.v);
+    wide kv_once = 2 * (t.k + t.v) + t.dbias;
 
     wide inputs = t.q + t.k + t.v + 2 * t.o + t.lse + t.bias + t.slopes + t.segments; /* o and dO */
-    wide outputs = t.q + t.k + t.v;                                                     /* dq, dk, dv */
+    wide outputs = t.q + t.k + t.v + t.dbias;                                           /* dq, dk, dv, dbias */
     wide work = pl->backend == FA_BACKEND_CUDA
                     ? fa_cuda_workspace_bytes(pl, FA_BACKWARD)
                     : heads * sq * 4 + (wide)pl->threads * fa_cpu_backward_scratch_bytes(pl);

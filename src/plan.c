@@ -107,10 +107,6 @@ static fa_status validate_problem(fa_problem *p) {
         return fa_error(FA_ERR_INVALID, "bias_scale must be finite, got %g", (double)p->bias_scale);
     if (p->bias_grad && !p->has_bias)
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
-    /* TODO(issue 8): bias_scale and dbias land with the kernels' support */
-    if (p->has_bias_scale && p->bias_scale != 1.0f)
-        return fa_error(FA_ERR_UNSUPPORTED, "bias_scale is not supported yet");
-    if (p->bias_grad) return fa_error(FA_ERR_UNSUPPORTED, "bias_grad is not supported yet");
     if (p->varlen)
         return fa_error(FA_ERR_UNSUPPORTED, "packed variable-length sequences are not supported yet");
     if (p->kv_cache_len)
@@ -136,6 +132,9 @@ static fa_status validate_problem(fa_problem *p) {
         if (p->bias_batch == 1) p->bias_stride.s[0] = 0;
         if (p->bias_heads == 1) p->bias_stride.s[1] = 0;
     }
+    if (!p->has_bias_scale) p->bias_scale = 1.0f;
+    p->has_bias_scale = 1;
+    p->bias_grad = p->bias_grad != 0;
     p->has_alibi = p->has_alibi != 0;
     p->has_bias = p->has_bias != 0;
     p->has_segment_ids = p->has_segment_ids != 0;
@@ -165,10 +164,11 @@ static void cpu_default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int
 /* AUTO: the GPU for f16/bf16 where this build has CUDA and the machine has an NVIDIA
  * device node, else the CPU. The node check is a stat, so plans stay cheap and need no
  * device context (cudaGetDeviceCount alone costs ~150 ms); a missing driver is reported by
- * fa_forward. The CUDA kernels take f16/bf16 only, so f32 stays on the CPU. */
+ * fa_forward. The CUDA kernels take f16/bf16 only, so f32 stays on the CPU; dbias is CPU
+ * only too. */
 static fa_backend auto_backend(const fa_problem *p) {
 #ifdef FA_HAVE_CUDA
-    if (p->dtype != FA_F32 && access("/dev/nvidiactl", F_OK) == 0) return FA_BACKEND_CUDA;
+    if (p->dtype != FA_F32 && !p->bias_grad && access("/dev/nvidiactl", F_OK) == 0) return FA_BACKEND_CUDA;
 #else
     (void)p;
 #endif
@@ -198,6 +198,9 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
     }
     /* CUDA: tiles are compiled in, so the defaults are the only sizes it runs. */
     const fa_problem *p = &pl->p;
+    if (p->bias_grad)
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend does not compute dbias (bias_grad); plan it on the cpu backend");
     if (p->head_dim > 256 || p->head_dim % 8 || p->head_dim_v > 256 || p->head_dim_v % 8)
         return fa_error(FA_ERR_UNSUPPORTED,
                         "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",

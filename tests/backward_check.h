@@ -22,13 +22,16 @@ static int failures;
 
 /* ---- one problem with its tensors ------------------------------------------------------ */
 
-enum { M_CAUSAL = 1, M_WINDOW = 2, M_SEG = 4, M_BIAS = 8, M_ALIBI = 16, M_SOFTCAP = 32, M_NEGINF = 64 };
+/* M_BIAS also asks for dbias (bias_grad) and, half the time, a bias_scale; M_BCAST makes the
+ * bias [1, 1, Sq, Sk] (otherwise each dim is broadcast or not at random). */
+enum { M_CAUSAL = 1, M_WINDOW = 2, M_SEG = 4, M_BIAS = 8, M_ALIBI = 16, M_SOFTCAP = 32, M_NEGINF = 64, M_BCAST = 128 };
 
 typedef struct {
     fa_problem p;
     void *q, *k, *v, *o, *g, *dq, *dk, *dv; /* g = do */
     int64_t nq, nk, nv, no;                 /* buffer elements (padding included) */
-    float *lse, *bias, *slopes;
+    float *lse, *bias, *slopes, *dbias;     /* dbias: when bias_grad */
+    int64_t nbias;                          /* bias (and dbias) elements */
     int32_t *qseg, *kseg;
     double *o_exact; /* [B, Hq, Sq, Dv] the reference o, before it is rounded into o */
 } tcase;
@@ -90,10 +93,14 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
     }
     if (mask & M_BIAS) {
         q->has_bias = 1;
-        q->bias_batch = tu_int(rng, 0, 1) ? B : 1;
-        q->bias_heads = tu_int(rng, 0, 1) ? Hq : 1;
-        int64_t n = q->bias_batch * q->bias_heads * Sq * Sk;
+        q->bias_batch = tu_int(rng, 0, 1) && !(mask & M_BCAST) ? B : 1;
+        q->bias_heads = tu_int(rng, 0, 1) && !(mask & M_BCAST) ? Hq : 1;
+        q->bias_grad = 1;
+        /* (negative only without -inf entries: -inf times a negative scale is +inf) */
+        if (tu_int(rng, 0, 1)) q->has_bias_scale = 1, q->bias_scale = tu_int(rng, 0, 1) || (mask & M_NEGINF) ? 0.75f : -1.5f;
+        int64_t n = c->nbias = q->bias_batch * q->bias_heads * Sq * Sk;
         c->bias = tu_alloc(sizeof(float) * (size_t)n);
+        c->dbias = tu_alloc(sizeof(float) * (size_t)n);
         for (int64_t i = 0; i < n; i++) c->bias[i] = (float)tu_uniform(rng);
         if (mask & M_NEGINF) { /* some -inf scores, and a whole row of them */
             for (int64_t i = 0; i < n; i++)
@@ -114,7 +121,7 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
 
 static void case_free(tcase *c) {
     void *ptrs[] = {c->q, c->k, c->v, c->o, c->g, c->dq, c->dk, c->dv, c->lse, c->bias, c->slopes, c->qseg, c->kseg,
-                    c->o_exact};
+                    c->o_exact, c->dbias};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
 }
 
@@ -131,7 +138,7 @@ static fa_backward_args case_bwd_args(const tcase *c) {
     fa_backward_args a;
     memset(&a, 0, sizeof a);
     a.q = c->q, a.k = c->k, a.v = c->v, a.o = c->o, a.d_o = c->g, a.lse = c->lse;
-    a.dq = c->dq, a.dk = c->dk, a.dv = c->dv;
+    a.dq = c->dq, a.dk = c->dk, a.dv = c->dv, a.dbias = c->dbias;
     a.bias = c->bias, a.alibi_slopes = c->slopes;
     a.q_segment_ids = c->qseg, a.kv_segment_ids = c->kseg;
     return a;
@@ -313,6 +320,48 @@ static double tolerance(fa_dtype t) {
     return 5e-5;
 }
 
+/* max_i |e_i|, e_i = do_i . (o_saved_i - o_i) (add_saved_o_error): the saved o's share of
+ * the error of dS, hence of dbias, per element (|p_ij e_i| <= |e_i|). */
+static double saved_o_error_max(const tcase *c, const fa_plan *pl) {
+    const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
+    const int64_t Hq = p->heads_q, Sq = p->seq_q, Dv = p->head_dim_v, rows = p->batch * Hq * Sq;
+    double best = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
+        double e = 0.0;
+        for (int64_t x = 0; x < Dv; x++) {
+            const int64_t at = fa_offset(&rp->o_stride, b, h, i, x);
+            e += (double)fa_load(p->dtype, c->g, at) * ((double)fa_load(p->dtype, c->o, at) - c->o_exact[r * Dv + x]);
+        }
+        best = fabs(e) > best ? fabs(e) : best;
+    }
+    return best;
+}
+
+/* dbias (f32, whatever the dtype) against the reference's: dS = p (dP - delta) is formed in
+ * f32 from the dtype's inputs, so the f32 bound applies, plus, per (b, h) summed into an
+ * element, the saved o's error of delta and the f32 noise floor of dP - delta
+ * (8 u_f32 2 max|do|_2 max|v|_2, as noise_floors), times |bias_scale|. */
+static int dbias_check(const tcase *c, const fa_plan *pl, const double *ref, char *msg, size_t len) {
+    const fa_problem *p = &c->p;
+    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
+    const fa_problem *rp = fa_plan_problem(pl);
+    const double vmax = max_row_norm(p->dtype, c->v, &rp->v_stride, B, Hk, Sk, p->head_dim_v, 1);
+    const double gmax = max_row_norm(p->dtype, c->g, &rp->o_stride, B, Hq, Sq, p->head_dim_v, 1);
+    const double share = (double)(B / p->bias_batch * (Hq / p->bias_heads));
+    const double w = p->has_bias_scale ? fabs((double)p->bias_scale) : 1.0;
+    const double floor = w * share * (saved_o_error_max(c, pl) + 8.0 * 0x1p-24 * 2.0 * gmax * vmax);
+    double err = 0.0, mag = 0.0;
+    for (int64_t i = 0; i < c->nbias; i++) {
+        const double g = c->dbias[i];
+        if (!(fabs(g - ref[i]) <= err)) err = isnan(g) ? INFINITY : fabs(g - ref[i]);
+        if (fabs(ref[i]) > mag) mag = fabs(ref[i]);
+    }
+    const int bad = !(err <= tolerance(FA_F32) * mag + floor);
+    snprintf(msg, len, " dbias %.2e%s", mag > 0.0 ? err / mag : err, mag > 0.0 ? "" : " abs");
+    return bad;
+}
+
 /* Runs fa_backward on a case (gradients poisoned first) and compares with the reference.
  * Returns 0 if it passes. label: printed with the numbers. */
 static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
@@ -322,6 +371,7 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     tu_poison(p->dtype, c->dq, c->nq);
     tu_poison(p->dtype, c->dk, c->nk);
     tu_poison(p->dtype, c->dv, c->nv);
+    if (c->dbias) tu_poison(FA_F32, c->dbias, c->nbias);
     fa_backward_args a = case_bwd_args(c);
     fa_status st = fa_backward(pl, &a);
     if (st != FA_OK) {
@@ -332,7 +382,8 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     double *rq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D));
     double *rk = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
     double *rv = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * Dv));
-    fa_ref_backward(p, &a, rq, rk, rv);
+    double *rb = c->dbias ? tu_alloc(sizeof(double) * (size_t)c->nbias) : NULL;
+    fa_ref_backward_dbias(p, &a, rq, rk, rv, rb);
     add_saved_o_error(c, pl, rq, rk);
     double fq, fk, mq, mk, mv;
     noise_floors(c, pl, &fq, &fk);
@@ -343,13 +394,16 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     const double tol = tolerance(p->dtype);
     if (!(eq <= tol * mq + fq) || !(ek <= tol * mk + fk) || !(ev <= tol * mv)) bad = 1;
     const int floored = eq > tol * mq || ek > tol * mk; /* passed on the noise floor */
+    char edb[48] = "";
+    if (rb && dbias_check(c, pl, rb, edb, sizeof edb)) bad = 1;
     char e3[3][32];
     const double es[3] = {eq, ek, ev}, ms[3] = {mq, mk, mv};
     for (int g = 0; g < 3; g++) /* relative; absolute where the reference is exactly 0 */
         snprintf(e3[g], sizeof e3[g], ms[g] > 0.0 ? "%.2e" : "%.1e abs", ms[g] > 0.0 ? es[g] / ms[g] : es[g]);
-    printf("%s %s: dq %s dk %s dv %s (bound %.1e%s)\n", bad ? "FAIL" : "PASS", label, e3[0], e3[1], e3[2], tol,
-           floored ? "; dq/dk within the f32 noise floor" : "");
+    printf("%s %s: dq %s dk %s dv %s%s (bound %.1e%s)\n", bad ? "FAIL" : "PASS", label, e3[0], e3[1], e3[2], edb,
+           tol, floored ? "; dq/dk within the f32 noise floor" : "");
     failures += bad;
+    free(rb);
     free(rq);
     free(rk);
     free(rv);

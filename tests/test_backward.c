@@ -1,5 +1,5 @@
-/* The backward pass: (a) the float64 reference against central differences of the float64
- * forward; (b) randomized fa_backward cases against the reference, every mask alone and
+/* The backward pass: (a) the float64 reference (dq, dk, dv and dbias) against central
+ * differences of the float64 forward; (b) randomized fa_backward cases against the reference, every mask alone and
  * combined, GQA and MQA, strided views, f32/f16/bf16; (c) rows that see no key; (d)
  * bit-identical results across runs and thread counts; (e) bad arguments.
  * A fresh seed every run, printed; FA_TEST_SEED=<seed> reproduces a run. */
@@ -44,6 +44,7 @@ static void test_reference_gradients(uint64_t *rng) {
     static const struct { int mask; const char *name; } cfg[] = {
         {0, "plain"}, {M_SOFTCAP, "softcap"}, {M_BIAS, "bias"}, {M_ALIBI, "alibi"}, {M_CAUSAL, "causal"},
         {M_WINDOW, "window"}, {M_SEG, "segments"}, {M_CAUSAL | M_WINDOW | M_BIAS | M_ALIBI | M_SOFTCAP, "all"},
+        {M_BIAS | M_BCAST, "bias broadcast"},
     };
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         fa_problem p;
@@ -52,20 +53,27 @@ static void test_reference_gradients(uint64_t *rng) {
         tcase c;
         case_init(&c, &p, cfg[k].mask, rng, 0);
         if (cfg[k].mask & M_WINDOW) c.p.window_left = 3, c.p.window_right = 1; /* several keys per row */
-        float *bufs[] = {c.q, c.k, c.v, c.g};
-        int64_t ns[] = {c.nq, c.nk, c.nv, c.no};
-        for (int t = 0; t < 4; t++)
+        if (c.bias) c.p.has_bias_scale = 1, c.p.bias_scale = 0.75f;
+        float *bufs[] = {c.q, c.k, c.v, c.g, c.bias};
+        int64_t ns[] = {c.nq, c.nk, c.nv, c.no, c.bias ? c.nbias : 0};
+        for (int t = 0; t < 5; t++)
             for (int64_t i = 0; i < ns[t]; i++) bufs[t][i] = roundf(bufs[t][i] * 4096.0f) / 4096.0f;
         fa_backward_args a = case_bwd_args(&c);
         double *rq = tu_alloc(sizeof(double) * (size_t)c.nq), *rk = tu_alloc(sizeof(double) * (size_t)c.nk);
         double *rv = tu_alloc(sizeof(double) * (size_t)c.nv);
-        fa_ref_backward(&c.p, &a, rq, rk, rv);
+        double *rb = c.bias ? tu_alloc(sizeof(double) * (size_t)c.nbias) : NULL;
+        fa_ref_backward_dbias(&c.p, &a, rq, rk, rv, rb);
         double eq = fd_error(&c, c.q, c.nq, rq), ek = fd_error(&c, c.k, c.nk, rk), ev = fd_error(&c, c.v, c.nv, rv);
+        double eb = rb ? fd_error(&c, c.bias, c.nbias, rb) : 0.0;
         /* truncation h^2 f''' ~ 1e-12, cancellation eps_64 |L| / h ~ 1e-10: 1e-6 is loose */
-        const int ok = eq <= 1e-6 && ek <= 1e-6 && ev <= 1e-6;
-        printf("%s reference vs central differences, %s: dq %.1e dk %.1e dv %.1e\n", ok ? "PASS" : "FAIL",
+        const int ok = eq <= 1e-6 && ek <= 1e-6 && ev <= 1e-6 && eb <= 1e-6;
+        printf("%s reference vs central differences, %s: dq %.1e dk %.1e dv %.1e", ok ? "PASS" : "FAIL",
                cfg[k].name, eq, ek, ev);
+        if (rb) printf(" dbias %.1e (bias [%lld, %lld, Sq, Sk], bias_scale 0.75)", eb, (long long)c.p.bias_batch,
+                       (long long)c.p.bias_heads);
+        printf("\n");
         failures += !ok;
+        free(rb);
         free(rq);
         free(rk);
         free(rv);
@@ -175,10 +183,10 @@ static void test_determinism(uint64_t *rng) {
     p.dtype = FA_BF16;
     p.batch = 2, p.heads_q = 4, p.heads_kv = 2, p.seq_q = 129, p.seq_k = 150, p.head_dim = 64, p.head_dim_v = 40;
     tcase c;
-    case_init(&c, &p, M_CAUSAL | M_BIAS | M_SOFTCAP | M_ALIBI, rng, 1);
+    case_init(&c, &p, M_CAUSAL | M_BIAS | M_BCAST | M_SOFTCAP | M_ALIBI, rng, 1);
     const int before = failures;
     const size_t es = fa_dtype_size(p.dtype);
-    unsigned char *first[3] = {NULL, NULL, NULL};
+    unsigned char *first[4] = {NULL, NULL, NULL, NULL};
     static const int threads[] = {2, 2, 1, 3};
     for (int r = 0; r < 4; r++) {
         fa_plan *pl = make_plan(&c.p, threads[r], 32, 48);
@@ -187,24 +195,27 @@ static void test_determinism(uint64_t *rng) {
         tu_poison(p.dtype, c.dq, c.nq);
         tu_poison(p.dtype, c.dk, c.nk);
         tu_poison(p.dtype, c.dv, c.nv);
+        tu_poison(FA_F32, c.dbias, c.nbias);
         fa_backward_args a = case_bwd_args(&c);
         fa_status st = fa_backward(pl, &a);
         CHECK(st == FA_OK, "fa_backward: %s", fa_last_error());
-        void *outs[3] = {c.dq, c.dk, c.dv};
-        size_t bytes[3] = {(size_t)c.nq * es, (size_t)c.nk * es, (size_t)c.nv * es};
-        for (int g = 0; g < 3; g++) {
+        void *outs[4] = {c.dq, c.dk, c.dv, c.dbias};
+        size_t bytes[4] = {(size_t)c.nq * es, (size_t)c.nk * es, (size_t)c.nv * es, (size_t)c.nbias * 4};
+        static const char *names[4] = {"dq", "dk", "dv", "dbias"};
+        for (int g = 0; g < 4; g++) {
             if (r == 0) {
                 first[g] = tu_alloc(bytes[g]);
                 memcpy(first[g], outs[g], bytes[g]);
             } else {
-                CHECK(memcmp(first[g], outs[g], bytes[g]) == 0, "d%c differs between run 1 (2 threads) and run %d (%d threads)",
-                      "qkv"[g], r + 1, threads[r]);
+                CHECK(memcmp(first[g], outs[g], bytes[g]) == 0, "%s differs between run 1 (2 threads) and run %d (%d threads)",
+                      names[g], r + 1, threads[r]);
             }
         }
         fa_plan_destroy(pl);
     }
-    printf("%s bit-identical dq/dk/dv across runs and 1, 2, 3 threads\n", failures > before ? "FAIL" : "PASS");
-    for (int g = 0; g < 3; g++) free(first[g]);
+    printf("%s bit-identical dq/dk/dv/dbias (bias [1, 1, Sq, Sk], GQA) across runs and 1, 2, 3 threads\n",
+           failures > before ? "FAIL" : "PASS");
+    for (int g = 0; g < 4; g++) free(first[g]);
     case_free(&c);
 }
 
@@ -247,7 +258,22 @@ static void test_bad_args(uint64_t *rng) {
     a.workspace = ws, a.workspace_size = (size_t)cost.workspace_bytes;
     CHECK(fa_backward(pl, &a) == FA_OK, "workspace of exactly workspace_bytes: %s", fa_last_error());
     CHECK(memcmp(own, c.dq, bytes) == 0, "dq differs with the caller's workspace");
-    printf("%s bad arguments rejected (NULL do, lse, dq; workspace_size too small)\n", failures > before ? "FAIL" : "PASS");
+    /* a plan with bias_grad needs dbias */
+    tcase cb;
+    case_init(&cb, &p, M_BIAS, rng, 0);
+    fa_plan *pb = make_plan(&cb.p, 2, 0, 0);
+    if (pb) {
+        case_forward_ref(&cb, pb);
+        fa_backward_args ab = case_bwd_args(&cb);
+        ab.dbias = NULL;
+        const fa_status st = fa_backward(pb, &ab);
+        CHECK(st == FA_ERR_NULL && strstr(fa_last_error(), "dbias"), "NULL dbias: got %s \"%s\"", fa_status_string(st),
+              fa_last_error());
+        fa_plan_destroy(pb);
+    }
+    case_free(&cb);
+    printf("%s bad arguments rejected (NULL do, lse, dq, dbias; workspace_size too small)\n",
+           failures > before ? "FAIL" : "PASS");
     free(own);
     free(ws);
     fa_plan_destroy(pl);

@@ -124,13 +124,17 @@ run_case "segments" "--q-segments $I/qseg.npy --kv-segments $I/kvseg.npy" 0
 run_case "--dtype bf16" "--dtype bf16" 1
 run_case "--dtype f16 --threads 1" "--dtype f16 --threads 1" 1
 run_case "--block-q 16 --block-k 8" "--block-q 16 --block-k 8" 1
+run_case "--bias-scale 0.25" "--bias $I/bias1.npy --bias-scale 0.25 --causal" 1
+run_case "--top-left --causal" "--top-left --causal" 1
+run_case "--diag-offset -5 --window 4 2" "--diag-offset -5 --window 4 2" 1
 
 rm -f "$OUT"/*
 fa run --q "$I/q16.npy" --k "$I/k16.npy" --v "$I/v16.npy" $CPU --out "$OUT/o.npy"
 [ $rc -eq 0 ] && [ "$("$NPY" info "$OUT/o.npy")" = "<f4 2,4,33,8 finite" ] &&
   ok "run float16 files (dtype from the files)" || no "run float16 files" "exit $rc: $(cat "$W/se")"
 
-for opts in "" "--causal" "--window 6 2"; do
+for opts in "" "--causal" "--window 6 2" "--causal --top-left" "--diag-offset 3 --window 2 2" \
+  "--bias $I/bias.npy --bias-scale -0.5"; do
   rm -f "$OUT"/*
   fa run $QKV $CPU $opts --out "$OUT/o.npy"
   r=$("$NPY" refcheck "$I/q.npy" "$I/k.npy" "$I/v.npy" "$OUT/o.npy" $opts)
@@ -157,6 +161,23 @@ for opts in "" "--causal --window 9 0"; do
     --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy")
   [ $? -eq 0 ] && ok "grad ${opts:-plain}: shapes, counts ($cf flops) and reference" ||
     no "grad ${opts:-plain} vs reference" "$r"
+done
+
+# dbias: [B,Hq,...], [1,Hq,...] and [B,1,...] (GQA: Hq=4 on Hk=2), against the reference;
+# the backward's counts with dbias equal the plan's
+for b in bias bias1 biash; do
+  rm -f "$OUT"/*
+  opts="--bias $I/$b.npy --bias-scale 0.5 --causal"
+  fa grad $QKV $CPU --do "$I/do.npy" $opts $G --dbias "$OUT/db.npy" --out "$OUT/o.npy" --count
+  if [ $rc -ne 0 ]; then no "grad --dbias ($b)" "exit $rc: $(cat "$W/se")"; continue; fi
+  counted=$(cat "$W/so")
+  fa plan $SHAPE $CPU $opts --json
+  pf=$(json_field "$(cat "$W/so")" backward flops) cf=$(json_field "$counted" "" flops)
+  [ "$cf" = "$pf" ] || { no "grad --dbias ($b) --count" "counted '$cf', plan '$pf'"; continue; }
+  r=$("$NPY" refcheck "$I/q.npy" "$I/k.npy" "$I/v.npy" "$OUT/o.npy" $opts --do "$I/do.npy" \
+    --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy" --dbias "$OUT/db.npy")
+  [ $? -eq 0 ] && ok "grad --dbias ($b: $("$NPY" info "$OUT/db.npy")) matches the reference" ||
+    no "grad --dbias ($b) vs reference" "$r"
 done
 
 rm -f "$OUT"/*
@@ -291,6 +312,17 @@ bad "missing flag value" "--out needs 1 value" run $QKV --out
 bad "flag given twice" "given twice" plan $SHAPE --causal --causal
 bad "unknown subcommand" "unknown command 'frob'" frob --batch 1
 bad "no subcommand" "missing command"
+bad "--bias-scale nan" "bias-scale.*finite" run $QKV --bias "$I/bias.npy" --bias-scale nan $O
+bad "--bias-scale 1e39" "bias-scale.*finite" plan $SHAPE --bias "$I/bias.npy" --bias-scale 1e39
+bad "--bias-scale not a number" "bias-scale.*not a number" plan $SHAPE --bias "$I/bias.npy" --bias-scale x
+bad "--bias-scale without --bias" "bias-scale needs --bias" run $QKV --bias-scale 2 $O
+bad "--dbias without --bias" "dbias needs --bias" grad $QKV --do "$I/do.npy" $G --dbias "$OUT/db.npy"
+bad "--dbias on run" "unknown option '--dbias'" run $QKV --bias "$I/bias.npy" --dbias "$OUT/db.npy" $O
+bad "--dbias same file as --dq" "same file" grad $QKV --do "$I/do.npy" $G --bias "$I/bias.npy" --dbias "$OUT/dq.npy"
+bad "--diag-offset not an integer" "diag-offset.*not an integer" plan $SHAPE --diag-offset 1.5
+bad "--diag-offset too large" "diag_offset" run $QKV --diag-offset 99999999999 $O
+bad "--diag-offset too small" "diag-offset.*below" plan $SHAPE --diag-offset -99999999999
+bad "--top-left with --diag-offset" "not both" plan $SHAPE --top-left --diag-offset 2
 bad "bad --dtype" "dtype.*f64" plan $SHAPE --dtype f64
 bad "bad --memory-budget suffix" "memory-budget.*24X" plan $SHAPE --memory-budget 24X
 bad "negative --memory-budget" "memory-budget" plan $SHAPE --memory-budget -5G

@@ -1,5 +1,5 @@
 /* The backward's own counts against the plan: for random shapes, masks, block sizes,
- * softcap and GQA, the flops and transcendentals fa_backward counts while it runs equal
+ * softcap, GQA and dbias (broadcast too), the flops and transcendentals fa_backward counts while it runs equal
  * fa_plan_cost(FA_BACKWARD) to the unit (with segment ids the plan is an upper bound).
  * A fresh seed every run, printed; FA_TEST_SEED=<seed> reproduces a run. */
 #include "test_util.h"
@@ -31,6 +31,12 @@ int main(void) {
         p.has_alibi = tu_int(&rng, 0, 3) == 0;
         p.has_bias = tu_int(&rng, 0, 3) == 0;
         p.has_segment_ids = tu_int(&rng, 0, 4) == 0;
+        if (p.has_bias) {
+            p.bias_grad = (int)tu_int(&rng, 0, 1);
+            p.bias_batch = tu_int(&rng, 0, 1) ? p.batch : 1;
+            p.bias_heads = tu_int(&rng, 0, 1) ? p.heads_q : 1;
+            p.has_bias_scale = 1, p.bias_scale = 0.5f;
+        }
 
         fa_options o = {0};
         o.backend = FA_BACKEND_CPU;
@@ -51,7 +57,7 @@ int main(void) {
         void *k = tu_alloc((size_t)(nk * p.head_dim) * es), *dk = tu_alloc((size_t)(nk * p.head_dim) * es);
         void *v = tu_alloc((size_t)(nk * rp->head_dim_v) * es), *dv = tu_alloc((size_t)(nk * rp->head_dim_v) * es);
         void *out = tu_alloc((size_t)(nq * rp->head_dim_v) * es), *g = tu_alloc((size_t)(nq * rp->head_dim_v) * es);
-        float *lse = tu_alloc(sizeof(float) * (size_t)nq), *bias = NULL, *slopes = NULL;
+        float *lse = tu_alloc(sizeof(float) * (size_t)nq), *bias = NULL, *slopes = NULL, *dbias = NULL;
         int32_t *qs = NULL, *ks = NULL;
         tu_fill(&rng, p.dtype, q, nq * p.head_dim, 1.0);
         tu_fill(&rng, p.dtype, k, nk * p.head_dim, 1.0);
@@ -60,8 +66,10 @@ int main(void) {
         tu_fill(&rng, p.dtype, g, nq * rp->head_dim_v, 1.0);
         for (int64_t i = 0; i < nq; i++) lse[i] = (float)(2.0 + tu_uniform(&rng));
         if (p.has_bias) {
-            bias = tu_alloc(sizeof(float) * (size_t)(p.seq_q * p.seq_k));
-            for (int64_t i = 0; i < p.seq_q * p.seq_k; i++) bias[i] = (float)tu_uniform(&rng);
+            const int64_t nb = p.bias_batch * p.bias_heads * p.seq_q * p.seq_k;
+            bias = tu_alloc(sizeof(float) * (size_t)nb);
+            for (int64_t i = 0; i < nb; i++) bias[i] = (float)tu_uniform(&rng);
+            if (p.bias_grad) dbias = tu_alloc(sizeof(float) * (size_t)nb);
         }
         if (p.has_alibi) {
             slopes = tu_alloc(sizeof(float) * (size_t)p.heads_q);
@@ -78,6 +86,7 @@ int main(void) {
         memset(&a, 0, sizeof a);
         a.q = q, a.k = k, a.v = v, a.o = out, a.d_o = g, a.lse = lse, a.dq = dq, a.dk = dk, a.dv = dv;
         a.bias = bias, a.alibi_slopes = slopes, a.q_segment_ids = qs, a.kv_segment_ids = ks;
+        a.dbias = dbias;
         a.counts = &counts;
         st = fa_backward(pl, &a);
         fa_cost cost;
@@ -91,16 +100,16 @@ int main(void) {
         if (!ok) {
             failures++;
             printf("FAIL case %d: %s B=%lld H=%lld/%lld S=%lld/%lld D=%lld/%lld tile %lldx%lld causal=%d "
-                   "window=(%lld,%lld) softcap=%g alibi=%d bias=%d seg=%d threads=%d: status %s (%s); "
+                   "window=(%lld,%lld) softcap=%g alibi=%d bias=%d dbias=%d seg=%d threads=%d: status %s (%s); "
                    "counted flops %lld trans %lld, plan flops %lld trans %lld\n",
                    n, fa_dtype_name(p.dtype), (long long)p.batch, (long long)p.heads_q, (long long)rp->heads_kv,
                    (long long)p.seq_q, (long long)p.seq_k, (long long)p.head_dim, (long long)rp->head_dim_v,
                    (long long)bq, (long long)bk, p.causal, (long long)p.window_left, (long long)p.window_right,
-                   (double)p.softcap, p.has_alibi, p.has_bias, p.has_segment_ids, o.threads, fa_status_string(st),
+                   (double)p.softcap, p.has_alibi, p.has_bias, p.bias_grad, p.has_segment_ids, o.threads, fa_status_string(st),
                    fa_last_error(), (long long)counts.flops, (long long)counts.transcendentals,
                    (long long)cost.flops, (long long)cost.transcendentals);
         }
-        void *ptrs[] = {q, dq, k, dk, v, dv, out, g, lse, bias, slopes, qs, ks};
+        void *ptrs[] = {q, dq, k, dk, v, dv, out, g, lse, bias, slopes, qs, ks, dbias};
         for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
         fa_plan_destroy(pl);
     }

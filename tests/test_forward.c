@@ -59,6 +59,8 @@ typedef struct {
     int user_ws;           /* pass a workspace of exactly the plan's size */
     int has_diag;          /* masks aligned at off = diag instead of Sk - Sq */
     int64_t diag;
+    int has_bias_scale;    /* s += bias_scale * bias */
+    float bias_scale;
 } tcase;
 
 static tcase base_case(void) {
@@ -80,13 +82,14 @@ static void describe(const tcase *c, char *buf, size_t n) {
     snprintf(buf, n,
              "B=%lld Hq=%lld Hk=%lld Sq=%lld Sk=%lld D=%lld Dv=%lld %s causal=%d window=(%lld,%lld) softcap=%g "
              "scale=%s%g bias=%d[%lldx%lld pad=%d ninf=%g dead=%d] alibi=%d seg=%d layout=%d blocks=%lldx%lld "
-             "threads=%d amp=%g int=%d lse=%s ws=%s",
+             "threads=%d amp=%g int=%d lse=%s ws=%s bias_scale=%g",
              (long long)c->B, (long long)c->Hq, (long long)c->Hk, (long long)c->Sq, (long long)c->Sk,
              (long long)c->D, (long long)c->Dv, fa_dtype_name(c->dt), c->causal, (long long)c->wl, (long long)c->wr,
              (double)c->softcap, c->has_scale ? "" : "default~", c->has_scale ? (double)c->scale : 0.0, c->bias,
              (long long)c->bias_b, (long long)c->bias_h, c->bias_pad, c->bias_ninf, c->bias_dead_rows, c->alibi,
              c->seg, c->layout, (long long)c->bq, (long long)c->bk, c->threads, c->amp, c->integer,
-             c->no_lse ? "NULL" : "yes", c->user_ws ? "caller" : "library");
+             c->no_lse ? "NULL" : "yes", c->user_ws ? "caller" : "library",
+             c->has_bias_scale ? (double)c->bias_scale : 1.0);
 }
 
 /* Strides of a [B, H, S, W] tensor in layout `layout` (kv: a k or v tensor); returns the
@@ -152,6 +155,7 @@ static int run_case(const char *group, int idx, const tcase *c, group_stats *gs)
     p.has_alibi = c->alibi != 0, p.has_bias = c->bias, p.has_segment_ids = c->seg != 0;
     p.bias_batch = c->bias_b, p.bias_heads = c->bias_h;
     p.has_diag_offset = c->has_diag, p.diag_offset = c->diag;
+    p.has_bias_scale = c->has_bias_scale, p.bias_scale = c->bias_scale;
 
     const int64_t qd[4] = {c->B, c->Hq, c->Sq, c->D}, kd[4] = {c->B, c->Hk, c->Sk, c->D};
     const int64_t vd[4] = {c->B, c->Hk, c->Sk, c->Dv}, od[4] = {c->B, c->Hq, c->Sq, c->Dv};
@@ -385,6 +389,16 @@ static void mk_bias(tcase *c, int i) {
     if (i == 3) c->bias_ninf = 1.0; /* every key hidden */
     if (i >= 12) c->dt = (fa_dtype)tu_int(&rng, 0, 2), c->causal = tu_int(&rng, 0, 1);
 }
+/* s += bias_scale * bias: the Pallas kernel's bias-before-scaling (bias_scale = scale),
+ * negative, zero and large scales; -inf entries only under positive scales. */
+static void mk_bias_scale(tcase *c, int i) {
+    static const float W[] = {0.125f, -1.0f, 0.0f, 3.0f, 0.5f, -0.25f};
+    mk_bias(c, i);
+    c->has_bias_scale = 1;
+    c->bias_scale = i % 6 == 0 ? (float)(1.0 / sqrt((double)c->D)) : W[i % 6];
+    if (c->bias_scale <= 0.0f) c->bias_ninf = 0.0, c->bias_dead_rows = 0;
+    if (i % 4 == 3) c->alibi = 1, c->softcap = 5.0f;
+}
 static void mk_alibi(tcase *c, int i) {
     random_shape(c);
     c->alibi = 1;
@@ -499,6 +513,7 @@ int main(void) {
     run_group("window", mk_window, 25);
     run_group("softcap", mk_softcap, 12);
     run_group("bias", mk_bias, 24);
+    run_group("bias scale", mk_bias_scale, 18);
     run_group("alibi", mk_alibi, 12);
     run_group("segments", mk_segments, 15);
     run_group("gqa/mqa", mk_gqa, 12);

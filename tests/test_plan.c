@@ -90,6 +90,14 @@ static void test_validation(void) {
     expect_bad("backend 9", p, &o, FA_ERR_INVALID, "backend");
     p = small(); p.head_dim = 12; o = (fa_options){0}; o.backend = FA_BACKEND_CUDA;
     expect_bad("cuda D=12", p, &o, FA_ERR_UNSUPPORTED, "head dims");
+    p = small(); p.has_bias = 1; p.bias_grad = 1; o = (fa_options){0}; o.backend = FA_BACKEND_CUDA;
+    expect_bad("cuda bias_grad", p, &o, FA_ERR_UNSUPPORTED, "dbias");
+    p = small(); p.bias_grad = 1;
+    expect_bad("bias_grad without bias", p, NULL, FA_ERR_INVALID, "bias_grad");
+    p = small(); p.has_bias = 1; p.has_bias_scale = 1; p.bias_scale = NAN;
+    expect_bad("bias_scale = NaN", p, NULL, FA_ERR_INVALID, "bias_scale");
+    p = small(); p.has_bias = 1; p.has_bias_scale = 1; p.bias_scale = INFINITY;
+    expect_bad("bias_scale = inf", p, NULL, FA_ERR_INVALID, "bias_scale");
     fa_plan *pl = (fa_plan *)0x1;
     CHECK(fa_plan_create(NULL, NULL, &pl) == FA_ERR_NULL && pl == NULL, "NULL problem");
     CHECK(strstr(fa_last_error(), "problem"), "NULL problem message: %s", fa_last_error());

@@ -248,6 +248,7 @@ static int compare(const char *what, const float *got, const double *ref, int64_
 static int cmd_refcheck(int argc, char **argv) {
     if (argc < 4) return die("usage: refcheck Q K V O [options]", NULL);
     const char *grad[4] = {NULL, NULL, NULL, NULL}; /* do dq dk dv */
+    const char *bias_path = NULL, *dbias_path = NULL;
     fa_problem p;
     fa_problem_init(&p);
     for (int i = 4; i < argc; i++) {
@@ -258,6 +259,13 @@ static int cmd_refcheck(int argc, char **argv) {
         else if (i + 1 < argc && strcmp(argv[i], "--dq") == 0) grad[1] = argv[++i];
         else if (i + 1 < argc && strcmp(argv[i], "--dk") == 0) grad[2] = argv[++i];
         else if (i + 1 < argc && strcmp(argv[i], "--dv") == 0) grad[3] = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--bias") == 0) bias_path = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--dbias") == 0) dbias_path = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--bias-scale") == 0)
+            p.has_bias_scale = 1, p.bias_scale = (float)atof(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--diag-offset") == 0)
+            p.has_diag_offset = 1, p.diag_offset = atoll(argv[++i]);
+        else if (strcmp(argv[i], "--top-left") == 0) p.has_diag_offset = 1, p.diag_offset = 0;
         else return die("unknown refcheck option", argv[i]);
     }
     int64_t sq[4], sk[4], sv[4], so[4], sx[4];
@@ -269,9 +277,16 @@ static int cmd_refcheck(int argc, char **argv) {
     p.head_dim = sq[3], p.head_dim_v = sv[3];
     int64_t nq = sq[0] * sq[1] * sq[2] * sq[3], nk = sk[0] * sk[1] * sk[2] * sk[3];
     int64_t nv = sv[0] * sv[1] * sv[2] * sv[3], no = so[0] * so[1] * so[2] * so[3];
+    int64_t sb[4] = {0}, nb = 0;
+    float *bias = NULL;
+    if (bias_path) {
+        if (!(bias = load_f32(bias_path, sb, &nd)) || nd != 4) return die("cannot read a 4-D float32 bias", bias_path);
+        p.has_bias = 1, p.bias_batch = sb[0], p.bias_heads = sb[1];
+        nb = sb[0] * sb[1] * sb[2] * sb[3];
+    }
     double *ro = malloc(sizeof(double) * (size_t)no), *rl = malloc(sizeof(double) * (size_t)no);
     fa_forward_args fa = {0};
-    fa.q = q, fa.k = k, fa.v = v;
+    fa.q = q, fa.k = k, fa.v = v, fa.bias = bias;
     fa_ref_forward(&p, &fa, ro, rl);
     int bad = compare("o", o, ro, no);
     if (grad[0]) {
@@ -280,13 +295,21 @@ static int cmd_refcheck(int argc, char **argv) {
         if (!d_o || !dq || !dk || !dv) return die("cannot read gradients", NULL);
         double *rq = malloc(sizeof(double) * (size_t)nq), *rk = malloc(sizeof(double) * (size_t)nk);
         double *rv = malloc(sizeof(double) * (size_t)nv);
+        double *rb = dbias_path ? malloc(sizeof(double) * (size_t)(nb ? nb : 1)) : NULL;
         fa_backward_args ba = {0};
-        ba.q = q, ba.k = k, ba.v = v, ba.d_o = d_o;
-        fa_ref_backward(&p, &ba, rq, rk, rv);
+        ba.q = q, ba.k = k, ba.v = v, ba.d_o = d_o, ba.bias = bias;
+        fa_ref_backward_dbias(&p, &ba, rq, rk, rv, rb);
         bad |= compare("dq", dq, rq, nq) | compare("dk", dk, rk, nk) | compare("dv", dv, rv, nv);
+        if (rb) {
+            int64_t sd[4] = {0};
+            float *db = load_f32(dbias_path, sd, &nd);
+            if (!db || memcmp(sd, sb, sizeof sd) != 0) return die("cannot read dbias of the bias's shape", dbias_path);
+            bad |= compare("dbias", db, rb, nb);
+            free(db), free(rb);
+        }
         free(d_o), free(dq), free(dk), free(dv), free(rq), free(rk), free(rv);
     }
-    free(q), free(k), free(v), free(o), free(ro), free(rl);
+    free(q), free(k), free(v), free(o), free(ro), free(rl), free(bias);
     if (!bad) printf("matches the reference\n");
     return bad;
 }

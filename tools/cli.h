@@ -43,6 +43,13 @@ typedef struct {
     int iters;                 /* 0: not given */
     int pass;                  /* bench: 0 both, 1 forward only, 2 backward only */
     const char *q, *k, *v, *out, *lse, *d_o, *dq, *dk, *dv;
+
+    /* bias scale, mask alignment, dbias (grad) */
+    int has_bias_scale;
+    float bias_scale;
+    int has_diag_offset;       /* --diag-offset N, or --top-left (N = 0) */
+    int64_t diag_offset;
+    const char *dbias;
 } cli_args;
 
 /* Prints "flashattn: <message>" as one line on stderr and returns code. */

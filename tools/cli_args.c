@@ -17,7 +17,8 @@ typedef enum {
     F_BATCH, F_HEADS, F_KV_HEADS, F_SEQ, F_SEQ_Q, F_SEQ_K, F_HEAD_DIM, F_V_HEAD_DIM, F_DTYPE,
     F_CAUSAL, F_WINDOW, F_SOFTCAP, F_SCALE, F_ALIBI, F_BIAS, F_Q_SEG, F_KV_SEG, F_BACKEND,
     F_THREADS, F_BLOCK_Q, F_BLOCK_K, F_BUDGET, F_JSON, F_COUNT, F_ITERS, F_Q, F_K, F_V, F_OUT,
-    F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_COUNT_OF_FLAGS
+    F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_BIAS_SCALE, F_DIAG_OFFSET, F_TOP_LEFT, F_DBIAS,
+    F_COUNT_OF_FLAGS
 } flag_id;
 
 static const struct {
@@ -44,6 +45,8 @@ static const struct {
     [F_DQ] = {"--dq", 1, CMD_GRAD},          [F_DK] = {"--dk", 1, CMD_GRAD},
     [F_DV] = {"--dv", 1, CMD_GRAD},          [F_PASS] = {"--pass", 1, CMD_BENCH},
     [F_HELP] = {"--help", 0, ALL},
+    [F_BIAS_SCALE] = {"--bias-scale", 1, ALL}, [F_DIAG_OFFSET] = {"--diag-offset", 1, ALL},
+    [F_TOP_LEFT] = {"--top-left", 0, ALL},   [F_DBIAS] = {"--dbias", 1, CMD_GRAD},
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -193,6 +196,14 @@ static int apply(cli_args *a, flag_id id, char **v) {
         else return cli_fail(2, "--pass: '%s' is not one of forward, backward, both", v[0]);
         return 0;
     case F_HELP: a->help = 1; return 0;
+    case F_BIAS_SCALE:
+        a->has_bias_scale = 1;
+        return parse_float(f, v[0], &a->bias_scale);
+    case F_DIAG_OFFSET:
+        a->has_diag_offset = 1;
+        return parse_i64(f, v[0], -(int64_t)INT32_MAX, &a->diag_offset);
+    case F_TOP_LEFT: a->has_diag_offset = 1, a->diag_offset = 0; return 0;
+    case F_DBIAS: return set_file(&a->dbias, f, v[0]);
     case F_COUNT_OF_FLAGS: break;
     }
     return cli_fail(1, "internal error: flag %d", (int)id);
@@ -242,6 +253,10 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     if (a->help) return 0;
     if (a->seq && (a->seq_q || a->seq_k))
         return cli_fail(2, "%s: give either --seq or --seq-q and --seq-k, not both", name);
+    if (seen[F_DIAG_OFFSET] && seen[F_TOP_LEFT])
+        return cli_fail(2, "%s: give either --diag-offset or --top-left, not both", name);
+    if (a->has_bias_scale && !a->bias) return cli_fail(2, "%s: --bias-scale needs --bias", name);
+    if (a->dbias && !a->bias) return cli_fail(2, "%s: --dbias needs --bias", name);
     if (!!a->q_segments != !!a->kv_segments)
         return cli_fail(2, "%s: --q-segments and --kv-segments go together; %s is missing", name,
                         a->q_segments ? "--kv-segments" : "--q-segments");
@@ -278,6 +293,9 @@ void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o) {
         p->has_scale = 1;
         p->scale = a->scale;
     }
+    if (a->has_bias_scale) p->has_bias_scale = 1, p->bias_scale = a->bias_scale;
+    if (a->has_diag_offset) p->has_diag_offset = 1, p->diag_offset = a->diag_offset;
+    p->bias_grad = a->dbias != NULL;
     memset(o, 0, sizeof *o);
     o->backend = a->backend;
     o->threads = a->threads;

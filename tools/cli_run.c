@@ -179,13 +179,15 @@ int cli_run(const cli_args *a) {
     }
 
     int64_t oshape[4] = {p.batch, p.heads_q, p.seq_q, p.head_dim_v};
-    output outs[6];
+    int64_t bshape[4] = {p.bias_batch, p.bias_heads, p.seq_q, p.seq_k};
+    output outs[7];
     int nout = 0;
     if ((rc = add_output(outs, &nout, "--out", a->out, 4, 4, oshape)) ||
         (rc = add_output(outs, &nout, "--lse", a->lse, 5, 3, oshape)) ||
         (rc = add_output(outs, &nout, "--dq", a->dq, 6, 4, hq.shape)) ||
         (rc = add_output(outs, &nout, "--dk", a->dk, 7, 4, hk.shape)) ||
-        (rc = add_output(outs, &nout, "--dv", a->dv, 8, 4, hv.shape))) {
+        (rc = add_output(outs, &nout, "--dv", a->dv, 8, 4, hv.shape)) ||
+        (rc = add_output(outs, &nout, "--dbias", a->dbias, 9, 4, bshape))) {
         fa_plan_destroy(plan);
         return rc;
     }
@@ -202,8 +204,10 @@ int cli_run(const cli_args *a) {
     size_t nq = (size_t)hq.count, nk = (size_t)hk.count, nv = (size_t)hv.count;
     size_t no = (size_t)(p.batch * p.heads_q * p.seq_q * p.head_dim_v);
     size_t nl = (size_t)(p.batch * p.heads_q * p.seq_q);
-    void *h[9] = {0}, *d[9] = {0}; /* q k v do o lse dq dk dv */
-    size_t bytes[9] = {nq * es, nk * es, nv * es, no * es, no * es, nl * 4, nq * es, nk * es, nv * es};
+    size_t nb = a->dbias ? (size_t)(p.bias_batch * p.bias_heads * p.seq_q * p.seq_k) : 0;
+    void *h[10] = {0}, *d[10] = {0}; /* q k v do o lse dq dk dv dbias */
+    size_t bytes[10] = {nq * es, nk * es, nv * es, no * es, no * es, nl * 4, nq * es, nk * es, nv * es, nb * 4};
+    const int nbuf = grad ? (a->dbias ? 10 : 9) : 6;
     fa_counts counts = {0, 0};
     if (rc) goto done;
     if ((rc = cli_read_tensor("--q", a->q, p.dtype, &hq, &h[0])) ||
@@ -212,12 +216,12 @@ int cli_run(const cli_args *a) {
         (grad && (rc = cli_read_tensor("--do", a->d_o, p.dtype, &hdo, &h[3]))) ||
         (rc = cli_extras_load(a, &p, 1, &x)))
         goto done;
-    for (int i = 4; i < (grad ? 9 : 6); i++)
+    for (int i = 4; i < nbuf; i++)
         if (!(h[i] = malloc(bytes[i] ? bytes[i] : 1))) {
             rc = cli_fail(1, "out of memory (%zu bytes)", bytes[i]);
             goto done;
         }
-    for (int i = 0; i < (grad ? 9 : 6); i++)
+    for (int i = 0; i < nbuf; i++)
         if (h[i] && (rc = cli_mem_put(&mem, h[i], bytes[i], i < 4, &d[i]))) goto done;
     void *dx[4] = {x.bias, x.slopes, x.q_seg, x.kv_seg}, *ddx[4] = {0};
     size_t xb[4] = {0};
@@ -247,7 +251,7 @@ int cli_run(const cli_args *a) {
         fa_backward_args bw;
         memset(&bw, 0, sizeof bw);
         bw.q = d[0], bw.k = d[1], bw.v = d[2], bw.d_o = d[3], bw.o = d[4], bw.lse = d[5];
-        bw.dq = d[6], bw.dk = d[7], bw.dv = d[8];
+        bw.dq = d[6], bw.dk = d[7], bw.dv = d[8], bw.dbias = d[9];
         bw.bias = fw.bias, bw.alibi_slopes = fw.alibi_slopes;
         bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
         bw.counts = a->count ? &counts : NULL;
@@ -259,11 +263,11 @@ int cli_run(const cli_args *a) {
             goto done_dev;
         }
     }
-    for (int i = 4; i < (grad ? 9 : 6); i++)
+    for (int i = 4; i < nbuf; i++)
         if ((rc = cli_mem_get(&mem, h[i], d[i], bytes[i]))) goto done_dev;
     for (int i = 0; i < nout; i++) {
         outs[i].data = h[outs[i].slot];
-        outs[i].is_f32 = outs[i].slot == 5;
+        outs[i].is_f32 = outs[i].slot == 5 || outs[i].slot == 9;
     }
     if ((rc = write_outputs(outs, nout, p.dtype))) goto done_dev;
     if (a->count)
@@ -273,7 +277,7 @@ int cli_run(const cli_args *a) {
 done_dev:
     for (int i = 0; i < 4; i++) cli_mem_free(&mem, dx[i], ddx[i]);
 done:
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 10; i++) {
         cli_mem_free(&mem, h[i], d[i]);
         free(h[i]);
     }

@@ -14,7 +14,10 @@ static const char options_help[] =
     "         [--backend auto|cpu|cuda] [--threads N] [--block-q N] [--block-k N]\n"
     "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
     "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
-    "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n";
+    "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n"
+    "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
+    "  --diag-offset N  masks and ALiBi align query i with key i + N (default Sk - Sq,\n"
+    "                 bottom-right); --top-left is --diag-offset 0\n";
 
 void cli_usage(const char *name) {
     if (!name) {
@@ -43,8 +46,9 @@ void cli_usage(const char *name) {
     } else if (strcmp(name, "grad") == 0) {
         printf("usage: flashattn grad --q q.npy --k k.npy --v v.npy --do do.npy OPTIONS\n"
                "                      --dq dq.npy --dk dk.npy --dv dv.npy [--out o.npy]\n"
-               "                      [--lse lse.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
+               "                      [--lse lse.npy] [--dbias dbias.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
                "Runs the forward, then the backward; gradients are written as float32 .npy.\n"
+               "--dbias (with --bias): the bias's gradient, its shape, summed over broadcast dims.\n"
                "--count reports the backward pass's counts.\n", options_help);
     } else {
         printf("usage: flashattn bench SHAPE OPTIONS [--iters N] [--pass both|forward|backward]\n"

@@ -4,9 +4,13 @@
  *   (1) dK/dV: one task per (b, kv head, key tile). The task owns its dK and dV tiles (f32
  *       accumulators) and visits, for each query head of its GQA group, every query tile
  *       whose key-tile range (fa_key_tile_range) holds this key tile: it recomputes
- *       s and p = exp(s - lse), dP = dO V^T, dS = p (dP - delta) (times 1 - tanh^2 under
- *       softcap), then dV += P^T dO and dK += dS^T Q; dK is scaled and both are written once.
+ *       s (scores.h) and p = exp(s - lse), dP = dO V^T, dS = p (dP - delta) (times sech^2
+ *       under softcap), then dV += P^T dO and dK += dS^T Q; dK is scaled and both are
+ *       written once.
  *   (2) dQ: one task per (b, query head, query tile): the same tiles, dQ += dS K, written once.
+ *       With dbias, one task per (bias slice, query tile) instead: it zeroes its rows of the
+ *       slice and visits the (b, query head) pairs that read the slice, b then h ascending,
+ *       each adding bias_scale * p (dP - delta) to them. No scratch, no extra products.
  *
  * Every output element is owned by one task and summed in a fixed order, so results are
  * bit-identical across runs and thread counts. p comes from the ISA's exp_sum, the exp the
@@ -14,6 +18,7 @@
  * (the microkernels' contract, isa.h). Counting follows the COUNTING RULES in internal.h. */
 #include "isa.h"
 #include "progress.h"
+#include "scores.h"
 #include "vexp.h"
 
 #include <omp.h>
@@ -29,7 +34,7 @@ typedef struct {
     void *kt, *vt;   /* K, V tile packed as B^T (S, dP) */
     void *kb;        /* K tile packed as B (dQ += dS K) */
     float *s, *dp;   /* bq x bk: scores, then p; dP, then dS */
-    float *th;       /* bq x bk: exp, then tanh, of the softcap */
+    float *th;       /* bq x bk: the softcap's derivative, sech^2 */
     float *tr;       /* bk x bq: P^T or dS^T */
     float *acc, *acc_v; /* dK (bk x D) or dQ (bq x D); dV (bk x Dv) */
 } bwd_scratch;
@@ -39,6 +44,7 @@ typedef struct {
     const fa_backward_args *a;
     const float *delta; /* [B, Hq, Sq] */
     size_t esz;         /* bytes per element of q, k, v, ... */
+    fa_score_ctx sc;    /* what turns products into scores */
 } bwd_ctx;
 
 static int64_t bwd_round_up(int64_t x) { return (x + BWD_ALIGN - 1) / BWD_ALIGN * BWD_ALIGN; }
@@ -84,25 +90,6 @@ static fa_tile_src bwd_src(const bwd_ctx *c, const void *base, const fa_strides 
     return s;
 }
 
-/* tanh(y) from e = exp(-2|y|): sign(y) (1 - e) / (1 + e); below |y| = 1/8, where 1 - e
- * would cancel, the odd Taylor polynomial to y^7 (truncation under 2e-9 relative). Within
- * a few ulps of tanhf. It selects with bit masks, so that loops of it vectorize: GCC 12
- * does not if-convert a ?: whose arms hold float arithmetic (under -ftrapping-math). */
-static inline float bwd_tanh_from(float y, float e) {
-    uint32_t ybits, abits, bbits, sbits;
-    memcpy(&ybits, &y, sizeof ybits);
-    abits = ybits & 0x7fffffffu;
-    const float big = (1.0f - e) / (1.0f + e), y2 = y * y;
-    const float small = y * (1.0f + y2 * (-1.0f / 3.0f + y2 * (2.0f / 15.0f + y2 * (-17.0f / 315.0f))));
-    memcpy(&bbits, &big, sizeof bbits);
-    memcpy(&sbits, &small, sizeof sbits);
-    const uint32_t below = (uint32_t) - (int32_t)(abits < 0x3e000000u); /* |y| < 1/8: all ones */
-    const uint32_t r = (sbits & below) | ((bbits | (ybits & 0x80000000u)) & ~below);
-    float out;
-    memcpy(&out, &r, sizeof out);
-    return out;
-}
-
 /* x[j] rounded to the dtype, j < n. */
 static void bwd_round_row(fa_dtype t, float *x, int n) {
     if (t == FA_F16)
@@ -112,18 +99,19 @@ static void bwd_round_row(fa_dtype t, float *x, int n) {
 }
 
 /* The tile pair (query rows [r0, r0+m) of head h, keys [c0, c0+n)), with Q and dO packed as A
- * and K and V packed as B^T in w: leaves dS = p (dP - delta) (softcap: times 1 - tanh^2),
+ * and K and V packed as B^T in w: leaves dS = p (dP - delta) (softcap: times sech^2),
  * rounded to the dtype, in w->dp, and with want_p, p = exp(s - lse) rounded to the dtype in
- * w->s (0 where masked or where the row sees no key). s is recomputed in the forward's
- * order of operations (its softcap tanh agrees with the forward's to a few ulps). */
+ * w->s (0 where masked or where the row sees no key). s is the forward's, bit for bit
+ * (scores.h). With dbias (row i at dbias + i * ld_dbias), adds bias_scale times the
+ * gradient of the final score, p (dP - delta) in f32, to it. */
 static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int64_t r0, int m,
-                     int64_t c0, int n, int want_p) {
+                     int64_t c0, int n, int want_p, float *dbias, int64_t ld_dbias) {
     const fa_plan *pl = c->pl;
     const fa_problem *p = &pl->p;
     const fa_backward_args *a = c->a;
     const int ld = (int)pl->bwd_bk;
-    const float scale = pl->scale, cap = p->softcap;
-    const int64_t Sq = p->seq_q, Sk = p->seq_k;
+    const int cap = p->softcap > 0.0f;
+    const float bias_scale = c->sc.bias_scale;
 
     pl->isa->gemm_abt(m, n, (int)p->head_dim, w->qa, w->kt, w->s, ld);
     pl->isa->gemm_abt(m, n, (int)p->head_dim_v, w->ga, w->vt, w->dp, ld);
@@ -131,44 +119,22 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
     for (int i = 0; i < m; i++) {
         const int64_t row = r0 + i;
         float *s = w->s + (int64_t)i * ld, *dp = w->dp + (int64_t)i * ld, *th = w->th + (int64_t)i * ld;
-        for (int j = 0; j < n; j++) s[j] *= scale;
-        if (cap > 0.0f) {
-            for (int j = 0; j < n; j++) th[j] = -2.0f * fabsf(s[j] / cap);
-            pl->isa->exp_sum(th, n, 0.0f); /* exp(-2|y|), y = s / cap */
-            for (int j = 0; j < n; j++) {
-                th[j] = bwd_tanh_from(s[j] / cap, th[j]);
-                s[j] = cap * th[j];
-            }
-        }
-        if (p->has_bias) {
-            const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-            const fa_strides *bs = &p->bias_stride;
-            const float *br = a->bias + bb * bs->s[0] + bh * bs->s[1] + row * bs->s[2] + c0 * bs->s[3];
-            for (int j = 0; j < n; j++) s[j] += br[j * bs->s[3]];
-        }
-        if (p->has_alibi) {
-            const float slope = a->alibi_slopes[h];
-            const int64_t d0 = row + pl->off - c0; /* |i + off - j| = |d0 - jj| */
-            for (int j = 0; j < n; j++) s[j] -= slope * fabsf((float)(d0 - j));
-        }
-        /* causal and window: keys [lo, hi] of this row are visible */
-        const int64_t lo = fa_key_lo(pl, row) - c0, hi = fa_key_hi(pl, row) - c0;
-        for (int64_t j = 0; j < n && j < lo; j++) s[j] = -INFINITY;
-        for (int64_t j = hi + 1 > 0 ? hi + 1 : 0; j < n; j++) s[j] = -INFINITY;
-        if (p->has_segment_ids) {
-            const int32_t qs = a->q_segment_ids[b * Sq + row];
-            const int32_t *ks = a->kv_segment_ids + b * Sk + c0;
-            for (int j = 0; j < n; j++) s[j] = ks[j] != qs ? -INFINITY : s[j];
-        }
-        const int64_t r = (b * p->heads_q + h) * Sq + row;
+        if (fa_score_plain(&c->sc, row, c0, n))
+            for (int j = 0; j < n; j++) s[j] *= c->sc.scale;
+        else
+            fa_score_row(&c->sc, b, h, row, c0, n, s, th);
+        const int64_t r = (b * p->heads_q + h) * p->seq_q + row;
         const float lse = a->lse[r], delta = c->delta[r];
         const int dead = lse == -INFINITY; /* the row sees no key */
         pl->isa->exp_sum(s, n, dead ? 0.0f : lse);
         if (dead) memset(s, 0, sizeof(float) * (size_t)n);
-        if (cap > 0.0f)
-            for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta) * (1.0f - th[j] * th[j]);
-        else
-            for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
+        for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
+        if (dbias) {
+            float *db = dbias + (int64_t)i * ld_dbias;
+            for (int j = 0; j < n; j++) db[j] += bias_scale * dp[j];
+        }
+        if (cap)
+            for (int j = 0; j < n; j++) dp[j] *= th[j];
         bwd_round_row(p->dtype, dp, n);
         if (want_p) bwd_round_row(p->dtype, s, n);
     }
@@ -243,7 +209,7 @@ static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h
             isa->pack_a(&gs, m, Dv, w->ga);
             isa->pack_b(&qs, m, D, w->qb);
             isa->pack_b(&gs, m, Dv, w->gb);
-            bwd_tile(c, w, b, h, r0, m, c0, n, 1);
+            bwd_tile(c, w, b, h, r0, m, c0, n, 1, NULL, 0);
             bwd_transpose(w->s, (int)bk, m, n, w->tr);
             isa->gemm_pb(n, m, Dv, w->tr, m, w->gb, w->acc_v, Dv);
             bwd_transpose(w->dp, (int)bk, m, n, w->tr);
@@ -255,8 +221,9 @@ static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h
     bwd_store(c, a->dv, &p->v_stride, b, hk, c0, n, Dv, w->acc_v, 1.0f);
 }
 
-/* (2) One (b, query head, query tile): dQ of rows [r0, r0 + m). */
-static void bwd_dq_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int64_t qt,
+/* (2) One (b, query head, query tile): dQ of rows [r0, r0 + m); with dbias (its rows
+ * [r0, r0 + m) of the bias slice of (b, h), Sk wide), adds this head's share to it. */
+static void bwd_dq_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int64_t qt, float *dbias,
                         fa_counts *cnt) {
     const fa_plan *pl = c->pl;
     const fa_problem *p = &pl->p;
@@ -286,7 +253,7 @@ static void bwd_dq_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, 
         isa->pack_bt(&ks, n, D, w->kt);
         isa->pack_bt(&vs, n, Dv, w->vt);
         isa->pack_b(&ks, n, D, w->kb);
-        bwd_tile(c, w, b, h, r0, m, c0, n, 0);
+        bwd_tile(c, w, b, h, r0, m, c0, n, 0, dbias ? dbias + c0 : NULL, p->seq_k);
         isa->gemm_pb(m, n, D, w->dp, (int)bk, w->kb, w->acc, D);
         cnt->flops += per_pair * m * n;
         cnt->transcendentals += trans_per * m * n;
@@ -304,6 +271,7 @@ static fa_status bwd_check_args(const fa_plan *pl, const fa_backward_args *a) {
         {a->bias, "bias", p->has_bias},       {a->alibi_slopes, "alibi_slopes", p->has_alibi},
         {a->q_segment_ids, "q_segment_ids", p->has_segment_ids},
         {a->kv_segment_ids, "kv_segment_ids", p->has_segment_ids},
+        {a->dbias, "dbias (the problem has bias_grad)", p->bias_grad},
     };
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
         if (req[i].used && !req[i].ptr)
@@ -336,7 +304,11 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
     }
     float *delta = (float *)ws;
     char *scratch_base = ws + 4 * rows;
-    bwd_ctx c = {plan, a, delta, fa_dtype_size(p->dtype)};
+    bwd_ctx c = {plan, a, delta, fa_dtype_size(p->dtype),
+                 fa_score_ctx_make(plan, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids)};
+    /* (b, h) pairs per dq task: those that share a dbias slice (1 x 1 without dbias) */
+    const int64_t nb = p->bias_grad ? B / p->bias_batch : 1, nh = p->bias_grad ? Hq / p->bias_heads : 1;
+    const int64_t slices_h = Hq / nh;
 
     const int64_t bq = plan->bwd_bq, bk = plan->bwd_bk, Dv = p->head_dim_v;
     const int64_t nq = (Sq + bq - 1) / bq, nk = (p->seq_k + bk - 1) / bk;
@@ -369,10 +341,19 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
             fa_progress_step(&progress, 1);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < B * Hq * nq; t++)
+        for (int64_t t = 0; t < B / nb * slices_h * nq; t++)
         {
-            bwd_dq_task(&c, &w, t / (Hq * nq), t / nq % Hq, t % nq, &cnt);
-            fa_progress_step(&progress, 1);
+            const int64_t qt = t % nq, sb = t / nq / slices_h, sh = t / nq % slices_h;
+            float *db = NULL;
+            if (p->bias_grad) {
+                const int64_t r0 = qt * bq, m = Sq - r0 < bq ? Sq - r0 : bq;
+                db = a->dbias + ((sb * p->bias_heads + sh) * Sq + r0) * p->seq_k;
+                memset(db, 0, sizeof(float) * (size_t)(m * p->seq_k));
+            }
+            for (int64_t bi = 0; bi < nb; bi++)
+                for (int64_t hi = 0; hi < nh; hi++)
+                    bwd_dq_task(&c, &w, nb == 1 ? sb : bi, nh == 1 ? sh : hi, qt, db, &cnt);
+            fa_progress_step(&progress, nb * nh);
         }
         flops += cnt.flops;
         trans += cnt.transcendentals;

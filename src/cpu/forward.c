@@ -3,14 +3,15 @@
  * Work items are (batch, query head, query tile), spread over plan->threads OpenMP
  * threads. For its query tile a thread packs q once, then walks the key tiles that
  * fa_key_tile_range gives (the cost model counts exactly that schedule): pack k and v,
- * S = Q K^T, then row by row turn S into scores (scale, softcap, bias, ALiBi, masks) and
- * fold them into an online softmax (row max m, row sum l, f32 accumulator O), then
+ * S = Q K^T, then row by row turn S into scores (scores.h: scale, softcap, bias, ALiBi,
+ * masks) and fold them into an online softmax (row max m, row sum l, f32 accumulator O), then
  * O += P V; at the end write o = O / l and lse = m + log(l). The tile math (packing,
  * the two products, the exps) lives in the ISA table (isa.h); this file owns tiling,
- * threading, masks and the softmax bookkeeping. Memory: threads x one tile's scratch,
+ * threading and the softmax bookkeeping. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
 #include "isa.h"
 #include "progress.h"
+#include "scores.h"
 #include "vexp.h"
 
 #include <omp.h>
@@ -82,7 +83,7 @@ typedef struct {
     const fa_forward_args *a;
     int64_t bq, bk, group; /* tile edges; query heads per kv head */
     size_t esz;            /* bytes per q/k/v/o element */
-    float scale, softcap;
+    fa_score_ctx sc;       /* what turns products into scores */
 } fwd_ctx;
 
 static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_strides *st, int64_t b, int64_t h,
@@ -134,50 +135,14 @@ static float scale_max(float *restrict x, int n, float scale) {
     return mx;
 }
 
-/* Turns the raw products of query row i with keys j0 .. j0 + n - 1 (srow) into scores:
- * scale, softcap, bias, ALiBi, then -inf wherever a mask hides the key. Returns the row's
- * max. Row by row, so that the row stays in L1 from here through the exps and the
- * rounding (a whole tile of S does not fit). */
+/* The scores of query row i against keys j0 .. j0 + n - 1 (srow: their raw products, in
+ * place; scores.h defines them), returning the row's max. Row by row, so that the row
+ * stays in L1 from here through the exps and the rounding (a whole tile of S does not
+ * fit). The common row (only a scale) takes scale_max, one pass. */
 static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
                        float *restrict srow) {
-    const struct fa_plan *pl = cx->pl;
-    const fa_problem *p = cx->p;
-    const fa_forward_args *a = cx->a;
-    const float scale = cx->scale, cap = cx->softcap;
-    /* visible keys of this row, relative to j0: [lo, hi] (causal and window) */
-    const int64_t lo = fa_key_lo(pl, i) - j0, hi = fa_key_hi(pl, i) - j0;
-    const int masked = lo > 0 || hi < n - 1;
-    if (!(cap > 0.0f) && !p->has_bias && !p->has_alibi && !masked && !p->has_segment_ids)
-        return scale_max(srow, n, scale);
-
-    for (int j = 0; j < n; j++) srow[j] *= scale;
-    if (cap > 0.0f)
-        for (int j = 0; j < n; j++) srow[j] = cap * tanhf(srow[j] / cap);
-    if (p->has_bias) {
-        const float *bias_hd = a->bias + (p->bias_batch == 1 ? 0 : b * p->bias_stride.s[0]) +
-                               (p->bias_heads == 1 ? 0 : h * p->bias_stride.s[1]);
-        const float *brow = bias_hd + i * p->bias_stride.s[2] + j0 * p->bias_stride.s[3];
-        const int64_t bs = p->bias_stride.s[3];
-        for (int j = 0; j < n; j++) srow[j] += brow[j * bs];
-    }
-    if (p->has_alibi) {
-        const float slope = a->alibi_slopes[h];
-        const int64_t d0 = i + pl->off - j0; /* |i + off - j| for j = j0 + jj is |d0 - jj| */
-        for (int j = 0; j < n; j++) {
-            int64_t d = d0 - j;
-            srow[j] -= slope * (float)(d < 0 ? -d : d);
-        }
-    }
-    if (masked) {
-        for (int64_t j = 0; j < n && j < lo; j++) srow[j] = -INFINITY;
-        for (int64_t j = hi + 1 > 0 ? hi + 1 : 0; j < n; j++) srow[j] = -INFINITY;
-    }
-    if (p->has_segment_ids) {
-        const int32_t qs = a->q_segment_ids[b * p->seq_q + i];
-        const int32_t *ks = a->kv_segment_ids + b * p->seq_k + j0;
-        for (int j = 0; j < n; j++)
-            if (ks[j] != qs) srow[j] = -INFINITY;
-    }
+    if (fa_score_plain(&cx->sc, i, j0, n)) return scale_max(srow, n, cx->sc.scale);
+    fa_score_row(&cx->sc, b, h, i, j0, n, srow, NULL);
     return row_max(srow, n);
 }
 
@@ -265,7 +230,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
 
         const int64_t mn = (int64_t)m * n;
         cnt->flops += 2 * mn * (D + Dv);
-        cnt->transcendentals += mn + m + (cx->softcap > 0.0f ? mn : 0);
+        cnt->transcendentals += mn + m + (cx->sc.softcap > 0.0f ? mn : 0);
     }
 
     /* o = acc / l and lse = m + log(l); a row that saw no key has l = 0: o = 0, lse = -inf. */
@@ -325,8 +290,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     tile_edges(pl, &cx.bq, &cx.bk);
     cx.group = p->heads_q / p->heads_kv;
     cx.esz = fa_dtype_size(p->dtype);
-    cx.scale = pl->scale;
-    cx.softcap = p->softcap;
+    cx.sc = fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids);
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq;
     const int64_t items = p->batch * p->heads_q * qtiles;

@@ -80,6 +80,7 @@ static void fill_params(const fa_plan *pl, fa_cuda_params *k) {
     k->softcap = p->softcap;
     k->inv_softcap = p->softcap > 0 ? 1.0f / p->softcap : 0.0f;
     k->has_bias = p->has_bias;
+    k->bias_scale = p->has_bias_scale ? p->bias_scale : 1.0f;
     k->has_alibi = p->has_alibi;
     k->has_seg = p->has_segment_ids;
     k->has_mods = p->softcap > 0 || p->has_bias || p->has_alibi;

@@ -43,6 +43,7 @@ typedef struct {
     int64_t off, wl, wr;
     int causal;
     float scale, scale_log2, softcap, inv_softcap;
+    float bias_scale; /* s += bias_scale * bias */
     int has_bias, has_alibi, has_seg, has_mods; /* has_mods: softcap, bias or alibi */
 } fa_cuda_params;
 
@@ -223,7 +224,8 @@ __device__ __forceinline__ void store_tile(const uint16_t *s, uint16_t *g, int64
     }
 }
 
-/* One score after the dot product: scale, softcap, bias, ALiBi, masks. Returns the score
+/* One score after the dot product: scale, softcap, bias_scale * bias, ALiBi, masks (the CPU's
+ * src/cpu/scores.h, mirrored). Returns the score
  * times log2(e) (the kernels' exponent domain), -inf where the key is hidden; *th gets
  * tanh of the softcap (for its derivative). i, j in range is the caller's business only
  * for the bias read: out-of-range keys come back hidden. */
@@ -239,7 +241,8 @@ __device__ __forceinline__ float score_one(const fa_cuda_params &p, float acc, i
         *th = t;
         x = p.softcap * t;
     }
-    if (p.has_bias && in) x += p.bias[b * p.bs[0] + h * p.bs[1] + i * p.bs[2] + (int64_t)j * p.bs[3]];
+    if (p.has_bias && in)
+        x += p.bias_scale * p.bias[b * p.bs[0] + h * p.bs[1] + i * p.bs[2] + (int64_t)j * p.bs[3]];
     if (p.has_alibi) x -= slope * fabsf((float)(i + p.off - j));
     return vis ? x * FA_LOG2E : -INFINITY;
 }

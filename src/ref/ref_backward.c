@@ -1,10 +1,11 @@
 /* The naive float64 backward: SPEC section 2 differentiated by hand, one query row at a
  * time, with the row's scores, probabilities and output recomputed from scratch.
  *
- *   s = scale q.k  ->  (softcap) cap tanh(s / cap)  ->  + bias  ->  - slope |i + off - j|
+ *   s = scale q.k  ->  (softcap) cap tanh(s / cap)  ->  + bias_scale bias  ->  - slope |i + off - j|
  *   p = exp(s - lse) over visible keys, o = sum_j p_j v_j, L = sum(o * do)
  *   dv_j += p_j do,  dp_j = do . v_j,  ds_j = p_j (dp_j - do . o)
- *   (softcap) ds_j *= 1 - tanh^2,  dq += scale ds_j k_j,  dk_j += scale ds_j q
+ *   dbias_ij += bias_scale ds_j,  (softcap) ds_j *= 1 - tanh^2,
+ *   dq += scale ds_j k_j,  dk_j += scale ds_j q
  * GQA: dk and dv of a kv head sum over the query heads that read it. */
 #include "ref.h"
 
@@ -42,11 +43,17 @@ static double *ref_load(const fa_problem *p, const void *base, fa_strides st, in
 
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv) {
+    fa_ref_backward_dbias(p, a, dq, dk, dv, NULL);
+}
+
+void fa_ref_backward_dbias(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
+                           double *dv, double *dbias) {
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
                   Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
     const int64_t group = Hq / Hk;
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
+    const double bias_scale = p->has_bias_scale ? (double)p->bias_scale : 1.0;
     double *Q = ref_load(p, a->q, p->q_stride, Hq, Sq, D);
     double *K = ref_load(p, a->k, p->k_stride, Hk, Sk, D);
     double *V = ref_load(p, a->v, p->v_stride, Hk, Sk, Dv);
@@ -56,6 +63,7 @@ void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq,
     memset(dq, 0, sizeof(double) * (size_t)(B * Hq * Sq * D));
     memset(dk, 0, sizeof(double) * (size_t)(B * Hk * Sk * D));
     memset(dv, 0, sizeof(double) * (size_t)(B * Hk * Sk * Dv));
+    if (dbias) memset(dbias, 0, sizeof(double) * (size_t)(p->bias_batch * p->bias_heads * Sq * Sk));
 
     double *s = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
     double *th = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
@@ -93,7 +101,7 @@ void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq,
                     }
                     if (p->has_bias) {
                         int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-                        x += (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]];
+                        x += bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]];
                     }
                     if (p->has_alibi) x -= (double)a->alibi_slopes[h] * fabs((double)(i + off - j));
                     s[j] = x;
@@ -120,6 +128,10 @@ void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq,
                         dVh[j * Dv + c] += s[j] * gi[c];
                     }
                     double ds = s[j] * (dp - delta);
+                    if (dbias) {
+                        const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
+                        dbias[((bb * p->bias_heads + bh) * Sq + i) * Sk + j] += bias_scale * ds;
+                    }
                     if (cap > 0.0) ds *= 1.0 - th[j] * th[j];
                     ds *= scale;
                     for (int64_t d = 0; d < D; d++) {

@@ -38,6 +38,7 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
     const int64_t off = p->has_diag_offset ? p->diag_offset : Sk - Sq, group = Hq / Hk;
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
+    const double bias_scale = p->has_bias_scale ? (double)p->bias_scale : 1.0;
     const fa_strides qs = fwd_ref_strides(p->q_stride, Hq, Sq, D);
     const fa_strides ks = fwd_ref_strides(p->k_stride, Hk, Sk, D);
     const fa_strides vs = fwd_ref_strides(p->v_stride, Hk, Sk, Dv);
@@ -73,7 +74,7 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
                     if (cap > 0) x = cap * tanh(x / cap);
                     if (p->has_bias) {
                         const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-                        x += (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]];
+                        x += bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]];
                     }
                     if (p->has_alibi) x -= (double)a->alibi_slopes[h] * fabs((double)(i + off - j));
                     if (x == -INFINITY) v = 0; /* a score of -inf counts as not visible */
