@@ -108,7 +108,8 @@ def assert_close(name, got, want, atol, rtol):
     finite = np.isfinite(want)
     assert np.array_equal(np.isneginf(got), np.isneginf(want)), f"{name}: -inf positions differ"
     scale = max(np.abs(want[finite]).max(initial=0.0), 1e-30)
-    err = np.where(finite, np.abs(got - want), 0.0)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where both are -inf (checked above)
+        err = np.where(finite, np.abs(got - want), 0.0)
     err = np.where(np.isnan(got), np.inf, err)
     bound = atol * scale + rtol * np.abs(np.where(finite, want, 0.0))
     worst = np.unravel_index(np.argmax(err - bound), err.shape)
