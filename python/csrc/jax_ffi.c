@@ -45,7 +45,8 @@ typedef struct {
     fj_buffer t[T_COUNT];
     int has[T_COUNT];
     int64_t lead;        /* number of leading dims (q's rank - 4) */
-    int64_t n_lead;      /* product of q's leading dims */
+    const int64_t *lead_dims; /* the full leading dims (the first result's) */
+    int64_t n_lead;      /* their product */
     int64_t layout;      /* 0: [B, H, S, D], 1: [B, S, H, D] */
     fa_problem p;        /* one slice: the problem without the leading dims */
 } call;
@@ -113,8 +114,14 @@ static XLA_FFI_Error *read_buffers(call *c) {
 static XLA_FFI_Error *check_buffers(call *c) {
     c->lead = c->t[T_Q].rank - 4;
     if (c->lead < 0) return BAD(c, "q must have rank 4 (more under vmap), got %lld", (long long)c->t[T_Q].rank);
+    /* results carry every leading dim in full; an input has each in full or as 1 */
+    const fj_buffer *first = &c->t[c->backward ? T_DQ : T_OUT_O];
+    if (first->rank != 4 + c->lead)
+        return BAD(c, "%s must have rank %lld, got %lld", tensor_name[c->backward ? T_DQ : T_OUT_O],
+                   (long long)(4 + c->lead), (long long)first->rank);
+    c->lead_dims = first->dims;
     c->n_lead = 1;
-    for (int64_t j = 0; j < c->lead; j++) c->n_lead *= c->t[T_Q].dims[j];
+    for (int64_t j = 0; j < c->lead; j++) c->n_lead *= c->lead_dims[j];
     XLA_FFI_DataType dt = c->t[T_Q].dtype;
     if (dt != XLA_FFI_DataType_F32 && dt != XLA_FFI_DataType_F16 && dt != XLA_FFI_DataType_BF16)
         return BAD(c, "q must be float32, float16 or bfloat16, got %s", fj_dtype_name(dt));
@@ -126,9 +133,9 @@ static XLA_FFI_Error *check_buffers(call *c) {
                        (long long)b->rank);
         int is_result = r >= T_OUT_O;
         for (int64_t j = 0; j < c->lead; j++)
-            if (b->dims[j] != c->t[T_Q].dims[j] && (is_result || b->dims[j] != 1))
-                return BAD(c, "%s has leading (vmapped) dim %lld where q has %lld", tensor_name[r],
-                           (long long)b->dims[j], (long long)c->t[T_Q].dims[j]);
+            if (b->dims[j] != c->lead_dims[j] && (is_result || b->dims[j] != 1))
+                return BAD(c, "%s has leading (vmapped) dim %lld where the results have %lld", tensor_name[r],
+                           (long long)b->dims[j], (long long)c->lead_dims[j]);
         XLA_FFI_DataType want = dt;
         if (r == T_LSE || r == T_OUT_LSE || r == T_BIAS || r == T_SLOPES || r == T_DBIAS) want = XLA_FFI_DataType_F32;
         if (r == T_QSEG || r == T_KVSEG) want = XLA_FFI_DataType_S32;
@@ -244,7 +251,7 @@ static XLA_FFI_Error *build_problem(call *c) {
 /* ---- leading (vmapped) dims ---------------------------------------------------------- */
 
 static int leading_is_full(const call *c, int r) {
-    return memcmp(c->t[r].dims, c->t[T_Q].dims, (size_t)c->lead * sizeof(int64_t)) == 0;
+    return memcmp(c->t[r].dims, c->lead_dims, (size_t)c->lead * sizeof(int64_t)) == 0;
 }
 
 static int leading_is_ones(const call *c, int r) {
@@ -277,16 +284,16 @@ static size_t elem_bytes(XLA_FFI_DataType t) {
     return t == XLA_FFI_DataType_F16 || t == XLA_FFI_DataType_BF16 ? 2 : 4;
 }
 
-/* Tensor r's data for leading index idx (row-major over q's leading dims); a leading dim
- * of 1 broadcasts. */
+/* Tensor r's data for leading index idx (row-major over the full leading dims); a leading
+ * dim of 1 broadcasts. */
 static void *slice_ptr(const call *c, int r, int64_t idx) {
     const fj_buffer *b = &c->t[r];
     int64_t slice = 1;
     for (int64_t j = c->lead; j < b->rank; j++) slice *= b->dims[j];
     int64_t offset = 0, stride = slice;
     for (int64_t j = c->lead - 1; j >= 0; j--) {
-        int64_t m = idx % c->t[T_Q].dims[j];
-        idx /= c->t[T_Q].dims[j];
+        int64_t m = idx % c->lead_dims[j];
+        idx /= c->lead_dims[j];
         if (b->dims[j] != 1) offset += m * stride;
         stride *= b->dims[j];
     }
