@@ -99,15 +99,16 @@ def seeded_rng(name):
     return np.random.default_rng(seed)
 
 
-def assert_close(name, got, want, atol, rtol):
+def assert_close(name, got, want, atol, rtol, scale_floor=1e-30):
     """|got - want| <= atol * max|want| + rtol * |want| elementwise (atol relative to the
-    tensor's scale), NaN never close; the message shows the worst element."""
+    tensor's scale, at least scale_floor), NaN never close; the message shows the worst
+    element."""
     got = np.asarray(got, np.float64)
     want = np.asarray(want, np.float64)
     assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
     finite = np.isfinite(want)
     assert np.array_equal(np.isneginf(got), np.isneginf(want)), f"{name}: -inf positions differ"
-    scale = max(np.abs(want[finite]).max(initial=0.0), 1e-30)
+    scale = max(np.abs(want[finite]).max(initial=0.0), scale_floor)
     with np.errstate(invalid="ignore"):  # -inf - -inf where both are -inf (checked above)
         err = np.where(finite, np.abs(got - want), 0.0)
     err = np.where(np.isnan(got), np.inf, err)
