@@ -11,11 +11,15 @@ set_target_properties(flashattn PROPERTIES VERSION ${FA_VERSION} SOVERSION 0)
 # libflashattn.a beside libflashattn.so
 set_target_properties(flashattn_static PROPERTIES OUTPUT_NAME flashattn)
 set(FA_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/flashattn)
+if(FA_HAVE_CUDA)
+  # the archive's CUDA objects are C++: a C program linking it needs the C++ runtime (in
+  # this tree the CUDA linker adds it)
+  target_link_libraries(flashattn_static INTERFACE "$<INSTALL_INTERFACE:stdc++>")
+endif()
 
 install(TARGETS flashattn flashattn_static EXPORT flashattnTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
 install(FILES include/flashattn.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
 install(EXPORT flashattnTargets NAMESPACE flashattn:: DESTINATION ${FA_CMAKE_DIR} COMPONENT dev)
 
@@ -40,6 +44,10 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/flashattn.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
 
 if(FA_PYTHON)
+  # what pip builds (pyproject.toml's build.targets): the libraries the package loads, and
+  # nothing else (the target "flashattn" would be ambiguous with the CLI's file name)
+  add_custom_target(fa_python)
+  add_dependencies(fa_python flashattn)
   # beside python/flashattn/_native.py, which loads it by this name (no SONAME links)
   install(FILES $<TARGET_FILE:flashattn> DESTINATION flashattn RENAME libflashattn.so COMPONENT python)
 endif()

@@ -17,7 +17,6 @@ endif()
 if(NOT EXISTS "${FA_JAX_FFI_INCLUDE_DIR}/xla/ffi/api/c_api.h")
   message(STATUS "flashattn: jaxlib's FFI headers not found (Python: ${Python_EXECUTABLE}); "
                  "building without flashattn.jax")
-  add_custom_target(flashattn_jax) # pyproject's build.targets names it: nothing to build
   return()
 endif()
 message(STATUS "flashattn: JAX FFI handler against ${FA_JAX_FFI_INCLUDE_DIR}")
@@ -35,5 +34,6 @@ set_target_properties(flashattn_jax PROPERTIES
 # (libflashattn.so.0); flashattn.jax imports flashattn first, which loads the library, and
 # the dynamic loader matches an already loaded library by SONAME.
 if(FA_PYTHON)
+  add_dependencies(fa_python flashattn_jax) # what pip builds (pyproject's build.targets)
   install(TARGETS flashattn_jax LIBRARY DESTINATION flashattn COMPONENT python)
 endif()

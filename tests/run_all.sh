@@ -37,3 +37,12 @@ for isa in $isas; do
     FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda'
   fi
 done
+
+# The Python package: built and installed into the test environment by pip (the same CMake
+# build, through scikit-build-core; build isolation off, the environment has the backend),
+# then its suite. The installed package is what runs: no FLASHATTN_LIBDIR, no source path.
+VENV=${FA_VENV:-$HOME/.cache/flashattn/venv}
+echo "== Python: pip install . into $VENV"
+time "$VENV/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall .
+echo "== Python: pytest tests/python"
+(cd tests/python && env -u FLASHATTN_LIBDIR -u PYTHONPATH "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider .)

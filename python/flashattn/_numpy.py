@@ -69,7 +69,7 @@ class _Call:
     """What both passes share: the checked q, k, v, the options' arrays, the problem."""
 
     def __init__(self, q, k, v, causal, window, softcap, scale, bias, alibi_slopes,
-                 q_segment_ids, kv_segment_ids, layout):
+                 q_segment_ids, kv_segment_ids, layout, bias_scale=None, diag_offset=None):
         self.layout = _layout.check_layout(layout)
         q, k, v = (_readable(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
         if not (q.dtype == k.dtype == v.dtype):
@@ -106,7 +106,8 @@ class _Call:
             self.kvseg = _segments("kv_segment_ids", kv_segment_ids, B, Sk)
         self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
                          bias_shape=bias_shape, bias_stride=bias_stride,
-                         alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None)
+                         alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None,
+                         bias_scale=bias_scale, diag_offset=diag_offset)
 
     def o_shape(self):
         B, H, Sq, _ = self.qd
@@ -144,7 +145,7 @@ def _check_out(name, out, shape, dtype):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False, out=None):
+              return_lse=False, out=None, bias_scale=None, diag_offset=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v on the CPU.
 
     q [B, Hq, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (layout "bhsd"), or [B, S, H, D]
@@ -153,9 +154,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     right), -1 unbounded; softcap > 0: cap * tanh(s / cap); bias f32, broadcastable to
     [B or 1, Hq or 1, Sq, Sk]; alibi_slopes [Hq]; segment ids [B, Sq] and [B, Sk].
     Returns o in q's layout (written into out if given), and lse [B, Hq, Sq] f32 with
-    return_lse."""
+    return_lse. Beyond the issue's signature: bias_scale (s += bias_scale * bias) and
+    diag_offset (query i sits at key position i + diag_offset; 0 aligns masks top-left)."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout)
+              kv_segment_ids, layout, bias_scale, diag_offset)
     shape = c.o_shape()
     o = np.empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
     B, H, Sq, _ = c.qd
@@ -182,13 +184,14 @@ def _grad_buffer(a):
 
 def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softcap=None,
                        scale=None, bias=None, alibi_slopes=None, q_segment_ids=None,
-                       kv_segment_ids=None, layout="bhsd", bias_grad=False):
+                       kv_segment_ids=None, layout="bhsd", bias_grad=False, bias_scale=None,
+                       diag_offset=None):
     """Gradients of sum(o * do) for attention(q, k, v, ...) with the same options, from the
     forward's o and lse. Returns (dq, dk, dv) shaped and strided like q, k, v (dk, dv summed
     over the query heads that share them), and dbias (f32, the bias's 4-D shape) last with
     bias_grad."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout)
+              kv_segment_ids, layout, bias_scale, diag_offset)
     shape = c.o_shape()
     o = _readable("o", o)
     do = _readable("do", do)
