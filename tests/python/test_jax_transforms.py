@@ -164,3 +164,25 @@ def test_handler_rejects_inconsistent_buffers_with_the_message():
                        bias_scale=None, has_bias=False, has_alibi=False, has_segment_ids=False)
     with pytest.raises(Exception, match="k has head_dim 4 but q has 8"):
         _ffi.forward(opt, q, jnp.ones((1, 8, 2, 4)), v, None, None, None, None)[0].block_until_ready()
+
+
+def test_vmap_one_call_per_index_with_shared_bias_grad_and_mapped_alibi():
+    # a bias of batch B > 1 shared across the vmapped axis, differentiated, and ALiBi
+    # slopes mapped: neither folds into B, so the handler runs one call per vmapped index
+    rng = seeded_rng("vmap/per_index")
+    n, b, s, h, d = 3, 2, 12, 2, 8
+    q = jnp.asarray(rng.standard_normal((n, b, s, h, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, s, h, d)), jnp.float32) for _ in range(2))
+    bias = jnp.asarray(rng.standard_normal((b, h, s, s)), jnp.float32)
+    slopes = jnp.asarray(rng.uniform(0.1, 0.4, (n, h)), jnp.float32)
+    f = lambda q, bias, sl: fj.attention(q, k, v, bias=bias, alibi_slopes=sl, causal=True)  # noqa: E731
+    o = jax.vmap(f, in_axes=(0, None, 0))(q, bias, slopes)
+    for i in range(n):
+        want = _ref(q[i], k, v, bias=np.asarray(bias), alibi_slopes=np.asarray(slopes[i]), causal=True)
+        assert_close(f"o[{i}]", o[i], want, 2e-6, 2e-6)
+    g = jax.grad(lambda q, bias: jnp.sum(jax.vmap(f, in_axes=(0, None, 0))(q, bias, slopes) ** 2),
+                 argnums=(0, 1))(q, bias)
+    per = [jax.grad(lambda q, bias: jnp.sum(f(q, bias, slopes[i]) ** 2), argnums=(0, 1))(q[i], bias)
+           for i in range(n)]
+    assert_close("dq", g[0], jnp.stack([p[0] for p in per]), 1e-5, 1e-5)
+    assert_close("dbias", g[1], sum(p[1] for p in per), 1e-5, 1e-5)
