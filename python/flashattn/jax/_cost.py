@@ -36,10 +36,11 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     (arrays or ShapeDtypeStructs; the optional tensors may also be given as True)."""
     q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids = map(
         _shaped, (q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids))
-    opt, bias = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
+    opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                              alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids,
                              kv_segment_ids=kv_segment_ids, layout=layout, diag_offset=diag_offset,
                              bias_scale=bias_scale, shapes_only=True)
+    bias = None if bias_shape is None else _Shape(bias_shape)
     return plan_for(opt, q, k, v, bias, backend=backend, bias_grad=bias_grad and bias is not None)
 
 
