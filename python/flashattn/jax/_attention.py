@@ -52,23 +52,24 @@ def _window(window):
         return (-1, -1)
     try:
         left, right = window
-        left, right = int(left), int(right)
+        left, right = (-1 if w is None else int(w) for w in (left, right))
     except (TypeError, ValueError):
-        raise ValueError(f"window must be (left, right) integers, -1 for unbounded, got {window!r}") from None
+        raise ValueError(f"window must be (left, right) integers, -1 or None for unbounded, got {window!r}") from None
     if left < -1 or right < -1:
         raise ValueError(f"window values must be >= -1 (-1: unbounded), got {window!r}")
     return (left, right)
 
 
-def _finite(name, x, positive=False):
+def _finite(name, x):
+    """A static, finite float option (None stays None: the library's default)."""
     if x is None:
         return None
     try:
         x = float(x)
     except (TypeError, jax.errors.ConcretizationTypeError):
         raise ValueError(f"{name} must be a Python number (a static value), got {type(x).__name__}") from None
-    if not math.isfinite(x) or (positive and x <= 0):
-        raise ValueError(f"{name} must be finite{' and > 0' if positive else ''}, got {x}")
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
     return x
 
 
