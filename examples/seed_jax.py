@@ -27,7 +27,15 @@ t_imported = time.perf_counter()
 
 
 def rss_mib():
-    """Peak resident set size of this process so far, MiB."""
+    """Peak resident set size of this process so far, MiB: VmHWM, which starts afresh at
+    exec (ru_maxrss keeps the parent's peak when started by fork and exec, as under pytest)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
