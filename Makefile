@@ -4,7 +4,7 @@ JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-deps bench clean
+.PHONY: all build run test test-deps bench bench-inference clean
 
 all: build
 
@@ -26,6 +26,10 @@ test-deps:
 
 bench: build
 	bash bench/run.sh
+
+# The inference shapes (decode vs memory bandwidth and PyTorch, varlen vs padding).
+bench-inference: build
+	bash bench/inference.sh --record
 
 clean:
 	rm -rf build build-asan

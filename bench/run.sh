@@ -7,6 +7,7 @@
 #   bash bench/run.sh            the suite (about 10-15 minutes on 2 cores)
 #   bash bench/run.sh --quick    the headline case only (B=1 H=8 S=4096 D=128 f32)
 #   bash bench/run.sh --blocks 256x128   flashattn with that tile instead of the default
+#   bash bench/run.sh --inference  decode and varlen (bench/inference.sh; appends to RESULTS.md)
 #   bash bench/run.sh --seed     the seed problem (B=18 H=32 S=16384 D=256 bf16, forward,
 #                                18 GiB of tensors, about 10-20 min; --seed-heads N: N heads)
 # Environment: BUILD (default build), THREADS (default 2), SKIP_SETUP=1.
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build}"
 THREADS="${THREADS:-2}"
 
+if [ "${1:-}" = "--inference" ]; then exec bash bench/inference.sh --record; fi # decode and varlen
 if [ "${SKIP_SETUP:-0}" != 1 ]; then bash bench/setup.sh; fi
 
 cmake -S . -B "$BUILD" >/dev/null

@@ -89,10 +89,31 @@ typedef struct {
      * A plan-time flag so that the backward's cost includes it. Needs has_bias. */
     int bias_grad;
 
-    /* Reserved for packed variable-length sequences (cu_seqlens) and kv-cache decoding;
-     * must be 0 in this version. */
-    int varlen;
-    int64_t kv_cache_len;
+    /* Packed variable-length batches (SPEC section 5): cu_seqlens_q and cu_seqlens_k, host
+     * int32 [batch + 1] prefix sums (0 first, non-decreasing, ending at seq_q and seq_k, the
+     * packed totals), read and copied at plan time. Sequence b is query rows [cu_q[b],
+     * cu_q[b+1]) and key rows [cu_k[b], cu_k[b+1]); every mask applies within it, aligned
+     * at its own Sk_b - Sq_b (or diag_offset). All-zero strides then mean the packed layouts
+     * q [seq_q, Hq, D], k [seq_k, Hk, D], v [seq_k, Hk, Dv], o [seq_q, Hq, Dv] (stride s[0]
+     * unused); lse is [Hq, seq_q]. No bias or segment ids. Both passes. */
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    /* KV-cache decoding (forward only): cache_seqlens, host int32 [batch], read and copied at
+     * plan time. k and v are caches of seq_k = S_cache_max rows per sequence; sequence b
+     * attends to rows [0, cache_seqlens[b]) plus, with has_new_kv, the seq_q rows of
+     * fa_forward_args k_new/v_new [B, seq_q, Hk, D], written into the caches at rows
+     * cache_seqlens[b].. first. Masks align at Sk_b - seq_q (bottom-right per sequence).
+     * All-zero strides mean q [B, seq_q, Hq, D], caches [B, seq_k, Hk, D], o [B, seq_q, Hq, Dv];
+     * lse is [B, Hq, seq_q]. Cache rows past a sequence's length are never read. No bias or
+     * segment ids. */
+    const int32_t *cache_seqlens;
+    int has_new_kv;
+    /* Paged caches (with cache_seqlens): page_size > 0 (a multiple of 16) makes k and v
+     * [num_pages, page_size, Hk, D] (strides s[0] per page, s[2] per row) and
+     * fa_forward_args.block_table [B, max_pages] int32 maps position t of sequence b to row
+     * t % page_size of page block_table[b][t / page_size]; seq_k must be max_pages * page_size. */
+    int64_t page_size;
+    int64_t num_pages;
+    int64_t max_pages;
 } fa_problem;
 
 /* Plan options: where and how to run. Zero means "let the library choose". */
@@ -144,6 +165,11 @@ typedef struct {
     fa_counts *counts;           /* if not NULL, receives what the kernels counted */
     fa_progress_fn progress;     /* optional (CPU backend) */
     void *progress_ctx;
+    /* Decoding: k_new [B, seq_q, Hk, D] and v_new [B, seq_q, Hk, Dv], contiguous (has_new_kv),
+     * are copied into the caches k and v, which must then be writable memory; every
+     * argument is checked before anything is written. block_table for paged caches. */
+    const void *k_new, *v_new;
+    const int32_t *block_table;
 } fa_forward_args;
 
 /* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */

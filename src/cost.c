@@ -163,6 +163,7 @@ static fa_status backward_cost(struct fa_plan *pl) {
 }
 
 fa_status fa_cost_compute(struct fa_plan *pl) {
+    if (pl->shape != FA_SHAPE_DENSE) return fa_cost_inference(pl); /* cost_inference.c */
     fa_status s = forward_cost(pl);
     return s ? s : backward_cost(pl);
 }

@@ -18,7 +18,48 @@ struct fa_plan {
     int64_t off;            /* Sk - Sq: masks align bottom-right */
     fa_cost fwd, bwd;       /* computed once, at plan time */
     const struct fa_isa *isa; /* CPU microkernels chosen at plan time (src/cpu/isa.h) */
+    int64_t lse_rows;       /* lse elements between heads; 0: seq_q (a varlen sequence: the packed total) */
+    int shape;              /* FA_SHAPE_DENSE, _VARLEN or _DECODE */
+    int32_t *lens;          /* the plan's copies: cu_seqlens_q, cu_seqlens_k (varlen) or cache_seqlens */
 };
+
+/* ---- inference shapes (plan_inference.c, cost_inference.c, cpu/varlen.c, cpu/decode.c) */
+enum { FA_SHAPE_DENSE = 0, FA_SHAPE_VARLEN = 1, FA_SHAPE_DECODE = 2 };
+
+/* Validates cu_seqlens / cache_seqlens / pages, fills the packed or cache layouts' default
+ * strides and copies the length arrays into pl->lens. Called before the strides resolve. */
+fa_status fa_validate_inference(struct fa_plan *pl);
+/* The dense plan of packed sequence b: batch 1, its own lengths and mask offset, the
+ * parent's strides, tiles and lse layout (pointers are offset by the caller). */
+void fa_varlen_subplan(const struct fa_plan *pl, int64_t b, struct fa_plan *sub);
+fa_status fa_cost_inference(struct fa_plan *pl);
+
+/* Decoding splits each sequence's keys into chunks of FA_DECODE_CHUNK (one work item per
+ * (sequence, kv head, chunk), merged in chunk order) and chunks into tiles; both from
+ * shapes alone, so results do not depend on the thread count. */
+#define FA_DECODE_CHUNK 512
+/* Keys per tile: 64 (a tile's K and V rows, and the next tile's being prefetched, stay in
+ * L2), or the largest of 32, 16 that divides the page (tiles never cross a page). */
+static inline int64_t fa_decode_tile(const fa_problem *p) {
+    if (p->page_size <= 0 || p->page_size % 64 == 0) return 64;
+    return p->page_size % 32 == 0 ? 32 : 16;
+}
+/* Sequence b's keys (cache plus new) and mask offset. */
+static inline int64_t fa_decode_keys(const struct fa_plan *pl, int64_t b) {
+    return (int64_t)pl->lens[b] + (pl->p.has_new_kv ? pl->p.seq_q : 0);
+}
+static inline int64_t fa_decode_off(const struct fa_plan *pl, int64_t b) {
+    return pl->p.has_diag_offset ? pl->p.diag_offset : fa_decode_keys(pl, b) - pl->p.seq_q;
+}
+/* Keys [*lo, *hi] that some query row of sequence b may see (empty when lo > hi). */
+void fa_decode_key_span(const struct fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi);
+/* The decode call's workspace (cost_inference.c; -1 if it overflows int64) and one CPU
+ * thread's share of it. */
+int64_t fa_decode_workspace_bytes(const struct fa_plan *pl);
+int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl);
+fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a);
+fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a);
+fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a);
 
 /* Sets this thread's error message (printf-style) and returns status. */
 fa_status fa_error(fa_status status, const char *fmt, ...)
@@ -98,6 +139,11 @@ static inline int fa_visible(const struct fa_plan *pl, int64_t i, int64_t j) {
  *   dq pass:    flops += 2*m*n*(2*D + Dv)    S, dP, dQ += dS K
  *   each pass:  trans += m*n (+ m*n tanh with softcap)    p = exp(s - lse)
  * D_i = rowsum(dO o) is not a matrix product and counts nothing. */
+
+/* Index of lse[b, h, i]: [B, Hq, Sq] contiguous, or a packed sequence's rows of [Hq, total_q]. */
+static inline int64_t fa_lse_index(const struct fa_plan *pl, int64_t b, int64_t h, int64_t i) {
+    return (b * pl->p.heads_q + h) * (pl->lse_rows ? pl->lse_rows : pl->p.seq_q) + i;
+}
 
 /* Element offset of [b, h, s, d] in a tensor with strides st. */
 static inline int64_t fa_offset(const fa_strides *st, int64_t b, int64_t h, int64_t s, int64_t d) {

@@ -74,7 +74,8 @@ static fa_status check_counts(const fa_problem *p) {
     return FA_OK;
 }
 
-static fa_status validate_problem(fa_problem *p) {
+static fa_status validate_problem(fa_plan *pl) {
+    fa_problem *p = &pl->p;
     fa_status s;
     if (p->heads_kv == 0) p->heads_kv = p->heads_q;
     if (p->head_dim_v == 0) p->head_dim_v = p->head_dim;
@@ -107,10 +108,7 @@ static fa_status validate_problem(fa_problem *p) {
         return fa_error(FA_ERR_INVALID, "bias_scale must be finite, got %g", (double)p->bias_scale);
     if (p->bias_grad && !p->has_bias)
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
-    if (p->varlen)
-        return fa_error(FA_ERR_UNSUPPORTED, "packed variable-length sequences are not supported yet");
-    if (p->kv_cache_len)
-        return fa_error(FA_ERR_UNSUPPORTED, "kv-cache decoding is not supported yet");
+    if ((s = fa_validate_inference(pl))) return s; /* varlen and decode: plan_inference.c */
 
     int64_t qd[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
     int64_t kd[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim};
@@ -168,6 +166,7 @@ static void cpu_default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int
  * only too. */
 static fa_backend auto_backend(const fa_problem *p) {
 #ifdef FA_HAVE_CUDA
+    if (p->cu_seqlens_q || p->cu_seqlens_k || p->cache_seqlens) return FA_BACKEND_CPU; /* CPU-only shapes */
     if (p->dtype != FA_F32 && !p->bias_grad && access("/dev/nvidiactl", F_OK) == 0) return FA_BACKEND_CUDA;
 #else
     (void)p;
@@ -226,8 +225,11 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     fa_plan *pl = calloc(1, sizeof *pl);
     if (!pl) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate the plan");
     pl->p = *problem;
-    fa_status s = validate_problem(&pl->p);
+    fa_status s = validate_problem(pl);
     if (!s) s = choose_backend(pl, opt);
+    if (!s && pl->shape != FA_SHAPE_DENSE && pl->backend == FA_BACKEND_CUDA)
+        s = fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no %s kernels yet; use backend cpu",
+                     pl->shape == FA_SHAPE_VARLEN ? "packed variable-length (cu_seqlens)" : "kv-cache decoding");
     if (!s) {
         pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
         pl->p.scale = pl->scale;
@@ -236,6 +238,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         s = fa_cost_compute(pl);
     }
     if (s) {
+        free(pl->lens);
         free(pl);
         return s;
     }
@@ -243,7 +246,10 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     return FA_OK;
 }
 
-void fa_plan_destroy(fa_plan *plan) { free(plan); }
+void fa_plan_destroy(fa_plan *plan) {
+    if (plan) free(plan->lens);
+    free(plan);
+}
 
 fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out) {
     if (!plan || !out) return fa_error(FA_ERR_NULL, "fa_plan_cost: %s is NULL", plan ? "out" : "plan");
@@ -269,6 +275,8 @@ fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
     fa_clear_error();
     if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", plan ? "args" : "plan");
     if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_forward(plan, args);
+    if (plan->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_forward(plan, args);
+    if (plan->shape == FA_SHAPE_DECODE) return fa_cpu_decode_forward(plan, args);
     return fa_cpu_forward(plan, args);
 }
 
@@ -276,5 +284,8 @@ fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_clear_error();
     if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_backward: %s is NULL", plan ? "args" : "plan");
     if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_backward(plan, args);
+    if (plan->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_backward(plan, args);
+    if (plan->shape == FA_SHAPE_DECODE)
+        return fa_error(FA_ERR_UNSUPPORTED, "fa_backward: kv-cache decoding has no backward pass");
     return fa_cpu_backward(plan, args);
 }

@@ -66,8 +66,8 @@ static void test_validation(void) {
     BAD(softcap, NAN, FA_ERR_INVALID, "softcap");
     BAD(window_left, -2, FA_ERR_INVALID, "window");
     BAD(window_right, -7, FA_ERR_INVALID, "window");
-    BAD(varlen, 1, FA_ERR_UNSUPPORTED, "variable-length");
-    BAD(kv_cache_len, 5, FA_ERR_UNSUPPORTED, "kv-cache");
+    BAD(has_new_kv, 1, FA_ERR_INVALID, "cache_seqlens");
+    BAD(page_size, 16, FA_ERR_INVALID, "cache_seqlens");
     p = small(); p.has_scale = 1; p.scale = NAN;
     expect_bad("scale = NaN", p, NULL, FA_ERR_INVALID, "scale");
     p = small(); p.has_scale = 1; p.scale = -INFINITY;

@@ -50,7 +50,20 @@ typedef struct {
     int has_diag_offset;       /* --diag-offset N, or --top-left (N = 0) */
     int64_t diag_offset;
     const char *dbias;
+
+    int seq_parallel;          /* 0: one process; CLI_SP_RING or CLI_SP_ULYSSES (cli_mpi.c) */
+    int zigzag;
+
+    /* inference shapes (SPEC section 5; cli_inference.c, cli_bench_inference.c) */
+    const char *cu_seqlens_q, *cu_seqlens_k, *cache_seqlens, *block_table, *k_new, *v_new;
+    int update_cache;
+    int64_t page_size, num_pages; /* plan and bench of paged caches (0: not given) */
+    int decode;                   /* bench --decode */
+    int64_t cache_len;            /* bench --cache-len */
+    const char *varlen_lens;      /* bench --varlen 128,4096,... */
 } cli_args;
+
+enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };
 
 /* Prints "flashattn: <message>" as one line on stderr and returns code. */
 int cli_fail(int code, const char *fmt, ...)
@@ -108,10 +121,29 @@ int cli_mem_get(cli_mem *m, void *host, const void *where, size_t bytes);
 int cli_mem_sync(cli_mem *m);
 void cli_mem_free(cli_mem *m, const void *host, void *where);
 
+/* cli_inference.c: packed varlen and kv-cache shapes. Any of their flags given? */
+int cli_inference_wanted(const cli_args *a);
+/* The problem of `plan` from the shape flags and the length files (read: they are plan
+ * inputs); *lens holds the arrays p points into (free it after the plan is made). */
+int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens);
+int cli_run_inference(const cli_args *a);
+int cli_bench_inference(const cli_args *a);
+
 /* Subcommands. */
 int cli_plan(const cli_args *a);
 int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
+
+/* cli_run.c: the problem of run/grad from the input files' headers (nothing read yet):
+ * checks every header (do's too for grad) and applies the option flags. */
+int cli_run_problem(const cli_args *a, npy_header *hq, npy_header *hk, npy_header *hv,
+                    npy_header *hdo, fa_problem *p, fa_options *opt);
+
+/* cli_mpi.c: run, grad and bench with --seq-parallel, under mpirun (docs/mpi.md). */
+int cli_mpi_run(const cli_args *a);
+int cli_mpi_bench(const cli_args *a);
+/* With MPI built: initializes MPI, runs body(a, P, rank), finalizes; returns body's code. */
+int cli_mpi_with(const cli_args *a, int (*body)(const cli_args *, int P, int R));
 
 /* Help text for a subcommand (NULL: the overview). */
 void cli_usage(const char *name);

@@ -18,7 +18,9 @@ typedef enum {
     F_CAUSAL, F_WINDOW, F_SOFTCAP, F_SCALE, F_ALIBI, F_BIAS, F_Q_SEG, F_KV_SEG, F_BACKEND,
     F_THREADS, F_BLOCK_Q, F_BLOCK_K, F_BUDGET, F_JSON, F_COUNT, F_ITERS, F_Q, F_K, F_V, F_OUT,
     F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_BIAS_SCALE, F_DIAG_OFFSET, F_TOP_LEFT, F_DBIAS,
-    F_COUNT_OF_FLAGS
+    F_SEQ_PARALLEL, F_ZIGZAG,
+    F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
+    F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_COUNT_OF_FLAGS
 } flag_id;
 
 static const struct {
@@ -47,6 +49,16 @@ static const struct {
     [F_HELP] = {"--help", 0, ALL},
     [F_BIAS_SCALE] = {"--bias-scale", 1, ALL}, [F_DIAG_OFFSET] = {"--diag-offset", 1, ALL},
     [F_TOP_LEFT] = {"--top-left", 0, ALL},   [F_DBIAS] = {"--dbias", 1, CMD_GRAD},
+    [F_SEQ_PARALLEL] = {"--seq-parallel", 1, FILES | CMD_BENCH},
+    [F_ZIGZAG] = {"--zigzag", 0, FILES | CMD_BENCH},
+    [F_CU_Q] = {"--cu-seqlens-q", 1, CMD_PLAN | CMD_RUN}, [F_CU_K] = {"--cu-seqlens-k", 1, CMD_PLAN | CMD_RUN},
+    [F_CACHE_LENS] = {"--cache-seqlens", 1, CMD_PLAN | CMD_RUN},
+    [F_BLOCK_TABLE] = {"--block-table", 1, CMD_PLAN | CMD_RUN},
+    [F_K_NEW] = {"--k-new", 1, CMD_PLAN | CMD_RUN}, [F_V_NEW] = {"--v-new", 1, CMD_PLAN | CMD_RUN},
+    [F_UPDATE_CACHE] = {"--update-cache", 0, CMD_RUN},
+    [F_PAGE_SIZE] = {"--page-size", 1, CMD_PLAN | CMD_BENCH}, [F_NUM_PAGES] = {"--num-pages", 1, CMD_PLAN},
+    [F_DECODE] = {"--decode", 0, CMD_BENCH},  [F_CACHE_LEN] = {"--cache-len", 1, CMD_BENCH},
+    [F_VARLEN] = {"--varlen", 1, CMD_BENCH},
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -204,6 +216,24 @@ static int apply(cli_args *a, flag_id id, char **v) {
         return parse_i64(f, v[0], -(int64_t)INT32_MAX, &a->diag_offset);
     case F_TOP_LEFT: a->has_diag_offset = 1, a->diag_offset = 0; return 0;
     case F_DBIAS: return set_file(&a->dbias, f, v[0]);
+    case F_SEQ_PARALLEL:
+        if (strcmp(v[0], "ring") == 0) a->seq_parallel = CLI_SP_RING;
+        else if (strcmp(v[0], "ulysses") == 0) a->seq_parallel = CLI_SP_ULYSSES;
+        else return cli_fail(2, "--seq-parallel: '%s' is not one of ring, ulysses", v[0]);
+        return 0;
+    case F_ZIGZAG: a->zigzag = 1; return 0;
+    case F_CU_Q: return set_file(&a->cu_seqlens_q, f, v[0]);
+    case F_CU_K: return set_file(&a->cu_seqlens_k, f, v[0]);
+    case F_CACHE_LENS: return set_file(&a->cache_seqlens, f, v[0]);
+    case F_BLOCK_TABLE: return set_file(&a->block_table, f, v[0]);
+    case F_K_NEW: return set_file(&a->k_new, f, v[0]);
+    case F_V_NEW: return set_file(&a->v_new, f, v[0]);
+    case F_UPDATE_CACHE: a->update_cache = 1; return 0;
+    case F_PAGE_SIZE: return parse_i64(f, v[0], 1, &a->page_size);
+    case F_NUM_PAGES: return parse_i64(f, v[0], 1, &a->num_pages);
+    case F_DECODE: a->decode = 1; return 0;
+    case F_CACHE_LEN: return parse_i64(f, v[0], 0, &a->cache_len);
+    case F_VARLEN: return set_file(&a->varlen_lens, f, v[0]);
     case F_COUNT_OF_FLAGS: break;
     }
     return cli_fail(1, "internal error: flag %d", (int)id);
@@ -257,6 +287,19 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
         return cli_fail(2, "%s: give either --diag-offset or --top-left, not both", name);
     if (a->has_bias_scale && !a->bias) return cli_fail(2, "%s: --bias-scale needs --bias", name);
     if (a->dbias && !a->bias) return cli_fail(2, "%s: --dbias needs --bias", name);
+    if (a->zigzag && !a->seq_parallel)
+        return cli_fail(2, "%s: --zigzag needs --seq-parallel ring|ulysses", name);
+    if (!!a->cu_seqlens_q != !!a->cu_seqlens_k)
+        return cli_fail(2, "%s: --cu-seqlens-q and --cu-seqlens-k go together; %s is missing", name,
+                        a->cu_seqlens_q ? "--cu-seqlens-k" : "--cu-seqlens-q");
+    if (!!a->k_new != !!a->v_new)
+        return cli_fail(2, "%s: --k-new and --v-new go together; %s is missing", name,
+                        a->k_new ? "--v-new" : "--k-new");
+    if (!a->cache_seqlens && (a->k_new || a->block_table || a->update_cache))
+        return cli_fail(2, "%s: %s needs --cache-seqlens", name,
+                        a->k_new ? "--k-new" : a->block_table ? "--block-table" : "--update-cache");
+    if (a->update_cache && !a->k_new)
+        return cli_fail(2, "%s: --update-cache needs --k-new and --v-new (nothing to append)", name);
     if (!!a->q_segments != !!a->kv_segments)
         return cli_fail(2, "%s: --q-segments and --kv-segments go together; %s is missing", name,
                         a->q_segments ? "--kv-segments" : "--q-segments");

@@ -76,6 +76,7 @@ static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median
 }
 
 int cli_bench(const cli_args *a) {
+    if (a->decode || a->varlen_lens) return cli_bench_inference(a); /* cli_bench_inference.c */
     fa_problem p;
     fa_options opt;
     cli_extras x = {0};

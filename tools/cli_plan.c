@@ -4,6 +4,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 const char *cli_human_bytes(double b, char *buf, size_t len) {
@@ -129,13 +130,16 @@ int cli_plan(const cli_args *a) {
     fa_problem p;
     fa_options o;
     cli_extras x;
-    int rc = cli_shape_from_flags(a, &p);
+    int32_t *lens = NULL; /* varlen and decode: the length arrays, plan inputs */
+    int rc = cli_inference_wanted(a) ? cli_inference_problem(a, &p, &lens) : cli_shape_from_flags(a, &p);
     if (rc) return rc;
     cli_apply_options(a, &p, &o);
     rc = cli_extras_load(a, &p, 0, &x); /* headers only: a plan never reads tensor data */
     if (rc) return rc;
     fa_plan *plan;
-    if ((rc = cli_plan_create(&p, &o, &plan))) return rc;
+    rc = cli_plan_create(&p, &o, &plan);
+    free(lens);
+    if (rc) return rc;
     fa_cost f, b;
     fa_status st = fa_plan_cost(plan, FA_FORWARD, &f);
     if (st == FA_OK) st = fa_plan_cost(plan, FA_BACKWARD, &b);

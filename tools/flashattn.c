@@ -12,12 +12,22 @@ static const char options_help[] =
     "options: [--causal] [--window L R] [--softcap C] [--scale X]\n"
     "         [--alibi slopes.npy] [--bias b.npy] [--q-segments a.npy --kv-segments b.npy]\n"
     "         [--backend auto|cpu|cuda] [--threads N] [--block-q N] [--block-k N]\n"
+    "         [--seq-parallel ring|ulysses [--zigzag]]  (run, grad, bench; under mpirun)\n"
     "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
     "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
     "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n"
     "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
     "  --diag-offset N  masks and ALiBi align query i with key i + N (default Sk - Sq,\n"
     "                 bottom-right); --top-left is --diag-offset 0\n";
+
+static const char inference_help[] =
+    "\ninference shapes (SPEC section 5; plan takes the same files):\n"
+    "  --cu-seqlens-q cq.npy --cu-seqlens-k ck.npy   int32 [B+1]; q [total_q,Hq,D], k/v [total_k,Hk,D]\n"
+    "  --cache-seqlens lens.npy   int32 [B]; q [B,Sq_new,Hq,D], --k/--v caches [B,S_cache_max,Hk,D]\n"
+    "  --block-table bt.npy       int32 [B,max_pages]; caches [num_pages,page_size,Hk,D]\n"
+    "                             (plan: with --page-size P --num-pages N)\n"
+    "  --k-new kn.npy --v-new vn.npy [--update-cache]   append [B,Sq_new,Hk,D] at lens[b];\n"
+    "                             --update-cache rewrites the cache files (float32) on success\n";
 
 void cli_usage(const char *name) {
     if (!name) {
@@ -41,8 +51,8 @@ void cli_usage(const char *name) {
                "                     [--lse lse.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
                "q [B,Hq,Sq,D], k [B,Hk,Sk,D], v [B,Hk,Sk,Dv]: float32 or float16 .npy, cast to\n"
                "--dtype (default: the files'). Outputs are float32 .npy. --count prints\n"
-               "{\"flops\": N, \"transcendentals\": N} as counted by the kernels.\n",
-               options_help);
+               "{\"flops\": N, \"transcendentals\": N} as counted by the kernels.\n%s",
+               options_help, inference_help);
     } else if (strcmp(name, "grad") == 0) {
         printf("usage: flashattn grad --q q.npy --k k.npy --v v.npy --do do.npy OPTIONS\n"
                "                      --dq dq.npy --dk dk.npy --dv dv.npy [--out o.npy]\n"
@@ -58,6 +68,9 @@ void cli_usage(const char *name) {
                "  --json     last stdout line: {\"forward\": {\"seconds\": s, \"gflops\": g},\n"
                "             \"backward\": {...}, \"peak_rss_bytes\": N}\n",
                shape_help, options_help);
+        printf("\ninference shapes: flashattn bench --decode --batch B --heads Hq [--kv-heads Hk] --head-dim D\n"
+               "                    --cache-len N [--seq-q Sq_new] [--page-size P]   (bf16 by default)\n"
+               "                  flashattn bench --varlen 128,4096,... --heads H --head-dim D [--causal]\n");
     }
 }
 
@@ -86,8 +99,8 @@ int main(int argc, char **argv) {
         }
         switch (cmds[i].cmd) {
         case CMD_PLAN: rc = cli_plan(&a); break;
-        case CMD_BENCH: rc = cli_bench(&a); break;
-        default: rc = cli_run(&a); break;
+        case CMD_BENCH: rc = a.seq_parallel ? cli_mpi_bench(&a) : cli_bench(&a); break;
+        default: rc = a.seq_parallel ? cli_mpi_run(&a) : cli_run(&a); break;
         }
         if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
         return rc;

@@ -124,7 +124,7 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
         else
             fa_score_row(&c->sc, b, h, row, c0, n, s, th);
         const int64_t r = (b * p->heads_q + h) * p->seq_q + row;
-        const float lse = a->lse[r], delta = c->delta[r];
+        const float lse = a->lse[fa_lse_index(pl, b, h, row)], delta = c->delta[r];
         const int dead = lse == -INFINITY; /* the row sees no key */
         pl->isa->exp_sum(s, n, dead ? 0.0f : lse);
         if (dead) memset(s, 0, sizeof(float) * (size_t)n);

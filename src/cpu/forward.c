@@ -241,7 +241,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
         store_row(p->dtype, a->o, ob, p->o_stride.s[3], sc->acc + r * Dv, inv, Dv);
-        if (a->lse) a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? lse : -INFINITY;
+        if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : -INFINITY;
     }
     cnt->transcendentals += m;
 }

@@ -21,4 +21,12 @@ void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq,
 void fa_ref_backward_dbias(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                            double *dv, double *dbias);
 
+/* Packed varlen (cu_seqlens): o [total_q, Hq, Dv], lse [Hq, total_q]; gradients packed
+ * like q, k, v ([total, H, W] contiguous doubles). */
+void fa_ref_varlen_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);
+void fa_ref_varlen_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk, double *dv);
+/* KV-cache decoding (cache_seqlens, paged via a->block_table, k_new/v_new appended):
+ * o [B, Sq, Hq, Dv], lse [B, Hq, Sq]. Reads the caches as they were before the call. */
+void fa_ref_decode(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);
+
 #endif

@@ -1,0 +1,150 @@
+/* The cost model of the inference shapes (SPEC sections 3 and 5).
+ *
+ * Varlen: each packed sequence runs as its own dense problem (fa_varlen_subplan), one after
+ * another, so every figure that sums (flops, transcendentals, bytes) is the sum of the
+ * sequences' dense figures, and the workspace is the largest sequence's (they share it).
+ * O(batch) plus each sequence's O(query tiles) walk.
+ *
+ * Decode: one work item per (sequence, kv head, chunk of FA_DECODE_CHUNK keys) computes the
+ * M = (Hq / Hk) x seq_q rows of its kv head's query heads against its key tiles (tiles of
+ * fa_decode_tile keys over the keys some row may see, clipped to the sequence), then a merge
+ * per query row combines the chunks in order. Counting rules, per (b, kv head):
+ *   per computed tile of n keys: flops 2*M*n*(D + Dv), trans M*n (+ M*n tanh with softcap) + M
+ * and per (b, query head, row): trans C_b (one rescale exp per chunk) + 1 (the log of lse).
+ * Bytes: q, o, lse once; cache bytes of every computed tile once per kv head (the query
+ * heads share them); k_new/v_new read and written into the cache; one block-table entry
+ * per computed tile; the partial results written and read back by the merge. */
+#include "internal.h"
+
+typedef __int128 wide;
+
+static int put(wide v, int64_t *out) {
+    if (v < 0 || v > (wide)INT64_MAX) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+static fa_status store_cost(fa_cost *c, const wide f[8], const char *what) {
+    if (!put(f[0], &c->flops) || !put(f[1], &c->flops_useful) || !put(f[2], &c->transcendentals) ||
+        !put(f[3], &c->bytes_accessed) || !put(f[4], &c->min_bytes) || !put(f[5], &c->workspace_bytes) ||
+        !put(f[6], &c->peak_bytes) || !put(f[7], &c->naive_peak_bytes))
+        return fa_error(FA_ERR_OVERFLOW, "the %s cost of this problem overflows int64", what);
+    return FA_OK;
+}
+
+static fa_status varlen_cost(fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    const wide es = (wide)fa_dtype_size(p->dtype), Hq = p->heads_q, Hk = p->heads_kv;
+    const wide D = p->head_dim, Dv = p->head_dim_v, tq = p->seq_q, tk = p->seq_k;
+    wide fwd[8] = {0}, bwd[8] = {0};
+    for (int64_t b = 0; b < p->batch; b++) {
+        fa_plan sub;
+        fa_varlen_subplan(pl, b, &sub);
+        const wide sq = sub.p.seq_q, sk = sub.p.seq_k;
+        if (sq == 0) { /* the backward writes this sequence's dk, dv as zeros */
+            bwd[3] += sk * Hk * (D + Dv) * es;
+            continue;
+        }
+        if (sk == 0) { /* rows see no key: o = 0, lse = -inf (one log each); dq = 0 */
+            fwd[2] += Hq * sq;
+            fwd[3] += Hq * sq * (Dv * es + 4);
+            bwd[3] += Hq * sq * D * es;
+            continue;
+        }
+        fa_status s = fa_cost_compute(&sub); /* dense: the sequence as its own problem */
+        if (s) return s;
+        const fa_cost *f = &sub.fwd, *g = &sub.bwd;
+        fwd[0] += f->flops, fwd[1] += f->flops_useful, fwd[2] += f->transcendentals, fwd[3] += f->bytes_accessed;
+        bwd[0] += g->flops, bwd[1] += g->flops_useful, bwd[2] += g->transcendentals, bwd[3] += g->bytes_accessed;
+        if (f->workspace_bytes > fwd[5]) fwd[5] = f->workspace_bytes;
+        if (g->workspace_bytes > bwd[5]) bwd[5] = g->workspace_bytes;
+    }
+    const wide q = tq * Hq * D * es, k = tk * Hk * D * es, v = tk * Hk * Dv * es, o = tq * Hq * Dv * es;
+    const wide lse = tq * Hq * 4, lens = 2 * ((wide)p->batch + 1) * 4, slopes = p->has_alibi ? Hq * 4 : 0;
+    const wide score = Hq * tq * tk * 4; /* the naive way: one packed score matrix, masked per segment */
+    wide in = q + k + v + lens + slopes, out = o + lse;
+    fwd[4] = in + out, fwd[6] = in + out + fwd[5], fwd[7] = in + out + score;
+    in += 2 * o + lse, out = q + k + v; /* the backward also reads o, do, lse and writes dq, dk, dv */
+    bwd[4] = in + out, bwd[6] = in + out + bwd[5], bwd[7] = in + out + score;
+    fa_status s = store_cost(&pl->fwd, fwd, "forward");
+    return s ? s : store_cost(&pl->bwd, bwd, "backward");
+}
+
+/* Chunks of sequence b that some row sees, and its computed tiles and their keys. */
+static void decode_walk(const fa_plan *pl, int64_t b, wide *chunks, wide *tiles, wide *keys) {
+    int64_t lo, hi;
+    fa_decode_key_span(pl, b, &lo, &hi);
+    *chunks = *tiles = *keys = 0;
+    if (lo > hi) return;
+    const int64_t T = fa_decode_tile(&pl->p), sk = fa_decode_keys(pl, b);
+    const int64_t t0 = lo / T, t1 = hi / T + 1, end = t1 * T < sk ? t1 * T : sk;
+    *chunks = hi / FA_DECODE_CHUNK - lo / FA_DECODE_CHUNK + 1;
+    *tiles = t1 - t0;
+    *keys = end - t0 * T;
+}
+
+/* Partial results of one decode work item: M rows of Dv accumulators plus max and sum. */
+static wide decode_partial_bytes(const fa_problem *p) {
+    return (wide)(p->heads_q / p->heads_kv) * p->seq_q * (p->head_dim_v + 2) * 4;
+}
+
+static fa_status decode_cost(fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    const wide es = (wide)fa_dtype_size(p->dtype), B = p->batch, Hq = p->heads_q, Hk = p->heads_kv;
+    const wide D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, M = Hq / Hk * Sq;
+    const int softcap = p->softcap > 0;
+    wide flops = 0, useful = 0, trans = 0, bytes = 0, items = 0, seen = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        wide chunks, tiles, keys;
+        decode_walk(pl, b, &chunks, &tiles, &keys);
+        flops += Hk * 2 * M * keys * (D + Dv);
+        trans += Hk * (M * keys * (1 + softcap) + M * tiles) + Hq * Sq * (chunks + 1);
+        bytes += Hk * (keys * (D + Dv) * es + (p->page_size ? tiles * 4 : 0));
+        items += Hk * chunks;
+        seen += keys;
+        /* visible pairs: the dense count of this sequence as its own Sq x Sk_b problem */
+        fa_plan one = *pl;
+        one.p.batch = 1, one.p.seq_k = fa_decode_keys(pl, b), one.shape = FA_SHAPE_DENSE, one.off = fa_decode_off(pl, b);
+        for (int64_t i = 0; i < p->seq_q; i++) {
+            int64_t l = fa_key_lo(&one, i), h = fa_key_hi(&one, i);
+            if (l < 0) l = 0;
+            if (h > one.p.seq_k - 1) h = one.p.seq_k - 1;
+            if (h >= l) useful += Hq * (h - l + 1) * 2 * (D + Dv);
+        }
+    }
+    const wide q = B * Sq * Hq * D * es, o = B * Sq * Hq * Dv * es, lse = B * Hq * Sq * 4;
+    const wide knew = p->has_new_kv ? B * Sq * Hk * (D + Dv) * es : 0, slopes = p->has_alibi ? Hq * 4 : 0;
+    const wide partial = items * decode_partial_bytes(p);
+    bytes += q + o + lse + 2 * knew + 2 * partial + (p->has_alibi ? items * (Hq / Hk) * 4 : 0);
+    const wide cache_rows = p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
+    const wide cache = cache_rows * Hk * (D + Dv) * es, table = p->page_size ? B * p->max_pages * 4 : 0;
+    const wide work = fa_decode_workspace_bytes(pl);
+    const wide min = q + seen * Hk * (D + Dv) * es + 2 * knew + o + lse + slopes;
+    const wide in = q + cache + knew + table + slopes + B * 4, out = o + lse;
+    const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * p->seq_k * 4};
+    fa_status s = store_cost(&pl->fwd, f, "decode");
+    if (s) return s;
+    const fa_cost none = {0};
+    pl->bwd = none; /* decoding has no backward pass */
+    return FA_OK;
+}
+
+/* Partials of every work item, each item's first partial index (batch + 1 int64), and
+ * threads x one thread's scratch: what fa_cpu_decode_forward carves, in that order. */
+int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
+    wide items = 0;
+    for (int64_t b = 0; b < pl->p.batch; b++) {
+        wide chunks, tiles, keys;
+        decode_walk(pl, b, &chunks, &tiles, &keys);
+        items += pl->p.heads_kv * chunks;
+    }
+    wide total = items * decode_partial_bytes(&pl->p) + ((wide)pl->p.batch + 1) * 8 +
+                 (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl);
+    return total > (wide)INT64_MAX ? -1 : (int64_t)total;
+}
+
+fa_status fa_cost_inference(fa_plan *pl) {
+    if (pl->shape == FA_SHAPE_VARLEN) return varlen_cost(pl);
+    if (pl->backend == FA_BACKEND_CUDA) return FA_OK; /* refused by fa_plan_create */
+    return decode_cost(pl);
+}

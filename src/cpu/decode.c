@@ -1,0 +1,363 @@
+/* The CPU kv-cache decode driver (flash-decoding).
+ *
+ * Work items are (sequence b, chunk of FA_DECODE_CHUNK keys). An item walks its chunk's key
+ * tiles (fa_decode_tile keys, never crossing a page); for each tile, each kv head computes
+ * the seq_q rows of all Hq / Hk query heads that share it as one M-row tile, so each cache
+ * byte is read once per call, while the next tile's rows are prefetched whole (reading a
+ * cache head by head is several times slower than reading its rows). The tile math is the
+ * ISA table's pack and product kernels, or for bf16 caches with AVX512_BF16 kernels that
+ * read the rows in place (decode_avx512bf16.c); an online softmax leaves a partial (acc,
+ * max, sum) per (item, kv head, row) in the workspace, and a merge combines each row's
+ * chunks in chunk order. Chunks, tiles and the merge order come from shapes alone, so
+ * results are bit-identical for any thread count. Only rows below a sequence's length are
+ * ever read: stale or NaN cache rows beyond it are never touched.
+ * Before anything is written, every argument is checked (block-table entries included);
+ * then k_new/v_new are copied into the caches at rows cache_seqlens[b].. . */
+#include "decode_kernels.h"
+#include "isa.h"
+#include "scores.h"
+#include "vexp.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEC_ALIGN 64
+
+static int64_t dec_align(int64_t x) { return (x + DEC_ALIGN - 1) / DEC_ALIGN * DEC_ALIGN; }
+
+static const fa_isa *dec_isa(const struct fa_plan *pl) { return pl->isa ? pl->isa : &fa_isa_scalar; }
+
+/* Rows of one item: query heads of a kv head x new tokens; row r is head r / seq_q, token r % seq_q. */
+static int64_t dec_rows(const fa_problem *p) { return p->heads_q / p->heads_kv * p->seq_q; }
+
+/* Scratch pieces: q staging (Hq x seq_q rows of D, contiguous, the dtype), packed q (M x D),
+ * k, v, scores M x T. */
+static void dec_sizes(const struct fa_plan *pl, int64_t sz[5]) {
+    const fa_problem *p = &pl->p;
+    const fa_isa *isa = dec_isa(pl);
+    const int64_t M = dec_rows(p), T = fa_decode_tile(p);
+    sz[0] = p->heads_q * p->seq_q * p->head_dim * (int64_t)fa_dtype_size(p->dtype); /* every head's rows */
+    sz[1] = isa->packed_bytes(M, p->head_dim, p->dtype);
+    sz[2] = isa->packed_bytes(T, p->head_dim, p->dtype);
+    sz[3] = isa->packed_bytes(T, p->head_dim_v, p->dtype);
+    sz[4] = M * T * (int64_t)sizeof(float);
+}
+
+int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl) {
+    int64_t sz[5], total = DEC_ALIGN;
+    dec_sizes(pl, sz);
+    for (int i = 0; i < 5; i++) total += dec_align(sz[i]);
+    return total;
+}
+
+typedef struct {
+    const struct fa_plan *pl;
+    const fa_problem *p;
+    const fa_isa *isa;
+    const fa_forward_args *a;
+    size_t esz;
+    int64_t M, T, group;
+    int direct;             /* bf16 rows read in place by decode_avx512bf16.c, no packing */
+    int rows_whole;         /* K and V rows are Hk x D contiguous elements, equal in size */
+    float *partials;        /* per item: acc M x Dv, then max M, then sum M */
+    const int64_t *first;   /* first[b]: index of sequence b's first item */
+} dec_ctx;
+
+/* Where cache row t of sequence b, kv head hk starts (paged or not). */
+static fa_tile_src dec_cache_row(const dec_ctx *cx, const void *base, const fa_strides *st, int64_t b, int64_t hk,
+                                 int64_t t) {
+    const fa_problem *p = cx->p;
+    int64_t item = b, row = t;
+    if (p->page_size) {
+        item = cx->a->block_table[b * p->max_pages + t / p->page_size];
+        row = t % p->page_size;
+    }
+    fa_tile_src src = {(const char *)base + fa_offset(st, item, hk, row, 0) * (int64_t)cx->esz, p->dtype, st->s[2],
+                       st->s[3]};
+    return src;
+}
+
+/* Scores of one row (scores.h: the forward's and the backward's definition, over the
+ * sequence's dense view sc->pl), then its online-softmax step: updates M, L and acc. */
+static void dec_row(const dec_ctx *cx, const fa_score_ctx *sc, float *restrict srow, int n, int64_t h, int64_t i,
+                    int64_t j0, float *M, float *L, float *restrict arow) {
+    const fa_problem *p = cx->p;
+    if (fa_score_plain(sc, i, j0, n))
+        for (int j = 0; j < n; j++) srow[j] *= sc->scale;
+    else
+        fa_score_row(sc, 0, h, i, j0, n, srow, NULL);
+    /* the row max with eight running maxima, so that it vectorizes (a NaN never wins) */
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j8 = 0;
+    for (; j8 + 8 <= n; j8 += 8)
+#pragma GCC unroll 1
+        for (int c = 0; c < 8; c++) part[c] = srow[j8 + c] > part[c] ? srow[j8 + c] : part[c];
+    float mt = -INFINITY;
+    for (; j8 < n; j8++) mt = srow[j8] > mt ? srow[j8] : mt;
+    for (int c = 0; c < 8; c++) mt = part[c] > mt ? part[c] : mt;
+    const float m_old = *M, m_new = m_old > mt ? m_old : mt;
+    const float base = m_new == -INFINITY ? 0.0f : m_new; /* as the forward: never -inf + inf */
+    const float alpha = fa_vexpf(m_old - base);
+    const float rowsum = cx->isa->exp_sum(srow, n, base);
+    if (p->dtype == FA_BF16)
+        for (int j = 0; j < n; j++) srow[j] = fa_vround_bf16(srow[j]);
+    else if (p->dtype == FA_F16)
+        for (int j = 0; j < n; j++) srow[j] = fa_vround_f16(srow[j]);
+    *L = *L * alpha + rowsum;
+    *M = m_new;
+    if (alpha != 1.0f)
+        for (int64_t c = 0; c < p->head_dim_v; c++) arow[c] *= alpha;
+}
+
+/* Prefetches cache rows [r0, r1) of sequence b, every kv head, K then V, in address order
+ * for the usual layouts: cache rows are read once per call, and reading them head by head
+ * (each head's D elements of a row, rows Hk x D apart) runs at a fraction of the memory's
+ * speed, while whole rows stream. Needs contiguous head dims. */
+static void dec_prefetch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
+    const fa_problem *p = cx->p;
+    const int64_t es = (int64_t)cx->esz;
+    for (int64_t r = r0; r < r1; r++)
+        for (int x = 0; x < 2; x++)
+            for (int64_t hk = 0; hk < p->heads_kv; hk++) {
+                const fa_tile_src row = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, hk, r);
+                const int64_t bytes = (x ? p->head_dim_v : p->head_dim) * es;
+                for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)row.base + off, 0, 2);
+            }
+}
+
+/* Reads rows [r0, r1) of sequence b's caches whole, K then V, so that a chunk's first tile
+ * arrives at streaming speed (prefetches issued in one burst would mostly be dropped). */
+static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
+    const fa_problem *p = cx->p;
+    if (!cx->rows_whole) {
+        dec_prefetch(cx, b, r0, r1);
+        return;
+    }
+    unsigned char sink = 0;
+    const int64_t row_bytes = p->k_stride.s[2] * (int64_t)cx->esz;
+    for (int x = 0; x < 2; x++) {
+        const unsigned char *c = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, 0, r0).base;
+        for (int64_t off = 0; off < (r1 - r0) * row_bytes; off += 64) sink ^= c[off];
+    }
+    volatile unsigned char keep = sink; /* the loads must happen */
+    (void)keep;
+}
+
+/* Item (b, chunk): keys [k0, k1] of the chunk that some row may see, for every kv head
+ * (part: Hk partials). Tile by tile, head by head; while a tile's heads compute, the next
+ * tile's rows are prefetched, a slice per head. */
+static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, int64_t k1, float *part,
+                     fa_counts *cnt) {
+    const fa_problem *p = cx->p;
+    const fa_isa *isa = cx->isa;
+    const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, Hk = p->heads_kv;
+    const int64_t sk = fa_decode_keys(cx->pl, b), part_floats = M * (Dv + 2);
+    int64_t sz[5];
+    dec_sizes(cx->pl, sz);
+    char *qs = scratch, *qp = qs + dec_align(sz[0]), *kp = qp + dec_align(sz[1]), *vp = kp + dec_align(sz[2]);
+    float *s = (float *)(vp + dec_align(sz[3]));
+    const int prefetch = p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
+
+    /* the masks of sequence b: a dense view with its keys and offset */
+    struct fa_plan one = *cx->pl;
+    one.p.seq_k = sk;
+    one.off = fa_decode_off(cx->pl, b);
+    const fa_score_ctx sc = fa_score_ctx_make(&one, NULL, cx->a->alibi_slopes, NULL, NULL);
+
+    /* every query row of the sequence, staged contiguous (row r of head hk: hk * M + r) */
+    for (int64_t hk = 0; hk < Hk; hk++) {
+        float *mx = part + hk * part_floats + M * Dv, *sum = mx + M;
+        for (int64_t r = 0; r < M; r++) {
+            const int64_t h = hk * cx->group + r / Sq, i = r % Sq;
+            const char *src = (const char *)cx->a->q;
+            char *dst = qs + (hk * M + r) * D * (int64_t)cx->esz;
+            for (int64_t d = 0; d < D; d++)
+                memcpy(dst + d * (int64_t)cx->esz, src + fa_offset(&p->q_stride, b, h, i, d) * (int64_t)cx->esz, cx->esz);
+            mx[r] = -INFINITY;
+            sum[r] = 0.0f;
+        }
+        memset(part + hk * part_floats, 0, sizeof(float) * (size_t)(M * Dv));
+    }
+    if (prefetch) dec_touch(cx, b, k0 / T * T, k0 / T * T + (sk - k0 / T * T < T ? sk - k0 / T * T : T));
+
+    for (int64_t t = k0 / T; t <= k1 / T; t++) {
+        const int64_t j0 = t * T, j1 = j0 + T;
+        const int n = (int)(sk - j0 < T ? sk - j0 : T), nn = t < k1 / T ? (int)(sk - j1 < T ? sk - j1 : T) : 0;
+        for (int64_t hk = 0; hk < Hk; hk++) {
+            float *acc = part + hk * part_floats, *mx = acc + M * Dv, *sum = mx + M;
+            const char *qh = qs + hk * M * D * (int64_t)cx->esz;
+            const int64_t r0 = j1 + hk * nn / Hk, r1 = j1 + (hk + 1) * nn / Hk; /* this head's slice ahead */
+            fa_decode_fetch ahead = {NULL, NULL, 0};
+            if (prefetch && nn && cx->rows_whole) { /* rows [r0, r1) are one byte range in each cache */
+                ahead.k = dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, r0).base;
+                ahead.v = dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, r0).base;
+                ahead.bytes = (r1 - r0) * p->k_stride.s[2] * (int64_t)cx->esz;
+            } else if (prefetch && nn) {
+                dec_prefetch(cx, b, r0, r1);
+            }
+            const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
+            const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
+            if (cx->direct) {
+                fa_decode_qk_bf16((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T,
+                                  ahead.bytes ? &ahead : NULL);
+            } else {
+                if (ahead.bytes) dec_prefetch(cx, b, r0, r1);
+                const fa_tile_src qsrc = {qh, p->dtype, D, 1};
+                isa->pack_a(&qsrc, (int)M, (int)D, qp); /* M x D: small beside the tile */
+                isa->pack_bt(&ks, n, (int)D, kp);
+                isa->pack_b(&vs, n, (int)Dv, vp);
+                isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+            }
+            for (int64_t r = 0; r < M; r++)
+                dec_row(cx, &sc, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &mx[r], &sum[r], acc + r * Dv);
+            if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
+            else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
+            cnt->flops += 2 * M * n * (D + Dv);
+            cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
+        }
+    }
+}
+
+/* Row i of query head h of sequence b: the chunks' partials combined in chunk order. */
+static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t chunks, fa_counts *cnt) {
+    const fa_problem *p = cx->p;
+    const int64_t M = cx->M, Dv = p->head_dim_v, hk = h / cx->group, r = (h % cx->group) * p->seq_q + i;
+    const int64_t stride = M * (Dv + 2) * p->heads_kv, item0 = cx->first[b]; /* item c's head hk: + c * stride */
+    const float *head = cx->partials + hk * M * (Dv + 2);
+    float top = -INFINITY, l = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        const float m = head[(item0 + c) * stride + M * Dv + r];
+        top = m > top ? m : top;
+    }
+    const float base = top == -INFINITY ? 0.0f : top;
+    /* the sum accumulates in the first chunk's row (this row's alone) */
+    float *o = chunks ? (float *)head + item0 * stride + r * Dv : NULL;
+    for (int64_t c = 0; c < chunks; c++) {
+        const float *part = head + (item0 + c) * stride;
+        const float w = fa_vexpf(part[M * Dv + r] - base);
+        l += part[M * Dv + M + r] * w;
+        if (c == 0)
+            for (int64_t x = 0; x < Dv; x++) o[x] *= w;
+        else
+            for (int64_t x = 0; x < Dv; x++) o[x] += part[r * Dv + x] * w;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
+    for (int64_t x = 0; x < Dv; x++) fa_store(p->dtype, cx->a->o, ob + x * p->o_stride.s[3], o ? o[x] * inv : 0.0f);
+    if (cx->a->lse) cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? top + logf(l) : -INFINITY;
+    cnt->transcendentals += chunks + 1;
+}
+
+/* Every pointer and block-table entry a call uses, before anything is written. */
+static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
+    const fa_problem *p = &pl->p;
+    const char *missing = !a->q ? "q" : !a->k ? "k (the key cache)" : !a->v ? "v (the value cache)" : !a->o ? "o" : NULL;
+    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
+    if (!missing && p->has_new_kv && !a->k_new) missing = "k_new (the problem has_new_kv)";
+    if (!missing && p->has_new_kv && !a->v_new) missing = "v_new (the problem has_new_kv)";
+    if (!missing && p->page_size && !a->block_table) missing = "block_table (the problem has page_size)";
+    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
+    if (!p->page_size) return FA_OK;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t used = (fa_decode_keys(pl, b) + p->page_size - 1) / p->page_size;
+        for (int64_t j = 0; j < used; j++) {
+            const int32_t id = a->block_table[b * p->max_pages + j];
+            if (id < 0 || id >= p->num_pages)
+                return fa_error(FA_ERR_INVALID, "block_table[%lld][%lld] = %d is out of range [0, %lld) (num_pages)",
+                                (long long)b, (long long)j, id, (long long)p->num_pages);
+        }
+    }
+    return FA_OK;
+}
+
+/* k_new/v_new rows into the caches at positions cache_seqlens[b] + t. */
+static void dec_append(const dec_ctx *cx, void *cache, const fa_strides *st, const void *src, int64_t width) {
+    const fa_problem *p = cx->p;
+    const int64_t Hk = p->heads_kv, Sq = p->seq_q, es = (int64_t)cx->esz;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t t = 0; t < Sq; t++)
+            for (int64_t hk = 0; hk < Hk; hk++) {
+                const fa_tile_src dst = dec_cache_row(cx, cache, st, b, hk, cx->pl->lens[b] + t);
+                const char *from = (const char *)src + ((b * Sq + t) * Hk + hk) * width * es;
+                for (int64_t d = 0; d < width; d++)
+                    memcpy((char *)dst.base + d * st->s[3] * es, from + d * es, (size_t)es);
+            }
+}
+
+fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a) {
+    const fa_problem *p = &pl->p;
+    fa_status st = dec_check(pl, a);
+    if (st) return st;
+    const int threads = pl->threads > 0 ? pl->threads : 1;
+    const int64_t need = fa_decode_workspace_bytes(pl), scratch = fa_cpu_decode_scratch_bytes(pl);
+    char *ws = a->workspace, *owned = NULL;
+    if (ws && a->workspace_size < (size_t)need)
+        return fa_error(FA_ERR_INVALID, "fa_forward: workspace_size is %zu bytes but this decode plan needs %lld",
+                        a->workspace_size, (long long)need);
+    if (!ws && !(ws = owned = malloc((size_t)need)))
+        return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
+
+    dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
+                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL};
+    cx.rows_whole = p->k_stride.s[3] == 1 && p->k_stride.s[1] == p->head_dim && p->k_stride.s[2] == p->heads_kv * p->head_dim &&
+                    p->v_stride.s[3] == 1 && p->v_stride.s[1] == p->head_dim_v && p->v_stride.s[2] == p->heads_kv * p->head_dim_v &&
+                    p->head_dim == p->head_dim_v && (!p->page_size || fa_decode_tile(p) <= p->page_size);
+    cx.direct = p->dtype == FA_BF16 && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1 &&
+                (!strcmp(cx.isa->name, "avx512bf16") || !strcmp(cx.isa->name, "amx"));
+    if (p->has_new_kv) {
+        dec_append(&cx, (void *)a->k, &p->k_stride, a->k_new, p->head_dim);
+        dec_append(&cx, (void *)a->v, &p->v_stride, a->v_new, p->head_dim_v);
+    }
+    /* items of sequence b: its chunks, numbered after those of sequences < b; each holds Hk partials */
+    const int64_t B = p->batch, Hk = p->heads_kv, CH = FA_DECODE_CHUNK;
+    int64_t items = 0, nparts = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t lo, hi;
+        fa_decode_key_span(pl, b, &lo, &hi);
+        nparts += lo > hi ? 0 : Hk * (hi / CH - lo / CH + 1);
+    }
+    const int64_t part_floats = cx.M * (p->head_dim_v + 2);
+    cx.partials = (float *)ws;
+    int64_t *first = (int64_t *)(ws + nparts * part_floats * (int64_t)sizeof(float));
+    for (int64_t b = 0; b < B; b++) {
+        int64_t lo, hi;
+        fa_decode_key_span(pl, b, &lo, &hi);
+        first[b] = items;
+        items += lo > hi ? 0 : hi / CH - lo / CH + 1;
+    }
+    first[B] = items;
+    cx.first = first;
+    char *scratch_base = (char *)(first + B + 1);
+
+    int64_t flops = 0, trans = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+    {
+        char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
+        mine += (DEC_ALIGN - (uintptr_t)mine % DEC_ALIGN) % DEC_ALIGN;
+        fa_counts cnt = {0, 0};
+        int64_t b = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            while (first[b + 1] <= it) b++; /* items ascend within a thread */
+            int64_t lo, hi;
+            fa_decode_key_span(pl, b, &lo, &hi);
+            const int64_t c = lo / CH + it - first[b];
+            const int64_t k0 = c * CH > lo ? c * CH : lo, k1 = c * CH + CH - 1 < hi ? c * CH + CH - 1 : hi;
+            dec_item(&cx, mine, b, k0, k1, cx.partials + it * Hk * part_floats, &cnt);
+        }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < B * p->heads_q * p->seq_q; r++) {
+            const int64_t bb = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
+            dec_merge(&cx, bb, h, i, first[bb + 1] - first[bb], &cnt);
+        }
+        flops += cnt.flops;
+        trans += cnt.transcendentals;
+    }
+    free(owned);
+    if (a->counts) {
+        a->counts->flops = flops;
+        a->counts->transcendentals = trans;
+    }
+    return FA_OK;
+}

@@ -1,0 +1,24 @@
+/* Decode tile kernels that read cache rows in place (decode_avx512bf16.c). Only called
+ * where the CPU has the instructions (the plan's ISA table says so). */
+#ifndef FA_CPU_DECODE_KERNELS_H
+#define FA_CPU_DECODE_KERNELS_H
+
+#include <stdint.h>
+
+/* Keys per tile at most (fa_decode_tile). */
+#define FA_DECODE_MAX_TILE 64
+
+/* Byte ranges of K and V rows to prefetch while a tile computes (of equal length). */
+typedef struct {
+    const char *k, *v;
+    int64_t bytes;
+} fa_decode_fetch;
+
+/* Scores of m query rows against n keys; meanwhile prefetches the ranges ahead (or NULL). */
+void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds,
+                       const fa_decode_fetch *ahead);
+/* acc += p V over n value rows. */
+void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
+                       int ldo);
+
+#endif

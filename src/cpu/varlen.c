@@ -1,0 +1,132 @@
+/* The CPU driver of packed variable-length batches (cu_seqlens).
+ *
+ * Sequence b of the packed tensors is a strided view (rows [cu[b], cu[b+1])), so it runs
+ * as its own dense problem (fa_varlen_subplan: batch 1, its own lengths and mask offset)
+ * through the dense drivers, one sequence after another, all threads on each, sharing one
+ * workspace. No tile straddles two sequences and the cost is exactly the sum of the
+ * sequences' costs (cost_inference.c). Empty sequences write what they must: a sequence
+ * without keys gives o = 0 and lse = -inf (and dq = 0); one without queries gets dk = dv = 0. */
+#include "isa.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const void *row_ptr(const void *base, const fa_strides *st, int64_t row, size_t esz) {
+    return base ? (const char *)base + st->s[2] * row * (int64_t)esz : NULL;
+}
+
+/* Zeroes rows [r0, r1) of every head of a packed tensor. */
+static void zero_rows(void *base, const fa_strides *st, fa_dtype t, int64_t heads, int64_t width, int64_t r0,
+                      int64_t r1) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t d = 0; d < width; d++) fa_store(t, base, fa_offset(st, 0, h, r, d), 0.0f);
+}
+
+static fa_status take_workspace(void *given, size_t size, int64_t need, const char *who, char **ws, void **owned) {
+    *owned = NULL;
+    if (given) {
+        if (size < (size_t)need)
+            return fa_error(FA_ERR_INVALID, "%s: workspace_size is %zu bytes but this packed plan needs %lld", who, size,
+                            (long long)need);
+        *ws = given;
+        return FA_OK;
+    }
+    if (!(*ws = *owned = malloc((size_t)(need > 0 ? need : 1))))
+        return fa_error(FA_ERR_NO_MEMORY, "%s: cannot allocate %lld bytes of workspace", who, (long long)need);
+    return FA_OK;
+}
+
+fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a) {
+    const fa_problem *p = &pl->p;
+    const char *missing = !a->q ? "q" : !a->k ? "k" : !a->v ? "v" : !a->o ? "o" : NULL;
+    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
+    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
+    char *ws;
+    void *owned;
+    fa_status s = take_workspace(a->workspace, a->workspace_size, pl->fwd.workspace_bytes, "fa_forward", &ws, &owned);
+    if (s) return s;
+    const size_t es = fa_dtype_size(p->dtype);
+    const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;
+    fa_counts total = {0, 0};
+    for (int64_t b = 0; b < p->batch && !s; b++) {
+        fa_plan sub;
+        fa_varlen_subplan(pl, b, &sub);
+        const int64_t sq = sub.p.seq_q;
+        if (sq > 0 && sub.p.seq_k == 0) {
+            zero_rows(a->o, &p->o_stride, p->dtype, p->heads_q, p->head_dim_v, cq[b], cq[b + 1]);
+            if (a->lse)
+                for (int64_t h = 0; h < p->heads_q; h++)
+                    for (int64_t i = 0; i < sq; i++) a->lse[h * p->seq_q + cq[b] + i] = -INFINITY;
+            total.transcendentals += p->heads_q * sq; /* the log of each row's lse, as the dense driver counts */
+        } else if (sq > 0) {
+            fa_forward_args sa = *a;
+            fa_counts c = {0, 0};
+            sa.q = row_ptr(a->q, &p->q_stride, cq[b], es);
+            sa.k = row_ptr(a->k, &p->k_stride, ck[b], es);
+            sa.v = row_ptr(a->v, &p->v_stride, ck[b], es);
+            sa.o = (void *)row_ptr(a->o, &p->o_stride, cq[b], es);
+            sa.lse = a->lse ? a->lse + cq[b] : NULL;
+            sa.workspace = ws;
+            sa.workspace_size = (size_t)pl->fwd.workspace_bytes;
+            sa.counts = &c;
+            sa.progress = NULL;
+            s = fa_cpu_forward(&sub, &sa);
+            total.flops += c.flops;
+            total.transcendentals += c.transcendentals;
+        }
+        if (a->progress) a->progress(a->progress_ctx, b + 1, p->batch);
+    }
+    free(owned);
+    if (!s && a->counts) *a->counts = total;
+    return s;
+}
+
+fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a) {
+    const fa_problem *p = &pl->p;
+    const struct { const void *ptr; const char *name; } req[] = {
+        {a->q, "q"}, {a->k, "k"}, {a->v, "v"}, {a->o, "o"}, {a->d_o, "do"}, {a->lse, "lse"},
+        {a->dq, "dq"}, {a->dk, "dk"}, {a->dv, "dv"}, {p->has_alibi ? (const void *)a->alibi_slopes : (const void *)a, "alibi_slopes"}};
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
+        if (!req[i].ptr) return fa_error(FA_ERR_NULL, "backward: %s is NULL", req[i].name);
+    char *ws;
+    void *owned;
+    fa_status s = take_workspace(a->workspace, a->workspace_size, pl->bwd.workspace_bytes, "backward", &ws, &owned);
+    if (s) return s;
+    const size_t es = fa_dtype_size(p->dtype);
+    const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;
+    fa_counts total = {0, 0};
+    for (int64_t b = 0; b < p->batch && !s; b++) {
+        fa_plan sub;
+        fa_varlen_subplan(pl, b, &sub);
+        if (sub.p.seq_q == 0) {
+            zero_rows(a->dk, &p->k_stride, p->dtype, p->heads_kv, p->head_dim, ck[b], ck[b + 1]);
+            zero_rows(a->dv, &p->v_stride, p->dtype, p->heads_kv, p->head_dim_v, ck[b], ck[b + 1]);
+        } else if (sub.p.seq_k == 0) {
+            zero_rows(a->dq, &p->q_stride, p->dtype, p->heads_q, p->head_dim, cq[b], cq[b + 1]);
+        } else {
+            fa_backward_args sa = *a;
+            fa_counts c = {0, 0};
+            sa.q = row_ptr(a->q, &p->q_stride, cq[b], es);
+            sa.k = row_ptr(a->k, &p->k_stride, ck[b], es);
+            sa.v = row_ptr(a->v, &p->v_stride, ck[b], es);
+            sa.o = row_ptr(a->o, &p->o_stride, cq[b], es);
+            sa.d_o = row_ptr(a->d_o, &p->o_stride, cq[b], es);
+            sa.lse = a->lse + cq[b];
+            sa.dq = (void *)row_ptr(a->dq, &p->q_stride, cq[b], es);
+            sa.dk = (void *)row_ptr(a->dk, &p->k_stride, ck[b], es);
+            sa.dv = (void *)row_ptr(a->dv, &p->v_stride, ck[b], es);
+            sa.workspace = ws;
+            sa.workspace_size = (size_t)pl->bwd.workspace_bytes;
+            sa.counts = &c;
+            sa.progress = NULL;
+            s = fa_cpu_backward(&sub, &sa);
+            total.flops += c.flops;
+            total.transcendentals += c.transcendentals;
+        }
+        if (a->progress) a->progress(a->progress_ctx, b + 1, p->batch);
+    }
+    free(owned);
+    if (!s && a->counts) *a->counts = total;
+    return s;
+}

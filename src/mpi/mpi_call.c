@@ -1,0 +1,226 @@
+/* What every sequence-parallel call shares: argument checks, agreement between ranks before
+ * any traffic (so a rank that fails locally fails every rank instead of leaving them
+ * waiting), chunked non-blocking transfers with byte counts, the exact merge of partial
+ * results, and the entry points. */
+#include "mpi_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int fa_mpi_test_fail_alloc_rank = -1;
+int fa_mpi_test_fail_kernel_rank = -1;
+
+double fa_mpi_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *fa_mpi_alloc(const fa_mpi_plan *pl, int64_t bytes) {
+    if (pl->rank == fa_mpi_test_fail_alloc_rank) return NULL;
+    if (bytes < 0 || (uint64_t)bytes > SIZE_MAX) return NULL;
+    return malloc(bytes ? (size_t)bytes : 1);
+}
+
+fa_status fa_mpi_fail(fa_mpi_call *c, fa_status st, const char *fmt, ...) {
+    if (c->st != FA_OK) return c->st;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->st = fa_error(st, "rank %d: %s", c->pl->rank, msg);
+    return c->st;
+}
+
+int fa_mpi_ok(fa_mpi_call *c, int mpi_rc, const char *what) {
+    if (mpi_rc == MPI_SUCCESS) return 1;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(mpi_rc, msg, &len);
+    fa_mpi_fail(c, FA_ERR_BACKEND, "%s failed: %.*s", what, len, msg);
+    return 0;
+}
+
+/* One allreduce (MAX) of {digest, -digest, failing rank + 1, status}: equal digests mean
+ * the ranks agree; the largest failing rank and status are known to all. */
+#define DISAGREE (-1)
+static int agree(fa_mpi_call *c, uint64_t dig, fa_status local, int *failed_rank) {
+    int64_t d = (int64_t)(dig >> 2), v[4] = {d, -d, local != FA_OK ? c->pl->rank + 1 : 0, local};
+    double t0 = fa_mpi_now();
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT64_T, MPI_MAX, c->comm);
+    c->stats.comm_wait_s += fa_mpi_now() - t0;
+    if (!fa_mpi_ok(c, rc, "MPI_Allreduce (agreement)")) return (int)c->st;
+    *failed_rank = (int)v[2] - 1;
+    if (v[0] != -v[1]) return DISAGREE;
+    return (int)v[3];
+}
+
+fa_status fa_mpi_begin(fa_mpi_call *c, MPI_Comm comm, const fa_mpi_plan *pl, fa_pass pass,
+                       fa_status local) {
+    memset(c, 0, sizeof *c);
+    c->pl = pl;
+    c->comm = MPI_COMM_NULL;
+    int size = 0, rank = 0;
+    if (MPI_Comm_size(comm, &size) != MPI_SUCCESS || MPI_Comm_rank(comm, &rank) != MPI_SUCCESS)
+        return fa_error(FA_ERR_INVALID, "not a valid communicator");
+    double t0 = fa_mpi_now();
+    int rc = MPI_Comm_dup(comm, &c->comm);
+    c->stats.comm_wait_s += fa_mpi_now() - t0;
+    if (!fa_mpi_ok(c, rc, "MPI_Comm_dup")) return c->st;
+    MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    /* a plan for another P or rank is this rank's failure, but it still joins the agreement:
+     * ranks whose plans do match would otherwise wait for it */
+    c->st = local;
+    if (local == FA_OK && size != pl->P)
+        fa_mpi_fail(c, FA_ERR_INVALID, "the plan is for %d ranks but the communicator has %d",
+                    pl->P, size);
+    if (c->st == FA_OK && rank != pl->rank)
+        fa_mpi_fail(c, FA_ERR_INVALID, "the plan is for rank %d but this is rank %d", pl->rank, rank);
+    int failed = -1;
+    int all = agree(c, pl->digest ^ (uint64_t)pass, c->st, &failed);
+    if (all == FA_OK) return FA_OK;
+    MPI_Comm_free(&c->comm);
+    if (c->st != FA_OK) return c->st; /* this rank's own failure, its message set */
+    if (all == DISAGREE)
+        return fa_error(FA_ERR_INVALID, "ranks disagree on the problem (shapes, options, method "
+                        "or layout differ between ranks; seen by rank %d)", rank);
+    return fa_error((fa_status)all, "rank %d failed before any traffic (%s); every rank stops",
+                    failed, fa_status_string((fa_status)all));
+}
+
+fa_status fa_mpi_end(fa_mpi_call *c, fa_mpi_stats *out) {
+    int failed = -1;
+    fa_status mine = c->st;
+    int all = agree(c, c->pl->digest, mine, &failed);
+    if (out) *out = c->stats;
+    if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+    if (mine != FA_OK) return mine; /* its message is already set */
+    if (all != FA_OK) {
+        fa_status st = all == DISAGREE ? FA_ERR_INTERNAL : (fa_status)all;
+        return fa_error(st, "rank %d failed during the call (%s); every rank stops", failed,
+                        fa_status_string(st));
+    }
+    return FA_OK;
+}
+
+#define PIECE ((int64_t)1 << 30)
+
+static void post(fa_mpi_call *c, fa_mpi_xfer *x, void *buf, int64_t bytes, int peer, int tag,
+                 int recv) {
+    if (c->st != FA_OK && c->comm == MPI_COMM_NULL) return;
+    for (int64_t off = 0; off < bytes; off += PIECE) {
+        int n = (int)(bytes - off < PIECE ? bytes - off : PIECE);
+        if (x->n == FA_MPI_MAX_REQ) {
+            fa_mpi_fail(c, FA_ERR_UNSUPPORTED, "a transfer of %lld bytes is too large",
+                        (long long)bytes);
+            return;
+        }
+        int rc = recv ? MPI_Irecv((char *)buf + off, n, MPI_BYTE, peer, tag, c->comm, &x->req[x->n])
+                      : MPI_Isend((char *)buf + off, n, MPI_BYTE, peer, tag, c->comm, &x->req[x->n]);
+        if (!fa_mpi_ok(c, rc, recv ? "MPI_Irecv" : "MPI_Isend")) return;
+        x->recv[x->n++] = recv;
+        if (!recv) c->stats.bytes_sent += n;
+    }
+}
+
+void fa_mpi_isend(fa_mpi_call *c, fa_mpi_xfer *x, const void *buf, int64_t bytes, int dest, int tag) {
+    post(c, x, (void *)buf, bytes, dest, tag, 0);
+}
+void fa_mpi_irecv(fa_mpi_call *c, fa_mpi_xfer *x, void *buf, int64_t bytes, int src, int tag) {
+    post(c, x, buf, bytes, src, tag, 1);
+}
+
+void fa_mpi_wait(fa_mpi_call *c, fa_mpi_xfer *x) {
+    if (x->n == 0) return;
+    MPI_Status st[FA_MPI_MAX_REQ];
+    double t0 = fa_mpi_now();
+    int rc = MPI_Waitall(x->n, x->req, st);
+    c->stats.comm_wait_s += fa_mpi_now() - t0;
+    if (fa_mpi_ok(c, rc, "MPI_Waitall"))
+        for (int i = 0; i < x->n; i++)
+            if (x->recv[i]) {
+                int got = 0;
+                MPI_Get_count(&st[i], MPI_BYTE, &got);
+                c->stats.bytes_received += got;
+            }
+    x->n = 0;
+}
+
+void fa_mpi_merge_rows(int64_t rows, int64_t dv, float *acc_o, float *acc_lse, fa_dtype t,
+                       const void *part_o, int64_t part_rs, const float *part_lse) {
+    for (int64_t i = 0; i < rows; i++) {
+        float lp = part_lse[i], la = acc_lse[i];
+        if (lp == -INFINITY) continue;
+        float *ao = acc_o + i * dv;
+        if (la == -INFINITY) {
+            for (int64_t d = 0; d < dv; d++) ao[d] = fa_load(t, part_o, i * part_rs + d);
+            acc_lse[i] = lp;
+            continue;
+        }
+        float m = la > lp ? la : lp;
+        float wa = expf(la - m), wp = expf(lp - m), sum = wa + wp;
+        float ca = wa / sum, cp = wp / sum;
+        for (int64_t d = 0; d < dv; d++) ao[d] = ca * ao[d] + cp * fa_load(t, part_o, i * part_rs + d);
+        acc_lse[i] = m + logf(sum);
+    }
+}
+
+/* ---- entry points ------------------------------------------------------------------- */
+
+static fa_status need(const void *p, const char *name) {
+    return p ? FA_OK : fa_error(FA_ERR_NULL, "%s is NULL", name);
+}
+
+static fa_status check_forward(const fa_problem *g, const fa_mpi_forward_args *a) {
+    fa_status st;
+    if ((st = need(a, "args")) || (st = need(a->q, "q")) || (st = need(a->k, "k")) ||
+        (st = need(a->v, "v")) || (st = need(a->o, "o")))
+        return st;
+    if (g->has_alibi && (st = need(a->alibi_slopes, "alibi_slopes"))) return st;
+    if (g->has_segment_ids && ((st = need(a->q_segment_ids, "q_segment_ids")) ||
+                               (st = need(a->kv_segment_ids, "kv_segment_ids"))))
+        return st;
+    return FA_OK;
+}
+
+static fa_status check_backward(const fa_problem *g, const fa_mpi_backward_args *a) {
+    fa_status st;
+    if ((st = need(a, "args")) || (st = need(a->q, "q")) || (st = need(a->k, "k")) ||
+        (st = need(a->v, "v")) || (st = need(a->o, "o")) || (st = need(a->d_o, "do")) ||
+        (st = need(a->lse, "lse")) || (st = need(a->dq, "dq")) || (st = need(a->dk, "dk")) ||
+        (st = need(a->dv, "dv")))
+        return st;
+    if (g->has_alibi && (st = need(a->alibi_slopes, "alibi_slopes"))) return st;
+    if (g->has_segment_ids && ((st = need(a->q_segment_ids, "q_segment_ids")) ||
+                               (st = need(a->kv_segment_ids, "kv_segment_ids"))))
+        return st;
+    return FA_OK;
+}
+
+/* A local mistake still joins the agreement, so that no peer waits for this rank. */
+fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_forward_args *a) {
+    if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
+    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
+    fa_status local = check_forward(&plan->g, a);
+    fa_mpi_forward_args none;
+    memset(&none, 0, sizeof none);
+    if (!a) a = &none;
+    return plan->method == FA_MPI_RING ? fa_mpi_ring_forward(comm, plan, a, local)
+                                       : fa_mpi_ulysses_forward(comm, plan, a, local);
+}
+
+fa_status fa_mpi_backward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_backward_args *a) {
+    if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
+    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
+    fa_status local = check_backward(&plan->g, a);
+    fa_mpi_backward_args none;
+    memset(&none, 0, sizeof none);
+    if (!a) a = &none;
+    return plan->method == FA_MPI_RING ? fa_mpi_ring_backward(comm, plan, a, local)
+                                       : fa_mpi_ulysses_backward(comm, plan, a, local);
+}

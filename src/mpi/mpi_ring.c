@@ -1,0 +1,315 @@
+/* Ring attention (pass K/V). At step s rank r holds the K/V block of rank (r - s) mod P:
+ * it posts the receive of the next block from its left and the send of the current one to
+ * its right, runs the local kernel on (its q rows, the block) while they travel, then waits.
+ * Forward: partial (o, lse) merged exactly into f32 running values, in step order (the same
+ * bits every run for a given P). Backward: with the global o and lse, each (q rows, block)
+ * call gives that pair's exact share of dq, dk, dv; dq adds up locally, and each block's f32
+ * dk/dv accumulator travels the ring behind its K/V and arrives home after P hops. */
+#include "mpi_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { TAG_KV = 1, TAG_ACC = 2 };
+
+/* What both passes set up: sizes, shards, neighbours and the K/V block buffers. */
+typedef struct {
+    const fa_mpi_plan *pl;
+    const fa_problem *g;
+    size_t es;
+    int64_t B, Hq, Hk, D, Dv, lq, lk;
+    int P, r, left, right;
+    fa_mpi_shard qsh;
+    int64_t kvb, off_v, off_seg; /* block bytes; where v and the kv segment ids start */
+    fa_strides qst, ost;         /* the caller's local q and o strides */
+    char *kv[2];
+    int32_t *qseg, *kseg;        /* q segment ids per q run; kv ids of one k run */
+} ring;
+
+static int ring_init(ring *R, const fa_mpi_plan *pl) {
+    const fa_problem *g = &pl->g;
+    memset(R, 0, sizeof *R);
+    R->pl = pl, R->g = g, R->es = fa_dtype_size(g->dtype);
+    R->B = g->batch, R->Hq = g->heads_q, R->Hk = g->heads_kv, R->D = g->head_dim;
+    R->Dv = g->head_dim_v, R->lq = pl->lq, R->lk = pl->lk;
+    R->P = pl->P, R->r = pl->rank;
+    R->left = (R->r - 1 + R->P) % R->P, R->right = (R->r + 1) % R->P;
+    fa_mpi_shard_of(pl, 0, R->r, &R->qsh);
+    R->kvb = fa_mpi_kv_block_bytes(pl);
+    R->off_v = R->B * R->Hk * R->lk * R->D * (int64_t)R->es;
+    R->off_seg = R->off_v + R->B * R->Hk * R->lk * R->Dv * (int64_t)R->es;
+    R->qst = fa_mpi_local_stride(&g->q_stride, R->B, R->Hq, R->lq, R->D);
+    R->ost = fa_mpi_local_stride(&g->o_stride, R->B, R->Hq, R->lq, R->Dv);
+    R->kv[0] = fa_mpi_alloc(pl, R->kvb);
+    R->kv[1] = fa_mpi_alloc(pl, R->kvb);
+    int seg = g->has_segment_ids;
+    R->qseg = seg ? fa_mpi_alloc(pl, R->B * R->lq * 4) : NULL;
+    R->kseg = seg ? fa_mpi_alloc(pl, R->B * R->lk * 4) : NULL;
+    return R->kv[0] && R->kv[1] && (!seg || (R->qseg && R->kseg));
+}
+
+static void ring_free(ring *R) {
+    free(R->kv[0]), free(R->kv[1]), free(R->qseg), free(R->kseg);
+}
+
+/* This rank's own block into kv[0]: k, v and kv segment ids, contiguous; and the q
+ * segment ids of each q run as contiguous [B, len]. */
+static void pack_own(ring *R, const void *k, const void *v, const int32_t *qseg,
+                     const int32_t *kvseg) {
+    fa_strides kst = fa_mpi_local_stride(&R->g->k_stride, R->B, R->Hk, R->lk, R->D);
+    fa_strides vst = fa_mpi_local_stride(&R->g->v_stride, R->B, R->Hk, R->lk, R->Dv);
+    fa_mpi_gather_rows(R->kv[0], k, &kst, R->B, R->Hk, 0, R->lk, R->D, R->es);
+    fa_mpi_gather_rows(R->kv[0] + R->off_v, v, &vst, R->B, R->Hk, 0, R->lk, R->Dv, R->es);
+    if (!R->g->has_segment_ids) return;
+    memcpy(R->kv[0] + R->off_seg, kvseg, (size_t)(R->B * R->lk) * 4);
+    for (int a = 0; a < R->qsh.n; a++) {
+        const fa_mpi_seg *s = &R->qsh.s[a];
+        for (int64_t b = 0; b < R->B; b++)
+            memcpy(R->qseg + a * R->B * s->len + b * s->len, qseg + b * R->lq + s->lstart,
+                   (size_t)s->len * 4);
+    }
+}
+
+/* The kv segment ids of k run ks of block buf, as contiguous [B, len]. */
+static const int32_t *kv_ids(ring *R, const char *buf, const fa_mpi_seg *ks) {
+    if (!R->g->has_segment_ids) return NULL;
+    const int32_t *all = (const int32_t *)(buf + R->off_seg);
+    for (int64_t b = 0; b < R->B; b++)
+        memcpy(R->kseg + b * ks->len, all + b * R->lk + ks->lstart, (size_t)ks->len * 4);
+    return R->kseg;
+}
+
+/* The plan of pair (q run qs, k run ks), or NULL when all its tiles are masked (not called;
+ * the per-rank plan counts it the same way). */
+static fa_plan *pair_plan(fa_mpi_call *c, const fa_mpi_seg *qs, const fa_mpi_seg *ks,
+                          int forward, int64_t segq) {
+    fa_problem p;
+    fa_mpi_pair_problem(c->pl, qs, ks, &p);
+    if (forward) p.o_stride = fa_mpi_contiguous(p.batch, p.heads_q, segq, p.head_dim_v);
+    fa_plan *lp = NULL;
+    double t0 = fa_mpi_now();
+    fa_status st = fa_plan_create(&p, &c->pl->opt, &lp);
+    c->stats.merge_s += fa_mpi_now() - t0; /* bookkeeping, with the merge */
+    if (st != FA_OK) {
+        fa_mpi_fail(c, st, "local plan: %s", fa_last_error());
+        return NULL;
+    }
+    fa_cost cost;
+    fa_plan_cost(lp, forward ? FA_FORWARD : FA_BACKWARD, &cost);
+    if (cost.flops == 0) {
+        fa_plan_destroy(lp);
+        return NULL;
+    }
+    return lp;
+}
+
+static void kernel_failed(fa_mpi_call *c, fa_status st, const char *pass, int step) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s", fa_last_error());
+    fa_mpi_fail(c, st, "local %s at ring step %d: %s", pass, step, msg);
+}
+
+fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi_forward_args *a,
+                              fa_status local) {
+    ring R;
+    int ok = ring_init(&R, pl);
+    int64_t segq = R.qsh.s[0].len, rows = R.B * R.Hq * R.lq;
+    void *part_o = fa_mpi_alloc(pl, R.B * R.Hq * segq * R.Dv * (int64_t)R.es);
+    float *part_lse = fa_mpi_alloc(pl, R.B * R.Hq * segq * 4);
+    float *acc_o = fa_mpi_alloc(pl, rows * R.Dv * 4), *acc_lse = fa_mpi_alloc(pl, rows * 4);
+    if (local == FA_OK && !(ok && part_o && part_lse && acc_o && acc_lse))
+        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (ring buffers)", pl->rank);
+    fa_mpi_call c;
+    fa_status st = fa_mpi_begin(&c, comm, pl, FA_FORWARD, local);
+    if (st != FA_OK) goto out;
+
+    double t0 = fa_mpi_now();
+    pack_own(&R, a->k, a->v, a->q_segment_ids, a->kv_segment_ids);
+    for (int64_t i = 0; i < rows; i++) acc_lse[i] = -INFINITY;
+    memset(acc_o, 0, (size_t)(rows * R.Dv) * 4);
+    c.stats.merge_s += fa_mpi_now() - t0;
+    for (int s = 0; s < R.P; s++) {
+        char *cur = R.kv[s % 2];
+        fa_mpi_xfer x = {0};
+        if (s < R.P - 1) {
+            fa_mpi_irecv(&c, &x, R.kv[(s + 1) % 2], R.kvb, R.left, TAG_KV);
+            fa_mpi_isend(&c, &x, cur, R.kvb, R.right, TAG_KV);
+        }
+        fa_mpi_shard ksh;
+        fa_mpi_shard_of(pl, 1, (R.r - s + R.P) % R.P, &ksh);
+        for (int qa = 0; qa < R.qsh.n && c.st == FA_OK; qa++)
+            for (int kb = 0; kb < ksh.n && c.st == FA_OK; kb++) {
+                const fa_mpi_seg *qs = &R.qsh.s[qa], *ks = &ksh.s[kb];
+                fa_plan *lp = pair_plan(&c, qs, ks, 1, segq);
+                if (!lp) continue;
+                fa_counts n = {0, 0};
+                fa_forward_args fw;
+                memset(&fw, 0, sizeof fw);
+                fw.q = (const char *)a->q + (size_t)(qs->lstart * R.qst.s[2]) * R.es;
+                fw.k = cur + (size_t)(ks->lstart * R.D) * R.es;
+                fw.v = cur + R.off_v + (size_t)(ks->lstart * R.Dv) * R.es;
+                fw.o = part_o, fw.lse = part_lse, fw.alibi_slopes = a->alibi_slopes;
+                if (R.g->has_segment_ids) {
+                    fw.q_segment_ids = R.qseg + qa * R.B * segq;
+                    fw.kv_segment_ids = kv_ids(&R, cur, ks);
+                }
+                fw.counts = &n;
+                double t1 = fa_mpi_now();
+                fa_status ks_st = fa_forward(lp, &fw);
+                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
+                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
+                double t2 = fa_mpi_now();
+                c.stats.compute_s += t2 - t1;
+                fa_plan_destroy(lp);
+                if (ks_st != FA_OK) {
+                    kernel_failed(&c, ks_st, "forward", s);
+                    break;
+                }
+                c.stats.counts.flops += n.flops;
+                c.stats.counts.transcendentals += n.transcendentals;
+                for (int64_t bh = 0; bh < R.B * R.Hq; bh++)
+                    fa_mpi_merge_rows(segq, R.Dv, acc_o + (bh * R.lq + qs->lstart) * R.Dv,
+                                      acc_lse + bh * R.lq + qs->lstart, R.g->dtype,
+                                      (const char *)part_o + (size_t)(bh * segq * R.Dv) * R.es,
+                                      R.Dv, part_lse + bh * segq);
+                c.stats.merge_s += fa_mpi_now() - t2;
+            }
+        fa_mpi_wait(&c, &x);
+    }
+    if (c.st == FA_OK) {
+        fa_mpi_store_f32(R.g->dtype, a->o, &R.ost, acc_o, R.B, R.Hq, R.lq, R.Dv);
+        if (a->lse) memcpy(a->lse, acc_lse, (size_t)rows * 4);
+    }
+    st = fa_mpi_end(&c, a->stats);
+out:
+    ring_free(&R);
+    free(part_o), free(part_lse), free(acc_o), free(acc_lse);
+    return st;
+}
+
+/* acc (f32 [B,Hk,lk,D] then [B,Hk,lk,Dv]) += the pair's dk, dv (dtype, rows of ks). */
+static void add_dkv(const ring *R, float *acc, const char *dkv, const fa_mpi_seg *ks) {
+    const char *dv = dkv + R->off_v;
+    float *accv = acc + R->B * R->Hk * R->lk * R->D;
+    for (int64_t bh = 0; bh < R->B * R->Hk; bh++)
+        for (int64_t t = ks->lstart; t < ks->lstart + ks->len; t++) {
+            int64_t row = bh * R->lk + t;
+            for (int64_t d = 0; d < R->D; d++)
+                acc[row * R->D + d] += fa_load(R->g->dtype, dkv, row * R->D + d);
+            for (int64_t d = 0; d < R->Dv; d++)
+                accv[row * R->Dv + d] += fa_load(R->g->dtype, dv, row * R->Dv + d);
+        }
+}
+
+fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
+                               const fa_mpi_backward_args *a, fa_status local) {
+    ring R;
+    int ok = ring_init(&R, pl);
+    int64_t segq = R.qsh.s[0].len, accb = fa_mpi_acc_block_bytes(pl);
+    int64_t qspan = fa_mpi_span(&R.qst, R.B, R.Hq, R.lq, R.D);
+    float *acc[2] = {fa_mpi_alloc(pl, accb), fa_mpi_alloc(pl, accb)};
+    float *home = R.P > 1 ? fa_mpi_alloc(pl, accb) : acc[0];
+    float *dq_acc = fa_mpi_alloc(pl, R.B * R.Hq * R.lq * R.D * 4);
+    char *dq_p = fa_mpi_alloc(pl, qspan * (int64_t)R.es), *dkv_p = fa_mpi_alloc(pl, R.off_seg);
+    float *lse_c = fa_mpi_alloc(pl, R.B * R.Hq * segq * 4);
+    if (local == FA_OK && !(ok && acc[0] && acc[1] && home && dq_acc && dq_p && dkv_p && lse_c))
+        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (ring buffers)", pl->rank);
+    fa_mpi_call c;
+    fa_status st = fa_mpi_begin(&c, comm, pl, FA_BACKWARD, local);
+    if (st != FA_OK) goto out;
+
+    double t0 = fa_mpi_now();
+    pack_own(&R, a->k, a->v, a->q_segment_ids, a->kv_segment_ids);
+    memset(acc[0], 0, (size_t)accb);
+    memset(dq_acc, 0, (size_t)(R.B * R.Hq * R.lq * R.D) * 4);
+    c.stats.merge_s += fa_mpi_now() - t0;
+    fa_mpi_xfer acc_in = {0}, acc_out = {0}; /* this step's accumulator; the last one sent */
+    for (int s = 0; s < R.P; s++) {
+        char *cur = R.kv[s % 2];
+        float *mine = acc[s % 2];
+        fa_mpi_xfer x = {0};
+        if (s < R.P - 1) {
+            fa_mpi_irecv(&c, &x, R.kv[(s + 1) % 2], R.kvb, R.left, TAG_KV);
+            fa_mpi_isend(&c, &x, cur, R.kvb, R.right, TAG_KV);
+        }
+        fa_mpi_shard ksh;
+        fa_mpi_shard_of(pl, 1, (R.r - s + R.P) % R.P, &ksh);
+        for (int qa = 0; qa < R.qsh.n && c.st == FA_OK; qa++)
+            for (int kb = 0; kb < ksh.n && c.st == FA_OK; kb++) {
+                const fa_mpi_seg *qs = &R.qsh.s[qa], *ks = &ksh.s[kb];
+                fa_plan *lp = pair_plan(&c, qs, ks, 0, segq);
+                if (!lp) continue;
+                double t1 = fa_mpi_now();
+                for (int64_t bh = 0; bh < R.B * R.Hq; bh++)
+                    memcpy(lse_c + bh * segq, a->lse + bh * R.lq + qs->lstart, (size_t)segq * 4);
+                size_t qoff = (size_t)(qs->lstart * R.qst.s[2]) * R.es;
+                size_t ooff = (size_t)(qs->lstart * R.ost.s[2]) * R.es;
+                fa_counts n = {0, 0};
+                fa_backward_args bw;
+                memset(&bw, 0, sizeof bw);
+                bw.q = (const char *)a->q + qoff, bw.dq = dq_p + qoff;
+                bw.k = cur + (size_t)(ks->lstart * R.D) * R.es;
+                bw.v = cur + R.off_v + (size_t)(ks->lstart * R.Dv) * R.es;
+                bw.dk = dkv_p + (size_t)(ks->lstart * R.D) * R.es;
+                bw.dv = dkv_p + R.off_v + (size_t)(ks->lstart * R.Dv) * R.es;
+                bw.o = (const char *)a->o + ooff, bw.d_o = (const char *)a->d_o + ooff;
+                bw.lse = lse_c, bw.alibi_slopes = a->alibi_slopes;
+                if (R.g->has_segment_ids) {
+                    bw.q_segment_ids = R.qseg + qa * R.B * segq;
+                    bw.kv_segment_ids = kv_ids(&R, cur, ks);
+                }
+                bw.counts = &n;
+                double t2 = fa_mpi_now();
+                c.stats.merge_s += t2 - t1;
+                fa_status ks_st = fa_backward(lp, &bw);
+                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
+                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
+                double t3 = fa_mpi_now();
+                c.stats.compute_s += t3 - t2;
+                fa_plan_destroy(lp);
+                if (ks_st != FA_OK) {
+                    kernel_failed(&c, ks_st, "backward", s);
+                    break;
+                }
+                c.stats.counts.flops += n.flops;
+                c.stats.counts.transcendentals += n.transcendentals;
+                for (int64_t b = 0; b < R.B; b++)
+                    for (int64_t h = 0; h < R.Hq; h++)
+                        for (int64_t t = qs->lstart; t < qs->lstart + qs->len; t++) {
+                            float *dst = dq_acc + ((b * R.Hq + h) * R.lq + t) * R.D;
+                            for (int64_t d = 0; d < R.D; d++)
+                                dst[d] += fa_load(R.g->dtype, dq_p, fa_offset(&R.qst, b, h, t, d));
+                        }
+                double t4 = fa_mpi_now();
+                fa_mpi_wait(&c, &acc_in); /* the block's accumulator, from the left */
+                double t5 = fa_mpi_now();
+                add_dkv(&R, mine, dkv_p, ks);
+                c.stats.merge_s += (t4 - t3) + (fa_mpi_now() - t5);
+            }
+        fa_mpi_wait(&c, &acc_in);
+        fa_mpi_wait(&c, &acc_out); /* its buffer is the next receive's */
+        if (R.P > 1) {
+            fa_mpi_irecv(&c, &acc_in, s < R.P - 1 ? acc[(s + 1) % 2] : home, accb, R.left, TAG_ACC);
+            fa_mpi_isend(&c, &acc_out, mine, accb, R.right, TAG_ACC);
+        }
+        fa_mpi_wait(&c, &x);
+    }
+    fa_mpi_wait(&c, &acc_in);
+    fa_mpi_wait(&c, &acc_out);
+    if (c.st == FA_OK) {
+        fa_strides kst = fa_mpi_local_stride(&R.g->k_stride, R.B, R.Hk, R.lk, R.D);
+        fa_strides vst = fa_mpi_local_stride(&R.g->v_stride, R.B, R.Hk, R.lk, R.Dv);
+        fa_mpi_store_f32(R.g->dtype, a->dq, &R.qst, dq_acc, R.B, R.Hq, R.lq, R.D);
+        fa_mpi_store_f32(R.g->dtype, a->dk, &kst, home, R.B, R.Hk, R.lk, R.D);
+        fa_mpi_store_f32(R.g->dtype, a->dv, &vst, home + R.B * R.Hk * R.lk * R.D, R.B, R.Hk,
+                         R.lk, R.Dv);
+    }
+    st = fa_mpi_end(&c, a->stats);
+out:
+    ring_free(&R);
+    free(acc[0]), free(acc[1]), free(dq_acc), free(dq_p), free(dkv_p), free(lse_c);
+    if (home != acc[0]) free(home);
+    return st;
+}

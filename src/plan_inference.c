@@ -1,0 +1,162 @@
+/* Plans of the inference shapes (SPEC section 5): packed variable-length batches
+ * (cu_seqlens) and kv-cache decoding (cache_seqlens, optionally paged). Validates the
+ * length arrays and the pages, fills the packed and cache layouts' default strides, and
+ * copies the lengths into the plan (they are plan inputs: O(batch), read once). */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int all_zero(const fa_strides *st) { return !st->s[0] && !st->s[1] && !st->s[2] && !st->s[3]; }
+
+/* A row-major [rows, heads, width] tensor as [B, H, S, D] strides (per item: item_stride). */
+static void default_layout(fa_strides *st, int64_t item_stride, int64_t heads, int64_t width) {
+    if (!all_zero(st)) return;
+    st->s[0] = item_stride;
+    st->s[1] = width;
+    st->s[2] = heads * width;
+    st->s[3] = 1;
+}
+
+static fa_status check_cu(const char *name, const int32_t *cu, int64_t batch, int64_t total) {
+    if (cu[0] != 0) return fa_error(FA_ERR_INVALID, "%s[0] must be 0, got %d", name, cu[0]);
+    for (int64_t b = 1; b <= batch; b++)
+        if (cu[b] < cu[b - 1])
+            return fa_error(FA_ERR_INVALID, "%s must be non-decreasing: %s[%lld] = %d < %s[%lld] = %d", name, name,
+                            (long long)b, cu[b], name, (long long)(b - 1), cu[b - 1]);
+    if (cu[batch] > total)
+        return fa_error(FA_ERR_INVALID, "%s[%lld] = %d reaches past the packed tensor's %lld rows", name,
+                        (long long)batch, cu[batch], (long long)total);
+    if (cu[batch] != total)
+        return fa_error(FA_ERR_INVALID, "%s[%lld] = %d must equal the packed tensor's %lld rows", name,
+                        (long long)batch, cu[batch], (long long)total);
+    return FA_OK;
+}
+
+static fa_status copy_lens(fa_plan *pl, const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    pl->lens = malloc(sizeof(int32_t) * (size_t)(na + nb));
+    if (!pl->lens) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot copy %lld lengths", (long long)(na + nb));
+    memcpy(pl->lens, a, sizeof(int32_t) * (size_t)na);
+    if (nb) memcpy(pl->lens + na, b, sizeof(int32_t) * (size_t)nb);
+    return FA_OK;
+}
+
+static fa_status validate_varlen(fa_plan *pl) {
+    fa_problem *p = &pl->p;
+    if (!p->cu_seqlens_q || !p->cu_seqlens_k)
+        return fa_error(FA_ERR_NULL, "cu_seqlens_q and cu_seqlens_k go together, but %s is NULL",
+                        p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
+    if (p->has_new_kv || p->page_size || p->num_pages || p->max_pages)
+        return fa_error(FA_ERR_INVALID, "has_new_kv and pages belong to kv-cache decoding, not to cu_seqlens");
+    fa_status s;
+    if ((s = check_cu("cu_seqlens_q", p->cu_seqlens_q, p->batch, p->seq_q)) ||
+        (s = check_cu("cu_seqlens_k", p->cu_seqlens_k, p->batch, p->seq_k)) ||
+        (s = copy_lens(pl, p->cu_seqlens_q, p->batch + 1, p->cu_seqlens_k, p->batch + 1)))
+        return s;
+    p->cu_seqlens_q = pl->lens;
+    p->cu_seqlens_k = pl->lens + p->batch + 1;
+    default_layout(&p->q_stride, 0, p->heads_q, p->head_dim);
+    default_layout(&p->k_stride, 0, p->heads_kv, p->head_dim);
+    default_layout(&p->v_stride, 0, p->heads_kv, p->head_dim_v);
+    default_layout(&p->o_stride, 0, p->heads_q, p->head_dim_v);
+    p->k_stride.s[0] = p->v_stride.s[0] = p->q_stride.s[0] = p->o_stride.s[0] = 0; /* batch 1 views */
+    pl->shape = FA_SHAPE_VARLEN;
+    return FA_OK;
+}
+
+/* The largest element offset of a paged cache fits int64. */
+static fa_status check_pages_reach(const char *name, const fa_strides *st, const int64_t dims[4]) {
+    int64_t last = 0;
+    for (int i = 0; i < 4; i++) {
+        int64_t t;
+        if (st->s[i] < 0) return fa_error(FA_ERR_INVALID, "%s stride %d is negative (%lld)", name, i, (long long)st->s[i]);
+        if (__builtin_mul_overflow(dims[i] - 1, st->s[i], &t) || __builtin_add_overflow(last, t, &last))
+            return fa_error(FA_ERR_OVERFLOW, "%s strides reach beyond int64 offsets", name);
+    }
+    return FA_OK;
+}
+
+static fa_status validate_decode(fa_plan *pl) {
+    fa_problem *p = &pl->p;
+    const int64_t B = p->batch, newk = p->has_new_kv ? p->seq_q : 0;
+    if (p->page_size) {
+        if (p->page_size < 0 || p->page_size % 16)
+            return fa_error(FA_ERR_INVALID, "page_size must be a positive multiple of 16, got %lld",
+                            (long long)p->page_size);
+        if (p->num_pages < 1 || p->max_pages < 1)
+            return fa_error(FA_ERR_INVALID, "paged caches need num_pages >= 1 and max_pages >= 1, got %lld and %lld",
+                            (long long)p->num_pages, (long long)p->max_pages);
+        int64_t cap;
+        if (__builtin_mul_overflow(p->max_pages, p->page_size, &cap) || cap != p->seq_k)
+            return fa_error(FA_ERR_INVALID, "seq_k (%lld) must be max_pages (%lld) x page_size (%lld) for paged caches",
+                            (long long)p->seq_k, (long long)p->max_pages, (long long)p->page_size);
+    } else if (p->num_pages || p->max_pages) {
+        return fa_error(FA_ERR_INVALID, "num_pages and max_pages need a page_size");
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t n = p->cache_seqlens[b];
+        if (n < 0)
+            return fa_error(FA_ERR_INVALID, "cache_seqlens[%lld] = %d is negative", (long long)b, n);
+        if (n + newk > p->seq_k)
+            return fa_error(FA_ERR_INVALID,
+                            "cache_seqlens[%lld] = %d plus %lld new tokens exceeds the cache capacity %lld%s",
+                            (long long)b, n, (long long)newk, (long long)p->seq_k,
+                            p->page_size ? " (max_pages x page_size)" : " (S_cache_max)");
+    }
+    fa_status s = copy_lens(pl, p->cache_seqlens, B, NULL, 0);
+    if (s) return s;
+    p->cache_seqlens = pl->lens;
+    const int64_t Hq = p->heads_q, Hk = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q;
+    const int64_t rows = p->page_size ? p->page_size : p->seq_k;
+    default_layout(&p->q_stride, Sq * Hq * D, Hq, D);
+    default_layout(&p->o_stride, Sq * Hq * Dv, Hq, Dv);
+    default_layout(&p->k_stride, rows * Hk * D, Hk, D);
+    default_layout(&p->v_stride, rows * Hk * Dv, Hk, Dv);
+    if (p->page_size) {
+        const int64_t kd[4] = {p->num_pages, Hk, p->page_size, D}, vd[4] = {p->num_pages, Hk, p->page_size, Dv};
+        if ((s = check_pages_reach("k", &p->k_stride, kd)) || (s = check_pages_reach("v", &p->v_stride, vd))) return s;
+    }
+    pl->shape = FA_SHAPE_DECODE;
+    return FA_OK;
+}
+
+fa_status fa_validate_inference(fa_plan *pl) {
+    fa_problem *p = &pl->p;
+    const int varlen = p->cu_seqlens_q || p->cu_seqlens_k, decode = p->cache_seqlens != NULL;
+    if (!varlen && !decode) {
+        if (p->has_new_kv || p->page_size || p->num_pages || p->max_pages)
+            return fa_error(FA_ERR_INVALID, "has_new_kv and pages need cache_seqlens (kv-cache decoding)");
+        return FA_OK;
+    }
+    const char *what = varlen ? "cu_seqlens" : "cache_seqlens";
+    if (varlen && decode) return fa_error(FA_ERR_INVALID, "cu_seqlens and cache_seqlens cannot be combined");
+    if (p->has_bias || p->has_segment_ids)
+        return fa_error(FA_ERR_UNSUPPORTED, "%s: a bias or segment ids are not supported with %s",
+                        p->has_bias ? "has_bias" : "has_segment_ids", what);
+    if (p->bias_grad) return fa_error(FA_ERR_UNSUPPORTED, "bias_grad is not supported with %s", what);
+    if (p->batch > INT32_MAX) return fa_error(FA_ERR_INVALID, "batch %lld is too large for %s", (long long)p->batch, what);
+    return varlen ? validate_varlen(pl) : validate_decode(pl);
+}
+
+void fa_varlen_subplan(const fa_plan *pl, int64_t b, fa_plan *sub) {
+    *sub = *pl;
+    const int32_t *cq = pl->p.cu_seqlens_q, *ck = pl->p.cu_seqlens_k;
+    sub->p.batch = 1;
+    sub->p.seq_q = cq[b + 1] - cq[b];
+    sub->p.seq_k = ck[b + 1] - ck[b];
+    sub->p.cu_seqlens_q = sub->p.cu_seqlens_k = NULL;
+    sub->shape = FA_SHAPE_DENSE;
+    sub->lens = NULL;
+    sub->off = pl->p.has_diag_offset ? pl->p.diag_offset : sub->p.seq_k - sub->p.seq_q;
+    sub->lse_rows = pl->p.seq_q;
+}
+
+void fa_decode_key_span(const fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi) {
+    const fa_problem *p = &pl->p;
+    const int64_t off = fa_decode_off(pl, b), sk = fa_decode_keys(pl, b);
+    *lo = p->window_left >= 0 ? off - p->window_left : 0;
+    *hi = sk - 1;
+    if (p->causal && p->seq_q - 1 + off < *hi) *hi = p->seq_q - 1 + off;
+    if (p->window_right >= 0 && p->seq_q - 1 + off + p->window_right < *hi) *hi = p->seq_q - 1 + off + p->window_right;
+    if (*lo < 0) *lo = 0;
+}

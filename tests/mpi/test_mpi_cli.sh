@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The command line under mpirun (SPEC section 6): run and grad with --seq-parallel ring,
+# ring --zigzag and ulysses on P = 2 and 3 equal the single-process outputs (f32 bound) and
+# repeat bit for bit, also causal --top-left with Sq != Sk; --count prints one JSON line per
+# rank; bad input exits 2 on every rank with nothing written (shapes not divisible, Ulysses
+# with Hk % P != 0, --bias, --zigzag alone); ranks given different problems, or one rank
+# failing to read its input, end every rank with exit 2 within seconds; bench
+# --seq-parallel --json reports per-rank times.
+# Exits 77 (skipped) where this build has no MPI. Usage: bash tests/mpi/test_mpi_cli.sh BUILD
+set -u
+BUILD=${1:-build}
+FA=$(cd "$BUILD" && pwd)/flashattn
+NPY=$(cd "$BUILD" && pwd)/tool_npy
+if [ ! -x "$BUILD/mpi_check" ] || ! command -v mpirun >/dev/null; then
+  echo "skipped: no MPI in this build"
+  exit 77
+fi
+export OMP_NUM_THREADS=1
+# sanitized builds: Open MPI's own leaks are suppressed; the slow unwinder reaches the MPI
+# library frames even under its unloaded plugins, so that the suppressions match
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$(cd "$(dirname "$0")" && pwd)/lsan.supp:print_suppressions=0"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+cd "$W" || exit 1
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+mpi() { timeout 60 mpirun --oversubscribe --allow-run-as-root "$@" >so 2>se; rc=$?; }
+
+gen() { "$NPY" rand "$1" "$2" "${@:3}" >/dev/null || { echo "tool_npy failed"; exit 1; }; }
+# B=2 Hq=4 Hk=2 S=48 (divisible by 2P for P = 2, 3) D=16 Dv=8
+gen q.npy '<f4' 2 4 48 16 --seed 11
+gen k.npy '<f4' 2 2 48 16 --seed 12
+gen v.npy '<f4' 2 2 48 8 --seed 13
+gen do.npy '<f4' 2 4 48 8 --seed 14
+gen q50.npy '<f4' 2 4 50 16 --seed 15
+gen k72.npy '<f4' 2 2 72 16 --seed 17
+gen v72.npy '<f4' 2 2 72 8 --seed 18
+IN="--q q.npy --k k.npy --v v.npy"
+
+# cases: P, method, mask (a few of each; tests/mpi/mpi_check.c covers the library in full)
+cases=("2|ring|--causal" "2|ring --zigzag|--causal" "2|ulysses|--causal" "3|ring --zigzag|--causal"
+       "3|ring|" "2|ulysses|" "2|ring|--window 9 3" "3|ring --zigzag|--window 9 3")
+last_mask=none
+for c in "${cases[@]}"; do
+  IFS='|' read -r np sp mask <<<"$c"
+  name="P=$np --seq-parallel $sp $mask"
+  if [ "$mask" != "$last_mask" ]; then
+    "$FA" grad $IN --do do.npy $mask --out o1.npy --lse l1.npy --dq dq1.npy --dk dk1.npy --dv dv1.npy ||
+      { no "single process $mask" "exit $?"; continue; }
+    last_mask=$mask
+  fi
+  out="--out o2.npy --lse l2.npy --dq dq2.npy --dk dk2.npy --dv dv2.npy"
+  mpi -np $np "$FA" grad $IN --do do.npy $mask $out --seq-parallel $sp --count
+  if [ $rc != 0 ]; then no "$name" "exit $rc: $(head -c 300 se)"; continue; fi
+  bad=""
+  for t in o l dq dk dv; do
+    "$NPY" compare ${t}2.npy ${t}1.npy 1e-5 >cmp || bad="$bad $t($(cat cmp))"
+  done
+  [ -z "$bad" ] && ok "$name: outputs and gradients equal one process's" || no "$name" "$bad"
+  lines=$(grep -c '^{"rank": [0-9]*, "flops": [0-9]*, "transcendentals": [0-9]*, "bytes_sent": [0-9]*, "bytes_received": [0-9]*}$' so)
+  ranks=$(sed -n 's/^{"rank": \([0-9]*\),.*/\1/p' so | sort -n | tr '\n' ' ')
+  want=$(seq 0 $((np - 1)) | tr '\n' ' ')
+  [ "$lines" = "$np" ] && [ "$ranks" = "$want" ] && ok "$name: --count one JSON line per rank" ||
+    no "$name --count" "$(cat so)"
+done
+# the same bits again (the last case)
+for t in o dq dk; do cp ${t}2.npy ${t}2a.npy; done
+mpi -np $np "$FA" grad $IN --do do.npy $mask $out --seq-parallel $sp
+same=1
+for t in o dq dk; do cmp -s ${t}2.npy ${t}2a.npy || same=0; done
+[ $rc = 0 ] && [ $same = 1 ] && ok "$name: same bits on a second run" || no "$name rerun" "exit $rc, same=$same"
+
+# Sq != Sk with the causal mask aligned top-left (--top-left), zigzag over 3 ranks
+"$FA" run --q q.npy --k k72.npy --v v72.npy --causal --top-left --out o1.npy --lse l1.npy >/dev/null
+mpi -np 3 "$FA" run --q q.npy --k k72.npy --v v72.npy --causal --top-left --out o2.npy --lse l2.npy \
+  --seq-parallel ring --zigzag
+if [ $rc = 0 ] && "$NPY" compare o2.npy o1.npy 1e-5 >cmp && "$NPY" compare l2.npy l1.npy 1e-5 >>cmp; then
+  ok "P=3 ring --zigzag --causal --top-left, Sq=48 Sk=72: equals one process"
+else no "top-left" "exit $rc: $(cat cmp) $(head -c 300 se)"; fi
+
+# bad input: every rank exits 2, one line each, nothing written
+rm -f o9.npy
+expect2() {
+  local what=$1 say=$2
+  shift 2
+  mpi "$@"
+  local lines
+  lines=$(grep -c '^flashattn: ' se)
+  if [ $rc = 2 ] && [ ! -e o9.npy ] && grep -q "$say" se; then ok "$what: exit 2 ($lines stderr lines)"; else
+    no "$what" "exit $rc, $(head -c 300 se)"; fi
+}
+expect2 "Sq not divisible by 2P (zigzag)" "divisible" -np 2 "$FA" run --q q50.npy --k k.npy --v v.npy \
+  --out o9.npy --seq-parallel ring --zigzag
+expect2 "ulysses with Hk=2 on 3 ranks" "divisible" -np 3 "$FA" run $IN --out o9.npy --seq-parallel ulysses
+gen bias.npy '<f4' 2 4 48 48 --seed 16
+expect2 "--bias" "not supported" -np 2 "$FA" run $IN --bias bias.npy --out o9.npy --seq-parallel ring
+"$FA" run $IN --out o9.npy --zigzag >so 2>se
+[ $? = 2 ] && [ ! -e o9.npy ] && grep -q "needs --seq-parallel" se && ok "--zigzag alone: exit 2" || no "--zigzag alone" "$(cat se)"
+t0=$(date +%s)
+expect2 "ranks given different problems" "disagree" -np 1 "$FA" run $IN --causal --out o9.npy --seq-parallel ring : \
+  -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring
+expect2 "one rank cannot read its input" "cannot open" -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring : \
+  -np 1 "$FA" run --q missing.npy --k k.npy --v v.npy --out o9.npy --seq-parallel ring
+dt=$(($(date +%s) - t0))
+[ $dt -lt 30 ] && ok "failing ranks end the job in ${dt} s" || no "failing ranks" "took ${dt} s"
+
+# bench: per-rank compute / comm-wait / merge
+mpi -np 2 "$FA" bench --batch 1 --heads 4 --seq 256 --head-dim 32 --causal --seq-parallel ring --zigzag --iters 2 --json
+last=$(tail -n 1 so)
+if [ $rc = 0 ] && printf '%s' "$last" | grep -q '"per_rank": \[{"rank": 0, "seconds": [0-9.e-]*, "compute_s": [0-9.e-]*, "comm_wait_s": [0-9.e-]*, "merge_s"'; then
+  ok "bench --seq-parallel --json: per-rank split"; else no "bench" "exit $rc: $last $(head -c 300 se)"; fi
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# The command line of the inference shapes (SPEC section 5): packed varlen runs, kv-cache
+# decoding (appending with --update-cache, paged caches), their plans and counts, the
+# benchmarks' forms, and bad input (exit 2, one stderr line naming the argument, no output
+# file, caches untouched).
+# Usage: bash tests/test_cli_inference.sh BUILD_DIR (needs flashattn, tool_npy, tool_inference).
+set -u
+BUILD=${1:-build}
+FA=$(cd "$BUILD" && pwd)/flashattn
+NPY=$(cd "$BUILD" && pwd)/tool_npy
+TI=$(cd "$BUILD" && pwd)/tool_inference
+for x in "$FA" "$NPY" "$TI"; do
+  [ -x "$x" ] || { echo "missing $x (build first)"; echo "0 passed, 1 failed"; exit 1; }
+done
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+OUT=$W/out
+I=$W/in
+mkdir -p "$OUT" "$I"
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+fa() { "$FA" "$@" >"$W/so" 2>"$W/se"; rc=$?; if [ $rc -ge 128 ]; then echo "CRASH (exit $rc): flashattn $*"; fi; }
+gen() { "$NPY" rand "$I/$1" "$2" "${@:3}" >/dev/null || { echo "tool_npy failed on $1"; exit 1; }; }
+ints() { "$TI" ints "$I/$1" "${@:2}" || { echo "tool_inference failed on $1"; exit 1; }; }
+json_int() { sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p" "$W/so" | head -1; }
+# expect_bad NAME NEEDLE ARGS...: exit 2, one stderr line containing NEEDLE, $OUT empty
+expect_bad() {
+  local name=$1 needle=$2
+  shift 2
+  fa "$@"
+  local lines
+  lines=$(wc -l <"$W/se")
+  if [ $rc -ne 2 ]; then no "$name" "exit $rc, want 2 ($(head -c 300 "$W/se"))"
+  elif [ "$lines" -ne 1 ]; then no "$name" "$lines stderr lines"
+  elif ! grep -q -- "$needle" "$W/se"; then no "$name" "message lacks '$needle': $(cat "$W/se")"
+  elif [ -n "$(ls -A "$OUT")" ]; then no "$name" "left output: $(ls "$OUT")"
+  else ok "$name"; fi
+  rm -f "$OUT"/*
+}
+
+# ---- packed varlen --------------------------------------------------------------------
+# 4 sequences: (Sq, Sk) = (5, 10), (0, 1), (15, 0), (17, 34); Hq=4 Hk=2 D=16 Dv=8
+gen q.npy '<f4' 37 4 16 --seed 1
+gen k.npy '<f4' 45 2 16 --seed 2
+gen v.npy '<f4' 45 2 8 --seed 3
+ints cq.npy 5 -- 0 5 5 20 37
+ints ck.npy 5 -- 0 10 11 11 45
+VL="--q $I/q.npy --k $I/k.npy --v $I/v.npy --cu-seqlens-q $I/cq.npy --cu-seqlens-k $I/ck.npy"
+for c in "" "--causal"; do
+  fa run $VL $c --out "$OUT/o.npy" --lse "$OUT/lse.npy" --count
+  if [ $rc -ne 0 ]; then no "varlen run $c" "exit $rc: $(cat "$W/se")"; else
+    flops=$(json_int flops) trans=$(json_int transcendentals)
+    if [ "$("$NPY" info "$OUT/o.npy")" != "<f4 37,4,8 finite" ]; then no "varlen o shape $c" "$("$NPY" info "$OUT/o.npy")"
+    elif ! "$TI" varlen "$I/q.npy" "$I/k.npy" "$I/v.npy" "$I/cq.npy" "$I/ck.npy" "$OUT/o.npy" "$OUT/lse.npy" $c >"$W/ref"; then
+      no "varlen run $c vs reference" "$(cat "$W/ref")"
+    else ok "varlen run $c: o [37,4,8] and lse [4,37] match the reference"; fi
+    fa plan --heads 4 --kv-heads 2 --head-dim 16 --v-head-dim 8 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" $c --json
+    pf=$(sed -n 's/.*"forward": {"flops": \([0-9]*\), [^}]*"transcendentals": \([0-9]*\),.*/\1 \2/p' "$W/so")
+    if [ $rc -eq 0 ] && [ "$pf" = "$flops $trans" ]; then ok "varlen $c: counts == plan ($pf)"
+    else no "varlen $c counts" "run counted '$flops $trans', plan says '$pf' (exit $rc: $(cat "$W/se"))"; fi
+  fi
+  rm -f "$OUT"/*
+done
+ints bad_dec.npy 5 -- 0 5 3 20 37
+ints bad_past.npy 5 -- 0 5 5 20 40
+ints bad_start.npy 5 -- 1 5 5 20 37
+ints short.npy 4 -- 0 5 20 37
+expect_bad "varlen: decreasing cu_seqlens_q" cu_seqlens_q run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --cu-seqlens-q "$I/bad_dec.npy" --cu-seqlens-k "$I/ck.npy" --out "$OUT/o.npy"
+expect_bad "varlen: cu_seqlens_q past the tensor" "reaches past" run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --cu-seqlens-q "$I/bad_past.npy" --cu-seqlens-k "$I/ck.npy" --out "$OUT/o.npy"
+expect_bad "varlen: cu_seqlens_k not starting at 0" "cu_seqlens_k\[0\]" run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/bad_start.npy" --out "$OUT/o.npy"
+expect_bad "varlen: cu_seqlens of different lengths" "entries" run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/short.npy" --out "$OUT/o.npy"
+expect_bad "varlen: cu_seqlens-q alone" "go together" run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --cu-seqlens-q "$I/cq.npy" --out "$OUT/o.npy"
+fa plan --heads 4 --kv-heads 2 --head-dim 16 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --backend cuda
+if [ $rc -eq 1 ] && grep -q "cuda backend has no" "$W/se"; then ok "varlen plan --backend cuda: unsupported, said clearly"
+else no "varlen plan --backend cuda" "exit $rc: $(cat "$W/se")"; fi
+
+# ---- kv-cache decoding ------------------------------------------------------------------
+# B=3, Sq_new=2, Hq=8, Hk=1 (MQA), D=16; caches [3, 64, 1, 16]; lengths 0, 17, 50
+gen dq.npy '<f4' 3 2 8 16 --seed 11
+gen kc.npy '<f4' 3 64 1 16 --seed 12
+gen vc.npy '<f4' 3 64 1 16 --seed 13
+gen kn.npy '<f4' 3 2 1 16 --seed 14
+gen vn.npy '<f4' 3 2 1 16 --seed 15
+ints lens.npy 3 -- 0 17 50
+ints full.npy 3 -- 0 63 50
+cp "$I/kc.npy" "$W/kc0.npy"; cp "$I/vc.npy" "$W/vc0.npy"
+DEC="--q $I/dq.npy --k $I/kc.npy --v $I/vc.npy --cache-seqlens $I/lens.npy --causal"
+fa run $DEC --k-new "$I/kn.npy" --v-new "$I/vn.npy" --out "$OUT/o.npy" --lse "$OUT/lse.npy" --count
+if [ $rc -ne 0 ]; then no "decode run (append)" "exit $rc: $(cat "$W/se")"
+elif ! cmp -s "$I/kc.npy" "$W/kc0.npy" || ! cmp -s "$I/vc.npy" "$W/vc0.npy"; then no "decode without --update-cache" "a cache file changed"
+elif ! "$TI" decode "$I/dq.npy" "$I/kc.npy" "$I/vc.npy" "$I/lens.npy" "$OUT/o.npy" "$OUT/lse.npy" --causal --new "$I/kn.npy" "$I/vn.npy" >"$W/ref"; then
+  no "decode run vs reference" "$(cat "$W/ref")"
+else ok "decode (MQA, ragged lengths with 0, 2 new tokens): o matches the reference, cache files untouched"; fi
+flops=$(json_int flops) trans=$(json_int transcendentals)
+fa plan --heads 8 --kv-heads 1 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" --causal --json
+pf=$(sed -n 's/.*"forward": {"flops": \([0-9]*\), [^}]*"transcendentals": \([0-9]*\),.*/\1 \2/p' "$W/so")
+if [ $rc -eq 0 ] && [ "$pf" = "$flops $trans" ]; then ok "decode: counts == plan ($pf)"
+else no "decode counts" "run counted '$flops $trans', plan says '$pf' (exit $rc: $(cat "$W/se"))"; fi
+rm -f "$OUT"/*
+OUTK=$W/upd; mkdir -p "$OUTK"; cp "$W/kc0.npy" "$OUTK/kc.npy"; cp "$W/vc0.npy" "$OUTK/vc.npy"
+fa run --q "$I/dq.npy" --k "$OUTK/kc.npy" --v "$OUTK/vc.npy" --cache-seqlens "$I/lens.npy" --causal \
+  --k-new "$I/kn.npy" --v-new "$I/vn.npy" --update-cache --out "$OUT/o.npy"
+if [ $rc -ne 0 ]; then no "decode --update-cache" "exit $rc: $(cat "$W/se")"
+elif ! "$TI" cache "$W/kc0.npy" "$OUTK/kc.npy" "$I/lens.npy" "$I/kn.npy" >"$W/ref" || \
+     ! "$TI" cache "$W/vc0.npy" "$OUTK/vc.npy" "$I/lens.npy" "$I/vn.npy" >>"$W/ref"; then no "decode --update-cache" "$(cat "$W/ref")"
+else ok "decode --update-cache: both caches rewritten with the new rows at cache_seqlens[b], the rest unchanged"; fi
+rm -f "$OUT"/*
+cp "$W/kc0.npy" "$OUTK/kc.npy"; cp "$W/vc0.npy" "$OUTK/vc.npy"
+expect_bad "decode: cache_seqlens + new tokens past the capacity" "cache_seqlens\[1\]" run --q "$I/dq.npy" \
+  --k "$OUTK/kc.npy" --v "$OUTK/vc.npy" --cache-seqlens "$I/full.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" \
+  --update-cache --out "$OUT/o.npy"
+if cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && cmp -s "$OUTK/vc.npy" "$W/vc0.npy"; then ok "refused decode: caches untouched"
+else no "refused decode" "a cache file changed"; fi
+expect_bad "decode: --update-cache without new tokens" "update-cache" run $DEC --update-cache --out "$OUT/o.npy"
+expect_bad "decode: --k-new without --v-new" "go together" run $DEC --k-new "$I/kn.npy" --out "$OUT/o.npy"
+
+# paged: 10 pages of 16 rows, Hk=2; tables [3, 4] in shuffled order; sequences 0 and 1 share page 7
+gen pq.npy '<f4' 3 1 4 16 --seed 21
+gen pk.npy '<f4' 10 16 2 16 --seed 22
+gen pv.npy '<f4' 10 16 2 16 --seed 23
+gen pkn.npy '<f4' 3 1 2 16 --seed 24
+gen pvn.npy '<f4' 3 1 2 16 --seed 25
+ints bt.npy 3 4 -- 7 2 9 -1 7 4 -1 -1 5 0 3 8
+ints bt_bad.npy 3 4 -- 7 2 9 -1 7 4 -1 -1 5 0 10 8
+ints plens.npy 3 -- 40 20 50
+PG="--q $I/pq.npy --k $I/pk.npy --v $I/pv.npy --cache-seqlens $I/plens.npy --block-table"
+fa run $PG "$I/bt.npy" --out "$OUT/o.npy" --lse "$OUT/lse.npy"
+if [ $rc -ne 0 ]; then no "paged decode" "exit $rc: $(cat "$W/se")"
+elif ! "$TI" decode "$I/pq.npy" "$I/pk.npy" "$I/pv.npy" "$I/plens.npy" "$OUT/o.npy" "$OUT/lse.npy" --table "$I/bt.npy" >"$W/ref"; then
+  no "paged decode vs reference" "$(cat "$W/ref")"
+else ok "paged decode (shuffled pages, a shared page, unused entries -1): matches the reference"; fi
+rm -f "$OUT"/*
+cp "$I/pk.npy" "$W/pk0.npy"
+expect_bad "paged decode: block id out of range" "block_table\[2\]\[2\]" run $PG "$I/bt_bad.npy" \
+  --k-new "$I/pkn.npy" --v-new "$I/pvn.npy" --update-cache --out "$OUT/o.npy"
+if cmp -s "$I/pk.npy" "$W/pk0.npy"; then ok "refused paged decode: cache untouched"; else no "refused paged decode" "cache changed"; fi
+ints plens_full.npy 3 -- 40 20 64
+expect_bad "paged decode: new tokens past the capacity" "cache_seqlens\[2\]" run --q "$I/pq.npy" --k "$I/pk.npy" \
+  --v "$I/pv.npy" --cache-seqlens "$I/plens_full.npy" --block-table "$I/bt.npy" --k-new "$I/pkn.npy" --v-new "$I/pvn.npy" \
+  --out "$OUT/o.npy"
+fa plan --heads 4 --kv-heads 2 --head-dim 16 --cache-seqlens "$I/plens.npy" --block-table "$I/bt.npy" --page-size 16 --num-pages 10 --json
+if [ $rc -eq 0 ] && grep -q '"bytes_accessed"' "$W/so"; then ok "paged plan --json"; else no "paged plan" "exit $rc: $(cat "$W/se")"; fi
+
+# ---- the benchmarks' forms ---------------------------------------------------------------
+fa bench --decode --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300 --dtype bf16 --iters 2 --json
+if [ $rc -eq 0 ] && grep -q '"decode": {"seconds"' "$W/so"; then ok "bench --decode --json"; else no "bench --decode" "exit $rc: $(cat "$W/se")"; fi
+fa bench --decode --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300 --page-size 32 --iters 2
+if [ $rc -eq 0 ] && grep -q 'GB/s of cache read' "$W/so"; then ok "bench --decode --page-size"; else no "bench --decode paged" "exit $rc: $(cat "$W/se")"; fi
+fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json
+if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio"' "$W/so"; then ok "bench --varlen --json"; else no "bench --varlen" "exit $rc: $(cat "$W/se")"; fi
+expect_bad "bench --varlen: bad list" "--varlen" bench --varlen 16,x --heads 2 --head-dim 16
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

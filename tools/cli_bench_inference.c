@@ -1,0 +1,228 @@
+/* `flashattn bench --decode` and `flashattn bench --varlen lens`: the inference shapes on
+ * random data (one warm-up call, then --iters timed calls, the median reported).
+ *
+ * --decode: one decode step of --seq-q new queries (default 1) per sequence against caches
+ * of --cache-len tokens (bottom-right causal), optionally paged (--page-size, pages in a
+ * shuffled order). Reported as bytes of cache read per second: B x Hk x cache_len x
+ * (D + Dv) x dtype bytes, each read once per step.
+ * --varlen 128,4096,...: one packed batch of those sequence lengths (Sq = Sk per sequence)
+ * against the same batch padded to the longest with segment ids (the only way to pack
+ * before cu_seqlens); both report time per useful flop. */
+#include "cli.h"
+#include "internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int by_value(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static void fill(uint64_t *st, fa_dtype t, void *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        fa_store(t, x, i, (float)((double)(z >> 11) * 0x1p-52 - 1.0));
+    }
+}
+
+/* Median seconds of iters forward calls after one warm-up (and, if cpu_median, the median of
+ * all threads' cpu seconds per call). */
+static int time_forward(const char *what, const fa_plan *pl, const fa_forward_args *fw, int iters, double *median,
+                        double *cpu_median) {
+    double t[64], cpu[64];
+    if (iters > 64) iters = 64;
+    fa_status st = fa_forward(pl, fw);
+    for (int i = 0; st == FA_OK && i < iters; i++) {
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+        const double t0 = seconds_now();
+        st = fa_forward(pl, fw);
+        t[i] = seconds_now() - t0;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        /* cpu: all threads' time, which on a shared machine shows how much of the wall the run got */
+        cpu[i] = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+        fprintf(stderr, "bench: %s %d/%d: %.6f s (cpu %.6f s)\n", what, i + 1, iters, t[i], cpu[i]);
+    }
+    if (st != FA_OK) return cli_fail_status(st, what);
+    qsort(t, (size_t)iters, sizeof t[0], by_value);
+    qsort(cpu, (size_t)iters, sizeof cpu[0], by_value);
+    *median = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    if (cpu_median) *cpu_median = iters % 2 ? cpu[iters / 2] : 0.5 * (cpu[iters / 2 - 1] + cpu[iters / 2]);
+    return 0;
+}
+
+static void *zalloc(size_t n) { return calloc(n ? n : 1, 1); }
+
+static int bench_decode(const cli_args *a) {
+    if (!a->batch || !a->heads || !a->head_dim || !a->cache_len)
+        return cli_fail(2, "bench --decode: needs --batch, --heads, --head-dim and --cache-len");
+    fa_problem p;
+    fa_options opt;
+    fa_problem_init(&p);
+    const int64_t B = a->batch, N = a->cache_len, ps = a->page_size;
+    p.batch = B, p.heads_q = a->heads, p.heads_kv = a->kv_heads ? a->kv_heads : a->heads;
+    p.head_dim = a->head_dim, p.head_dim_v = a->v_head_dim ? a->v_head_dim : a->head_dim;
+    p.dtype = a->has_dtype ? a->dtype : FA_BF16;
+    p.seq_q = a->seq_q ? a->seq_q : 1;
+    cli_apply_options(a, &p, &opt);
+    p.causal = 1;
+    int32_t *lens = malloc(sizeof(int32_t) * (size_t)B), *table = NULL;
+    if (!lens) return cli_fail(1, "out of memory");
+    for (int64_t b = 0; b < B; b++) lens[b] = (int32_t)N;
+    p.cache_seqlens = lens;
+    int64_t rows = B * (N > 0 ? N : 1);
+    p.seq_k = N > 0 ? N : 1;
+    if (ps) {
+        p.page_size = ps, p.max_pages = (p.seq_k + ps - 1) / ps, p.num_pages = B * p.max_pages;
+        p.seq_k = p.max_pages * ps, rows = p.num_pages * ps;
+        table = malloc(sizeof(int32_t) * (size_t)p.num_pages);
+        if (!table) return free(lens), cli_fail(1, "out of memory");
+        uint64_t r = 0x7ab1e;
+        for (int64_t i = 0; i < p.num_pages; i++) table[i] = (int32_t)i;
+        for (int64_t i = p.num_pages - 1; i > 0; i--) { /* pages in a shuffled order */
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            const int64_t j = (int64_t)((r >> 33) % (uint64_t)(i + 1));
+            const int32_t x = table[i];
+            table[i] = table[j], table[j] = x;
+        }
+    }
+    fa_plan *pl = NULL;
+    int rc = cli_plan_create(&p, &opt, &pl);
+    if (rc) return free(lens), free(table), rc;
+    const size_t es = fa_dtype_size(p.dtype);
+    const int64_t nq = B * p.seq_q * p.heads_q * p.head_dim, no = B * p.seq_q * p.heads_q * p.head_dim_v;
+    void *q = zalloc(nq * es), *k = zalloc(rows * p.heads_kv * p.head_dim * es);
+    void *v = zalloc(rows * p.heads_kv * p.head_dim_v * es), *o = zalloc(no * es);
+    float *lse = zalloc(sizeof(float) * (size_t)(B * p.heads_q * p.seq_q));
+    double t = 0, tc = 0;
+    if (!q || !k || !v || !o || !lse) {
+        rc = cli_fail(1, "out of memory");
+    } else {
+        uint64_t st = 0x5eed;
+        fill(&st, p.dtype, q, nq), fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
+        fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
+        fa_forward_args fw;
+        memset(&fw, 0, sizeof fw);
+        fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse, fw.block_table = table;
+        rc = time_forward("decode", pl, &fw, a->iters ? a->iters : 20, &t, &tc);
+    }
+    if (!rc) {
+        fa_cost c;
+        fa_plan_cost(pl, FA_FORWARD, &c);
+        const double cache = (double)B * (double)p.heads_kv * (double)N * (double)(p.head_dim + p.head_dim_v) * (double)es;
+        if (a->json)
+            printf("{\"decode\": {\"seconds\": %.6g, \"cache_bytes\": %.0f, \"gbytes_per_s\": %.6g, \"cpu_seconds\": %.6g, "
+                   "\"gbytes_per_cpu_s\": %.6g, \"bytes_accessed\": %" PRId64 ", \"flops\": %" PRId64
+                   ", \"threads\": %d, \"isa\": \"%s\"}}\n",
+                   t, cache, cache / t * 1e-9, tc, cache / (tc / fa_plan_threads(pl)) * 1e-9, c.bytes_accessed, c.flops,
+                   fa_plan_threads(pl), fa_cpu_isa());
+        else
+            printf("decode    %10.6f s  %8.2f GB/s of cache read (%.0f bytes; plan bytes_accessed %" PRId64
+                   ", %.2f GFLOP/s)\n", t, cache / t * 1e-9, cache, c.bytes_accessed, (double)c.flops / t * 1e-9);
+    }
+    free(q), free(k), free(v), free(o), free(lse), free(lens), free(table);
+    fa_plan_destroy(pl);
+    return rc;
+}
+
+/* Parses "128,4096,..." into at most 4096 lengths. */
+static int parse_lens(const char *s, int64_t *lens, int64_t *n) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        const long long v = strtoll(s, &end, 10);
+        if (end == s || v < 0 || v > (1 << 24) || *n >= 4096 || (*end && *end != ','))
+            return cli_fail(2, "--varlen: '%s' is not a comma-separated list of lengths in [0, 2^24]", s);
+        lens[(*n)++] = v;
+        s = *end ? end + 1 : end;
+    }
+    if (!*n) return cli_fail(2, "--varlen: no lengths given");
+    return 0;
+}
+
+static int bench_varlen(const cli_args *a) {
+    static int64_t L[4096];
+    int64_t B, total = 0, longest = 0;
+    int rc = parse_lens(a->varlen_lens, L, &B);
+    if (rc) return rc;
+    if (!a->heads || !a->head_dim) return cli_fail(2, "bench --varlen: needs --heads and --head-dim");
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(B + 1));
+    if (!cu) return cli_fail(1, "out of memory");
+    cu[0] = 0;
+    for (int64_t b = 0; b < B; b++) {
+        total += L[b], cu[b + 1] = (int32_t)total;
+        if (L[b] > longest) longest = L[b];
+    }
+    fa_problem pk, pd;
+    fa_options opt;
+    fa_problem_init(&pk);
+    pk.batch = B, pk.heads_q = a->heads, pk.heads_kv = a->kv_heads ? a->kv_heads : a->heads;
+    pk.head_dim = a->head_dim, pk.head_dim_v = a->v_head_dim ? a->v_head_dim : a->head_dim;
+    pk.dtype = a->has_dtype ? a->dtype : FA_F32;
+    cli_apply_options(a, &pk, &opt);
+    pd = pk;
+    pk.seq_q = pk.seq_k = total, pk.cu_seqlens_q = pk.cu_seqlens_k = cu;
+    pd.seq_q = pd.seq_k = longest, pd.has_segment_ids = 1; /* padded: rows past a length are segment 1/2 */
+    fa_plan *plk = NULL, *pld = NULL;
+    if ((rc = cli_plan_create(&pk, &opt, &plk)) || (rc = cli_plan_create(&pd, &opt, &pld)))
+        return free(cu), fa_plan_destroy(plk), rc;
+    const size_t es = fa_dtype_size(pk.dtype);
+    const int64_t Hq = pk.heads_q, Hk = pk.heads_kv, D = pk.head_dim, Dv = pk.head_dim_v, Pn = B * longest;
+    const int64_t rows = Pn > total ? Pn : total;
+    void *q = zalloc(rows * Hq * D * es), *k = zalloc(rows * Hk * D * es), *v = zalloc(rows * Hk * Dv * es);
+    void *o = zalloc(rows * Hq * Dv * es);
+    float *lse = zalloc(sizeof(float) * (size_t)(rows * Hq));
+    int32_t *qs = zalloc(sizeof(int32_t) * (size_t)Pn), *ks = zalloc(sizeof(int32_t) * (size_t)Pn);
+    double tk = 0, td = 0;
+    if (!q || !k || !v || !o || !lse || !qs || !ks) {
+        rc = cli_fail(1, "out of memory");
+    } else {
+        uint64_t st = 0x5eed;
+        fill(&st, pk.dtype, q, rows * Hq * D), fill(&st, pk.dtype, k, rows * Hk * D), fill(&st, pk.dtype, v, rows * Hk * Dv);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < longest; i++) qs[b * longest + i] = i < L[b] ? 0 : 1, ks[b * longest + i] = i < L[b] ? 0 : 2;
+        fa_forward_args fw;
+        memset(&fw, 0, sizeof fw);
+        fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse;
+        const int iters = a->iters ? a->iters : 3;
+        rc = time_forward("varlen packed", plk, &fw, iters, &tk, NULL);
+        fw.q_segment_ids = qs, fw.kv_segment_ids = ks;
+        if (!rc) rc = time_forward("padded + segment ids", pld, &fw, iters, &td, NULL);
+    }
+    if (!rc) {
+        fa_cost ck, cd;
+        fa_plan_cost(plk, FA_FORWARD, &ck), fa_plan_cost(pld, FA_FORWARD, &cd);
+        const double useful = (double)ck.flops_useful; /* the same pairs are visible in both */
+        if (a->json)
+            printf("{\"varlen\": {\"seconds\": %.6g, \"useful_gflops\": %.6g, \"flops\": %" PRId64 "}, \"padded\": "
+                   "{\"seconds\": %.6g, \"useful_gflops\": %.6g, \"flops\": %" PRId64 "}, \"flops_useful\": %" PRId64
+                   ", \"time_per_useful_flop_ratio\": %.4g}\n",
+                   tk, useful / tk * 1e-9, ck.flops, td, useful / td * 1e-9, cd.flops, ck.flops_useful, tk / td);
+        else
+            printf("packed    %10.4f s  %8.2f useful GFLOP/s (%" PRId64 " flops computed)\n"
+                   "padded    %10.4f s  %8.2f useful GFLOP/s (%" PRId64 " flops computed, segment ids)\n"
+                   "useful flops %" PRId64 "; packed time per useful flop = %.3f x padded's\n",
+                   tk, useful / tk * 1e-9, ck.flops, td, useful / td * 1e-9, cd.flops, ck.flops_useful, tk / td);
+    }
+    free(q), free(k), free(v), free(o), free(lse), free(qs), free(ks), free(cu);
+    fa_plan_destroy(plk), fa_plan_destroy(pld);
+    return rc;
+}
+
+int cli_bench_inference(const cli_args *a) {
+    if (a->decode && a->varlen_lens) return cli_fail(2, "bench: --decode and --varlen are separate benchmarks");
+    return a->decode ? bench_decode(a) : bench_varlen(a);
+}

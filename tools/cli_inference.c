@@ -1,0 +1,286 @@
+/* `flashattn run` and `plan` for the inference shapes (SPEC section 5): packed
+ * variable-length batches (--cu-seqlens-q/-k) and kv-cache decoding (--cache-seqlens,
+ * optionally paged with --block-table, appending --k-new/--v-new). As for dense runs, every
+ * header is checked, the plan made (it validates the lengths) and every output opened as a
+ * temporary before any data is read; outputs, and with --update-cache the rewritten caches,
+ * appear only when everything succeeded. The caches are rewritten as float32 .npy. */
+#include "cli.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_inference_wanted(const cli_args *a) { return a->cu_seqlens_q || a->cu_seqlens_k || a->cache_seqlens; }
+
+/* An int32 file of ndim dimensions, data included. */
+static int read_i32(const char *flag, const char *path, int ndim, npy_header *h, int32_t **data) {
+    char err[NPY_ERR_LEN], sh[256];
+    int rc = npy_read(path, NPY_I32, h, (void **)data, err, sizeof err);
+    if (rc) return cli_fail(rc, "%s %s", flag, err);
+    if (h->ndim != ndim || h->count == 0) {
+        free(*data);
+        *data = NULL;
+        npy_shape_str(h->ndim, h->shape, sh, sizeof sh);
+        return cli_fail(2, "%s %s: shape %s is not a non-empty %d-D int32 array", flag, path, sh, ndim);
+    }
+    return 0;
+}
+
+/* A float tensor's header, of ndim dimensions, none zero. */
+static int float_header(const char *flag, const char *path, int ndim, npy_header *h) {
+    char err[NPY_ERR_LEN], sh[256];
+    int rc = npy_read_header(path, NPY_F32 | NPY_F16, h, err, sizeof err);
+    if (rc) return cli_fail(rc, "%s %s", flag, err);
+    npy_shape_str(h->ndim, h->shape, sh, sizeof sh);
+    if (h->ndim != ndim || h->count == 0)
+        return cli_fail(2, "%s %s: shape %s is not a %d-D tensor without zero dimensions", flag, path, sh, ndim);
+    return 0;
+}
+
+static int dim_is(const char *flag, const char *path, const char *what, int64_t got, const char *ref, int64_t want) {
+    if (got == want) return 0;
+    return cli_fail(2, "%s %s: %s %" PRId64 " does not match %s's %" PRId64, flag, path, what, got, ref, want);
+}
+
+/* The lengths of `plan`: cu_seqlens (two arrays, one allocation) or cache_seqlens. */
+int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
+    *lens = NULL;
+    if (!a->heads || !a->head_dim) return cli_fail(2, "%s: missing %s", a->name, !a->heads ? "--heads" : "--head-dim");
+    if (a->kv_heads && a->heads % a->kv_heads)
+        return cli_fail(2, "%s: --heads %" PRId64 " is not a multiple of --kv-heads %" PRId64, a->name, a->heads,
+                        a->kv_heads);
+    fa_problem_init(p);
+    p->heads_q = a->heads, p->heads_kv = a->kv_heads ? a->kv_heads : a->heads;
+    p->head_dim = a->head_dim, p->head_dim_v = a->v_head_dim ? a->v_head_dim : a->head_dim;
+    p->dtype = a->has_dtype ? a->dtype : FA_F32;
+    npy_header h, h2;
+    int32_t *x = NULL, *y = NULL;
+    int rc;
+    if (a->cu_seqlens_q) {
+        if ((rc = read_i32("--cu-seqlens-q", a->cu_seqlens_q, 1, &h, &x))) return rc;
+        if ((rc = read_i32("--cu-seqlens-k", a->cu_seqlens_k, 1, &h2, &y))) return free(x), rc;
+        const int64_t n = h.count;
+        if (h2.count != n || n < 2) {
+            free(x), free(y);
+            return cli_fail(2, "--cu-seqlens-q has %" PRId64 " entries and --cu-seqlens-k %" PRId64
+                               "; both must be batch + 1 >= 2", n, h2.count);
+        }
+        if (a->batch && a->batch != n - 1) {
+            free(x), free(y);
+            return cli_fail(2, "--batch %" PRId64 " does not match the %" PRId64 " sequences of --cu-seqlens-q",
+                            a->batch, n - 1);
+        }
+        int32_t *both = realloc(x, sizeof(int32_t) * (size_t)(2 * n));
+        if (!both) return free(x), free(y), cli_fail(1, "out of memory");
+        memcpy(both + n, y, sizeof(int32_t) * (size_t)n);
+        free(y);
+        p->batch = n - 1, p->seq_q = both[n - 1], p->seq_k = both[2 * n - 1];
+        p->cu_seqlens_q = both, p->cu_seqlens_k = both + n;
+        *lens = both;
+        return 0;
+    }
+    if ((rc = read_i32("--cache-seqlens", a->cache_seqlens, 1, &h, &x))) return rc;
+    p->batch = h.count;
+    p->cache_seqlens = x;
+    *lens = x;
+    if (a->batch && a->batch != p->batch)
+        return cli_fail(2, "--batch %" PRId64 " does not match the %" PRId64 " entries of --cache-seqlens", a->batch,
+                        p->batch);
+    p->seq_q = a->seq_q ? a->seq_q : a->seq ? a->seq : 1; /* new tokens per sequence */
+    if (a->k_new) {
+        if ((rc = float_header("--k-new", a->k_new, 4, &h2)) ||
+            (rc = dim_is("--k-new", a->k_new, "batch", h2.shape[0], "--cache-seqlens", p->batch)))
+            return rc;
+        p->has_new_kv = 1, p->seq_q = h2.shape[1];
+    }
+    if (a->block_table) {
+        if (!a->page_size || !a->num_pages)
+            return cli_fail(2, "%s: --block-table needs --page-size and --num-pages here", a->name);
+        char err[NPY_ERR_LEN];
+        if ((rc = npy_read_header(a->block_table, NPY_I32, &h2, err, sizeof err)))
+            return cli_fail(rc, "--block-table %s", err);
+        if (h2.ndim != 2 || h2.shape[0] != p->batch || h2.shape[1] < 1)
+            return cli_fail(2, "--block-table %s: must be int32 [batch = %" PRId64 ", max_pages]", a->block_table,
+                            p->batch);
+        p->page_size = a->page_size, p->num_pages = a->num_pages, p->max_pages = h2.shape[1];
+        p->seq_k = p->max_pages * p->page_size;
+        return 0;
+    }
+    p->seq_k = a->seq_k ? a->seq_k : a->seq;
+    if (!p->seq_k) return cli_fail(2, "%s: missing --seq-k (the cache capacity S_cache_max)", a->name);
+    return 0;
+}
+
+typedef struct {
+    const char *flag, *path;
+    int ndim;
+    int64_t shape[4];
+    int slot; /* 0 o, 1 lse (f32), 2 the k cache, 3 the v cache */
+    npy_out file;
+} out_file;
+
+/* Everything a run holds, freed in one place. */
+typedef struct {
+    npy_header hq, hk, hv, hkn, hvn, h1, h2, hb;
+    int32_t *lens_q, *lens_k, *table;
+    void *q, *k, *v, *kn, *vn, *o;
+    float *lse;
+    out_file outs[4];
+    int nout, opened;
+    fa_plan *plan;
+    cli_extras x;
+} run_state;
+
+static void release(run_state *s) {
+    for (int i = 0; i < s->opened; i++) npy_out_abort(&s->outs[i].file);
+    void *bufs[] = {s->lens_q, s->lens_k, s->table, s->q, s->k, s->v, s->kn, s->vn, s->o, s->lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    cli_extras_free(&s->x);
+    fa_plan_destroy(s->plan);
+}
+
+static void add_out(run_state *s, const char *flag, const char *path, int slot, int ndim, const int64_t *shape) {
+    if (!path) return;
+    out_file *o = &s->outs[s->nout++];
+    memset(o, 0, sizeof *o);
+    o->flag = flag, o->path = path, o->slot = slot, o->ndim = ndim;
+    memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
+}
+
+/* Headers and lengths of a run into the problem (no tensor data yet). */
+static int describe(const cli_args *a, run_state *s, fa_problem *p) {
+    int rc;
+    fa_problem_init(p);
+    const int varlen = a->cu_seqlens_q != NULL, nd = varlen ? 3 : 4;
+    if ((rc = float_header("--q", a->q, nd, &s->hq)) || (rc = float_header("--k", a->k, nd, &s->hk)) ||
+        (rc = float_header("--v", a->v, nd, &s->hv)))
+        return rc;
+    const int64_t *Q = s->hq.shape, *K = s->hk.shape, *V = s->hv.shape;
+    if ((rc = dim_is("--v", a->v, "rows", V[0], "k", K[0])) || (rc = dim_is("--v", a->v, "dim 1", V[1], "k", K[1])) ||
+        (rc = dim_is("--k", a->k, "head dim", K[nd - 1], "q", Q[nd - 1])) ||
+        (varlen ? 0 : (rc = dim_is("--v", a->v, "dim 2", V[2], "k", K[2]))))
+        return rc;
+    const int64_t Hq = Q[nd - 2], Hk = K[nd - 2];
+    if (Hq % Hk) return cli_fail(2, "q has %" PRId64 " heads, not a multiple of k's %" PRId64, Hq, Hk);
+    p->heads_q = Hq, p->heads_kv = Hk, p->head_dim = Q[nd - 1], p->head_dim_v = V[nd - 1];
+    if (a->has_dtype) p->dtype = a->dtype;
+    else if (s->hq.kind != s->hk.kind || s->hq.kind != s->hv.kind)
+        return cli_fail(2, "q, k and v do not share a dtype; pass --dtype to cast them");
+    else p->dtype = s->hq.kind == NPY_F32 ? FA_F32 : FA_F16;
+    if (varlen) {
+        if ((rc = read_i32("--cu-seqlens-q", a->cu_seqlens_q, 1, &s->h1, &s->lens_q)) ||
+            (rc = read_i32("--cu-seqlens-k", a->cu_seqlens_k, 1, &s->h2, &s->lens_k)))
+            return rc;
+        if (s->h1.count != s->h2.count || s->h1.count < 2)
+            return cli_fail(2, "--cu-seqlens-q has %" PRId64 " entries and --cu-seqlens-k %" PRId64
+                               "; both must be batch + 1 >= 2", s->h1.count, s->h2.count);
+        p->batch = s->h1.count - 1, p->seq_q = Q[0], p->seq_k = K[0];
+        p->cu_seqlens_q = s->lens_q, p->cu_seqlens_k = s->lens_k;
+        return 0;
+    }
+    if ((rc = read_i32("--cache-seqlens", a->cache_seqlens, 1, &s->h1, &s->lens_q))) return rc;
+    p->batch = s->h1.count, p->seq_q = Q[1], p->cache_seqlens = s->lens_q;
+    if ((rc = dim_is("--q", a->q, "batch", Q[0], "--cache-seqlens", p->batch))) return rc;
+    if (a->block_table) {
+        if ((rc = read_i32("--block-table", a->block_table, 2, &s->hb, &s->table)) ||
+            (rc = dim_is("--block-table", a->block_table, "batch", s->hb.shape[0], "--cache-seqlens", p->batch)))
+            return rc;
+        p->page_size = K[1], p->num_pages = K[0], p->max_pages = s->hb.shape[1], p->seq_k = p->max_pages * K[1];
+        if (K[1] % 16) return cli_fail(2, "--k %s: page size %" PRId64 " is not a multiple of 16", a->k, K[1]);
+    } else {
+        if ((rc = dim_is("--k", a->k, "batch", K[0], "--cache-seqlens", p->batch))) return rc;
+        p->seq_k = K[1];
+    }
+    if (a->k_new) {
+        const char *nf[2] = {"--k-new", "--v-new"}, *np[2] = {a->k_new, a->v_new};
+        npy_header *nh[2] = {&s->hkn, &s->hvn};
+        for (int i = 0; i < 2; i++) {
+            const int64_t want[4] = {p->batch, p->seq_q, Hk, i ? p->head_dim_v : p->head_dim};
+            if ((rc = float_header(nf[i], np[i], 4, nh[i]))) return rc;
+            for (int d = 0; d < 4; d++)
+                if ((rc = dim_is(nf[i], np[i], "a dimension", nh[i]->shape[d], "[B, Sq_new, Hk, D]", want[d]))) return rc;
+        }
+        p->has_new_kv = 1;
+    }
+    return 0;
+}
+
+int cli_run_inference(const cli_args *a) {
+    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : !a->out ? "--out" : NULL;
+    if (missing) return cli_fail(2, "%s: missing %s", a->name, missing);
+    run_state s;
+    memset(&s, 0, sizeof s);
+    fa_problem p;
+    fa_options opt;
+    int rc = describe(a, &s, &p);
+    if (!rc) {
+        cli_apply_options(a, &p, &opt);
+        rc = cli_extras_load(a, &p, 0, &s.x);
+    }
+    if (!rc) rc = cli_plan_create(&p, &opt, &s.plan);
+    if (rc) return release(&s), rc;
+    const int varlen = a->cu_seqlens_q != NULL;
+    const int64_t o_shape[4] = {varlen ? p.seq_q : p.batch, varlen ? p.heads_q : p.seq_q,
+                                varlen ? p.head_dim_v : p.heads_q, p.head_dim_v};
+    const int64_t l_shape[3] = {varlen ? p.heads_q : p.batch, varlen ? p.seq_q : p.heads_q, p.seq_q};
+    add_out(&s, "--out", a->out, 0, varlen ? 3 : 4, o_shape);
+    add_out(&s, "--lse", a->lse, 1, varlen ? 2 : 3, l_shape);
+    if (a->update_cache) {
+        add_out(&s, "--k", a->k, 2, 4, s.hk.shape);
+        add_out(&s, "--v", a->v, 3, 4, s.hv.shape);
+    }
+    for (int i = 0; i < s.nout; i++)
+        for (int j = 0; j < i; j++)
+            if (!strcmp(s.outs[i].path, s.outs[j].path))
+                return release(&s), cli_fail(2, "%s and %s name the same file %s", s.outs[j].flag, s.outs[i].flag,
+                                             s.outs[i].path);
+    char err[NPY_ERR_LEN];
+    for (; s.opened < s.nout; s.opened++)
+        if ((rc = npy_out_open(&s.outs[s.opened].file, s.outs[s.opened].path, err, sizeof err)))
+            return release(&s), cli_fail(rc, "%s %s", s.outs[s.opened].flag, err);
+
+    const size_t es = fa_dtype_size(p.dtype);
+    const int64_t no = o_shape[0] * o_shape[1] * o_shape[2] * (varlen ? 1 : o_shape[3]);
+    const int64_t nl = p.heads_q * (varlen ? p.seq_q : p.batch * p.seq_q);
+    if ((rc = cli_read_tensor("--q", a->q, p.dtype, &s.hq, &s.q)) ||
+        (rc = cli_read_tensor("--k", a->k, p.dtype, &s.hk, &s.k)) ||
+        (rc = cli_read_tensor("--v", a->v, p.dtype, &s.hv, &s.v)) ||
+        (a->k_new && (rc = cli_read_tensor("--k-new", a->k_new, p.dtype, &s.hkn, &s.kn))) ||
+        (a->v_new && (rc = cli_read_tensor("--v-new", a->v_new, p.dtype, &s.hvn, &s.vn))) ||
+        (rc = cli_extras_load(a, &p, 1, &s.x)))
+        return release(&s), rc;
+    s.o = malloc((size_t)no * es + 1);
+    s.lse = malloc(sizeof(float) * (size_t)nl + 1);
+    if (!s.o || !s.lse) return release(&s), cli_fail(1, "out of memory");
+
+    fa_counts counts = {0, 0};
+    fa_forward_args fw;
+    memset(&fw, 0, sizeof fw);
+    fw.q = s.q, fw.k = s.k, fw.v = s.v, fw.o = s.o, fw.lse = s.lse, fw.alibi_slopes = s.x.slopes;
+    fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = &counts;
+    fa_status st = fa_forward(s.plan, &fw); /* checks every argument before it writes the caches */
+    if (st != FA_OK) return release(&s), cli_fail_status(st, "forward");
+
+    const void *data[4] = {s.o, s.lse, s.k, s.v};
+    for (int i = 0; i < s.nout && !rc; i++) {
+        const int slot = s.outs[i].slot;
+        const float *x = data[slot];
+        float *conv = NULL;
+        if (slot != 1 && p.dtype != FA_F32) {
+            int64_t n = 1;
+            for (int d = 0; d < s.outs[i].ndim; d++) n *= s.outs[i].shape[d];
+            if (!(conv = cli_to_f32(p.dtype, data[slot], n))) rc = cli_fail(1, "%s: out of memory", s.outs[i].flag);
+            x = conv;
+        }
+        if (!rc && (rc = npy_out_write(&s.outs[i].file, s.outs[i].ndim, s.outs[i].shape, x, err, sizeof err)))
+            cli_fail(rc, "%s %s", s.outs[i].flag, err);
+        free(conv);
+    }
+    for (int i = 0; i < s.nout && !rc; i++)
+        if ((rc = npy_out_commit(&s.outs[i].file, err, sizeof err))) cli_fail(rc, "%s %s", s.outs[i].flag, err);
+    if (!rc && a->count)
+        printf("{\"flops\": %" PRId64 ", \"transcendentals\": %" PRId64 "}\n", counts.flops, counts.transcendentals);
+    release(&s);
+    return rc;
+}

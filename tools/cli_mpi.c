@@ -1,0 +1,261 @@
+/* `flashattn run|grad|bench --seq-parallel ring|ulysses [--zigzag]` under mpirun: every rank
+ * reads its own rows of the .npy inputs (docs/mpi.md gives the layout), the ranks run
+ * fa_mpi_forward / fa_mpi_backward together, and rank 0 gathers the outputs and writes them
+ * (temporaries renamed into place only when all succeed). Every rank ends with the same exit
+ * code: after each phase the ranks agree on the worst one, so none waits for a peer that
+ * stopped. Built without MPI, these commands say so and exit 1. */
+#include "cli.h"
+
+#ifdef FA_HAVE_MPI
+#include "flashattn_mpi.h"
+#include "internal.h"
+
+#include <inttypes.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int P, R;
+
+static int agree_rc(int rc) {
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return rc;
+}
+
+static fa_mpi_layout layout_of(const cli_args *a) { return a->zigzag ? FA_MPI_ZIGZAG : FA_MPI_CONTIGUOUS; }
+static fa_mpi_method method_of(const cli_args *a) {
+    return a->seq_parallel == CLI_SP_ULYSSES ? FA_MPI_ULYSSES : FA_MPI_RING;
+}
+
+/* This rank's rows of a [B, H, S, D] .npy (header h checked) in dtype t: runs of consecutive
+ * rows read straight from the file, never the whole tensor. */
+static int read_rows(const char *flag, const char *path, const npy_header *h, fa_dtype t,
+                     fa_mpi_layout lay, void **out) {
+    const int64_t B = h->shape[0], H = h->shape[1], S = h->shape[2], D = h->shape[3], L = S / P;
+    const int64_t runs = lay == FA_MPI_ZIGZAG ? 2 : 1, len = L / runs;
+    size_t es = fa_dtype_size(t), isz = h->itemsize;
+    char *x = malloc((size_t)(B * H * L * D) * es + 1), *tmp = malloc((size_t)(len * D) * isz + 1);
+    FILE *f = fopen(path, "rb");
+    int rc = 0;
+    if (!x || !tmp) rc = cli_fail(1, "%s %s: out of memory", flag, path);
+    else if (!f) rc = cli_fail(2, "%s %s: cannot open", flag, path);
+    for (int64_t bh = 0; !rc && bh < B * H; bh++)
+        for (int64_t r = 0; !rc && r < runs; r++) {
+            int64_t g0 = fa_mpi_layout_row(lay, P, R, S, r * len), n = len * D;
+            if (fseeko(f, (off_t)(h->data_offset + (int64_t)isz * ((bh * S + g0) * D)), SEEK_SET) != 0 ||
+                fread(tmp, isz, (size_t)n, f) != (size_t)n) {
+                rc = cli_fail(2, "%s %s: cannot read rows %" PRId64 "..%" PRId64, flag, path, g0, g0 + len);
+                break;
+            }
+            int64_t at = (bh * L + r * len) * D;
+            for (int64_t i = 0; i < n; i++) {
+                float val;
+                if (h->kind == NPY_F32) memcpy(&val, tmp + i * 4, 4); /* .npy is little-endian, as x86 */
+                else {
+                    uint16_t u;
+                    memcpy(&u, tmp + i * 2, 2);
+                    val = fa_f16_to_f32(u);
+                }
+                fa_store(t, x, at + i, val);
+            }
+        }
+    if (f) fclose(f);
+    free(tmp);
+    if (rc) free(x);
+    else *out = x;
+    return rc;
+}
+
+/* This rank's rows of [B, S] segment ids (whole array ids). */
+static int32_t *slice_ids(const int32_t *ids, int64_t B, int64_t S, fa_mpi_layout lay) {
+    int64_t L = S / P;
+    int32_t *x = malloc((size_t)(B * L) * 4 + 1);
+    if (!x) return NULL;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < L; t++) x[b * L + t] = ids[b * S + fa_mpi_layout_row(lay, P, R, S, t)];
+    return x;
+}
+
+typedef struct {
+    const char *flag, *path;
+    int ndim;
+    int64_t shape[4]; /* [B, H, S, D] (lse: D = 1, written 3-D) */
+    int which;        /* q-like (0) or k-like (1) rows */
+    void *local;      /* this rank's rows, in dtype (lse: f32) */
+    int is_f32;
+    npy_out file;
+} output;
+
+/* Every rank's rows of an output to rank 0, which writes the whole tensor's temporary. */
+static int gather_write(output *o, fa_dtype t, fa_mpi_layout lay, int rc) {
+    int64_t B = o->shape[0], H = o->shape[1], S = o->shape[2], D = o->ndim == 4 ? o->shape[3] : 1;
+    int64_t L = S / P, n = B * H * L * D;
+    float *loc = o->is_f32 ? o->local : cli_to_f32(t, o->local, n);
+    float *all = R == 0 ? malloc((size_t)(n * P) * 4 + 1) : NULL, *full = R == 0 ? malloc((size_t)(n * P) * 4 + 1) : NULL;
+    int mine = (!loc || (R == 0 && (!all || !full))) ? cli_fail(1, "%s: out of memory", o->flag) : 0;
+    if (B * H * L > INT32_MAX && !mine) mine = cli_fail(1, "%s: too many rows to gather", o->flag);
+    rc = agree_rc(rc > mine ? rc : mine);
+    if (!rc) {
+        MPI_Datatype row;
+        MPI_Type_contiguous((int)D, MPI_FLOAT, &row);
+        MPI_Type_commit(&row);
+        MPI_Gather(loc, (int)(B * H * L), row, all, (int)(B * H * L), row, 0, MPI_COMM_WORLD);
+        MPI_Type_free(&row);
+        if (R == 0) {
+            for (int s = 0; s < P; s++)
+                for (int64_t bh = 0; bh < B * H; bh++)
+                    for (int64_t i = 0; i < L; i++)
+                        memcpy(full + (bh * S + fa_mpi_layout_row(lay, P, s, S, i)) * D,
+                               all + ((s * B * H + bh) * L + i) * D, (size_t)D * 4);
+            char err[NPY_ERR_LEN];
+            if (npy_out_write(&o->file, o->ndim, o->shape, full, err, sizeof err))
+                rc = cli_fail(1, "%s %s", o->flag, err);
+        }
+    }
+    if (loc != o->local) free(loc);
+    free(all), free(full);
+    return rc;
+}
+
+static void print_counts(const fa_mpi_stats *s) {
+    for (int r = 0; r < P; r++) { /* in rank order, as far as mpirun's forwarding keeps it */
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (r != R) continue;
+        printf("{\"rank\": %d, \"flops\": %" PRId64 ", \"transcendentals\": %" PRId64
+               ", \"bytes_sent\": %" PRId64 ", \"bytes_received\": %" PRId64 "}\n",
+               R, s->counts.flops, s->counts.transcendentals, s->bytes_sent, s->bytes_received);
+        fflush(stdout);
+    }
+}
+
+static int run_body(const cli_args *a) {
+    const int grad = a->cmd == CMD_GRAD;
+    const fa_mpi_layout lay = layout_of(a);
+    npy_header hq, hk, hv, hdo;
+    fa_problem p;
+    fa_options opt;
+    cli_extras x = {0};
+    fa_mpi_plan *pl = NULL;
+    output outs[5];
+    int nout = 0, opened = 0;
+    void *in[4] = {0};
+    int32_t *ids[2] = {0};
+    int rc = cli_run_problem(a, &hq, &hk, &hv, &hdo, &p, &opt);
+    if (!rc && a->bias) rc = cli_fail(2, "--bias is not supported with --seq-parallel");
+    if (!rc) rc = cli_extras_load(a, &p, 0, &x);
+    if (!rc) {
+        fa_status st = fa_mpi_plan_create(&p, &opt, method_of(a), lay, P, R, &pl);
+        if (st != FA_OK) rc = cli_fail_status(st, "invalid problem");
+    }
+    if (!rc) {
+        const int64_t B = p.batch, Hq = p.heads_q, Hk = p.heads_kv;
+        const struct { const char *flag, *path; int ndim, which, f32; int64_t s[4]; } want[5] = {
+            {"--out", a->out, 4, 0, 0, {B, Hq, p.seq_q, p.head_dim_v}},
+            {"--lse", a->lse, 3, 0, 1, {B, Hq, p.seq_q, 1}},
+            {"--dq", a->dq, 4, 0, 0, {B, Hq, p.seq_q, p.head_dim}},
+            {"--dk", a->dk, 4, 1, 0, {B, Hk, p.seq_k, p.head_dim}},
+            {"--dv", a->dv, 4, 1, 0, {B, Hk, p.seq_k, p.head_dim_v}}};
+        for (int i = 0; i < 5 && !rc; i++) {
+            if (!want[i].path) continue;
+            for (int j = 0; j < nout && !rc; j++)
+                if (strcmp(outs[j].path, want[i].path) == 0)
+                    rc = cli_fail(2, "%s and %s name the same file %s", outs[j].flag, want[i].flag, want[i].path);
+            output *o = &outs[nout++];
+            memset(o, 0, sizeof *o);
+            o->flag = want[i].flag, o->path = want[i].path, o->ndim = want[i].ndim;
+            o->which = want[i].which, o->is_f32 = want[i].f32;
+            memcpy(o->shape, want[i].s, sizeof o->shape);
+            int64_t n = o->shape[0] * o->shape[1] * o->shape[2] / P * o->shape[3];
+            o->local = malloc((size_t)n * (o->is_f32 ? 4 : fa_dtype_size(p.dtype)) + 1);
+            if (!o->local) rc = cli_fail(1, "out of memory");
+        }
+        char err[NPY_ERR_LEN];
+        for (; R == 0 && !rc && opened < nout; opened++)
+            if ((rc = npy_out_open(&outs[opened].file, outs[opened].path, err, sizeof err)))
+                cli_fail(rc, "%s %s", outs[opened].flag, err);
+    }
+    if ((rc = agree_rc(rc))) goto done;
+    /* the data: this rank's rows only (option files are small and read whole) */
+    rc = read_rows("--q", a->q, &hq, p.dtype, lay, &in[0]);
+    if (!rc) rc = read_rows("--k", a->k, &hk, p.dtype, lay, &in[1]);
+    if (!rc) rc = read_rows("--v", a->v, &hv, p.dtype, lay, &in[2]);
+    if (!rc && grad) rc = read_rows("--do", a->d_o, &hdo, p.dtype, lay, &in[3]);
+    if (!rc) rc = cli_extras_load(a, &p, 1, &x);
+    if (!rc && x.q_seg) {
+        ids[0] = slice_ids(x.q_seg, p.batch, p.seq_q, lay), ids[1] = slice_ids(x.kv_seg, p.batch, p.seq_k, lay);
+        if (!ids[0] || !ids[1]) rc = cli_fail(1, "out of memory");
+    }
+    if ((rc = agree_rc(rc))) goto done;
+
+    /* o and lse are the forward's (grad needs them even when not written) */
+    size_t es = fa_dtype_size(p.dtype);
+    int64_t lrows = p.batch * p.heads_q * (p.seq_q / P);
+    void *o = a->out ? outs[0].local : malloc((size_t)(lrows * p.head_dim_v) * es + 1);
+    float *lse = a->lse ? outs[a->out ? 1 : 0].local : malloc((size_t)lrows * 4 + 1);
+    fa_mpi_stats fs, bs;
+    fa_status st = FA_ERR_NO_MEMORY;
+    if (o && lse) {
+        fa_mpi_forward_args fw = {in[0], in[1], in[2], o, lse, x.slopes, ids[0], ids[1], &fs};
+        st = fa_mpi_forward(MPI_COMM_WORLD, pl, &fw);
+        if (st != FA_OK) rc = cli_fail_status(st, "forward");
+    } else {
+        fa_mpi_forward_args none = {0};
+        st = fa_mpi_forward(MPI_COMM_WORLD, pl, &none); /* joins, so that every rank fails */
+        rc = cli_fail(1, "out of memory");
+    }
+    if (!rc && grad) {
+        output *g = &outs[nout - 3];
+        fa_mpi_backward_args bw = {in[0], in[1], in[2], o, in[3], lse, g[0].local, g[1].local,
+                                   g[2].local, x.slopes, ids[0], ids[1], &bs};
+        st = fa_mpi_backward(MPI_COMM_WORLD, pl, &bw);
+        if (st != FA_OK) rc = cli_fail_status(st, "backward");
+    }
+    if (!a->out) free(o);
+    if (!a->lse) free(lse);
+    if ((rc = agree_rc(rc))) goto done;
+    if (a->count) print_counts(grad ? &bs : &fs);
+    for (int i = 0; i < nout; i++) rc = gather_write(&outs[i], p.dtype, lay, rc);
+    if (!rc && R == 0) {
+        char err[NPY_ERR_LEN];
+        for (int i = 0; i < nout && !rc; i++)
+            if (npy_out_commit(&outs[i].file, err, sizeof err)) rc = cli_fail(1, "%s %s", outs[i].flag, err);
+    }
+    rc = agree_rc(rc);
+done:
+    for (int i = 0; i < opened; i++) npy_out_abort(&outs[i].file);
+    for (int i = 0; i < nout; i++) free(outs[i].local);
+    for (int i = 0; i < 4; i++) free(in[i]);
+    free(ids[0]), free(ids[1]);
+    cli_extras_free(&x);
+    fa_mpi_plan_destroy(pl);
+    return rc;
+}
+
+int cli_mpi_with(const cli_args *a, int (*body)(const cli_args *, int P, int R)) {
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init && MPI_Init(NULL, NULL) != MPI_SUCCESS) return cli_fail(1, "MPI_Init failed");
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    MPI_Comm_rank(MPI_COMM_WORLD, &R);
+    int rc = body(a, P, R);
+    fflush(stdout);
+    MPI_Finalize();
+    return rc;
+}
+
+static int run_ranks(const cli_args *a, int np, int rank) {
+    (void)np, (void)rank; /* already in P and R */
+    return run_body(a);
+}
+
+int cli_mpi_run(const cli_args *a) { return cli_mpi_with(a, run_ranks); }
+
+#else /* no MPI in this build */
+
+int cli_mpi_run(const cli_args *a) {
+    (void)a;
+    return cli_fail(1, "--seq-parallel: this build has no MPI (install libopenmpi-dev and rebuild)");
+}
+#endif
