@@ -34,6 +34,5 @@ set_target_properties(flashattn_jax PROPERTIES
 # (libflashattn.so.0); flashattn.jax imports flashattn first, which loads the library, and
 # the dynamic loader matches an already loaded library by SONAME.
 if(FA_PYTHON)
-  add_dependencies(fa_python flashattn_jax) # what pip builds (pyproject's build.targets)
   install(TARGETS flashattn_jax LIBRARY DESTINATION flashattn COMPONENT python)
 endif()

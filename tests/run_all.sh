@@ -17,8 +17,8 @@ for isa in $isas; do
     FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS"
     first=0
   else
-    # the kernels' correctness and count tests again; the CLI tests do not depend on the ISA
-    FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_mpi_cli'
+    # the kernels' correctness and count tests again; the CLI and install tests do not depend on the ISA
+    FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_mpi_cli|test_install'
   fi
 done
 
@@ -34,7 +34,7 @@ for isa in $isas; do
     FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS"
     first=0
   else
-    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_mpi_cli'
+    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_mpi_cli|test_install'
   fi
 done
 

@@ -8,6 +8,13 @@ from . import _layout, _native
 from ._problem import check_shapes, make_options, make_problem
 
 
+def _empty(shape, dtype):
+    a = np.empty(shape, dtype)
+    if _native.POISON:
+        a[...] = np.nan
+    return a
+
+
 def _dtype_name(dt):
     if dt == np.float32:
         return "f32"
@@ -36,10 +43,6 @@ def _readable(name, a, ndim=4):
     if st is None or not a.flags.aligned or not _layout.passes_as_is(a.shape, st):
         a = np.ascontiguousarray(a)
     return a
-
-
-def _strides(a):
-    return _elem_strides(a)
 
 
 def _floats(name, a, shape_desc):
@@ -91,7 +94,7 @@ class _Call:
             if not 2 <= b.ndim <= 4:
                 raise ValueError(f"bias must have 2 to 4 dims ([B or 1, H or 1, Sq, Sk]), got shape {b.shape}")
             b = _readable("bias", b.reshape((1,) * (4 - b.ndim) + b.shape))
-            self.bias, bias_shape, bias_stride = b, b.shape, _strides(b)
+            self.bias, bias_shape, bias_stride = b, b.shape, _elem_strides(b)
         self.slopes = None
         if alibi_slopes is not None:
             s = np.ascontiguousarray(_floats("alibi_slopes", alibi_slopes, f"[H] = [{H}]"))
@@ -119,9 +122,9 @@ class _Call:
         k = self.k if k is None else k
         v = self.v if v is None else v
         p = make_problem(q_dims=self.qd, k_dims=self.kd, v_dims=self.vd, dtype=self.dtype,
-                         q_stride=_layout.to_bhsd(L, _strides(q)),
-                         k_stride=_layout.to_bhsd(L, _strides(k)),
-                         v_stride=_layout.to_bhsd(L, _strides(v)),
+                         q_stride=_layout.to_bhsd(L, _elem_strides(q)),
+                         k_stride=_layout.to_bhsd(L, _elem_strides(k)),
+                         v_stride=_layout.to_bhsd(L, _elem_strides(v)),
                          o_stride=_layout.to_bhsd(L, o_stride), bias_grad=bias_grad, **self.opts)
         return _native.cached_plan(p, make_options("cpu"))
 
@@ -159,10 +162,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
               kv_segment_ids, layout, bias_scale, diag_offset)
     shape = c.o_shape()
-    o = np.empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
+    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
     B, H, Sq, _ = c.qd
-    lse = np.empty((B, H, Sq), np.float32)
-    handle = c.plan(_strides(o))
+    lse = _empty((B, H, Sq), np.float32)
+    handle = c.plan(_elem_strides(o))
     args = _native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                o=o.ctypes.data, lse=lse.ctypes.data, **c.common_ptrs())
     handle.forward(args)
@@ -177,7 +180,7 @@ def _grad_buffer(a):
         a = np.ascontiguousarray(a)
         st = _elem_strides(a)
     n = _layout.span(a.shape, st)
-    buf = np.empty(max(n, 1), a.dtype)
+    buf = _empty(max(n, 1), a.dtype)
     g = np.lib.stride_tricks.as_strided(buf, a.shape, tuple(s * a.itemsize for s in st))
     return a, g
 
@@ -188,8 +191,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
                        diag_offset=None):
     """Gradients of sum(o * do) for attention(q, k, v, ...) with the same options, from the
     forward's o and lse. Returns (dq, dk, dv) shaped and strided like q, k, v (dk, dv summed
-    over the query heads that share them), and dbias (f32, the bias's 4-D shape) last with
-    bias_grad."""
+    over the query heads that share them), and dbias (f32, the bias's own shape, summed over
+    the dims it broadcasts) last with bias_grad."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
               kv_segment_ids, layout, bias_scale, diag_offset)
     shape = c.o_shape()
@@ -204,8 +207,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
         raise ValueError(f"lse must be float32 of shape [B, H, Sq] = {(B, H, Sq)}, got {lse.dtype} of shape {lse.shape}")
     lse = np.ascontiguousarray(lse)
     # the library reads do with o's strides
-    if _strides(do) != _strides(o):
-        if _layout.grad_strides_ok(o.shape, _strides(o)):
+    if _elem_strides(do) != _elem_strides(o):
+        if _layout.grad_strides_ok(o.shape, _elem_strides(o)):
             _, buf = _grad_buffer(o)
             buf[...] = do
             do = buf
@@ -216,12 +219,14 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
     v, dv = _grad_buffer(c.v)
     if bias_grad and c.bias is None:
         raise ValueError("bias_grad needs a bias")
-    dbias = np.empty(c.bias.shape, np.float32) if bias_grad else None
-    handle = c.plan(_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
+    dbias = _empty(c.bias.shape, np.float32) if bias_grad else None
+    handle = c.plan(_elem_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
     args = _native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                 o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                 dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
                                 dbias=None if dbias is None else dbias.ctypes.data,
                                 **c.common_ptrs())
     handle.backward(args)
-    return (dq, dk, dv, dbias) if bias_grad else (dq, dk, dv)
+    if bias_grad:
+        return dq, dk, dv, dbias.reshape(np.shape(bias))
+    return dq, dk, dv

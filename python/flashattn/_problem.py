@@ -9,7 +9,6 @@ from . import _native
 
 DTYPES = {"f32": _native.F32, "f16": _native.F16, "bf16": _native.BF16}
 BACKENDS = {"auto": _native.BACKEND_AUTO, "cpu": _native.BACKEND_CPU, "cuda": _native.BACKEND_CUDA}
-LAYOUTS = ("bhsd", "bshd")
 
 
 def dtype_code(name):

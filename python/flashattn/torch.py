@@ -5,6 +5,7 @@ fake (meta) implementations and an autograd formula, so torch.compile keeps them
 as single nodes instead of breaking the graph around them. CPU tensors always; CUDA tensors
 on the current stream where the library was built with CUDA. Tensors reach the library as
 pointers with their own strides; copies happen only where strides cannot describe them."""
+import contextlib
 from typing import Optional, Tuple
 
 import torch
@@ -27,12 +28,19 @@ def _lse_shape(q, layout):
     return (B, H, Sq)
 
 
+def _poisoned(t):
+    """NaN-filled under FLASHATTN_POISON=1 (tests), so unwritten elements show; real tensors only."""
+    if _native.POISON and t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor):
+        t.fill_(float("nan"))
+    return t
+
+
 def _grad_like(t):
     """A gradient buffer with t's own strides (the library writes dq with q's strides),
     or a dense one where those strides do not suit an output."""
     if _layout.grad_strides_ok(tuple(t.shape), tuple(t.stride())):
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        return _poisoned(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device))
+    return _poisoned(torch.empty(t.shape, dtype=t.dtype, device=t.device))
 
 
 def _dense_for_grad(t):
@@ -98,14 +106,14 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    diag_offset: Optional[int], bias_scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _readable(q), _readable(k), _readable(v)
     bias = None if bias is None else _readable(bias)
-    o = torch.empty(_o_shape(q, v, layout), dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device)
+    o = _poisoned(torch.empty(_o_shape(q, v, layout), dtype=q.dtype, device=q.device))
+    lse = _poisoned(torch.empty(_lse_shape(q, layout), dtype=torch.float32, device=q.device))
     dev = _Device(q)
     handle = _native.cached_plan(
         _problem(q, k, v, o.stride(), bias, alibi_slopes, q_segment_ids, causal, window_left,
                  window_right, softcap, scale, layout, diag_offset, bias_scale), dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
-    with torch.cuda.device(q.device) if dev.cuda else _nullcontext():
+    with torch.cuda.device(q.device) if dev.cuda else contextlib.nullcontext():
         handle.forward(_native.ForwardArgs(
             q=_ptr(q), k=_ptr(k), v=_ptr(v), o=_ptr(o), lse=_ptr(lse), bias=_ptr(bias),
             alibi_slopes=_ptr(alibi_slopes), q_segment_ids=_ptr(q_segment_ids),
@@ -140,13 +148,13 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
             do = _grad_like(o).copy_(do)
         else:
             o, do = o.contiguous(), do.contiguous()
-    dbias = torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device)
+    dbias = _poisoned(torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device))
     dev = _Device(q)
     handle = _native.cached_plan(
         _problem(q, k, v, o.stride(), bias, alibi_slopes, q_segment_ids, causal, window_left,
                  window_right, softcap, scale, layout, diag_offset, bias_scale, bias_grad), dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
-    with torch.cuda.device(q.device) if dev.cuda else _nullcontext():
+    with torch.cuda.device(q.device) if dev.cuda else contextlib.nullcontext():
         handle.backward(_native.BackwardArgs(
             q=_ptr(q), k=_ptr(k), v=_ptr(v), o=_ptr(o), d_o=_ptr(do), lse=_ptr(lse),
             dq=_ptr(dq), dk=_ptr(dk), dv=_ptr(dv), dbias=_ptr(dbias) if bias_grad else None,
@@ -163,14 +171,6 @@ def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, 
     dq, dk, dv = (_grad_like(_dense_for_grad(t)) for t in (q, k, v))
     dbias = q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32)
     return dq, dk, dv, dbias
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _setup_context(ctx, inputs, output):

@@ -11,17 +11,13 @@ from conftest import BWD_TOL, check, check_lse, fwd_tol, np_dtype, randn
 DTYPES = ["f32", "f16", "bf16"]
 
 
-def ref_kwargs(kw):
-    return {k: v for k, v in kw.items()}
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_matches_reference(rng, case, dtype):
     q, k, v, kw = make(rng, case, dtype)
     o, lse = flashattn.attention(q, k, v, return_lse=True, **kw)
     assert o.dtype == q.dtype and o.shape == q.shape[:3] + (v.shape[3],)
-    o_ref, lse_ref, _ = ref.forward(q, k, v, **ref_kwargs(kw))
+    o_ref, lse_ref, _ = ref.forward(q, k, v, **kw)
     check("o", o, o_ref, fwd_tol(dtype, lse_ref))
     check_lse(lse, lse_ref)
     if np.isinf(lse_ref).any():  # rows with no visible key: o = 0 exactly
@@ -36,7 +32,7 @@ def test_backward_matches_reference(rng, case, dtype):
     o, lse = flashattn.attention(q, k, v, return_lse=True, **kw)
     do = randn(rng, o.shape, dtype)
     dq, dk, dv = flashattn.attention_backward(q, k, v, o, lse, do, **kw)
-    rq, rk, rv, _ = ref.backward(q, k, v, do, o_saved=o, **ref_kwargs(kw))
+    rq, rk, rv, _ = ref.backward(q, k, v, do, o_saved=o, **kw)
     tol = BWD_TOL[dtype]
     for name, g, r, x in (("dq", dq, rq, q), ("dk", dk, rk, k), ("dv", dv, rv, v)):
         assert g.shape == x.shape and g.dtype == x.dtype
@@ -122,24 +118,22 @@ def test_backward_do_with_other_strides(rng):
         check(name, g, r, BWD_TOL["f32"])
 
 
-def test_bias_grad(rng):
-    q, k, v, kw = make(rng, "bias_heads")
+@pytest.mark.parametrize("case", ["bias_heads", "bias_2d", "bias_full"])
+def test_bias_grad(rng, case):
+    q, k, v, kw = make(rng, case)
     o, lse = flashattn.attention(q, k, v, return_lse=True, **kw)
     do = randn(rng, o.shape)
-    try:
-        dq, dk, dv, db = flashattn.attention_backward(q, k, v, o, lse, do, bias_grad=True, **kw)
-    except NotImplementedError as e:
-        pytest.skip(f"the C library does not compute dbias yet (issue 8, branch semantics): {e}")
+    dq, dk, dv, db = flashattn.attention_backward(q, k, v, o, lse, do, bias_grad=True, **kw)
     *_, rb = ref.backward(q, k, v, do, o_saved=o, **kw)
-    check("dbias", db, rb.sum(0, keepdims=True), BWD_TOL["f32"])
+    shape4 = (1,) * (4 - kw["bias"].ndim) + kw["bias"].shape
+    broadcast = tuple(i for i, n in enumerate(shape4) if n == 1)
+    assert db.shape == kw["bias"].shape
+    check("dbias", db, rb.sum(axis=broadcast, keepdims=True).reshape(db.shape), BWD_TOL["f32"])
 
 
 def test_bias_scale(rng):
     q, k, v, kw = make(rng, "bias_full")
-    try:
-        o, lse = flashattn.attention(q, k, v, bias_scale=0.125, return_lse=True, **kw)
-    except NotImplementedError as e:
-        pytest.skip(f"the C library does not take bias_scale yet (issue 8, branch semantics): {e}")
+    o, lse = flashattn.attention(q, k, v, bias_scale=0.125, return_lse=True, **kw)
     o_ref, lse_ref, _ = ref.forward(q, k, v, bias_scale=0.125, **kw)
     check("o", o, o_ref, fwd_tol("f32", lse_ref))
     check_lse(lse, lse_ref)

@@ -102,10 +102,7 @@ def test_plan_bad_arguments_raise_value_error(kw, message):
 
 def test_bias_scale_and_dbias_are_planned():
     base = dict(batch=2, heads=8, seq_q=100, head_dim=64, bias_shape=(1, 8, 100, 100))
-    try:
-        p = flashattn.plan(bias_scale=0.125, bias_grad=True, **base)
-    except NotImplementedError as e:
-        pytest.skip(f"the C library rejects bias_scale/bias_grad until they land (branch semantics): {e}")
+    p = flashattn.plan(bias_scale=0.125, bias_grad=True, **base)
     assert p.backward["bytes_accessed"] > flashattn.plan(**base).backward["bytes_accessed"]
     with pytest.raises(ValueError, match="bias"):
         flashattn.plan(batch=2, heads=8, seq_q=100, head_dim=64, bias_grad=True)

@@ -1,7 +1,6 @@
 """Property test: random shapes, masks and options, every front's answer vs the float64
 reference. Hypothesis draws from the run's seed (conftest.SEED, printed in the header)."""
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 

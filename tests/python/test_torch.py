@@ -86,12 +86,9 @@ def test_bias_scale_and_gradient(rng):
     qn, kn, vn, kw = make(rng, "bias_full")
     q, k, v = (t(a, grad=True) for a in (qn, kn, vn))
     bias = torch.from_numpy(kw["bias"]).requires_grad_()
-    try:
-        o = fat.attention(q, k, v, bias=bias, bias_scale=0.125)
-        do = torch.randn_like(o)
-        got = grads(o, (q, k, v, bias), do)
-    except NotImplementedError as e:
-        pytest.skip(f"the C library does not take bias_scale / dbias yet (issue 8, branch semantics): {e}")
+    o = fat.attention(q, k, v, bias=bias, bias_scale=0.125)
+    do = torch.randn_like(o)
+    got = grads(o, (q, k, v, bias), do)
     o_ref, lse_ref, _ = ref.forward(qn, kn, vn, bias=kw["bias"], bias_scale=0.125)
     check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
     want = ref.backward(qn, kn, vn, f64(do), o_saved=f64(o), bias=kw["bias"], bias_scale=0.125)
@@ -119,18 +116,21 @@ def test_matches_reference(rng, case, dtype):
         check(name, f64(g), r, BWD_TOL[dtype])
 
 
-def test_bias_gradient(rng):
-    qn, kn, vn, kw = make(rng, "bias_heads")
+@pytest.mark.parametrize("case", ["bias_heads", "bias_2d", "bias_full"])
+def test_bias_gradient(rng, case):
+    """dbias through autograd, in the bias's own shape (broadcast dims summed)."""
+    qn, kn, vn, kw = make(rng, case)
     q, k, v = (t(a, grad=True) for a in (qn, kn, vn))
     bias = torch.from_numpy(kw["bias"]).requires_grad_()
     o = fat.attention(q, k, v, bias=bias)
     do = torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32))
-    try:
-        db, = torch.autograd.grad(o, (bias,), do)
-    except NotImplementedError as e:
-        pytest.skip(f"the C library does not compute dbias yet (issue 8, branch semantics): {e}")
+    db, = torch.autograd.grad(o, (bias,), do)
     *_, rb = ref.backward(qn, kn, vn, do.numpy(), o_saved=f64(o), bias=kw["bias"])
-    check("dbias", f64(db), rb.sum(0, keepdims=True), BWD_TOL["f32"])
+    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+    broadcast = tuple(i for i, n in enumerate(shape4) if n == 1)   # summed over, size 1 or padded
+    want = rb.sum(axis=broadcast, keepdims=True).reshape(bias.shape)
+    assert db.shape == bias.shape
+    check("dbias", f64(db), want, BWD_TOL["f32"])
 
 
 # ---- torch.compile ---------------------------------------------------------------------
