@@ -42,7 +42,10 @@ class Problem(ctypes.Structure):
         ("has_diag_offset", ctypes.c_int), ("diag_offset", c_int64),
         ("has_bias_scale", ctypes.c_int), ("bias_scale", ctypes.c_float),
         ("bias_grad", ctypes.c_int),
-        ("varlen", ctypes.c_int), ("kv_cache_len", c_int64),
+        # packed varlen and kv-cache decoding (main's inference shapes)
+        ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+        ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
+        ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
     ]
 
 
@@ -75,6 +78,7 @@ class ForwardArgs(ctypes.Structure):
         ("stream", c_void_p),
         ("counts", ctypes.POINTER(Counts)),
         ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
+        ("k_new", c_void_p), ("v_new", c_void_p), ("block_table", c_void_p),
     ]
 
 
