@@ -4,7 +4,7 @@ JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-deps bench bench-inference clean check-long
+.PHONY: all build run test test-deps bench bench-inference clean fuzz check-long
 
 all: build
 
@@ -36,5 +36,10 @@ bench: build
 bench-inference: build
 	bash bench/inference.sh --record
 
+# libFuzzer on the .npy reader, the CLI parser, the plan and the forward vs the reference
+# (clang; FUZZ_SECONDS in all, default 240). See tests/fuzz/run.sh.
+fuzz:
+	bash tests/fuzz/run.sh
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz build-tsan

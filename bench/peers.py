@@ -11,8 +11,9 @@ Peers:
 
 GFLOP/s counts what flashattn's plan calls flops_useful: 2 (D + Dv) x the visible (i, j)
 pairs, i.e. 4 B H S^2 D non-causal and 2 B H S (S + 1) D causal, so every peer and
-flashattn divide the same number (the backward: 2.5x the forward's count, the
-FlashAttention-2 convention: 5 matrix products against the forward's 2).
+flashattn divide the same number. --backward times forward + backward (an autograd step)
+and counts 3.5x the forward (the backward: 2.5x, the FlashAttention-2 convention: 5 matrix
+products against the forward's 2).
 
 One line per peer on stdout (a JSON object with --json), progress and skips on stderr.
 """
@@ -58,7 +59,7 @@ def timed(fn, reps):
 
 def report(args, peer, dtype, ts, flops, extra=None):
     best, med = ts[0], ts[len(ts) // 2]
-    rec = {"peer": peer, "dtype": dtype, "pass": "backward" if args.backward else "forward",
+    rec = {"peer": peer, "dtype": dtype, "pass": "forward+backward" if args.backward else "forward",
            "seconds": best, "median_seconds": med, "max_seconds": ts[-1],
            "gflops": flops / best * 1e-9, "batch": args.batch, "heads": args.heads,
            "seq": args.seq, "head_dim": args.head_dim, "causal": args.causal,
@@ -91,8 +92,8 @@ def main():
     B, H, S, D = args.batch, args.heads, args.seq, args.head_dim
     pairs = S * (S + 1) // 2 if args.causal else S * S
     flops = 2 * (2 * D) * pairs * B * H
-    if args.backward:
-        flops = flops * 5 // 2
+    if args.backward:  # the timed step is forward + backward: 1 + 2.5 forwards
+        flops = flops * 7 // 2
     rng = np.random.default_rng(0)
     q32, k32, v32 = (rng.standard_normal((B, H, S, D), dtype=np.float32) for _ in range(3))
     scale = 1.0 / np.sqrt(D)

@@ -29,4 +29,15 @@ if grep -q naive_openblas <<<"$target_list"; then
 fi
 cmake --build "$BUILD" -j"$THREADS" --target $targets >&2
 
-exec python3 bench/suite.py --build "$BUILD" --threads "$THREADS" "$@"
+python3 bench/suite.py --build "$BUILD" --threads "$THREADS" "$@"
+
+# The plots (bench/plots/*.png, linked from the README): a sequence-length sweep, run with
+# the peers' Python (it has matplotlib); not for --quick or --seed runs.
+case " $* " in *" --quick "*|*" --seed "*) exit 0 ;; esac
+py=bench/.venv/bin/python
+[ -x "$py" ] || py="$HOME/.cache/flashattn/venv/bin/python"
+if [ -x "$py" ] && "$py" -c "import matplotlib" 2>/dev/null; then
+    "$py" bench/plots.py --build "$BUILD" --threads "$THREADS"
+else
+    echo "[bench] no Python with matplotlib: plots skipped" >&2
+fi

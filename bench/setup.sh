@@ -24,6 +24,11 @@ fi
 
 # ---- Python peers ----------------------------------------------------------------------
 py="${PYTHON:-python3}"
+shared="$HOME/.cache/flashattn/venv"   # the project's shared venv, where one exists: reuse it
+if [ ! -e "$venv" ] && [ -x "$shared/bin/python" ]; then
+    log "using $shared"
+    ln -s "$shared" "$venv"
+fi
 if [ ! -x "$venv/bin/python" ]; then
     log "creating $venv"
     "$py" -m venv "$venv" || { log "could not create the venv: Python peers skipped"; exit 0; }
@@ -36,6 +41,7 @@ have numpy || { log "installing numpy"; pipi numpy || log "numpy install failed"
 have jax || { log "installing jax[cpu]"; pipi "jax[cpu]" || log "jax install failed: jax peer skipped"; }
 # PyPI's Linux torch wheel depends on the CUDA runtime packages (several GB); they are
 # only downloaded once, into the venv, and the CPU benchmark never loads them.
+have matplotlib || { log "installing matplotlib (the plots)"; pipi matplotlib || log "matplotlib install failed: plots skipped"; }
 have torch || { log "installing torch (large download, first time only)"; pipi torch ||
     log "torch install failed: torch peer skipped"; }
 

@@ -8,8 +8,15 @@ Plain Python (no packages); the Python peers run under bench/.venv/bin/python.
 
 GFLOP/s everywhere counts flops_useful: 2 (D + Dv) x the visible (i, j) pairs, so
 4 B H S^2 D non-causal and 2 B H S (S+1) D causal, for flashattn and every peer alike
-(backward: 2.5x that, FlashAttention-2's convention). flashattn's executed count (the
-plan's `flops`, tile granularity, recomputation in the backward) is shown beside it.
+(backward: 2.5x that, FlashAttention-2's convention). Like is compared with like: forward
+rows time the forward alone, "fwd+bwd" rows time a forward and a backward (the peers'
+autograd step; flashattn's forward plus its backward) and count 3.5x the forward's useful
+flops. flashattn's executed count (the plan's `flops`, tile granularity, recomputation in
+the backward) is shown beside it.
+
+"pred s" is `flashattn plan`'s predicted seconds (rates.h's model with the rates that
+`flashattn calibrate`, run at the start of the suite, measured), beside flashattn's median
+seconds; "meas/pred" their ratio.
 "% peak" divides by this machine's measured peak on the same thread count: the AVX-512
 FMA peak for f32 and f16 (flashattn multiplies f16 in f32), the vdpbf16ps peak for bf16.
 """
@@ -79,10 +86,12 @@ def append_cpu_section(path, text):
 
 
 def useful_flops(c, backward=False):
+    """Forward 4 B H S^2 D (causal: the visible pairs); with backward, forward + backward:
+    3.5x (the backward's 2.5x, FlashAttention-2's convention, plus the forward)."""
     B, H, S, D = c["batch"], c["heads"], c["seq"], c["head_dim"]
     pairs = S * (S + 1) // 2 if c.get("causal") else S * S
     f = 2 * (2 * D) * pairs * B * H
-    return f * 5 // 2 if backward else f
+    return f * 7 // 2 if backward else f
 
 
 def main():
@@ -100,6 +109,8 @@ def main():
 
     build = os.path.join(ROOT, args.build) if not os.path.isabs(args.build) else args.build
     venv_py = os.path.join(HERE, ".venv", "bin", "python")
+    if not os.path.exists(venv_py):  # the project's shared venv, where bench/setup.sh made none
+        venv_py = os.path.expanduser("~/.cache/flashattn/venv/bin/python")
     have_venv = os.path.exists(venv_py)
     T = str(args.threads)
     env = dict(os.environ, OMP_NUM_THREADS=T, OPENBLAS_NUM_THREADS=T, OPENBLAS_CORETYPE="SKYLAKEX")
@@ -123,6 +134,21 @@ def main():
                 cur[t] = max(cur.get(t, 0), g)
 
     measure_peak()
+    # The rates `plan` predicts from (cached for these threads; rates.h)
+    run_json([os.path.join(build, "flashattn"), "calibrate", "--threads", T, "--json"], env, 300)
+
+    def predicted(c):
+        """flashattn plan's predicted seconds for the case (fwd+bwd: the sum), or None."""
+        cmd = [os.path.join(build, "flashattn"), "plan", "--batch", str(c["batch"]), "--heads", str(c["heads"]),
+               "--seq", str(c["seq"]), "--head-dim", str(c["head_dim"]), "--dtype", c["dtype"], "--threads", T,
+               "--backend", "cpu", "--json"] + block_args
+        if c["causal"]:
+            cmd.append("--causal")
+        r = run_json(cmd, env, 60)
+        ps = r[-1].get("predicted_seconds") if r else None
+        if not ps:
+            return None
+        return ps["forward"] + ps["backward"] if c["backward"] else ps["forward"]
 
     def peak_of(dtype):
         key = "dpbf16" if dtype == "bf16" else "fma_f32"
@@ -144,7 +170,7 @@ def main():
         if causal:
             cmd.append("--causal")
         if backward:
-            cmd += ["--backward", "--no-forward"]
+            cmd += ["--backward"]  # the forward is timed too: the row is forward + backward
         cmd += block_args
         e = dict(env)
         if isa:
@@ -157,7 +183,13 @@ def main():
             if causal:
                 cc.append("--causal")
             rr = run_json(cc, env, timeout)[-1]
-            rec = rr.get("backward" if backward else "forward", {}) if "error" not in rr else rr
+            if "error" in rr:
+                rec = rr
+            elif backward:
+                f, b = rr.get("forward", {}), rr.get("backward", {})
+                rec = {"seconds": f["seconds"] + b["seconds"]} if "seconds" in f and "seconds" in b else {}
+            else:
+                rec = rr.get("forward", {})
             peer_recs.append(dict(rec, peer="flashattn CLI"))
         if "openblas" in peers and dtype == "f32" and not backward and os.path.exists(os.path.join(build, "naive_openblas")):
             cmd = [os.path.join(build, "naive_openblas"), str(B), str(H), str(S), str(D), "--reps",
@@ -180,9 +212,11 @@ def main():
                     label = {"numpy": "numpy naive", "jax": "jax.nn.dot_product_attention",
                              "torch": "torch SDPA"}.get(rr["peer"], rr["peer"])
                     peer_recs.append(dict(rr, peer=f"{label} ({rr.get('dtype', dtype)})"))
+        c["predicted"] = predicted(c)
         rows.append((c, ours, peer_recs))
 
     started = time.time()
+    load_start = f"{os.getloadavg()[0]:.2f}"
     if args.seed:
         # The seed problem: B=18 H=32 S=16384 D=256 bf16 forward, 1.6e14 flops: about 10 min
         # on 2 cores, timed once (--reps 0: no warm-up run). bench_fa allocates and fills the
@@ -209,21 +243,32 @@ def main():
             case("fwd f32 S4096 D256", D=256, peers=("openblas", "torch"))
             case("fwd f32 S1024 D128", S=1024, peers=("openblas", "numpy", "jax", "torch"))
             case("fwd f32 S16384 D128", S=16384, reps=1, peers=("openblas", "torch"))
-            case("bwd f32 S4096 D128", backward=True, peers=("jax", "torch"))
-            case("bwd bf16 S4096 D128", dtype="bf16", backward=True, peers=("torch",))
-            case("bwd f32 causal S4096 D128", causal=True, backward=True, peers=("torch",))
+            case("fwd+bwd f32 S4096 D128", backward=True, peers=("jax", "torch"))
+            case("fwd+bwd f32 causal S4096 D128", causal=True, backward=True, peers=("torch",))
+            case("fwd+bwd bf16 S4096 D128", dtype="bf16", backward=True, peers=("torch",))
+            case("fwd+bwd bf16 causal S4096 D128", dtype="bf16", causal=True, backward=True, peers=("torch",))
+            case("fwd bf16 causal S4096 D128", dtype="bf16", causal=True, peers=("torch",))
     elapsed = time.time() - started
     measure_peak()
 
     # ---- the table --------------------------------------------------------------------
     lines = []
-    lines.append("| case | flashattn s | GFLOP/s (executed) | % peak | isa, blocks | peer | peer s | "
+    lines.append("| case | flashattn s | GFLOP/s (executed) | % peak | isa, blocks | pred s | meas/pred | peer | peer s | "
                  "peer GFLOP/s | flashattn speed-up |")
-    lines.append("| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
+    lines.append("| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: |")
     for c, ours, peers in rows:
         pas = "backward" if c["backward"] else "forward"
         rec = ours.get(pas) if isinstance(ours, dict) else None
+        if rec and c["backward"]:  # forward + backward: the sum of the two passes' figures
+            f = ours.get("forward") or {}
+            rec = dict(rec, seconds=rec["seconds"] + f.get("seconds", 0),
+                       median_seconds=rec.get("median_seconds", rec["seconds"]) + f.get("median_seconds", 0),
+                       flops=rec["flops"] + f.get("flops", 0))
         pk = peak_of(c["dtype"])
+        pred_s, pred_r = "", ""
+        if rec and c.get("predicted"):
+            pred_s = f"{c['predicted']:.3f}"
+            pred_r = f"{rec.get('median_seconds', rec['seconds']) / c['predicted']:.2f}"
         if rec:
             secs = rec.get("estimated_full_seconds", rec["seconds"]) if ours.get("run_heads", 0) and \
                 ours["run_heads"] < c["batch"] * c["heads"] else rec["seconds"]
@@ -250,7 +295,8 @@ def main():
                 pcells = f"{why} | | " if why else " | | "
             first = i == 0
             lines.append(f"| {c['name'] if first else ''} | {ours_s if first else ''} | {ours_g if first else ''} | "
-                         f"{frac if first else ''} | {ours_isa if first else ''} | {p['peer']} | {pcells} |")
+                         f"{frac if first else ''} | {ours_isa if first else ''} | {pred_s if first else ''} | "
+                         f"{pred_r if first else ''} | {p['peer']} | {pcells} |")
         if c.get("name", "").startswith("seed") and rec:
             lines.append("")
             lines.append(f"Seed problem: peak RSS {ours.get('peak_rss_gb', 0):.1f} GiB with the full q, k, v, o "
@@ -278,9 +324,15 @@ def main():
                 f"{' --blocks ' + args.blocks if args.blocks else ''}` "
                 f"({args.threads} threads, {elapsed / 60:.1f} min). Machine: {model}, {nproc} CPUs "
                 f"(`lscpu`). {peak_line}.\n\n"
-                "GFLOP/s: flops_useful (the same count for every peer; backward 2.5x), then in "
-                "parentheses flashattn's executed flops (the plan's count); % peak uses the executed "
-                "figure. Speed-up = peer seconds / flashattn seconds. Best of the reps.\n\n"
+                "Useful flops (the same count for every implementation): forward 4*B*H*Sq*Sk*D "
+                "(causal: the visible pairs, about half); fwd+bwd rows time forward + backward "
+                "for flashattn and every peer alike and count 3.5x (backward 2.5x the forward). "
+                "GFLOP/s: useful, then in parentheses flashattn's executed flops (the plan's count); "
+                "% peak uses the executed figure. Speed-up = peer seconds / flashattn seconds, "
+                "best of the reps. pred s: `flashattn plan`'s predicted seconds from `flashattn "
+                "calibrate`'s rates (run at the start); meas/pred = flashattn's median / predicted. "
+                f"Load average at the start {load_start}, at the end {os.getloadavg()[0]:.2f} "
+                "(2 cores: above ~0.5 means other work shared them).\n\n"
                 + table + "\n")
         append_cpu_section(os.path.join(HERE, "RESULTS.md"), text)
         log(f"appended to {os.path.join(HERE, 'RESULTS.md')}")

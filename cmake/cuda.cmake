@@ -38,4 +38,9 @@ add_compile_options(
   "$<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>")
 
 file(GLOB FA_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/*.cu)
+# The Hopper forward (src/cuda/cuda_hopper_fwd_*.cu) has a body only in sm_90a machine code.
+if("90a" IN_LIST FA_CUDA_ARCHS)
+  file(GLOB fa_hopper_sources ${CMAKE_CURRENT_LIST_DIR}/../src/cuda/cuda_hopper_fwd_*.cu)
+  set_source_files_properties(${fa_hopper_sources} PROPERTIES COMPILE_DEFINITIONS FA_CUDA_SM90A)
+endif()
 set(FA_CUDA_LIBS CUDA::cudart_static)

@@ -67,7 +67,7 @@ typedef struct {
     int64_t window_left;   /* -1 unbounded (the default) */
     int64_t window_right;  /* -1 unbounded (the default) */
     float softcap;         /* 0: off; > 0: s = cap * tanh(s / cap) */
-    int has_alibi;         /* slopes [Hq] f32 */
+    int has_alibi;         /* slopes [Hq] f32, finite (checked by each call) */
     int has_bias;          /* additive f32 bias [bias_batch, bias_heads, Sq, Sk] */
     int64_t bias_batch;    /* 1 or B */
     int64_t bias_heads;    /* 1 or Hq */
@@ -87,7 +87,8 @@ typedef struct {
     float bias_scale;
     /* The backward also writes dbias (fa_backward_args.dbias, f32, contiguous, the bias's
      * shape [bias_batch, bias_heads, Sq, Sk], summed over broadcast dims in a fixed order).
-     * A plan-time flag so that the backward's cost includes it. Needs has_bias. */
+     * A plan-time flag so that the backward's cost includes it. Needs has_bias. CPU backend
+     * only: a CUDA plan refuses it (FA_ERR_UNSUPPORTED) and AUTO picks the CPU. */
     int bias_grad;
 
     /* Packed variable-length batches (SPEC section 5): cu_seqlens_q and cu_seqlens_k, host
@@ -234,6 +235,21 @@ FA_API int fa_cuda_available(void);
 FA_API const char *fa_cpu_isa(void);
 FA_API const char *fa_dtype_name(fa_dtype t);
 FA_API size_t fa_dtype_size(fa_dtype t);
+
+/* ---- bindings ---------------------------------------------------------------------- */
+
+/* Which public struct fa_struct_size measures. Language bindings that mirror the structs
+ * (the Python package) compare their sizes at load time, so a stale mirror fails loudly. */
+typedef enum {
+    FA_STRUCT_PROBLEM = 0,
+    FA_STRUCT_OPTIONS = 1,
+    FA_STRUCT_COST = 2,
+    FA_STRUCT_COUNTS = 3,
+    FA_STRUCT_FORWARD_ARGS = 4,
+    FA_STRUCT_BACKWARD_ARGS = 5
+} fa_struct_id;
+/* sizeof the struct named by which, as this library was compiled; 0 for an unknown id. */
+FA_API size_t fa_struct_size(int which);
 
 #ifdef __cplusplus
 }

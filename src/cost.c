@@ -119,8 +119,25 @@ static fa_status forward_cost(struct fa_plan *pl) {
     return FA_OK;
 }
 
+/* The one-pass backward (backward_fused.c): Delta, then per (b, kv head) every key tile
+ * once, visiting the query tiles of its query heads: per computed pair the q and dO tiles
+ * and the rows' lse and Delta are read; k, v read and dk, dv written once; dq written once. */
+static wide backward_fused_bytes(const struct fa_plan *pl, const tile_walk *w, wide *kv_once) {
+    const fa_problem *p = &pl->p;
+    const wide D = p->head_dim, Dv = p->head_dim_v, es = (wide)fa_dtype_size(p->dtype), sq = p->seq_q;
+    wide per_head = sq * (2 * Dv * es + 4) + w->rows_tiles * ((D + Dv) * es + 8) + sq * D * es;
+    if (p->has_bias) per_head += w->rows_keys * 4;
+    if (p->has_segment_ids) per_head += w->rows_tiles * 4 + w->keys * 4;
+    if (p->has_alibi) per_head += w->qtiles * 4;
+    if (p->bias_grad) per_head += w->rows_keys * 8; /* dbias read and written per element */
+    tensor_bytes t = sizes(p);
+    *kv_once = 2 * (t.k + t.v) + t.dbias;           /* dbias zeroed once */
+    return per_head;
+}
+
 /* The backward: Delta = rowsum(dO o); a dk/dv pass over (b, kv head, key tile) visiting
- * the query tiles of its query heads; a dq pass over (b, q head, query tile). */
+ * the query tiles of its query heads; a dq pass over (b, q head, query tile). Or the
+ * one-pass schedule, where the plan chose it. */
 static fa_status backward_cost(struct fa_plan *pl) {
     const fa_problem *p = &pl->p;
     const wide heads = (wide)p->batch * p->heads_q, D = p->head_dim, Dv = p->head_dim_v;
@@ -129,8 +146,9 @@ static fa_status backward_cost(struct fa_plan *pl) {
     tile_walk w = walk_tiles(pl, pl->bwd_bq, pl->bwd_bk);
     tensor_bytes t = sizes(p);
 
-    wide flops = heads * w.rows_keys * 2 * ((2 * D + 2 * Dv) + (2 * D + Dv));
-    wide trans = heads * 2 * w.rows_keys * (1 + softcap);
+    const int fused = pl->backend == FA_BACKEND_CPU && pl->bwd_fused;
+    wide flops = heads * w.rows_keys * 2 * (fused ? 3 * D + 2 * Dv : (2 * D + 2 * Dv) + (2 * D + Dv));
+    wide trans = heads * (fused ? 1 : 2) * w.rows_keys * (1 + softcap);
     /* bytes per query head: Delta reads o and dO and writes Delta; the dk/dv pass reads,
      * per computed pair, the q and dO tiles and the rows' lse and Delta; the dq pass reads
      * q, dO, lse, Delta once per query tile and k, v per computed pair, and writes dq. */
@@ -145,6 +163,7 @@ static fa_status backward_cost(struct fa_plan *pl) {
     if (p->bias_grad) per_head += w.rows_keys * 8;
     /* per kv head: k and v read once, dk and dv written once, by the dk/dv pass */
     wide kv_once = 2 * (t.k + t.v) + t.dbias;
+    if (fused) per_head = backward_fused_bytes(pl, &w, &kv_once);
 
     wide inputs = t.q + t.k + t.v + 2 * t.o + t.lse + t.bias + t.slopes + t.segments; /* o and dO */
     wide outputs = t.q + t.k + t.v + t.dbias;                                           /* dq, dk, dv, dbias */

@@ -2,6 +2,7 @@
 #ifndef FA_INTERNAL_H
 #define FA_INTERNAL_H
 
+#include "alloc.h" /* fa_malloc, fa_calloc, fa_free: every allocation goes through them */
 #include "flashattn.h"
 
 #include <math.h>
@@ -14,6 +15,7 @@ struct fa_plan {
     int threads;            /* CPU threads the kernels use */
     int64_t fwd_bq, fwd_bk; /* forward tile: query rows x keys */
     int64_t bwd_bq, bwd_bk; /* backward tile */
+    int bwd_fused;          /* CPU backward: one pass (backward_fused.c), else two passes */
     float scale;
     int64_t off;            /* Sk - Sq: masks align bottom-right */
     fa_cost fwd, bwd;       /* computed once, at plan time */
@@ -78,6 +80,12 @@ fa_status fa_cost_compute(struct fa_plan *plan);
  * allocate exactly that. */
 int64_t fa_cpu_forward_scratch_bytes(const struct fa_plan *plan);
 int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan);
+/* The one-pass backward (backward_fused.c): whether the shapes suit it (set in
+ * plan->bwd_fused at plan time), its per-thread scratch, and the pass itself (called by
+ * fa_cpu_backward with the arguments and the workspace checked). */
+int fa_cpu_backward_fused_fits(const struct fa_plan *plan);
+int64_t fa_cpu_backward_fused_scratch_bytes(const struct fa_plan *plan);
+fa_status fa_cpu_backward_fused(const struct fa_plan *plan, const fa_backward_args *a, char *workspace);
 /* Workspace of the CUDA kernels (bytes); plain C so plans need no device. */
 int64_t fa_cuda_workspace_bytes(const struct fa_plan *plan, fa_pass pass);
 void fa_cuda_default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64_t *bk);
@@ -96,18 +104,36 @@ fa_status fa_cuda_backward(const struct fa_plan *plan, const fa_backward_args *a
  * overlaps it is computed (and masked element by element where needed). Segment ids and
  * bias never skip tiles. */
 
+/* Window sides are clipped to FA_WINDOW_CLIP before any arithmetic: |i + off - j| stays
+ * below 2^33 (Sq, Sk < 2^31, |off| < 2^31), so every window from 2^33 up shows the same
+ * keys as an unbounded side, and i + off +- window cannot overflow, whatever the caller's
+ * window in [-1, INT64_MAX]. */
+#define FA_WINDOW_CLIP ((int64_t)1 << 40)
+static inline int64_t fa_window_clip(int64_t w) { return w < FA_WINDOW_CLIP ? w : FA_WINDOW_CLIP; }
+
 /* Lowest key row i may see, before clipping to [0, Sk). */
 static inline int64_t fa_key_lo(const struct fa_plan *pl, int64_t i) {
-    if (pl->p.window_left >= 0) return i + pl->off - pl->p.window_left;
+    if (pl->p.window_left >= 0) return i + pl->off - fa_window_clip(pl->p.window_left);
     return INT64_MIN / 4;
 }
 /* Highest key row i may see, before clipping to [0, Sk). */
 static inline int64_t fa_key_hi(const struct fa_plan *pl, int64_t i) {
     int64_t hi = INT64_MAX / 4;
     if (pl->p.causal) hi = i + pl->off;
-    if (pl->p.window_right >= 0 && i + pl->off + pl->p.window_right < hi)
-        hi = i + pl->off + pl->p.window_right;
+    if (pl->p.window_right >= 0 && i + pl->off + fa_window_clip(pl->p.window_right) < hi)
+        hi = i + pl->off + fa_window_clip(pl->p.window_right);
     return hi;
+}
+
+/* FA_ERR_INVALID unless every ALiBi slope (Hq of them, in host memory) is finite: a
+ * non-finite slope would turn whole rows into NaN or hide keys (docs/nonfinite.md). */
+static inline fa_status fa_check_slopes(const fa_problem *p, const float *slopes, const char *fn) {
+    if (!p->has_alibi || !slopes) return FA_OK;
+    for (int64_t h = 0; h < p->heads_q; h++)
+        if (!isfinite(slopes[h]))
+            return fa_error(FA_ERR_INVALID, "%s: alibi_slopes[%lld] (head %lld) is %g; slopes must be finite", fn,
+                            (long long)h, (long long)h, (double)slopes[h]);
+    return FA_OK;
 }
 
 /* Key tiles [*kt0, *kt1) visited by query rows [r0, r1) with key tiles of bk keys. */
@@ -138,6 +164,9 @@ static inline int fa_visible(const struct fa_plan *pl, int64_t i, int64_t j) {
  *   dk/dv pass: flops += 2*m*n*(2*D + 2*Dv)  S, dP = dO V^T, dV += P^T dO, dK += dS^T Q
  *   dq pass:    flops += 2*m*n*(2*D + Dv)    S, dP, dQ += dS K
  *   each pass:  trans += m*n (+ m*n tanh with softcap)    p = exp(s - lse)
+ * or, where the plan chose the one-pass schedule (plan->bwd_fused), one pass:
+ *   flops += 2*m*n*(3*D + 2*Dv)             S, dP, dV, dK, dQ += dS K
+ *   trans += m*n (+ m*n tanh with softcap)
  * D_i = rowsum(dO o) is not a matrix product and counts nothing. */
 
 /* Index of lse[b, h, i]: [B, Hq, Sq] contiguous, or a packed sequence's rows of [Hq, total_q]. */

@@ -150,13 +150,16 @@ static fa_status check_block(const char *name, int64_t v) {
 /* CPU tile defaults, measured on 2 Zen 4 cores (bench/RESULTS.md): the products reach ~92%
  * of the FMA peak at 256 x 128 without masks; masked problems skip whole tiles, which pays
  * more with 128 rows; the backward keeps five tiles live and prefers 128 x 128. Then fewer
- * rows per tile while there are under 4 work items per thread, so threads stay busy. */
+ * rows per tile while there are under 4 work items per thread, so threads stay busy. The
+ * backward's tiles set the order of its sums, so there the rule looks at the shapes alone
+ * (under 16 query tiles in all), keeping its bits the same for every thread count. */
 static void cpu_default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t *bk) {
     const fa_problem *p = &pl->p;
     int masked = p->causal || p->window_left >= 0 || p->window_right >= 0;
     *bk = 128;
     *bq = (pass == FA_FORWARD && !masked && p->dtype != FA_BF16) ? 256 : 128;
-    while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < 4 * (int64_t)pl->threads) *bq /= 2;
+    const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
+    while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
 }
 
 /* AUTO: the GPU for f16/bf16 where this build has CUDA and the machine has an NVIDIA
@@ -197,6 +200,7 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
         cpu_default_blocks(pl, FA_BACKWARD, &bq, &bk);
         pl->bwd_bq = o->block_q ? o->block_q : bq;
         pl->bwd_bk = o->block_k ? o->block_k : bk;
+        pl->bwd_fused = fa_cpu_backward_fused_fits(pl);
         return FA_OK;
     }
     /* CUDA: tiles are compiled in, so the defaults are the only sizes it runs. */
@@ -226,7 +230,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     fa_options defaults = {0};
     if (!opt) opt = &defaults;
 
-    fa_plan *pl = calloc(1, sizeof *pl);
+    fa_plan *pl = fa_calloc(1, sizeof *pl);
     if (!pl) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate the plan");
     pl->p = *problem;
     fa_status s = validate_problem(pl);
@@ -242,8 +246,8 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         s = fa_cost_compute(pl);
     }
     if (s) {
-        free(pl->lens);
-        free(pl);
+        fa_free(pl->lens);
+        fa_free(pl);
         return s;
     }
     *out = pl;
@@ -251,8 +255,8 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
 }
 
 void fa_plan_destroy(fa_plan *plan) {
-    if (plan) free(plan->lens);
-    free(plan);
+    if (plan) fa_free(plan->lens);
+    fa_free(plan);
 }
 
 fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out) {

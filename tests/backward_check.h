@@ -29,11 +29,6 @@ enum { M_CAUSAL = 1, M_WINDOW = 2, M_SEG = 4, M_BIAS = 8, M_ALIBI = 16, M_SOFTCA
 /* A scale other than the default 1/sqrt(D): 0.3 to 2.5 times it, a quarter of them negative. */
 enum { M_SCALE = 256 };
 
-/* The scale a problem's scores use (the default resolved as the reference does). */
-static double case_scale(const fa_problem *p) {
-    return p->has_scale ? (double)p->scale : 1.0 / sqrt((double)p->head_dim);
-}
-
 typedef struct {
     fa_problem p;
     void *q, *k, *v, *o, *g, *dq, *dk, *dv; /* g = do */
@@ -260,7 +255,7 @@ static void noise_floors(const tcase *c, const fa_plan *pl, double *fq, double *
     const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
     const int64_t D = p->head_dim, Dv = p->head_dim_v;
-    const double scale = fabs(case_scale(p)), u32 = 0x1p-24;
+    const double scale = fabs((double)fa_plan_scale(pl)), u32 = 0x1p-24;
     const double vmax = max_row_norm(p->dtype, c->v, &rp->v_stride, B, Hk, Sk, Dv, 1);
     const double gmax = max_row_norm(p->dtype, c->g, &rp->o_stride, B, Hq, Sq, Dv, 1);
     const double kmax = max_row_norm(p->dtype, c->k, &rp->k_stride, B, Hk, Sk, D, 0);

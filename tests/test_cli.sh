@@ -132,6 +132,9 @@ run_case "--block-q 16 --block-k 8" "--block-q 16 --block-k 8" 1
 run_case "--bias-scale 0.25" "--bias $I/bias1.npy --bias-scale 0.25 --causal" 1
 run_case "--top-left --causal" "--top-left --causal" 1
 run_case "--diag-offset -5 --window 4 2" "--diag-offset -5 --window 4 2" 1
+# windows up to INT64_MAX: no overflow (it used to hide every key), the cost stays exact
+run_case "--window -1 INT64_MAX" "--window -1 9223372036854775807" 1
+run_case "--window INT64_MAX 0 --causal" "--window 9223372036854775807 0 --causal" 1
 
 rm -f "$OUT"/*
 fa run --q "$I/q16.npy" --k "$I/k16.npy" --v "$I/v16.npy" $CPU --out "$OUT/o.npy"
@@ -139,6 +142,7 @@ fa run --q "$I/q16.npy" --k "$I/k16.npy" --v "$I/v16.npy" $CPU --out "$OUT/o.npy
   ok "run float16 files (dtype from the files)" || no "run float16 files" "exit $rc: $(cat "$W/se")"
 
 for opts in "" "--causal" "--window 6 2" "--causal --top-left" "--diag-offset 3 --window 2 2" \
+  "--window -1 9223372036854775807" "--window 9223372036854775803 3" \
   "--bias $I/bias.npy --bias-scale -0.5"; do
   rm -f "$OUT"/*
   fa run $QKV $CPU $opts --out "$OUT/o.npy"

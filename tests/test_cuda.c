@@ -6,8 +6,11 @@
  * the kernels' counts equal the plan's figures, that every output element was written
  * (outputs start as NaN), and that the backward is bit-for-bit deterministic.
  *
+ * On a compute capability 9.0 device everything runs a second time with the Hopper forward
+ * opted in (FA_CUDA_KERNEL=hopper), and at least one case must have reached it.
+ *
  * Without a CUDA device (or without CUDA in the build) it prints "SKIP: no CUDA device"
- * and passes. FA_TEST_SEED reproduces a run; FA_TEST_CUDA_RANDOM sets the random cases. */
+ * and exits 77 (skipped). FA_TEST_SEED reproduces a run; FA_TEST_CUDA_RANDOM sets the random cases. */
 #include "test_util.h"
 
 #include "cuda/cuda_mem.h"
@@ -35,6 +38,7 @@ typedef struct {
     int alibi;
     int seg;
     int layout;            /* 0 BHSD, 1 BSHD, 2 q/o with column stride 2 (no 16-byte rows) */
+    float bias_scale;      /* 0: not set (1) */
 } tcase;
 
 static int64_t elems(const fa_strides *st, const int64_t dims[4]) {
@@ -145,6 +149,7 @@ static void run_case(const tcase *tc) {
         p.bias_batch = tc->bias == 2 ? tc->B : 1;
         p.bias_heads = tc->bias == 1 ? tc->Hq : 1;
     }
+    if (tc->bias_scale != 0.0f) p.has_bias_scale = 1, p.bias_scale = tc->bias_scale;
     p.has_alibi = tc->alibi;
     p.has_segment_ids = tc->seg;
     fa_options opt = {0};
@@ -377,16 +382,8 @@ static void check_refusals(void) {
     fa_plan_destroy(plan);
 }
 
-int main(void) {
-    if (!fa_cuda_available()) {
-        printf("SKIP: no CUDA device (or flashattn built without CUDA)\n");
-        return 77; /* ctest: SKIP_RETURN_CODE, reported as skipped, not passed */
-    }
-    seed = tu_seed();
-    rng = seed;
-    printf("test_cuda on %s, seed %llu\n", fa_cuda_device_name(), (unsigned long long)seed);
-    check_refusals();
-
+/* Every fixed case, then nrand random ones; labels the lines with pass ("" or "hopper "). */
+static void run_cases(const char *pass, int nrand) {
     tcase fixed[24];
     int n = 0;
     fixed[n++] = mk("D64 bf16 plain", 2, 3, 3, 200, 200, 64, 64, FA_BF16);
@@ -410,15 +407,23 @@ int main(void) {
     fixed[n] = mk("D96 f16 everything", 2, 4, 2, 133, 145, 96, 96, FA_F16), fixed[n].causal = 1,
     fixed[n].softcap = 4.f, fixed[n].bias = 1, fixed[n].alibi = 1, fixed[n++].seg = 1;
     fixed[n++] = mk("D128 f16 long", 1, 1, 1, 1100, 1100, 128, 128, FA_F16);
+    /* shapes the Hopper forward takes (D = Dv in {64, 128, 256}): many key tiles through
+     * its stage ring, windows, one query row, one key */
+    fixed[n] = mk("D256 bf16 window long", 1, 2, 2, 600, 700, 256, 256, FA_BF16), fixed[n].wl = 300,
+    fixed[n++].wr = 50;
+    fixed[n++] = mk("D128 GQA Sq=1 Sk=1000", 2, 4, 1, 1, 1000, 128, 128, FA_BF16);
+    fixed[n] = mk("D64 f16 causal 513", 1, 3, 3, 513, 513, 64, 64, FA_F16), fixed[n++].causal = 1;
+    fixed[n++] = mk("D128 f16 Sk=1", 1, 2, 2, 150, 1, 128, 128, FA_F16);
+    fixed[n] = mk("D128 GQA softcap alibi", 1, 4, 2, 300, 260, 128, 128, FA_BF16), fixed[n].softcap = 3.f,
+    fixed[n++].alibi = 1;
+    fixed[n] = mk("D64 bias_scale 0.5, softcap 1 (saturated)", 1, 2, 2, 150, 170, 64, 64, FA_BF16);
+    fixed[n].bias = 2, fixed[n].bias_scale = 0.5f, fixed[n++].softcap = 1.0f;
     for (int i = 0; i < n; i++) {
         int before = failures;
         run_case(&fixed[i]);
-        printf("%s %s\n", failures == before ? "PASS" : "FAIL", fixed[i].name);
+        printf("%s %s%s\n", failures == before ? "PASS" : "FAIL", pass, fixed[i].name);
     }
-
     /* random cases */
-    const char *e = getenv("FA_TEST_CUDA_RANDOM");
-    const int nrand = e && *e ? atoi(e) : 12;
     static const int64_t dims[] = {8, 40, 64, 72, 128, 136, 200, 256};
     static const int64_t seqs[] = {1, 17, 64, 65, 128, 191, 256};
     char names[64][96];
@@ -442,7 +447,43 @@ int main(void) {
                  (double)c.softcap, c.bias, c.alibi, c.seg, c.layout);
         int before = failures;
         run_case(&c);
-        printf("%s %s\n", failures == before ? "PASS" : "FAIL", c.name);
+        printf("%s %s%s\n", failures == before ? "PASS" : "FAIL", pass, c.name);
+    }
+}
+
+int main(void) {
+    if (!fa_cuda_available()) {
+        printf("SKIP: no CUDA device (or flashattn built without CUDA)\n");
+        return 77;
+    }
+    seed = tu_seed();
+    rng = seed;
+    printf("test_cuda on %s, seed %llu\n", fa_cuda_device_name(), (unsigned long long)seed);
+    check_refusals();
+    const char *e = getenv("FA_TEST_CUDA_RANDOM");
+    const int nrand = e && *e ? atoi(e) : 12;
+    /* the default kernels (mma.sync) even where the caller's environment opts in;
+     * FA_TEST_CUDA_ONLY_HOPPER=1 skips this pass (a second Hopper variant's run) */
+    unsetenv("FA_CUDA_KERNEL");
+    const char *only = getenv("FA_TEST_CUDA_ONLY_HOPPER");
+    if (!(only && !strcmp(only, "1"))) run_cases("", nrand);
+
+    /* On sm_90 every case once more with the Hopper forward opted in (FA_CUDA_KERNEL=hopper):
+     * the shapes in its scope run it, the rest must still fall back to mma.sync. */
+    if (fa_cuda_compute_capability() == 90) {
+        setenv("FA_CUDA_KERNEL", "hopper", 1);
+        const long long before = fa_cuda_hopper_launches();
+        const char *pp = getenv("FA_CUDA_HOPPER_PINGPONG"); /* the kernel reads it too */
+        run_cases(pp && !strcmp(pp, "1") ? "hopper-pingpong " : "hopper ", nrand);
+        const long long ran = fa_cuda_hopper_launches() - before;
+        unsetenv("FA_CUDA_KERNEL");
+        printf("hopper pass: %lld Hopper forward launches\n", ran);
+        if (ran == 0) {
+            printf("FAIL hopper pass: FA_CUDA_KERNEL=hopper never reached the Hopper kernel\n");
+            failures++;
+        }
+    } else {
+        printf("SKIP hopper pass: compute capability %d, not 90\n", fa_cuda_compute_capability());
     }
     printf("%d cases, %d failures (seed %llu)\n", cases_run, failures, (unsigned long long)seed);
     return failures ? 1 : 0;

@@ -230,6 +230,39 @@ static void test_seed(void) {
     printf("%s seed and hand-counted plans\n", failures == n0 ? "PASS" : "FAIL");
 }
 
+/* dbias in the backward's cost: the bias's bytes (f32) among the outputs (min and peak) and
+ * at least once among the bytes accessed; no workspace and no flops of its own. */
+static void test_dbias_cost(void) {
+    static const int64_t shapes[][2] = {{1, 1}, {2, 1}, {1, 4}, {2, 4}};
+    for (int i = 0; i < 4; i++) {
+        fa_problem p = small();
+        p.has_bias = 1, p.bias_batch = shapes[i][0], p.bias_heads = shapes[i][1];
+        fa_options o = {FA_BACKEND_CPU, 2, 0, 0};
+        fa_plan *a = NULL, *b = NULL;
+        fa_status s1 = fa_plan_create(&p, &o, &a);
+        p.bias_grad = 1;
+        fa_status s2 = fa_plan_create(&p, &o, &b);
+        CHECK(!s1 && !s2, "dbias plans: %s", fa_last_error());
+        if (!s1 && !s2) {
+            fa_cost ca, cb, fa, fb;
+            fa_plan_cost(a, FA_BACKWARD, &ca), fa_plan_cost(b, FA_BACKWARD, &cb);
+            fa_plan_cost(a, FA_FORWARD, &fa), fa_plan_cost(b, FA_FORWARD, &fb);
+            const int64_t db = shapes[i][0] * shapes[i][1] * p.seq_q * p.seq_k * 4;
+            CHECK(cb.min_bytes - ca.min_bytes == db && cb.peak_bytes - ca.peak_bytes == db,
+                  "dbias [%lld, %lld]: min/peak grow by %lld/%lld, want %lld", (long long)shapes[i][0],
+                  (long long)shapes[i][1], (long long)(cb.min_bytes - ca.min_bytes),
+                  (long long)(cb.peak_bytes - ca.peak_bytes), (long long)db);
+            CHECK(cb.bytes_accessed - ca.bytes_accessed >= db, "dbias: bytes_accessed grows by only %lld",
+                  (long long)(cb.bytes_accessed - ca.bytes_accessed));
+            CHECK(cb.flops == ca.flops && cb.transcendentals == ca.transcendentals &&
+                      cb.workspace_bytes == ca.workspace_bytes && memcmp(&fa, &fb, sizeof fa) == 0,
+                  "dbias changes flops, transcendentals, workspace or the forward's cost");
+        }
+        fa_plan_destroy(a), fa_plan_destroy(b);
+    }
+    printf("dbias cost: min/peak/bytes of the backward include it, nothing else changes\n");
+}
+
 int main(void) {
     const uint64_t seed = tu_seed();
     uint64_t rng = seed;
@@ -237,6 +270,7 @@ int main(void) {
     test_validation();
     test_cost_walk(&rng, seed);
     test_seed();
+    test_dbias_cost();
     printf("%s\n", failures ? "FAILED" : "all plan tests passed");
     return failures != 0;
 }

@@ -7,6 +7,7 @@
 #ifndef FA_TOOLS_CLI_H
 #define FA_TOOLS_CLI_H
 
+#include "alloc.h"
 #include "flashattn.h"
 #include "npy.h"
 
@@ -134,6 +135,7 @@ int cli_bench_inference(const cli_args *a);
 int cli_plan(const cli_args *a);
 int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
+int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate.c) */
 
 /* cli_run.c: the problem of run/grad from the input files' headers (nothing read yet):
  * checks every header (do's too for grad) and applies the option flags. */

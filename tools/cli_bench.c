@@ -3,6 +3,7 @@
  * --pass forward|backward (an extra beyond SPEC) times one pass only. */
 #include "cli.h"
 #include "internal.h"
+#include "rates.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -55,7 +56,7 @@ static fa_status call(const bench_ctx *c, fa_pass pass) {
 /* Median seconds of iters calls after one warm-up call; progress on stderr. */
 static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median) {
     const char *name = pass == FA_FORWARD ? "forward" : "backward";
-    double *t = malloc(sizeof(double) * (size_t)iters);
+    double *t = fa_malloc(sizeof(double) * (size_t)iters);
     if (!t) return cli_fail(1, "out of memory");
     fprintf(stderr, "bench: %s warm-up...\n", name);
     fa_status st = call(c, pass);
@@ -66,12 +67,12 @@ static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median
         fprintf(stderr, "bench: %s %d/%d: %.4f s\n", name, i + 1, iters, t[i]);
     }
     if (st != FA_OK) {
-        free(t);
+        fa_free(t);
         return cli_fail_status(st, name);
     }
     qsort(t, (size_t)iters, sizeof *t, cmp_double);
     *median = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
-    free(t);
+    fa_free(t);
     return 0;
 }
 
@@ -120,7 +121,7 @@ int cli_bench(const cli_args *a) {
     uint64_t seed = 0x5eed;
     for (int i = 0; i < 9; i++) {
         if (!need_bwd && (i == 3 || i >= 6)) continue;
-        if (!(h[i] = malloc(bytes[i] ? bytes[i] : 1))) {
+        if (!(h[i] = fa_malloc(bytes[i] ? bytes[i] : 1))) {
             rc = cli_fail(1, "out of memory (%zu bytes for the benchmark's tensors)", bytes[i]);
             goto done;
         }
@@ -152,14 +153,22 @@ int cli_bench(const cli_args *a) {
     if (do_bwd && (rc = time_pass(&c, FA_BACKWARD, iters, &tb))) goto done;
     double gf = tf > 0 ? (double)cf.flops / tf * 1e-9 : 0, gb = tb > 0 ? (double)cb.flops / tb * 1e-9 : 0;
     int64_t rss = peak_rss_bytes();
+    /* predicted seconds from the cached rates (`flashattn calibrate`), when there are some */
+    cli_rates rates;
+    cli_prediction pf = {0}, pb = {0};
+    int have_rates = fa_plan_backend(plan) == FA_BACKEND_CPU &&
+                     !cli_rates_load(fa_cpu_isa(), fa_plan_threads(plan), &rates);
+    if (have_rates && (cli_rates_predict(&rates, plan, FA_FORWARD, &pf) ||
+                       cli_rates_predict(&rates, plan, FA_BACKWARD, &pb)))
+        have_rates = 0;
     if (a->json) {
         printf("{");
         if (do_fwd)
-            printf("\"forward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64 "}, ",
-                   tf, gf, cf.flops);
+            printf("\"forward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
+                   ", \"predicted_seconds\": %.6g}, ", tf, gf, cf.flops, have_rates ? pf.seconds : 0.0);
         if (do_bwd)
-            printf("\"backward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64 "}, ",
-                   tb, gb, cb.flops);
+            printf("\"backward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
+                   ", \"predicted_seconds\": %.6g}, ", tb, gb, cb.flops, have_rates ? pb.seconds : 0.0);
         printf("\"peak_rss_bytes\": %" PRId64 ", \"iters\": %d}\n", rss, iters);
     } else {
         char hr[32], hp[32];
@@ -169,13 +178,20 @@ int cli_bench(const cli_args *a) {
         if (do_bwd)
             printf("backward  %10.4f s  %10.2f GFLOP/s  (%" PRId64 " flops, median of %d)\n", tb,
                    gb, cb.flops, iters);
+        if (have_rates && do_fwd)
+            printf("predicted forward  %8.4f s (measured/predicted %.2f)\n", pf.seconds, tf / pf.seconds);
+        if (have_rates && do_bwd)
+            printf("predicted backward %8.4f s (measured/predicted %.2f)\n", pb.seconds, tb / pb.seconds);
+        if (!have_rates && fa_plan_backend(plan) == FA_BACKEND_CPU)
+            printf("predicted          none cached: run `flashattn calibrate --threads %d`\n",
+                   fa_plan_threads(plan));
         printf("peak RSS  %s (the plan's peak: forward %s, ", cli_human_bytes((double)rss, hr, sizeof hr),
                cli_human_bytes((double)cf.peak_bytes, hp, sizeof hp));
         printf("backward %s)\n", cli_human_bytes((double)cb.peak_bytes, hp, sizeof hp));
     }
 done:
     for (int i = 0; i < 13; i++) cli_mem_free(&mem, h[i], d[i]);
-    for (int i = 0; i < 9; i++) free(h[i]);
+    for (int i = 0; i < 9; i++) fa_free(h[i]);
     cli_extras_free(&x);
     fa_plan_destroy(plan);
     return rc;

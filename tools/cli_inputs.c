@@ -70,15 +70,15 @@ int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x) {
 }
 
 void cli_extras_free(cli_extras *x) {
-    free(x->bias);
-    free(x->slopes);
-    free(x->q_seg);
-    free(x->kv_seg);
+    fa_free(x->bias);
+    fa_free(x->slopes);
+    fa_free(x->q_seg);
+    fa_free(x->kv_seg);
     memset(x, 0, sizeof *x);
 }
 
 float *cli_to_f32(fa_dtype t, const void *x, int64_t n) {
-    float *y = malloc((size_t)(n ? n : 1) * sizeof(float));
+    float *y = fa_malloc((size_t)(n ? n : 1) * sizeof(float));
     if (!y) return NULL;
     for (int64_t i = 0; i < n; i++) y[i] = fa_load(t, x, i);
     return y;
@@ -92,7 +92,7 @@ int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_he
     if (rc) return rc;
     if (h.ndim != expect->ndim || memcmp(h.shape, expect->shape, sizeof h.shape) != 0 ||
         h.kind != expect->kind) {
-        free(raw);
+        fa_free(raw);
         return cli_fail(2, "%s %s: changed while being read", flag, path);
     }
     fa_dtype from = h.kind == NPY_F32 ? FA_F32 : FA_F16;
@@ -100,13 +100,13 @@ int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_he
         *out = raw;
         return 0;
     }
-    void *y = malloc((size_t)h.count * fa_dtype_size(t) + 1);
+    void *y = fa_malloc((size_t)h.count * fa_dtype_size(t) + 1);
     if (!y) {
-        free(raw);
+        fa_free(raw);
         return cli_fail(1, "%s %s: out of memory", flag, path);
     }
     for (int64_t i = 0; i < h.count; i++) fa_store(t, y, i, fa_load(from, raw, i));
-    free(raw);
+    fa_free(raw);
     *out = y;
     return 0;
 }

@@ -1,6 +1,7 @@
 /* `flashattn plan`: the plan of a problem described by flags alone (option files are read for
  * their headers only), its cost for both passes, and whether it fits a memory budget. */
 #include "cli.h"
+#include "rates.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -42,6 +43,15 @@ static void json_cost(const char *name, const fa_cost *c, int64_t bq, int64_t bk
 
 static const char *tf(int b) { return b ? "true" : "false"; }
 
+/* Both passes' predicted seconds from the cached rates (rates.h); 0 when there are none
+ * for this kernel set and thread count, or the plan is not a CPU plan. */
+static int predict(const fa_plan *plan, cli_prediction *f, cli_prediction *b) {
+    cli_rates r;
+    if (fa_plan_backend(plan) != FA_BACKEND_CPU) return 0;
+    if (cli_rates_load(fa_cpu_isa(), fa_plan_threads(plan), &r)) return 0;
+    return !cli_rates_predict(&r, plan, FA_FORWARD, f) && !cli_rates_predict(&r, plan, FA_BACKWARD, b);
+}
+
 static void print_json(const fa_plan *plan, const fa_cost *f, const fa_cost *b, int64_t budget) {
     const fa_problem *p = fa_plan_problem(plan);
     int64_t fq, fk, bq, bk;
@@ -57,6 +67,11 @@ static void print_json(const fa_plan *plan, const fa_cost *f, const fa_cost *b, 
            tf(f->naive_peak_bytes <= budget));
     printf(", \"memory_budget\": %" PRId64 ", \"isa\": \"%s\", \"threads\": %d", budget,
            cuda ? "cuda" : fa_cpu_isa(), fa_plan_threads(plan));
+    cli_prediction pf, pb;
+    if (predict(plan, &pf, &pb))
+        printf(", \"predicted_seconds\": {\"forward\": %.6g, \"backward\": %.6g}", pf.seconds, pb.seconds);
+    else
+        printf(", \"predicted_seconds\": null");
     printf(", \"problem\": {\"batch\": %" PRId64 ", \"heads_q\": %" PRId64 ", \"heads_kv\": %" PRId64
            ", \"seq_q\": %" PRId64 ", \"seq_k\": %" PRId64 ", \"head_dim\": %" PRId64
            ", \"head_dim_v\": %" PRId64 ", \"dtype\": \"%s\", \"scale\": %.9g, \"causal\": %s"
@@ -114,6 +129,15 @@ static void print_human(const fa_plan *plan, const fa_cost *f, const fa_cost *b,
     human_row("workspace_bytes", f->workspace_bytes, b->workspace_bytes, 1);
     human_row("peak_bytes", f->peak_bytes, b->peak_bytes, 1);
     human_row("naive_peak_bytes", f->naive_peak_bytes, b->naive_peak_bytes, 1);
+    cli_prediction pf, pb;
+    if (predict(plan, &pf, &pb)) {
+        printf("  %-17s %22.4g %-11s %22.4g %s\n", "predicted_seconds", pf.seconds, "s", pb.seconds, "s");
+        printf("    (max(flops / (%.0f GFLOP/s x tile efficiency %.2f | %.2f) + exps, bytes / bandwidth);\n"
+               "     rates from `flashattn calibrate`)\n", pf.peak_gflops, pf.efficiency, pb.efficiency);
+    } else if (fa_plan_backend(plan) == FA_BACKEND_CPU) {
+        printf("  predicted_seconds: run `flashattn calibrate --threads %d` once to predict them\n",
+               fa_plan_threads(plan));
+    }
     char hb[32], hx[32];
     printf("memory budget %s%s\n", cli_human_bytes((double)budget, hb, sizeof hb),
            budget_given ? "" : " (this machine's memory; set with --memory-budget)");

@@ -115,7 +115,7 @@ static int write_outputs(output *outs, int n, fa_dtype t) {
             x = conv;
         }
         int rc = npy_out_write(&outs[i].file, outs[i].ndim, outs[i].shape, x, err, sizeof err);
-        free(conv);
+        fa_free(conv);
         if (rc) return cli_fail(rc, "%s %s", outs[i].flag, err);
     }
     for (int i = 0; i < n; i++) {
@@ -218,7 +218,7 @@ int cli_run(const cli_args *a) {
         (rc = cli_extras_load(a, &p, 1, &x)))
         goto done;
     for (int i = 4; i < nbuf; i++)
-        if (!(h[i] = malloc(bytes[i] ? bytes[i] : 1))) {
+        if (!(h[i] = fa_malloc(bytes[i] ? bytes[i] : 1))) {
             rc = cli_fail(1, "out of memory (%zu bytes)", bytes[i]);
             goto done;
         }
@@ -280,7 +280,7 @@ done_dev:
 done:
     for (int i = 0; i < 10; i++) {
         cli_mem_free(&mem, h[i], d[i]);
-        free(h[i]);
+        fa_free(h[i]);
     }
     for (int i = 0; i < opened; i++) npy_out_abort(&outs[i].file);
     cli_extras_free(&x);

@@ -36,7 +36,8 @@ void cli_usage(const char *name) {
                "  plan    the plan of a problem: block sizes, cost of both passes, memory fit\n"
                "  run     attention forward on .npy tensors: o (and lse)\n"
                "  grad    forward then backward on .npy tensors: dq, dk, dv\n"
-               "  bench   time forward and backward on random data\n\n"
+               "  bench   time forward and backward on random data\n"
+               "  calibrate  measure this machine's rates, so plan and bench predict seconds\n\n"
                "exit codes: 0 ok, 2 bad input (one line on stderr), 1 other failures\n");
         return;
     }
@@ -89,6 +90,11 @@ int main(int argc, char **argv) {
         cli_usage(NULL);
         return 0;
     }
+    if (strcmp(argv[1], "calibrate") == 0) { /* takes no problem flags: parses its own */
+        int rc = cli_calibrate(argc - 2, argv + 2);
+        if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
+        return rc;
+    }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         if (strcmp(argv[1], cmds[i].name) != 0) continue;
         cli_args a;
@@ -106,5 +112,5 @@ int main(int argc, char **argv) {
         if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
         return rc;
     }
-    return cli_fail(2, "unknown command '%.40s' (plan, run, grad or bench)", argv[1]);
+    return cli_fail(2, "unknown command '%.40s' (plan, run, grad, bench or calibrate)", argv[1]);
 }

@@ -1,6 +1,8 @@
 /* .npy reader and writer (format versions 1.0, 2.0 and 3.0; little-endian arrays only). */
 #include "npy.h"
 
+#include "alloc.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -251,15 +253,15 @@ static int read_header_fp(const char *path, FILE *f, int accepted, npy_header *h
     if ((int64_t)st.st_size < start + (int64_t)hlen)
         return fail(2, err, errlen, "%s: truncated: header length %u runs past the end (%lld bytes)",
                     path, hlen, (long long)st.st_size);
-    char *text = malloc(hlen);
+    char *text = fa_malloc(hlen);
     if (!text) return fail(1, err, errlen, "%s: out of memory reading the header", path);
     if (fread(text, 1, hlen, f) != hlen) {
-        free(text);
+        fa_free(text);
         return fail(2, err, errlen, "%s: cannot read the .npy header", path);
     }
     memset(h, 0, sizeof *h);
     int rc = parse_header_dict(path, text, hlen, accepted, h, err, errlen);
-    free(text);
+    fa_free(text);
     if (rc) return rc;
     h->data_offset = start + hlen;
     int64_t need = h->count * (int64_t)h->itemsize, have = (int64_t)st.st_size - h->data_offset;
@@ -301,14 +303,14 @@ int npy_read(const char *path, int accepted, npy_header *h, void **data, char *e
         return rc;
     }
     size_t bytes = (size_t)h->count * h->itemsize;
-    void *buf = malloc(bytes ? bytes : 1);
+    void *buf = fa_malloc(bytes ? bytes : 1);
     if (!buf) {
         fclose(f);
         return fail(1, err, errlen, "%s: out of memory (%zu bytes)", path, bytes);
     }
     if (fread(buf, 1, bytes, f) != bytes) {
         fclose(f);
-        free(buf);
+        fa_free(buf);
         return fail(2, err, errlen, "%s: cannot read the data", path);
     }
     fclose(f);
@@ -354,8 +356,8 @@ int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fail(2, err, errlen, "%s: output path exists and is not a regular file", path);
     size_t n = strlen(path);
-    o->path = malloc(n + 1);
-    o->tmp = malloc(n + 16);
+    o->path = fa_malloc(n + 1);
+    o->tmp = fa_malloc(n + 16);
     if (!o->path || !o->tmp) {
         npy_out_abort(o);
         return fail(1, err, errlen, "%s: out of memory", path);
@@ -365,7 +367,7 @@ int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
     int fd = mkstemp(o->tmp);
     if (fd < 0) {
         int e = errno;
-        free(o->tmp);
+        fa_free(o->tmp);
         o->tmp = NULL;
         npy_out_abort(o);
         return fail(2, err, errlen, "%s: cannot create output: %s", path, strerror(e));
@@ -429,7 +431,7 @@ int npy_out_commit(npy_out *o, char *err, size_t errlen) {
         return rc;
     }
     track(o->tmp, 0);
-    free(o->tmp);
+    fa_free(o->tmp);
     o->tmp = NULL;
     npy_out_abort(o);
     return 0;
@@ -441,8 +443,8 @@ void npy_out_abort(npy_out *o) {
         unlink(o->tmp);
         track(o->tmp, 0);
     }
-    free(o->tmp);
-    free(o->path);
+    fa_free(o->tmp);
+    fa_free(o->path);
     memset(o, 0, sizeof *o);
 }
 

@@ -16,6 +16,7 @@
  * bit-identical across runs and thread counts. p comes from the ISA's exp_sum, the exp the
  * forward uses; p and dS are rounded to the problem's dtype before they enter a product
  * (the microkernels' contract, isa.h). Counting follows the COUNTING RULES in internal.h. */
+#include "guard.h"
 #include "isa.h"
 #include "progress.h"
 #include "scores.h"
@@ -76,6 +77,7 @@ static int64_t bwd_carve(const fa_plan *pl, char *base, bwd_scratch *w) {
 
 int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
     bwd_scratch w;
+    if (plan->bwd_fused) return fa_cpu_backward_fused_scratch_bytes(plan);
     return bwd_carve(plan, NULL, &w) + BWD_ALIGN; /* slack to align each thread's start */
 }
 
@@ -91,7 +93,11 @@ static fa_tile_src bwd_src(const bwd_ctx *c, const void *base, const fa_strides 
 }
 
 /* x[j] rounded to the dtype, j < n. */
-static void bwd_round_row(fa_dtype t, float *x, int n) {
+static void bwd_round_row(const fa_isa *isa, fa_dtype t, float *x, int n) {
+    if (t != FA_F32 && isa->round_row) { /* the ISA's pass: the same bits */
+        isa->round_row(x, n, t);
+        return;
+    }
     if (t == FA_F16)
         for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
     else if (t == FA_BF16)
@@ -113,35 +119,59 @@ static void bwd_tile(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, int
     const int cap = p->softcap > 0.0f;
     const float bias_scale = c->sc.bias_scale;
 
+    /* where no key can be hidden, p = 0 only by underflow: no guard needed (guard.h) */
+    const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
+
     pl->isa->gemm_abt(m, n, (int)p->head_dim, w->qa, w->kt, w->s, ld);
     pl->isa->gemm_abt(m, n, (int)p->head_dim_v, w->ga, w->vt, w->dp, ld);
 
     for (int i = 0; i < m; i++) {
         const int64_t row = r0 + i;
-        float *s = w->s + (int64_t)i * ld, *dp = w->dp + (int64_t)i * ld, *th = w->th + (int64_t)i * ld;
+        float *restrict s = w->s + (int64_t)i * ld, *restrict dp = w->dp + (int64_t)i * ld;
+        const float *restrict th = w->th + (int64_t)i * ld;
         if (fa_score_plain(&c->sc, row, c0, n))
             for (int j = 0; j < n; j++) s[j] *= c->sc.scale;
         else
-            fa_score_row(&c->sc, b, h, row, c0, n, s, th);
+            fa_score_row(&c->sc, b, h, row, c0, n, s, w->th + (int64_t)i * ld);
         const int64_t r = (b * p->heads_q + h) * p->seq_q + row;
         const float lse = a->lse[fa_lse_index(pl, b, h, row)], delta = c->delta[r];
-        const int dead = lse == -INFINITY; /* the row sees no key */
-        pl->isa->exp_sum(s, n, dead ? 0.0f : lse);
-        if (dead) memset(s, 0, sizeof(float) * (size_t)n);
-        for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
+        if (lse == -INFINITY) { /* the row sees no key */
+            memset(s, 0, sizeof(float) * (size_t)n);
+        } else if (lse != lse) { /* a NaN row (docs/nonfinite.md): NaN where visible, 0 where hidden */
+            for (int j = 0; j < n; j++) s[j] = s[j] == -INFINITY ? 0.0f : NAN;
+        } else {
+            pl->isa->exp_sum(s, n, lse);
+        }
+        /* dS = 0 where p = 0, even where dP is inf or NaN (v at a hidden key) */
+        if (hide)
+            for (int j = 0; j < n; j++) {
+                const float ds = s[j] * (dp[j] - delta);
+                dp[j] = s[j] == 0.0f ? 0.0f : ds;
+            }
+        else
+            for (int j = 0; j < n; j++) dp[j] = s[j] * (dp[j] - delta);
         if (dbias) {
             float *db = dbias + (int64_t)i * ld_dbias;
             for (int j = 0; j < n; j++) db[j] += bias_scale * dp[j];
         }
-        if (cap)
+        if (cap && hide) /* (a hidden key's sech^2 may be NaN: keep its dS 0) */
+            for (int j = 0; j < n; j++) {
+                const float t = dp[j] * th[j];
+                dp[j] = dp[j] == 0.0f ? 0.0f : t;
+            }
+        else if (cap)
             for (int j = 0; j < n; j++) dp[j] *= th[j];
-        bwd_round_row(p->dtype, dp, n);
-        if (want_p) bwd_round_row(p->dtype, s, n);
+        bwd_round_row(pl->isa, p->dtype, dp, n);
+        if (want_p) bwd_round_row(pl->isa, p->dtype, s, n);
     }
 }
 
 /* tr[j*m + i] = x[i*ld + j]: the left operand of P^T dO or dS^T Q. */
-static void bwd_transpose(const float *x, int ld, int m, int n, float *tr) {
+static void bwd_transpose(const fa_isa *isa, const float *x, int ld, int m, int n, float *tr) {
+    if (isa->transpose) { /* the ISA's pass (a row-by-row copy misses L1 on every store) */
+        isa->transpose(x, ld, m, n, tr);
+        return;
+    }
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) tr[(int64_t)j * m + i] = x[(int64_t)i * ld + j];
 }
@@ -207,13 +237,19 @@ static void bwd_dkdv_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h
             fa_tile_src gs = bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
             isa->pack_a(&qs, m, D, w->qa);
             isa->pack_a(&gs, m, Dv, w->ga);
-            isa->pack_b(&qs, m, D, w->qb);
-            isa->pack_b(&gs, m, Dv, w->gb);
+            /* a NaN row must not reach keys it cannot see through 0 * q or 0 * do (guard.h) */
+            const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
+            const int q_nonfinite = hide && fa_tile_nonfinite(&qs, m, D);
+            const int g_nonfinite = hide && fa_tile_nonfinite(&gs, m, Dv);
+            if (!q_nonfinite) isa->pack_b(&qs, m, D, w->qb);
+            if (!g_nonfinite) isa->pack_b(&gs, m, Dv, w->gb);
             bwd_tile(c, w, b, h, r0, m, c0, n, 1, NULL, 0);
-            bwd_transpose(w->s, (int)bk, m, n, w->tr);
-            isa->gemm_pb(n, m, Dv, w->tr, m, w->gb, w->acc_v, Dv);
-            bwd_transpose(w->dp, (int)bk, m, n, w->tr);
-            isa->gemm_pb(n, m, D, w->tr, m, w->qb, w->acc, D);
+            bwd_transpose(isa, w->s, (int)bk, m, n, w->tr);
+            if (g_nonfinite) fa_gemm_pb_guarded(isa, n, m, Dv, w->tr, m, &gs, w->gb, w->acc_v, Dv);
+            else isa->gemm_pb(n, m, Dv, w->tr, m, w->gb, w->acc_v, Dv);
+            bwd_transpose(isa, w->dp, (int)bk, m, n, w->tr);
+            if (q_nonfinite) fa_gemm_pb_guarded(isa, n, m, D, w->tr, m, &qs, w->qb, w->acc, D);
+            else isa->gemm_pb(n, m, D, w->tr, m, w->qb, w->acc, D);
             cnt->flops += per_pair * m * n;
             cnt->transcendentals += trans_per * m * n;
         }
@@ -252,9 +288,11 @@ static void bwd_dq_task(const bwd_ctx *c, bwd_scratch *w, int64_t b, int64_t h, 
         fa_tile_src vs = bwd_src(c, a->v, &p->v_stride, b, hk, c0);
         isa->pack_bt(&ks, n, D, w->kt);
         isa->pack_bt(&vs, n, Dv, w->vt);
-        isa->pack_b(&ks, n, D, w->kb);
+        const int k_nonfinite = fa_tile_may_hide(pl, r0, r0 + m, c0, n) && fa_tile_nonfinite(&ks, n, D); /* guard.h */
+        if (!k_nonfinite) isa->pack_b(&ks, n, D, w->kb);
         bwd_tile(c, w, b, h, r0, m, c0, n, 0, dbias ? dbias + c0 : NULL, p->seq_k);
-        isa->gemm_pb(m, n, D, w->dp, (int)bk, w->kb, w->acc, D);
+        if (k_nonfinite) fa_gemm_pb_guarded(isa, m, n, D, w->dp, (int)bk, &ks, w->kb, w->acc, D);
+        else isa->gemm_pb(m, n, D, w->dp, (int)bk, w->kb, w->acc, D);
         cnt->flops += per_pair * m * n;
         cnt->transcendentals += trans_per * m * n;
     }
@@ -276,7 +314,7 @@ static fa_status bwd_check_args(const fa_plan *pl, const fa_backward_args *a) {
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
         if (req[i].used && !req[i].ptr)
             return fa_error(FA_ERR_NULL, "backward: %s is NULL", req[i].name);
-    return FA_OK;
+    return fa_check_slopes(p, a->alibi_slopes, "backward");
 }
 
 fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a) {
@@ -296,11 +334,16 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
                             "backward: workspace_size is %zu bytes but the backward needs %lld",
                             a->workspace_size, (long long)need);
     } else {
-        owned = malloc((size_t)need);
+        owned = fa_malloc((size_t)need);
         if (!owned)
             return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate %lld bytes of workspace",
                             (long long)need);
         ws = owned;
+    }
+    if (plan->bwd_fused) { /* the one-pass schedule (backward_fused.c) */
+        st = fa_cpu_backward_fused(plan, a, ws);
+        free(owned);
+        return st;
     }
     float *delta = (float *)ws;
     char *scratch_base = ws + 4 * rows;
@@ -358,7 +401,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }
-    free(owned);
+    fa_free(owned);
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;

@@ -1,14 +1,19 @@
 /* The CPU forward driver (FlashAttention-2 schedule).
  *
- * Work items are (batch, query head, query tile), spread over plan->threads OpenMP
- * threads. For its query tile a thread packs q once, then walks the key tiles that
- * fa_key_tile_range gives (the cost model counts exactly that schedule): pack k and v,
- * S = Q K^T, then row by row turn S into scores (scores.h: scale, softcap, bias, ALiBi,
- * masks) and fold them into an online softmax (row max m, row sum l, f32 accumulator O), then
- * O += P V; at the end write o = O / l and lse = m + log(l). The tile math (packing,
+ * Work items are (batch, query head, run of up to FWD_RUN consecutive query tiles), spread
+ * over plan->threads OpenMP threads. A thread packs q of each tile of its run once, then
+ * walks the key tiles any of them visits: it packs k and v once and, for each tile of the
+ * run whose fa_key_tile_range holds the key tile (the cost model counts exactly that
+ * schedule), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
+ * bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
+ * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l).
+ * Sharing each packed k, v tile among the run's query tiles divides the packing (10% of
+ * the bf16 forward with one tile per item) by the run length; every row still sees its
+ * key tiles in the same order, so the results do not depend on the runs. The tile math (packing,
  * the two products, the exps) lives in the ISA table (isa.h); this file owns tiling,
  * threading and the softmax bookkeeping. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
+#include "guard.h"
 #include "isa.h"
 #include "progress.h"
 #include "scores.h"
@@ -32,12 +37,26 @@ static void tile_edges(const struct fa_plan *pl, int64_t *bq, int64_t *bk) {
     if (*bk < 1) *bk = 1;
 }
 
-/* One thread's scratch. */
+#define FWD_RUN 4 /* most query tiles an item covers (see run_length) */
+
+/* Query tiles per item: FWD_RUN while that leaves at least 4 items per thread, fewer
+ * where it would not (the results are the same for any run length). */
+static int64_t run_length(const struct fa_plan *pl, int64_t bq) {
+    const int64_t nq = (pl->p.seq_q + bq - 1) / bq, heads = pl->p.batch * pl->p.heads_q;
+    int64_t r = FWD_RUN;
+    while (r > 1 && heads * ((nq + r - 1) / r) < 4 * (int64_t)(pl->threads > 0 ? pl->threads : 1)) r /= 2;
+    return r < nq ? r : nq;
+}
+
+/* One thread's scratch: the run's q tiles, accumulators, row maxima and sums (run x the
+ * per-tile piece, pitch apart), and one k, v and S tile. */
 typedef struct {
-    void *qp, *kp, *vp; /* packed q, k, v tiles (ISA layout) */
+    char *qp;           /* packed q tiles (ISA layout), qp_pitch apart */
+    void *kp, *vp;      /* packed k, v tiles */
     float *s;           /* bq x bk scores, then probabilities */
-    float *acc;         /* bq x Dv output accumulator */
-    float *m, *l;       /* bq row maxima and row sums */
+    float *acc;         /* bq x Dv output accumulators, acc_pitch floats apart */
+    float *m, *l;       /* bq row maxima and row sums, ml_pitch floats apart */
+    int64_t qp_pitch, acc_pitch, ml_pitch, run;
 } fwd_scratch;
 
 /* Byte sizes of the pieces, in carving order. */
@@ -46,13 +65,14 @@ static void scratch_sizes(const struct fa_plan *pl, int64_t sz[7]) {
     const fa_problem *p = &pl->p;
     int64_t bq, bk;
     tile_edges(pl, &bq, &bk);
-    sz[0] = isa->packed_bytes(bq, p->head_dim, p->dtype);
+    const int64_t run = run_length(pl, bq);
+    sz[0] = run * align_up(isa->packed_bytes(bq, p->head_dim, p->dtype));
     sz[1] = isa->packed_bytes(bk, p->head_dim, p->dtype);
     sz[2] = isa->packed_bytes(bk, p->head_dim_v, p->dtype);
     sz[3] = bq * bk * (int64_t)sizeof(float);
-    sz[4] = bq * p->head_dim_v * (int64_t)sizeof(float);
-    sz[5] = bq * (int64_t)sizeof(float);
-    sz[6] = bq * (int64_t)sizeof(float);
+    sz[4] = run * align_up(bq * p->head_dim_v * (int64_t)sizeof(float));
+    sz[5] = run * align_up(bq * (int64_t)sizeof(float));
+    sz[6] = run * align_up(bq * (int64_t)sizeof(float));
 }
 
 int64_t fa_cpu_forward_scratch_bytes(const struct fa_plan *pl) {
@@ -71,7 +91,11 @@ static fwd_scratch carve_scratch(const struct fa_plan *pl, char *slice) {
         piece[i] = c;
         c += align_up(sz[i]);
     }
-    fwd_scratch sc = {piece[0], piece[1], piece[2], piece[3], piece[4], piece[5], piece[6]};
+    int64_t bq, bk;
+    tile_edges(pl, &bq, &bk);
+    const int64_t run = run_length(pl, bq);
+    fwd_scratch sc = {piece[0], piece[1], piece[2], piece[3], piece[4], piece[5], piece[6],
+                      sz[0] / run, sz[4] / run / 4, sz[5] / run / 4, run};
     return sc;
 }
 
@@ -146,9 +170,14 @@ static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64
     return row_max(srow, n);
 }
 
-/* x[j] rounded to dtype t and back (p before the second product, SPEC section 1), with the
- * branch-free vexp.h roundings so that the loops vectorize. */
-static void round_row(fa_dtype t, float *restrict x, int n) {
+/* x[j] rounded to dtype t and back (p before the second product, SPEC section 1): the
+ * ISA's pass where it has one (the same bits, at its vector width), else the branch-free
+ * vexp.h roundings, whose loops vectorize at this file's baseline width. */
+static void round_row(const fa_isa *isa, fa_dtype t, float *restrict x, int n) {
+    if (t != FA_F32 && isa->round_row) {
+        isa->round_row(x, n, t);
+        return;
+    }
     if (t == FA_F16)
         for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
     else if (t == FA_BF16)
@@ -166,7 +195,7 @@ static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt
     const float base = m_new == -INFINITY ? 0.0f : m_new;
     const float alpha = fa_vexpf(m_old - base);
     const float rowsum = cx->isa->exp_sum(srow, n, base);
-    round_row(cx->p->dtype, srow, n);
+    round_row(cx->isa, cx->p->dtype, srow, n);
     *L = *L * alpha + rowsum;
     *M = m_new;
     const int64_t dv = cx->p->head_dim_v;
@@ -190,60 +219,87 @@ static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *
     }
 }
 
-/* One work item: query rows [r0, r0 + m) of (b, h). */
-static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, int64_t h, int64_t r0,
+/* One work item: the query tiles [qt0, qt1) of (b, h). */
+static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, int64_t h, int64_t qt0, int64_t qt1,
                          fa_counts *cnt) {
     const struct fa_plan *pl = cx->pl;
     const fa_problem *p = cx->p;
     const fa_isa *isa = cx->isa;
     const fa_forward_args *a = cx->a;
     const int64_t D = p->head_dim, Dv = p->head_dim_v, hk = h / cx->group;
-    const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
     const int lds = (int)cx->bk;
+    int64_t k0[FWD_RUN], k1[FWD_RUN], lo = INT64_MAX, hi = 0;
 
-    for (int r = 0; r < m; r++) {
-        sc->m[r] = -INFINITY;
-        sc->l[r] = 0.0f;
+    for (int64_t t = 0; t < qt1 - qt0; t++) {
+        const int64_t r0 = (qt0 + t) * cx->bq;
+        const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
+        float *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
+        for (int r = 0; r < m; r++) {
+            M[r] = -INFINITY;
+            L[r] = 0.0f;
+        }
+        memset(sc->acc + t * sc->acc_pitch, 0, (size_t)m * (size_t)Dv * sizeof(float));
+        fa_key_tile_range(pl, r0, r0 + m, cx->bk, &k0[t], &k1[t]);
+        if (k0[t] < k1[t]) {
+            fa_tile_src qs = tile_src(cx, a->q, &p->q_stride, b, h, r0);
+            isa->pack_a(&qs, m, (int)D, sc->qp + t * sc->qp_pitch);
+            lo = k0[t] < lo ? k0[t] : lo;
+            hi = k1[t] > hi ? k1[t] : hi;
+        }
     }
-    memset(sc->acc, 0, (size_t)m * (size_t)Dv * sizeof(float));
-
-    int64_t kt0, kt1;
-    fa_key_tile_range(pl, r0, r0 + m, cx->bk, &kt0, &kt1);
-    if (kt0 < kt1) {
-        fa_tile_src qs = tile_src(cx, a->q, &p->q_stride, b, h, r0);
-        isa->pack_a(&qs, m, (int)D, sc->qp);
-    }
-    for (int64_t kt = kt0; kt < kt1; kt++) {
+    for (int64_t kt = lo; kt < hi; kt++) {
         const int64_t j0 = kt * cx->bk;
         const int n = (int)(p->seq_k - j0 < cx->bk ? p->seq_k - j0 : cx->bk);
         fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, j0);
         fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
         isa->pack_bt(&ks, n, (int)D, sc->kp);
         isa->pack_b(&vs, n, (int)Dv, sc->vp);
-        isa->gemm_abt(m, n, (int)D, sc->qp, sc->kp, sc->s, lds);
-        for (int r = 0; r < m; r++) {
-            float *srow = sc->s + (int64_t)r * lds;
-            const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
-            softmax_row(cx, srow, n, mt, &sc->m[r], &sc->l[r], sc->acc + r * Dv);
+        /* inf or NaN in v must not reach rows that cannot see its key (guard.h): checked once
+         * per key tile, and only if a query tile here can hide a key (-1: not yet) */
+        int v_nonfinite = -1, vp_repack = 0;
+        for (int64_t t = 0; t < qt1 - qt0; t++) {
+            if (kt < k0[t] || kt >= k1[t]) continue;
+            const int64_t r0 = (qt0 + t) * cx->bq;
+            const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
+            float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
+            isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
+            for (int r = 0; r < m; r++) {
+                float *srow = sc->s + (int64_t)r * lds;
+                const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
+                softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv);
+            }
+            if (fa_tile_may_hide(pl, r0, r0 + m, j0, n) &&
+                (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite)) {
+                fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
+                vp_repack = 1; /* the guarded product packed runs of v into vp */
+            } else {
+                if (vp_repack) isa->pack_b(&vs, n, (int)Dv, sc->vp), vp_repack = 0;
+                isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
+            }
+
+            const int64_t mn = (int64_t)m * n;
+            cnt->flops += 2 * mn * (D + Dv);
+            cnt->transcendentals += mn + m + (cx->sc.softcap > 0.0f ? mn : 0);
         }
-        isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, sc->acc, (int)Dv);
-
-        const int64_t mn = (int64_t)m * n;
-        cnt->flops += 2 * mn * (D + Dv);
-        cnt->transcendentals += mn + m + (cx->sc.softcap > 0.0f ? mn : 0);
     }
 
-    /* o = acc / l and lse = m + log(l); a row that saw no key has l = 0: o = 0, lse = -inf. */
-    for (int r = 0; r < m; r++) {
-        const int64_t i = r0 + r;
-        const float l = sc->l[r];
-        const float lse = sc->m[r] + logf(l);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
-        store_row(p->dtype, a->o, ob, p->o_stride.s[3], sc->acc + r * Dv, inv, Dv);
-        if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : -INFINITY;
+    /* o = acc / l and lse = m + log(l). A row that saw no key has l = 0: o = 0, lse = -inf.
+     * NaN or +inf among its visible scores makes l NaN: o = NaN, lse = NaN (docs/nonfinite.md). */
+    for (int64_t t = 0; t < qt1 - qt0; t++) {
+        const int64_t r0 = (qt0 + t) * cx->bq;
+        const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
+        const float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
+        for (int r = 0; r < m; r++) {
+            const int64_t i = r0 + r;
+            const float l = L[r];
+            const float lse = M[r] + logf(l);
+            const float inv = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : NAN;
+            const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
+            store_row(p->dtype, a->o, ob, p->o_stride.s[3], acc + r * Dv, inv, Dv);
+            if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : l == 0.0f ? -INFINITY : NAN;
+        }
+        cnt->transcendentals += m;
     }
-    cnt->transcendentals += m;
 }
 
 static fa_status check_args(const fa_problem *p, const fa_forward_args *a) {
@@ -255,7 +311,7 @@ static fa_status check_args(const fa_problem *p, const fa_forward_args *a) {
     if (!missing && p->has_segment_ids && !a->kv_segment_ids)
         missing = "kv_segment_ids (the problem has_segment_ids)";
     if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
-    return FA_OK;
+    return fa_check_slopes(p, a->alibi_slopes, "fa_forward");
 }
 
 fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
@@ -275,7 +331,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
                             "fa_forward: workspace_size is %zu bytes but this plan needs %lld (%d threads x %lld)",
                             a->workspace_size, (long long)need, threads, (long long)per_thread);
     } else {
-        owned = malloc((size_t)need);
+        owned = fa_malloc((size_t)need);
         if (!owned)
             return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of workspace (%d threads x %lld)",
                             (long long)need, threads, (long long)per_thread);
@@ -292,11 +348,11 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.esz = fa_dtype_size(p->dtype);
     cx.sc = fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids);
 
-    const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq;
-    const int64_t items = p->batch * p->heads_q * qtiles;
+    const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);
+    const int64_t runs = (qtiles + run - 1) / run, items = p->batch * p->heads_q * runs;
     int64_t flops = 0, trans = 0;
     fa_progress progress;
-    fa_progress_init(&progress, a->progress, a->progress_ctx, items);
+    fa_progress_init(&progress, a->progress, a->progress_ctx, p->batch * p->heads_q * qtiles); /* query tiles */
 #pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
     {
         const fwd_scratch sc = carve_scratch(pl, ws + (int64_t)omp_get_thread_num() * per_thread);
@@ -304,14 +360,15 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             /* last query tiles first: under causal masks they carry the most keys */
-            const int64_t qt = qtiles - 1 - it % qtiles, bh = it / qtiles;
-            forward_item(&cx, &sc, bh / p->heads_q, bh % p->heads_q, qt * cx.bq, &cnt);
-            fa_progress_step(&progress, 1);
+            const int64_t qr = runs - 1 - it % runs, bh = it / runs;
+            const int64_t qt1 = (qr + 1) * run < qtiles ? (qr + 1) * run : qtiles;
+            forward_item(&cx, &sc, bh / p->heads_q, bh % p->heads_q, qr * run, qt1, &cnt);
+            fa_progress_step(&progress, qt1 - qr * run);
         }
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }
-    free(owned);
+    fa_free(owned);
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;

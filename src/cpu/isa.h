@@ -38,6 +38,11 @@ typedef struct fa_isa {
                     int ldo);
     /* x[j] = exp(x[j] - mx) for j < n, returns their sum. exp(-inf) = 0. */
     float (*exp_sum)(float *x, int n, float mx);
+    /* Optional per-element passes of the drivers (NULL: the drivers' portable loops, with
+     * the same results bit for bit). tr[j*m + i] = x[i*ld + j] for i < m, j < n. */
+    void (*transpose)(const float *x, int ld, int m, int n, float *tr);
+    /* x[j] rounded to dtype t and back, as fa_vround_bf16 / fa_vround_f16 (vexp.h). */
+    void (*round_row)(float *x, int n, fa_dtype t);
 } fa_isa;
 
 /* Every table compiled in, best first; the scalar one is always last and available. */

@@ -367,4 +367,6 @@ const fa_isa fa_isa_amx = {
     .gemm_abt = amx_gemm_abt,
     .gemm_pb = amx_gemm_pb,
     .exp_sum = fa_avx512_exp_sum,
+    .transpose = fa_avx512_transpose,
+    .round_row = fa_avx512_round_row,
 };

@@ -13,6 +13,7 @@
  * exp_sum uses vexp.h's method and polynomial, 8 lanes at a time. */
 #include "isa.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -21,7 +22,9 @@
 
 static int avx2_available(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d; /* F16C from cpuid leaf 1: clang 14's __builtin_cpu_supports lacks "f16c" */
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __get_cpuid(1, &a, &b, &c, &d) &&
+           (c & bit_F16C);
 }
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }

@@ -246,6 +246,83 @@ float fa_avx512_exp_sum(float *x, int n, float mx) {
     return _mm512_reduce_add_ps(sum);
 }
 
+/* ---- per-element passes of the backward ---------------------------------------------- */
+
+/* One 16 x 16 block: rows r (r < rows) of x, columns c0.. under cmask, into rows of tr
+ * (row j of tr = column j of x; j < cols, lanes under rmask). Three shuffle stages: 32-bit
+ * pairs, 64-bit pairs, then 128-bit lanes (two steps). */
+static inline void transpose16(const float *x, int64_t ld, int rows, __mmask16 cmask, float *tr, int64_t ldt,
+                               int cols, __mmask16 rmask) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = i < rows ? _mm512_maskz_loadu_ps(cmask, x + i * ld) : _mm512_setzero_ps();
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; k++) { /* lane L of r[4k + c]: column 4L + c of rows 4k..4k+3 */
+        const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * k + 2]), d = _mm512_castps_pd(t[4 * k + 3]);
+        r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 xlo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), xhi = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee);
+        const __m512 ylo = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        const __m512 yhi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xee);
+        const __m512 out[4] = {_mm512_shuffle_f32x4(xlo, ylo, 0x88), _mm512_shuffle_f32x4(xlo, ylo, 0xdd),
+                               _mm512_shuffle_f32x4(xhi, yhi, 0x88), _mm512_shuffle_f32x4(xhi, yhi, 0xdd)};
+        for (int q = 0; q < 4; q++)
+            if (4 * q + c < cols) _mm512_mask_storeu_ps(tr + (4 * q + c) * ldt, rmask, out[q]);
+    }
+}
+
+void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr) {
+    for (int i0 = 0; i0 < m; i0 += 16) {
+        const int rows = m - i0 < 16 ? m - i0 : 16;
+        for (int j0 = 0; j0 < n; j0 += 16) {
+            const int cols = n - j0 < 16 ? n - j0 : 16;
+            transpose16(x + (int64_t)i0 * ld + j0, ld, rows, tail_mask(cols), tr + (int64_t)j0 * m + i0, m, cols,
+                        tail_mask(rows));
+        }
+    }
+}
+
+/* fa_vround_bf16 / fa_vround_f16 (vexp.h), 16 lanes at a time, bit for bit. */
+static inline __m512i round_bf16_16(__m512i u) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), hi);
+    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_and_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), hi);
+}
+
+static inline __m512i round_f16_16(__m512i u) {
+    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __m512 half = _mm512_set1_ps(0.5f);
+    const __m512i rs = _mm512_castps_si512(_mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(a), half), half));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 13), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0xfff)), lsb),
+                                 _mm512_set1_epi32((int)~0x1fffu));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x38800000)), rs);
+    r = _mm512_mask_mov_epi32(r, _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x477ff000)),
+                              _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7f800000)),
+                              _mm512_or_si512(a, _mm512_set1_epi32(0x00400000)));
+    return _mm512_or_si512(r, _mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u)));
+}
+
+void fa_avx512_round_row(float *x, int n, fa_dtype t) {
+    if (t == FA_F32) return;
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 m = n - j < 16 ? tail_mask(n - j) : (__mmask16)0xffff;
+        const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + j));
+        _mm512_mask_storeu_ps(x + j, m, _mm512_castsi512_ps(t == FA_BF16 ? round_bf16_16(u) : round_f16_16(u)));
+    }
+}
+
 const fa_isa fa_isa_avx512 = {
     .name = "avx512",
     .available = avx512_available,
@@ -256,4 +333,6 @@ const fa_isa fa_isa_avx512 = {
     .gemm_abt = avx512_gemm_abt,
     .gemm_pb = avx512_gemm_pb,
     .exp_sum = fa_avx512_exp_sum,
+    .transpose = fa_avx512_transpose,
+    .round_row = fa_avx512_round_row,
 };

@@ -15,6 +15,8 @@ int64_t fa_avx512_packed_bytes(int64_t rows, int64_t cols, fa_dtype t);
 /* Copies a rows x cols tile of any dtype to f32 rows of `ld` floats. */
 void fa_avx512_pack_rows(const fa_tile_src *src, int rows, int cols, float *dst, int64_t ld);
 float fa_avx512_exp_sum(float *x, int n, float mx);
+void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr);
+void fa_avx512_round_row(float *x, int n, fa_dtype t);
 
 /* exp of 16 floats, as vexp.h computes it: x = n ln2 + r, |r| <= ln2/2 (ln2 split in a
  * short high part and a low part, so n ln2_hi is exact), the degree-7 Taylor polynomial of

@@ -274,4 +274,6 @@ const fa_isa fa_isa_avx512bf16 = {
     .gemm_abt = bf16_gemm_abt,
     .gemm_pb = bf16_gemm_pb,
     .exp_sum = fa_avx512_exp_sum,
+    .transpose = fa_avx512_transpose,
+    .round_row = fa_avx512_round_row,
 };

@@ -3,6 +3,8 @@
  *   s = scale * (q . k)  ->  softcap: cap * tanh(s / cap)  ->  + bias_scale * bias
  *     ->  - slope_h * |i + off - j|  ->  -inf where causal/window or segment ids hide key j
  *
+ * A bias term of -inf hides its key like a mask: the score is -inf even where the product
+ * is NaN (docs/nonfinite.md: a hidden key never influences a row). *
  * The passes call it on one row of a tile of raw products at a time. Both compute the
  * same scores from the same products, bit for bit, which is what lets the backward take
  * p = exp(s - lse) with the forward's lse. The softcap's tanh is built from one exp
@@ -96,7 +98,11 @@ static inline void fa_score_row(const fa_score_ctx *c, int64_t b, int64_t h, int
         const float *br = c->bias + b * bs->s[0] + h * bs->s[1] + i * bs->s[2] + j0 * bs->s[3];
         const int64_t st = bs->s[3];
         const float w = c->bias_scale;
-        for (int j = 0; j < n; j++) s[j] += w * br[j * st];
+        /* a bias term of -inf hides the key, whatever its product (inf or NaN in k) */
+        for (int j = 0; j < n; j++) {
+            const float t = w * br[j * st];
+            s[j] = t == -INFINITY ? t : s[j] + t;
+        }
     }
     if (p->has_alibi) {
         const float slope = c->slopes[h];

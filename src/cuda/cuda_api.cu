@@ -3,6 +3,7 @@
  * on the caller's stream. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -72,8 +73,8 @@ static void fill_params(const fa_plan *pl, fa_cuda_params *k) {
     k->D = (int)p->head_dim;
     k->Dv = (int)p->head_dim_v;
     k->off = pl->off;
-    k->wl = p->window_left;
-    k->wr = p->window_right;
+    k->wl = fa_window_clip(p->window_left);
+    k->wr = fa_window_clip(p->window_right);
     k->causal = p->causal;
     k->scale = pl->scale;
     k->scale_log2 = pl->scale * FA_LOG2E;
@@ -159,6 +160,8 @@ static fa_status run_pass(const fa_plan *pl, fa_pass pass, fa_cuda_params *k, in
     return FA_OK;
 }
 
+static fa_status check_device_slopes(const fa_problem *p, const float *slopes, void *stream, const char *fn);
+
 extern "C" fa_status fa_cuda_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     int hd = 0;
     fa_status s = check_plan(pl, FA_FORWARD, &hd);
@@ -172,6 +175,7 @@ extern "C" fa_status fa_cuda_forward(const struct fa_plan *pl, const fa_forward_
     if (p->has_segment_ids && (!a->q_segment_ids || !a->kv_segment_ids))
         return fa_error(FA_ERR_NULL, "fa_forward: the problem has segment ids but %s is NULL",
                         !a->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
+    if ((s = check_device_slopes(p, a->alibi_slopes, a->stream, "fa_forward"))) return s;
     fa_cuda_params k;
     fill_params(pl, &k);
     k.q = a->q;
@@ -205,6 +209,7 @@ extern "C" fa_status fa_cuda_backward(const struct fa_plan *pl, const fa_backwar
     if (p->has_segment_ids && (!a->q_segment_ids || !a->kv_segment_ids))
         return fa_error(FA_ERR_NULL, "fa_backward: the problem has segment ids but %s is NULL",
                         !a->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
+    if ((s = check_device_slopes(p, a->alibi_slopes, a->stream, "fa_backward"))) return s;
     fa_cuda_params k;
     fill_params(pl, &k);
     k.q = a->q;
@@ -226,6 +231,21 @@ extern "C" fa_status fa_cuda_backward(const struct fa_plan *pl, const fa_backwar
     k.vec_v = rows_vectorizable(a->v, &p->v_stride) && rows_vectorizable(a->dv, &p->v_stride);
     k.vec_o = rows_vectorizable(a->o, &p->o_stride) && rows_vectorizable(a->d_o, &p->o_stride);
     return run_pass(pl, FA_BACKWARD, &k, hd, a->workspace, a->workspace_size, a->stream, a->counts);
+}
+
+/* The slopes live on the device: copied back (Hq floats, on the caller's stream) so that
+ * a non-finite one is refused like on the CPU (fa_check_slopes). */
+static fa_status check_device_slopes(const fa_problem *p, const float *slopes, void *stream, const char *fn) {
+    if (!p->has_alibi) return FA_OK;
+    float *host = (float *)malloc(sizeof(float) * (size_t)p->heads_q);
+    if (!host) return fa_error(FA_ERR_NO_MEMORY, "%s: cannot allocate %lld slopes", fn, (long long)p->heads_q);
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e = cudaMemcpyAsync(host, slopes, sizeof(float) * (size_t)p->heads_q, cudaMemcpyDefault, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    fa_status s = e == cudaSuccess ? fa_check_slopes(p, host, fn)
+                                   : fa_error(FA_ERR_BACKEND, "%s: reading alibi_slopes: %s", fn, cudaGetErrorString(e));
+    free(host);
+    return s;
 }
 
 /* ---- availability ------------------------------------------------------------------ */

@@ -57,20 +57,21 @@ template <bool BF16> __global__ void __launch_bounds__(256) delta_kernel(const f
 __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * FA_LOG2E; }
 
 /* P and dS for one score: x the raw dot product; returns p, *ds = p (dp - delta) (times
- * the softcap's 1 - tanh^2). GEN: the general score path (softcap, bias, ALiBi, segment
- * ids); else only causal/window masks, skipped on full tiles. */
+ * the softcap's sech^2). GEN: the general score path (softcap, bias, ALiBi, segment
+ * ids); else only causal/window masks, skipped on full tiles. A hidden key has p = 0 and
+ * dS = 0 even in a NaN row (lse NaN) or where dp is inf or NaN (docs/nonfinite.md). */
 template <bool GEN>
 __device__ __forceinline__ float grad_one(const fa_cuda_params &p, bool full, float x, float dp, float lse2,
                                           float delta, int b, int h, int64_t i, int j, int lo, int hi, int32_t qseg,
                                           float slope, float *ds) {
     float e;
-    float th = 0.f;
+    float dcap = 0.f;
     if (!GEN) e = (full || (j >= lo && j <= hi)) ? x * p.scale_log2 : -INFINITY;
-    else e = score_one(p, x, b, h, i, j, lo, hi, qseg, slope, &th);
-    const float pv = fast_exp2(e - lse2);
+    else e = score_one(p, x, b, h, i, j, lo, hi, qseg, slope, &dcap);
+    const float pv = e == -INFINITY ? 0.f : fast_exp2(e - lse2);
     float d = pv * (dp - delta);
-    if (GEN && p.softcap > 0.f) d *= 1.f - th * th;
-    *ds = d;
+    if (GEN && p.softcap > 0.f) d *= dcap;
+    *ds = pv == 0.f ? 0.f : d;
     return pv;
 }
 

@@ -49,6 +49,7 @@ typedef struct {
 
 /* ---- the tile schedule (internal.h, on the device) --------------------------------- */
 
+/* p.wl and p.wr arrive clipped to FA_WINDOW_CLIP (cuda_api.cu), so no sum overflows. */
 __device__ __forceinline__ int64_t dev_key_lo(const fa_cuda_params &p, int64_t i) {
     return p.wl >= 0 ? i + p.off - p.wl : INT64_MIN / 4;
 }
@@ -225,24 +226,27 @@ __device__ __forceinline__ void store_tile(const uint16_t *s, uint16_t *g, int64
 }
 
 /* One score after the dot product: scale, softcap, bias_scale * bias, ALiBi, masks (the CPU's
- * src/cpu/scores.h, mirrored). Returns the score
- * times log2(e) (the kernels' exponent domain), -inf where the key is hidden; *th gets
- * tanh of the softcap (for its derivative). i, j in range is the caller's business only
- * for the bias read: out-of-range keys come back hidden. */
+ * src/cpu/scores.h, mirrored; a bias term of -inf hides the key whatever its product).
+ * Returns the score times log2(e) (the kernels' exponent domain), -inf where the key is
+ * hidden; *dcap gets the softcap's derivative sech^2(y) = 4e / (1 + e)^2, e = exp(-2|y|),
+ * which keeps its digits where tanh saturates (1 - tanh^2 would not). i, j in range is the
+ * caller's business only for the bias read: out-of-range keys come back hidden. */
 __device__ __forceinline__ float score_one(const fa_cuda_params &p, float acc, int b, int h, int64_t i, int j,
-                                           int lo, int hi, int32_t qseg, float slope, float *th) {
+                                           int lo, int hi, int32_t qseg, float slope, float *dcap) {
     const bool in = j >= lo && j <= hi && i < p.Sq;
     bool vis = in;
     if (p.has_seg && in) vis = qseg == p.kv_seg[(int64_t)b * p.Sk + j];
     float x = acc * p.scale;
-    *th = 0.f;
+    *dcap = 0.f;
     if (p.softcap > 0.f) {
-        const float t = tanhf(x * p.inv_softcap);
-        *th = t;
-        x = p.softcap * t;
+        const float y = x * p.inv_softcap, e = expf(-2.f * fabsf(y)), d1 = 1.f + e;
+        *dcap = 4.f * e / (d1 * d1);
+        x = p.softcap * tanhf(y);
     }
-    if (p.has_bias && in)
-        x += p.bias_scale * p.bias[b * p.bs[0] + h * p.bs[1] + i * p.bs[2] + (int64_t)j * p.bs[3]];
+    if (p.has_bias && in) {
+        const float t = p.bias_scale * p.bias[b * p.bs[0] + h * p.bs[1] + i * p.bs[2] + (int64_t)j * p.bs[3]];
+        x = t == -INFINITY ? t : x + t;
+    }
     if (p.has_alibi) x -= slope * fabsf((float)(i + p.off - j));
     return vis ? x * FA_LOG2E : -INFINITY;
 }

@@ -221,11 +221,14 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 2 : 1) fwd_kernel(const fa_
             float l = row_l[mt][hr];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
+            /* l = 0: no visible key (o = 0, lse = -inf); l NaN: NaN or +inf among the
+             * visible scores (o = NaN, lse = NaN; docs/nonfinite.md) */
+            const float inv = l > 0.f ? 1.f / l : l == 0.f ? 0.f : __int_as_float(0x7fffffff);
             const int lrow = warp * MT * 16 + mt * 16 + g + 8 * hr;
             const int64_t i = (int64_t)r0 + lrow;
             if (p.lse && tg == 0 && i < p.Sq)
-                p.lse[((int64_t)b * p.Hq + h) * p.Sq + i] = l > 0.f ? row_m[mt][hr] * FA_LN2 + logf(l) : -INFINITY;
+                p.lse[((int64_t)b * p.Hq + h) * p.Sq + i] =
+                    l > 0.f ? row_m[mt][hr] * FA_LN2 + logf(l) : l == 0.f ? -INFINITY : __int_as_float(0x7fffffff);
 #pragma unroll
             for (int dt = 0; dt < NDT; dt++)
                 *reinterpret_cast<uint32_t *>(sQ + lrow * SROW + dt * 8 + tg * 2) =

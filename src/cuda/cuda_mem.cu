@@ -61,6 +61,15 @@ extern "C" const char *fa_cuda_device_name(void) {
     name[sizeof name - 1] = '\0';
     return name;
 }
+extern "C" int fa_cuda_compute_capability(void) {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev)) {
+        cudaGetLastError();
+        return 0;
+    }
+    return 10 * major + minor;
+}
 extern "C" fa_status fa_cuda_event_create(void **ev) {
     cudaEvent_t e0;
     cudaError_t e = cudaEventCreate(&e0);

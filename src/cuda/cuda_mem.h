@@ -36,6 +36,12 @@ fa_status fa_cuda_event_record(void *ev, void *stream);
 /* Milliseconds between two recorded events (waits for the second). */
 fa_status fa_cuda_event_elapsed_ms(void *start, void *end, float *ms);
 
+/* How many times the Hopper forward kernel has been launched in this process (it runs only
+ * under FA_CUDA_KERNEL=hopper on sm_90; the tests check the opt-in reached it). */
+long long fa_cuda_hopper_launches(void);
+/* The current device's compute capability as 10 * major + minor (90: Hopper), 0 without one. */
+int fa_cuda_compute_capability(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -61,3 +61,5 @@ fa_status fa_cuda_event_elapsed_ms(void *start, void *end, float *ms) {
     if (ms) *ms = 0;
     return fa_error(FA_ERR_UNSUPPORTED, FA_NO_CUDA);
 }
+long long fa_cuda_hopper_launches(void) { return 0; }
+int fa_cuda_compute_capability(void) { return 0; }

@@ -6,6 +6,17 @@
 
 #include "flashattn.h"
 
+#include <math.h>
+
+/* Non-finite values (docs/nonfinite.md): each step of a score (the dot product, the scale,
+ * the softcap, the bias, ALiBi) keeps f32's range, beyond which it is +-inf as the kernels'
+ * f32 arithmetic is; a score of -inf (or a bias term of -inf, whatever the product) hides
+ * its key; NaN or +inf in a visible score makes the row's o and lse NaN. */
+static inline double fa_ref_f32_range(double x) {
+    const double edge = 0x1.ffffffp127; /* from here f32 rounds to inf */
+    return x >= edge ? INFINITY : x <= -edge ? -INFINITY : x;
+}
+
 /* o [B,Hq,Sq,Dv] and lse [B,Hq,Sq], contiguous doubles. Tensor pointers and strides as in
  * fa_forward_args / the problem (strides all zero = contiguous). */
 void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);

@@ -4,7 +4,7 @@
  *   s = scale q.k  ->  (softcap) cap tanh(s / cap)  ->  + bias_scale bias  ->  - slope |i + off - j|
  *   p = exp(s - lse) over visible keys, o = sum_j p_j v_j, L = sum(o * do)
  *   dv_j += p_j do,  dp_j = do . v_j,  ds_j = p_j (dp_j - do . o)
- *   dbias_ij += bias_scale ds_j,  (softcap) ds_j *= 1 - tanh^2,
+ *   dbias_ij += bias_scale ds_j,  (softcap) ds_j *= 1 - tanh^2 (as sech^2),
  *   dq += scale ds_j k_j,  dk_j += scale ds_j q
  * GQA: dk and dv of a kv head sum over the query heads that read it. */
 #include "ref.h"
@@ -82,8 +82,9 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                 for (int64_t j = 0; j < Sk; j++) {
                     int vis = 1;
                     if (p->causal && j > i + off) vis = 0;
-                    if (p->window_left >= 0 && j < i + off - p->window_left) vis = 0;
-                    if (p->window_right >= 0 && j > i + off + p->window_right) vis = 0;
+                    /* distances, not positions: i + off +- window may overflow int64 */
+                    if (p->window_left >= 0 && i + off - j > p->window_left) vis = 0;
+                    if (p->window_right >= 0 && j - (i + off) > p->window_right) vis = 0;
                     if (p->has_segment_ids &&
                         a->q_segment_ids[b * Sq + i] != a->kv_segment_ids[b * Sk + j])
                         vis = 0;
@@ -92,24 +93,30 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                     if (!vis) continue;
                     double x = 0.0;
                     for (int64_t d = 0; d < D; d++) x += qi[d] * Kh[j * D + d];
-                    x *= scale;
+                    x = fa_ref_f32_range(fa_ref_f32_range(x) * scale);
                     if (cap > 0.0) {
-                        th[j] = tanh(x / cap);
-                        x = cap * th[j];
+                        const double y = x / cap, ch = cosh(y);
+                        th[j] = 1.0 / (ch * ch); /* sech^2 = 1 - tanh^2, without its cancellation */
+                        x = cap * tanh(y);
                     }
                     if (p->has_bias) {
                         int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-                        x += bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]];
+                        const double t = fa_ref_f32_range(
+                            bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]]);
+                        x = t == -INFINITY ? t : fa_ref_f32_range(x + t);
                     }
-                    if (p->has_alibi) x -= (double)a->alibi_slopes[h] * fabs((double)(i + off - j));
+                    if (p->has_alibi) x = fa_ref_f32_range(x - (double)a->alibi_slopes[h] * fabs((double)(i + off - j)));
                     s[j] = x;
                     if (x > mx) mx = x;
                 }
-                if (mx == -INFINITY) continue; /* no visible key: no gradient */
+                int any_nan = 0; /* NaN or +inf in a visible score: a NaN row */
+                for (int64_t j = 0; j < Sk; j++) any_nan |= s[j] != s[j] || s[j] == INFINITY;
+                if (mx == -INFINITY && !any_nan) continue; /* no visible key: no gradient */
                 double sum = 0.0;
                 for (int64_t j = 0; j < Sk; j++) sum += exp(s[j] - mx);
-                const double lse = mx + log(sum);
-                for (int64_t j = 0; j < Sk; j++) s[j] = exp(s[j] - lse); /* now p; 0 if masked */
+                const double lse = any_nan ? NAN : mx + log(sum);
+                for (int64_t j = 0; j < Sk; j++) /* now p; 0 if hidden */
+                    s[j] = s[j] == -INFINITY ? 0.0 : exp(s[j] - lse);
 
                 for (int64_t c = 0; c < Dv; c++) o[c] = 0.0;
                 for (int64_t j = 0; j < Sk; j++)
@@ -131,7 +138,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                         const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
                         dbias[((bb * p->bias_heads + bh) * Sq + i) * Sk + j] += bias_scale * ds;
                     }
-                    if (cap > 0.0) ds *= 1.0 - th[j] * th[j];
+                    if (cap > 0.0) ds *= th[j];
                     ds *= scale;
                     if (abs_terms) {
                         for (int64_t d = 0; d < D; d++) {

@@ -63,20 +63,23 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
                     /* visibility: every mask in use must allow (i, j) */
                     int v = 1;
                     if (p->causal && j > i + off) v = 0;
-                    if (p->window_left >= 0 && j < i + off - p->window_left) v = 0;
-                    if (p->window_right >= 0 && j > i + off + p->window_right) v = 0;
+                    /* distances, not positions: i + off +- window may overflow int64 */
+                    if (p->window_left >= 0 && i + off - j > p->window_left) v = 0;
+                    if (p->window_right >= 0 && j - (i + off) > p->window_right) v = 0;
                     if (p->has_segment_ids && a->q_segment_ids[b * Sq + i] != a->kv_segment_ids[b * Sk + j])
                         v = 0;
                     /* the score */
                     double x = 0.0;
                     for (int64_t d = 0; d < D; d++) x += qi[d] * Kh[j * D + d];
-                    x *= scale;
+                    x = fa_ref_f32_range(fa_ref_f32_range(x) * scale);
                     if (cap > 0) x = cap * tanh(x / cap);
                     if (p->has_bias) {
                         const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-                        x += bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]];
+                        const double t = fa_ref_f32_range(
+                            bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]]);
+                        x = t == -INFINITY ? t : fa_ref_f32_range(x + t);
                     }
-                    if (p->has_alibi) x -= (double)a->alibi_slopes[h] * fabs((double)(i + off - j));
+                    if (p->has_alibi) x = fa_ref_f32_range(x - (double)a->alibi_slopes[h] * fabs((double)(i + off - j)));
                     if (x == -INFINITY) v = 0; /* a score of -inf counts as not visible */
                     vis[j] = (char)v;
                     s[j] = x;

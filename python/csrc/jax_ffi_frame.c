@@ -1,0 +1,129 @@
+/* Reading an XLA FFI call frame from plain C (see jax_ffi_frame.h). */
+#include "jax_ffi_frame.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+XLA_FFI_Error *fj_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    XLA_FFI_Error_Create_Args args;
+    memset(&args, 0, sizeof args);
+    args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+    args.message = msg; /* XLA copies it */
+    args.errc = code;
+    return api->XLA_FFI_Error_Create(&args);
+}
+
+/* XLA asks each handler, once, which API version it was compiled against, by passing a
+ * frame whose extension chain starts with a metadata extension. */
+static XLA_FFI_Error *answer_metadata(const XLA_FFI_Api *api, XLA_FFI_Metadata_Extension *ext) {
+    if (ext->extension_base.struct_size < XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
+        ext->metadata == NULL || ext->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE)
+        return fj_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "flashattn: XLA's FFI metadata struct is older than the headers it was built with");
+    ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
+    ext->metadata->api_version.extension_start = NULL;
+    ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
+    ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+    ext->metadata->traits = 0; /* plans and allocates per call: not command-buffer safe */
+    /* state_type_id lies past the size the headers require; write it only where XLA's
+     * struct has it (0: the handler keeps no state) */
+    if (ext->metadata->struct_size >= offsetof(XLA_FFI_Metadata, state_type_id) + sizeof(XLA_FFI_TypeId))
+        ext->metadata->state_type_id.type_id = 0;
+    return NULL;
+}
+
+XLA_FFI_Error *fj_begin(XLA_FFI_CallFrame *frame, int *answered) {
+    *answered = 0;
+    if (frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE)
+        return fj_error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "flashattn: XLA's FFI call frame is older than the headers it was built with "
+                        "(size %zu < %zu)",
+                        frame->struct_size, (size_t)XLA_FFI_CallFrame_STRUCT_SIZE);
+    if (frame->extension_start != NULL && frame->extension_start->type == XLA_FFI_Extension_Metadata) {
+        *answered = 1;
+        return answer_metadata(frame->api, (XLA_FFI_Metadata_Extension *)frame->extension_start);
+    }
+    if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
+        return fj_error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "flashattn: handler called at stage %d, it only executes", (int)frame->stage);
+    return NULL;
+}
+
+static XLA_FFI_Error *take_buffer(const XLA_FFI_CallFrame *frame, int is_arg, int64_t i,
+                                  const char *name, fj_buffer *out) {
+    const char *what = is_arg ? "argument" : "result";
+    int64_t n = is_arg ? frame->args.size : frame->rets.size;
+    if (i >= n)
+        return fj_error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "flashattn: %s %lld (%s) is missing: the call has %lld", what, (long long)i,
+                        name, (long long)n);
+    int type = is_arg ? (int)frame->args.types[i] : (int)frame->rets.types[i];
+    if (type != 1 /* XLA_FFI_ArgType_BUFFER == XLA_FFI_RetType_BUFFER */)
+        return fj_error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                        "flashattn: %s %lld (%s) is not a buffer", what, (long long)i, name);
+    const XLA_FFI_Buffer *b = (const XLA_FFI_Buffer *)(is_arg ? frame->args.args[i] : frame->rets.rets[i]);
+    out->data = b->data;
+    out->dtype = b->dtype;
+    out->rank = b->rank;
+    out->dims = b->dims;
+    return NULL;
+}
+
+XLA_FFI_Error *fj_arg(const XLA_FFI_CallFrame *frame, int64_t i, const char *name, fj_buffer *out) {
+    return take_buffer(frame, 1, i, name, out);
+}
+
+XLA_FFI_Error *fj_ret(const XLA_FFI_CallFrame *frame, int64_t i, const char *name, fj_buffer *out) {
+    return take_buffer(frame, 0, i, name, out);
+}
+
+/* The scalar attribute called name, checked to hold element type want. */
+static XLA_FFI_Error *find_scalar(const XLA_FFI_CallFrame *frame, const char *name,
+                                  XLA_FFI_DataType want, const void **value) {
+    size_t len = strlen(name);
+    for (int64_t i = 0; i < frame->attrs.size; i++) {
+        const XLA_FFI_ByteSpan *n = frame->attrs.names[i];
+        if (n->len != len || memcmp(n->ptr, name, len) != 0) continue;
+        const XLA_FFI_Scalar *s = (const XLA_FFI_Scalar *)frame->attrs.attrs[i];
+        if (frame->attrs.types[i] != XLA_FFI_AttrType_SCALAR || s->dtype != want)
+            return fj_error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                            "flashattn: attribute %s must be a %s scalar", name, fj_dtype_name(want));
+        *value = s->value;
+        return NULL;
+    }
+    return fj_error(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                    "flashattn: attribute %s is missing", name);
+}
+
+XLA_FFI_Error *fj_attr_i64(const XLA_FFI_CallFrame *frame, const char *name, int64_t *out) {
+    const void *v = NULL;
+    XLA_FFI_Error *e = find_scalar(frame, name, XLA_FFI_DataType_S64, &v);
+    if (!e) memcpy(out, v, sizeof *out);
+    return e;
+}
+
+XLA_FFI_Error *fj_attr_f32(const XLA_FFI_CallFrame *frame, const char *name, float *out) {
+    const void *v = NULL;
+    XLA_FFI_Error *e = find_scalar(frame, name, XLA_FFI_DataType_F32, &v);
+    if (!e) memcpy(out, v, sizeof *out);
+    return e;
+}
+
+const char *fj_dtype_name(XLA_FFI_DataType t) {
+    switch (t) {
+    case XLA_FFI_DataType_F32: return "float32";
+    case XLA_FFI_DataType_F16: return "float16";
+    case XLA_FFI_DataType_BF16: return "bfloat16";
+    case XLA_FFI_DataType_F64: return "float64";
+    case XLA_FFI_DataType_S32: return "int32";
+    case XLA_FFI_DataType_S64: return "int64";
+    default: return "another type";
+    }
+}

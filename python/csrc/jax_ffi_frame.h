@@ -1,0 +1,40 @@
+/* Reading an XLA FFI call frame from plain C: buffers, scalar attributes, errors and the
+ * metadata query, against the C API header that jaxlib ships (xla/ffi/api/c_api.h). The
+ * C++ wrappers in that folder do the same with templates; flashattn stays C11. */
+#ifndef FA_JAX_FFI_FRAME_H
+#define FA_JAX_FFI_FRAME_H
+
+#include <stdint.h>
+
+#include "xla/ffi/api/c_api.h"
+
+/* One argument or result buffer: its data, element type and dims (row-major). */
+typedef struct {
+    void *data;
+    XLA_FFI_DataType dtype;
+    int64_t rank;
+    const int64_t *dims;
+} fj_buffer;
+
+/* An error for XLA to raise (the message is copied). */
+XLA_FFI_Error *fj_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Checks the frame's struct size and stage. When XLA only asks for the handler's metadata
+ * (the API version the handler was built against), answers it and sets *answered. */
+XLA_FFI_Error *fj_begin(XLA_FFI_CallFrame *frame, int *answered);
+
+/* Argument or result number i, named for error messages. */
+XLA_FFI_Error *fj_arg(const XLA_FFI_CallFrame *frame, int64_t i, const char *name, fj_buffer *out);
+XLA_FFI_Error *fj_ret(const XLA_FFI_CallFrame *frame, int64_t i, const char *name, fj_buffer *out);
+
+/* Required scalar attributes of one element type (i64 or f32). */
+XLA_FFI_Error *fj_attr_i64(const XLA_FFI_CallFrame *frame, const char *name, int64_t *out);
+XLA_FFI_Error *fj_attr_f32(const XLA_FFI_CallFrame *frame, const char *name, float *out);
+
+const char *fj_dtype_name(XLA_FFI_DataType t);
+
+#endif /* FA_JAX_FFI_FRAME_H */

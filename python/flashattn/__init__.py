@@ -1,0 +1,27 @@
+"""flashattn: exact, memory-efficient attention (FlashAttention forward and backward).
+
+    flashattn.plan(...)                  the analytic cost of a problem, from shapes alone
+    flashattn.attention(q, k, v, ...)    numpy arrays (f32, f16; bf16 through ml_dtypes)
+    flashattn.attention_backward(...)    its gradients
+    import flashattn.torch               PyTorch tensors (autograd, torch.compile)
+    import flashattn.jax                 JAX arrays (jit, grad, vmap)
+
+Importing this package loads the C library and numpy only; the framework fronts are
+submodules imported explicitly.
+"""
+from . import _native
+from ._numpy import attention, attention_backward
+from ._plan import Plan, plan
+
+__all__ = ["plan", "Plan", "attention", "attention_backward", "cuda_available", "cpu_isa"]
+
+
+def cuda_available():
+    """True if this build has the CUDA backend and a device is present."""
+    return bool(_native.lib.fa_cuda_available())
+
+
+def cpu_isa():
+    """The CPU microkernel set in use ("scalar", "avx512", ...); FA_ISA forces one."""
+    return _native.lib.fa_cpu_isa().decode()
+

@@ -1,0 +1,277 @@
+"""The C library through ctypes: loading it, mirrors of its public structs, error mapping.
+
+Everything here follows include/flashattn.h exactly. At import the size of every mirror is
+compared with what the library reports (fa_struct_size), so a mirror that fell behind the
+header fails with ImportError naming the struct instead of passing garbage to C.
+"""
+import ctypes
+import os
+
+c_int64 = ctypes.c_int64
+c_void_p = ctypes.c_void_p
+
+# fa_dtype, fa_backend, fa_pass, fa_status values
+F32, F16, BF16 = 0, 1, 2
+BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
+FORWARD, BACKWARD = 0, 1
+OK, ERR_INVALID, ERR_NULL, ERR_OVERFLOW = 0, 1, 2, 3
+ERR_UNSUPPORTED, ERR_NO_MEMORY = 4, 5
+
+BACKEND_NAMES = {BACKEND_AUTO: "auto", BACKEND_CPU: "cpu", BACKEND_CUDA: "cuda"}
+
+
+class Strides(ctypes.Structure):
+    _fields_ = [("s", c_int64 * 4)]
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [
+        ("batch", c_int64), ("heads_q", c_int64), ("heads_kv", c_int64),
+        ("seq_q", c_int64), ("seq_k", c_int64), ("head_dim", c_int64), ("head_dim_v", c_int64),
+        ("dtype", ctypes.c_int),
+        ("q_stride", Strides), ("k_stride", Strides), ("v_stride", Strides), ("o_stride", Strides),
+        ("has_scale", ctypes.c_int), ("scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("window_left", c_int64), ("window_right", c_int64),
+        ("softcap", ctypes.c_float),
+        ("has_alibi", ctypes.c_int),
+        ("has_bias", ctypes.c_int),
+        ("bias_batch", c_int64), ("bias_heads", c_int64),
+        ("bias_stride", Strides),
+        ("has_segment_ids", ctypes.c_int),
+        ("has_diag_offset", ctypes.c_int), ("diag_offset", c_int64),
+        ("has_bias_scale", ctypes.c_int), ("bias_scale", ctypes.c_float),
+        ("bias_grad", ctypes.c_int),
+        # packed variable-length batches, kv-cache decoding, paged caches (SPEC section 5)
+        ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+        ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
+        ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
+    ]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int), ("threads", ctypes.c_int),
+                ("block_q", c_int64), ("block_k", c_int64)]
+
+
+COST_FIELDS = ("flops", "flops_useful", "transcendentals", "bytes_accessed", "min_bytes",
+               "workspace_bytes", "peak_bytes", "naive_peak_bytes")
+
+
+class Cost(ctypes.Structure):
+    _fields_ = [(name, c_int64) for name in COST_FIELDS]
+
+
+class Counts(ctypes.Structure):
+    _fields_ = [("flops", c_int64), ("transcendentals", c_int64)]
+
+
+PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int64, c_int64)
+
+
+class ForwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("o", c_void_p),
+        ("lse", c_void_p), ("bias", c_void_p), ("alibi_slopes", c_void_p),
+        ("q_segment_ids", c_void_p), ("kv_segment_ids", c_void_p),
+        ("workspace", c_void_p), ("workspace_size", ctypes.c_size_t),
+        ("stream", c_void_p),
+        ("counts", ctypes.POINTER(Counts)),
+        ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
+        ("k_new", c_void_p), ("v_new", c_void_p), ("block_table", c_void_p),
+    ]
+
+
+class BackwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("q", c_void_p), ("k", c_void_p), ("v", c_void_p), ("o", c_void_p), ("d_o", c_void_p),
+        ("lse", c_void_p),
+        ("dq", c_void_p), ("dk", c_void_p), ("dv", c_void_p),
+        ("dbias", c_void_p),
+        ("bias", c_void_p), ("alibi_slopes", c_void_p),
+        ("q_segment_ids", c_void_p), ("kv_segment_ids", c_void_p),
+        ("workspace", c_void_p), ("workspace_size", ctypes.c_size_t),
+        ("stream", c_void_p),
+        ("counts", ctypes.POINTER(Counts)),
+        ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
+    ]
+
+
+# fa_struct_id order in the header
+MIRRORS = (("fa_problem", Problem), ("fa_options", Options), ("fa_cost", Cost),
+           ("fa_counts", Counts), ("fa_forward_args", ForwardArgs),
+           ("fa_backward_args", BackwardArgs))
+
+LIB_NAME = "libflashattn.so"
+# FLASHATTN_POISON=1 (the test suite sets it): the fronts fill every output they allocate
+# with NaN before the library writes it, so an element the library leaves unwritten shows.
+POISON = os.environ.get("FLASHATTN_POISON") == "1"
+
+
+def _library_path():
+    """$FLASHATTN_LIBDIR (a CMake build directory, for development) wins over the copy
+    installed inside the package."""
+    libdir = os.environ.get("FLASHATTN_LIBDIR")
+    if libdir:
+        path = os.path.join(libdir, LIB_NAME)
+        if not os.path.exists(path):
+            raise ImportError(f"FLASHATTN_LIBDIR={libdir!r} has no {LIB_NAME}")
+        return path
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIB_NAME)
+    if not os.path.exists(path):
+        raise ImportError(f"{LIB_NAME} is not installed beside {__file__}; install the package "
+                          "with `pip install .` or point FLASHATTN_LIBDIR at a CMake build directory")
+    return path
+
+
+def _declare(lib):
+    P = ctypes.POINTER
+    sig = {
+        "fa_problem_init": (None, [P(Problem)]),
+        "fa_plan_create": (ctypes.c_int, [P(Problem), P(Options), P(c_void_p)]),
+        "fa_plan_destroy": (None, [c_void_p]),
+        "fa_plan_cost": (ctypes.c_int, [c_void_p, ctypes.c_int, P(Cost)]),
+        "fa_plan_exact": (ctypes.c_int, [c_void_p]),
+        "fa_plan_backend": (ctypes.c_int, [c_void_p]),
+        "fa_plan_blocks": (None, [c_void_p, ctypes.c_int, P(c_int64), P(c_int64)]),
+        "fa_plan_threads": (ctypes.c_int, [c_void_p]),
+        "fa_plan_problem": (P(Problem), [c_void_p]),
+        "fa_plan_scale": (ctypes.c_float, [c_void_p]),
+        "fa_forward": (ctypes.c_int, [c_void_p, P(ForwardArgs)]),
+        "fa_backward": (ctypes.c_int, [c_void_p, P(BackwardArgs)]),
+        "fa_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+        "fa_last_error": (ctypes.c_char_p, []),
+        "fa_cuda_available": (ctypes.c_int, []),
+        "fa_cpu_isa": (ctypes.c_char_p, []),
+        "fa_struct_size": (ctypes.c_size_t, [ctypes.c_int]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def _check_mirrors(lib):
+    for which, (name, mirror) in enumerate(MIRRORS):
+        want = lib.fa_struct_size(which)
+        have = ctypes.sizeof(mirror)
+        if want != have:
+            raise ImportError(f"flashattn: the ctypes mirror of {name} is {have} bytes but the "
+                              f"library's {name} is {want} bytes; python/flashattn/_native.py "
+                              "is out of date with include/flashattn.h")
+
+
+def _load():
+    path = _library_path()
+    lib = ctypes.CDLL(path)
+    if not hasattr(lib, "fa_struct_size"):
+        raise ImportError(f"{path} predates fa_struct_size; rebuild the library")
+    _declare(lib)
+    _check_mirrors(lib)
+    return lib
+
+
+lib = _load()
+LIB_PATH = _library_path()
+
+
+def last_error():
+    return (lib.fa_last_error() or b"").decode("utf-8", "replace")
+
+
+class OutOfMemory(RuntimeError, MemoryError):
+    """FA_ERR_NO_MEMORY: a RuntimeError like every other failure, and a MemoryError."""
+
+
+def check(status, what="flashattn"):
+    """Raises the Python exception for a non-OK status, with the library's message."""
+    if status == OK:
+        return
+    msg = last_error() or lib.fa_status_string(status).decode()
+    if status in (ERR_INVALID, ERR_NULL, ERR_OVERFLOW):
+        raise ValueError(f"{what}: {msg}")
+    if status == ERR_NO_MEMORY:
+        raise OutOfMemory(f"{what}: {msg}")
+    if status == ERR_UNSUPPORTED:
+        raise NotImplementedError(f"{what}: {msg}")
+    raise RuntimeError(f"{what}: {msg} ({lib.fa_status_string(status).decode()})")
+
+
+def new_problem():
+    p = Problem()
+    lib.fa_problem_init(ctypes.byref(p))
+    return p
+
+
+class PlanHandle:
+    """Owns one fa_plan*; destroyed with the object."""
+
+    __slots__ = ("ptr", "__weakref__")
+
+    def __init__(self, problem, options=None):
+        out = c_void_p()
+        opt = ctypes.byref(options) if options is not None else None
+        check(lib.fa_plan_create(ctypes.byref(problem), opt, ctypes.byref(out)), "plan")
+        self.ptr = out
+
+    def __del__(self, _destroy=lib.fa_plan_destroy):
+        ptr = getattr(self, "ptr", None)
+        if ptr:
+            _destroy(ptr)
+            self.ptr = None
+
+    def cost(self, which):
+        c = Cost()
+        check(lib.fa_plan_cost(self.ptr, which, ctypes.byref(c)), "plan")
+        return {name: getattr(c, name) for name in COST_FIELDS}
+
+    def blocks(self, which):
+        bq, bk = c_int64(), c_int64()
+        lib.fa_plan_blocks(self.ptr, which, ctypes.byref(bq), ctypes.byref(bk))
+        return (bq.value, bk.value)
+
+    @property
+    def backend(self):
+        return BACKEND_NAMES[lib.fa_plan_backend(self.ptr)]
+
+    @property
+    def exact(self):
+        return bool(lib.fa_plan_exact(self.ptr))
+
+    @property
+    def threads(self):
+        return lib.fa_plan_threads(self.ptr)
+
+    @property
+    def scale(self):
+        return lib.fa_plan_scale(self.ptr)
+
+    @property
+    def problem(self):
+        """A copy of the validated problem (strides and scale resolved)."""
+        p = Problem()
+        ctypes.memmove(ctypes.byref(p), lib.fa_plan_problem(self.ptr), ctypes.sizeof(p))
+        return p
+
+    def forward(self, args):
+        check(lib.fa_forward(self.ptr, ctypes.byref(args)), "forward")
+
+    def backward(self, args):
+        check(lib.fa_backward(self.ptr, ctypes.byref(args)), "backward")
+
+
+_PLAN_CACHE = {}
+_PLAN_CACHE_SIZE = 256
+
+
+def cached_plan(problem, options):
+    """Plans are pure functions of (problem, options): reuse them across calls of the same
+    shapes (a plan costs microseconds, but per-call overhead matters for small tensors)."""
+    key = bytes(problem) + bytes(options)
+    handle = _PLAN_CACHE.get(key)
+    if handle is None:
+        handle = PlanHandle(problem, options)
+        if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+        _PLAN_CACHE[key] = handle
+    return handle

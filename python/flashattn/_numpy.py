@@ -1,0 +1,232 @@
+"""The numpy front: flashattn.attention and flashattn.attention_backward on host arrays.
+
+Arrays go to the library as pointers with their own strides (no copies) whenever the
+strides describe them; outputs come back in the inputs' layout, lse always [B, H, S]."""
+import numpy as np
+
+from . import _layout, _native
+from ._problem import check_shapes, make_options, make_problem
+
+
+def _empty(shape, dtype):
+    a = np.empty(shape, dtype)
+    if _native.POISON:
+        a[...] = np.nan
+    return a
+
+
+def _dtype_name(dt):
+    if dt == np.float32:
+        return "f32"
+    if dt == np.float16:
+        return "f16"
+    if dt.name == "bfloat16":  # ml_dtypes.bfloat16
+        return "bf16"
+    return None
+
+
+def _elem_strides(a):
+    size = a.itemsize
+    if any(s % size for s in a.strides):
+        return None
+    return tuple(s // size for s in a.strides)
+
+
+def _readable(name, a, ndim=4):
+    """a as an ndarray whose strides the library can take; copies only where they cannot
+    describe it (negative or misaligned strides, all-zero broadcasts)."""
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {a.shape}")
+    st = _elem_strides(a)
+    if st is None or not a.flags.aligned or not _layout.passes_as_is(a.shape, st):
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def _floats(name, a, shape_desc):
+    """bias, slopes: float32, converted from other real dtypes (a copy) where needed."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
+        raise ValueError(f"{name} must be real numbers ({shape_desc}), got dtype {a.dtype}")
+    if a.dtype != np.float32:
+        a = a.astype(np.float32)
+    return a
+
+
+def _segments(name, a, batch, seq):
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be integers [B, S] = [{batch}, {seq}], got dtype {a.dtype}")
+    if a.shape != (batch, seq):
+        raise ValueError(f"{name} must have shape [B, S] = [{batch}, {seq}], got {a.shape}")
+    if a.dtype != np.int32:
+        if a.size and (a.min() < -(2**31) or a.max() >= 2**31):
+            raise ValueError(f"{name} values must fit int32")
+        a = a.astype(np.int32)
+    return np.ascontiguousarray(a)
+
+
+class _Call:
+    """What both passes share: the checked q, k, v, the options' arrays, the problem."""
+
+    def __init__(self, q, k, v, causal, window, softcap, scale, bias, alibi_slopes,
+                 q_segment_ids, kv_segment_ids, layout, bias_scale=None, diag_offset=None):
+        self.layout = _layout.check_layout(layout)
+        q, k, v = (_readable(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
+        if not (q.dtype == k.dtype == v.dtype):
+            raise ValueError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        self.dtype = _dtype_name(q.dtype)
+        if self.dtype is None:
+            raise ValueError(f"q, k, v must be float32, float16 or bfloat16 (ml_dtypes), got {q.dtype}")
+        self.q, self.k, self.v = q, k, v
+        L = self.layout
+        qd, kd, vd = (_layout.to_bhsd(L, a.shape) for a in (q, k, v))
+        check_shapes(qd, kd, vd)
+        self.qd, self.kd, self.vd = qd, kd, vd
+        B, H, Sq, _ = qd
+        Sk = kd[2]
+        self.bias = None
+        bias_shape = bias_stride = None
+        if bias is not None:
+            b = _floats("bias", bias, f"[B or 1, H or 1, {Sq}, {Sk}]")
+            if not 2 <= b.ndim <= 4:
+                raise ValueError(f"bias must have 2 to 4 dims ([B or 1, H or 1, Sq, Sk]), got shape {b.shape}")
+            b = _readable("bias", b.reshape((1,) * (4 - b.ndim) + b.shape))
+            self.bias, bias_shape, bias_stride = b, b.shape, _elem_strides(b)
+        self.slopes = None
+        if alibi_slopes is not None:
+            s = np.ascontiguousarray(_floats("alibi_slopes", alibi_slopes, f"[H] = [{H}]"))
+            if s.shape != (H,):
+                raise ValueError(f"alibi_slopes must have shape [H] = [{H}], got {s.shape}")
+            self.slopes = s
+        if (q_segment_ids is None) != (kv_segment_ids is None):
+            raise ValueError("q_segment_ids and kv_segment_ids go together: pass both or neither")
+        self.qseg = self.kvseg = None
+        if q_segment_ids is not None:
+            self.qseg = _segments("q_segment_ids", q_segment_ids, B, Sq)
+            self.kvseg = _segments("kv_segment_ids", kv_segment_ids, B, Sk)
+        self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
+                         bias_shape=bias_shape, bias_stride=bias_stride,
+                         alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None,
+                         bias_scale=bias_scale, diag_offset=diag_offset)
+
+    def o_shape(self):
+        B, H, Sq, _ = self.qd
+        return _layout.from_bhsd(self.layout, (B, H, Sq, self.vd[3]))
+
+    def plan(self, o_stride, bias_grad=False, q=None, k=None, v=None):
+        L = self.layout
+        q = self.q if q is None else q
+        k = self.k if k is None else k
+        v = self.v if v is None else v
+        p = make_problem(q_dims=self.qd, k_dims=self.kd, v_dims=self.vd, dtype=self.dtype,
+                         q_stride=_layout.to_bhsd(L, _elem_strides(q)),
+                         k_stride=_layout.to_bhsd(L, _elem_strides(k)),
+                         v_stride=_layout.to_bhsd(L, _elem_strides(v)),
+                         o_stride=_layout.to_bhsd(L, o_stride), bias_grad=bias_grad, **self.opts)
+        return _native.cached_plan(p, make_options("cpu"))
+
+    def common_ptrs(self):
+        ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+        return dict(bias=ptr(self.bias), alibi_slopes=ptr(self.slopes),
+                    q_segment_ids=ptr(self.qseg), kv_segment_ids=ptr(self.kvseg))
+
+
+def _check_out(name, out, shape, dtype):
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype} of shape {shape}, got {out.dtype} of shape {out.shape}")
+    st = _elem_strides(out)
+    if not out.flags.writeable or not out.flags.aligned or st is None or not _layout.writable_strides(shape, st):
+        raise ValueError(f"{name} must be a writable, aligned array whose elements do not overlap "
+                         f"(strides {out.strides})")
+    return out
+
+
+def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None,
+              alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
+              return_lse=False, out=None, bias_scale=None, diag_offset=None):
+    """Exact attention softmax(scale * q k^T [+ bias, masks]) v on the CPU.
+
+    q [B, Hq, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (layout "bhsd"), or [B, S, H, D]
+    each with layout="bshd"; float32, float16 or ml_dtypes.bfloat16, one dtype. Hq a multiple
+    of Hk (GQA/MQA). Masks align bottom-right (causal: key j <= i + Sk - Sq). window (left,
+    right), -1 unbounded; softcap > 0: cap * tanh(s / cap); bias f32, broadcastable to
+    [B or 1, Hq or 1, Sq, Sk]; alibi_slopes [Hq]; segment ids [B, Sq] and [B, Sk].
+    Returns o in q's layout (written into out if given), and lse [B, Hq, Sq] f32 with
+    return_lse. Beyond the issue's signature: bias_scale (s += bias_scale * bias) and
+    diag_offset (query i sits at key position i + diag_offset; 0 aligns masks top-left)."""
+    c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
+              kv_segment_ids, layout, bias_scale, diag_offset)
+    shape = c.o_shape()
+    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
+    B, H, Sq, _ = c.qd
+    lse = _empty((B, H, Sq), np.float32)
+    handle = c.plan(_elem_strides(o))
+    args = _native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
+                               o=o.ctypes.data, lse=lse.ctypes.data, **c.common_ptrs())
+    handle.forward(args)
+    return (o, lse) if return_lse else o
+
+
+def _grad_buffer(a):
+    """(input, gradient buffer) where the buffer has the input's strides, as the library
+    writes it; an input whose strides a buffer cannot share is copied to a dense one."""
+    st = _elem_strides(a)
+    if not _layout.grad_strides_ok(a.shape, st):
+        a = np.ascontiguousarray(a)
+        st = _elem_strides(a)
+    n = _layout.span(a.shape, st)
+    buf = _empty(max(n, 1), a.dtype)
+    g = np.lib.stride_tricks.as_strided(buf, a.shape, tuple(s * a.itemsize for s in st))
+    return a, g
+
+
+def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softcap=None,
+                       scale=None, bias=None, alibi_slopes=None, q_segment_ids=None,
+                       kv_segment_ids=None, layout="bhsd", bias_grad=False, bias_scale=None,
+                       diag_offset=None):
+    """Gradients of sum(o * do) for attention(q, k, v, ...) with the same options, from the
+    forward's o and lse. Returns (dq, dk, dv) shaped and strided like q, k, v (dk, dv summed
+    over the query heads that share them), and dbias (f32, the bias's own shape, summed over
+    the dims it broadcasts) last with bias_grad."""
+    c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
+              kv_segment_ids, layout, bias_scale, diag_offset)
+    shape = c.o_shape()
+    o = _readable("o", o)
+    do = _readable("do", do)
+    for name, a in (("o", o), ("do", do)):
+        if a.shape != shape or a.dtype != c.q.dtype:
+            raise ValueError(f"{name} must be {c.q.dtype} of shape {shape}, got {a.dtype} of shape {a.shape}")
+    B, H, Sq, _ = c.qd
+    lse = np.asarray(lse)
+    if lse.shape != (B, H, Sq) or lse.dtype != np.float32:
+        raise ValueError(f"lse must be float32 of shape [B, H, Sq] = {(B, H, Sq)}, got {lse.dtype} of shape {lse.shape}")
+    lse = np.ascontiguousarray(lse)
+    # the library reads do with o's strides
+    if _elem_strides(do) != _elem_strides(o):
+        if _layout.grad_strides_ok(o.shape, _elem_strides(o)):
+            _, buf = _grad_buffer(o)
+            buf[...] = do
+            do = buf
+        else:
+            o, do = np.ascontiguousarray(o), np.ascontiguousarray(do)
+    q, dq = _grad_buffer(c.q)
+    k, dk = _grad_buffer(c.k)
+    v, dv = _grad_buffer(c.v)
+    if bias_grad and c.bias is None:
+        raise ValueError("bias_grad needs a bias")
+    dbias = _empty(c.bias.shape, np.float32) if bias_grad else None
+    handle = c.plan(_elem_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
+    args = _native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
+                                o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
+                                dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
+                                dbias=None if dbias is None else dbias.ctypes.data,
+                                **c.common_ptrs())
+    handle.backward(args)
+    if bias_grad:
+        return dq, dk, dv, dbias.reshape(np.shape(bias))
+    return dq, dk, dv

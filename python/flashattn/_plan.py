@@ -1,0 +1,85 @@
+"""flashattn.plan: the analytic cost of a problem from its shapes alone (no arrays)."""
+from . import _native
+from ._problem import make_options, make_problem
+
+_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(budget):
+    """An int, or a string with a K, M, G or T suffix (powers of 1024), as the CLI takes."""
+    if isinstance(budget, str):
+        text = budget.strip().upper().removesuffix("B").removesuffix("I")
+        mult = _SUFFIX.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in _SUFFIX else text
+        try:
+            value = float(digits)
+        except ValueError:
+            raise ValueError(f"memory budget {budget!r} is not a number with an optional K/M/G/T suffix") from None
+        return int(value * mult)
+    if isinstance(budget, bool) or not hasattr(budget, "__index__"):
+        raise ValueError(f"memory budget must be bytes (int) or a string like '24G', got {budget!r}")
+    return int(budget)
+
+
+class Plan:
+    """A validated problem and what each pass costs (SPEC section 3).
+
+    forward, backward: dicts of every fa_cost field (flops, flops_useful, transcendentals,
+    bytes_accessed, min_bytes, workspace_bytes, peak_bytes, naive_peak_bytes).
+    exact: whether the figures are exact (False with segment ids: an upper bound).
+    backend: "cpu" or "cuda". blocks: {"forward": (block_q, block_k), "backward": (...)}.
+    """
+
+    def __init__(self, handle):
+        self._handle = handle
+        self.forward = handle.cost(_native.FORWARD)
+        self.backward = handle.cost(_native.BACKWARD)
+        self.exact = handle.exact
+        self.backend = handle.backend
+        self.blocks = {"forward": handle.blocks(_native.FORWARD),
+                       "backward": handle.blocks(_native.BACKWARD)}
+        self.threads = handle.threads
+        self.scale = handle.scale
+
+    def fits(self, budget_bytes, pass_="forward"):
+        """Whether the flash kernel's peak memory for pass_ ("forward", "backward" or
+        "both") is within budget_bytes (an int, or a string like "24G")."""
+        budget = parse_bytes(budget_bytes)
+        if pass_ not in ("forward", "backward", "both"):
+            raise ValueError(f"pass_ must be 'forward', 'backward' or 'both', got {pass_!r}")
+        passes = ("forward", "backward") if pass_ == "both" else (pass_,)
+        return all(getattr(self, p)["peak_bytes"] <= budget for p in passes)
+
+    def naive_fits(self, budget_bytes):
+        """Whether the naive reference (full score matrix) would fit budget_bytes."""
+        return self.forward["naive_peak_bytes"] <= parse_bytes(budget_bytes)
+
+    def as_dict(self):
+        return {"backend": self.backend, "exact": self.exact, "blocks": self.blocks,
+                "threads": self.threads, "scale": self.scale,
+                "forward": dict(self.forward), "backward": dict(self.backward)}
+
+    def __repr__(self):
+        f = self.forward
+        return (f"Plan(backend={self.backend!r}, exact={self.exact}, blocks={self.blocks}, "
+                f"forward flops={f['flops']}, peak_bytes={f['peak_bytes']})")
+
+
+def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads=None,
+         dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None,
+         bias_shape=None, alibi=False, segment_ids=False, backend="auto",
+         threads=0, block_q=0, block_k=0, diag_offset=None, bias_scale=None, bias_grad=False):
+    """Plans attention for q [batch, heads, seq_q, head_dim], k [batch, kv_heads, seq_k,
+    head_dim], v [batch, kv_heads, seq_k, head_dim_v] from shapes alone: microseconds, no
+    allocation of the problem's size. Bad arguments raise ValueError with the library's
+    message. Beyond the issue's signature: threads, block sizes, diag_offset (where masks
+    align: 0 is top-left), bias_scale and bias_grad (the backward writes dbias)."""
+    seq_k = seq_q if seq_k is None else seq_k
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    kv_heads = heads if kv_heads is None else kv_heads
+    p = make_problem(q_dims=(batch, heads, seq_q, head_dim), k_dims=(batch, kv_heads, seq_k, head_dim),
+                     v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=dtype, causal=causal,
+                     window=window, softcap=softcap, scale=scale, bias_shape=bias_shape,
+                     alibi=alibi, segment_ids=segment_ids, diag_offset=diag_offset,
+                     bias_scale=bias_scale, bias_grad=bias_grad)
+    return Plan(_native.PlanHandle(p, make_options(backend, threads, block_q, block_k)))

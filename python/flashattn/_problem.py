@@ -1,0 +1,125 @@
+"""One fa_problem from shapes, strides and options; shared by the plan and every front.
+
+Dims and strides arrive in the library's logical order [B, H, S, D] (the fronts translate
+their layouts); strides are in elements. Options are checked here only where Python can say
+more than the library would (types, tuple shapes); everything else is the library's call,
+so the messages stay the library's.
+"""
+from . import _native
+
+DTYPES = {"f32": _native.F32, "f16": _native.F16, "bf16": _native.BF16}
+BACKENDS = {"auto": _native.BACKEND_AUTO, "cpu": _native.BACKEND_CPU, "cuda": _native.BACKEND_CUDA}
+
+
+def dtype_code(name):
+    try:
+        return DTYPES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def window_pair(window):
+    """None -> (-1, -1); (left, right) with None for unbounded sides."""
+    if window is None:
+        return (-1, -1)
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be None or a pair (left, right), got {window!r}") from None
+    left = -1 if left is None else left
+    right = -1 if right is None else right
+    return (_int("window left", left), _int("window right", right))
+
+
+def _int(name, v):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    return int(v.__index__())
+
+
+def _float(name, v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {v!r}") from None
+
+
+def bias_dims(shape, batch, heads, seq_q, seq_k):
+    """A bias shape, left-padded with ones to 4 dims as numpy broadcasting would, checked
+    against [B or 1, Hq or 1, Sq, Sk]; returns the 4-tuple."""
+    shape = tuple(int(n) for n in shape)
+    if not 2 <= len(shape) <= 4:
+        raise ValueError(f"bias must have 2 to 4 dims ([B or 1, Hq or 1, Sq, Sk]), got shape {shape}")
+    shape = (1,) * (4 - len(shape)) + shape
+    if shape[2:] != (seq_q, seq_k):
+        raise ValueError(f"bias shape {shape} must end in (seq_q, seq_k) = ({seq_q}, {seq_k})")
+    if shape[0] not in (1, batch) or shape[1] not in (1, heads):
+        raise ValueError(f"bias shape {shape} must be [1 or batch ({batch}), 1 or heads ({heads}), "
+                         f"{seq_q}, {seq_k}]")
+    return shape
+
+
+def check_shapes(q_dims, k_dims, v_dims):
+    """q [B, Hq, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] in logical order: agreement
+    between the tensors, with messages that name them."""
+    B, Hq, Sq, D = q_dims
+    kB, Hk, Sk, kD = k_dims
+    vB, vH, vS, Dv = v_dims
+    if kB != B or vB != B:
+        raise ValueError(f"batch sizes differ: q {B}, k {kB}, v {vB}")
+    if vH != Hk:
+        raise ValueError(f"k has {Hk} heads but v has {vH}")
+    if vS != Sk:
+        raise ValueError(f"k has {Sk} keys but v has {vS}")
+    if kD != D:
+        raise ValueError(f"k has head_dim {kD} but q has {D}")
+    if Hk > 0 and Hq % Hk:
+        raise ValueError(f"q's heads ({Hq}) are not a multiple of k's and v's heads ({Hk})")
+
+
+def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, softcap=None,
+                 scale=None, bias_shape=None, alibi=False, segment_ids=False,
+                 q_stride=None, k_stride=None, v_stride=None, o_stride=None, bias_stride=None,
+                 diag_offset=None, bias_scale=None, bias_grad=False):
+    """q_dims [B, Hq, Sq, D], k_dims [B, Hk, Sk, D], v_dims [B, Hk, Sk, Dv] (logical order);
+    strides None for contiguous BHSD. The fronts check tensor shapes first (check_shapes),
+    so that their messages name tensors; the rest is the library's to judge."""
+    B, Hq, Sq, D = q_dims
+    _, Hk, Sk, _ = k_dims
+    Dv = v_dims[3]
+    p = _native.new_problem()
+    p.batch, p.heads_q, p.heads_kv = B, Hq, Hk
+    p.seq_q, p.seq_k, p.head_dim, p.head_dim_v = Sq, Sk, D, Dv
+    p.dtype = dtype_code(dtype) if isinstance(dtype, str) else dtype
+    for name, st in (("q_stride", q_stride), ("k_stride", k_stride), ("v_stride", v_stride),
+                     ("o_stride", o_stride), ("bias_stride", bias_stride)):
+        if st is not None:
+            getattr(p, name).s[:] = [int(x) for x in st]
+    if scale is not None:
+        p.has_scale, p.scale = 1, _float("scale", scale)
+    p.causal = int(bool(causal))
+    p.window_left, p.window_right = window_pair(window)
+    if softcap is not None:
+        p.softcap = _float("softcap", softcap)
+    if bias_shape is not None:
+        bb, bh, _, _ = bias_dims(bias_shape, B, Hq, Sq, Sk)
+        p.has_bias, p.bias_batch, p.bias_heads = 1, bb, bh
+    p.has_alibi = int(bool(alibi))
+    p.has_segment_ids = int(bool(segment_ids))
+    if diag_offset is not None:
+        p.has_diag_offset, p.diag_offset = 1, _int("diag_offset", diag_offset)
+    if bias_scale is not None:
+        p.has_bias_scale, p.bias_scale = 1, _float("bias_scale", bias_scale)
+    p.bias_grad = int(bool(bias_grad))
+    return p
+
+
+def make_options(backend="auto", threads=0, block_q=0, block_k=0):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
+    o = _native.Options()
+    o.backend = BACKENDS[backend]
+    o.threads = _int("threads", threads)
+    o.block_q = _int("block_q", block_q)
+    o.block_k = _int("block_k", block_k)
+    return o

@@ -1,0 +1,19 @@
+"""flashattn for JAX: exact, memory-efficient attention as an XLA custom call.
+
+    attention(q, k, v, ...)        differentiable op ([B, S, H, D] by default); jit, grad, vmap
+    cost_estimate(q, k, v, ...)    a Pallas CostEstimate from the analytic plan (shapes only)
+    flash_attention(q, k, v, ...)  drop-in for the Pallas TPU kernel of the same name
+    SegmentIds                     its segment-id pair
+
+The XLA FFI handler (python/csrc/jax_ffi.c) is registered for the "cpu" platform, and for
+"CUDA" where jaxlib has it (the library then needs its CUDA backend).
+"""
+
+from ._attention import attention
+from ._cost import cost_estimate, plan
+from ._ffi import register as _register
+from ._pallas import SegmentIds, flash_attention
+
+_register()
+
+__all__ = ["attention", "cost_estimate", "plan", "flash_attention", "SegmentIds"]

@@ -1,0 +1,219 @@
+"""flashattn.jax.attention: the library's forward and backward as one differentiable JAX op.
+
+Arguments are checked and normalized here, at trace time (shapes and dtypes only, so the
+errors name the argument before anything runs); the math is the C library's, reached
+through the XLA FFI targets in _ffi.py. The backward is a jax.custom_vjp rule calling the
+library's fa_backward with the forward's saved o and lse.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
+
+from . import _ffi
+from ._ffi import Options
+from ._plan import plan_for
+
+_FLOAT_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.float16, jnp.bfloat16))
+
+
+def _check_qkv(q, k, v, layout):
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"layout must be 'bshd' or 'bhsd', got {layout!r}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            order = "[B, S, H, D]" if layout == "bshd" else "[B, H, S, D]"
+            raise ValueError(f"{name} must have rank 4 ({order} for layout={layout!r}), got shape {tuple(x.shape)}")
+        if x.dtype is None or jnp.dtype(x.dtype) not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    seq, head = (1, 2) if layout == "bshd" else (2, 1)
+    b, hq, sq, d = q.shape[0], q.shape[head], q.shape[seq], q.shape[3]
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ValueError(f"q, k and v must share the batch size, got {b}, {k.shape[0]} and {v.shape[0]}")
+    hk, sk = k.shape[head], k.shape[seq]
+    if k.shape[3] != d:
+        raise ValueError(f"k has head_dim {k.shape[3]} but q has {d}")
+    if v.shape[head] != hk or v.shape[seq] != sk:
+        raise ValueError(f"v has {v.shape[head]} heads and {v.shape[seq]} keys but k has {hk} and {sk}")
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"q's heads ({hq}) must be a multiple of k's and v's heads ({hk})")
+    return b, hq, sq, sk
+
+
+def _window(window):
+    if window is None:
+        return (-1, -1)
+    try:
+        left, right = window
+        left, right = (-1 if w is None else int(w) for w in (left, right))
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be (left, right) integers, -1 or None for unbounded, got {window!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window values must be >= -1 (-1: unbounded), got {window!r}")
+    return (left, right)
+
+
+def _finite(name, x):
+    """A static, finite float option (None stays None: the library's default)."""
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        raise ValueError(f"{name} must be a Python number (a static value), got {type(x).__name__}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
+    return x
+
+
+def _bias_shape(shape, b, hq, sq, sk):
+    """A bias shape broadcastable to [B, Hq, Sq, Sk] as [1 or B, 1 or Hq, Sq, Sk]."""
+    shape = tuple(shape)
+    if not 2 <= len(shape) <= 4:
+        raise ValueError(f"bias must have rank 2 to 4 (broadcastable to [B, H, Sq, Sk]), got shape {shape}")
+    shape = (1,) * (4 - len(shape)) + shape
+    bb, bh, bq, bk = shape
+    if bb not in (1, b) or bh not in (1, hq) or bq != sq or bk != sk:
+        raise ValueError(f"bias has shape {shape}, expected [1 or {b}, 1 or {hq}, {sq}, {sk}] "
+                         "([B, H, Sq, Sk]; batch and heads may be 1)")
+    return shape
+
+
+def _check_extras(alibi_slopes, q_seg, kv_seg, b, hq, sq, sk, shapes_only):
+    """Shapes of the slopes and segment ids (True stands for "present" in shapes_only)."""
+    if alibi_slopes is not None and not (shapes_only and alibi_slopes is True):
+        if tuple(alibi_slopes.shape) != (hq,):
+            raise ValueError(f"alibi_slopes must have shape ({hq},) (one per query head), "
+                             f"got {tuple(alibi_slopes.shape)}")
+    if (q_seg is None) != (kv_seg is None):
+        raise ValueError("q_segment_ids and kv_segment_ids must be given together")
+    for name, x, s in (("q_segment_ids", q_seg, sq), ("kv_segment_ids", kv_seg, sk)):
+        if x is None or (shapes_only and x is True):
+            continue
+        if tuple(x.shape) != (b, s):
+            raise ValueError(f"{name} must have shape ({b}, {s}), got {tuple(x.shape)}")
+        if x.dtype is not None and not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(f"{name} must be integers, got {x.dtype}")
+
+
+def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
+                 q_segment_ids=None, kv_segment_ids=None, layout="bshd", diag_offset=None, bias_scale=None,
+                 shapes_only=False):
+    """Checks a call's arguments from their shapes and dtypes; returns its Options and the
+    bias's shape as [1 or B, 1 or Hq, Sq, Sk] (None without a bias)."""
+    b, hq, sq, sk = _check_qkv(q, k, v, layout)
+    softcap = _finite("softcap", softcap)
+    if softcap is not None and softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0 or None: off), got {softcap}")
+    bias_shape = None if bias is None else _bias_shape(bias.shape, b, hq, sq, sk)
+    _check_extras(alibi_slopes, q_segment_ids, kv_segment_ids, b, hq, sq, sk, shapes_only)
+    if diag_offset is not None and (isinstance(diag_offset, bool) or not hasattr(diag_offset, "__index__")):
+        raise ValueError(f"diag_offset must be an integer, got {diag_offset!r}")
+    opt = Options(layout=layout, causal=bool(causal), window=_window(window), softcap=softcap or 0.0,
+                  scale=_finite("scale", scale), diag_offset=None if diag_offset is None else int(diag_offset),
+                  bias_scale=_finite("bias_scale", bias_scale), has_bias=bias is not None,
+                  has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None)
+    return opt, bias_shape
+
+
+def _unwrap(x):
+    return None if x is None else x.value
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _op(opt, q, k, v, bias, slopes, q_seg, kv_seg):
+    return _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg)
+
+
+def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg):
+    # symbolic_zeros: each argument comes as (value, perturbed); dbias is computed only
+    # when the bias is being differentiated
+    bias_grad = bias is not None and bias.perturbed
+    q, k, v, bias, slopes, q_seg, kv_seg = map(_unwrap, (q, k, v, bias, slopes, q_seg, kv_seg))
+    if bias_grad:  # at trace time, so that a library without dbias says so before anything runs
+        plan_for(opt, q, k, v, bias, bias_grad=True)
+    o, lse = _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg)
+    marker = () if bias_grad else None  # static: the residuals' structure carries it
+    return (o, lse), (q, k, v, o, lse, bias, slopes, q_seg, kv_seg, marker)
+
+
+def _op_bwd(opt, res, cotangents):
+    q, k, v, o, lse, bias, slopes, q_seg, kv_seg, marker = res
+    do, dlse = cotangents
+    if isinstance(do, SymbolicZero):
+        do = jnp.zeros(o.shape, o.dtype)
+    do = do.astype(o.dtype)
+    with_lse = not isinstance(dlse, SymbolicZero)
+    if with_lse:
+        # d lse_i / d s_ij = p_ij, so lse's cotangent adds dlse_i to every dp_ij of row i.
+        # The library's backward gets it as one more value column: ones in v, dlse in do,
+        # and 0 in o so that the row term rowsum(do * o) leaves it out.
+        dlse = dlse.astype(o.dtype)
+        dlse = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
+        v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+        o = jnp.concatenate([o, jnp.zeros(o.shape[:-1] + (1,), o.dtype)], axis=-1)
+        do = jnp.concatenate([do, dlse[..., None]], axis=-1)
+    dq, dk, dv, dbias = _ffi.backward(opt, marker is not None, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg)
+    if with_lse:
+        dv = dv[..., :-1]
+    return dq, dk, dv, dbias, None, None, None
+
+
+_op.defvjp(_op_fwd, _op_bwd, symbolic_zeros=True)
+
+
+def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
+         q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, diag_offset=None,
+         bias_scale=None):
+    """attention() with the two options the Pallas drop-in needs (diag_offset, bias_scale)."""
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    bias, slopes, q_seg, kv_seg = (None if x is None else jnp.asarray(x)
+                                   for x in (bias, alibi_slopes, q_segment_ids, kv_segment_ids))
+    opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
+                                   alibi_slopes=slopes, q_segment_ids=q_seg, kv_segment_ids=kv_seg, layout=layout,
+                                   diag_offset=diag_offset, bias_scale=bias_scale)
+    if bias is not None:  # outside the custom_vjp: autodiff takes the cast and reshape back
+        bias = bias.reshape(bias_shape).astype(jnp.float32)
+    if slopes is not None:
+        slopes = jax.lax.stop_gradient(slopes.astype(jnp.float32))
+    if q_seg is not None:
+        q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
+    _check_plan(opt, q, k, v, bias)
+    o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg)
+    return (o, lse) if return_lse else o
+
+
+def _check_plan(opt, q, k, v, bias):
+    """Plans the problem at trace time (microseconds, shapes only) so that whatever the
+    library rejects raises ValueError here, naming the problem, before anything runs."""
+    plan_for(opt, q, k, v, bias)
+
+
+def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
+              q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False):
+    """Exact attention through the flashattn C library, as an XLA custom call.
+
+    q [B, Sq, Hq, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv] for layout="bshd" (the default,
+    like jax.nn.dot_product_attention), or [B, H, S, D] for layout="bhsd"; float32, float16
+    or bfloat16. Hq must be a multiple of Hk (GQA/MQA). Returns o (q's layout, v's head
+    dim), or (o, lse) with lse [B, Hq, Sq] float32 when return_lse.
+
+    Semantics (README, SPEC section 2): s = scale * q.k (scale defaults to 1/sqrt(D)),
+    softcap cap*tanh(s/cap), + bias (broadcastable to [B, Hq, Sq, Sk]), - slope[h]*|i+Sk-Sq-j|
+    (ALiBi); masks (causal, window=(left, right), segment ids) align bottom-right as in
+    FlashAttention-2 (for Sq == Sk the usual lower triangle). A row with no visible key
+    gives o = 0 and lse = -inf.
+
+    Differentiable for q, k, v and bias (jax.custom_vjp through the library's backward);
+    works under jax.jit, jax.grad and jax.vmap (vmapped dims fold into the batch).
+    """
+    return call(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
+                alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                layout=layout, return_lse=return_lse)

@@ -1,0 +1,68 @@
+"""flashattn.jax.cost_estimate: a Pallas CostEstimate from the library's analytic plan.
+
+The drop-in for a Pallas kernel's cost_estimate=: it needs shapes only (arrays or
+jax.ShapeDtypeStructs), plans in microseconds, and never traces, compiles or allocates
+anything of the problem's size, unlike pl.estimate_cost(reference_attention, ...), which
+traces the naive attention and counts a causal problem as if it were dense.
+"""
+
+from __future__ import annotations
+
+from ._attention import make_options
+from ._plan import plan_for
+
+
+class _Shape:
+    """Anything with .shape (and .dtype) as the op's argument checks expect."""
+
+    def __init__(self, shape, dtype=None):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.ndim = len(self.shape)
+
+
+def _shaped(x):
+    if x is None or isinstance(x, bool):
+        return x
+    if not hasattr(x, "shape"):
+        raise ValueError(f"expected an array or jax.ShapeDtypeStruct, got {type(x).__name__}")
+    return _Shape(x.shape, getattr(x, "dtype", None))
+
+
+def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
+         q_segment_ids=None, kv_segment_ids=None, layout="bshd", bias_grad=False, backend=None,
+         diag_offset=None, bias_scale=None):
+    """The flashattn.Plan for a call of flashattn.jax.attention with these arguments
+    (arrays or ShapeDtypeStructs; the optional tensors may also be given as True)."""
+    q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids = map(
+        _shaped, (q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids))
+    opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
+                             alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids,
+                             kv_segment_ids=kv_segment_ids, layout=layout, diag_offset=diag_offset,
+                             bias_scale=bias_scale, shapes_only=True)
+    bias = None if bias_shape is None else _Shape(bias_shape)
+    return plan_for(opt, q, k, v, bias, backend=backend, bias_grad=bias_grad and bias is not None)
+
+
+def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
+                  q_segment_ids=None, kv_segment_ids=None, layout="bshd", pass_="forward", bias_grad=False,
+                  backend=None):
+    """A jax.experimental.pallas.CostEstimate (flops, transcendentals, bytes_accessed) of
+    flashattn's kernel for this call, from the library's plan: exact for masks known from
+    shapes (an upper bound with segment ids), in microseconds, from shapes alone.
+
+    Arguments as flashattn.jax.attention, as arrays or jax.ShapeDtypeStructs (alibi_slopes
+    and segment ids may be True). pass_: "forward" or "backward" (bias_grad: the backward
+    also computes dbias). backend: the library's tile schedule to count ("cpu", "cuda");
+    default: "cpu" when JAX's default backend is the CPU, else "cuda".
+    """
+    from jax.experimental import pallas as pl  # imported here: flashattn.jax needs it nowhere else
+
+    if pass_ not in ("forward", "backward"):
+        raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
+    p = plan(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
+             alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+             layout=layout, bias_grad=bias_grad, backend=backend)
+    c = p.forward if pass_ == "forward" else p.backward
+    return pl.CostEstimate(flops=int(c["flops"]), transcendentals=int(c["transcendentals"]),
+                           bytes_accessed=int(c["bytes_accessed"]))

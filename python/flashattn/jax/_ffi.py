@@ -1,0 +1,132 @@
+"""The XLA FFI targets behind flashattn.jax: loading the handler library, registering its
+forward and backward handlers with XLA, and calling them through jax.ffi.ffi_call.
+
+The handlers (python/csrc/jax_ffi.c) take the tensors as buffers and the options as scalar
+attributes, build one fa_problem from them, plan and run. Under jax.vmap the calls use
+vmap_method="expand_dims": the handler folds the added leading dims into the batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _native
+
+_LIB_NAME = "libflashattn_jax.so"
+FORWARD_TARGET = "flashattn_forward"
+BACKWARD_TARGET = "flashattn_backward"
+
+
+class Options(NamedTuple):
+    """Everything about a call that is not a tensor: hashable, so it can be static."""
+
+    layout: str  # "bshd" or "bhsd"
+    causal: bool
+    window: tuple[int, int]  # (left, right), -1 unbounded
+    softcap: float  # 0: off
+    scale: float | None  # None: 1/sqrt(D)
+    diag_offset: int | None  # None: masks align bottom-right (Sk - Sq)
+    bias_scale: float | None  # None: 1
+    has_bias: bool
+    has_alibi: bool
+    has_segment_ids: bool
+
+
+def _find_library() -> str:
+    """Beside the libflashattn.so that flashattn loaded ($FLASHATTN_LIBDIR or the package)."""
+    path = os.path.join(os.path.dirname(_native.LIB_PATH), _LIB_NAME)
+    if not os.path.exists(path):
+        raise ImportError(
+            f"flashattn.jax: {path} does not exist: the package was built without jaxlib's FFI "
+            "headers. Reinstall with jaxlib in the build environment (pip install . does), or "
+            "point FLASHATTN_LIBDIR at a build folder configured with -DFA_JAX_FFI=ON.")
+    return path
+
+
+_registered = False
+
+
+def register() -> None:
+    """Loads the handler library and registers its targets (once per process)."""
+    global _registered
+    if _registered:
+        return
+    # _native has loaded libflashattn.so; the handler library's NEEDED entry (the
+    # library's SONAME) resolves to that copy
+    lib = ctypes.CDLL(_find_library())
+    jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_forward_cpu), platform="cpu")
+    jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_backward_cpu), platform="cpu")
+    # The CUDA handlers exist in every build; they plan with the CUDA backend and report
+    # "not built" from the library where it has no CUDA. jaxlib without a CUDA plugin may
+    # refuse the platform name, which is harmless: no GPU call can reach them then.
+    try:
+        jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_forward_cuda), platform="CUDA")
+        jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_backward_cuda), platform="CUDA")
+    except Exception:  # noqa: BLE001 - only the optional platform
+        pass
+    _registered = True
+
+
+def _attributes(opt: Options) -> dict:
+    i64, f32 = np.int64, np.float32
+    return dict(
+        layout=i64(1 if opt.layout == "bshd" else 0),
+        causal=i64(opt.causal),
+        window_left=i64(opt.window[0]),
+        window_right=i64(opt.window[1]),
+        softcap=f32(opt.softcap),
+        has_scale=i64(opt.scale is not None),
+        scale=f32(0.0 if opt.scale is None else opt.scale),
+        has_diag_offset=i64(opt.diag_offset is not None),
+        diag_offset=i64(0 if opt.diag_offset is None else opt.diag_offset),
+        has_bias_scale=i64(opt.bias_scale is not None),
+        bias_scale=f32(1.0 if opt.bias_scale is None else opt.bias_scale),
+        has_bias=i64(opt.has_bias),
+        has_alibi=i64(opt.has_alibi),
+        has_segment_ids=i64(opt.has_segment_ids),
+    )
+
+
+def _extras(bias, slopes, q_seg, kv_seg) -> list:
+    return [x for x in (bias, slopes, q_seg, kv_seg) if x is not None]
+
+
+def out_shapes(opt: Options, q, v):
+    """o's and lse's shapes: o in q's layout with v's head dim, lse [B, H, Sq]."""
+    if opt.layout == "bshd":
+        b, s, h, _ = q.shape
+        o = (b, s, h, v.shape[-1])
+    else:
+        b, h, s, _ = q.shape
+        o = (b, h, s, v.shape[-1])
+    return o, (b, h, s)
+
+
+def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg):
+    """(o, lse) from the forward handler."""
+    register()
+    o_shape, lse_shape = out_shapes(opt, q, v)
+    call = jax.ffi.ffi_call(
+        FORWARD_TARGET,
+        (jax.ShapeDtypeStruct(o_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
+        vmap_method="expand_dims",
+    )
+    return call(q, k, v, *_extras(bias, slopes, q_seg, kv_seg), **_attributes(opt))
+
+
+def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg):
+    """(dq, dk, dv, dbias or None) from the backward handler."""
+    register()
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    if bias_grad:
+        shapes.append(jax.ShapeDtypeStruct(bias.shape, jnp.float32))
+    call = jax.ffi.ffi_call(BACKWARD_TARGET, tuple(shapes), vmap_method="expand_dims")
+    outs = call(q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg), bias_grad=np.int64(bias_grad),
+                **_attributes(opt))
+    return (*outs[:3], outs[3] if bias_grad else None)

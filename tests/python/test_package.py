@@ -1,0 +1,115 @@
+"""The package itself: what importing it loads, the ctypes mirrors' guard, flashattn.plan."""
+import ctypes
+import subprocess
+import sys
+import time
+
+import pytest
+
+import flashattn
+from flashattn import _native
+
+
+def test_import_loads_neither_torch_nor_jax():
+    code = ("import sys, flashattn; flashattn.plan(batch=1, heads=1, seq_q=4, head_dim=8); "
+            "bad = [m for m in ('torch', 'jax', 'jaxlib') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_stale_mirror_is_an_import_error_naming_the_struct(monkeypatch):
+    class OldProblem(ctypes.Structure):  # as if a field had been added to the header
+        _fields_ = _native.Problem._fields_[:-1]
+    mirrors = list(_native.MIRRORS)
+    mirrors[0] = ("fa_problem", OldProblem)
+    monkeypatch.setattr(_native, "MIRRORS", tuple(mirrors))
+    with pytest.raises(ImportError, match="fa_problem"):
+        _native._check_mirrors(_native.lib)
+
+
+def test_every_mirror_matches_the_library():
+    for which, (name, mirror) in enumerate(_native.MIRRORS):
+        assert _native.lib.fa_struct_size(which) == ctypes.sizeof(mirror), name
+    assert _native.lib.fa_struct_size(99) == 0
+
+
+SEED_PROBLEM = dict(batch=18, heads=32, seq_q=16384, head_dim=256, dtype="bf16")
+
+
+def test_plan_reports_every_cost_field():
+    p = flashattn.plan(**SEED_PROBLEM)
+    for d in (p.forward, p.backward):
+        assert set(d) == set(_native.COST_FIELDS)
+        assert all(isinstance(x, int) and x > 0 for x in d.values())
+    B, H, S, D = 18, 32, 16384, 256
+    assert p.forward["flops_useful"] == 4 * B * H * S * S * D
+    # naive: q, k, v, o in bf16, lse in f32, the f32 score matrix
+    assert p.forward["naive_peak_bytes"] == 4 * B * H * S * D * 2 + B * H * S * 4 + B * H * S * S * 4
+    assert p.exact is True and p.backend in ("cpu", "cuda")
+    assert set(p.blocks) == {"forward", "backward"} and all(len(b) == 2 for b in p.blocks.values())
+
+
+def test_plan_is_fast_and_fits():
+    t0 = time.perf_counter()
+    for _ in range(100):
+        p = flashattn.plan(causal=True, **SEED_PROBLEM)
+    per_plan = (time.perf_counter() - t0) / 100
+    assert per_plan < 0.01, f"a plan took {per_plan * 1e3:.2f} ms"
+    assert p.fits("24G") and p.fits(24 << 30)
+    assert not p.naive_fits("24G")
+    assert not p.fits("1G") and p.fits("1T", pass_="both")
+    assert p.forward["flops_useful"] * 2 == flashattn.plan(**SEED_PROBLEM).forward["flops_useful"] + \
+        2 * (256 + 256) * 18 * 32 * 16384  # causal: the diagonal counts once
+
+
+def test_plan_options():
+    base = dict(batch=2, heads=8, seq_q=100, head_dim=64)
+    gqa = flashattn.plan(kv_heads=2, seq_k=300, head_dim_v=32, **base)
+    assert gqa.forward["flops_useful"] == 2 * (64 + 32) * 2 * 8 * 100 * 300
+    seg = flashattn.plan(segment_ids=True, **base)
+    assert seg.exact is False
+    with_bias = flashattn.plan(bias_shape=(1, 8, 100, 100), alibi=True, softcap=30.0, window=(16, 0), **base)
+    assert with_bias.forward["transcendentals"] > flashattn.plan(window=(16, 0), **base).forward["transcendentals"]
+    assert flashattn.plan(backend="cuda", dtype="bf16", **base).backend == "cuda"  # plans need no device
+    assert flashattn.plan(backend="cpu", threads=3, **base).threads == 3
+    assert flashattn.plan(scale=0.5, **base).scale == 0.5
+
+
+def test_plan_is_keyword_only():
+    with pytest.raises(TypeError):
+        flashattn.plan(1, 8, 100, 64)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"heads": 6, "kv_heads": 4}, r"heads_q \(6\) is not a multiple of heads_kv \(4\)"),
+    ({"seq_q": 0}, "seq_q must be positive"),
+    ({"window": (-2, 3)}, "window"),
+    ({"softcap": -1.0}, "softcap"),
+    ({"scale": float("nan")}, "scale must be finite"),
+    ({"dtype": "f64"}, "dtype"),
+    ({"backend": "tpu"}, "backend"),
+    ({"bias_shape": (3, 8, 100, 100)}, "bias"),
+    ({"bias_shape": (1, 8, 100, 99)}, "bias"),
+    ({"batch": 1 << 40, "seq_q": 1 << 30}, "overflow|too large|beyond"),
+])
+def test_plan_bad_arguments_raise_value_error(kw, message):
+    args = dict(batch=2, heads=8, seq_q=100, head_dim=64)
+    args.update(kw)
+    with pytest.raises(ValueError, match=message):
+        flashattn.plan(**args)
+
+
+def test_bias_scale_and_dbias_are_planned():
+    base = dict(batch=2, heads=8, seq_q=100, head_dim=64, bias_shape=(1, 8, 100, 100))
+    p = flashattn.plan(bias_scale=0.125, bias_grad=True, **base)
+    assert p.backward["bytes_accessed"] > flashattn.plan(**base).backward["bytes_accessed"]
+    with pytest.raises(ValueError, match="bias"):
+        flashattn.plan(batch=2, heads=8, seq_q=100, head_dim=64, bias_grad=True)
+
+
+def test_budget_strings():
+    p = flashattn.plan(batch=1, heads=1, seq_q=8, head_dim=8)
+    with pytest.raises(ValueError, match="budget"):
+        p.fits("lots")
+    assert p.fits("1.5M") and not p.fits("1.5K")

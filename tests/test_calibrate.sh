@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `flashattn calibrate` and the predicted seconds of `plan` and `bench` (tools/rates.h): bad
+# flags exit 2 with one line; --no-cache writes nothing; a calibration is cached per kernel
+# set and thread count in $XDG_CACHE_HOME/flashattn/rates.json, and only plans with that
+# thread count predict from it. Usage: bash tests/test_calibrate.sh BUILD_DIR.
+set -u
+BUILD=${1:-build}
+FA=$(cd "$BUILD" && pwd)/flashattn
+[ -x "$FA" ] || { echo "missing $FA (build first)"; echo "0 passed, 1 failed"; exit 1; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export XDG_CACHE_HOME=$W/cache # never the user's cache
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+fa() { "$FA" "$@" >"$W/so" 2>"$W/se"; rc=$?; }
+
+fa calibrate --help
+[ $rc -eq 0 ] && grep -q "no-cache" "$W/so" && ok "calibrate --help" || no "calibrate --help" "exit $rc"
+for args in "--bogus" "--threads 0" "--threads x" "--threads"; do
+  fa calibrate $args
+  lines=$(wc -l <"$W/se")
+  [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && [ ! -e "$W/cache" ] && ok "calibrate $args -> $(cat "$W/se")" ||
+    no "calibrate $args" "exit $rc, $lines stderr lines"
+done
+
+fa calibrate --threads 1 --no-cache --json
+fma=$(sed -n 's/.*"fma_gflops": \([0-9.e+]*\).*/\1/p' "$W/so")
+eff=$(sed -n 's/.*"eff_backward_f32": \([0-9.e+]*\).*/\1/p' "$W/so")
+[ $rc -eq 0 ] && [ -n "$fma" ] && [ -n "$eff" ] && [ ! -e "$W/cache/flashattn/rates.json" ] &&
+  ok "calibrate --no-cache measures (fma $fma GFLOP/s, backward f32 efficiency $eff), writes nothing" ||
+  no "calibrate --no-cache" "exit $rc: $(cat "$W/so" "$W/se")"
+
+fa calibrate --threads 1
+f="$W/cache/flashattn/rates.json"
+[ $rc -eq 0 ] && [ -s "$f" ] && grep -q '"[a-z0-9]*/t1/eff_forward_bf16": ' "$f" &&
+  ok "calibrate caches per kernel set and thread count in \$XDG_CACHE_HOME/flashattn/rates.json" ||
+  no "calibrate" "exit $rc, cache: $(cat "$f" 2>&1)"
+
+SHAPE="--batch 1 --heads 2 --seq 256 --head-dim 64 --backend cpu"
+fa plan $SHAPE --threads 1 --json
+[ $rc -eq 0 ] && grep -q '"predicted_seconds": {"forward": [0-9.e-]*, "backward": [0-9.e-]*}' "$W/so" &&
+  ok "plan predicts from the cached rates (1 thread)" || no "plan --threads 1" "$(cat "$W/so" "$W/se")"
+fa plan $SHAPE --threads 3 --json
+[ $rc -eq 0 ] && grep -q '"predicted_seconds": null' "$W/so" &&
+  ok "plan on 3 threads predicts nothing (no rates for 3 threads)" || no "plan --threads 3" "$(cat "$W/so")"
+fa plan $SHAPE --threads 3
+[ $rc -eq 0 ] && grep -q "run \`flashattn calibrate --threads 3\`" "$W/so" &&
+  ok "plan says how to get predictions" || no "plan --threads 3 (text)" "$(cat "$W/so")"
+fa bench $SHAPE --threads 1 --iters 1 --json
+[ $rc -eq 0 ] && grep -q '"forward": {[^}]*"predicted_seconds": [0-9.e-]*[1-9]' "$W/so" &&
+  grep -q '"backward": {[^}]*"predicted_seconds": [0-9.e-]*[1-9]' "$W/so" &&
+  ok "bench reports predicted beside measured seconds" || no "bench --json" "$(cat "$W/so" "$W/se")"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

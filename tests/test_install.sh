@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# C users: `cmake --install` into a temporary prefix, then an external program
+# (tests/install/consumer.c) configured and built against it through find_package
+# (flashattn::flashattn and flashattn::flashattn_static) and through pkg-config (shared, and
+# --static), each run. Usage: test_install.sh BUILD_DIR. Exits 77 (skipped) for sanitizer
+# builds: their libraries need the sanitizer runtime linked first into every program.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
+if grep -q '^FA_SANITIZE:BOOL=ON' "$build/CMakeCache.txt"; then
+  echo "skipped: sanitizer build (the install test runs in the Release build)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+
+cmake --install "$build" --prefix "$prefix" --component dev >/dev/null
+for f in include/flashattn.h lib/libflashattn.so lib/libflashattn.a \
+         lib/cmake/flashattn/flashattnConfig.cmake lib/pkgconfig/flashattn.pc; do
+  [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
+done
+
+echo "== find_package(flashattn)"
+cmake -S "$src/tests/install" -B "$tmp/cm" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$tmp/cm" >/dev/null
+"$tmp/cm/consumer_shared"
+"$tmp/cm/consumer_static"
+# each linked what it says: the shared one loads the installed .so, the static one no .so of ours
+ldd "$tmp/cm/consumer_shared" | grep -q "$prefix/lib/libflashattn.so" || { echo "FAIL: consumer_shared does not load $prefix/lib/libflashattn.so"; exit 1; }
+if ldd "$tmp/cm/consumer_static" | grep -q libflashattn; then echo "FAIL: consumer_static loads libflashattn"; exit 1; fi
+
+echo "== pkg-config flashattn"
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+cc=${CC:-cc}
+# shellcheck disable=SC2046
+$cc -std=c11 -o "$tmp/pc_shared" "$src/tests/install/consumer.c" $(pkg-config --cflags --libs flashattn) -lm
+LD_LIBRARY_PATH=$prefix/lib "$tmp/pc_shared"
+# the static archive by name (-l: also finds it beside the .so), then its private needs
+static_libs=$(pkg-config --static --libs flashattn | sed 's/-lflashattn/-l:libflashattn.a/')
+# shellcheck disable=SC2046,SC2086
+$cc -std=c11 -o "$tmp/pc_static" "$src/tests/install/consumer.c" $(pkg-config --cflags flashattn) $static_libs -lm
+"$tmp/pc_static"
+echo "PASS: installed header, libraries, CMake package and pkg-config file"

@@ -1,0 +1,133 @@
+/* The threaded CPU paths, small enough to run under ThreadSanitizer (tests/run_all.sh builds
+ * this program with clang -fsanitize=thread and LLVM's OpenMP runtime): a few forward and
+ * backward problems with 2, 3 and 4 threads and tiles small enough that every thread takes
+ * many work items, a progress callback (the drivers' shared counter and its critical
+ * section), and a caller-supplied workspace carved per thread. Each result is compared with
+ * the float64 reference, and must be bit-identical to the 1-thread result (no thread's
+ * share may depend on another's). Seeded (FA_TEST_SEED reproduces a run). */
+#include "backward_check.h"
+
+/* The progress callback runs on one worker at a time; it checks the counts only grow. */
+typedef struct {
+    int64_t calls, last, total;
+    int regressed;
+} progress_log;
+
+static void on_progress(void *ctx, int64_t done, int64_t total) {
+    progress_log *l = ctx;
+    if (done < l->last || (l->total && total != l->total)) l->regressed = 1;
+    l->calls++, l->last = done, l->total = total;
+}
+
+/* fa_forward with threads, o and lse poisoned first; compares with the reference (the
+ * bounds of test_forward.c) and, bitwise, with want_o when given. Returns o's copy. */
+static void *forward_checked(tcase *c, const fa_plan *pl, const char *label, const void *want_o,
+                             const double *ref_lse) {
+    const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
+    const int failures_before = failures;
+    const size_t es = fa_dtype_size(p->dtype), obytes = (size_t)c->no * es;
+    const int64_t rows = p->batch * p->heads_q * p->seq_q, Dv = p->head_dim_v;
+    fa_cost cost;
+    fa_plan_cost(pl, FA_FORWARD, &cost);
+    void *ws = tu_alloc((size_t)cost.workspace_bytes);
+    progress_log log = {0, 0, 0, 0};
+    tu_poison(p->dtype, c->o, c->no);
+    for (int64_t r = 0; r < rows; r++) c->lse[r] = NAN;
+    fa_forward_args a = case_fwd_args(c);
+    a.workspace = ws, a.workspace_size = (size_t)cost.workspace_bytes;
+    a.progress = on_progress, a.progress_ctx = &log;
+    fa_status st = fa_forward(pl, &a);
+    CHECK(st == FA_OK, "%s: fa_forward: %s", label, fa_last_error());
+    double maxerr = 0, maxref = 0, lse_err = 0, max_lse = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
+        for (int64_t x = 0; x < Dv; x++) {
+            const double got = fa_load(p->dtype, c->o, fa_offset(&rp->o_stride, b, h, i, x)), want = c->o_exact[r * Dv + x];
+            if (!(fabs(got - want) <= maxerr)) maxerr = isnan(got) ? INFINITY : fabs(got - want);
+            if (fabs(want) > maxref) maxref = fabs(want);
+        }
+        if (isinf(ref_lse[r])) {
+            CHECK((double)c->lse[r] == ref_lse[r], "%s: lse row %lld: %g, want %g", label, (long long)r,
+                  (double)c->lse[r], ref_lse[r]);
+            continue;
+        }
+        if (fabs(ref_lse[r]) > max_lse) max_lse = fabs(ref_lse[r]);
+        const double e = fabs(c->lse[r] - ref_lse[r]) / (1 + fabs(ref_lse[r]));
+        if (!(e <= lse_err)) lse_err = e;
+    }
+    const double tol = p->dtype == FA_F16 ? 5e-3 : p->dtype == FA_BF16 ? 2e-2 : 1e-5 * (max_lse > 8 ? max_lse / 8 : 1);
+    const double err = maxerr / (maxref > 0 ? maxref : 1);
+    CHECK(err <= tol && lse_err <= 1e-5, "%s: forward o err %.3g (bound %.3g), lse err %.3g (bound 1e-5)", label, err,
+          tol, lse_err);
+    CHECK(!log.regressed && log.calls > 0 && log.last == log.total, "%s: progress %lld calls, last %lld of %lld%s",
+          label, (long long)log.calls, (long long)log.last, (long long)log.total, log.regressed ? ", went back" : "");
+    if (want_o) CHECK(memcmp(c->o, want_o, obytes) == 0, "%s: forward o differs from the 1-thread result", label);
+    printf("%s %s: forward o err %.2e (bound %.1e), %lld progress calls\n", failures > failures_before ? "FAIL" : "PASS", label, err,
+           tol, (long long)log.calls);
+    free(ws);
+    void *copy = tu_alloc(obytes);
+    memcpy(copy, c->o, obytes);
+    return copy;
+}
+
+typedef struct {
+    const char *name;
+    fa_dtype dt;
+    int64_t B, Hq, Hk, Sq, Sk, D, Dv, bq, bk;
+    int mask;
+} config;
+
+int main(void) {
+    (void)case_forward_kernel; /* backward_check.h's; this test checks its own forward */
+    const uint64_t seed = tu_seed();
+    uint64_t rng = seed;
+    printf("test_threads: FA_TEST_SEED=%llu\n", (unsigned long long)seed);
+    static const config cfgs[] = {
+        {"f32 causal GQA", FA_F32, 2, 4, 2, 67, 67, 32, 32, 16, 16, M_CAUSAL},
+        {"bf16 window+bias+alibi+softcap", FA_BF16, 1, 2, 1, 50, 90, 24, 16, 8, 16,
+         M_WINDOW | M_BIAS | M_ALIBI | M_SOFTCAP},
+        {"f16 segments+bias(-inf)", FA_F16, 2, 2, 2, 40, 33, 16, 16, 8, 8, M_SEG | M_BIAS | M_NEGINF},
+    };
+    static const int threads[] = {2, 3, 4};
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        const config *f = &cfgs[k];
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = f->B, p.heads_q = f->Hq, p.heads_kv = f->Hk, p.seq_q = f->Sq, p.seq_k = f->Sk;
+        p.head_dim = f->D, p.head_dim_v = f->Dv, p.dtype = f->dt;
+        tcase c;
+        case_init(&c, &p, f->mask, &rng, 1);
+        fa_plan *one = make_plan(&c.p, 1, f->bq, f->bk);
+        if (!one) continue;
+        case_forward_ref(&c, one);
+        const int64_t rows = p.batch * p.heads_q * p.seq_q;
+        double *ref_lse = tu_alloc(sizeof(double) * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) ref_lse[r] = c.lse[r];
+        char label[160];
+        snprintf(label, sizeof label, "%s, 1 thread", f->name);
+        void *o1 = forward_checked(&c, one, label, NULL, ref_lse);
+        run_and_compare(&c, one, label);
+        const size_t es = fa_dtype_size(p.dtype);
+        void *g1[3] = {tu_alloc((size_t)c.nq * es), tu_alloc((size_t)c.nk * es), tu_alloc((size_t)c.nv * es)};
+        memcpy(g1[0], c.dq, (size_t)c.nq * es), memcpy(g1[1], c.dk, (size_t)c.nk * es);
+        memcpy(g1[2], c.dv, (size_t)c.nv * es);
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            fa_plan *pl = make_plan(&c.p, threads[t], f->bq, f->bk);
+            if (!pl) continue;
+            snprintf(label, sizeof label, "%s, %d threads", f->name, threads[t]);
+            free(forward_checked(&c, pl, label, o1, ref_lse));
+            run_and_compare(&c, pl, label);
+            CHECK(memcmp(c.dq, g1[0], (size_t)c.nq * es) == 0 && memcmp(c.dk, g1[1], (size_t)c.nk * es) == 0 &&
+                      memcmp(c.dv, g1[2], (size_t)c.nv * es) == 0,
+                  "%s: gradients differ from the 1-thread result", label);
+            fa_plan_destroy(pl);
+        }
+        for (int i = 0; i < 3; i++) free(g1[i]);
+        free(o1);
+        free(ref_lse);
+        fa_plan_destroy(one);
+        case_free(&c);
+    }
+    printf("%s (FA_TEST_SEED=%llu): %d failure(s)\n", failures ? "FAILED" : "ok", (unsigned long long)seed, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,88 @@
+/* `flashattn calibrate`: measures this machine's rates (rates.h: peaks, read bandwidth, exp,
+ * tile efficiencies) for the CPU kernel set in use and a thread count, prints them and
+ * caches them, so that `plan` and `bench` can predict seconds per pass.
+ *
+ *   flashattn calibrate [--threads N] [--no-cache] [--json]
+ *
+ * --no-cache measures and prints without writing the cache. Takes a few seconds. */
+#include "cli.h"
+#include "rates.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(void) {
+    printf("usage: flashattn calibrate [--threads N] [--no-cache] [--json]\n\n"
+           "Measures this machine's rates for the CPU kernel set in use (f32 FMA and vdpbf16ps\n"
+           "peaks, memory read bandwidth, exp throughput, and the tile efficiency of each pass\n"
+           "and dtype on a small problem; a few seconds) and caches them in\n"
+           "$XDG_CACHE_HOME/flashattn/rates.json (default ~/.cache/...), one entry per kernel set\n"
+           "and thread count. `plan` and `bench` then print predicted seconds per pass:\n"
+           "  max(flops / (peak x efficiency) + transcendentals / exp rate, bytes / bandwidth)\n"
+           "  --threads N  threads to measure with (default: OpenMP's default, as plans use)\n"
+           "  --no-cache   measure and print only; leave the cache as it is\n"
+           "  --json       one JSON object on stdout\n");
+}
+
+int cli_calibrate(int argc, char **argv) {
+    int threads = 0, cache = 1, json = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            return 0;
+        } else if (!strcmp(a, "--no-cache")) {
+            cache = 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--threads")) {
+            if (i + 1 >= argc) return cli_fail(2, "--threads needs a value");
+            char *end;
+            errno = 0;
+            long v = strtol(argv[++i], &end, 10);
+            if (!*argv[i] || *end || errno || v < 1 || v > 4096)
+                return cli_fail(2, "--threads: '%.40s' is not a thread count in 1..4096", argv[i]);
+            threads = (int)v;
+        } else {
+            return cli_fail(2, "calibrate: unknown flag '%.40s' (--threads, --no-cache, --json)", a);
+        }
+    }
+    if (!threads) threads = omp_get_max_threads();
+    cli_rates r;
+    char err[512];
+    if (cli_rates_measure(threads, !json, &r, err, sizeof err)) return cli_fail(1, "calibrate: %s", err);
+    char path[4096] = "";
+    if (cache) {
+        if (cli_rates_save(&r, err, sizeof err)) return cli_fail(1, "calibrate: %s", err);
+        cli_rates_path(path, sizeof path);
+    }
+    static const char *const dt[3] = {"f32", "f16", "bf16"};
+    if (json) {
+        printf("{\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": %.4g, \"dpbf16_gflops\": %.4g, "
+               "\"read_gbps\": %.4g, \"exp_per_s\": %.4g",
+               r.isa, r.threads, r.fma_gflops, r.dpbf16_gflops, r.read_gbps, r.exp_per_s);
+        for (int pass = 0; pass < 2; pass++)
+            for (int t = 0; t < 3; t++)
+                printf(", \"eff_%s_%s\": %.4f", pass ? "backward" : "forward", dt[t], r.eff[pass][t]);
+        printf(", \"cache\": \"%s\"}\n", path);
+        return 0;
+    }
+    printf("kernel set   %s, %d thread%s\n", r.isa, r.threads, r.threads > 1 ? "s" : "");
+    printf("f32 FMA      %8.1f GFLOP/s\n", r.fma_gflops);
+    if (r.dpbf16_gflops > 0) printf("vdpbf16ps    %8.1f GFLOP/s\n", r.dpbf16_gflops);
+    else printf("vdpbf16ps    not on this CPU\n");
+    printf("read         %8.1f GB/s\n", r.read_gbps);
+    printf("exp          %8.3g per second\n", r.exp_per_s);
+    printf("tile efficiency (fraction of the peak inside a pass; B=1 H=%d S=1024 D=128)\n",
+           4 * r.threads);
+    for (int t = 0; t < 3; t++)
+        printf("  %-4s       forward %.3f, backward %.3f (of %.1f GFLOP/s)\n", dt[t], r.eff[0][t],
+               r.eff[1][t], cli_rates_peak(&r, (fa_dtype)t));
+    if (cache) printf("cached in    %s\n", path);
+    else printf("not cached (--no-cache)\n");
+    return 0;
+}
