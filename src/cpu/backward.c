@@ -16,6 +16,7 @@
  * bit-identical across runs and thread counts. p comes from the ISA's exp_sum, the exp the
  * forward uses; p and dS are rounded to the problem's dtype before they enter a product
  * (the microkernels' contract, isa.h). Counting follows the COUNTING RULES in internal.h. */
+#include "backward_delta.h"
 #include "guard.h"
 #include "isa.h"
 #include "progress.h"
@@ -353,7 +354,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
     const int64_t nb = p->bias_grad ? B / p->bias_batch : 1, nh = p->bias_grad ? Hq / p->bias_heads : 1;
     const int64_t slices_h = Hq / nh;
 
-    const int64_t bq = plan->bwd_bq, bk = plan->bwd_bk, Dv = p->head_dim_v;
+    const int64_t bq = plan->bwd_bq, bk = plan->bwd_bk;
     const int64_t nq = (Sq + bq - 1) / bq, nk = (p->seq_k + bk - 1) / bk;
     int64_t flops = 0, trans = 0;
     fa_progress progress;
@@ -368,14 +369,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
         fa_counts cnt = {0, 0};
 
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
-            float sum = 0.0f;
-            for (int64_t x = 0; x < Dv; x++)
-                sum += fa_load(p->dtype, a->d_o, fa_offset(&p->o_stride, b, h, i, x)) *
-                       fa_load(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, x));
-            delta[r] = sum;
-        }
+        for (int64_t r = 0; r < rows; r++) delta[r] = fa_bwd_delta_row(p, a, r);
         /* the implicit barrier above publishes delta */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < B * Hk * nk; t++)

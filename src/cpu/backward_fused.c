@@ -24,6 +24,7 @@
  * 4 (2 Sq (D + Dv) + Sq D + Sk (D + Dv)) bytes) and fewer work items (B x Hk). The plan
  * takes it when the shapes make that worthwhile
  * (fa_cpu_backward_fused_fits); FA_BWD_SCHEDULE=fused|two-pass forces either. */
+#include "backward_delta.h"
 #include "guard.h"
 #include "isa.h"
 #include "progress.h"
@@ -341,7 +342,7 @@ static void fused_item(const fused_ctx *c, fused_scratch *w, int64_t b, int64_t 
  * arguments and the workspace size already checked. */
 fa_status fa_cpu_backward_fused(const struct fa_plan *plan, const fa_backward_args *a, char *ws) {
     const fa_problem *p = &plan->p;
-    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Dv = p->head_dim_v;
+    const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q;
     const int threads = plan->threads > 0 ? plan->threads : 1;
     const int64_t rows = B * Hq * Sq, scratch = fa_cpu_backward_fused_scratch_bytes(plan);
     float *delta = (float *)ws;
@@ -361,14 +362,7 @@ fa_status fa_cpu_backward_fused(const struct fa_plan *plan, const fa_backward_ar
         fa_counts cnt = {0, 0};
 
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
-            float sum = 0.0f;
-            for (int64_t x = 0; x < Dv; x++)
-                sum += fa_load(p->dtype, a->d_o, fa_offset(&p->o_stride, b, h, i, x)) *
-                       fa_load(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, x));
-            delta[r] = sum;
-        }
+        for (int64_t r = 0; r < rows; r++) delta[r] = fa_bwd_delta_row(p, a, r);
         /* the implicit barrier above publishes delta */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < B * Hk; t++) {
