@@ -108,6 +108,7 @@ typedef struct {
     int64_t bq, bk, group; /* tile edges; query heads per kv head */
     size_t esz;            /* bytes per q/k/v/o element */
     fa_score_ctx sc;       /* what turns products into scores */
+    int pairs;             /* p goes to the PV product as the ISA's bf16 pairs (isa.h) */
 } fwd_ctx;
 
 static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_strides *st, int64_t b, int64_t h,
@@ -186,16 +187,23 @@ static void round_row(const fa_isa *isa, fa_dtype t, float *restrict x, int n) {
 
 /* Folds one row of scores (srow, whose max is mt) into the running softmax of its row:
  * srow becomes p (rounded to the dtype), *M and *L are updated and arow (Dv) is rescaled,
- * ready for acc += p V. */
+ * ready for acc += p V. pair_scale > 0: srow holds the raw products instead, whose scores
+ * are the products times pair_scale, and p is written as the ISA's bf16 pairs (isa.h,
+ * exp_pairs). */
 static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt, float *M, float *L,
-                        float *restrict arow) {
+                        float *restrict arow, float pair_scale) {
     const float m_old = *M, m_new = m_old > mt ? m_old : mt;
     /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
      * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
     const float base = m_new == -INFINITY ? 0.0f : m_new;
     const float alpha = fa_vexpf(m_old - base);
-    const float rowsum = cx->isa->exp_sum(srow, n, base);
-    round_row(cx->isa, cx->p->dtype, srow, n);
+    float rowsum;
+    if (pair_scale > 0.0f) {
+        rowsum = cx->isa->exp_pairs(srow, n, pair_scale, base);
+    } else {
+        rowsum = cx->isa->exp_sum(srow, n, base);
+        round_row(cx->isa, cx->p->dtype, srow, n);
+    }
     *L = *L * alpha + rowsum;
     *M = m_new;
     const int64_t dv = cx->p->head_dim_v;
@@ -262,19 +270,28 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
             const int64_t r0 = (qt0 + t) * cx->bq;
             const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
             float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
+            const int guarded = fa_tile_may_hide(pl, r0, r0 + m, j0, n) &&
+                                (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite);
+            const int pairs = cx->pairs && !guarded;
             isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             for (int r = 0; r < m; r++) {
                 float *srow = sc->s + (int64_t)r * lds;
-                const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
-                softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv);
+                if (pairs && cx->sc.scale > 0.0f && fa_score_plain(&cx->sc, r0 + r, j0, n)) {
+                    /* the max of the scaled products is the max product, scaled (scale > 0) */
+                    softmax_row(cx, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r], acc + r * Dv,
+                                cx->sc.scale);
+                } else {
+                    const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
+                    softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
+                }
             }
-            if (fa_tile_may_hide(pl, r0, r0 + m, j0, n) &&
-                (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite)) {
+            if (guarded) {
                 fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
                 vp_repack = 1; /* the guarded product packed runs of v into vp */
             } else {
                 if (vp_repack) isa->pack_b(&vs, n, (int)Dv, sc->vp), vp_repack = 0;
-                isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
+                if (pairs) isa->gemm_pb_pairs(m, n, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
+                else isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
             }
 
             const int64_t mn = (int64_t)m * n;
@@ -347,6 +364,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.group = p->heads_q / p->heads_kv;
     cx.esz = fa_dtype_size(p->dtype);
     cx.sc = fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids);
+    cx.pairs = p->dtype == FA_BF16 && cx.isa->exp_pairs && cx.isa->max_row && cx.isa->gemm_pb_pairs;
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);
     const int64_t runs = (qtiles + run - 1) / run, items = p->batch * p->heads_q * runs;

@@ -43,6 +43,17 @@ typedef struct fa_isa {
     void (*transpose)(const float *x, int ld, int m, int n, float *tr);
     /* x[j] rounded to dtype t and back, as fa_vround_bf16 / fa_vround_f16 (vexp.h). */
     void (*round_row)(float *x, int n, fa_dtype t);
+    /* Optional, bf16 problems (NULL: the forward takes exp_sum, round_row and gemm_pb). The
+     * forward's p written once, as the bf16 pairs its PV product reads, instead of f32 p
+     * rounded in one pass and paired in another. max_row: the max of x[j] for j < n, NaN
+     * skipped (-inf if none). exp_pairs: e[j] = exp(x[j] * scale - base) as exp_sum
+     * computes it (the product rounded to f32 first), returns their sum in exp_sum's order,
+     * and writes e rounded to bf16 as round_row does, pairs (e[2i], e[2i+1]) in the 32-bit
+     * words ((uint32_t *)x)[i], i < (n + 1) / 2 (in place; an odd n pairs its last e with
+     * 0). gemm_pb_pairs: gemm_pb with p given as those pairs, rows ldpp words apart. */
+    float (*max_row)(const float *x, int n);
+    float (*exp_pairs)(float *x, int n, float scale, float base);
+    void (*gemm_pb_pairs)(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o, int ldo);
 } fa_isa;
 
 /* Every table compiled in, best first; the scalar one is always last and available. */

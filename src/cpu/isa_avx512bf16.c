@@ -264,6 +264,67 @@ static void bf16_gemm_pb(int m, int n, int cols, const float *p, int ldp, const 
     }
 }
 
+static void bf16_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o,
+                               int ldo) {
+    const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
+    const int np = (n + 1) / 2;
+    for (int i0 = 0; i0 < m; i0 += PB_MR) {
+        const int mr = m - i0 < PB_MR ? m - i0 : PB_MR;
+        for (int c0 = 0, pi = 0; c0 < cols; c0 += PB_NR, pi++) {
+            const int w = pb_width(cols, pi), nc = cols - c0 < PB_NR ? cols - c0 : PB_NR, nv = w / 16;
+            pb_block(mr, nv, np, pp + (int64_t)i0 * ldpp, ldpp, V + (int64_t)c0 * np, w, o + (int64_t)i0 * ldo + c0,
+                     ldo, fa_mask16(nc - 16 * (nv - 1)));
+        }
+    }
+}
+
+/* ---- the forward's p as pairs --------------------------------------------------------- */
+
+static float bf16_max_row(const float *x, int n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(_mm512_loadu_ps(x + j), mx); /* NaN: keeps mx */
+    if (j < n) mx = _mm512_mask_max_ps(mx, fa_mask16(n - j), _mm512_maskz_loadu_ps(fa_mask16(n - j), x + j), mx);
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* exp(x * scale - base) of the lanes under t (others 0), as exp_sum computes them. */
+static inline __m512 exp_lanes(const float *x, __mmask16 t, __m512 vscale, __m512 vbase) {
+    return _mm512_maskz_mov_ps(t, fa_avx512_exp(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(t, x), vscale), vbase)));
+}
+
+/* e as bf16 bits the way round_row then p_pairs give them: vcvtne2ps2bf16 rounds to nearest
+ * even as round_row does, but reads f32 subnormals as 0, where round_row first carries
+ * those from 0x007f8000 up to FLT_MIN (0x00800000), a normal number it keeps. */
+static inline __m512 carry_to_min(__m512 e) {
+    const __m512i u = _mm512_castps_si512(e);
+    const __mmask16 up = _mm512_cmpge_epu32_mask(u, _mm512_set1_epi32(0x007f8000));
+    return _mm512_castsi512_ps(_mm512_mask_max_epu32(u, up, u, _mm512_set1_epi32(0x00800000)));
+}
+
+static float bf16_exp_pairs(float *x, int n, float scale, float base) {
+    const __m512 vscale = _mm512_set1_ps(scale), vbase = _mm512_set1_ps(base);
+    uint32_t *out = (uint32_t *)x; /* words j/2 .. are written after floats j .. j+31 are read */
+    __m512 sum = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 32 <= n; j += 32) { /* the sum takes 16 lanes at a time in order, as exp_sum */
+        const __m512 lo = fa_avx512_exp(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), vscale), vbase));
+        const __m512 hi = fa_avx512_exp(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j + 16), vscale), vbase));
+        sum = _mm512_add_ps(_mm512_add_ps(sum, lo), hi);
+        _mm512_storeu_si512(out + j / 2, (__m512i)_mm512_cvtne2ps_pbh(carry_to_min(hi), carry_to_min(lo)));
+    }
+    if (j < n) {
+        const int t = n - j;
+        const __m512 lo = exp_lanes(x + j, fa_mask16(t), vscale, vbase);
+        const __m512 hi = t > 16 ? exp_lanes(x + j + 16, fa_mask16(t - 16), vscale, vbase) : _mm512_setzero_ps();
+        sum = _mm512_add_ps(sum, lo);
+        if (t > 16) sum = _mm512_add_ps(sum, hi);
+        _mm512_mask_storeu_epi32(out + j / 2, fa_mask16((t + 1) / 2),
+                                 (__m512i)_mm512_cvtne2ps_pbh(carry_to_min(hi), carry_to_min(lo)));
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
 const fa_isa fa_isa_avx512bf16 = {
     .name = "avx512bf16",
     .available = bf16_available,
@@ -276,4 +337,7 @@ const fa_isa fa_isa_avx512bf16 = {
     .exp_sum = fa_avx512_exp_sum,
     .transpose = fa_avx512_transpose,
     .round_row = fa_avx512_round_row,
+    .max_row = bf16_max_row,
+    .exp_pairs = bf16_exp_pairs,
+    .gemm_pb_pairs = bf16_gemm_pb_pairs,
 };
