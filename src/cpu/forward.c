@@ -196,7 +196,9 @@ static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt
     /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
      * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
     const float base = m_new == -INFINITY ? 0.0f : m_new;
-    const float alpha = fa_vexpf(m_old - base);
+    /* an unchanged max (the common case) rescales by exp(0) = 1 exactly: skip the exp's
+     * dependency chain then (inf - inf is NaN, not 0, so an infinite max still takes it) */
+    const float dm = m_old - base, alpha = dm == 0.0f ? 1.0f : fa_vexpf(dm);
     float rowsum;
     if (pair_scale > 0.0f) {
         rowsum = cx->isa->exp_pairs(srow, n, pair_scale, base);
