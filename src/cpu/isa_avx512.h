@@ -18,15 +18,8 @@ float fa_avx512_exp_sum(float *x, int n, float mx);
 void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr);
 void fa_avx512_round_row(float *x, int n, fa_dtype t);
 
-/* exp of 16 floats, as vexp.h computes it: x = n ln2 + r, |r| <= ln2/2 (ln2 split in a
- * short high part and a low part, so n ln2_hi is exact), the degree-7 Taylor polynomial of
- * exp(r) (truncation below 6e-9), then 2^n applied by vscalefps. Below ln(FLT_MIN) the
- * result is 0, as in vexp.h (exp(-inf) = 0; no subnormal p reaches the products), above
- * 88.73 it is +inf, and NaN stays NaN (the clamps return their second operand on NaN). */
-static inline __m512 fa_avx512_exp(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.33654f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* x >= lo, or NaN */
-    __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(lo, x));
+/* The part after the clamps: exp of xc in lanes under keep, 0 in the others. */
+static inline __m512 fa_avx512_exp_kept(__m512 xc, __mmask16 keep) {
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
@@ -40,6 +33,24 @@ static inline __m512 fa_avx512_exp(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* exp of 16 floats, as vexp.h computes it: x = n ln2 + r, |r| <= ln2/2 (ln2 split in a
+ * short high part and a low part, so n ln2_hi is exact), the degree-7 Taylor polynomial of
+ * exp(r) (truncation below 6e-9), then 2^n applied by vscalefps. Below ln(FLT_MIN) the
+ * result is 0, as in vexp.h (exp(-inf) = 0; no subnormal p reaches the products), above
+ * 88.73 it is +inf, and NaN stays NaN (the clamps return their second operand on NaN). */
+static inline __m512 fa_avx512_exp(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.33654f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* x >= lo, or NaN */
+    return fa_avx512_exp_kept(_mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(lo, x)), keep);
+}
+
+/* fa_avx512_exp(x) bit for bit for x <= 88 (the softmax's exponents are <= 0: the base is
+ * the row max) or NaN, without the clamps: below ln(FLT_MIN), -inf included, the keep
+ * mask still gives 0 whatever the arithmetic made of x, and NaN flows through as NaN. */
+static inline __m512 fa_avx512_exp_nonpos(__m512 x) {
+    return fa_avx512_exp_kept(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ));
 }
 
 /* Packed buffers of the bf16-capable tables (isa_avx512bf16.c, isa_amx.c) start with a

@@ -290,7 +290,7 @@ static float bf16_max_row(const float *x, int n) {
 
 /* exp(x * scale - base) of the lanes under t (others 0), as exp_sum computes them. */
 static inline __m512 exp_lanes(const float *x, __mmask16 t, __m512 vscale, __m512 vbase) {
-    return _mm512_maskz_mov_ps(t, fa_avx512_exp(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(t, x), vscale), vbase)));
+    return _mm512_maskz_mov_ps(t, fa_avx512_exp_nonpos(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(t, x), vscale), vbase)));
 }
 
 /* vcvtne2ps2bf16 rounds to nearest even as round_row does; it reads f32 subnormals as 0,
@@ -302,8 +302,8 @@ static float bf16_exp_pairs(float *x, int n, float scale, float base) {
     __m512 sum = _mm512_setzero_ps();
     int j = 0;
     for (; j + 32 <= n; j += 32) { /* the sum takes 16 lanes at a time in order, as exp_sum */
-        const __m512 lo = fa_avx512_exp(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), vscale), vbase));
-        const __m512 hi = fa_avx512_exp(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j + 16), vscale), vbase));
+        const __m512 lo = fa_avx512_exp_nonpos(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), vscale), vbase));
+        const __m512 hi = fa_avx512_exp_nonpos(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j + 16), vscale), vbase));
         sum = _mm512_add_ps(_mm512_add_ps(sum, lo), hi);
         _mm512_storeu_si512(out + j / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
