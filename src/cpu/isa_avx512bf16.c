@@ -128,11 +128,32 @@ static void bf16_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
     fa_pack_set_fmt(dst, FMT_BF16);
     uint32_t *out = (uint32_t *)fa_pack_payload(dst);
     const int np = (rows + 1) / 2;
+    /* word i of the low (high) half: element i (16 + i) of a in its low 16 bits, of b above */
+    uint16_t lo_idx[32], hi_idx[32];
+    for (int i = 0; i < 32; i++) {
+        lo_idx[i] = (uint16_t)(i / 2 + (i % 2) * 32);
+        hi_idx[i] = (uint16_t)(16 + i / 2 + (i % 2) * 32);
+    }
+    const __m512i interleave_lo = _mm512_loadu_si512(lo_idx), interleave_hi = _mm512_loadu_si512(hi_idx);
     for (int p = 0; p * PB_NR < cols; p++) {
         const int w = pb_width(cols, p), c0 = p * PB_NR;
         uint32_t *panel = out + (int64_t)c0 * np;
         for (int jp = 0; jp < np; jp++) {
             const int j = 2 * jp;
+            if (src->col_stride == 1) { /* 32 columns of rows j, j + 1 at a time, interleaved by vpermt2w */
+                const uint16_t *r0 = (const uint16_t *)src->base + (int64_t)j * src->row_stride + c0;
+                for (int c = 0; c < w; c += 32) {
+                    const __mmask32 mk = fa_mask32(cols - c0 - c); /* none in the padding */
+                    const __m512i a = _mm512_maskz_loadu_epi16(mk, r0 + c);
+                    const __m512i b = j + 1 < rows ? _mm512_maskz_loadu_epi16(mk, r0 + src->row_stride + c)
+                                                   : _mm512_setzero_si512();
+                    _mm512_storeu_si512(panel + (int64_t)jp * w + c, _mm512_permutex2var_epi16(a, interleave_lo, b));
+                    if (c + 16 < w)
+                        _mm512_storeu_si512(panel + (int64_t)jp * w + c + 16,
+                                            _mm512_permutex2var_epi16(a, interleave_hi, b));
+                }
+                continue;
+            }
             for (int c = 0; c < w; c += 16) {
                 const int nc = cols - c0 - c; /* may be <= 0 in the padding */
                 __m512i v = _mm512_setzero_si512();
