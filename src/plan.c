@@ -158,6 +158,11 @@ static void cpu_default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int
     int masked = p->causal || p->window_left >= 0 || p->window_right >= 0;
     *bk = 128;
     *bq = (pass == FA_FORWARD && !masked && p->dtype != FA_BF16) ? 256 : 128;
+    /* bf16 forward without masks, on an ISA with the bf16-pair passes (isa.h): 256 keys
+     * per tile halve the per-row work of a tile (row max, exp sum, softmax bookkeeping)
+     * against its products, 2-5% faster than 128 x 128 in interleaved runs (B=1 H=8
+     * S=4096 D=128, 2 threads); with masks 128 x 256 was no faster */
+    if (pass == FA_FORWARD && !masked && p->dtype == FA_BF16 && pl->isa && pl->isa->exp_pairs) *bk = 256;
     const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
     while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
 }
