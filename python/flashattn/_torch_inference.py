@@ -197,10 +197,10 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                  window_right: int, softcap: float, scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     q = _readable(q)
-    # the library writes the new rows through the caches' own strides; a cache they cannot
-    # describe runs on a dense copy that is copied back
-    kc, vc = _readable(k_cache), _readable(v_cache)
     has_new = k_new is not None
+    # with new tokens the library writes through the caches' own strides (kvcache_attention
+    # checked that they can be written); without, a cache they cannot describe is copied
+    kc, vc = (k_cache, v_cache) if has_new else (_readable(k_cache), _readable(v_cache))
     if has_new:
         k_new, v_new = k_new.contiguous(), v_new.contiguous()
     B, Sq, Hq, _ = q.shape
@@ -221,10 +221,6 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q=_ptr(q), k=_ptr(kc), v=_ptr(vc), o=_ptr(o), lse=_ptr(lse), alibi_slopes=_ptr(alibi_slopes),
         k_new=_ptr(k_new), v_new=_ptr(v_new), block_table=table_ptr, workspace=_ptr(ws),
         workspace_size=ws_size, stream=dev.stream())))
-    if has_new:
-        for cache, used in ((k_cache, kc), (v_cache, vc)):
-            if used is not cache:
-                cache.copy_(used)
     return o, lse
 
 
@@ -256,6 +252,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         names += ["k", "v"]
         tensors += [_check_tensor("k", k, 4), _check_tensor("v", v, 4)]
     _check_floats(names, tensors)
+    if k is not None:
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not _layout.writable_strides(tuple(c.shape), tuple(c.stride())):
+                raise ValueError(f"{name} is written in place (new k and v given), so its elements must "
+                                 f"not overlap (strides {tuple(c.stride())}); pass a dense cache")
     paged = block_table is not None
     check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
                         None if k is None else (tuple(k.shape), tuple(v.shape)), paged)
