@@ -6,7 +6,7 @@ import pytest
 
 import flashattn
 import reference_inference as ref
-from conftest import BWD_TOL, check, check_lse, fwd_tol, randn
+from conftest import BWD_TOL, SEED, check, check_lse, fwd_tol, randn
 from inference_cases import (DECODE, VARLEN, decode_rows, expected_cache, expected_pages,
                              make_decode, make_varlen, page)
 
@@ -223,3 +223,78 @@ def test_paged_bad_input_names_the_argument_and_leaves_the_cache(rng):
         flashattn.kvcache_attention(d2["q"], pages, pages, cache_seqlens=d2["lens"],
                                     block_table=np.zeros((3, 4), np.int32))
 
+
+
+# ---- random configurations -------------------------------------------------------------
+
+def _random_options(rng):
+    kw = {}
+    if rng.random() < 0.5:
+        kw["causal"] = True
+    if rng.random() < 0.4:
+        kw["window"] = (int(rng.integers(-1, 12)), int(rng.integers(-1, 6)))
+    if rng.random() < 0.3:
+        kw["softcap"] = float(rng.uniform(1, 5))
+    return kw
+
+
+@pytest.mark.parametrize("draw", range(8))
+def test_varlen_random_configurations(rng, draw):
+    """Random batches (empty sequences likely), heads, dims and masks, forward and backward."""
+    B = int(rng.integers(1, 6))
+    lq = [int(rng.integers(0, 40)) if rng.random() > 0.2 else 0 for _ in range(B)]
+    lk = [int(rng.integers(0, 40)) if rng.random() > 0.2 else 0 for _ in range(B)]
+    # the library wants at least one packed row of each (a batch of only empty sequences is
+    # refused: "seq_q must be positive"); sequence 0 carries it
+    lq[0], lk[0] = max(lq[0], 1), max(lk[0], 1)
+    Hk, g, D = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([8, 16, 32]))
+    cq, ck = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lq, lk))
+    kw = _random_options(rng)
+    what = f"lens_q {lq} lens_k {lk} Hq {Hk * g} Hk {Hk} D {D} {kw} (seed {SEED})"
+    q, k, v = randn(rng, (cq[-1], Hk * g, D)), randn(rng, (ck[-1], Hk, D)), randn(rng, (ck[-1], Hk, D))
+    o, lse = flashattn.varlen_attention(q, k, v, cq, ck, return_lse=True, **kw)
+    do = randn(rng, o.shape)
+    (o_ref, lse_ref), ref_grads = ref.varlen(q, k, v, cq, ck, do=do, o_saved=o, **kw)
+    check(f"o of {what}", o, o_ref, fwd_tol("f32", lse_ref))
+    check_lse(lse, lse_ref)
+    grads = flashattn.varlen_attention_backward(q, k, v, o, lse, do, cq, ck, **kw)
+    for name, gr, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        # relative to max(max|ref|, 1): where every row sees one key (Sk_b = 1, or a window
+        # of width 1) p = 1 and dq is exactly 0 in exact arithmetic, so the library's f32
+        # roundoff (~1e-7) over max|ref| (~0) would be no measure of anything
+        gr = np.asarray(gr, np.float64)
+        assert not np.isnan(gr).any(), f"NaN in {name} of {what}"
+        err = np.abs(gr - r).max() / max(np.abs(r).max(), 1.0)
+        assert err <= BWD_TOL["f32"], f"{name} of {what}: error {err:.2e} > {BWD_TOL['f32']:.1e}"
+
+
+@pytest.mark.parametrize("draw", range(8))
+def test_decode_random_configurations(rng, draw):
+    """Random ragged caches, new tokens or not, dense or paged, masks."""
+    B, Sq = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    Hk, g, D = int(rng.integers(1, 3)), int(rng.choice([1, 2, 4])), int(rng.choice([8, 16]))
+    append = bool(rng.random() < 0.6)
+    S = 16 * int(rng.integers(1, 4))
+    lens = rng.integers(0, S - (Sq if append else 0) + 1, size=B).astype(np.int32)
+    lens[rng.random(B) < 0.25] = 0
+    kw = _random_options(rng)
+    kc, vc = randn(rng, (B, S, Hk, D)), randn(rng, (B, S, Hk, D))
+    for b, n in enumerate(lens):
+        kc[b, n:] = vc[b, n:] = np.nan
+    d = dict(q=randn(rng, (B, Sq, Hk * g, D)), k_cache=kc, v_cache=vc, lens=lens, kw=kw,
+             k=randn(rng, (B, Sq, Hk, D)) if append else None, v=randn(rng, (B, Sq, Hk, D)) if append else None)
+    paged = bool(rng.random() < 0.5)
+    what = f"B {B} Sq {Sq} Hq {Hk * g} Hk {Hk} D {D} S {S} lens {lens.tolist()} append {append} paged {paged} {kw} (seed {SEED})"
+    o_ref, lse_ref = ref.decode(d["q"], *decode_rows(d), **kw)
+    if paged:
+        page(d, rng)
+        want = expected_pages(d, "k")
+        o, lse = flashattn.kvcache_attention(d["q"], d["k_pages"], d["v_pages"], d["k"], d["v"], lens,
+                                             d["table"], return_lse=True, **kw)
+        assert _bitwise_equal(d["k_pages"], want), what
+    else:
+        want = expected_cache(d, "k")
+        o, lse = flashattn.kvcache_attention(d["q"], kc, vc, d["k"], d["v"], lens, return_lse=True, **kw)
+        assert _bitwise_equal(kc, want), what
+    check(f"o of {what}", o, o_ref, fwd_tol("f32", lse_ref))
+    check_lse(lse, lse_ref)
