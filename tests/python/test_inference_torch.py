@@ -174,6 +174,15 @@ def test_decode_strided_cache_view_is_updated_in_place(rng):
                               torch.from_numpy(d["v"]), i32(d["lens"]))
 
 
+def test_kvcache_opcheck_declares_its_mutations(rng):
+    """opcheck's schema test runs the op and fails if it writes an argument that the schema
+    does not declare mutated (or declares one it never writes)."""
+    d = page(make_decode(rng, "one_token"), rng)
+    args = [torch.from_numpy(d[n]) for n in ("q", "k_pages", "v_pages", "k", "v")]
+    torch.library.opcheck(torch.ops.flashattn.kvcache_fwd.default,
+                          (*args, i32(d["lens"]), i32(d["table"]), None, True, -1, -1, 0.0, None))
+
+
 def test_kvcache_fake_kernel():
     q = torch.empty(3, 2, 8, 16, device="meta")
     kc = torch.empty(3, 40, 2, 16, device="meta")
