@@ -13,8 +13,8 @@
  *                         [num_pages, page_size, Hk, D]), cache_seqlens [B] (int32),
  *                         [k_new, v_new [B, Sq, Hk, D]], [block_table [B, max_pages] int32],
  *                         [alibi_slopes]
- *                    rets o [B, Sq, Hq, Dv], lse [B, Hq, Sq], k_cache, v_cache (aliased to
- *                         the cache arguments: the updated caches)
+ *                    rets o [B, Sq, Hq, Dv], lse [B, Hq, Sq], and with k_new/v_new k_cache,
+ *                         v_cache (aliased to the cache arguments: the updated caches)
  * Every buffer is row-major and dense. No leading (vmapped) dims: the Python side calls
  * these with vmap_method="sequential". The library validates the lengths and page ids and
  * names the argument; the handlers check what only the buffers' shapes tell. */
@@ -231,7 +231,8 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     if (c.p.has_alibi) args[n++] = "alibi_slopes";
     args[n] = NULL;
     static const char *const rets[] = {"o", "lse", "k_cache (updated)", "v_cache (updated)", NULL};
-    if ((e = read_buffers(&c, args, rets))) return e;
+    static const char *const read_only_rets[] = {"o", "lse", NULL};
+    if ((e = read_buffers(&c, args, c.has_new_kv ? rets : read_only_rets))) return e;
     const fj_buffer *a = c.arg, *r = c.ret;
     if (a[0].rank != 4 || a[1].rank != 4 || a[2].rank != 4)
         return BAD(&c, "q, k_cache and v_cache must have rank 4, got %lld, %lld and %lld", (long long)a[0].rank,
@@ -249,8 +250,8 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
         (c.paged && (e = expect(&c, &a[i_table], "block_table", 2, table, XLA_FFI_DataType_S32))) ||
         (c.p.has_alibi && (e = expect(&c, &a[i_slopes], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) ||
         (e = expect(&c, &r[0], "o", 4, o, dt)) || (e = expect(&c, &r[1], "lse", 3, lse, XLA_FFI_DataType_F32)) ||
-        (e = expect(&c, &r[2], "k_cache (updated)", 4, a[1].dims, dt)) ||
-        (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, dt)))
+        (c.has_new_kv && ((e = expect(&c, &r[2], "k_cache (updated)", 4, a[1].dims, dt)) ||
+                          (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, dt)))))
         return e;
     fa_problem *p = &c.p;
     p->batch = B;
@@ -272,13 +273,18 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     fa_plan *plan = NULL;
     fa_status s = plan_cpu(&c, &plan);
     if (s != FA_OK) return library_error(&c, s);
-    /* the results alias the caches (input_output_aliases); where XLA gave separate buffers,
-     * the caches are copied first so that the results are the whole updated caches */
-    for (int j = 1; j <= 2; j++)
-        if (r[j + 1].data != a[j].data && buffer_bytes(&a[j])) memcpy(r[j + 1].data, a[j].data, buffer_bytes(&a[j]));
+    /* with new tokens the updated caches are results aliased to the cache arguments
+     * (input_output_aliases); where XLA gave separate buffers the caches are copied first,
+     * so that the results are the whole updated caches. Without, the caches are only read. */
+    void *k = data(&a[1]), *v = data(&a[2]);
+    if (c.has_new_kv) {
+        for (int j = 1; j <= 2; j++)
+            if (r[j + 1].data != a[j].data && buffer_bytes(&a[j])) memcpy(r[j + 1].data, a[j].data, buffer_bytes(&a[j]));
+        k = data(&r[2]), v = data(&r[3]);
+    }
     fa_forward_args f;
     memset(&f, 0, sizeof f);
-    f.q = data(&a[0]), f.k = data(&r[2]), f.v = data(&r[3]), f.o = data(&r[0]), f.lse = data(&r[1]);
+    f.q = data(&a[0]), f.k = k, f.v = v, f.o = data(&r[0]), f.lse = data(&r[1]);
     f.k_new = c.has_new_kv ? data(&a[i_new]) : NULL;
     f.v_new = c.has_new_kv ? data(&a[i_new + 1]) : NULL;
     f.block_table = c.paged ? data(&a[i_table]) : NULL;

@@ -87,6 +87,15 @@ def test_decode_returns_updated_caches(rng, case, dtype):
     assert _same_bits(kc, expected_cache(d, "k")) and _same_bits(vc, expected_cache(d, "v"))
 
 
+def test_decode_without_new_tokens_returns_the_caches_as_given(rng):
+    d = make_decode(rng, "no_append")
+    kc, vc = jnp.asarray(d["k_cache"]), jnp.asarray(d["v_cache"])
+    o, kc2, vc2 = fj.kvcache_attention(jnp.asarray(d["q"]), kc, vc, cache_seqlens=d["lens"], **d["kw"])
+    assert kc2 is kc and vc2 is vc
+    o_ref, lse_ref = ref.decode(d["q"], *decode_rows(d), **d["kw"])
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+
+
 @pytest.mark.parametrize("case", ["one_token", "mqa_multi", "shared_pages"])
 def test_paged_decode_under_jit_with_donated_caches(rng, case):
     d = page(make_decode(rng, case), rng, share=case == "shared_pages")

@@ -8,9 +8,10 @@ the problem is also planned at trace time, so the library's message comes as Val
 before anything runs; under jit the handler raises the same message when the call runs.
 
 JAX arrays are immutable, so kvcache_attention is functional: it returns the updated
-caches. The custom call aliases each cache result to its cache argument
+caches. With new tokens the custom call aliases each cache result to its cache argument
 (input_output_aliases); donate the caches (jax.jit(..., donate_argnums=...)) and XLA writes
-the new rows in place, otherwise it copies each cache once per call first.
+the new rows in place, otherwise it copies each cache once per call first. Without new
+tokens the caches are only read and come back as given (no copy).
 """
 
 from __future__ import annotations
@@ -188,8 +189,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     block_table (int [B, max_pages]) paged [num_pages, page_size, Hk, D]; cache_seqlens
     int [B] (an int, or None for full caches); k, v [B, Sq_new, Hk, D] the new tokens,
     appended at positions cache_seqlens[b]... Masks align bottom-right per sequence. o
-    [B, Sq_new, Hq, Dv], lse [B, Hq, Sq_new] f32. The caches alias the results: under
-    jax.jit with the caches donated the update is in place; otherwise XLA copies them."""
+    [B, Sq_new, Hq, Dv], lse [B, Hq, Sq_new] f32. With new tokens the caches alias the
+    results: under jax.jit with the caches donated the update is in place; otherwise XLA
+    copies them. Without, the caches come back as given."""
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -236,12 +238,12 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                            window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None)
         _native.cached_plan(p, _library_options("cpu"))
     _ffi.register()
-    call = jax.ffi.ffi_call(
-        KVCACHE_TARGET,
-        (jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
-         jax.ShapeDtypeStruct((B, q.shape[2], q.shape[1]), jnp.float32),
-         jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
-        input_output_aliases={1: 2, 2: 3}, vmap_method="sequential")
+    results = [jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
+               jax.ShapeDtypeStruct((B, q.shape[2], q.shape[1]), jnp.float32)]
+    if k is not None:  # the updated caches, aliased to the cache arguments
+        results += [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)]
+    call = jax.ffi.ffi_call(KVCACHE_TARGET, tuple(results), input_output_aliases={1: 2, 2: 3} if k is not None else None,
+                            vmap_method="sequential")
     operands = [jax.lax.stop_gradient(x) for x in (q, k_cache, v_cache)] + [lens]
     if k is not None:
         operands += [jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)]
@@ -249,5 +251,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         operands.append(table)
     if slopes is not None:
         operands.append(slopes)
-    o, lse, kc, vc = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged), **attrs)
+    outs = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged), **attrs)
+    o, lse = outs[:2]
+    kc, vc = outs[2:] if k is not None else (k_cache, v_cache)  # read only: the caches as given
     return (o, lse, kc, vc) if return_lse else (o, kc, vc)
