@@ -298,3 +298,49 @@ def test_decode_random_configurations(rng, draw):
         assert _bitwise_equal(kc, want), what
     check(f"o of {what}", o, o_ref, fwd_tol("f32", lse_ref))
     check_lse(lse, lse_ref)
+
+
+# ---- plans of the inference shapes ------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window": (4, 2), "softcap": 2.0}])
+def test_plan_varlen_forward_is_the_sum_of_the_sequences(kw):
+    """README: each sequence runs as its own dense problem, so the forward's cost is the sum
+    of the sequences' dense costs; a sequence with no queries costs nothing. (One with
+    queries but no keys still writes its rows, o = 0 and lse = -inf, which no dense plan of 0
+    keys describes: not drawn here.)"""
+    lq, lk = [5, 0, 17, 1, 30, 0], [9, 3, 17, 4, 30, 0]
+    cq, ck = (np.concatenate([[0], np.cumsum(x)]) for x in (lq, lk))
+    got = flashattn.plan_varlen(cq, ck, heads=4, kv_heads=2, head_dim=16, **kw)
+    fields = ("flops", "flops_useful", "transcendentals", "bytes_accessed")
+    total = dict.fromkeys(fields, 0)
+    for a, b in zip(lq, lk):
+        if a and b:
+            dense = flashattn.plan(batch=1, heads=4, kv_heads=2, seq_q=a, seq_k=b, head_dim=16, **kw).forward
+            for f in fields:
+                total[f] += dense[f]
+    assert {f: got.forward[f] for f in fields} == total
+    assert got.exact and got.backward["flops"] > 0
+
+
+def test_plan_kvcache_flops_and_bytes():
+    """A decoding step does the dense problems' flops; its bytes cover every cache row read
+    (each once), and a backward does not exist (zero figures)."""
+    lens, Sq, Hq, Hk, D = [3, 0, 40], 2, 8, 2, 16
+    for new in (False, True):
+        for paged in (False, True):
+            shape = dict(page_size=16, num_pages=12, max_pages=4) if paged else dict(cache_len=64)
+            got = flashattn.plan_kvcache(lens, seq_q=Sq, heads=Hq, kv_heads=Hk, head_dim=D, new_kv=new,
+                                         causal=True, **shape)
+            keys = [n + (Sq if new else 0) for n in lens]
+            flops = sum(flashattn.plan(batch=1, heads=Hq, kv_heads=Hk, seq_q=Sq, seq_k=n, head_dim=D,
+                                       causal=True).forward["flops"] for n in keys if n)
+            assert got.forward["flops"] == flops
+            assert got.forward["bytes_accessed"] >= sum(keys) * Hk * 2 * D * 4
+            assert all(v == 0 for v in got.backward.values())
+    with pytest.raises(ValueError, match=r"cache_seqlens\[2\] = 40 plus 2 new tokens exceeds the cache capacity 32"):
+        flashattn.plan_kvcache(lens, seq_q=2, heads=Hq, kv_heads=Hk, head_dim=D, new_kv=True,
+                               page_size=16, num_pages=12, max_pages=2)
+    with pytest.raises(ValueError, match=r"give cache_len \(dense caches\) or page_size"):
+        flashattn.plan_kvcache(lens, seq_q=1, heads=Hq, head_dim=D)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k\[0\] must be 0"):
+        flashattn.plan_varlen([0, 4], [1, 4], heads=2, head_dim=8)
