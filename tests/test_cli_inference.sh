@@ -132,6 +132,10 @@ expect_bad "varlen grad: missing --dv" "missing --dv" grad --q "$I/q.npy" --k "$
 expect_bad "varlen grad: dq and dk one file" "same file" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
   --do "$I/do.npy" --dq "$OUT/d.npy" --dk "$OUT/d.npy" --dv "$OUT/dv.npy" --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
 expect_bad "varlen grad: --cache-seqlens is run's" "cache-seqlens" grad $VG --cache-seqlens "$I/ck.npy"
+expect_bad "varlen grad: --heads disagrees with the files" "\-\-heads 3 does not match the input files' 4" grad $VG \
+  --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --heads 3
+expect_bad "varlen run: --head-dim disagrees with the files" "\-\-head-dim 8 does not match" run $VL --head-dim 8 \
+  --out "$OUT/o.npy"
 
 fa plan --heads 4 --kv-heads 2 --head-dim 16 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --backend cuda
 if [ $rc -eq 1 ] && grep -q "cuda backend has no" "$W/se"; then ok "varlen plan --backend cuda: unsupported, said clearly"

@@ -216,6 +216,24 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
     return 0;
 }
 
+/* Shape flags given to run or grad must agree with the files, as for dense runs (the
+ * totals for packed batches; Sq_new and S_cache_max for caches, as `plan` reads them). */
+static int flags_agree(const cli_args *a, const fa_problem *p) {
+    const struct {
+        const char *flag;
+        int64_t given, actual;
+    } c[] = {{"--batch", a->batch, p->batch},          {"--heads", a->heads, p->heads_q},
+             {"--kv-heads", a->kv_heads, p->heads_kv}, {"--head-dim", a->head_dim, p->head_dim},
+             {"--v-head-dim", a->v_head_dim, p->head_dim_v}, {"--seq-q", a->seq_q, p->seq_q},
+             {"--seq-k", a->seq_k, p->seq_k},          {"--seq", a->seq, p->seq_q},
+             {"--seq", a->seq, p->seq_k}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        if (c[i].given && c[i].given != c[i].actual)
+            return cli_fail(2, "%s %" PRId64 " does not match the input files' %" PRId64, c[i].flag, c[i].given,
+                            c[i].actual);
+    return 0;
+}
+
 /* grad: the varlen backward of sum(o * do) after the forward that made o and lse. */
 static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
     const size_t es = fa_dtype_size(p->dtype);
@@ -241,6 +259,7 @@ int cli_run_inference(const cli_args *a) {
     fa_problem p;
     fa_options opt;
     int rc = describe(a, &s, &p);
+    if (!rc) rc = flags_agree(a, &p);
     if (!rc) {
         cli_apply_options(a, &p, &opt);
         rc = cli_extras_load(a, &p, 0, &s.x);
