@@ -67,7 +67,8 @@ static void add_band(const struct fa_plan *pl, int64_t bq, int64_t bk, int64_t t
     if (!pred(pl, bq, bk, HI_REACHES_0, t0) || pred(pl, bq, bk, LO_PAST_END, t0)) return; /* empty tiles */
     /* sums over the band of kt0 = lo / bk and kt1 = hi / bk + 1, and of min(kt1 bk, Sk) */
     wide sum_kt0 = 0, sum_kt1, sum_end;
-    if (pred(pl, bq, bk, LO_REACHES_0, t0)) sum_kt0 = (wide)floor_sum((uwide)n, (uwide)bk, (uwide)bq, (uwide)raw_lo(pl, bq, t0));
+    if (pred(pl, bq, bk, LO_REACHES_0, t0))
+        sum_kt0 = (wide)floor_sum((uwide)n, (uwide)bk, (uwide)bq, (uwide)raw_lo(pl, bq, t0));
     if (pred(pl, bq, bk, HI_PAST_END, t0)) sum_kt1 = n * ((sk - 1) / bk + 1);
     else sum_kt1 = (wide)floor_sum((uwide)n, (uwide)bk, (uwide)bq, (uwide)raw_hi(pl, bq, t0)) + n;
     sum_end = pred(pl, bq, bk, HI_IN_LAST_TILE, t0) ? n * sk : sum_kt1 * bk;

@@ -88,8 +88,8 @@ int main(void) {
     for (int i = 0; i < 40; i++) { /* long sequences, in at most 50000 query tiles for the walk's sake */
         struct fa_plan pl;
         const int64_t sq = tu_int(&rng, 1, INT32_MAX), sk = tu_int(&rng, 1, INT32_MAX);
-        shape(&pl, sq, sk, (int)tu_int(&rng, 0, 1), window_side(&rng, sk), window_side(&rng, sk), (int)tu_int(&rng, 0, 1),
-              tu_int(&rng, -(sq + sk), sq + sk));
+        const int causal = (int)tu_int(&rng, 0, 1), has_off = (int)tu_int(&rng, 0, 1);
+        shape(&pl, sq, sk, causal, window_side(&rng, sk), window_side(&rng, sk), has_off, tu_int(&rng, -(sq + sk), sq + sk));
         check(&pl, sq / tu_int(&rng, 1, 50000) + tu_int(&rng, 1, 3), tu_int(&rng, 1, sk), "long sequences");
     }
 

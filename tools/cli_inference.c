@@ -184,7 +184,8 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
         const int64_t want[3] = {Q[0], Hq, p->head_dim_v}; /* do is packed like o */
         if ((rc = float_header("--do", a->d_o, 3, &s->hdo))) return rc;
         for (int d = 0; d < 3; d++)
-            if ((rc = dim_is("--do", a->d_o, "a dimension", s->hdo.shape[d], "o [total_q, Hq, Dv]", want[d]))) return rc;
+            if ((rc = dim_is("--do", a->d_o, "a dimension", s->hdo.shape[d], "o [total_q, Hq, Dv]", want[d])))
+                return rc;
         if (!a->has_dtype && s->hdo.kind != s->hq.kind)
             return cli_fail(2, "do and q do not share a dtype; pass --dtype to cast them");
         return 0;

@@ -134,8 +134,8 @@ int main(void) {
     CHECK(fwd > 0 && eo <= 2e-5 && el <= 2e-5, "the complete forward: o err %.3g, lse err %.3g (bound 2e-5)", eo, el);
     const int64_t bwd = every_failure(&c, FA_BACKWARD);
     const double eq = err(c.dq, rq, c.nq), ek = err(c.dk, rk, c.nk), ev = err(c.dv, rv, c.nv);
-    CHECK(bwd > 0 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4, "the complete backward: dq %.3g dk %.3g dv %.3g (bound 1e-4)",
-          eq, ek, ev);
+    CHECK(bwd > 0 && eq <= 1e-4 && ek <= 1e-4 && ev <= 1e-4,
+          "the complete backward: dq %.3g dk %.3g dv %.3g (bound 1e-4)", eq, ek, ev);
     for (int i = 0; i < 10; i++) free(*bufs[i]);
     free(ro), free(rl), free(rq), free(rk), free(rv);
     printf("%s (FA_TEST_SEED=%llu): %d failure(s)\n", failures ? "FAILED" : "ok", (unsigned long long)seed, failures);
