@@ -11,7 +11,10 @@
  * the bf16 forward with one tile per item) by the run length; every row still sees its
  * key tiles in the same order, so the results do not depend on the runs. The tile math (packing,
  * the two products, the exps) lives in the ISA table (isa.h); this file owns tiling,
- * threading and the softmax bookkeeping. Memory: threads x one tile's scratch,
+ * threading and the softmax bookkeeping. bf16 problems on an ISA with the bf16-pair passes
+ * (isa.h: max_row, exp_pairs, gemm_pb_pairs) take the row max from the raw products and
+ * write p once, as the pairs the PV product reads: the same bits as scaling, exp_sum,
+ * round_row and gemm_pb, in two passes over S instead of four. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
 #include "guard.h"
 #include "isa.h"
