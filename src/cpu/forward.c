@@ -232,8 +232,6 @@ static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *
     }
 }
 
-#define ROW_GROUP 8 /* rows whose maxima are taken before their exps (forward_item) */
-
 /* One work item: the query tiles [qt0, qt1) of (b, h). */
 static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, int64_t h, int64_t qt0, int64_t qt1,
                          fa_counts *cnt) {
@@ -281,24 +279,16 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
                                 (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite);
             const int pairs = cx->pairs && !guarded;
             isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
-            /* ROW_GROUP rows at a time: their maxima first, then their exps, so that a row's
-             * exps need not wait for its max's reduction (rows are independent) */
-            for (int g = 0; g < m; g += ROW_GROUP) {
-                const int ng = m - g < ROW_GROUP ? m - g : ROW_GROUP;
-                float mt[ROW_GROUP], ps[ROW_GROUP];
-                for (int r = g; r < g + ng; r++) {
-                    float *srow = sc->s + (int64_t)r * lds;
-                    if (pairs && cx->sc.scale > 0.0f && fa_score_plain(&cx->sc, r0 + r, j0, n)) {
-                        /* the max of the scaled products is the max product, scaled (scale > 0) */
-                        mt[r - g] = isa->max_row(srow, n) * cx->sc.scale;
-                        ps[r - g] = cx->sc.scale;
-                    } else {
-                        mt[r - g] = score_row(cx, b, h, r0 + r, j0, n, srow);
-                        ps[r - g] = pairs ? 1.0f : 0.0f;
-                    }
+            for (int r = 0; r < m; r++) {
+                float *srow = sc->s + (int64_t)r * lds;
+                if (pairs && cx->sc.scale > 0.0f && fa_score_plain(&cx->sc, r0 + r, j0, n)) {
+                    /* the max of the scaled products is the max product, scaled (scale > 0) */
+                    softmax_row(cx, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r], acc + r * Dv,
+                                cx->sc.scale);
+                } else {
+                    const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
+                    softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
                 }
-                for (int r = g; r < g + ng; r++)
-                    softmax_row(cx, sc->s + (int64_t)r * lds, n, mt[r - g], &M[r], &L[r], acc + r * Dv, ps[r - g]);
             }
             if (guarded) {
                 fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
