@@ -170,10 +170,12 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         float *mx = part + hk * part_floats + M * Dv, *sum = mx + M;
         for (int64_t r = 0; r < M; r++) {
             const int64_t h = hk * cx->group + r / Sq, i = r % Sq;
-            const char *src = (const char *)cx->a->q;
+            const char *src = (const char *)cx->a->q + fa_offset(&p->q_stride, b, h, i, 0) * (int64_t)cx->esz;
             char *dst = qs + (hk * M + r) * D * (int64_t)cx->esz;
-            for (int64_t d = 0; d < D; d++)
-                memcpy(dst + d * (int64_t)cx->esz, src + fa_offset(&p->q_stride, b, h, i, d) * (int64_t)cx->esz, cx->esz);
+            if (p->q_stride.s[3] == 1) memcpy(dst, src, (size_t)D * cx->esz); /* one call per row, not per element */
+            else
+                for (int64_t d = 0; d < D; d++)
+                    memcpy(dst + d * (int64_t)cx->esz, src + d * p->q_stride.s[3] * (int64_t)cx->esz, cx->esz);
             mx[r] = -INFINITY;
             sum[r] = 0.0f;
         }
@@ -184,6 +186,8 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
         const int64_t j0 = t * T, j1 = j0 + T;
         const int n = (int)(sk - j0 < T ? sk - j0 : T), nn = t < k1 / T ? (int)(sk - j1 < T ? sk - j1 : T) : 0;
+        int plain = cx->direct; /* every row's scores are the scaled products, every key visible */
+        for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         for (int64_t hk = 0; hk < Hk; hk++) {
             float *acc = part + hk * part_floats, *mx = acc + M * Dv, *sum = mx + M;
             const char *qh = qs + hk * M * D * (int64_t)cx->esz;
@@ -198,21 +202,27 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
             }
             const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
             const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
-            if (cx->direct) {
-                fa_decode_qk_bf16((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T,
-                                  ahead.bytes ? &ahead : NULL);
-            } else {
-                if (ahead.bytes) dec_prefetch(cx, b, r0, r1);
-                const fa_tile_src qsrc = {qh, p->dtype, D, 1};
-                isa->pack_a(&qsrc, (int)M, (int)D, qp); /* M x D: small beside the tile */
-                isa->pack_bt(&ks, n, (int)D, kp);
-                isa->pack_b(&vs, n, (int)Dv, vp);
-                isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+            if (plain) { /* the whole online-softmax step in the vector kernel */
+                const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
+                                             (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc};
+                fa_decode_step_bf16(&step, ahead.bytes ? &ahead : NULL);
+            } else { /* scores, then the softmax row by row, then p V */
+                if (cx->direct) {
+                    fa_decode_qk_bf16((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T,
+                                      ahead.bytes ? &ahead : NULL);
+                } else {
+                    if (ahead.bytes) dec_prefetch(cx, b, r0, r1);
+                    const fa_tile_src qsrc = {qh, p->dtype, D, 1};
+                    isa->pack_a(&qsrc, (int)M, (int)D, qp); /* M x D: small beside the tile */
+                    isa->pack_bt(&ks, n, (int)D, kp);
+                    isa->pack_b(&vs, n, (int)Dv, vp);
+                    isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+                }
+                for (int64_t r = 0; r < M; r++)
+                    dec_row(cx, &sc, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &mx[r], &sum[r], acc + r * Dv);
+                if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
+                else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             }
-            for (int64_t r = 0; r < M; r++)
-                dec_row(cx, &sc, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &mx[r], &sum[r], acc + r * Dv);
-            if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
-            else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             cnt->flops += 2 * M * n * (D + Dv);
             cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
         }
