@@ -76,42 +76,29 @@ static inline __m512 qk_block(const uint16_t *q0, const uint16_t *q1, const uint
     return sum16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15);
 }
 
-/* Prefetches a tile's share of the ranges ahead: lines [from, to) of 64 bytes. */
-static inline void prefetch_lines(const fa_decode_fetch *ahead, int64_t from, int64_t to) {
-    for (int64_t l = from; l < to; l++) {
-        _mm_prefetch(ahead->k + 64 * l, _MM_HINT_T1);
-        _mm_prefetch(ahead->v + 64 * l, _MM_HINT_T1);
-    }
-}
-
 /* Scores of rows r0..r0+3 (mr of them present) against the key blocks of a tile: S[b]
- * lane 4 r + j = q_{r0+r} . k_{4b+j}; the ranges ahead are prefetched, spread over the
- * blocks. */
-static int qk_rows4(const uint16_t *q, int r0, int mr, int d, const uint16_t *k, int64_t kstride, int n, __m512 *S,
-                    const fa_decode_fetch *ahead) {
+ * lane 4 r + j = q_{r0+r} . k_{4b+j}. */
+static int qk_rows4(const uint16_t *q, int r0, int mr, int d, const uint16_t *k, int64_t kstride, int n, __m512 *S) {
     const uint16_t *q0 = q + (int64_t)r0 * d, *q1 = mr > 1 ? q0 + d : q0, *q2 = mr > 2 ? q0 + 2 * d : q0;
     const uint16_t *q3 = mr > 3 ? q0 + 3 * d : q0;
     const int nb = (n + 3) / 4;
-    const int64_t lines = ahead ? (ahead->bytes + 63) / 64 : 0, per = (lines + nb - 1) / (nb ? nb : 1);
     for (int b = 0; b < nb; b++) {
         const int j = 4 * b, nj = n - j < 4 ? n - j : 4;
         const uint16_t *k0 = k + j * kstride, *k1 = nj > 1 ? k0 + kstride : k0, *k2 = nj > 2 ? k0 + 2 * kstride : k0;
         const uint16_t *k3 = nj > 3 ? k0 + 3 * kstride : k0;
-        if (lines) prefetch_lines(ahead, b * per < lines ? b * per : lines, (b + 1) * per < lines ? (b + 1) * per : lines);
         S[b] = qk_block(q0, q1, q2, q3, k0, k1, k2, k3, d);
     }
     return nb;
 }
 
 /* s[r * lds + j] = dot(q[r], k[j]) for r < m, j < n: q is m x d contiguous bf16, key j
- * starts at k + j * kstride (d contiguous bf16). Meanwhile the ranges ahead (the driver's
- * next tile, or NULL) are prefetched. */
+ * starts at k + j * kstride (d contiguous bf16). */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s,
-                       int lds, const fa_decode_fetch *ahead) {
+                       int lds) {
     for (int r0 = 0; r0 < m; r0 += 4) {
         const int mr = m - r0 < 4 ? m - r0 : 4;
         __m512 S[FA_DECODE_MAX_TILE / 4];
-        const int nb = qk_rows4(q, r0, mr, d, k, kstride, n, S, r0 ? NULL : ahead);
+        const int nb = qk_rows4(q, r0, mr, d, k, kstride, n, S);
         for (int b = 0; b < nb; b++) {
             float out[16];
             _mm512_storeu_ps(out, S[b]);
@@ -223,14 +210,14 @@ static inline __m512 group_sum(__m512 x) {
  * row max (a NaN never wins), base = the new max (0 while it is -inf, never -inf + inf),
  * alpha = exp(old max - base) for the rescale, p = exp(score - base) summed unrounded
  * and rounded to bf16 into P, keys at or past n giving p = 0. */
-void fa_decode_step_bf16(const fa_decode_step *t, const fa_decode_fetch *ahead) {
+void fa_decode_step_bf16(const fa_decode_step *t) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(t->scale);
     const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     static const __mmask16 keys_live[4] = {0xffff, 0x1111, 0x3333, 0x7777}; /* by n % 4 */
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         __m512 S[FA_DECODE_MAX_TILE / 4];
-        const int nb = qk_rows4(t->q, r0, mr, t->d, t->k, t->kstride, t->n, S, r0 ? NULL : ahead);
+        const int nb = qk_rows4(t->q, r0, mr, t->d, t->k, t->kstride, t->n, S);
         __m512 top = neg_inf;
         for (int b = 0; b < nb; b++) {
             S[b] = _mm512_mul_ps(S[b], scale);
