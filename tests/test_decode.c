@@ -315,10 +315,12 @@ int main(void) {
     for (int paged = 0; paged <= 1; paged++) {
         dcase c;
         make_case(&c, 2, 32, 8, 128, 1, FA_BF16, paged, 0, 1);
-        run_case(paged ? "fixed: D=128, GQA 4:1, lengths 1001, 77, paged, bf16" : "fixed: D=128, GQA 4:1, lengths 1001, 77, bf16", &c);
+        run_case(paged ? "fixed: D=128, GQA 4:1, lengths 1001, 77, paged, bf16"
+                       : "fixed: D=128, GQA 4:1, lengths 1001, 77, bf16", &c);
         free_case(&c);
         make_case(&c, 2, 6, 1, 80, 1, FA_BF16, paged, 1, 0);
-        run_case(paged ? "fixed: D=80, 6 rows per kv head, 1 new, paged, bf16" : "fixed: D=80, 6 rows per kv head, 1 new, bf16", &c);
+        run_case(paged ? "fixed: D=80, 6 rows per kv head, 1 new, paged, bf16"
+                       : "fixed: D=80, 6 rows per kv head, 1 new, bf16", &c);
         free_case(&c);
     }
     fixed_lens = lens_b;

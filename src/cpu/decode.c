@@ -125,9 +125,11 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; r++)
             for (int x = 0; x < 2; x++)
                 for (int64_t hk = 0; hk < p->heads_kv; hk++) {
-                    const fa_tile_src row = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, hk, r);
+                    const fa_tile_src row =
+                        dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, hk, r);
                     const int64_t bytes = (x ? p->head_dim_v : p->head_dim) * (int64_t)cx->esz;
-                    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)row.base + off, 0, 2);
+                    for (int64_t off = 0; off < bytes; off += 64)
+                        __builtin_prefetch((const char *)row.base + off, 0, 2);
                 }
         return;
     }
@@ -290,7 +292,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     if (ws && a->workspace_size < (size_t)need)
         return fa_error(FA_ERR_INVALID, "fa_forward: workspace_size is %zu bytes but this decode plan needs %lld",
                         a->workspace_size, (long long)need);
-    if (!ws && !(ws = owned = malloc((size_t)need)))
+    if (!ws && !(ws = owned = fa_malloc((size_t)need))) /* the allocation-failure hook sees it */
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
@@ -349,7 +351,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }
-    free(owned);
+    fa_free(owned);
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;
