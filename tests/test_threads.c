@@ -4,7 +4,8 @@
  * many work items, a progress callback (the drivers' shared counter and its critical
  * section), a caller-supplied workspace carved per thread, and kv-cache decoding's
  * split-KV items and merge. Each result is compared with the float64 reference, and must
- * be bit-identical to the 1-thread result (no thread's share may depend on another's). Seeded (FA_TEST_SEED reproduces a run). */
+ * be bit-identical to the 1-thread result (no thread's share may depend on another's).
+ * Seeded (FA_TEST_SEED reproduces a run). */
 #include "backward_check.h"
 
 /* The progress callback runs on one worker at a time; it checks the counts only grow. */
