@@ -4,7 +4,8 @@
 # its peers on the same shapes and appends a table to bench/RESULTS.md (bench/suite.py
 # says what each column means).
 #
-#   bash bench/run.sh            the suite (about 10-15 minutes on 2 cores)
+#   bash bench/run.sh            the suite, 3 interleaved rounds (BENCH_RUNS): medians, ranges and
+#                                the CPU targets checked (about 30-40 minutes on 2 cores)
 #   bash bench/run.sh --quick    the headline case only (B=1 H=8 S=4096 D=128 f32)
 #   bash bench/run.sh --blocks 256x128   flashattn with that tile instead of the default
 #   bash bench/run.sh --inference  decode and varlen (bench/inference.sh; appends to RESULTS.md)

@@ -94,6 +94,57 @@ def useful_flops(c, backward=False):
     return f * 7 // 2 if backward else f
 
 
+# The CPU training targets (issue 12), each checked on the median over rounds; the range shows
+# how far single rounds strayed. (case, what, kind, goal): kind "peer" compares with torch SDPA
+# or OpenBLAS (speed-up), "peak" with the machine's peak, "bwd" the backward's useful rate
+# against the forward's.
+TARGETS = [
+    ("fwd+bwd f32 S4096 D128", "torch SDPA (f32)", "peer", 1.15),
+    ("fwd+bwd f32 causal S4096 D128", "torch SDPA (f32)", "peer", 1.15),
+    ("fwd+bwd bf16 S4096 D128", "torch SDPA (bf16)", "peer", 1.4),
+    ("fwd+bwd bf16 causal S4096 D128", "torch SDPA (bf16)", "peer", 1.4),
+    ("fwd f32 B1 H8 S4096 D128", "torch SDPA (f32)", "peer", 1.15),
+    ("fwd bf16 S4096 D128", "torch SDPA (bf16)", "peer", 1.7),
+    ("fwd f32 B1 H8 S4096 D128", "naive OpenBLAS (f32)", "peer", 1.3),
+    ("fwd bf16 S4096 D128", "vdpbf16ps peak", "peak", 80),
+    ("fwd f32 B1 H8 S4096 D128", "FMA peak", "peak", 85),
+    ("fwd+bwd f32 S4096 D128", "", "bwd", 0.75),
+    ("fwd+bwd bf16 S4096 D128", "", "bwd", 0.75),
+]
+
+
+def target_lines(summary, med, span):
+    """The targets table (markdown lines), from the rounds' figures; [] if none of its cases ran."""
+    out = ["Targets (B=1 H=8 S=4096 D=128, 2 threads; median over rounds, range in parentheses; "
+           "useful flops for every implementation):", "",
+           "| target | measured | goal | met |", "| --- | ---: | ---: | --- |"]
+    n = 0
+    for name, what, kind, goal in TARGETS:
+        sm = summary.get(name)
+        if not sm or not sm["ours"]:
+            continue
+        if kind == "peer":
+            xs = sm["ratio"].get(what, [])
+            label, fmt, unit = f"{name}: speed-up vs {what}", "{:.2f}x", "x"
+        elif kind == "peak":
+            xs = sm.get("pct", [])
+            label, fmt, unit = f"{name}: % of the {what} (executed flops)", "{:.0f}%", "%"
+        else:  # the backward's useful rate / the forward's, (2.5 F / t_bwd) / (F / t_fwd), one process
+            xs = sm.get("bwd_rate", [])
+            label, fmt, unit = f"{name}: backward useful rate / forward's", "{:.2f}", ""
+        if not xs:
+            continue
+        n += 1
+        out.append(f"| {label} | {span(xs, fmt)} | >= {goal}{unit} | {'yes' if med(xs) >= goal else 'NO'} |")
+    preds = [x for sm in summary.values() for x in sm.get("pred", [])]
+    if preds:
+        n += 1
+        worst = max(abs(x - 1) for x in preds)
+        out.append(f"| predicted vs measured seconds, every row and round | {min(preds):.2f}-{max(preds):.2f} | "
+                   f"within 20% | {'yes' if worst <= 0.2 else 'NO'} |")
+    return out if n else []
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -101,6 +152,10 @@ def main():
     ap.add_argument("--seed", action="store_true", help="run only the seed problem (long)")
     ap.add_argument("--quick", action="store_true", help="headline case only")
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", "3")),
+                    help="rounds of the suite (each case once per round, rounds interleaved: a "
+                         "load that comes and goes moves every case alike); the table gives the "
+                         "median over rounds and the range (default 3, env BENCH_RUNS)")
     ap.add_argument("--blocks", default="",
                     help="BQxBK: flashattn's tile instead of the plan's default (e.g. 256x128)")
     ap.add_argument("--seed-heads", type=int, default=0,
@@ -161,10 +216,18 @@ def main():
         bq, bk = args.blocks.lower().split("x")
         block_args = ["--block-q", bq, "--block-k", bk]
 
-    def case(name, B=1, H=8, S=4096, D=128, dtype="f32", causal=False, backward=False, reps=3,
-             peers=("openblas", "numpy", "jax", "torch"), cli=False, isa=None, timeout=900):
+    specs = []  # (case, a function that runs one round of it: (ours, [peer records]))
+
+    def case(name, **kw):
+        specs.append(kw_case(name, **kw))
+
+    def kw_case(name, B=1, H=8, S=4096, D=128, dtype="f32", causal=False, backward=False, reps=3,
+                peers=("openblas", "numpy", "jax", "torch"), cli=False, isa=None, timeout=900):
         c = {"name": name, "batch": B, "heads": H, "seq": S, "head_dim": D, "dtype": dtype,
              "causal": causal, "backward": backward}
+        return c, lambda: one_round(c, B, H, S, D, dtype, causal, backward, reps, peers, cli, isa, timeout)
+
+    def one_round(c, B, H, S, D, dtype, causal, backward, reps, peers, cli, isa, timeout):
         cmd = [os.path.join(build, "bench_fa"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
                "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--reps", str(reps), "--json"]
         if causal:
@@ -212,8 +275,7 @@ def main():
                     label = {"numpy": "numpy naive", "jax": "jax.nn.dot_product_attention",
                              "torch": "torch SDPA"}.get(rr["peer"], rr["peer"])
                     peer_recs.append(dict(rr, peer=f"{label} ({rr.get('dtype', dtype)})"))
-        c["predicted"] = predicted(c)
-        rows.append((c, ours, peer_recs))
+        return ours, peer_recs
 
     started = time.time()
     load_start = f"{os.getloadavg()[0]:.2f}"
@@ -232,7 +294,7 @@ def main():
         c = {"name": f"seed problem B=18 H=32 S=16384 D=256 bf16 fwd{part}",
              "batch": B, "heads": H, "seq": S, "head_dim": D, "dtype": "bf16", "causal": False,
              "backward": False}
-        rows.append((c, ours, []))
+        rows.append((c, [ours], {}))
     else:
         case("fwd f32 B1 H8 S4096 D128", cli=True)
         if not args.quick:
@@ -248,56 +310,105 @@ def main():
             case("fwd+bwd bf16 S4096 D128", dtype="bf16", backward=True, peers=("torch",))
             case("fwd+bwd bf16 causal S4096 D128", dtype="bf16", causal=True, backward=True, peers=("torch",))
             case("fwd bf16 causal S4096 D128", dtype="bf16", causal=True, peers=("torch",))
+        # Rounds: every case once per round, so a load that comes and goes touches all alike.
+        runs = max(1, args.runs)
+        results = [([], {}) for _ in specs]  # per case: ours per round, peer label -> records
+        for r in range(runs):
+            log(f"[bench] round {r + 1} of {runs}")
+            for (c, go), (ours_l, peer_d) in zip(specs, results):
+                ours, peer_recs = go()
+                ours_l.append(ours)
+                for pr in peer_recs:
+                    peer_d.setdefault(pr["peer"], []).append(pr)
+        for (c, _), (ours_l, peer_d) in zip(specs, results):
+            c["predicted"] = predicted(c)
+            rows.append((c, ours_l, peer_d))
     elapsed = time.time() - started
     measure_peak()
 
     # ---- the table --------------------------------------------------------------------
-    lines = []
-    lines.append("| case | flashattn s | GFLOP/s (executed) | % peak | isa, blocks | pred s | meas/pred | peer | peer s | "
-                 "peer GFLOP/s | flashattn speed-up |")
-    lines.append("| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: |")
-    for c, ours, peers in rows:
+    def med(xs):
+        xs = sorted(xs)
+        n = len(xs)
+        return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+    def span(xs, fmt):
+        """median, and the range over rounds where there was more than one"""
+        if not xs:
+            return ""
+        m = fmt.format(med(xs))
+        return m if len(xs) == 1 else f"{m} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+
+    def ours_round(c, ours):
+        """One round of flashattn: (seconds, executed flops, median seconds) or None."""
         pas = "backward" if c["backward"] else "forward"
         rec = ours.get(pas) if isinstance(ours, dict) else None
-        if rec and c["backward"]:  # forward + backward: the sum of the two passes' figures
+        if not rec:
+            return None
+        if c["backward"]:  # forward + backward: the sum of the two passes' figures
             f = ours.get("forward") or {}
+            if f.get("seconds"):  # the backward's useful rate over the forward's, same process
+                bwd_rate.setdefault(c["name"], []).append(2.5 * f["seconds"] / rec["seconds"])
             rec = dict(rec, seconds=rec["seconds"] + f.get("seconds", 0),
                        median_seconds=rec.get("median_seconds", rec["seconds"]) + f.get("median_seconds", 0),
                        flops=rec["flops"] + f.get("flops", 0))
+        secs = rec.get("estimated_full_seconds", rec["seconds"]) if ours.get("run_heads", 0) and \
+            ours["run_heads"] < c["batch"] * c["heads"] else rec["seconds"]
+        return secs, rec["flops"], rec.get("median_seconds", rec["seconds"])
+
+    bwd_rate = {}  # case name -> per round: (2.5 F / backward s) / (F / forward s)
+    summary = {}  # case name -> {"ours": [s per round], "pct": [...], "ratio": {peer: [...]}, ...}
+    lines = []
+    lines.append("| case | flashattn s | GFLOP/s useful (executed) | % peak | isa, blocks | pred s | meas/pred | peer | "
+                 "peer s | peer GFLOP/s | flashattn speed-up |")
+    lines.append("| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    for c, ours_l, peer_d in rows:
+        pas = "backward" if c["backward"] else "forward"
+        uf = useful_flops(c, c["backward"])
         pk = peak_of(c["dtype"])
-        pred_s, pred_r = "", ""
-        if rec and c.get("predicted"):
-            pred_s = f"{c['predicted']:.3f}"
-            pred_r = f"{rec.get('median_seconds', rec['seconds']) / c['predicted']:.2f}"
-        if rec:
-            secs = rec.get("estimated_full_seconds", rec["seconds"]) if ours.get("run_heads", 0) and \
-                ours["run_heads"] < c["batch"] * c["heads"] else rec["seconds"]
-            g = useful_flops(c, c["backward"]) / secs * 1e-9
-            ge = rec["flops"] / rec["seconds"] * 1e-9
-            frac = f"{100 * ge / pk:.0f}%" if pk else "?"
-            blocks = ours.get("blocks", {}).get(pas, ["?", "?"])
-            ours_s = f"{secs:.3f}"
-            ours_g = f"{g:.1f} ({ge:.1f})"
-            ours_isa = f"{ours.get('isa')}, {blocks[0]}x{blocks[1]}"
+        per = [ours_round(c, o) for o in ours_l]
+        ok = [x for x in per if x]
+        secs_l = [x[0] for x in ok]
+        sm = {"ours": secs_l, "ratio": {}, "case": c, "bwd_rate": bwd_rate.get(c["name"], [])}
+        summary[c["name"]] = sm
+        if ok:
+            g_l = [uf / x[0] * 1e-9 for x in ok]
+            ge_l = [x[1] / x[0] * 1e-9 for x in ok]
+            sm["pct"] = [100 * g / pk for g in ge_l] if pk else []
+            first = next(o for o in ours_l if isinstance(o, dict) and o.get(pas))
+            blocks = first.get("blocks", {}).get(pas, ["?", "?"])
+            ours_s = span(secs_l, "{:.3f}")
+            ours_g = f"{med(g_l):.1f} ({med(ge_l):.1f})"
+            frac = span(sm["pct"], "{:.0f}%") if pk else "?"
+            ours_isa = f"{first.get('isa')}, {blocks[0]}x{blocks[1]}"
         else:
-            secs = None
-            ours_s, ours_g, frac, ours_isa = "error", ours.get("error", "?") if isinstance(ours, dict) else "?", "", ""
-        if not peers:
-            peers = [{"peer": "-"}]
-        for i, p in enumerate(peers):
-            if "seconds" in p:
-                ps = p["seconds"]
-                pg = useful_flops(c, c["backward"]) / ps * 1e-9
-                ratio = f"{ps / secs:.2f}x" if secs else ""
-                pcells = f"{ps:.3f} | {pg:.1f} | {ratio}"
+            bad = next((o for o in ours_l if isinstance(o, dict)), {})
+            ours_s, ours_g, frac, ours_isa = "error", bad.get("error", "?"), "", ""
+        pred_s, pred_r = "", ""
+        if ok and c.get("predicted"):
+            pred_s = f"{c['predicted']:.3f}"
+            sm["pred"] = [x[2] / c["predicted"] for x in ok]
+            pred_r = span(sm["pred"], "{:.2f}")
+        peers = list(peer_d.items()) or [("-", [])]
+        for i, (label, recs) in enumerate(peers):
+            timed_l = [(k, p["seconds"]) for k, p in enumerate(recs) if "seconds" in p]
+            if timed_l:
+                ps_l = [t for _, t in timed_l]
+                # the ratio round by round (a peer and flashattn measured side by side)
+                ratios = [t / per[k][0] for k, t in timed_l if k < len(per) and per[k]]
+                sm["ratio"][label] = ratios
+                pcells = (f"{span(ps_l, '{:.3f}')} | {med([uf / t * 1e-9 for t in ps_l]):.1f} | "
+                          f"{span(ratios, '{:.2f}x')}" if ratios else f"{span(ps_l, '{:.3f}')} | | ")
             else:
-                why = p.get("skipped") or p.get("error") or ""
+                why = next((p.get("skipped") or p.get("error") for p in recs if p.get("skipped") or p.get("error")), "")
                 pcells = f"{why} | | " if why else " | | "
-            first = i == 0
-            lines.append(f"| {c['name'] if first else ''} | {ours_s if first else ''} | {ours_g if first else ''} | "
-                         f"{frac if first else ''} | {ours_isa if first else ''} | {pred_s if first else ''} | "
-                         f"{pred_r if first else ''} | {p['peer']} | {pcells} |")
-        if c.get("name", "").startswith("seed") and rec:
+            f0 = i == 0
+            lines.append(f"| {c['name'] if f0 else ''} | {ours_s if f0 else ''} | {ours_g if f0 else ''} | "
+                         f"{frac if f0 else ''} | {ours_isa if f0 else ''} | {pred_s if f0 else ''} | "
+                         f"{pred_r if f0 else ''} | {label} | {pcells} |")
+        if c.get("name", "").startswith("seed") and ok:
+            ours = ours_l[0]
+            secs = secs_l[0]
             lines.append("")
             lines.append(f"Seed problem: peak RSS {ours.get('peak_rss_gb', 0):.1f} GiB with the full q, k, v, o "
                          f"tensors allocated and filled; the plan's peak {ours.get('plan_peak_bytes', 0) / 2**30:.1f} GiB; "
@@ -306,6 +417,9 @@ def main():
                          f"score matrix). Time for all 576 heads: {secs:.0f} s "
                          f"({secs / 60:.1f} min)" + ("" if ours.get("run_heads") == 576 else
                          f", estimated from {ours.get('run_heads')} heads") + ".")
+    targets = target_lines(summary, med, span)
+    if targets:
+        lines += [""] + targets
     peak_line = "peak (GFLOP/s, measured by bench/peak): " + ", ".join(
         f"{k} {v}" for k, v in peak.items()) if peak else "peak: not measured"
     table = "\n".join(lines)
@@ -321,15 +435,17 @@ def main():
         nproc = os.cpu_count()
         text = (f"\n### CPU run {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}\n\n"
                 f"Command: `bash bench/run.sh{' --seed' if args.seed else ''}{' --quick' if args.quick else ''}"
-                f"{' --blocks ' + args.blocks if args.blocks else ''}` "
+                f"{' --blocks ' + args.blocks if args.blocks else ''}`, {max(1, args.runs)} rounds "
                 f"({args.threads} threads, {elapsed / 60:.1f} min). Machine: {model}, {nproc} CPUs "
                 f"(`lscpu`). {peak_line}.\n\n"
                 "Useful flops (the same count for every implementation): forward 4*B*H*Sq*Sk*D "
                 "(causal: the visible pairs, about half); fwd+bwd rows time forward + backward "
                 "for flashattn and every peer alike and count 3.5x (backward 2.5x the forward). "
                 "GFLOP/s: useful, then in parentheses flashattn's executed flops (the plan's count); "
-                "% peak uses the executed figure. Speed-up = peer seconds / flashattn seconds, "
-                "best of the reps. pred s: `flashattn plan`'s predicted seconds from `flashattn "
+                "% peak uses the executed figure. Seconds: the best of the reps within a round, then the median "
+                f"over {max(1, args.runs)} rounds of the suite (range in parentheses); speed-up = peer seconds / "
+                "flashattn seconds, taken round by round (median, range). pred s: `flashattn plan`'s predicted "
+                "seconds from `flashattn "
                 "calibrate`'s rates (run at the start); meas/pred = flashattn's median / predicted. "
                 f"Load average at the start {load_start}, at the end {os.getloadavg()[0]:.2f} "
                 "(2 cores: above ~0.5 means other work shared them).\n\n"

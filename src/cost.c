@@ -1,10 +1,12 @@
-/* The analytic cost model (SPEC section 3). It walks the kernels' own tile schedule
- * (fa_key_tile_range in internal.h) once per query tile, the same for every (batch, head),
- * and applies the counting rules written beside it: O(number of query tiles), no
- * allocation. Sums run in 128 bits and must fit int64 at the end. */
+/* The analytic cost model (SPEC section 3). It sums the kernels' own tile schedule
+ * (fa_key_tile_range in internal.h), the same for every (batch, head), in closed form
+ * (fa_tile_walk_sums: O(log) in the number of query tiles, cost_walk.c) and applies the
+ * counting rules written beside it; no allocation. Sums run in 128 bits and must fit int64
+ * at the end. */
 #include "internal.h"
 
 typedef __int128 wide;
+typedef fa_tile_walk tile_walk;
 
 /* Sum over i in [0, n) of clamp(i + c, 0, cap): a clamped line, summed in closed form. */
 static wide sum_clamped_line(wide c, wide n, wide cap) {
@@ -34,32 +36,7 @@ static wide visible_pairs(const struct fa_plan *pl) {
     return hi_sum - lo_sum;
 }
 
-/* What one (batch, head) does under tiles of bq x bk, summed over its query tiles. */
-typedef struct {
-    wide rows_keys;   /* sum over computed tile pairs of m * n */
-    wide rows_tiles;  /* sum over computed tile pairs of m (one rescale per row per tile) */
-    wide keys;        /* sum over computed tile pairs of n */
-    wide pairs;       /* computed tile pairs */
-    wide qtiles;      /* query tiles */
-} tile_walk;
-
-static tile_walk walk_tiles(const struct fa_plan *pl, int64_t bq, int64_t bk) {
-    tile_walk w = {0};
-    const int64_t sq = pl->p.seq_q, sk = pl->p.seq_k;
-    for (int64_t r0 = 0; r0 < sq; r0 += bq) {
-        int64_t r1 = r0 + bq < sq ? r0 + bq : sq, kt0, kt1;
-        fa_key_tile_range(pl, r0, r1, bk, &kt0, &kt1);
-        w.qtiles++;
-        if (kt1 <= kt0) continue;
-        int64_t m = r1 - r0, k_end = kt1 * bk < sk ? kt1 * bk : sk;
-        wide n = k_end - kt0 * bk;
-        w.rows_keys += (wide)m * n;
-        w.rows_tiles += (wide)m * (kt1 - kt0);
-        w.keys += n;
-        w.pairs += kt1 - kt0;
-    }
-    return w;
-}
+static tile_walk walk_tiles(const struct fa_plan *pl, int64_t bq, int64_t bk) { return fa_tile_walk_sums(pl, bq, bk); }
 
 static int store(wide v, int64_t *out) {
     if (v < 0 || v > (wide)INT64_MAX) return 0;

@@ -3,7 +3,7 @@
  * Varlen: each packed sequence runs as its own dense problem (fa_varlen_subplan), one after
  * another, so every figure that sums (flops, transcendentals, bytes) is the sum of the
  * sequences' dense figures, and the workspace is the largest sequence's (they share it).
- * O(batch) plus each sequence's O(query tiles) walk.
+ * O(batch) plus each sequence's closed-form tile sums (cost_walk.c).
  *
  * Decode: one work item per (sequence, kv head, chunk of FA_DECODE_CHUNK keys) computes the
  * M = (Hq / Hk) x seq_q rows of its kv head's query heads against its key tiles (tiles of

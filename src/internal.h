@@ -74,6 +74,16 @@ void fa_clear_error(void);
 /* The cost model (cost.c): fills plan->fwd and plan->bwd. FA_ERR_OVERFLOW if a figure
  * does not fit int64. */
 fa_status fa_cost_compute(struct fa_plan *plan);
+/* What one (batch, head) computes under tiles of bq x bk, summed over its query tiles
+ * (cost_walk.c, in closed form; tests/test_cost_walk.c checks it against the tile walk). */
+typedef struct {
+    __int128 rows_keys;  /* sum over computed tile pairs of m * n */
+    __int128 rows_tiles; /* sum over computed tile pairs of m (one rescale per row per tile) */
+    __int128 keys;       /* sum over computed tile pairs of n */
+    __int128 pairs;      /* computed tile pairs */
+    __int128 qtiles;     /* query tiles */
+} fa_tile_walk;
+fa_tile_walk fa_tile_walk_sums(const struct fa_plan *pl, int64_t bq, int64_t bk);
 
 /* Per-thread scratch the CPU drivers carve their workspace from (bytes). The cost model
  * reports threads x these (plus the backward's O(B*Hq*Sq) row terms), and the drivers

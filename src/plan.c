@@ -84,7 +84,7 @@ static fa_status validate_problem(fa_plan *pl) {
         (s = check_positive("seq_k", p->seq_k)) || (s = check_positive("head_dim", p->head_dim)) ||
         (s = check_positive("head_dim_v", p->head_dim_v)))
         return s;
-    /* the cost walk is O(query tiles) and segment ids index with int32 */
+    /* segment ids index with int32 (and the schedule's arithmetic assumes lengths < 2^31) */
     if (p->seq_q > INT32_MAX || p->seq_k > INT32_MAX)
         return fa_error(FA_ERR_INVALID, "sequence lengths are limited to %d, got seq_q %lld, seq_k %lld", INT32_MAX,
                         (long long)p->seq_q, (long long)p->seq_k);

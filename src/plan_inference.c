@@ -34,7 +34,7 @@ static fa_status check_cu(const char *name, const int32_t *cu, int64_t batch, in
 }
 
 static fa_status copy_lens(fa_plan *pl, const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
-    pl->lens = malloc(sizeof(int32_t) * (size_t)(na + nb));
+    pl->lens = fa_malloc(sizeof(int32_t) * (size_t)(na + nb));
     if (!pl->lens) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot copy %lld lengths", (long long)(na + nb));
     memcpy(pl->lens, a, sizeof(int32_t) * (size_t)na);
     if (nb) memcpy(pl->lens + na, b, sizeof(int32_t) * (size_t)nb);

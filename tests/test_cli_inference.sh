@@ -81,6 +81,62 @@ expect_bad "varlen: cu_seqlens of different lengths" "entries" run --q "$I/q.npy
   --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/short.npy" --out "$OUT/o.npy"
 expect_bad "varlen: cu_seqlens-q alone" "go together" run --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
   --cu-seqlens-q "$I/cq.npy" --out "$OUT/o.npy"
+# ---- packed varlen grad (the backward) ----------------------------------------------------
+# the same 4 sequences (an empty query side and an empty key side among them); dq, dk, dv
+# packed like q, k, v against the float64 reference, --count against the plan's backward
+# (tiles of 8 x 8 where masks apply, so that they skip tiles)
+gen do.npy '<f4' 37 4 8 --seed $((S0 + 4))
+gen do16.npy '<f2' 37 4 8 --seed $((S0 + 5))
+GR="--do $I/do.npy --dq $OUT/dq.npy --dk $OUT/dk.npy --dv $OUT/dv.npy"
+for c in "" "--causal" "--window 3 2" "--causal --window 6 0"; do
+  bs=${c:+--block-q 8 --block-k 8}
+  fa grad $VL $c $bs $GR --out "$OUT/o.npy" --lse "$OUT/lse.npy" --count
+  if [ $rc -ne 0 ]; then no "varlen grad ${c:-plain}" "exit $rc: $(cat "$W/se")"; rm -f "$OUT"/*; continue; fi
+  flops=$(json_int flops) trans=$(json_int transcendentals)
+  sh="$("$NPY" info "$OUT/dq.npy")|$("$NPY" info "$OUT/dk.npy")|$("$NPY" info "$OUT/dv.npy")"
+  if [ "$sh" != "<f4 37,4,16 finite|<f4 45,2,16 finite|<f4 45,2,8 finite" ]; then no "varlen grad ${c:-plain} shapes" "$sh"
+  elif [ "$("$NPY" info "$OUT/o.npy")" != "<f4 37,4,8 finite" ] || [ -z "$("$NPY" info "$OUT/lse.npy" | grep '^<f4 4,37 ')" ]; then
+    no "varlen grad ${c:-plain} --out/--lse" "$("$NPY" info "$OUT/o.npy"), $("$NPY" info "$OUT/lse.npy")"
+  elif ! "$TI" varlen-grad "$I/q.npy" "$I/k.npy" "$I/v.npy" "$I/do.npy" "$I/cq.npy" "$I/ck.npy" \
+       "$OUT/dq.npy" "$OUT/dk.npy" "$OUT/dv.npy" $c >"$W/ref"; then no "varlen grad ${c:-plain} vs reference" "$(cat "$W/ref")"
+  else ok "varlen grad ${c:-plain}: dq [37,4,16], dk [45,2,16], dv [45,2,8] match the reference"; fi
+  fa plan --heads 4 --kv-heads 2 --head-dim 16 --v-head-dim 8 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" $c $bs --json
+  pb=$(sed -n 's/.*"backward": {"flops": \([0-9]*\), [^}]*"transcendentals": \([0-9]*\),.*/\1 \2/p' "$W/so")
+  if [ $rc -eq 0 ] && [ -n "$flops" ] && [ "$pb" = "$flops $trans" ]; then ok "varlen grad ${c:-plain}: counts == plan's backward ($pb)"
+  else no "varlen grad ${c:-plain} counts" "grad counted '$flops $trans', plan's backward '$pb' (exit $rc: $(cat "$W/se"))"; fi
+  rm -f "$OUT"/*
+done
+fa plan --heads 4 --kv-heads 2 --head-dim 16 --v-head-dim 8 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --causal
+if [ $rc -eq 0 ] && grep -q "flash backward" "$W/so" && grep -q "^  flops " "$W/so"; then ok "varlen plan (human): both passes' cost"
+else no "varlen plan (human)" "exit $rc: $(cat "$W/se")"; fi
+gen cq_f4.npy '<f4' 5 --seed $((S0 + 6))
+ints cq_2d.npy 1 5 -- 0 5 5 20 37
+VG="--q $I/q.npy --k $I/k.npy --v $I/v.npy $GR"
+expect_bad "varlen grad: decreasing cu_seqlens_q" "non-decreasing" grad $VG \
+  --cu-seqlens-q "$I/bad_dec.npy" --cu-seqlens-k "$I/ck.npy" --out "$OUT/o.npy"
+expect_bad "varlen grad: cu_seqlens_q past the tensor" "cu_seqlens_q.*reaches past" grad $VG \
+  --cu-seqlens-q "$I/bad_past.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: cu_seqlens_k not starting at 0" "cu_seqlens_k\[0\]" grad $VG \
+  --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/bad_start.npy"
+expect_bad "varlen grad: cu_seqlens_k of the wrong length" "entries" grad $VG \
+  --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/short.npy" --lse "$OUT/lse.npy"
+expect_bad "varlen grad: float32 cu_seqlens_q" "cu-seqlens-q" grad $VG --cu-seqlens-q "$I/cq_f4.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: 2-D cu_seqlens_q" "cu-seqlens-q.*1-D" grad $VG --cu-seqlens-q "$I/cq_2d.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: --cu-seqlens-k alone" "go together" grad $VG --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: do of o's shape" "\-\-do" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" --do "$I/q.npy" \
+  --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy" --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: do of another dtype" "share a dtype" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --do "$I/do16.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy" --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: missing --dv" "missing --dv" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --do "$I/do.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: dq and dk one file" "same file" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
+  --do "$I/do.npy" --dq "$OUT/d.npy" --dk "$OUT/d.npy" --dv "$OUT/dv.npy" --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: --cache-seqlens is run's" "cache-seqlens" grad $VG --cache-seqlens "$I/ck.npy"
+expect_bad "varlen grad: --heads disagrees with the files" "\-\-heads 3 does not match the input files' 4" grad $VG \
+  --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --heads 3
+expect_bad "varlen run: --head-dim disagrees with the files" "\-\-head-dim 8 does not match" run $VL --head-dim 8 \
+  --out "$OUT/o.npy"
+
 fa plan --heads 4 --kv-heads 2 --head-dim 16 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --backend cuda
 if [ $rc -eq 1 ] && grep -q "cuda backend has no" "$W/se"; then ok "varlen plan --backend cuda: unsupported, said clearly"
 else no "varlen plan --backend cuda" "exit $rc: $(cat "$W/se")"; fi

@@ -3,6 +3,9 @@
  *   tool_inference varlen Q K V CQ CK O LSE [--causal]
  *                                                the CLI's packed o and lse against the
  *                                                float64 reference (src/ref)
+ *   tool_inference varlen-grad Q K V DO CQ CK DQ DK DV [--causal] [--window L R]
+ *                                                the CLI's packed dq, dk, dv (grad)
+ *                                                against the float64 reference
  *   tool_inference decode Q K V LENS O LSE [--causal] [--table BT] [--new KN VN]
  *                                                the CLI's decode o and lse against the
  *                                                reference; K and V the caches before the run
@@ -127,6 +130,36 @@ static int cmd_varlen(int argc, char **argv) {
     return bad;
 }
 
+static int cmd_varlen_grad(int argc, char **argv) {
+    if (argc < 9) return die("usage: varlen-grad Q K V DO CQ CK DQ DK DV [--causal] [--window L R]", NULL);
+    arr q, k, v, d_o, cq, ck, dq, dk, dv;
+    if (load(argv[0], "<f4", &q) || load(argv[1], "<f4", &k) || load(argv[2], "<f4", &v) ||
+        load(argv[3], "<f4", &d_o) || load(argv[4], "<i4", &cq) || load(argv[5], "<i4", &ck) ||
+        load(argv[6], "<f4", &dq) || load(argv[7], "<f4", &dk) || load(argv[8], "<f4", &dv))
+        return 3;
+    if (dq.n != q.n || dk.n != k.n || dv.n != v.n) return printf("a gradient's size differs from its input's\n"), 1;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = cq.n - 1, p.heads_q = q.shape[1], p.heads_kv = k.shape[1], p.head_dim = q.shape[2];
+    p.head_dim_v = v.shape[2], p.seq_q = q.shape[0], p.seq_k = k.shape[0];
+    p.cu_seqlens_q = cq.data, p.cu_seqlens_k = ck.data;
+    for (int i = 9; i < argc; i++) {
+        if (!strcmp(argv[i], "--causal")) p.causal = 1;
+        else if (!strcmp(argv[i], "--window") && i + 2 < argc)
+            p.window_left = atoll(argv[i + 1]), p.window_right = atoll(argv[i + 2]), i += 2;
+        else return die("bad option", argv[i]);
+    }
+    double *rq = keep(malloc(sizeof(double) * (size_t)q.n + 8)), *rk = keep(malloc(sizeof(double) * (size_t)k.n + 8));
+    double *rv = keep(malloc(sizeof(double) * (size_t)v.n + 8));
+    if (!rq || !rk || !rv) return die("out of memory", NULL);
+    fa_backward_args a = {0};
+    a.q = q.data, a.k = k.data, a.v = v.data, a.d_o = d_o.data;
+    fa_ref_varlen_backward(&p, &a, rq, rk, rv);
+    const int bad = check("dq", dq.data, rq, q.n) | check("dk", dk.data, rk, k.n) | check("dv", dv.data, rv, v.n);
+    if (!bad) printf("matches the reference\n");
+    return bad;
+}
+
 static int cmd_decode(int argc, char **argv) {
     if (argc < 6) return die("usage: decode Q K V LENS O LSE [--causal] [--table BT] [--new KN VN]", NULL);
     arr q, k, v, lens, o, l, bt = {0}, kn = {0}, vn = {0};
@@ -178,10 +211,11 @@ static int cmd_cache(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) return die("usage: tool_inference ints|varlen|decode|cache ...", NULL);
+    if (argc < 2) return die("usage: tool_inference ints|varlen|varlen-grad|decode|cache ...", NULL);
     int rc = 3;
     if (!strcmp(argv[1], "ints")) rc = cmd_ints(argc - 2, argv + 2);
     else if (!strcmp(argv[1], "varlen")) rc = cmd_varlen(argc - 2, argv + 2);
+    else if (!strcmp(argv[1], "varlen-grad")) rc = cmd_varlen_grad(argc - 2, argv + 2);
     else if (!strcmp(argv[1], "decode")) rc = cmd_decode(argc - 2, argv + 2);
     else if (!strcmp(argv[1], "cache")) rc = cmd_cache(argc - 2, argv + 2);
     else die("unknown command", argv[1]);

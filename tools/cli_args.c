@@ -51,7 +51,7 @@ static const struct {
     [F_TOP_LEFT] = {"--top-left", 0, ALL},   [F_DBIAS] = {"--dbias", 1, CMD_GRAD},
     [F_SEQ_PARALLEL] = {"--seq-parallel", 1, FILES | CMD_BENCH},
     [F_ZIGZAG] = {"--zigzag", 0, FILES | CMD_BENCH},
-    [F_CU_Q] = {"--cu-seqlens-q", 1, CMD_PLAN | CMD_RUN}, [F_CU_K] = {"--cu-seqlens-k", 1, CMD_PLAN | CMD_RUN},
+    [F_CU_Q] = {"--cu-seqlens-q", 1, CMD_PLAN | FILES}, [F_CU_K] = {"--cu-seqlens-k", 1, CMD_PLAN | FILES},
     [F_CACHE_LENS] = {"--cache-seqlens", 1, CMD_PLAN | CMD_RUN},
     [F_BLOCK_TABLE] = {"--block-table", 1, CMD_PLAN | CMD_RUN},
     [F_K_NEW] = {"--k-new", 1, CMD_PLAN | CMD_RUN}, [F_V_NEW] = {"--v-new", 1, CMD_PLAN | CMD_RUN},

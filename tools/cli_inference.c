@@ -1,6 +1,7 @@
 /* `flashattn run` and `plan` for the inference shapes (SPEC section 5): packed
  * variable-length batches (--cu-seqlens-q/-k) and kv-cache decoding (--cache-seqlens,
- * optionally paged with --block-table, appending --k-new/--v-new). As for dense runs, every
+ * optionally paged with --block-table, appending --k-new/--v-new); `flashattn grad` for
+ * packed batches (the varlen backward: dq, dk, dv packed like q, k, v). As for dense runs, every
  * header is checked, the plan made (it validates the lengths) and every output opened as a
  * temporary before any data is read; outputs, and with --update-cache the rewritten caches,
  * appear only when everything succeeded. The caches are rewritten as float32 .npy. */
@@ -19,7 +20,7 @@ static int read_i32(const char *flag, const char *path, int ndim, npy_header *h,
     int rc = npy_read(path, NPY_I32, h, (void **)data, err, sizeof err);
     if (rc) return cli_fail(rc, "%s %s", flag, err);
     if (h->ndim != ndim || h->count == 0) {
-        free(*data);
+        fa_free(*data);
         *data = NULL;
         npy_shape_str(h->ndim, h->shape, sh, sizeof sh);
         return cli_fail(2, "%s %s: shape %s is not a non-empty %d-D int32 array", flag, path, sh, ndim);
@@ -59,22 +60,23 @@ int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
     int rc;
     if (a->cu_seqlens_q) {
         if ((rc = read_i32("--cu-seqlens-q", a->cu_seqlens_q, 1, &h, &x))) return rc;
-        if ((rc = read_i32("--cu-seqlens-k", a->cu_seqlens_k, 1, &h2, &y))) return free(x), rc;
+        if ((rc = read_i32("--cu-seqlens-k", a->cu_seqlens_k, 1, &h2, &y))) return fa_free(x), rc;
         const int64_t n = h.count;
         if (h2.count != n || n < 2) {
-            free(x), free(y);
+            fa_free(x), fa_free(y);
             return cli_fail(2, "--cu-seqlens-q has %" PRId64 " entries and --cu-seqlens-k %" PRId64
                                "; both must be batch + 1 >= 2", n, h2.count);
         }
         if (a->batch && a->batch != n - 1) {
-            free(x), free(y);
+            fa_free(x), fa_free(y);
             return cli_fail(2, "--batch %" PRId64 " does not match the %" PRId64 " sequences of --cu-seqlens-q",
                             a->batch, n - 1);
         }
-        int32_t *both = realloc(x, sizeof(int32_t) * (size_t)(2 * n));
-        if (!both) return free(x), free(y), cli_fail(1, "out of memory");
+        int32_t *both = fa_malloc(sizeof(int32_t) * (size_t)(2 * n));
+        if (!both) return fa_free(x), fa_free(y), cli_fail(1, "out of memory");
+        memcpy(both, x, sizeof(int32_t) * (size_t)n);
         memcpy(both + n, y, sizeof(int32_t) * (size_t)n);
-        free(y);
+        fa_free(x), fa_free(y);
         p->batch = n - 1, p->seq_q = both[n - 1], p->seq_k = both[2 * n - 1];
         p->cu_seqlens_q = both, p->cu_seqlens_k = both + n;
         *lens = both;
@@ -116,17 +118,17 @@ typedef struct {
     const char *flag, *path;
     int ndim;
     int64_t shape[4];
-    int slot; /* 0 o, 1 lse (f32), 2 the k cache, 3 the v cache */
+    int slot; /* 0 o, 1 lse (f32), 2 the k cache, 3 the v cache, 4 dq, 5 dk, 6 dv */
     npy_out file;
 } out_file;
 
 /* Everything a run holds, freed in one place. */
 typedef struct {
-    npy_header hq, hk, hv, hkn, hvn, h1, h2, hb;
+    npy_header hq, hk, hv, hkn, hvn, h1, h2, hb, hdo;
     int32_t *lens_q, *lens_k, *table;
-    void *q, *k, *v, *kn, *vn, *o;
+    void *q, *k, *v, *kn, *vn, *o, *d_o, *dq, *dk, *dv;
     float *lse;
-    out_file outs[4];
+    out_file outs[5];
     int nout, opened;
     fa_plan *plan;
     cli_extras x;
@@ -134,8 +136,9 @@ typedef struct {
 
 static void release(run_state *s) {
     for (int i = 0; i < s->opened; i++) npy_out_abort(&s->outs[i].file);
-    void *bufs[] = {s->lens_q, s->lens_k, s->table, s->q, s->k, s->v, s->kn, s->vn, s->o, s->lse};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    void *bufs[] = {s->lens_q, s->lens_k, s->table, s->q, s->k, s->v, s->kn, s->vn, s->o, s->lse,
+                    s->d_o, s->dq, s->dk, s->dv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fa_free(bufs[i]);
     cli_extras_free(&s->x);
     fa_plan_destroy(s->plan);
 }
@@ -177,6 +180,14 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
                                "; both must be batch + 1 >= 2", s->h1.count, s->h2.count);
         p->batch = s->h1.count - 1, p->seq_q = Q[0], p->seq_k = K[0];
         p->cu_seqlens_q = s->lens_q, p->cu_seqlens_k = s->lens_k;
+        if (a->cmd != CMD_GRAD) return 0;
+        const int64_t want[3] = {Q[0], Hq, p->head_dim_v}; /* do is packed like o */
+        if ((rc = float_header("--do", a->d_o, 3, &s->hdo))) return rc;
+        for (int d = 0; d < 3; d++)
+            if ((rc = dim_is("--do", a->d_o, "a dimension", s->hdo.shape[d], "o [total_q, Hq, Dv]", want[d])))
+                return rc;
+        if (!a->has_dtype && s->hdo.kind != s->hq.kind)
+            return cli_fail(2, "do and q do not share a dtype; pass --dtype to cast them");
         return 0;
     }
     if ((rc = read_i32("--cache-seqlens", a->cache_seqlens, 1, &s->h1, &s->lens_q))) return rc;
@@ -206,14 +217,50 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
     return 0;
 }
 
+/* Shape flags given to run or grad must agree with the files, as for dense runs (the
+ * totals for packed batches; Sq_new and S_cache_max for caches, as `plan` reads them). */
+static int flags_agree(const cli_args *a, const fa_problem *p) {
+    const struct {
+        const char *flag;
+        int64_t given, actual;
+    } c[] = {{"--batch", a->batch, p->batch},          {"--heads", a->heads, p->heads_q},
+             {"--kv-heads", a->kv_heads, p->heads_kv}, {"--head-dim", a->head_dim, p->head_dim},
+             {"--v-head-dim", a->v_head_dim, p->head_dim_v}, {"--seq-q", a->seq_q, p->seq_q},
+             {"--seq-k", a->seq_k, p->seq_k},          {"--seq", a->seq, p->seq_q},
+             {"--seq", a->seq, p->seq_k}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        if (c[i].given && c[i].given != c[i].actual)
+            return cli_fail(2, "%s %" PRId64 " does not match the input files' %" PRId64, c[i].flag, c[i].given,
+                            c[i].actual);
+    return 0;
+}
+
+/* grad: the varlen backward of sum(o * do) after the forward that made o and lse. */
+static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
+    const size_t es = fa_dtype_size(p->dtype);
+    const size_t nq = (size_t)s->hq.count, nk = (size_t)s->hk.count, nv = (size_t)s->hv.count;
+    s->dq = fa_malloc(nq * es + 1), s->dk = fa_malloc(nk * es + 1), s->dv = fa_malloc(nv * es + 1);
+    if (!s->dq || !s->dk || !s->dv) return cli_fail(1, "out of memory (gradients)");
+    fa_backward_args bw;
+    memset(&bw, 0, sizeof bw);
+    bw.q = s->q, bw.k = s->k, bw.v = s->v, bw.o = s->o, bw.lse = s->lse, bw.d_o = s->d_o;
+    bw.dq = s->dq, bw.dk = s->dk, bw.dv = s->dv, bw.alibi_slopes = s->x.slopes, bw.counts = counts;
+    fa_status st = fa_backward(s->plan, &bw);
+    return st == FA_OK ? 0 : cli_fail_status(st, "backward");
+}
+
 int cli_run_inference(const cli_args *a) {
-    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : !a->out ? "--out" : NULL;
+    const int grad = a->cmd == CMD_GRAD;
+    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
+    if (!missing && !grad && !a->out) missing = "--out";
+    if (!missing && grad) missing = !a->d_o ? "--do" : !a->dq ? "--dq" : !a->dk ? "--dk" : !a->dv ? "--dv" : NULL;
     if (missing) return cli_fail(2, "%s: missing %s", a->name, missing);
     run_state s;
     memset(&s, 0, sizeof s);
     fa_problem p;
     fa_options opt;
     int rc = describe(a, &s, &p);
+    if (!rc) rc = flags_agree(a, &p);
     if (!rc) {
         cli_apply_options(a, &p, &opt);
         rc = cli_extras_load(a, &p, 0, &s.x);
@@ -229,6 +276,11 @@ int cli_run_inference(const cli_args *a) {
     if (a->update_cache) {
         add_out(&s, "--k", a->k, 2, 4, s.hk.shape);
         add_out(&s, "--v", a->v, 3, 4, s.hv.shape);
+    }
+    if (grad) { /* packed like q, k and v */
+        add_out(&s, "--dq", a->dq, 4, 3, s.hq.shape);
+        add_out(&s, "--dk", a->dk, 5, 3, s.hk.shape);
+        add_out(&s, "--dv", a->dv, 6, 3, s.hv.shape);
     }
     for (int i = 0; i < s.nout; i++)
         for (int j = 0; j < i; j++)
@@ -248,21 +300,23 @@ int cli_run_inference(const cli_args *a) {
         (rc = cli_read_tensor("--v", a->v, p.dtype, &s.hv, &s.v)) ||
         (a->k_new && (rc = cli_read_tensor("--k-new", a->k_new, p.dtype, &s.hkn, &s.kn))) ||
         (a->v_new && (rc = cli_read_tensor("--v-new", a->v_new, p.dtype, &s.hvn, &s.vn))) ||
+        (grad && (rc = cli_read_tensor("--do", a->d_o, p.dtype, &s.hdo, &s.d_o))) ||
         (rc = cli_extras_load(a, &p, 1, &s.x)))
         return release(&s), rc;
-    s.o = malloc((size_t)no * es + 1);
-    s.lse = malloc(sizeof(float) * (size_t)nl + 1);
+    s.o = fa_malloc((size_t)no * es + 1);
+    s.lse = fa_malloc(sizeof(float) * (size_t)nl + 1);
     if (!s.o || !s.lse) return release(&s), cli_fail(1, "out of memory");
 
     fa_counts counts = {0, 0};
     fa_forward_args fw;
     memset(&fw, 0, sizeof fw);
     fw.q = s.q, fw.k = s.k, fw.v = s.v, fw.o = s.o, fw.lse = s.lse, fw.alibi_slopes = s.x.slopes;
-    fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = &counts;
+    fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = grad ? NULL : &counts;
     fa_status st = fa_forward(s.plan, &fw); /* checks every argument before it writes the caches */
     if (st != FA_OK) return release(&s), cli_fail_status(st, "forward");
+    if (grad && (rc = backward(&s, &p, &counts))) return release(&s), rc; /* --count: the backward's */
 
-    const void *data[4] = {s.o, s.lse, s.k, s.v};
+    const void *data[7] = {s.o, s.lse, s.k, s.v, s.dq, s.dk, s.dv};
     for (int i = 0; i < s.nout && !rc; i++) {
         const int slot = s.outs[i].slot;
         const float *x = data[slot];
@@ -275,7 +329,7 @@ int cli_run_inference(const cli_args *a) {
         }
         if (!rc && (rc = npy_out_write(&s.outs[i].file, s.outs[i].ndim, s.outs[i].shape, x, err, sizeof err)))
             cli_fail(rc, "%s %s", s.outs[i].flag, err);
-        free(conv);
+        fa_free(conv);
     }
     for (int i = 0; i < s.nout && !rc; i++)
         if ((rc = npy_out_commit(&s.outs[i].file, err, sizeof err))) cli_fail(rc, "%s %s", s.outs[i].flag, err);

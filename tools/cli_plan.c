@@ -156,13 +156,13 @@ int cli_plan(const cli_args *a) {
     cli_extras x;
     int32_t *lens = NULL; /* varlen and decode: the length arrays, plan inputs */
     int rc = cli_inference_wanted(a) ? cli_inference_problem(a, &p, &lens) : cli_shape_from_flags(a, &p);
-    if (rc) return rc;
+    if (rc) return fa_free(lens), rc;
     cli_apply_options(a, &p, &o);
     rc = cli_extras_load(a, &p, 0, &x); /* headers only: a plan never reads tensor data */
-    if (rc) return rc;
+    if (rc) return fa_free(lens), rc;
     fa_plan *plan;
     rc = cli_plan_create(&p, &o, &plan);
-    free(lens);
+    fa_free(lens);
     if (rc) return rc;
     fa_cost f, b;
     fa_status st = fa_plan_cost(plan, FA_FORWARD, &f);

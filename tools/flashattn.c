@@ -61,7 +61,10 @@ void cli_usage(const char *name) {
                "                      [--lse lse.npy] [--dbias dbias.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
                "Runs the forward, then the backward; gradients are written as float32 .npy.\n"
                "--dbias (with --bias): the bias's gradient, its shape, summed over broadcast dims.\n"
-               "--count reports the backward pass's counts.\n", options_help);
+               "--count reports the backward pass's counts.\n"
+               "--cu-seqlens-q cq.npy --cu-seqlens-k ck.npy: packed batches (int32 [B+1]); q [total_q,Hq,D],\n"
+               "do [total_q,Hq,Dv], k/v [total_k,Hk,D]; dq, dk, dv packed like q, k, v; lse [Hq,total_q].\n",
+               options_help);
     } else {
         printf("usage: flashattn bench SHAPE OPTIONS [--iters N] [--pass both|forward|backward]\n"
                "                       [--json]\n\n%s%s"

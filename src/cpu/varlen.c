@@ -32,7 +32,7 @@ static fa_status take_workspace(void *given, size_t size, int64_t need, const ch
         *ws = given;
         return FA_OK;
     }
-    if (!(*ws = *owned = malloc((size_t)(need > 0 ? need : 1))))
+    if (!(*ws = *owned = fa_malloc((size_t)(need > 0 ? need : 1))))
         return fa_error(FA_ERR_NO_MEMORY, "%s: cannot allocate %lld bytes of workspace", who, (long long)need);
     return FA_OK;
 }
@@ -77,7 +77,7 @@ fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args 
         }
         if (a->progress) a->progress(a->progress_ctx, b + 1, p->batch);
     }
-    free(owned);
+    fa_free(owned);
     if (!s && a->counts) *a->counts = total;
     return s;
 }
@@ -126,7 +126,7 @@ fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_arg
         }
         if (a->progress) a->progress(a->progress_ctx, b + 1, p->batch);
     }
-    free(owned);
+    fa_free(owned);
     if (!s && a->counts) *a->counts = total;
     return s;
 }

@@ -23,7 +23,7 @@ double fa_mpi_now(void) {
 void *fa_mpi_alloc(const fa_mpi_plan *pl, int64_t bytes) {
     if (pl->rank == fa_mpi_test_fail_alloc_rank) return NULL;
     if (bytes < 0 || (uint64_t)bytes > SIZE_MAX) return NULL;
-    return malloc(bytes ? (size_t)bytes : 1);
+    return fa_malloc(bytes ? (size_t)bytes : 1);
 }
 
 fa_status fa_mpi_fail(fa_mpi_call *c, fa_status st, const char *fmt, ...) {

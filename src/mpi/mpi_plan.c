@@ -258,7 +258,7 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
         return fa_error(FA_ERR_INVALID,
                         "ulysses needs the kv heads (%lld) divisible by the number of ranks (%d); "
                         "use the ring", (long long)global->heads_kv, nranks);
-    fa_mpi_plan *pl = calloc(1, sizeof *pl);
+    fa_mpi_plan *pl = fa_calloc(1, sizeof *pl);
     if (!pl) return fa_error(FA_ERR_NO_MEMORY, "out of memory (mpi plan)");
     pl->g = *global;
     pl->opt = o;
@@ -274,7 +274,7 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
         fa_mpi_cost *c = pass ? &pl->bwd : &pl->fwd;
         st = method == FA_MPI_RING ? ring_cost(pl, (fa_pass)pass, c) : ulysses_cost(pl, (fa_pass)pass, c);
         if (st != FA_OK) {
-            free(pl);
+            fa_free(pl);
             return st;
         }
     }
@@ -282,7 +282,7 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
     return FA_OK;
 }
 
-void fa_mpi_plan_destroy(fa_mpi_plan *plan) { free(plan); }
+void fa_mpi_plan_destroy(fa_mpi_plan *plan) { fa_free(plan); }
 
 int64_t fa_mpi_local_rows(const fa_mpi_plan *pl, int which) { return which ? pl->lk : pl->lq; }
 

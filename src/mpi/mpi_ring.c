@@ -51,7 +51,7 @@ static int ring_init(ring *R, const fa_mpi_plan *pl) {
 }
 
 static void ring_free(ring *R) {
-    free(R->kv[0]), free(R->kv[1]), free(R->qseg), free(R->kseg);
+    fa_free(R->kv[0]), fa_free(R->kv[1]), fa_free(R->qseg), fa_free(R->kseg);
 }
 
 /* This rank's own block into kv[0]: k, v and kv segment ids, contiguous; and the q
@@ -185,7 +185,7 @@ fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi
     st = fa_mpi_end(&c, a->stats);
 out:
     ring_free(&R);
-    free(part_o), free(part_lse), free(acc_o), free(acc_lse);
+    fa_free(part_o), fa_free(part_lse), fa_free(acc_o), fa_free(acc_lse);
     return st;
 }
 
@@ -309,7 +309,7 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
     st = fa_mpi_end(&c, a->stats);
 out:
     ring_free(&R);
-    free(acc[0]), free(acc[1]), free(dq_acc), free(dq_p), free(dkv_p), free(lse_c);
-    if (home != acc[0]) free(home);
+    fa_free(acc[0]), fa_free(acc[1]), fa_free(dq_acc), fa_free(dq_p), fa_free(dkv_p), fa_free(lse_c);
+    if (home != acc[0]) fa_free(home);
     return st;
 }

@@ -174,8 +174,8 @@ static int alloc_all(const fa_mpi_plan *pl, const shapes *z, ulysses *U, char **
 }
 
 static void free_all(ulysses *U, char **h, int n, int32_t **ids) {
-    free(U->send), free(U->recv), free(ids[0]), free(ids[1]);
-    for (int i = 0; i < n; i++) free(h[i]);
+    fa_free(U->send), fa_free(U->recv), fa_free(ids[0]), fa_free(ids[1]);
+    for (int i = 0; i < n; i++) fa_free(h[i]);
 }
 
 static void run_kernel(fa_mpi_call *c, const shapes *z, int backward, void *args) {

@@ -5,7 +5,8 @@
 # allocations and succeeds. Every earlier run must exit 1 with exactly one stderr line
 # ("flashattn: ..."), leak nothing (a leak report exits 86) and leave the output folder
 # empty: no output file, no temporary.
-# Usage: bash tests/alloc/test_cli_alloc_failure.sh BUILD_DIR (needs flashattn and tool_npy).
+# The same for packed varlen run and grad (--cu-seqlens-q/-k).
+# Usage: bash tests/alloc/test_cli_alloc_failure.sh BUILD_DIR (needs flashattn, tool_npy, tool_inference).
 set -u
 BUILD=${1:-build}
 FA=$(cd "$BUILD" && pwd)/flashattn
@@ -59,5 +60,17 @@ every_n() {
 
 every_n run "o.npy lse.npy" run $IN --out "$OUT/o.npy" --lse "$OUT/lse.npy" --count
 every_n grad "dq.npy dk.npy dv.npy" grad $IN --do "$I/do.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy"
+# packed varlen (cu_seqlens): sequences (Sq, Sk) = (6, 9), (0, 4), (11, 11); TI writes the int32 files
+TI=$(cd "$BUILD" && pwd)/tool_inference
+[ -x "$TI" ] || { echo "missing $TI"; exit 1; }
+gen pq.npy '<f4' 17 4 8 --seed 7
+gen pk.npy '<f4' 24 2 8 --seed 8
+gen pv.npy '<f4' 24 2 8 --seed 9
+gen pdo.npy '<f4' 17 4 8 --seed 10
+"$TI" ints "$I/cq.npy" 4 -- 0 6 6 17 && "$TI" ints "$I/ck.npy" 4 -- 0 9 13 24 || { echo "tool_inference failed"; exit 1; }
+VL="--q $I/pq.npy --k $I/pk.npy --v $I/pv.npy --cu-seqlens-q $I/cq.npy --cu-seqlens-k $I/ck.npy --causal --threads 2"
+every_n "varlen run" "o.npy lse.npy" run $VL --out "$OUT/o.npy" --lse "$OUT/lse.npy" --count
+every_n "varlen grad" "dq.npy dk.npy dv.npy o.npy" grad $VL --do "$I/pdo.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" \
+  --dv "$OUT/dv.npy" --out "$OUT/o.npy" --count
 [ $fail = 0 ] && echo "ok" || echo "FAILED"
 exit $fail
