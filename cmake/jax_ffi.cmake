@@ -21,7 +21,7 @@ if(NOT EXISTS "${FA_JAX_FFI_INCLUDE_DIR}/xla/ffi/api/c_api.h")
 endif()
 message(STATUS "flashattn: JAX FFI handler against ${FA_JAX_FFI_INCLUDE_DIR}")
 
-add_library(flashattn_jax MODULE python/csrc/jax_ffi.c python/csrc/jax_ffi_frame.c)
+add_library(flashattn_jax MODULE python/csrc/jax_ffi.c python/csrc/jax_ffi_frame.c python/csrc/jax_ffi_inference.c)
 # SYSTEM: the headers' style (C++ comments, typedef repeats) is theirs, not ours to warn on
 target_include_directories(flashattn_jax SYSTEM PRIVATE "${FA_JAX_FFI_INCLUDE_DIR}")
 target_include_directories(flashattn_jax PRIVATE include python/csrc)

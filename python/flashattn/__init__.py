@@ -3,6 +3,9 @@
     flashattn.plan(...)                  the analytic cost of a problem, from shapes alone
     flashattn.attention(q, k, v, ...)    numpy arrays (f32, f16; bf16 through ml_dtypes)
     flashattn.attention_backward(...)    its gradients
+    flashattn.varlen_attention(...)      packed variable-length batches (+ _backward)
+    flashattn.kvcache_attention(...)     kv-cache decoding, paged caches too
+    flashattn.plan_varlen(...), plan_kvcache(...)   their costs, from lengths and shapes
     import flashattn.torch               PyTorch tensors (autograd, torch.compile)
     import flashattn.jax                 JAX arrays (jit, grad, vmap)
 
@@ -11,9 +14,13 @@ submodules imported explicitly.
 """
 from . import _native
 from ._numpy import attention, attention_backward
+from ._numpy_inference import kvcache_attention, varlen_attention, varlen_attention_backward
 from ._plan import Plan, plan
+from ._plan_inference import plan_kvcache, plan_varlen
 
-__all__ = ["plan", "Plan", "attention", "attention_backward", "cuda_available", "cpu_isa"]
+__all__ = ["plan", "Plan", "attention", "attention_backward", "varlen_attention",
+           "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache",
+           "cuda_available", "cpu_isa"]
 
 
 def cuda_available():

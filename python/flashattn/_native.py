@@ -260,6 +260,25 @@ class PlanHandle:
         check(lib.fa_backward(self.ptr, ctypes.byref(args)), "backward")
 
 
+_LENGTH_ARRAYS = ("cu_seqlens_q", "cu_seqlens_k", "cache_seqlens")
+
+
+def _plan_key(problem):
+    """The problem's bytes, with each length array's contents in place of its address: the
+    plan copies the lengths, so two calls with equal lengths share a plan, and a buffer
+    reused with other lengths never finds a stale one."""
+    ptrs = [getattr(problem, name) for name in _LENGTH_ARRAYS]
+    if not any(ptrs):
+        return bytes(problem)
+    p = Problem.from_buffer_copy(problem)
+    extra = []
+    for name, ptr in zip(_LENGTH_ARRAYS, ptrs):
+        setattr(p, name, None)
+        n = problem.batch + (0 if name == "cache_seqlens" else 1)
+        extra.append(ctypes.string_at(ptr, 4 * n) if ptr and n > 0 else b"")
+    return bytes(p) + b"|".join(extra)
+
+
 _PLAN_CACHE = {}
 _PLAN_CACHE_SIZE = 256
 
@@ -267,7 +286,7 @@ _PLAN_CACHE_SIZE = 256
 def cached_plan(problem, options):
     """Plans are pure functions of (problem, options): reuse them across calls of the same
     shapes (a plan costs microseconds, but per-call overhead matters for small tensors)."""
-    key = bytes(problem) + bytes(options)
+    key = _plan_key(problem) + bytes(options)
     handle = _PLAN_CACHE.get(key)
     if handle is None:
         handle = PlanHandle(problem, options)

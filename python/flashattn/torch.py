@@ -1,4 +1,5 @@
-"""The PyTorch front: flashattn.torch.attention, differentiable, opaque to torch.compile.
+"""The PyTorch front: flashattn.torch.attention, differentiable, opaque to torch.compile
+(varlen_attention and kvcache_attention, the inference shapes, come from _torch_inference.py).
 
 Two custom ops (torch.library), flashattn::attention_fwd and flashattn::attention_bwd, with
 fake (meta) implementations and an autograd formula, so torch.compile keeps them in the graph
@@ -272,3 +273,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     o, lse = _attention_fwd(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
                             bool(causal), wl, wr, softcap, scale, L, diag_offset, bias_scale)
     return (o, lse) if return_lse else o
+
+
+# the inference shapes (packed batches, kv-cache decoding): python/flashattn/_torch_inference.py
+from ._torch_inference import kvcache_attention, varlen_attention  # noqa: E402,F401

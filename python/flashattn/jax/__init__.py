@@ -1,6 +1,8 @@
 """flashattn for JAX: exact, memory-efficient attention as an XLA custom call.
 
     attention(q, k, v, ...)        differentiable op ([B, S, H, D] by default); jit, grad, vmap
+    varlen_attention(...)          packed variable-length batches (differentiable)
+    kvcache_attention(...)         kv-cache decoding, paged too (returns the updated caches)
     cost_estimate(q, k, v, ...)    a Pallas CostEstimate from the analytic plan (shapes only)
     flash_attention(q, k, v, ...)  drop-in for the Pallas TPU kernel of the same name
     SegmentIds                     its segment-id pair
@@ -12,8 +14,10 @@ The XLA FFI handler (python/csrc/jax_ffi.c) is registered for the "cpu" platform
 from ._attention import attention
 from ._cost import cost_estimate, plan
 from ._ffi import register as _register
+from ._inference import kvcache_attention, varlen_attention
 from ._pallas import SegmentIds, flash_attention
 
 _register()
 
-__all__ = ["attention", "cost_estimate", "plan", "flash_attention", "SegmentIds"]
+__all__ = ["attention", "cost_estimate", "plan", "flash_attention", "SegmentIds", "varlen_attention",
+           "kvcache_attention"]

@@ -21,6 +21,10 @@ from .. import _native
 _LIB_NAME = "libflashattn_jax.so"
 FORWARD_TARGET = "flashattn_forward"
 BACKWARD_TARGET = "flashattn_backward"
+# packed variable-length batches and kv-cache decoding (target, handler symbol)
+INFERENCE_TARGETS = (("flashattn_varlen_forward", "fa_jax_varlen_forward_cpu"),
+                     ("flashattn_varlen_backward", "fa_jax_varlen_backward_cpu"),
+                     ("flashattn_kvcache", "fa_jax_kvcache_cpu"))
 
 
 class Options(NamedTuple):
@@ -62,6 +66,9 @@ def register() -> None:
     lib = ctypes.CDLL(_find_library())
     jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_forward_cpu), platform="cpu")
     jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_backward_cpu), platform="cpu")
+    # the inference shapes (python/csrc/jax_ffi_inference.c, flashattn.jax._inference): CPU only
+    for target, symbol in INFERENCE_TARGETS:
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     # The CUDA handlers exist in every build; they plan with the CUDA backend and report
     # "not built" from the library where it has no CUDA. jaxlib without a CUDA plugin may
     # refuse the platform name, which is harmless: no GPU call can reach them then.

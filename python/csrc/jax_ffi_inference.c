@@ -1,0 +1,301 @@
+/* XLA FFI handlers for the inference shapes (SPEC section 5): packed variable-length batches
+ * (forward and backward) and kv-cache decoding (paged too), behind flashattn.jax's
+ * varlen_attention and kvcache_attention. CPU platform only: the library runs these shapes
+ * on the CPU, and the length arrays it plans from are then host memory.
+ *
+ * Buffers, in order (the optional ones only when their attribute says so):
+ *   varlen forward   args q [Tq, Hq, D], k [Tk, Hk, D], v [Tk, Hk, Dv], cu_seqlens_q [B+1],
+ *                         cu_seqlens_k [B+1] (int32), [alibi_slopes [Hq]]
+ *                    rets o [Tq, Hq, Dv], lse [Hq, Tq]
+ *   varlen backward  args q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, [alibi_slopes]
+ *                    rets dq, dk, dv
+ *   kvcache          args q [B, Sq, Hq, D], k_cache, v_cache ([B, S, Hk, D] or paged
+ *                         [num_pages, page_size, Hk, D]), cache_seqlens [B] (int32),
+ *                         [k_new, v_new [B, Sq, Hk, D]], [block_table [B, max_pages] int32],
+ *                         [alibi_slopes]
+ *                    rets o [B, Sq, Hq, Dv], lse [B, Hq, Sq], and with k_new/v_new k_cache,
+ *                         v_cache (aliased to the cache arguments: the updated caches)
+ * Every buffer is row-major and dense. No leading (vmapped) dims: the Python side calls
+ * these with vmap_method="sequential". The library validates the lengths and page ids and
+ * names the argument; the handlers check what only the buffers' shapes tell. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "flashattn.h"
+#include "jax_ffi_frame.h"
+
+#if defined(__GNUC__)
+#define FJ_EXPORT __attribute__((visibility("default")))
+#else
+#define FJ_EXPORT
+#endif
+
+#define MAX_BUFFERS 12
+
+typedef struct {
+    const XLA_FFI_CallFrame *frame;
+    fa_problem p;
+    int64_t has_new_kv, paged;
+    fj_buffer arg[MAX_BUFFERS], ret[MAX_BUFFERS];
+    int64_t n_args, n_rets;
+} icall;
+
+#define BAD(c, ...) fj_error((c)->frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT, "flashattn: " __VA_ARGS__)
+
+static XLA_FFI_Error *read_options(icall *c, int decode) {
+    const XLA_FFI_CallFrame *f = c->frame;
+    fa_problem *p = &c->p;
+    int64_t causal, has_scale, has_diag = 0, has_alibi;
+    XLA_FFI_Error *e;
+    if ((e = fj_attr_i64(f, "causal", &causal)) || (e = fj_attr_i64(f, "window_left", &p->window_left)) ||
+        (e = fj_attr_i64(f, "window_right", &p->window_right)) || (e = fj_attr_f32(f, "softcap", &p->softcap)) ||
+        (e = fj_attr_i64(f, "has_scale", &has_scale)) || (e = fj_attr_f32(f, "scale", &p->scale)) ||
+        (e = fj_attr_i64(f, "has_alibi", &has_alibi)))
+        return e;
+    if (decode) {
+        if ((e = fj_attr_i64(f, "has_new_kv", &c->has_new_kv)) || (e = fj_attr_i64(f, "paged", &c->paged))) return e;
+    } else if ((e = fj_attr_i64(f, "has_diag_offset", &has_diag)) || (e = fj_attr_i64(f, "diag_offset", &p->diag_offset))) {
+        return e;
+    }
+    p->causal = causal != 0;
+    p->has_scale = has_scale != 0;
+    p->has_diag_offset = has_diag != 0;
+    p->has_alibi = has_alibi != 0;
+    return NULL;
+}
+
+/* Arguments and results named in order; NULL names end each list. */
+static XLA_FFI_Error *read_buffers(icall *c, const char *const *args, const char *const *rets) {
+    XLA_FFI_Error *e;
+    for (c->n_args = 0; args[c->n_args]; c->n_args++)
+        if ((e = fj_arg(c->frame, c->n_args, args[c->n_args], &c->arg[c->n_args]))) return e;
+    for (c->n_rets = 0; rets[c->n_rets]; c->n_rets++)
+        if ((e = fj_ret(c->frame, c->n_rets, rets[c->n_rets], &c->ret[c->n_rets]))) return e;
+    if (c->n_args != c->frame->args.size || c->n_rets != c->frame->rets.size)
+        return BAD(c, "the call has %lld arguments and %lld results, its options need %lld and %lld",
+                   (long long)c->frame->args.size, (long long)c->frame->rets.size, (long long)c->n_args,
+                   (long long)c->n_rets);
+    return NULL;
+}
+
+/* Buffer b is `name` of rank n with dims want (a negative entry: any) and element type dt. */
+static XLA_FFI_Error *expect(const icall *c, const fj_buffer *b, const char *name, int64_t n, const int64_t *want,
+                             XLA_FFI_DataType dt) {
+    if (b->dtype != dt) return BAD(c, "%s must be %s, got %s", name, fj_dtype_name(dt), fj_dtype_name(b->dtype));
+    if (b->rank != n) return BAD(c, "%s must have rank %lld, got %lld", name, (long long)n, (long long)b->rank);
+    for (int64_t j = 0; j < n; j++)
+        if (want[j] >= 0 && b->dims[j] != want[j])
+            return BAD(c, "%s has %lld in dim %lld, expected %lld", name, (long long)b->dims[j], (long long)j,
+                       (long long)want[j]);
+    return NULL;
+}
+
+static XLA_FFI_Error *set_dtype(icall *c, XLA_FFI_DataType dt) {
+    switch (dt) {
+    case XLA_FFI_DataType_F32: c->p.dtype = FA_F32; return NULL;
+    case XLA_FFI_DataType_F16: c->p.dtype = FA_F16; return NULL;
+    case XLA_FFI_DataType_BF16: c->p.dtype = FA_BF16; return NULL;
+    default: return BAD(c, "q must be float32, float16 or bfloat16, got %s", fj_dtype_name(dt));
+    }
+}
+
+static XLA_FFI_Error *library_error(const icall *c, fa_status s) {
+    XLA_FFI_Error_Code code = XLA_FFI_Error_Code_INTERNAL;
+    if (s == FA_ERR_INVALID || s == FA_ERR_NULL || s == FA_ERR_OVERFLOW) code = XLA_FFI_Error_Code_INVALID_ARGUMENT;
+    if (s == FA_ERR_UNSUPPORTED) code = XLA_FFI_Error_Code_UNIMPLEMENTED;
+    if (s == FA_ERR_NO_MEMORY) code = XLA_FFI_Error_Code_RESOURCE_EXHAUSTED;
+    return fj_error(c->frame->api, code, "flashattn: %s (%s)", fa_last_error(), fa_status_string(s));
+}
+
+/* A buffer's data, or for an empty one (XLA may give it no address) a non-NULL address the
+ * library will not read: a packed batch with no rows is a valid problem. */
+static void *data(const fj_buffer *b) {
+    static char empty;
+    return b->data ? b->data : &empty;
+}
+
+static fa_status plan_cpu(const icall *c, fa_plan **plan) {
+    fa_options opt;
+    memset(&opt, 0, sizeof opt);
+    opt.backend = FA_BACKEND_CPU;
+    return fa_plan_create(&c->p, &opt, plan);
+}
+
+/* ---- packed variable-length batches -------------------------------------------------- */
+
+enum { V_Q, V_K, V_V, V_O, V_LSE, V_DO };
+
+static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
+    int answered;
+    XLA_FFI_Error *e = fj_begin(frame, &answered);
+    if (e || answered) return e;
+    icall c;
+    memset(&c, 0, sizeof c);
+    c.frame = frame;
+    fa_problem_init(&c.p);
+    if ((e = read_options(&c, 0))) return e;
+    static const char *const fwd_args[] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes", NULL};
+    static const char *const bwd_args[] = {"q", "k", "v", "o", "lse", "do", "cu_seqlens_q", "cu_seqlens_k",
+                                           "alibi_slopes", NULL};
+    static const char *const fwd_rets[] = {"o", "lse", NULL}, *const bwd_rets[] = {"dq", "dk", "dv", NULL};
+    const char *args[12];
+    const char *const *names = backward ? bwd_args : fwd_args;
+    int64_t n = 0;
+    for (; names[n]; n++) args[n] = names[n];
+    if (!c.p.has_alibi) n--; /* slopes last */
+    args[n] = NULL;
+    if ((e = read_buffers(&c, args, backward ? bwd_rets : fwd_rets))) return e;
+    const fj_buffer *a = c.arg;
+    const int64_t cu = backward ? 6 : 3;
+    if (a[V_Q].rank != 3 || a[V_K].rank != 3)
+        return BAD(&c, "q and k must have rank 3 ([total, heads, head_dim]), got %lld and %lld",
+                   (long long)a[V_Q].rank, (long long)a[V_K].rank);
+    const XLA_FFI_DataType dt = a[V_Q].dtype;
+    if ((e = set_dtype(&c, dt))) return e;
+    const int64_t Tq = a[V_Q].dims[0], Hq = a[V_Q].dims[1], D = a[V_Q].dims[2];
+    const int64_t Tk = a[V_K].dims[0], Hk = a[V_K].dims[1];
+    const int64_t kd[3] = {Tk, Hk, D}, vd[3] = {Tk, Hk, -1}, B1[1] = {a[cu].rank == 1 ? a[cu].dims[0] : -1};
+    if ((e = expect(&c, &a[V_K], "k", 3, kd, dt)) || (e = expect(&c, &a[V_V], "v", 3, vd, dt)) ||
+        (e = expect(&c, &a[cu], "cu_seqlens_q", 1, B1, XLA_FFI_DataType_S32)) ||
+        (e = expect(&c, &a[cu + 1], "cu_seqlens_k", 1, B1, XLA_FFI_DataType_S32)))
+        return e;
+    const int64_t Dv = a[V_V].dims[2], od[3] = {Tq, Hq, Dv}, lsed[2] = {Hq, Tq}, hq[1] = {Hq};
+    if (B1[0] < 1) return BAD(&c, "cu_seqlens_q must have batch + 1 >= 1 entries, got %lld", (long long)B1[0]);
+    if (c.p.has_alibi && (e = expect(&c, &a[cu + 2], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) return e;
+    const fj_buffer *r = c.ret;
+    if (backward) {
+        if ((e = expect(&c, &a[V_O], "o", 3, od, dt)) || (e = expect(&c, &a[V_LSE], "lse", 2, lsed, XLA_FFI_DataType_F32)) ||
+            (e = expect(&c, &a[V_DO], "do", 3, od, dt)) || (e = expect(&c, &r[0], "dq", 3, a[V_Q].dims, dt)) ||
+            (e = expect(&c, &r[1], "dk", 3, kd, dt)) || (e = expect(&c, &r[2], "dv", 3, a[V_V].dims, dt)))
+            return e;
+    } else if ((e = expect(&c, &r[0], "o", 3, od, dt)) || (e = expect(&c, &r[1], "lse", 2, lsed, XLA_FFI_DataType_F32))) {
+        return e;
+    }
+    fa_problem *p = &c.p;
+    p->batch = B1[0] - 1;
+    p->heads_q = Hq;
+    p->heads_kv = Hk;
+    p->seq_q = Tq;
+    p->seq_k = Tk;
+    p->head_dim = D;
+    p->head_dim_v = Dv;
+    p->cu_seqlens_q = a[cu].data;
+    p->cu_seqlens_k = a[cu + 1].data;
+    fa_plan *plan = NULL;
+    fa_status s = plan_cpu(&c, &plan);
+    if (s != FA_OK) return library_error(&c, s);
+    const float *slopes = c.p.has_alibi ? a[cu + 2].data : NULL;
+    if (backward) {
+        fa_backward_args b;
+        memset(&b, 0, sizeof b);
+        b.q = data(&a[V_Q]), b.k = data(&a[V_K]), b.v = data(&a[V_V]), b.o = data(&a[V_O]), b.lse = data(&a[V_LSE]);
+        b.d_o = data(&a[V_DO]), b.dq = data(&r[0]), b.dk = data(&r[1]), b.dv = data(&r[2]), b.alibi_slopes = slopes;
+        s = fa_backward(plan, &b);
+    } else {
+        fa_forward_args f;
+        memset(&f, 0, sizeof f);
+        f.q = data(&a[V_Q]), f.k = data(&a[V_K]), f.v = data(&a[V_V]), f.o = data(&r[0]), f.lse = data(&r[1]);
+        f.alibi_slopes = slopes;
+        s = fa_forward(plan, &f);
+    }
+    fa_plan_destroy(plan);
+    return s == FA_OK ? NULL : library_error(&c, s);
+}
+
+/* ---- kv-cache decoding ------------------------------------------------------------------ */
+
+static size_t buffer_bytes(const fj_buffer *b) {
+    size_t n = b->dtype == XLA_FFI_DataType_F16 || b->dtype == XLA_FFI_DataType_BF16 ? 2 : 4;
+    for (int64_t j = 0; j < b->rank; j++) n *= (size_t)b->dims[j];
+    return n;
+}
+
+static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
+    int answered;
+    XLA_FFI_Error *e = fj_begin(frame, &answered);
+    if (e || answered) return e;
+    icall c;
+    memset(&c, 0, sizeof c);
+    c.frame = frame;
+    fa_problem_init(&c.p);
+    if ((e = read_options(&c, 1))) return e;
+    const char *args[9];
+    int64_t n = 0;
+    args[n++] = "q", args[n++] = "k_cache", args[n++] = "v_cache", args[n++] = "cache_seqlens";
+    const int64_t i_new = n;
+    if (c.has_new_kv) args[n++] = "k", args[n++] = "v";
+    const int64_t i_table = n;
+    if (c.paged) args[n++] = "block_table";
+    const int64_t i_slopes = n;
+    if (c.p.has_alibi) args[n++] = "alibi_slopes";
+    args[n] = NULL;
+    static const char *const rets[] = {"o", "lse", "k_cache (updated)", "v_cache (updated)", NULL};
+    static const char *const read_only_rets[] = {"o", "lse", NULL};
+    if ((e = read_buffers(&c, args, c.has_new_kv ? rets : read_only_rets))) return e;
+    const fj_buffer *a = c.arg, *r = c.ret;
+    if (a[0].rank != 4 || a[1].rank != 4 || a[2].rank != 4)
+        return BAD(&c, "q, k_cache and v_cache must have rank 4, got %lld, %lld and %lld", (long long)a[0].rank,
+                   (long long)a[1].rank, (long long)a[2].rank);
+    const XLA_FFI_DataType dt = a[0].dtype;
+    if ((e = set_dtype(&c, dt))) return e;
+    const int64_t B = a[0].dims[0], Sq = a[0].dims[1], Hq = a[0].dims[2], D = a[0].dims[3];
+    const int64_t rows = a[1].dims[1], Hk = a[1].dims[2], Dv = a[2].dims[3];
+    const int64_t kc[4] = {c.paged ? -1 : B, rows, Hk, D}, vc[4] = {a[1].dims[0], rows, Hk, Dv};
+    const int64_t lens[1] = {B}, o[4] = {B, Sq, Hq, Dv}, lse[3] = {B, Hq, Sq}, hq[1] = {Hq};
+    const int64_t kn[4] = {B, Sq, Hk, D}, vn[4] = {B, Sq, Hk, Dv}, table[2] = {B, -1};
+    if ((e = expect(&c, &a[1], "k_cache", 4, kc, dt)) || (e = expect(&c, &a[2], "v_cache", 4, vc, dt)) ||
+        (e = expect(&c, &a[3], "cache_seqlens", 1, lens, XLA_FFI_DataType_S32)) ||
+        (c.has_new_kv && ((e = expect(&c, &a[i_new], "k", 4, kn, dt)) || (e = expect(&c, &a[i_new + 1], "v", 4, vn, dt)))) ||
+        (c.paged && (e = expect(&c, &a[i_table], "block_table", 2, table, XLA_FFI_DataType_S32))) ||
+        (c.p.has_alibi && (e = expect(&c, &a[i_slopes], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) ||
+        (e = expect(&c, &r[0], "o", 4, o, dt)) || (e = expect(&c, &r[1], "lse", 3, lse, XLA_FFI_DataType_F32)) ||
+        (c.has_new_kv && ((e = expect(&c, &r[2], "k_cache (updated)", 4, a[1].dims, dt)) ||
+                          (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, dt)))))
+        return e;
+    fa_problem *p = &c.p;
+    p->batch = B;
+    p->heads_q = Hq;
+    p->heads_kv = Hk;
+    p->seq_q = Sq;
+    p->head_dim = D;
+    p->head_dim_v = Dv;
+    p->cache_seqlens = data(&a[3]);
+    p->has_new_kv = c.has_new_kv != 0;
+    p->seq_k = rows;
+    if (c.paged) {
+        p->page_size = rows;
+        p->num_pages = a[1].dims[0];
+        p->max_pages = a[i_table].dims[1];
+        if (__builtin_mul_overflow(p->max_pages, rows, &p->seq_k))
+            return BAD(&c, "block_table's %lld pages of %lld rows overflow", (long long)p->max_pages, (long long)rows);
+    }
+    fa_plan *plan = NULL;
+    fa_status s = plan_cpu(&c, &plan);
+    if (s != FA_OK) return library_error(&c, s);
+    /* with new tokens the updated caches are results aliased to the cache arguments
+     * (input_output_aliases); where XLA gave separate buffers the caches are copied first,
+     * so that the results are the whole updated caches. Without, the caches are only read. */
+    void *k = data(&a[1]), *v = data(&a[2]);
+    if (c.has_new_kv) {
+        for (int j = 1; j <= 2; j++)
+            if (r[j + 1].data != a[j].data && buffer_bytes(&a[j])) memcpy(r[j + 1].data, a[j].data, buffer_bytes(&a[j]));
+        k = data(&r[2]), v = data(&r[3]);
+    }
+    fa_forward_args f;
+    memset(&f, 0, sizeof f);
+    f.q = data(&a[0]), f.k = k, f.v = v, f.o = data(&r[0]), f.lse = data(&r[1]);
+    f.k_new = c.has_new_kv ? data(&a[i_new]) : NULL;
+    f.v_new = c.has_new_kv ? data(&a[i_new + 1]) : NULL;
+    f.block_table = c.paged ? data(&a[i_table]) : NULL;
+    f.alibi_slopes = c.p.has_alibi ? a[i_slopes].data : NULL;
+    s = fa_forward(plan, &f);
+    fa_plan_destroy(plan);
+    return s == FA_OK ? NULL : library_error(&c, s);
+}
+
+/* ---- the handlers jax.ffi.register_ffi_target receives ------------------------------- */
+
+FJ_EXPORT XLA_FFI_Error *fa_jax_varlen_forward_cpu(XLA_FFI_CallFrame *frame) { return varlen(frame, 0); }
+FJ_EXPORT XLA_FFI_Error *fa_jax_varlen_backward_cpu(XLA_FFI_CallFrame *frame) { return varlen(frame, 1); }
+FJ_EXPORT XLA_FFI_Error *fa_jax_kvcache_cpu(XLA_FFI_CallFrame *frame) { return kvcache(frame); }

@@ -1,0 +1,214 @@
+"""The numpy front for the inference shapes: packed variable-length batches
+(flashattn.varlen_attention and its backward) and kv-cache decoding
+(flashattn.kvcache_attention, paged caches too), in the manner of FlashAttention's
+flash_attn_varlen_func and flash_attn_with_kvcache.
+
+Thin: arrays are mapped to the library's problem (python/flashattn/_problem_inference.py)
+and every value (prefix sums, lengths, capacity, page ids) is judged by the library, whose
+message comes back as ValueError."""
+import numpy as np
+
+from . import _native
+from ._numpy import _check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable
+from ._problem import make_options
+from ._problem_inference import (check_decode_shapes, check_max_seqlen, decode_problem,
+                                 int32_lengths, varlen_problem)
+from . import _layout
+
+
+def _one_dtype(**arrays):
+    dts = {a.dtype for a in arrays.values()}
+    names = ", ".join(arrays)
+    if len(dts) != 1:
+        raise ValueError(f"{names} must have one dtype, got {', '.join(str(a.dtype) for a in arrays.values())}")
+    name = _dtype_name(next(iter(dts)))
+    if name is None:
+        raise ValueError(f"{names} must be float32, float16 or bfloat16 (ml_dtypes), got {next(iter(dts))}")
+    return name
+
+
+def _slopes(alibi_slopes, H):
+    if alibi_slopes is None:
+        return None
+    s = np.ascontiguousarray(_floats("alibi_slopes", alibi_slopes, f"[H] = [{H}]"))
+    if s.shape != (H,):
+        raise ValueError(f"alibi_slopes must have shape [H] = [{H}], got {s.shape}")
+    return s
+
+
+class _Varlen:
+    """What both passes of a packed batch share: checked q, k, v, lengths, options."""
+
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                 window, softcap, scale, alibi_slopes, diag_offset):
+        q, k, v = (_readable(n, a, 3) for n, a in (("q", q), ("k", k), ("v", v)))
+        self.dtype = _one_dtype(q=q, k=k, v=v)
+        self.cu_q = int32_lengths("cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
+        self.cu_k = int32_lengths("cu_seqlens_k", cu_seqlens_k, "[batch + 1]")
+        check_max_seqlen("max_seqlen_q", max_seqlen_q, self.cu_q)
+        check_max_seqlen("max_seqlen_k", max_seqlen_k, self.cu_k)
+        self.q, self.k, self.v = q, k, v
+        self.slopes = _slopes(alibi_slopes, q.shape[1])
+        self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
+                         alibi=alibi_slopes is not None, diag_offset=diag_offset)
+
+    def o_shape(self):
+        return self.q.shape[:2] + (self.v.shape[2],)
+
+    def plan(self, o_stride, q=None, k=None, v=None):
+        q = self.q if q is None else q
+        k = self.k if k is None else k
+        v = self.v if v is None else v
+        p = varlen_problem(q_shape=q.shape, k_shape=k.shape, v_shape=v.shape,
+                           q_stride=_elem_strides(q), k_stride=_elem_strides(k),
+                           v_stride=_elem_strides(v), o_stride=o_stride, dtype=self.dtype,
+                           cu_seqlens_q=self.cu_q, cu_seqlens_k=self.cu_k, **self.opts)
+        return _native.cached_plan(p, make_options("cpu"))
+
+    def slopes_ptr(self):
+        return None if self.slopes is None else self.slopes.ctypes.data
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
+                     causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
+                     diag_offset=None, return_lse=False, out=None):
+    """Attention over a packed batch of sequences of different lengths.
+
+    q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv], one dtype (float32,
+    float16, ml_dtypes.bfloat16); cu_seqlens_q, cu_seqlens_k int [batch + 1], prefix sums
+    from 0 to total_q and total_k: sequence b is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    against k/v rows cu_seqlens_k[b]:cu_seqlens_k[b+1] (empty sequences allowed). Every mask
+    applies within each sequence, aligned bottom-right at its own Sk_b - Sq_b (diag_offset
+    overrides, as in attention). max_seqlen_q/k (FlashAttention's) are optional; when given
+    they must bound every length. Returns o [total_q, Hq, Dv] (into out if given), and lse
+    [Hq, total_q] f32 with return_lse (FlashAttention's softmax_lse layout)."""
+    c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
+                softcap, scale, alibi_slopes, diag_offset)
+    shape = c.o_shape()
+    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
+    lse = _empty((c.q.shape[1], c.q.shape[0]), np.float32)
+    handle = c.plan(_elem_strides(o))
+    handle.forward(_native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
+                                       o=o.ctypes.data, lse=lse.ctypes.data,
+                                       alibi_slopes=c.slopes_ptr()))
+    return (o, lse) if return_lse else o
+
+
+def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                              max_seqlen_k=None, *, causal=False, window=None, softcap=None,
+                              scale=None, alibi_slopes=None, diag_offset=None):
+    """Gradients of sum(o * do) for varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)
+    with the same options, from its o and lse [Hq, total_q]. Returns (dq, dk, dv) shaped and
+    strided like q, k, v (dk, dv summed over the query heads that share them)."""
+    c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
+                softcap, scale, alibi_slopes, diag_offset)
+    shape = c.o_shape()
+    o, do = _readable("o", o, 3), _readable("do", do, 3)
+    for name, a in (("o", o), ("do", do)):
+        if a.shape != shape or a.dtype != c.q.dtype:
+            raise ValueError(f"{name} must be {c.q.dtype} of shape {shape}, got {a.dtype} of shape {a.shape}")
+    lse_shape = (c.q.shape[1], c.q.shape[0])
+    lse = np.asarray(lse)
+    if lse.shape != lse_shape or lse.dtype != np.float32:
+        raise ValueError(f"lse must be float32 of shape [Hq, total_q] = {lse_shape}, got {lse.dtype} of shape {lse.shape}")
+    lse = np.ascontiguousarray(lse)
+    if _elem_strides(do) != _elem_strides(o):  # the library reads do with o's strides
+        if _layout.grad_strides_ok(o.shape, _elem_strides(o)):
+            _, buf = _grad_buffer(o)
+            buf[...] = do
+            do = buf
+        else:
+            o, do = np.ascontiguousarray(o), np.ascontiguousarray(do)
+    q, dq = _grad_buffer(c.q)
+    k, dk = _grad_buffer(c.k)
+    v, dv = _grad_buffer(c.v)
+    handle = c.plan(_elem_strides(o), q=q, k=k, v=v)
+    handle.backward(_native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
+                                         o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
+                                         dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
+                                         alibi_slopes=c.slopes_ptr()))
+    return dq, dk, dv
+
+
+def cache_lengths(cache_seqlens, batch, capacity):
+    """FlashAttention's cache_seqlens: None (every cache full), an int (the same for every
+    sequence) or an array [batch]; as int32 [batch]."""
+    if cache_seqlens is None:
+        return np.full(batch, capacity, np.int32)
+    if np.ndim(cache_seqlens) == 0:
+        n = np.asarray(cache_seqlens)
+        if n.dtype.kind not in "iu":
+            raise ValueError(f"cache_seqlens must be an integer or integers [batch], got {cache_seqlens!r}")
+        if not -(2**31) <= int(n) < 2**31:
+            raise ValueError(f"cache_seqlens values must fit int32, got {int(n)}")
+        return np.full(batch, int(n), np.int32)
+    return int32_lengths("cache_seqlens", cache_seqlens, f"[batch] = [{batch}]")
+
+
+def _writable_cache(name, a):
+    """A cache the library writes new rows into: through its own strides, never a copy."""
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    st = _elem_strides(a)
+    if not a.flags.writeable or not a.flags.aligned or st is None or not _layout.writable_strides(a.shape, st):
+        raise ValueError(f"{name} is written in place (new k and v given), so it must be a writable, "
+                         f"aligned array whose elements do not overlap (strides {a.strides})")
+    return a
+
+
+def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
+                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
+                      return_lse=False, out=None):
+    """One decoding step against a kv cache, in the manner of flash_attn_with_kvcache.
+
+    q [B, Sq_new, Hq, D]; k_cache [B, S_cache_max, Hk, D] and v_cache [.., Dv], or with
+    block_table (int [B, max_pages]) paged caches [num_pages, page_size, Hk, D] where
+    position t of sequence b is row t % page_size of page block_table[b, t // page_size]
+    (page_size a multiple of 16). cache_seqlens (int [B], an int, or None for full caches):
+    the tokens already cached per sequence, 0 allowed. With k and v ([B, Sq_new, Hk, D]
+    and [.., Dv]) the new tokens are written into k_cache and v_cache in place at positions
+    cache_seqlens[b].. first (every argument is checked before anything is written: after an
+    error the caches are as they were); sequence b then attends to its first
+    cache_seqlens[b] + Sq_new positions, else to cache_seqlens[b]. Masks align bottom-right per
+    sequence (causal: new token i sees positions <= cache_seqlens[b] + i). Cache rows past a
+    sequence's length are never read. Returns o [B, Sq_new, Hq, Dv] (into out if given) and
+    lse [B, Hq, Sq_new] f32 with return_lse. Forward only."""
+    q = _readable("q", q)
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new tokens) go together: pass both or neither")
+    has_new = k is not None
+    if has_new:
+        k_cache, v_cache = _writable_cache("k_cache", k_cache), _writable_cache("v_cache", v_cache)
+    k_cache, v_cache = _readable("k_cache", k_cache), _readable("v_cache", v_cache)
+    arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache)
+    if has_new:
+        k, v = _readable("k", k), _readable("v", v)
+        arrays.update(k=k, v=v)
+        k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)  # the library reads them dense
+    dtype = _one_dtype(**arrays)
+    paged = block_table is not None
+    check_decode_shapes(q.shape, k_cache.shape, v_cache.shape, (k.shape, v.shape) if has_new else None, paged)
+    B = q.shape[0]
+    table = None
+    if paged:
+        table = int32_lengths("block_table", block_table, "[batch, max_pages]", ndim=2)
+        if table.shape[0] != B:
+            raise ValueError(f"block_table must have shape [batch, max_pages] with batch = {B}, got {table.shape}")
+    capacity = table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    lens = cache_lengths(cache_seqlens, B, capacity)
+    shape = q.shape[:3] + (v_cache.shape[3],)
+    o = _empty(shape, q.dtype) if out is None else _check_out("out", out, shape, q.dtype)
+    lse = _empty((B, q.shape[2], q.shape[1]), np.float32)
+    slopes = _slopes(alibi_slopes, q.shape[2])
+    p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
+                       q_stride=_elem_strides(q), kc_stride=_elem_strides(k_cache),
+                       vc_stride=_elem_strides(v_cache), o_stride=_elem_strides(o), dtype=dtype,
+                       cache_seqlens=lens, has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
+                       causal=causal, window=window, softcap=softcap, scale=scale,
+                       alibi=slopes is not None)
+    handle = _native.cached_plan(p, make_options("cpu"))
+    ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+    handle.forward(_native.ForwardArgs(q=ptr(q), k=ptr(k_cache), v=ptr(v_cache), o=ptr(o),
+                                       lse=ptr(lse), alibi_slopes=ptr(slopes), k_new=ptr(k),
+                                       v_new=ptr(v), block_table=ptr(table)))
+    return (o, lse) if return_lse else o

@@ -1,0 +1,55 @@
+"""flashattn.plan_varlen and flashattn.plan_kvcache: the analytic cost of the inference
+shapes from their lengths and shapes (no tensors), as flashattn.plan gives the dense one.
+The lengths are plan inputs (SPEC section 3): the plan reads them once, in O(batch)."""
+from . import _native
+from ._plan import Plan
+from ._problem import make_options
+from ._problem_inference import decode_problem, int32_lengths, varlen_problem
+
+_DENSE = (0, 0, 0, 0)  # all-zero strides: the library's default packed / cache layouts
+
+
+def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, head_dim_v=None,
+                dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi=False,
+                diag_offset=None, backend="auto", threads=0, block_q=0, block_k=0):
+    """The Plan of varlen_attention over a packed batch: cu_seqlens_q, cu_seqlens_k int
+    [batch + 1] prefix sums; q [total_q, heads, head_dim], k [total_k, kv_heads, head_dim],
+    v [total_k, kv_heads, head_dim_v]. The cost is the sum of the sequences' own costs, for
+    the forward and the backward. Bad lengths raise ValueError with the library's message."""
+    cu_q = int32_lengths("cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
+    cu_k = int32_lengths("cu_seqlens_k", cu_seqlens_k, "[batch + 1]")
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    tq, tk = (int(cu[-1]) if cu.size else 0 for cu in (cu_q, cu_k))
+    p = varlen_problem(q_shape=(tq, heads, head_dim), k_shape=(tk, kv_heads, head_dim),
+                       v_shape=(tk, kv_heads, head_dim_v), q_stride=(0, 0, 0), k_stride=(0, 0, 0),
+                       v_stride=(0, 0, 0), o_stride=(0, 0, 0), dtype=dtype, cu_seqlens_q=cu_q,
+                       cu_seqlens_k=cu_k, causal=causal, window=window, softcap=softcap, scale=scale,
+                       alibi=alibi, diag_offset=diag_offset)
+    return Plan(_native.PlanHandle(p, make_options(backend, threads, block_q, block_k)))
+
+
+def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_heads=None,
+                 head_dim_v=None, new_kv=False, page_size=None, num_pages=None, max_pages=None,
+                 dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi=False,
+                 backend="auto", threads=0):
+    """The Plan of one kvcache_attention step: cache_seqlens int [batch]; q [batch, seq_q,
+    heads, head_dim]; caches [batch, cache_len, kv_heads, head_dim] (head_dim_v for v), or
+    paged: page_size, num_pages and max_pages (the block table's width) instead of
+    cache_len; new_kv: seq_q new tokens are appended. Forward only (the backward's figures
+    are zero). Its bytes are the cache bytes read: decoding is bound by them, not flops."""
+    lens = int32_lengths("cache_seqlens", cache_seqlens, "[batch]")
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    paged = page_size is not None
+    if paged == (cache_len is not None):
+        raise ValueError("give cache_len (dense caches) or page_size, num_pages and max_pages (paged), not both")
+    if paged and (num_pages is None or max_pages is None):
+        raise ValueError("paged caches need page_size, num_pages and max_pages")
+    rows = (num_pages, page_size) if paged else (lens.size, cache_len)
+    p = decode_problem(q_shape=(lens.size, seq_q, heads, head_dim), kc_shape=rows + (kv_heads, head_dim),
+                       vc_shape=rows + (kv_heads, head_dim_v), q_stride=_DENSE, kc_stride=_DENSE,
+                       vc_stride=_DENSE, o_stride=_DENSE, dtype=dtype, cache_seqlens=lens,
+                       has_new_kv=new_kv, max_pages=max_pages if paged else None, causal=causal,
+                       window=window, softcap=softcap, scale=scale, alibi=alibi)
+    return Plan(_native.PlanHandle(p, make_options(backend, threads)))

@@ -1,0 +1,283 @@
+"""The PyTorch fronts of the inference shapes: flashattn.torch.varlen_attention (packed
+variable-length batches, differentiable in q, k, v) and flashattn.torch.kvcache_attention
+(kv-cache decoding, paged caches too; forward only, writes the new tokens into the caches).
+
+Custom ops (torch.library) with fake implementations, as flashattn.torch.attention:
+flashattn::varlen_fwd, flashattn::varlen_bwd and flashattn::kvcache_fwd, which declares
+that it mutates k_cache and v_cache so torch.compile functionalizes it correctly. Length
+arrays (cu_seqlens, cache_seqlens, block_table) are int32 tensors read on the host when the
+op runs (the library plans from them), so the ops stay single graph nodes."""
+import contextlib
+from typing import Optional, Tuple
+
+import torch
+
+from . import _layout, _native
+from ._problem import window_pair
+from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
+                                 decode_problem, varlen_problem)
+from .torch import _DTYPES, _Device, _check_tensor, _dense_for_grad, _grad_like, _poisoned, _ptr, _readable
+
+
+def _host_int32(t):
+    """A length tensor as the numpy int32 array the plan reads (a view on the CPU)."""
+    return None if t is None else t.detach().to("cpu", torch.int32).contiguous().numpy()
+
+
+def _strides(t):
+    return tuple(t.stride())
+
+
+def _run(dev, fn):
+    with torch.cuda.device(dev.device) if dev.cuda else contextlib.nullcontext():
+        fn()
+
+
+# ---- packed variable-length batches ---------------------------------------------------
+
+def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, softcap, scale,
+                   diag_offset, dev):
+    p = varlen_problem(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
+                       q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
+                       o_stride=tuple(o_stride), dtype=_DTYPES[q.dtype], cu_seqlens_q=cu_q,
+                       cu_seqlens_k=cu_k, causal=causal, window=(wl, wr), softcap=softcap,
+                       scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset)
+    return _native.cached_plan(p, dev.options())
+
+
+@torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
+def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
+                window_right: int, softcap: float, scale: Optional[float],
+                diag_offset: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _readable(q), _readable(k), _readable(v)
+    cu_q, cu_k = _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
+    check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
+    o = _poisoned(torch.empty(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device))
+    lse = _poisoned(torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
+    dev = _Device(q)
+    handle = _varlen_handle(q, k, v, o.stride(), cu_q, cu_k, alibi_slopes, causal, window_left,
+                            window_right, softcap, scale, diag_offset, dev)
+    ws, ws_size = dev.workspace(handle, _native.FORWARD)
+    _run(dev, lambda: handle.forward(_native.ForwardArgs(
+        q=_ptr(q), k=_ptr(k), v=_ptr(v), o=_ptr(o), lse=_ptr(lse), alibi_slopes=_ptr(alibi_slopes),
+        workspace=_ptr(ws), workspace_size=ws_size, stream=dev.stream())))
+    return o, lse
+
+
+@_varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                     causal, window_left, window_right, softcap, scale, diag_offset):
+    return (q.new_empty(tuple(q.shape[:2]) + (v.shape[2],)),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("flashattn::varlen_bwd", mutates_args=())
+def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                do: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
+                window_right: int, softcap: float, scale: Optional[float],
+                diag_offset: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = _dense_for_grad(q), _dense_for_grad(k), _dense_for_grad(v)
+    dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
+    lse = lse.contiguous()
+    o = _readable(o)
+    if do.stride() != o.stride():  # the library reads do with o's strides
+        if _layout.grad_strides_ok(tuple(o.shape), tuple(o.stride())):
+            do = _grad_like(o).copy_(do)
+        else:
+            o, do = o.contiguous(), do.contiguous()
+    dev = _Device(q)
+    handle = _varlen_handle(q, k, v, o.stride(), _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k),
+                            alibi_slopes, causal, window_left, window_right, softcap, scale,
+                            diag_offset, dev)
+    ws, ws_size = dev.workspace(handle, _native.BACKWARD)
+    _run(dev, lambda: handle.backward(_native.BackwardArgs(
+        q=_ptr(q), k=_ptr(k), v=_ptr(v), o=_ptr(o), d_o=_ptr(do), lse=_ptr(lse), dq=_ptr(dq),
+        dk=_ptr(dk), dv=_ptr(dv), alibi_slopes=_ptr(alibi_slopes), workspace=_ptr(ws),
+        workspace_size=ws_size, stream=dev.stream())))
+    return dq, dk, dv
+
+
+@_varlen_bwd.register_fake
+def _varlen_bwd_fake(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal,
+                     window_left, window_right, softcap, scale, diag_offset):
+    return tuple(_grad_like(_dense_for_grad(t)) for t in (q, k, v))
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, _, _, alibi_slopes = inputs[:8]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi_slopes)
+    ctx.options = inputs[8:]
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, alibi_slopes, *ctx.options)
+    return (dq, dk, dv) + (None,) * 11
+
+
+_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def _check_floats(names, tensors):
+    q = tensors[0]
+    for name, t in zip(names, tensors):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{', '.join(names)} must have one dtype, got {', '.join(str(x.dtype) for x in tensors)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"{', '.join(names)} must be float32, float16 or bfloat16, got {q.dtype}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"flashattn runs on cpu and cuda tensors, got device {q.device}")
+
+
+def _int_tensor(name, t, shape_desc, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be an int32 torch.Tensor {shape_desc}, got {type(t).__name__}")
+    if t.dim() != ndim or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be integers {shape_desc}, got {t.dtype} of shape {tuple(t.shape)}")
+    return t.to(torch.int32).contiguous()
+
+
+def _slopes(alibi_slopes, q, H):
+    if alibi_slopes is None:
+        return None
+    _check_tensor("alibi_slopes", alibi_slopes)
+    if tuple(alibi_slopes.shape) != (H,):
+        raise ValueError(f"alibi_slopes must have shape [H] = [{H}], got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+    return alibi_slopes.detach().to(torch.float32).contiguous()
+
+
+def _options(window, softcap, scale):
+    wl, wr = window_pair(window)
+    return wl, wr, 0.0 if softcap is None else float(softcap), None if scale is None else float(scale)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
+                     causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
+                     diag_offset=None, return_lse=False):
+    """Attention over a packed batch of sequences of different lengths, differentiable in
+    q, k and v (flash_attn_varlen_func's shapes).
+
+    q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv]; cu_seqlens_q, cu_seqlens_k
+    int32 [batch + 1] prefix sums (sequence b: rows cu[b]:cu[b+1]; read on the host).
+    Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b. max_seqlen_q/k
+    optional bounds (checked when given). Returns o [total_q, Hq, Dv], and lse [Hq, total_q]
+    f32 (not differentiable) with return_lse."""
+    q, k, v = (_check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
+    _check_floats(("q", "k", "v"), (q, k, v))
+    check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    cu_q = _int_tensor("cu_seqlens_q", cu_seqlens_q, "[batch + 1]", 1)
+    cu_k = _int_tensor("cu_seqlens_k", cu_seqlens_k, "[batch + 1]", 1)
+    if cu_q.shape != cu_k.shape or cu_q.numel() < 1:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got shapes "
+                         f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
+    wl, wr, softcap, scale = _options(window, softcap, scale)
+    o, lse = _varlen_fwd(q, k, v, cu_q, cu_k, None if max_seqlen_q is None else int(max_seqlen_q),
+                         None if max_seqlen_k is None else int(max_seqlen_k),
+                         _slopes(alibi_slopes, q, q.shape[1]), bool(causal), wl, wr, softcap, scale,
+                         None if diag_offset is None else int(diag_offset))
+    return (o, lse) if return_lse else o
+
+
+# ---- kv-cache decoding -----------------------------------------------------------------
+
+@torch.library.custom_op("flashattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
+def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
+                 cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
+                 window_right: int, softcap: float, scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
+    q = _readable(q)
+    has_new = k_new is not None
+    # with new tokens the library writes through the caches' own strides (kvcache_attention
+    # checked that they can be written); without, a cache they cannot describe is copied
+    kc, vc = (k_cache, v_cache) if has_new else (_readable(k_cache), _readable(v_cache))
+    if has_new:
+        k_new, v_new = k_new.contiguous(), v_new.contiguous()
+    B, Sq, Hq, _ = q.shape
+    o = _poisoned(torch.empty((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device))
+    lse = _poisoned(torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
+    lens, table = _host_int32(cache_seqlens), _host_int32(block_table)
+    dev = _Device(q)
+    p = decode_problem(q_shape=tuple(q.shape), kc_shape=tuple(kc.shape), vc_shape=tuple(vc.shape),
+                       q_stride=_strides(q), kc_stride=_strides(kc), vc_stride=_strides(vc),
+                       o_stride=_strides(o), dtype=_DTYPES[q.dtype], cache_seqlens=lens,
+                       has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
+                       causal=causal, window=(window_left, window_right), softcap=softcap,
+                       scale=scale, alibi=alibi_slopes is not None)
+    handle = _native.cached_plan(p, dev.options())
+    ws, ws_size = dev.workspace(handle, _native.FORWARD)
+    table_ptr = None if table is None else table.ctypes.data
+    _run(dev, lambda: handle.forward(_native.ForwardArgs(
+        q=_ptr(q), k=_ptr(kc), v=_ptr(vc), o=_ptr(o), lse=_ptr(lse), alibi_slopes=_ptr(alibi_slopes),
+        k_new=_ptr(k_new), v_new=_ptr(v_new), block_table=table_ptr, workspace=_ptr(ws),
+        workspace_size=ws_size, stream=dev.stream())))
+    return o, lse
+
+
+@_kvcache_fwd.register_fake
+def _kvcache_fwd_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes,
+                      causal, window_left, window_right, softcap, scale):
+    B, Sq, Hq, _ = q.shape
+    return q.new_empty((B, Sq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+
+
+def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
+                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
+                      return_lse=False):
+    """One decoding step against a kv cache (flash_attn_with_kvcache's shapes); forward only.
+
+    q [B, Sq_new, Hq, D]; k_cache, v_cache [B, S_cache_max, Hk, D] (Dv for v), or with
+    block_table (int32 [B, max_pages]) paged [num_pages, page_size, Hk, D]; cache_seqlens
+    int32 [B] (an int, or None for full caches): tokens already cached. With k and v
+    [B, Sq_new, Hk, D] the new tokens are written into k_cache and v_cache in place at
+    positions cache_seqlens[b].. (nothing is written when any argument is bad). Masks align
+    bottom-right per sequence. Returns o [B, Sq_new, Hq, Dv], and lse [B, Hq, Sq_new] f32
+    with return_lse. The op declares that it mutates the caches, so torch.compile keeps the
+    update."""
+    q, k_cache, v_cache = (_check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new tokens) go together: pass both or neither")
+    names, tensors = ["q", "k_cache", "v_cache"], [q, k_cache, v_cache]
+    if k is not None:
+        names += ["k", "v"]
+        tensors += [_check_tensor("k", k, 4), _check_tensor("v", v, 4)]
+    _check_floats(names, tensors)
+    if k is not None:
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not _layout.writable_strides(tuple(c.shape), tuple(c.stride())):
+                raise ValueError(f"{name} is written in place (new k and v given), so its elements must "
+                                 f"not overlap (strides {tuple(c.stride())}); pass a dense cache")
+    paged = block_table is not None
+    check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
+                        None if k is None else (tuple(k.shape), tuple(v.shape)), paged)
+    B = q.shape[0]
+    if paged:
+        block_table = _int_tensor("block_table", block_table, "[batch, max_pages]", 2)
+        if block_table.shape[0] != B:
+            raise ValueError(f"block_table must have shape [batch, max_pages] with batch = {B}, "
+                             f"got {tuple(block_table.shape)}")
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if cache_seqlens is None or not isinstance(cache_seqlens, torch.Tensor):
+        n = capacity if cache_seqlens is None else cache_seqlens
+        if isinstance(n, bool) or not hasattr(n, "__index__"):
+            raise ValueError(f"cache_seqlens must be an int or an int32 tensor [batch], got {cache_seqlens!r}")
+        if not -(2**31) <= int(n) < 2**31:
+            raise ValueError(f"cache_seqlens values must fit int32, got {int(n)}")
+        cache_seqlens = torch.full((B,), int(n), dtype=torch.int32)
+    lens = _int_tensor("cache_seqlens", cache_seqlens, f"[batch] = [{B}]", 1)
+    if tuple(lens.shape) != (B,):
+        raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
+    wl, wr, softcap, scale = _options(window, softcap, scale)
+    o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table, _slopes(alibi_slopes, q, q.shape[2]),
+                          bool(causal), wl, wr, softcap, scale)
+    return (o, lse) if return_lse else o

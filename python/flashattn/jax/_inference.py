@@ -1,0 +1,257 @@
+"""flashattn.jax.varlen_attention and flashattn.jax.kvcache_attention: the inference shapes
+(packed variable-length batches, kv-cache decoding, paged caches) as XLA custom calls
+(python/csrc/jax_ffi_inference.c), CPU platform.
+
+Shapes and dtypes are checked at trace time, naming the argument. The lengths
+(cu_seqlens, cache_seqlens) and page ids are data: where they are concrete (not traced)
+the problem is also planned at trace time, so the library's message comes as ValueError
+before anything runs; under jit the handler raises the same message when the call runs.
+
+JAX arrays are immutable, so kvcache_attention is functional: it returns the updated
+caches. With new tokens the custom call aliases each cache result to its cache argument
+(input_output_aliases); donate the caches (jax.jit(..., donate_argnums=...)) and XLA writes
+the new rows in place, otherwise it copies each cache once per call first. Without new
+tokens the caches are only read and come back as given (no copy).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from .. import _native
+from .._problem import make_options as _library_options
+from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
+                                  decode_problem, varlen_problem)
+from . import _ffi
+from ._attention import _finite, _window
+from ._plan import _DTYPE_NAMES
+
+VARLEN_FORWARD_TARGET, VARLEN_BACKWARD_TARGET, KVCACHE_TARGET = (t for t, _ in _ffi.INFERENCE_TARGETS)
+
+
+def _dtype(*arrays, names):
+    dts = {jnp.dtype(a.dtype) for a in arrays}
+    if len(dts) != 1:
+        raise ValueError(f"{', '.join(names)} must share a dtype, got {', '.join(str(a.dtype) for a in arrays)}")
+    dt = dts.pop()
+    if dt not in _DTYPE_NAMES:
+        raise ValueError(f"{', '.join(names)} must be float32, float16 or bfloat16, got {dt}")
+    return _DTYPE_NAMES[dt]
+
+
+def _lengths(name, x, ndim, desc):
+    x = jnp.asarray(x)
+    if x.ndim != ndim or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integers {desc}, got {x.dtype} of shape {tuple(x.shape)}")
+    return x.astype(jnp.int32)
+
+
+def _concrete(x):
+    """x as a numpy int32 array where it is known at trace time, else None."""
+    if x is None:
+        return None
+    try:
+        return np.asarray(x, np.int32)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def _dense(shape):
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(out))
+
+
+def _slopes(alibi_slopes, hq):
+    if alibi_slopes is None:
+        return None
+    s = jnp.asarray(alibi_slopes)
+    if tuple(s.shape) != (hq,):
+        raise ValueError(f"alibi_slopes must have shape ({hq},) (one per query head), got {tuple(s.shape)}")
+    return jax.lax.stop_gradient(s.astype(jnp.float32))
+
+
+def _attributes(causal, window, softcap, scale, has_alibi):
+    i64, f32 = np.int64, np.float32
+    softcap = _finite("softcap", softcap) or 0.0
+    scale = _finite("scale", scale)
+    left, right = _window(window)
+    return dict(causal=i64(bool(causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
+                has_scale=i64(scale is not None), scale=f32(0.0 if scale is None else scale),
+                has_alibi=i64(has_alibi))
+
+
+# ---- packed variable-length batches ---------------------------------------------------
+
+def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes):
+    _ffi.register()
+    call = jax.ffi.ffi_call(VARLEN_FORWARD_TARGET,
+                            (jax.ShapeDtypeStruct(q.shape[:2] + v.shape[2:], q.dtype),
+                             jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
+                            vmap_method="sequential")
+    return call(q, k, v, cu_q, cu_k, *([] if slopes is None else [slopes]), **dict(attrs))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _varlen_op(attrs, q, k, v, cu_q, cu_k, slopes):
+    return _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes)
+
+
+def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes):
+    q, k, v, cu_q, cu_k, slopes = (None if x is None else x.value for x in (q, k, v, cu_q, cu_k, slopes))
+    o, lse = _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes)
+    return (o, lse), (q, k, v, o, lse, cu_q, cu_k, slopes)
+
+
+def _varlen_op_bwd(attrs, res, cotangents):
+    q, k, v, o, lse, cu_q, cu_k, slopes = res
+    do, dlse = cotangents
+    if isinstance(do, SymbolicZero):
+        do = jnp.zeros(o.shape, o.dtype)
+    do = do.astype(o.dtype)
+    with_lse = not isinstance(dlse, SymbolicZero)
+    if with_lse:
+        # lse's cotangent as one more value column (as flashattn.jax.attention does): ones
+        # in v, dlse in do, 0 in o so that rowsum(do * o) leaves it out
+        v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+        o = jnp.concatenate([o, jnp.zeros(o.shape[:-1] + (1,), o.dtype)], axis=-1)
+        do = jnp.concatenate([do, dlse.astype(o.dtype).T[..., None]], axis=-1)
+    _ffi.register()
+    call = jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET,
+                            tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)),
+                            vmap_method="sequential")
+    dq, dk, dv = call(q, k, v, o, lse, do, cu_q, cu_k, *([] if slopes is None else [slopes]), **dict(attrs))
+    if with_lse:
+        dv = dv[..., :-1]
+    return dq, dk, dv, None, None, None
+
+
+_varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
+                     causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
+                     diag_offset=None, return_lse=False):
+    """Attention over a packed batch of sequences of different lengths (as
+    flash_attn_varlen_func), differentiable in q, k and v (jax.custom_vjp).
+
+    q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv]; cu_seqlens_q/k int
+    [batch + 1] prefix sums (sequence b: rows cu[b]:cu[b+1]), int32 operands of the call.
+    Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b (diag_offset
+    overrides). max_seqlen_q/k optional (checked when given and the lengths are concrete).
+    Returns o [total_q, Hq, Dv], and lse [Hq, total_q] f32 with return_lse. jit and grad;
+    vmap runs one call per mapped index."""
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+    dtype = _dtype(q, k, v, names=("q", "k", "v"))
+    cu_q = _lengths("cu_seqlens_q", cu_seqlens_q, 1, "[batch + 1]")
+    cu_k = _lengths("cu_seqlens_k", cu_seqlens_k, 1, "[batch + 1]")
+    if cu_q.shape != cu_k.shape or cu_q.shape[0] < 1:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got shapes "
+                         f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
+    if diag_offset is not None and (isinstance(diag_offset, bool) or not hasattr(diag_offset, "__index__")):
+        raise ValueError(f"diag_offset must be an integer, got {diag_offset!r}")
+    slopes = _slopes(alibi_slopes, q.shape[1])
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None)
+    attrs.update(has_diag_offset=np.int64(diag_offset is not None),
+                 diag_offset=np.int64(0 if diag_offset is None else int(diag_offset)))
+    host_q, host_k = _concrete(cu_q), _concrete(cu_k)
+    if host_q is not None and host_k is not None:  # the library's verdict now, as ValueError
+        check_max_seqlen("max_seqlen_q", max_seqlen_q, host_q)
+        check_max_seqlen("max_seqlen_k", max_seqlen_k, host_k)
+        p = varlen_problem(q_shape=q.shape, k_shape=k.shape, v_shape=v.shape, q_stride=_dense(q.shape),
+                           k_stride=_dense(k.shape), v_stride=_dense(v.shape),
+                           o_stride=_dense(q.shape[:2] + v.shape[2:]), dtype=dtype, cu_seqlens_q=host_q,
+                           cu_seqlens_k=host_k, causal=causal, window=_window(window), softcap=softcap,
+                           scale=scale, alibi=slopes is not None, diag_offset=diag_offset)
+        _native.cached_plan(p, _library_options("cpu"))
+    o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes)
+    return (o, lse) if return_lse else o
+
+
+# ---- kv-cache decoding -----------------------------------------------------------------
+
+def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
+                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
+                      return_lse=False):
+    """One decoding step against a kv cache (as flash_attn_with_kvcache), functional: returns
+    (o, k_cache, v_cache) with the new tokens written into the returned caches, or
+    (o, lse, k_cache, v_cache) with return_lse. Not differentiable.
+
+    q [B, Sq_new, Hq, D]; k_cache, v_cache [B, S_cache_max, Hk, D] (Dv for v), or with
+    block_table (int [B, max_pages]) paged [num_pages, page_size, Hk, D]; cache_seqlens
+    int [B] (an int, or None for full caches); k, v [B, Sq_new, Hk, D] the new tokens,
+    appended at positions cache_seqlens[b]... Masks align bottom-right per sequence. o
+    [B, Sq_new, Hq, Dv], lse [B, Hq, Sq_new] f32. With new tokens the caches alias the
+    results: under jax.jit with the caches donated the update is in place; otherwise XLA
+    copies them. Without, the caches come back as given."""
+    q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new tokens) go together: pass both or neither")
+    arrays, names = [q, k_cache, v_cache], ["q", "k_cache", "v_cache"]
+    if k is not None:
+        k, v = jnp.asarray(k), jnp.asarray(v)
+        arrays += [k, v]
+        names += ["k", "v"]
+    for name, x in zip(names, arrays):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must have rank 4, got shape {tuple(x.shape)}")
+    dtype = _dtype(*arrays, names=names)
+    paged = block_table is not None
+    check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
+                        None if k is None else (tuple(k.shape), tuple(v.shape)), paged)
+    B = q.shape[0]
+    table = None
+    if paged:
+        table = _lengths("block_table", block_table, 2, "[batch, max_pages]")
+        if table.shape[0] != B:
+            raise ValueError(f"block_table must have shape [batch, max_pages] with batch = {B}, got {tuple(table.shape)}")
+    capacity = table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if cache_seqlens is None:
+        cache_seqlens = capacity
+    if np.ndim(cache_seqlens) == 0 and not isinstance(cache_seqlens, jax.Array):
+        if isinstance(cache_seqlens, bool) or not hasattr(cache_seqlens, "__index__"):
+            raise ValueError(f"cache_seqlens must be an int or integers [batch], got {cache_seqlens!r}")
+        if not -(2**31) <= int(cache_seqlens) < 2**31:
+            raise ValueError(f"cache_seqlens values must fit int32, got {int(cache_seqlens)}")
+        cache_seqlens = jnp.full((B,), int(cache_seqlens), jnp.int32)
+    lens = _lengths("cache_seqlens", cache_seqlens, 1, f"[batch] = [{B}]")
+    if tuple(lens.shape) != (B,):
+        raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
+    slopes = _slopes(alibi_slopes, q.shape[2])
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None)
+    host = _concrete(lens)
+    if host is not None:  # the library's verdict on the lengths now, as ValueError
+        o_shape = q.shape[:3] + v_cache.shape[3:]
+        p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
+                           q_stride=_dense(q.shape), kc_stride=_dense(k_cache.shape),
+                           vc_stride=_dense(v_cache.shape), o_stride=_dense(o_shape), dtype=dtype,
+                           cache_seqlens=host, has_new_kv=k is not None,
+                           max_pages=None if table is None else table.shape[1], causal=causal,
+                           window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None)
+        _native.cached_plan(p, _library_options("cpu"))
+    _ffi.register()
+    results = [jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
+               jax.ShapeDtypeStruct((B, q.shape[2], q.shape[1]), jnp.float32)]
+    if k is not None:  # the updated caches, aliased to the cache arguments
+        results += [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)]
+    call = jax.ffi.ffi_call(KVCACHE_TARGET, tuple(results), input_output_aliases={1: 2, 2: 3} if k is not None else None,
+                            vmap_method="sequential")
+    operands = [jax.lax.stop_gradient(x) for x in (q, k_cache, v_cache)] + [lens]
+    if k is not None:
+        operands += [jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)]
+    if table is not None:
+        operands.append(table)
+    if slopes is not None:
+        operands.append(slopes)
+    outs = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged), **attrs)
+    o, lse = outs[:2]
+    kc, vc = outs[2:] if k is not None else (k_cache, v_cache)  # read only: the caches as given
+    return (o, lse, kc, vc) if return_lse else (o, kc, vc)
