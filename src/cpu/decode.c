@@ -19,6 +19,7 @@
  * Before anything is written, every argument is checked (block-table entries included);
  * then k_new/v_new are copied into the caches at rows cache_seqlens[b].. . */
 #include "decode_kernels.h"
+#include "guard.h"
 #include "isa.h"
 #include "scores.h"
 #include "vexp.h"
@@ -207,7 +208,11 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
                 }
                 for (int64_t r = 0; r < M; r++)
                     dec_row(cx, &sc, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &mx[r], &sum[r], acc + r * Dv);
-                if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
+                /* a mask edge crosses this tile: inf or NaN in a value row some row cannot see must
+                 * not reach it as 0 * NaN (guard.h; one read of the tile, edge tiles only) */
+                if (fa_tile_may_hide(&one, 0, Sq, j0, n) && fa_tile_nonfinite(&vs, n, (int)Dv))
+                    fa_gemm_pb_guarded(isa, (int)M, n, (int)Dv, s, (int)T, &vs, vp, acc, (int)Dv);
+                else if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
                 else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             }
             cnt->flops += 2 * M * n * (D + Dv);
@@ -242,7 +247,9 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
     for (int64_t x = 0; x < Dv; x++) fa_store(p->dtype, cx->a->o, ob + x * p->o_stride.s[3], o ? o[x] * inv : 0.0f);
-    if (cx->a->lse) cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? top + logf(l) : -INFINITY;
+    /* -inf only for a row without visible keys (l = 0); a NaN score made l NaN: lse NaN too */
+    if (cx->a->lse)
+        cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = isnan(l) ? l : l > 0.0f ? top + logf(l) : -INFINITY;
     cnt->transcendentals += chunks + 1;
 }
 
