@@ -26,22 +26,25 @@ FA="$BUILD/flashattn"
 SHAPE="--batch 1 --heads 32 --kv-heads 8 --head-dim 128 --cache-len 32768 --dtype bf16 --threads $THREADS"
 json() { sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p" | head -1; }
 
-# per round: bandwidth, decode with THREADS threads, decode with 1 thread; wall rates and rates
-# per cpu-second of each thread (what the threads did while they ran: the machine's other
-# jobs deschedule them, and wall time then counts the waits)
-bw=() bwc=() dec=() decc=() one=() onec=()
+# per round: bandwidth, decode with THREADS threads, bandwidth and decode with 1 thread; wall
+# rates and rates per cpu-second of each thread (what the threads did while they ran: the
+# machine's other jobs deschedule them, and wall time then counts the waits)
+bw=() bwc=() dec=() decc=() bw1=() bw1c=() one=() onec=()
 for r in $(seq "$ROUNDS"); do
     b=$("$BUILD/bandwidth" 1024 "$THREADS" 5)
     d=$("$FA" bench --decode $SHAPE --iters 20 --json 2>/dev/null)
+    b1=$("$BUILD/bandwidth" 1024 1 5)
     o=$("$FA" bench --decode ${SHAPE/--threads $THREADS/--threads 1} --iters 20 --json 2>/dev/null)
     bw+=("$(echo "$b" | json read_gbytes_per_s)") bwc+=("$(echo "$b" | json read_gbytes_per_cpu_s)")
     dec+=("$(echo "$d" | json gbytes_per_s)") decc+=("$(echo "$d" | json gbytes_per_cpu_s)")
+    bw1+=("$(echo "$b1" | json read_gbytes_per_s)") bw1c+=("$(echo "$b1" | json read_gbytes_per_cpu_s)")
     one+=("$(echo "$o" | json gbytes_per_s)") onec+=("$(echo "$o" | json gbytes_per_cpu_s)")
-    echo "bench: round $r: bandwidth ${bw[-1]} GB/s, decode ${dec[-1]} GB/s (1 thread: ${one[-1]})" >&2
+    echo "bench: round $r: bandwidth ${bw[-1]} GB/s, decode ${dec[-1]} GB/s (1 thread: ${bw1[-1]}, ${one[-1]})" >&2
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.2f", (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 BW=$(median "${bw[@]}") BWC=$(median "${bwc[@]}")
 DEC=$(median "${dec[@]}") DECC=$(median "${decc[@]}") ONE=$(median "${one[@]}") ONEC=$(median "${onec[@]}")
+BW1=$(median "${bw1[@]}") BW1C=$(median "${bw1c[@]}")
 ratio() { awk "BEGIN {printf \"%.2f\", $1 / $2}"; }
 torch_line=$("$PYTHON" bench/decode_peer.py --threads "$THREADS" --iters 10 2>/dev/null || echo '{}')
 TORCH=$(echo "$torch_line" | json gbytes_per_s)
@@ -67,11 +70,12 @@ flops 4 x 32 x 32768 x 128 = 537 MFLOP per step, the cost is bytes):
 | --- | --- | --- | --- | --- |
 | streaming read (bench/bandwidth, 1 GiB, $THREADS threads) | $BW | 1.00 | $BWC | 1.00 |
 | flashattn decode, $THREADS threads (bytes of cache read per second) | $DEC | $(ratio $DEC $BW) | $DECC | $(ratio $DECC $BWC) |
-| flashattn decode, 1 thread | $ONE | $(ratio $ONE $BW) | $ONEC | $(ratio $ONEC $BWC) |
+| streaming read, 1 thread | $BW1 | 1.00 | $BW1C | 1.00 |
+| flashattn decode, 1 thread (vs the 1-thread read) | $ONE | $(ratio $ONE $BW1) | $ONEC | $(ratio $ONEC $BW1C) |
 | PyTorch $TORCH_V SDPA enable_gqa, $THREADS threads | $(printf '%.3f' "${TORCH:-0}") | $( [ -n "$TORCH" ] && ratio $TORCH $BW || echo n/a) | | |
 
 flashattn / PyTorch ($THREADS threads, wall): $( [ -n "$TORCH" ] && awk "BEGIN {printf \"%.1fx\", $DEC / $TORCH}" || echo n/a).
-Rounds (wall GB/s): bandwidth ${bw[*]}; decode ${dec[*]}; decode 1 thread ${one[*]}.
+Rounds (wall GB/s): bandwidth ${bw[*]}; decode ${dec[*]}; bandwidth 1 thread ${bw1[*]}; decode 1 thread ${one[*]}.
 
 Varlen prefill (8 sequences of 128, 256, 512, 1024, 1536, 2048, 3072, 4096 tokens, Hq=Hk=8, D=64,
 f32, causal; both runs do the same useful flops):

@@ -2,9 +2,10 @@
  * this program with clang -fsanitize=thread and LLVM's OpenMP runtime): a few forward and
  * backward problems with 2, 3 and 4 threads and tiles small enough that every thread takes
  * many work items, a progress callback (the drivers' shared counter and its critical
- * section), and a caller-supplied workspace carved per thread. Each result is compared with
- * the float64 reference, and must be bit-identical to the 1-thread result (no thread's
- * share may depend on another's). Seeded (FA_TEST_SEED reproduces a run). */
+ * section), a caller-supplied workspace carved per thread, and kv-cache decoding's
+ * split-KV items and merge. Each result is compared with the float64 reference, and must
+ * be bit-identical to the 1-thread result (no thread's share may depend on another's).
+ * Seeded (FA_TEST_SEED reproduces a run). */
 #include "backward_check.h"
 
 /* The progress callback runs on one worker at a time; it checks the counts only grow. */
@@ -70,6 +71,67 @@ static void *forward_checked(tcase *c, const fa_plan *pl, const char *label, con
     return copy;
 }
 
+/* KV-cache decoding (cpu/decode.c: split-KV work items taken by any thread, each thread's
+ * scratch carved from a caller-supplied workspace, then the merge) with 1-4 threads: a
+ * ragged bf16 batch, GQA 4:1, D = 128 (the fused AVX512_BF16 kernels where the CPU has
+ * them), cache rows past each length NaN. o and lse against the float64 reference, and o
+ * bitwise against the 1-thread result. */
+static void decode_threads(uint64_t *rng) {
+    enum { B = 2, HQ = 8, HK = 2, D = 128, CAP = 1200 };
+    int32_t lens[B] = {(int32_t)tu_int(rng, 1030, CAP), (int32_t)tu_int(rng, 0, 600)}; /* 2 or 3 chunks, and fewer */
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = B, p.heads_q = HQ, p.heads_kv = HK, p.head_dim = D, p.head_dim_v = D, p.seq_q = 1, p.seq_k = CAP;
+    p.dtype = FA_BF16, p.causal = 1, p.cache_seqlens = lens;
+    const int64_t nq = B * HQ * D, nc = B * CAP * HK * D, nl = B * HQ;
+    void *q = tu_alloc(nq * 2), *o = tu_alloc(nq * 2), *o1 = tu_alloc(nq * 2);
+    void *k = tu_alloc(nc * 2), *v = tu_alloc(nc * 2);
+    float *lse = tu_alloc(sizeof(float) * nl);
+    double *ro = tu_alloc(sizeof(double) * nq), *rl = tu_alloc(sizeof(double) * nl);
+    tu_fill(rng, FA_BF16, q, nq, 2.0);
+    tu_poison(FA_BF16, k, nc), tu_poison(FA_BF16, v, nc); /* rows past each length: never read */
+    for (int64_t b = 0; b < B; b++) {
+        tu_fill(rng, FA_BF16, (char *)k + b * CAP * HK * D * 2, lens[b] * HK * D, 2.0);
+        tu_fill(rng, FA_BF16, (char *)v + b * CAP * HK * D * 2, lens[b] * HK * D, 1.0);
+    }
+    fa_forward_args a = {0};
+    a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
+    fa_ref_decode(&p, &a, ro, rl);
+    for (int threads = 1; threads <= 4; threads++) {
+        fa_plan *pl = make_plan(&p, threads, 0, 0);
+        if (!pl) continue;
+        fa_cost cost;
+        fa_plan_cost(pl, FA_FORWARD, &cost);
+        a.workspace_size = (size_t)cost.workspace_bytes;
+        a.workspace = tu_alloc(a.workspace_size);
+        tu_poison(FA_BF16, o, nq);
+        for (int64_t r = 0; r < nl; r++) lse[r] = NAN;
+        const fa_status st = fa_forward(pl, &a);
+        CHECK(st == FA_OK, "decode, %d threads: fa_forward: %s", threads, fa_last_error());
+        double eo = 0, mo = 0, el = 0;
+        for (int64_t i = 0; i < nq; i++) {
+            const double g = fa_load(FA_BF16, o, i);
+            if (!(fabs(g - ro[i]) <= eo)) eo = isnan(g) ? INFINITY : fabs(g - ro[i]);
+            if (fabs(ro[i]) > mo) mo = fabs(ro[i]);
+        }
+        eo /= mo > 0 ? mo : 1;
+        for (int64_t r = 0; r < nl; r++) {
+            const double e =
+                isinf(rl[r]) ? (lse[r] == rl[r] ? 0 : INFINITY) : fabs(lse[r] - rl[r]) / (1 + fabs(rl[r]));
+            if (!(e <= el)) el = isnan(e) ? INFINITY : e;
+        }
+        CHECK(eo <= 2e-2 && el <= 1e-5, "decode, %d threads: o err %.3g (bound 2e-2), lse err %.3g (bound 1e-5)",
+              threads, eo, el);
+        if (threads == 1) memcpy(o1, o, (size_t)nq * 2);
+        else CHECK(!memcmp(o, o1, (size_t)nq * 2), "decode, %d threads: o differs from the 1-thread result", threads);
+        printf("%s decode (lengths %d, %d), %d threads: o err %.2e (bound 2e-2)\n",
+               eo <= 2e-2 && el <= 1e-5 ? "PASS" : "FAIL", lens[0], lens[1], threads, eo);
+        free(a.workspace);
+        fa_plan_destroy(pl);
+    }
+    free(q), free(o), free(k), free(v), free(o1), free(lse), free(ro), free(rl);
+}
+
 typedef struct {
     const char *name;
     fa_dtype dt;
@@ -128,6 +190,7 @@ int main(void) {
         fa_plan_destroy(one);
         case_free(&c);
     }
+    decode_threads(&rng);
     printf("%s (FA_TEST_SEED=%llu): %d failure(s)\n", failures ? "FAILED" : "ok", (unsigned long long)seed, failures);
     return failures ? 1 : 0;
 }

@@ -3,17 +3,23 @@
  * Work items are (sequence b, chunk of FA_DECODE_CHUNK keys). An item walks its chunk's key
  * tiles (fa_decode_tile keys, never crossing a page); for each tile, each kv head computes
  * the seq_q rows of all Hq / Hk query heads that share it as one M-row tile, so each cache
- * byte is read once per call, while the next tile's rows are prefetched whole (reading a
- * cache head by head is several times slower than reading its rows). The tile math is the
- * ISA table's pack and product kernels, or for bf16 caches with AVX512_BF16 kernels that
- * read the rows in place (decode_avx512bf16.c); an online softmax leaves a partial (acc,
- * max, sum) per (item, kv head, row) in the workspace, and a merge combines each row's
- * chunks in chunk order. Chunks, tiles and the merge order come from shapes alone, so
- * results are bit-identical for any thread count. Only rows below a sequence's length are
- * ever read: stale or NaN cache rows beyond it are never touched.
+ * byte is read once per call. Before a tile computes, its rows are read whole in address
+ * order (dec_touch): a head's slice of a row is 1 / Hk of it, and reading the cache head
+ * by head runs at a fraction of the memory's speed (the hardware prefetchers stream
+ * ascending addresses only; software prefetches of the next tile, bounded by the core's
+ * outstanding misses, measured slower than this touch), while the touched tile then stays
+ * in L2 for the heads' passes. The tile math is the ISA table's pack and product kernels,
+ * or for bf16 caches with AVX512_BF16 kernels that read the rows in place
+ * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
+ * the tile; an online softmax leaves a partial (acc, max, sum) per (item, kv head, row) in
+ * the workspace, and a merge combines each row's chunks in chunk order. Chunks, tiles and
+ * the merge order come from shapes alone, so results are bit-identical for any thread
+ * count. Only rows below a sequence's length are ever read: stale or NaN cache rows beyond
+ * it are never touched.
  * Before anything is written, every argument is checked (block-table entries included);
  * then k_new/v_new are copied into the caches at rows cache_seqlens[b].. . */
 #include "decode_kernels.h"
+#include "guard.h"
 #include "isa.h"
 #include "scores.h"
 #include "vexp.h"
@@ -110,28 +116,22 @@ static void dec_row(const dec_ctx *cx, const fa_score_ctx *sc, float *restrict s
         for (int64_t c = 0; c < p->head_dim_v; c++) arow[c] *= alpha;
 }
 
-/* Prefetches cache rows [r0, r1) of sequence b, every kv head, K then V, in address order
- * for the usual layouts: cache rows are read once per call, and reading them head by head
- * (each head's D elements of a row, rows Hk x D apart) runs at a fraction of the memory's
- * speed, while whole rows stream. Needs contiguous head dims. */
-static void dec_prefetch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
-    const fa_problem *p = cx->p;
-    const int64_t es = (int64_t)cx->esz;
-    for (int64_t r = r0; r < r1; r++)
-        for (int x = 0; x < 2; x++)
-            for (int64_t hk = 0; hk < p->heads_kv; hk++) {
-                const fa_tile_src row = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, hk, r);
-                const int64_t bytes = (x ? p->head_dim_v : p->head_dim) * es;
-                for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)row.base + off, 0, 2);
-            }
-}
-
-/* Reads rows [r0, r1) of sequence b's caches whole, K then V, so that a chunk's first tile
- * arrives at streaming speed (prefetches issued in one burst would mostly be dropped). */
+/* Reads cache rows [r0, r1) of sequence b, every kv head, K then V, in address order for
+ * the usual layouts (whole rows one after another: the hardware prefetchers stream them),
+ * so that the heads' passes over the tile find it in L2. Other layouts: prefetches, row by
+ * row and head by head. Needs contiguous head dims. */
 static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
     const fa_problem *p = cx->p;
     if (!cx->rows_whole) {
-        dec_prefetch(cx, b, r0, r1);
+        for (int64_t r = r0; r < r1; r++)
+            for (int x = 0; x < 2; x++)
+                for (int64_t hk = 0; hk < p->heads_kv; hk++) {
+                    const fa_tile_src row =
+                        dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, hk, r);
+                    const int64_t bytes = (x ? p->head_dim_v : p->head_dim) * (int64_t)cx->esz;
+                    for (int64_t off = 0; off < bytes; off += 64)
+                        __builtin_prefetch((const char *)row.base + off, 0, 2);
+                }
         return;
     }
     unsigned char sink = 0;
@@ -145,8 +145,7 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
 }
 
 /* Item (b, chunk): keys [k0, k1] of the chunk that some row may see, for every kv head
- * (part: Hk partials). Tile by tile, head by head; while a tile's heads compute, the next
- * tile's rows are prefetched, a slice per head. */
+ * (part: Hk partials). Tile by tile (each read whole first), head by head. */
 static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, int64_t k1, float *part,
                      fa_counts *cnt) {
     const fa_problem *p = cx->p;
@@ -157,7 +156,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     dec_sizes(cx->pl, sz);
     char *qs = scratch, *qp = qs + dec_align(sz[0]), *kp = qp + dec_align(sz[1]), *vp = kp + dec_align(sz[2]);
     float *s = (float *)(vp + dec_align(sz[3]));
-    const int prefetch = p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
+    const int touch = p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
 
     /* the masks of sequence b: a dense view with its keys and offset */
     struct fa_plan one = *cx->pl;
@@ -170,49 +169,52 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         float *mx = part + hk * part_floats + M * Dv, *sum = mx + M;
         for (int64_t r = 0; r < M; r++) {
             const int64_t h = hk * cx->group + r / Sq, i = r % Sq;
-            const char *src = (const char *)cx->a->q;
+            const char *src = (const char *)cx->a->q + fa_offset(&p->q_stride, b, h, i, 0) * (int64_t)cx->esz;
             char *dst = qs + (hk * M + r) * D * (int64_t)cx->esz;
-            for (int64_t d = 0; d < D; d++)
-                memcpy(dst + d * (int64_t)cx->esz, src + fa_offset(&p->q_stride, b, h, i, d) * (int64_t)cx->esz, cx->esz);
+            if (p->q_stride.s[3] == 1) memcpy(dst, src, (size_t)D * cx->esz); /* one call per row, not per element */
+            else
+                for (int64_t d = 0; d < D; d++)
+                    memcpy(dst + d * (int64_t)cx->esz, src + d * p->q_stride.s[3] * (int64_t)cx->esz, cx->esz);
             mx[r] = -INFINITY;
             sum[r] = 0.0f;
         }
         memset(part + hk * part_floats, 0, sizeof(float) * (size_t)(M * Dv));
     }
-    if (prefetch) dec_touch(cx, b, k0 / T * T, k0 / T * T + (sk - k0 / T * T < T ? sk - k0 / T * T : T));
 
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
-        const int64_t j0 = t * T, j1 = j0 + T;
-        const int n = (int)(sk - j0 < T ? sk - j0 : T), nn = t < k1 / T ? (int)(sk - j1 < T ? sk - j1 : T) : 0;
+        const int64_t j0 = t * T;
+        const int n = (int)(sk - j0 < T ? sk - j0 : T);
+        if (touch) dec_touch(cx, b, j0, j0 + n);
+        int plain = cx->direct; /* every row's scores are the scaled products, every key visible */
+        for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         for (int64_t hk = 0; hk < Hk; hk++) {
             float *acc = part + hk * part_floats, *mx = acc + M * Dv, *sum = mx + M;
             const char *qh = qs + hk * M * D * (int64_t)cx->esz;
-            const int64_t r0 = j1 + hk * nn / Hk, r1 = j1 + (hk + 1) * nn / Hk; /* this head's slice ahead */
-            fa_decode_fetch ahead = {NULL, NULL, 0};
-            if (prefetch && nn && cx->rows_whole) { /* rows [r0, r1) are one byte range in each cache */
-                ahead.k = dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, r0).base;
-                ahead.v = dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, r0).base;
-                ahead.bytes = (r1 - r0) * p->k_stride.s[2] * (int64_t)cx->esz;
-            } else if (prefetch && nn) {
-                dec_prefetch(cx, b, r0, r1);
-            }
             const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
             const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
-            if (cx->direct) {
-                fa_decode_qk_bf16((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T,
-                                  ahead.bytes ? &ahead : NULL);
-            } else {
-                if (ahead.bytes) dec_prefetch(cx, b, r0, r1);
-                const fa_tile_src qsrc = {qh, p->dtype, D, 1};
-                isa->pack_a(&qsrc, (int)M, (int)D, qp); /* M x D: small beside the tile */
-                isa->pack_bt(&ks, n, (int)D, kp);
-                isa->pack_b(&vs, n, (int)Dv, vp);
-                isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+            if (plain) { /* the whole online-softmax step in the vector kernel */
+                const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
+                                             (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc};
+                fa_decode_step_bf16(&step);
+            } else { /* scores, then the softmax row by row, then p V */
+                if (cx->direct) {
+                    fa_decode_qk_bf16((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T);
+                } else {
+                    const fa_tile_src qsrc = {qh, p->dtype, D, 1};
+                    isa->pack_a(&qsrc, (int)M, (int)D, qp); /* M x D: small beside the tile */
+                    isa->pack_bt(&ks, n, (int)D, kp);
+                    isa->pack_b(&vs, n, (int)Dv, vp);
+                    isa->gemm_abt((int)M, n, (int)D, qp, kp, s, (int)T);
+                }
+                for (int64_t r = 0; r < M; r++)
+                    dec_row(cx, &sc, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &mx[r], &sum[r], acc + r * Dv);
+                /* a mask edge crosses this tile: inf or NaN in a value row some row cannot see must
+                 * not reach it as 0 * NaN (guard.h; one read of the tile, edge tiles only) */
+                if (fa_tile_may_hide(&one, 0, Sq, j0, n) && fa_tile_nonfinite(&vs, n, (int)Dv))
+                    fa_gemm_pb_guarded(isa, (int)M, n, (int)Dv, s, (int)T, &vs, vp, acc, (int)Dv);
+                else if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
+                else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             }
-            for (int64_t r = 0; r < M; r++)
-                dec_row(cx, &sc, s + r * T, n, hk * cx->group + r / Sq, r % Sq, j0, &mx[r], &sum[r], acc + r * Dv);
-            if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
-            else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             cnt->flops += 2 * M * n * (D + Dv);
             cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
         }
@@ -245,7 +247,9 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
     for (int64_t x = 0; x < Dv; x++) fa_store(p->dtype, cx->a->o, ob + x * p->o_stride.s[3], o ? o[x] * inv : 0.0f);
-    if (cx->a->lse) cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = l > 0.0f ? top + logf(l) : -INFINITY;
+    /* -inf only for a row without visible keys (l = 0); a NaN score made l NaN: lse NaN too */
+    if (cx->a->lse)
+        cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = isnan(l) ? l : l > 0.0f ? top + logf(l) : -INFINITY;
     cnt->transcendentals += chunks + 1;
 }
 
@@ -295,7 +299,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     if (ws && a->workspace_size < (size_t)need)
         return fa_error(FA_ERR_INVALID, "fa_forward: workspace_size is %zu bytes but this decode plan needs %lld",
                         a->workspace_size, (long long)need);
-    if (!ws && !(ws = owned = malloc((size_t)need)))
+    if (!ws && !(ws = owned = fa_malloc((size_t)need))) /* the allocation-failure hook sees it */
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
@@ -354,7 +358,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }
-    free(owned);
+    fa_free(owned);
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;

@@ -1,10 +1,20 @@
 /* Decode tile kernels for bf16 caches with AVX512_BF16: the cache is read straight from its
  * rows (no packing), so a decode step streams each cache byte once at close to memory
  * speed. Compiled with -mavx512bf16; decode.c calls these only when the plan's ISA table
- * is avx512bf16 or amx (both imply the instructions). */
+ * is avx512bf16 or amx (both imply the instructions).
+ *
+ * The unit of work is a block of 4 query rows x 4 keys: its 16 scores come out as one
+ * vector (lane 4 r + j: row r, key j), so the softmax of a tile (fa_decode_step_bf16) runs
+ * on at most 16 such vectors, with no row-major score matrix and no scalar pass, and p,
+ * rounded to bf16 by vcvtneps2bf16, is already laid out as the (p_j, p_j+1) pairs that the
+ * p V product broadcasts. The score block's accumulators are named values, not an array:
+ * GCC kept an array of them in memory, storing all 16 after every 32-dim slice, and those
+ * stores bounded the kernel (3.5x slower). Per key and kv head (4 query rows, D = 128) the
+ * step issues 32 vdpbf16ps, 16 for the scores and 16 for p V, and runs near that bound. */
 #include "decode_kernels.h"
 
 #include "isa_avx512.h"
+#include "vexp.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -12,142 +22,228 @@
 /* The sums of 16 vectors, one per lane, in order: pairwise unpacks add within 128-bit
  * lanes, then two rounds of 128-bit lane shuffles add across them (15 adds, not 16
  * horizontal reductions). */
-static inline __m512 sum16(const __m512 a[16]) {
-    __m512 u[8], v[4];
-    for (int i = 0; i < 8; i++) /* per lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
-        u[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < 4; i++) { /* per lane: the lane sums of four vectors */
-        const __m512d x = _mm512_castps_pd(u[2 * i]), y = _mm512_castps_pd(u[2 * i + 1]);
-        v[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xdd));
-    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x88), _mm512_shuffle_f32x4(v[2], v[3], 0xdd));
+static inline __m512 pair_sum(__m512 a, __m512 b) { /* per lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+static inline __m512 quad_sum(__m512 u, __m512 w) { /* per lane: the lane sums of four vectors */
+    const __m512d x = _mm512_castps_pd(u), y = _mm512_castps_pd(w);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+static inline __m512 sum16(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6, __m512 a7,
+                           __m512 a8, __m512 a9, __m512 a10, __m512 a11, __m512 a12, __m512 a13, __m512 a14,
+                           __m512 a15) {
+    const __m512 v0 = quad_sum(pair_sum(a0, a1), pair_sum(a2, a3)), v1 = quad_sum(pair_sum(a4, a5), pair_sum(a6, a7));
+    const __m512 v2 = quad_sum(pair_sum(a8, a9), pair_sum(a10, a11));
+    const __m512 v3 = quad_sum(pair_sum(a12, a13), pair_sum(a14, a15));
+    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
+    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, 0x88), _mm512_shuffle_f32x4(v2, v3, 0xdd));
     return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xdd));
 }
 
+/* One 32-dim slice of the 4 x 4 block: each key slice is loaded once for the 4 rows. */
+#define QK_SLICE(LOAD)                                                                                                 \
+    do {                                                                                                               \
+        const __m512bh x0 = (__m512bh)LOAD(k0 + c), x1 = (__m512bh)LOAD(k1 + c);                                       \
+        const __m512bh x2 = (__m512bh)LOAD(k2 + c), x3 = (__m512bh)LOAD(k3 + c);                                       \
+        __m512bh y = (__m512bh)LOAD(q0 + c);                                                                           \
+        a0 = _mm512_dpbf16_ps(a0, y, x0), a1 = _mm512_dpbf16_ps(a1, y, x1);                                            \
+        a2 = _mm512_dpbf16_ps(a2, y, x2), a3 = _mm512_dpbf16_ps(a3, y, x3);                                            \
+        y = (__m512bh)LOAD(q1 + c);                                                                                    \
+        a4 = _mm512_dpbf16_ps(a4, y, x0), a5 = _mm512_dpbf16_ps(a5, y, x1);                                            \
+        a6 = _mm512_dpbf16_ps(a6, y, x2), a7 = _mm512_dpbf16_ps(a7, y, x3);                                            \
+        y = (__m512bh)LOAD(q2 + c);                                                                                    \
+        a8 = _mm512_dpbf16_ps(a8, y, x0), a9 = _mm512_dpbf16_ps(a9, y, x1);                                            \
+        a10 = _mm512_dpbf16_ps(a10, y, x2), a11 = _mm512_dpbf16_ps(a11, y, x3);                                        \
+        y = (__m512bh)LOAD(q3 + c);                                                                                    \
+        a12 = _mm512_dpbf16_ps(a12, y, x0), a13 = _mm512_dpbf16_ps(a13, y, x1);                                        \
+        a14 = _mm512_dpbf16_ps(a14, y, x2), a15 = _mm512_dpbf16_ps(a15, y, x3);                                        \
+    } while (0)
+#define QK_FULL(p) _mm512_loadu_si512(p)
+#define QK_TAIL(p) _mm512_maskz_loadu_epi16(mk, p)
+
+/* Scores of rows q0..q3 against keys k0..k3 (d contiguous bf16 each): lane 4 r + j holds
+ * q_r . k_j. Missing rows or keys are passed as copies of present ones by the callers, and
+ * their lanes ignored. */
+static inline __m512 qk_block(const uint16_t *q0, const uint16_t *q1, const uint16_t *q2, const uint16_t *q3,
+                              const uint16_t *k0, const uint16_t *k1, const uint16_t *k2, const uint16_t *k3, int d) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m512 a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
+    int c = 0;
+    for (; c + 32 <= d; c += 32) QK_SLICE(QK_FULL);
+    if (c < d) {
+        const __mmask32 mk = fa_mask32(d - c);
+        QK_SLICE(QK_TAIL);
+    }
+    return sum16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15);
+}
+
+/* Scores of rows r0..r0+3 (mr of them present) against the key blocks of a tile: S[b]
+ * lane 4 r + j = q_{r0+r} . k_{4b+j}. */
+static int qk_rows4(const uint16_t *q, int r0, int mr, int d, const uint16_t *k, int64_t kstride, int n, __m512 *S) {
+    const uint16_t *q0 = q + (int64_t)r0 * d, *q1 = mr > 1 ? q0 + d : q0, *q2 = mr > 2 ? q0 + 2 * d : q0;
+    const uint16_t *q3 = mr > 3 ? q0 + 3 * d : q0;
+    const int nb = (n + 3) / 4;
+    for (int b = 0; b < nb; b++) {
+        const int j = 4 * b, nj = n - j < 4 ? n - j : 4;
+        const uint16_t *k0 = k + j * kstride, *k1 = nj > 1 ? k0 + kstride : k0, *k2 = nj > 2 ? k0 + 2 * kstride : k0;
+        const uint16_t *k3 = nj > 3 ? k0 + 3 * kstride : k0;
+        S[b] = qk_block(q0, q1, q2, q3, k0, k1, k2, k3, d);
+    }
+    return nb;
+}
+
 /* s[r * lds + j] = dot(q[r], k[j]) for r < m, j < n: q is m x d contiguous bf16, key j
- * starts at k + j * kstride (d contiguous bf16). Blocks of 4 rows x 4 keys: each 32-dim
- * slice of a key is loaded once for the 4 rows, pairs of products go through vdpbf16ps
- * into 16 accumulators, and sum16 turns them into the block's 16 scores. Meanwhile the
- * ranges ahead (the driver's next tile, or NULL) are prefetched, spread over the keys. */
+ * starts at k + j * kstride (d contiguous bf16). */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s,
-                       int lds, const fa_decode_fetch *ahead) {
-    int64_t done = 0;
-    for (int j0 = 0; j0 < n; j0 += 4) {
-        const int nj = n - j0 < 4 ? n - j0 : 4;
-        if (ahead) {
-            const int64_t upto = ahead->bytes * (j0 + nj) / n;
-            for (; done < upto; done += 64) {
-                _mm_prefetch(ahead->k + done, _MM_HINT_T1);
-                _mm_prefetch(ahead->v + done, _MM_HINT_T1);
-            }
-        }
-        const uint16_t *kr[4]; /* missing keys and rows: row 0 under an empty mask (never read) */
-        __mmask32 klive[4];
-        for (int j = 0; j < 4; j++) kr[j] = k + (j < nj ? j0 + j : j0) * kstride, klive[j] = j < nj ? ~0u : 0u;
-        for (int r0 = 0; r0 < m; r0 += 4) {
-            const int mr = m - r0 < 4 ? m - r0 : 4;
-            const uint16_t *qr[4];
-            __mmask32 qlive[4];
-            for (int r = 0; r < 4; r++) qr[r] = q + (int64_t)(r < mr ? r0 + r : r0) * d, qlive[r] = r < mr ? ~0u : 0u;
-            __m512 acc[16];
-#pragma GCC unroll 16
-            for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
-            for (int c = 0; c < d; c += 32) {
-                const __mmask32 mk = fa_mask32(d - c);
-                __m512bh kv[4], qv;
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) kv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mk & klive[j], kr[j] + c);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
-                    qv = (__m512bh)_mm512_maskz_loadu_epi16(mk & qlive[r], qr[r] + c);
-#pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) acc[4 * r + j] = _mm512_dpbf16_ps(acc[4 * r + j], qv, kv[j]);
-                }
-            }
-            float out[16]; /* lane 4 r + j: row r0 + r, key j0 + j */
-            _mm512_storeu_ps(out, sum16(acc));
+                       int lds) {
+    for (int r0 = 0; r0 < m; r0 += 4) {
+        const int mr = m - r0 < 4 ? m - r0 : 4;
+        __m512 S[FA_DECODE_MAX_TILE / 4];
+        const int nb = qk_rows4(q, r0, mr, d, k, kstride, n, S);
+        for (int b = 0; b < nb; b++) {
+            float out[16];
+            _mm512_storeu_ps(out, S[b]);
             for (int r = 0; r < mr; r++)
-                for (int j = 0; j < nj; j++) s[(int64_t)(r0 + r) * lds + j0 + j] = out[4 * r + j];
+                for (int j = 0; j < 4 && 4 * b + j < n; j++) s[(int64_t)(r0 + r) * lds + 4 * b + j] = out[4 * r + j];
         }
     }
 }
 
-/* o[r * ldo + c] += sum_j p[r * ldp + j] * v[j][c] for r < m, c < cols: value j starts at
- * v + j * vstride; p holds values already rounded to bf16 (SPEC section 1), so their bf16
- * bits are exact. Keys go in pairs through vdpbf16ps: rows j and j+1 interleaved by
- * unpacklo/hi_epi16 against the broadcast pair (p_j, p_j+1), which leaves the columns of
- * each 32 in a lane-interleaved order (lo: 0-3, 8-11, 16-19, 24-27; hi: 4-7, 12-15, ...);
- * the accumulators are loaded into that order and stored back out of it. Blocks of 4 rows
- * x 64 columns (16 accumulators). */
-void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
-                       int ldo) {
+/* o[r * ldo + c] = alpha[r] o[r * ldo + c] + sum_j p_r,j v[j][c] for r < mr, c < cols
+ * (alpha NULL: 1): value j starts at v + j * vstride. P holds p as bf16 pairs, word
+ * (j / 4) * 8 + 2 r + (j / 2) % 2 = (p_r,j, p_r,j+1) for even j; missing keys are 0. Keys
+ * go in pairs through vdpbf16ps: rows j and j+1 interleaved by unpacklo/hi_epi16 against
+ * the broadcast pair, which leaves the columns of each 32 in a lane-interleaved order (lo:
+ * 0-3, 8-11, 16-19, 24-27; hi: 4-7, 12-15, ...); the accumulators are loaded into that
+ * order and stored back out of it. Blocks of 64 columns (16 accumulators). Value rows at
+ * or past n are never read. */
+static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
+                     int ldo, const float *alpha) {
     static const uint16_t zero_row[64];
     const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
     const __m512i to_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
     const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     const int np = (n + 1) / 2;
-    for (int r0 = 0; r0 < m; r0 += 4) {
-        const int mr = m - r0 < 4 ? m - r0 : 4;
-        uint32_t pp[4][FA_DECODE_MAX_TILE / 2]; /* (p_j, p_j+1) as bf16 pairs; missing rows and keys: 0 */
-        for (int r = 0; r < 4; r++)
-            for (int jp = 0; jp < np; jp++) {
-                uint32_t lo = 0, hi = 0;
-                if (r < mr) {
-                    const float *pr = p + (int64_t)(r0 + r) * ldp;
-                    memcpy(&lo, &pr[2 * jp], 4);
-                    if (2 * jp + 1 < n) memcpy(&hi, &pr[2 * jp + 1], 4);
-                }
-                pp[r][jp] = (lo >> 16) | (hi & 0xffff0000u);
-            }
-        for (int c0 = 0; c0 < cols; c0 += 64) {
-            __m512 acc[4][4]; /* [row][lo 0-31, hi 0-31, lo 32-63, hi 32-63] */
-            __mmask32 mk[2];
-            for (int h = 0; h < 2; h++) mk[h] = fa_mask32(cols - c0 - 32 * h);
+    for (int c0 = 0; c0 < cols; c0 += 64) {
+        __m512 acc[4][4]; /* [row][lo 0-31, hi 0-31, lo 32-63, hi 32-63]: fully unrolled, in registers */
+        __mmask32 mk[2];
+        for (int h = 0; h < 2; h++) mk[h] = fa_mask32(cols - c0 - 32 * h);
 #pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                const __mmask16 live = r < mr ? 0xffff : 0;
-                const float *orow = o + (int64_t)(r0 + (r < mr ? r : 0)) * ldo + c0;
+        for (int r = 0; r < 4; r++) {
+            const __mmask16 live = r < mr ? 0xffff : 0;
+            const float *orow = o + (int64_t)(r < mr ? r : 0) * ldo + c0;
+            const __m512 scale = _mm512_set1_ps(alpha && r < mr ? alpha[r] : 1.0f);
 #pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    const __m512 a = _mm512_maskz_loadu_ps(live & (__mmask16)mk[h], orow + 32 * h);
-                    const __m512 b = _mm512_maskz_loadu_ps(live & (__mmask16)(mk[h] >> 16), orow + 32 * h + 16);
-                    acc[r][2 * h] = _mm512_permutex2var_ps(a, to_lo, b);
-                    acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, to_hi, b);
-                }
-            }
-            for (int jp = 0; jp < np; jp++) {
-                const uint16_t *va = v + 2 * jp * vstride + c0;
-                const uint16_t *vb = 2 * jp + 1 < n ? va + vstride : zero_row;
-                const __mmask32 bm = 2 * jp + 1 < n ? ~0u : 0u;
-                __m512bh x[4];
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    const __m512i a = _mm512_maskz_loadu_epi16(mk[h], va + 32 * h);
-                    const __m512i b = _mm512_maskz_loadu_epi16(mk[h] & bm, vb + (bm ? 32 * h : 0));
-                    x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(a, b);
-                    x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
-                }
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
-                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pp[r][jp]);
-#pragma GCC unroll 4
-                    for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], w, x[q]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                const __mmask16 live = r < mr ? 0xffff : 0;
-                float *orow = o + (int64_t)(r0 + (r < mr ? r : 0)) * ldo + c0;
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    _mm512_mask_storeu_ps(orow + 32 * h, live & (__mmask16)mk[h],
-                                          _mm512_permutex2var_ps(acc[r][2 * h], back0, acc[r][2 * h + 1]));
-                    _mm512_mask_storeu_ps(orow + 32 * h + 16, live & (__mmask16)(mk[h] >> 16),
-                                          _mm512_permutex2var_ps(acc[r][2 * h], back1, acc[r][2 * h + 1]));
-                }
+            for (int h = 0; h < 2; h++) {
+                const __m512 a = _mm512_maskz_loadu_ps(live & (__mmask16)mk[h], orow + 32 * h);
+                const __m512 b = _mm512_maskz_loadu_ps(live & (__mmask16)(mk[h] >> 16), orow + 32 * h + 16);
+                acc[r][2 * h] = _mm512_mul_ps(scale, _mm512_permutex2var_ps(a, to_lo, b));
+                acc[r][2 * h + 1] = _mm512_mul_ps(scale, _mm512_permutex2var_ps(a, to_hi, b));
             }
         }
+        for (int jp = 0; jp < np; jp++) {
+            const uint16_t *va = v + 2 * jp * vstride + c0;
+            const uint16_t *vb = 2 * jp + 1 < n ? va + vstride : zero_row;
+            const __mmask32 bm = 2 * jp + 1 < n ? ~0u : 0u;
+            const uint32_t *pw = P + (jp / 2) * 8 + (jp & 1);
+            __m512bh x[4];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i a = _mm512_maskz_loadu_epi16(mk[h], va + 32 * h);
+                const __m512i b = _mm512_maskz_loadu_epi16(mk[h] & bm, vb + (bm ? 32 * h : 0));
+                x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+                x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pw[2 * r]);
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], w, x[q]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __mmask16 live = r < mr ? 0xffff : 0;
+            float *orow = o + (int64_t)(r < mr ? r : 0) * ldo + c0;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                _mm512_mask_storeu_ps(orow + 32 * h, live & (__mmask16)mk[h],
+                                      _mm512_permutex2var_ps(acc[r][2 * h], back0, acc[r][2 * h + 1]));
+                _mm512_mask_storeu_ps(orow + 32 * h + 16, live & (__mmask16)(mk[h] >> 16),
+                                      _mm512_permutex2var_ps(acc[r][2 * h], back1, acc[r][2 * h + 1]));
+            }
+        }
+    }
+}
+
+/* p holds values already rounded to bf16 (SPEC section 1), so their bf16 bits are exact. */
+void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
+                       int ldo) {
+    for (int r0 = 0; r0 < m; r0 += 4) {
+        const int mr = m - r0 < 4 ? m - r0 : 4;
+        uint32_t P[FA_DECODE_MAX_TILE * 2]; /* 16 blocks of 4 keys x 8 words */
+        memset(P, 0, sizeof P);
+        for (int r = 0; r < mr; r++) {
+            const float *pr = p + (int64_t)(r0 + r) * ldp;
+            for (int j = 0; j < n; j += 2) {
+                uint32_t lo, hi = 0;
+                memcpy(&lo, &pr[j], 4);
+                if (j + 1 < n) memcpy(&hi, &pr[j + 1], 4);
+                P[(j / 4) * 8 + 2 * r + (j / 2) % 2] = (lo >> 16) | (hi & 0xffff0000u);
+            }
+        }
+        pv_rows4(P, mr, v, vstride, n, cols, o + (int64_t)r0 * ldo, ldo, NULL);
+    }
+}
+
+/* Lanes 4 r + j of x reduced over j (max or sum), in every lane of their group. */
+static inline __m512 group_max(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
+    return _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
+}
+static inline __m512 group_sum(__m512 x) {
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
+    return _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
+}
+
+/* The online-softmax step of dec_row (decode.c) for 4 rows at once: scaled scores, the
+ * row max (a NaN never wins), base = the new max (0 while it is -inf, never -inf + inf),
+ * alpha = exp(old max - base) for the rescale, p = exp(score - base) summed unrounded
+ * and rounded to bf16 into P, keys at or past n giving p = 0. */
+void fa_decode_step_bf16(const fa_decode_step *t) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(t->scale);
+    const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    static const __mmask16 keys_live[4] = {0xffff, 0x1111, 0x3333, 0x7777}; /* by n % 4 */
+    for (int r0 = 0; r0 < t->m; r0 += 4) {
+        const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
+        __m512 S[FA_DECODE_MAX_TILE / 4];
+        const int nb = qk_rows4(t->q, r0, mr, t->d, t->k, t->kstride, t->n, S);
+        __m512 top = neg_inf;
+        for (int b = 0; b < nb; b++) {
+            S[b] = _mm512_mul_ps(S[b], scale);
+            if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
+            top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
+        }
+        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
+        _mm512_storeu_ps(tops, group_max(top));
+        for (int r = 0; r < mr; r++) {
+            const float m_old = t->mx[r0 + r], m_new = m_old > tops[4 * r] ? m_old : tops[4 * r];
+            base[r] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = fa_vexpf(m_old - base[r]);
+            t->mx[r0 + r] = m_new;
+        }
+        const __m512 vbase = _mm512_permutexvar_ps(to_group, _mm512_castps128_ps512(_mm_loadu_ps(base)));
+        __m512 total = _mm512_setzero_ps();
+        uint32_t P[FA_DECODE_MAX_TILE * 2];
+        for (int b = 0; b < nb; b++) {
+            const __m512 e = fa_avx512_exp(_mm512_sub_ps(S[b], vbase));
+            total = _mm512_add_ps(total, e);
+            _mm256_storeu_si256((__m256i *)(P + 8 * b), (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        float sums[16];
+        _mm512_storeu_ps(sums, group_sum(total));
+        for (int r = 0; r < mr; r++) t->sum[r0 + r] = t->sum[r0 + r] * alpha[r] + sums[4 * r];
+        pv_rows4(P, mr, t->v, t->vstride, t->n, t->dv, t->acc + (int64_t)r0 * t->ldacc, t->ldacc, alpha);
     }
 }

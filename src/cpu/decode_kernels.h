@@ -8,17 +8,25 @@
 /* Keys per tile at most (fa_decode_tile). */
 #define FA_DECODE_MAX_TILE 64
 
-/* Byte ranges of K and V rows to prefetch while a tile computes (of equal length). */
+/* One tile of one kv head for the fused kernel: m query rows (d contiguous bf16 each)
+ * against n keys and values (rows kstride / vstride elements apart), and the rows'
+ * online-softmax state (running max, sum, and accumulators of dv floats, ldacc apart). */
 typedef struct {
-    const char *k, *v;
-    int64_t bytes;
-} fa_decode_fetch;
+    const uint16_t *q, *k, *v;
+    int64_t kstride, vstride;
+    int m, d, n, dv, ldacc;
+    float scale;
+    float *mx, *sum, *acc;
+} fa_decode_step;
 
-/* Scores of m query rows against n keys; meanwhile prefetches the ranges ahead (or NULL). */
-void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds,
-                       const fa_decode_fetch *ahead);
+/* Scores of m query rows against n keys. */
+void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);
 /* acc += p V over n value rows. */
 void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
                        int ldo);
+/* A whole online-softmax step of a tile whose scores are the scaled products and nothing
+ * else (every key visible to every row, no softcap, ALiBi or bias): scores, row max,
+ * exp, bf16 rounding of p, sum, rescale and p V, in registers. */
+void fa_decode_step_bf16(const fa_decode_step *t);
 
 #endif

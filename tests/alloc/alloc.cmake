@@ -1,6 +1,6 @@
 # Allocation-failure tests, only in a build with FA_ALLOC_FAILURE_INJECTION (tests/run_all.sh's
 # ASan build): the library (test_alloc_failure; test_alloc_failure_varlen for a packed
-# cu_seqlens plan) and the CLI's run and grad, dense and packed (test_cli_alloc_failure.sh),
+# cu_seqlens plan; test_alloc_failure_decode for a kv-cache decode plan) and the CLI's run and grad, dense and packed (test_cli_alloc_failure.sh),
 # the n-th allocation failing for every n reached.
 if(FA_ALLOC_FAILURE_INJECTION)
   add_executable(test_alloc_failure ${CMAKE_CURRENT_SOURCE_DIR}/tests/alloc/test_alloc_failure.c)
@@ -11,7 +11,12 @@ if(FA_ALLOC_FAILURE_INJECTION)
   target_include_directories(test_alloc_failure_varlen PRIVATE include src tests)
   target_link_libraries(test_alloc_failure_varlen PRIVATE fa_ref flashattn_static m)
   add_test(NAME test_alloc_failure_varlen COMMAND test_alloc_failure_varlen)
+  add_executable(test_alloc_failure_decode ${CMAKE_CURRENT_SOURCE_DIR}/tests/alloc/test_alloc_failure_decode.c)
+  target_include_directories(test_alloc_failure_decode PRIVATE include src tests)
+  target_link_libraries(test_alloc_failure_decode PRIVATE fa_ref flashattn_static m)
+  add_test(NAME test_alloc_failure_decode COMMAND test_alloc_failure_decode)
   add_test(NAME test_cli_alloc_failure
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/alloc/test_cli_alloc_failure.sh ${CMAKE_BINARY_DIR})
-  set_tests_properties(test_alloc_failure test_alloc_failure_varlen test_cli_alloc_failure PROPERTIES TIMEOUT 600)
+  set_tests_properties(test_alloc_failure test_alloc_failure_varlen test_alloc_failure_decode test_cli_alloc_failure
+                       PROPERTIES TIMEOUT 600)
 endif()
