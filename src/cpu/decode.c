@@ -340,10 +340,17 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
         mine += (DEC_ALIGN - (uintptr_t)mine % DEC_ALIGN) % DEC_ALIGN;
         fa_counts cnt = {0, 0};
-        int64_t b = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
-            while (first[b + 1] <= it) b++; /* items ascend within a thread */
+            /* the sequence of item it: first[b] <= it < first[b + 1], searched afresh (a dynamic
+             * schedule is nonmonotonic by default since OpenMP 5.0: LLVM's runtime lets a thread
+             * steal items below the ones it ran, so a cursor that only moves up goes wrong) */
+            int64_t b = 0;
+            for (int64_t lo = 0, hi = B - 1; lo <= hi;) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                if (first[mid] <= it) b = mid, lo = mid + 1;
+                else hi = mid - 1;
+            }
             int64_t lo, hi;
             fa_decode_key_span(pl, b, &lo, &hi);
             const int64_t c = lo / CH + it - first[b];
