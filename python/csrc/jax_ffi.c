@@ -280,10 +280,6 @@ static int can_fold(const call *c) {
     return 1;
 }
 
-static size_t elem_bytes(XLA_FFI_DataType t) {
-    return t == XLA_FFI_DataType_F16 || t == XLA_FFI_DataType_BF16 ? 2 : 4;
-}
-
 /* Tensor r's data for leading index idx (row-major over the full leading dims); a leading
  * dim of 1 broadcasts. */
 static void *slice_ptr(const call *c, int r, int64_t idx) {
@@ -297,18 +293,10 @@ static void *slice_ptr(const call *c, int r, int64_t idx) {
         if (b->dims[j] != 1) offset += m * stride;
         stride *= b->dims[j];
     }
-    return (char *)b->data + (size_t)offset * elem_bytes(b->dtype);
+    return (char *)b->data + (size_t)offset * fj_elem_bytes(b->dtype);
 }
 
 /* ---- running ------------------------------------------------------------------------- */
-
-static XLA_FFI_Error *library_error(const call *c, fa_status s) {
-    XLA_FFI_Error_Code code = XLA_FFI_Error_Code_INTERNAL;
-    if (s == FA_ERR_INVALID || s == FA_ERR_NULL || s == FA_ERR_OVERFLOW) code = XLA_FFI_Error_Code_INVALID_ARGUMENT;
-    if (s == FA_ERR_UNSUPPORTED) code = XLA_FFI_Error_Code_UNIMPLEMENTED;
-    if (s == FA_ERR_NO_MEMORY) code = XLA_FFI_Error_Code_RESOURCE_EXHAUSTED;
-    return fj_error(c->frame->api, code, "flashattn: %s (%s)", fa_last_error(), fa_status_string(s));
-}
 
 /* The CUDA stream and workspace XLA provides (the GPU platform only). */
 typedef struct {
@@ -397,7 +385,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
     opt.backend = backend;
     fa_plan *plan = NULL;
     fa_status s = fa_plan_create(&c.p, &opt, &plan);
-    if (s != FA_OK) return library_error(&c, s);
+    if (s != FA_OK) return fj_library_error(c.frame->api, s);
     device_ctx d;
     memset(&d, 0, sizeof d);
     if (backend == FA_BACKEND_CUDA && (e = device_begin(&c, plan, &d))) {
@@ -405,7 +393,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
         return e;
     }
     for (int64_t i = 0; i < calls && s == FA_OK; i++) s = run_one(&c, plan, &d, i);
-    if (s != FA_OK) e = library_error(&c, s);
+    if (s != FA_OK) e = fj_library_error(c.frame->api, s);
     XLA_FFI_Error *e2 = device_end(&c, &d);
     fa_plan_destroy(plan);
     return e ? e : e2;

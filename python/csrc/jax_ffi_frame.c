@@ -127,3 +127,15 @@ const char *fj_dtype_name(XLA_FFI_DataType t) {
     default: return "another type";
     }
 }
+
+size_t fj_elem_bytes(XLA_FFI_DataType t) {
+    return t == XLA_FFI_DataType_F16 || t == XLA_FFI_DataType_BF16 ? 2 : 4;
+}
+
+XLA_FFI_Error *fj_library_error(const XLA_FFI_Api *api, fa_status s) {
+    XLA_FFI_Error_Code code = XLA_FFI_Error_Code_INTERNAL;
+    if (s == FA_ERR_INVALID || s == FA_ERR_NULL || s == FA_ERR_OVERFLOW) code = XLA_FFI_Error_Code_INVALID_ARGUMENT;
+    if (s == FA_ERR_UNSUPPORTED) code = XLA_FFI_Error_Code_UNIMPLEMENTED;
+    if (s == FA_ERR_NO_MEMORY) code = XLA_FFI_Error_Code_RESOURCE_EXHAUSTED;
+    return fj_error(api, code, "flashattn: %s (%s)", fa_last_error(), fa_status_string(s));
+}

@@ -4,8 +4,10 @@
 #ifndef FA_JAX_FFI_FRAME_H
 #define FA_JAX_FFI_FRAME_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "flashattn.h"
 #include "xla/ffi/api/c_api.h"
 
 /* One argument or result buffer: its data, element type and dims (row-major). */
@@ -36,5 +38,12 @@ XLA_FFI_Error *fj_attr_i64(const XLA_FFI_CallFrame *frame, const char *name, int
 XLA_FFI_Error *fj_attr_f32(const XLA_FFI_CallFrame *frame, const char *name, float *out);
 
 const char *fj_dtype_name(XLA_FFI_DataType t);
+
+/* Bytes per element of the types the handlers take (f16, bf16: 2; f32, s32: 4). */
+size_t fj_elem_bytes(XLA_FFI_DataType t);
+
+/* The library's failure s (and fa_last_error()) as an XLA error of the matching code:
+ * bad arguments INVALID_ARGUMENT, unsupported UNIMPLEMENTED, memory RESOURCE_EXHAUSTED. */
+XLA_FFI_Error *fj_library_error(const XLA_FFI_Api *api, fa_status s);
 
 #endif /* FA_JAX_FFI_FRAME_H */

@@ -100,14 +100,6 @@ static XLA_FFI_Error *set_dtype(icall *c, XLA_FFI_DataType dt) {
     }
 }
 
-static XLA_FFI_Error *library_error(const icall *c, fa_status s) {
-    XLA_FFI_Error_Code code = XLA_FFI_Error_Code_INTERNAL;
-    if (s == FA_ERR_INVALID || s == FA_ERR_NULL || s == FA_ERR_OVERFLOW) code = XLA_FFI_Error_Code_INVALID_ARGUMENT;
-    if (s == FA_ERR_UNSUPPORTED) code = XLA_FFI_Error_Code_UNIMPLEMENTED;
-    if (s == FA_ERR_NO_MEMORY) code = XLA_FFI_Error_Code_RESOURCE_EXHAUSTED;
-    return fj_error(c->frame->api, code, "flashattn: %s (%s)", fa_last_error(), fa_status_string(s));
-}
-
 /* A buffer's data, or for an empty one (XLA may give it no address) a non-NULL address the
  * library will not read: a packed batch with no rows is a valid problem. */
 static void *data(const fj_buffer *b) {
@@ -184,7 +176,7 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     p->cu_seqlens_k = a[cu + 1].data;
     fa_plan *plan = NULL;
     fa_status s = plan_cpu(&c, &plan);
-    if (s != FA_OK) return library_error(&c, s);
+    if (s != FA_OK) return fj_library_error(c.frame->api, s);
     const float *slopes = c.p.has_alibi ? a[cu + 2].data : NULL;
     if (backward) {
         fa_backward_args b;
@@ -200,13 +192,13 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
         s = fa_forward(plan, &f);
     }
     fa_plan_destroy(plan);
-    return s == FA_OK ? NULL : library_error(&c, s);
+    return s == FA_OK ? NULL : fj_library_error(c.frame->api, s);
 }
 
 /* ---- kv-cache decoding ------------------------------------------------------------------ */
 
 static size_t buffer_bytes(const fj_buffer *b) {
-    size_t n = b->dtype == XLA_FFI_DataType_F16 || b->dtype == XLA_FFI_DataType_BF16 ? 2 : 4;
+    size_t n = fj_elem_bytes(b->dtype);
     for (int64_t j = 0; j < b->rank; j++) n *= (size_t)b->dims[j];
     return n;
 }
@@ -272,7 +264,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     }
     fa_plan *plan = NULL;
     fa_status s = plan_cpu(&c, &plan);
-    if (s != FA_OK) return library_error(&c, s);
+    if (s != FA_OK) return fj_library_error(c.frame->api, s);
     /* with new tokens the updated caches are results aliased to the cache arguments
      * (input_output_aliases); where XLA gave separate buffers the caches are copied first,
      * so that the results are the whole updated caches. Without, the caches are only read. */
@@ -291,7 +283,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     f.alibi_slopes = c.p.has_alibi ? a[i_slopes].data : NULL;
     s = fa_forward(plan, &f);
     fa_plan_destroy(plan);
-    return s == FA_OK ? NULL : library_error(&c, s);
+    return s == FA_OK ? NULL : fj_library_error(c.frame->api, s);
 }
 
 /* ---- the handlers jax.ffi.register_ffi_target receives ------------------------------- */
