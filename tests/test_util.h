@@ -33,6 +33,18 @@ static inline int tu_check_cases(void) {
     long n = e && *e ? strtol(e, NULL, 10) : 0;
     return n > 0 ? (n > 100000000 ? 100000000 : (int)n) : 0;
 }
+/* A failed check in a seeded test: counted in the caller's `failures` and printed with the
+ * caller's `seed` (the FA_TEST_SEED that replays it), the place and the message. */
+#define TU_CHECK(cond, ...)                                                                            \
+    do {                                                                                               \
+        if (!(cond)) {                                                                                 \
+            failures++;                                                                                \
+            printf("FAIL (FA_TEST_SEED=%llu) %s:%d: ", (unsigned long long)seed, __FILE__, __LINE__);  \
+            printf(__VA_ARGS__);                                                                       \
+            printf("\n");                                                                              \
+        }                                                                                              \
+    } while (0)
+
 /* uniform in [-1, 1) */
 static inline double tu_uniform(uint64_t *s) {
     return (double)(tu_next(s) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0;

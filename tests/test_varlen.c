@@ -8,15 +8,7 @@
 static int failures;
 static uint64_t seed, rng;
 
-#define CHECK(cond, ...)                                                                                   \
-    do {                                                                                                   \
-        if (!(cond)) {                                                                                     \
-            failures++;                                                                                    \
-            printf("FAIL (FA_TEST_SEED=%llu) %s:%d: ", (unsigned long long)seed, __FILE__, __LINE__);      \
-            printf(__VA_ARGS__);                                                                           \
-            printf("\n");                                                                                  \
-        }                                                                                                  \
-    } while (0)
+#define CHECK TU_CHECK
 
 typedef struct {
     fa_problem p;

@@ -14,15 +14,7 @@
 static int failures;
 static uint64_t seed;
 
-#define CHECK(cond, ...)                                                                              \
-    do {                                                                                              \
-        if (!(cond)) {                                                                                \
-            failures++;                                                                               \
-            printf("FAIL (FA_TEST_SEED=%llu) %s:%d: ", (unsigned long long)seed, __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                                                                      \
-            printf("\n");                                                                             \
-        }                                                                                             \
-    } while (0)
+#define CHECK TU_CHECK
 
 enum { B = 3, HQ = 8, HK = 2, D = 64, CAP = 1100, SQ = 2 };
 

@@ -13,15 +13,7 @@
 static int failures;
 static uint64_t seed;
 
-#define CHECK(cond, ...)                                                                              \
-    do {                                                                                              \
-        if (!(cond)) {                                                                                \
-            failures++;                                                                               \
-            printf("FAIL (FA_TEST_SEED=%llu) %s:%d: ", (unsigned long long)seed, __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                                                                      \
-            printf("\n");                                                                             \
-        }                                                                                             \
-    } while (0)
+#define CHECK TU_CHECK
 
 /* Sequences (Sq_b, Sk_b): (9, 14), (0, 6), (11, 0), (23, 23), (1, 30). */
 static int32_t cu_q[6] = {0, 9, 9, 20, 43, 44}, cu_k[6] = {0, 14, 20, 20, 43, 73};
