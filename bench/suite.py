@@ -219,9 +219,9 @@ def main():
     specs = []  # (case, a function that runs one round of it: (ours, [peer records]))
 
     def case(name, **kw):
-        specs.append(kw_case(name, **kw))
+        specs.append(make_case(name, **kw))
 
-    def kw_case(name, B=1, H=8, S=4096, D=128, dtype="f32", causal=False, backward=False, reps=3,
+    def make_case(name, B=1, H=8, S=4096, D=128, dtype="f32", causal=False, backward=False, reps=3,
                 peers=("openblas", "numpy", "jax", "torch"), cli=False, isa=None, timeout=900):
         c = {"name": name, "batch": B, "heads": H, "seq": S, "head_dim": D, "dtype": dtype,
              "causal": causal, "backward": backward}
