@@ -27,8 +27,11 @@ cmake --build "$tmp/cm" >/dev/null
 "$tmp/cm/consumer_shared"
 "$tmp/cm/consumer_static"
 # each linked what it says: the shared one loads the installed .so, the static one no .so of ours
-ldd "$tmp/cm/consumer_shared" | grep -q "$prefix/lib/libflashattn.so" || { echo "FAIL: consumer_shared does not load $prefix/lib/libflashattn.so"; exit 1; }
-if ldd "$tmp/cm/consumer_static" | grep -q libflashattn; then echo "FAIL: consumer_static loads libflashattn"; exit 1; fi
+# (ldd's output is read whole first: under pipefail, grep -q quitting at its match can
+# leave ldd killed by SIGPIPE, a failed pipeline although the line was there)
+libs_shared=$(ldd "$tmp/cm/consumer_shared") libs_static=$(ldd "$tmp/cm/consumer_static")
+grep -q "$prefix/lib/libflashattn.so" <<<"$libs_shared" || { echo "FAIL: consumer_shared does not load $prefix/lib/libflashattn.so"; exit 1; }
+if grep -q libflashattn <<<"$libs_static"; then echo "FAIL: consumer_static loads libflashattn"; exit 1; fi
 
 echo "== pkg-config flashattn"
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
