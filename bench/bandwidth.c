@@ -1,13 +1,17 @@
 /* The machine's streaming read bandwidth, the yardstick of a decode step (bench/inference.sh):
  * THREADS OpenMP threads sum disjoint slices of an array far larger than the last-level cache
- * with 512-bit (or portable 64-bit) loads. Prints one JSON line: the median of REPS passes.
- *   bandwidth [MiB (default 1024)] [threads (default 2)] [reps (default 9)] */
+ * with 64-bit loads the compiler vectorizes. Prints one JSON line: the median of REPS passes.
+ *   bandwidth [MiB (default 1024)] [threads (default 2)] [reps (default 9)] [huge]
+ * huge: the array on 2 MiB pages (madvise MADV_HUGEPAGE), the yardstick for
+ * `flashattn bench --decode --huge-pages`. */
+#define _DEFAULT_SOURCE /* madvise */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 static double clock_s(clockid_t id) {
     struct timespec ts;
@@ -24,8 +28,15 @@ int main(int argc, char **argv) {
     const size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 1024;
     const int threads = argc > 2 ? atoi(argv[2]) : 2, reps = argc > 3 ? atoi(argv[3]) : 9;
     const size_t n = mib * (1u << 20) / sizeof(uint64_t);
-    uint64_t *a = malloc(n * sizeof *a);
-    if (!a || reps < 1 || reps > 99 || threads < 1) return fprintf(stderr, "bandwidth: bad arguments or no memory\n"), 1;
+    const int want_huge = argc > 4 && !strcmp(argv[4], "huge");
+    uint64_t *a = aligned_alloc((size_t)2 << 20, n * sizeof *a); /* MiB: a whole number of 2 MiB pages when even */
+    if (!a || reps < 1 || reps > 99 || threads < 1 || (argc > 4 && !want_huge))
+        return fprintf(stderr, "bandwidth: bad arguments or no memory\n"), 1;
+    int huge = 0;
+#ifdef MADV_HUGEPAGE
+    if (want_huge) huge = madvise(a, n * sizeof *a, MADV_HUGEPAGE) == 0;
+#endif
+    if (want_huge && !huge) fprintf(stderr, "bandwidth: madvise(MADV_HUGEPAGE) refused; 4 KiB pages\n");
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (size_t i = 0; i < n; i++) a[i] = i; /* first touch by the thread that reads it */
     double t[99], cpu[99]; /* wall and all threads' cpu seconds of each pass */
@@ -45,9 +56,9 @@ int main(int argc, char **argv) {
     /* per cpu-second of each thread: what the threads read while they ran (a shared machine
      * deschedules them; wall time then counts the waits) */
     printf("{\"read_gbytes_per_s\": %.4g, \"read_gbytes_per_cpu_s\": %.4g, \"bytes\": %zu, \"threads\": %d, "
-           "\"reps\": %d, \"checksum\": %llu}\n",
+           "\"reps\": %d, \"huge_pages\": %d, \"checksum\": %llu}\n",
            (double)(n * sizeof *a) / t[reps / 2] * 1e-9, (double)(n * sizeof *a) / (cpu[reps / 2] / threads) * 1e-9,
-           n * sizeof *a, threads, reps, (unsigned long long)(total & 0xffff));
+           n * sizeof *a, threads, reps, huge, (unsigned long long)(total & 0xffff));
     free(a);
     return 0;
 }

@@ -26,29 +26,54 @@ FA="$BUILD/flashattn"
 SHAPE="--batch 1 --heads 32 --kv-heads 8 --head-dim 128 --cache-len 32768 --dtype bf16 --threads $THREADS"
 json() { sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p" | head -1; }
 
-# per round: bandwidth, decode with THREADS threads, bandwidth and decode with 1 thread; wall
-# rates and rates per cpu-second of each thread (what the threads did while they ran: the
-# machine's other jobs deschedule them, and wall time then counts the waits)
-bw=() bwc=() dec=() decc=() bw1=() bw1c=() one=() onec=()
-for r in $(seq "$ROUNDS"); do
-    b=$("$BUILD/bandwidth" 1024 "$THREADS" 5)
-    d=$("$FA" bench --decode $SHAPE --iters 20 --json 2>/dev/null)
-    b1=$("$BUILD/bandwidth" 1024 1 5)
-    o=$("$FA" bench --decode ${SHAPE/--threads $THREADS/--threads 1} --iters 20 --json 2>/dev/null)
-    bw+=("$(echo "$b" | json read_gbytes_per_s)") bwc+=("$(echo "$b" | json read_gbytes_per_cpu_s)")
-    dec+=("$(echo "$d" | json gbytes_per_s)") decc+=("$(echo "$d" | json gbytes_per_cpu_s)")
-    bw1+=("$(echo "$b1" | json read_gbytes_per_s)") bw1c+=("$(echo "$b1" | json read_gbytes_per_cpu_s)")
-    one+=("$(echo "$o" | json gbytes_per_s)") onec+=("$(echo "$o" | json gbytes_per_cpu_s)")
-    echo "bench: round $r: bandwidth ${bw[-1]} GB/s, decode ${dec[-1]} GB/s (1 thread: ${bw1[-1]}, ${one[-1]})" >&2
-done
+# per round, on 4 KiB pages and then on 2 MiB pages (the caches and the read's array alike):
+# bandwidth, decode with THREADS threads, bandwidth and decode with 1 thread; wall rates and
+# rates per cpu-second of each thread (what the threads did while they ran: the machine's
+# other jobs deschedule them, and wall time then counts the waits)
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.2f", (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-BW=$(median "${bw[@]}") BWC=$(median "${bwc[@]}")
-DEC=$(median "${dec[@]}") DECC=$(median "${decc[@]}") ONE=$(median "${one[@]}") ONEC=$(median "${onec[@]}")
-BW1=$(median "${bw1[@]}") BW1C=$(median "${bw1c[@]}")
 ratio() { awk "BEGIN {printf \"%.2f\", $1 / $2}"; }
+ratios() { local -n xs=$1 ys=$2; for i in "${!xs[@]}"; do ratio "${xs[$i]}" "${ys[$i]}"; printf ' '; done; }
+declare -A R # R[page,what]: the rounds' values, space-separated
+for r in $(seq "$ROUNDS"); do
+    for page in 4k 2m; do
+        hb="" hd=""
+        [ $page = 2m ] && hb="huge" hd="--huge-pages"
+        b=$("$BUILD/bandwidth" 1024 "$THREADS" 5 $hb)
+        d=$("$FA" bench --decode $SHAPE --iters 20 --json $hd 2>/dev/null)
+        b1=$("$BUILD/bandwidth" 1024 1 5 $hb)
+        o=$("$FA" bench --decode ${SHAPE/--threads $THREADS/--threads 1} --iters 20 --json $hd 2>/dev/null)
+        R[$page,bw]+=" $(echo "$b" | json read_gbytes_per_s)" R[$page,bwc]+=" $(echo "$b" | json read_gbytes_per_cpu_s)"
+        R[$page,dec]+=" $(echo "$d" | json gbytes_per_s)" R[$page,decc]+=" $(echo "$d" | json gbytes_per_cpu_s)"
+        R[$page,bw1]+=" $(echo "$b1" | json read_gbytes_per_s)" R[$page,bw1c]+=" $(echo "$b1" | json read_gbytes_per_cpu_s)"
+        R[$page,one]+=" $(echo "$o" | json gbytes_per_s)" R[$page,onec]+=" $(echo "$o" | json gbytes_per_cpu_s)"
+        R[$page,huge]+=" $(echo "$d" | json huge_page_bytes)"
+        echo "bench: round $r, $page pages: bandwidth $(echo "$b" | json read_gbytes_per_s) GB/s," \
+             "decode $(echo "$d" | json gbytes_per_s) GB/s (1 thread: $(echo "$b1" | json read_gbytes_per_s)," \
+             "$(echo "$o" | json gbytes_per_s))" >&2
+    done
+done
 torch_line=$("$PYTHON" bench/decode_peer.py --threads "$THREADS" --iters 10 2>/dev/null || echo '{}')
 TORCH=$(echo "$torch_line" | json gbytes_per_s)
 TORCH_V=$(echo "$torch_line" | sed -n 's/.*"torch": "\([^"]*\)".*/\1/p')
+# one page size's rows of the decode table, and its round-by-round line
+decode_rows() {
+    local page=$1 label=$2
+    local -a bw=(${R[$page,bw]}) dec=(${R[$page,dec]}) bw1=(${R[$page,bw1]}) one=(${R[$page,one]})
+    local BW BWC DEC DECC BW1 BW1C ONE ONEC
+    BW=$(median ${R[$page,bw]}) BWC=$(median ${R[$page,bwc]}) DEC=$(median ${R[$page,dec]}) DECC=$(median ${R[$page,decc]})
+    BW1=$(median ${R[$page,bw1]}) BW1C=$(median ${R[$page,bw1c]}) ONE=$(median ${R[$page,one]}) ONEC=$(median ${R[$page,onec]})
+    echo "| streaming read, $label ($THREADS threads) | $BW | 1.00 | $BWC | 1.00 |"
+    echo "| **flashattn decode, $label, $THREADS threads** | $DEC | **$(ratio $DEC $BW)** | $DECC | $(ratio $DECC $BWC) |"
+    echo "| streaming read, $label, 1 thread | $BW1 | 1.00 | $BW1C | 1.00 |"
+    echo "| flashattn decode, $label, 1 thread | $ONE | $(ratio $ONE $BW1) | $ONEC | $(ratio $ONEC $BW1C) |"
+}
+decode_rounds() {
+    local page=$1 label=$2
+    local -a bw=(${R[$page,bw]}) dec=(${R[$page,dec]}) bw1=(${R[$page,bw1]}) one=(${R[$page,one]})
+    echo "- $label: bandwidth ${bw[*]}; decode ${dec[*]}; 1 thread: bandwidth ${bw1[*]}; decode ${one[*]}."
+    echo "  Decode / read, round by round: $(ratios dec bw)($THREADS threads); $(ratios one bw1)(1 thread)."
+    echo "  Median $THREADS-thread read / ($THREADS x the one-thread read): $(ratio "$(median ${R[$page,bw]})" "$(awk "BEGIN {print $THREADS * $(median ${R[$page,bw1]})}")")."
+}
 vl=$("$FA" bench --varlen 128,256,512,1024,1536,2048,3072,4096 --heads 8 --head-dim 64 --causal \
       --threads "$THREADS" --iters 3 --json 2>/dev/null | tail -1)
 vk=$(echo "$vl" | sed -n 's/.*"varlen": {\([^}]*\)}.*/\1/p')
@@ -68,14 +93,21 @@ flops 4 x 32 x 32768 x 128 = 537 MFLOP per step, the cost is bytes):
 
 | what | GB/s (wall) | vs streaming read | GB/s per thread cpu-second | vs streaming read |
 | --- | --- | --- | --- | --- |
-| streaming read (bench/bandwidth, 1 GiB, $THREADS threads) | $BW | 1.00 | $BWC | 1.00 |
-| flashattn decode, $THREADS threads (bytes of cache read per second) | $DEC | $(ratio $DEC $BW) | $DECC | $(ratio $DECC $BWC) |
-| streaming read, 1 thread | $BW1 | 1.00 | $BW1C | 1.00 |
-| flashattn decode, 1 thread (vs the 1-thread read) | $ONE | $(ratio $ONE $BW1) | $ONEC | $(ratio $ONEC $BW1C) |
-| PyTorch $TORCH_V SDPA enable_gqa, $THREADS threads | $(printf '%.3f' "${TORCH:-0}") | $( [ -n "$TORCH" ] && ratio $TORCH $BW || echo n/a) | | |
+$(decode_rows 4k "4 KiB pages")
+$(decode_rows 2m "2 MiB pages")
+| PyTorch $TORCH_V SDPA enable_gqa, $THREADS threads (its tensors, 4 KiB pages) | $(printf '%.3f' "${TORCH:-0}") | $( [ -n "$TORCH" ] && ratio $TORCH "$(median ${R[4k,bw]})" || echo n/a) | | |
 
-flashattn / PyTorch ($THREADS threads, wall): $( [ -n "$TORCH" ] && awk "BEGIN {printf \"%.1fx\", $DEC / $TORCH}" || echo n/a).
-Rounds (wall GB/s): bandwidth ${bw[*]}; decode ${dec[*]}; bandwidth 1 thread ${bw1[*]}; decode 1 thread ${one[*]}.
+The streaming read (bench/bandwidth) sums a 1 GiB array; "2 MiB pages": the caches and that
+array are allocated with madvise(MADV_HUGEPAGE) (\`flashattn bench --decode --huge-pages\`,
+\`bandwidth ... huge\`), confirmed from /proc/self/smaps_rollup: $(median ${R[2m,huge]} | awk '{printf "%.0f", $1 / 1048576}') MiB of the decode process on
+huge pages (median). flashattn / PyTorch ($THREADS threads, wall): $( [ -n "$TORCH" ] && awk "BEGIN {printf \"%.1fx\", $(median ${R[4k,dec]}) / $TORCH}" || echo n/a) on 4 KiB pages.
+Rounds (wall GB/s):
+$(decode_rounds 4k "4 KiB pages")
+$(decode_rounds 2m "2 MiB pages")
+That last figure near 1 means each thread has its own memory link (a virtual machine's cores
+on two chiplets), near 1/$THREADS that they share one. A VM's placement can change between rounds;
+where the threads have their own links, the target (80% of the same run's read) asks each
+thread for 80% of a whole link, which the 1-thread rows measure: compare the rounds.
 
 Varlen prefill (8 sequences of 128, 256, 512, 1024, 1536, 2048, 3072, 4096 tokens, Hq=Hk=8, D=64,
 f32, causal; both runs do the same useful flops):

@@ -213,6 +213,13 @@ fa bench --decode --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300
 if [ $rc -eq 0 ] && grep -q '"decode": {"seconds"' "$W/so"; then ok "bench --decode --json"; else no "bench --decode" "exit $rc: $(cat "$W/se")"; fi
 fa bench --decode --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300 --page-size 32 --iters 2
 if [ $rc -eq 0 ] && grep -q 'GB/s of cache read' "$W/so"; then ok "bench --decode --page-size"; else no "bench --decode paged" "exit $rc: $(cat "$W/se")"; fi
+# --huge-pages: the caches on 2 MiB pages where Linux grants them (the JSON says how many bytes
+# of the process are; 0 or more, -1 where /proc cannot tell), refused for anything but --decode
+fa bench --decode --batch 1 --heads 8 --kv-heads 2 --head-dim 64 --cache-len 4096 --dtype bf16 --iters 2 --json --huge-pages
+if [ $rc -eq 0 ] && grep -q '"huge_page_bytes": -\{0,1\}[0-9]' "$W/so"; then ok "bench --decode --huge-pages"
+else no "bench --decode --huge-pages" "exit $rc: $(cat "$W/so" "$W/se")"; fi
+expect_bad "bench --huge-pages without --decode" "--huge-pages" bench --varlen 16,70 --heads 2 --head-dim 16 --huge-pages
+expect_bad "bench --huge-pages on a training bench" "--huge-pages" bench --batch 1 --heads 2 --seq 64 --head-dim 16 --huge-pages
 fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json
 if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio"' "$W/so"; then ok "bench --varlen --json"; else no "bench --varlen" "exit $rc: $(cat "$W/se")"; fi
 expect_bad "bench --varlen: bad list" "--varlen" bench --varlen 16,x --heads 2 --head-dim 16

@@ -300,8 +300,9 @@ int main(void) {
         free_case(&c);
     }
     /* the fused bf16 tile kernels: D = 128 with GQA 4:1 (the benchmark's shape, smaller),
-     * and D = 80 (a partial 32-dim slice) with 6 rows per kv head (a partial block of 4),
-     * lengths that leave partial blocks of 4 keys and odd pairs */
+     * and D = 72 (a last half 16-dim slice in the scores, a last 8-column block in p V)
+     * with 6 rows per kv head (a partial block of 4), lengths that leave partial blocks of
+     * 4 keys and odd pairs */
     static const int32_t lens_c[] = {1001, 77};
     fixed_lens = lens_c;
     for (int paged = 0; paged <= 1; paged++) {
@@ -310,9 +311,9 @@ int main(void) {
         run_case(paged ? "fixed: D=128, GQA 4:1, lengths 1001, 77, paged, bf16"
                        : "fixed: D=128, GQA 4:1, lengths 1001, 77, bf16", &c);
         free_case(&c);
-        make_case(&c, 2, 6, 1, 80, 1, FA_BF16, paged, 1, 0);
-        run_case(paged ? "fixed: D=80, 6 rows per kv head, 1 new, paged, bf16"
-                       : "fixed: D=80, 6 rows per kv head, 1 new, bf16", &c);
+        make_case(&c, 2, 6, 1, 72, 1, FA_BF16, paged, 1, 0);
+        run_case(paged ? "fixed: D=72, 6 rows per kv head, 1 new, paged, bf16"
+                       : "fixed: D=72, 6 rows per kv head, 1 new, bf16", &c);
         free_case(&c);
     }
     fixed_lens = lens_b;

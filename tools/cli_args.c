@@ -20,7 +20,7 @@ typedef enum {
     F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_BIAS_SCALE, F_DIAG_OFFSET, F_TOP_LEFT, F_DBIAS,
     F_SEQ_PARALLEL, F_ZIGZAG,
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
-    F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_COUNT_OF_FLAGS
+    F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_COUNT_OF_FLAGS
 } flag_id;
 
 static const struct {
@@ -58,7 +58,7 @@ static const struct {
     [F_UPDATE_CACHE] = {"--update-cache", 0, CMD_RUN},
     [F_PAGE_SIZE] = {"--page-size", 1, CMD_PLAN | CMD_BENCH}, [F_NUM_PAGES] = {"--num-pages", 1, CMD_PLAN},
     [F_DECODE] = {"--decode", 0, CMD_BENCH},  [F_CACHE_LEN] = {"--cache-len", 1, CMD_BENCH},
-    [F_VARLEN] = {"--varlen", 1, CMD_BENCH},
+    [F_VARLEN] = {"--varlen", 1, CMD_BENCH},  [F_HUGE_PAGES] = {"--huge-pages", 0, CMD_BENCH},
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -252,6 +252,7 @@ static int apply(cli_args *a, flag_id id, char **v) {
     case F_DECODE: a->decode = 1; return 0;
     case F_CACHE_LEN: return parse_i64(f, v[0], 0, &a->cache_len);
     case F_VARLEN: return set_file(&a->varlen_lens, f, v[0]);
+    case F_HUGE_PAGES: a->huge_pages = 1; return 0;
     case F_COUNT_OF_FLAGS: break;
     }
     return cli_fail(1, "internal error: flag %d", (int)id);

@@ -78,6 +78,7 @@ static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median
 
 int cli_bench(const cli_args *a) {
     if (a->decode || a->varlen_lens) return cli_bench_inference(a); /* cli_bench_inference.c */
+    if (a->huge_pages) return cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
     fa_problem p;
     fa_options opt;
     cli_extras x = {0};

@@ -6,9 +6,11 @@
  * byte is read once per call. Before a tile computes, its rows are read whole in address
  * order (dec_touch): a head's slice of a row is 1 / Hk of it, and reading the cache head
  * by head runs at a fraction of the memory's speed (the hardware prefetchers stream
- * ascending addresses only; software prefetches of the next tile, bounded by the core's
- * outstanding misses, measured slower than this touch), while the touched tile then stays
- * in L2 for the heads' passes. The tile math is the ISA table's pack and product kernels,
+ * ascending addresses only), while the touched tile then stays in L2 for the heads'
+ * passes. A core does not fetch while it computes, so the bf16 kernels also prefetch part
+ * of the next tile, a few lines per block of keys (a burst of prefetches, bounded by the
+ * core's outstanding misses, measured slower than the touch), and its touch finds those
+ * lines in cache. The tile math is the ISA table's pack and product kernels,
  * or for bf16 caches with AVX512_BF16 kernels that read the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
  * the tile; an online softmax leaves a partial (acc, max, sum) per (item, kv head, row) in
@@ -27,6 +29,9 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <x86intrin.h>
+static unsigned long long TT[8], TC[8];
 
 #define DEC_ALIGN 64
 
@@ -184,9 +189,22 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
         const int64_t j0 = t * T;
         const int n = (int)(sk - j0 < T ? sk - j0 : T);
-        if (touch) dec_touch(cx, b, j0, j0 + n);
+        unsigned long long t0_ = __rdtsc();
+        static int nt = -1; if (nt < 0) nt = getenv("FA_NOTOUCH") != NULL;
+        if (touch && !nt) dec_touch(cx, b, j0, j0 + n);
+        unsigned long long t1_ = __rdtsc(); TT[omp_get_thread_num()] += t1_ - t0_;
         int plain = cx->direct; /* every row's scores are the scaled products, every key visible */
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
+        /* the next tile's rows, prefetched while this one computes (its touch then finds most of
+         * them in cache): the arithmetic and the memory overlap */
+        fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0}, *pfp = NULL;
+        if (touch && cx->rows_whole && j0 + T < sk) { /* rows_whole: K and V rows alike, tiles within pages */
+            const int64_t nn = sk - j0 - T < T ? sk - j0 - T : T;
+            pf.len = pf.len2 = nn * p->k_stride.s[2] * (int64_t)cx->esz;
+            pf.base = dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, j0 + T).base;
+            pf.base2 = dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, j0 + T).base;
+            pfp = &pf;
+        }
         for (int64_t hk = 0; hk < Hk; hk++) {
             float *acc = part + hk * part_floats, *mx = acc + M * Dv, *sum = mx + M;
             const char *qh = qs + hk * M * D * (int64_t)cx->esz;
@@ -194,7 +212,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
             const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
             if (plain) { /* the whole online-softmax step in the vector kernel */
                 const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
-                                             (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc};
+                                             (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc, pfp};
                 fa_decode_step_bf16(&step);
             } else { /* scores, then the softmax row by row, then p V */
                 if (cx->direct) {
@@ -216,6 +234,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
                 else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             }
             cnt->flops += 2 * M * n * (D + Dv);
+            if (hk == Hk - 1) TC[omp_get_thread_num()] += __rdtsc() - t1_;
             cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
         }
     }
@@ -237,6 +256,8 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     float *o = chunks ? (float *)head + item0 * stride + r * Dv : NULL;
     for (int64_t c = 0; c < chunks; c++) {
         const float *part = head + (item0 + c) * stride;
+        if (c + 4 < chunks) /* partials lie a whole item apart, past the hardware prefetchers' reach */
+            for (int64_t x = 0; x < Dv; x += 16) __builtin_prefetch(part + 4 * stride + r * Dv + x, 0, 3);
         const float w = fa_vexpf(part[M * Dv + r] - base);
         l += part[M * Dv + M + r] * w;
         if (c == 0)
@@ -366,6 +387,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         trans += cnt.transcendentals;
     }
     fa_free(owned);
+    if (getenv("FA_DEC_TRACE")) { fprintf(stderr, "touch %.0f %.0f us compute %.0f %.0f us\n", TT[0]/2600., TT[1]/2600., TC[0]/2600., TC[1]/2600.); memset(TT,0,sizeof TT); memset(TC,0,sizeof TC);}
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;

@@ -5,12 +5,18 @@
  *
  * The unit of work is a block of 4 query rows x 4 keys: its 16 scores come out as one
  * vector (lane 4 r + j: row r, key j), so the softmax of a tile (fa_decode_step_bf16) runs
- * on at most 16 such vectors, with no row-major score matrix and no scalar pass, and p,
+ * on at most 32 such vectors, with no row-major score matrix and no scalar pass, and p,
  * rounded to bf16 by vcvtneps2bf16, is already laid out as the (p_j, p_j+1) pairs that the
- * p V product broadcasts. The score block's accumulators are named values, not an array:
- * GCC kept an array of them in memory, storing all 16 after every 32-dim slice, and those
- * stores bounded the kernel (3.5x slower). Per key and kv head (4 query rows, D = 128) the
- * step issues 32 vdpbf16ps, 16 for the scores and 16 for p V, and runs near that bound. */
+ * p V product broadcasts. Accumulators are named values or fully unrolled arrays: GCC kept
+ * a rolled array of them in memory, and those stores bounded the kernel (3.5x slower).
+ * Per key and kv head (4 query rows, D = 128) the step issues 32 vdpbf16ps, 16 for the
+ * scores and 16 for p V; measured on Zen 4 (128-key tiles, data in L2) it takes about
+ * 44 cycles: scores 20, p V 18, the softmax and the call's fixed work the rest.
+ *
+ * A decode step is bound by memory, and a core does not fetch while it computes, so the
+ * step also issues the caller's prefetches of the next tile (fa_decode_prefetch), a few per
+ * block of keys: spread through the arithmetic they overlap it; issued in a burst, most
+ * would be dropped (a core holds a few dozen misses at once). */
 #include "decode_kernels.h"
 
 #include "isa_avx512.h"
@@ -19,75 +25,95 @@
 #include <immintrin.h>
 #include <string.h>
 
-/* The sums of 16 vectors, one per lane, in order: pairwise unpacks add within 128-bit
- * lanes, then two rounds of 128-bit lane shuffles add across them (15 adds, not 16
- * horizontal reductions). */
+/* Query rows in pairs of 16-dim slices (head_dim is a multiple of 8, at most 256; a last
+ * half slice is zero-padded): Q[2 c + h] holds rows 2h and 2h + 1, 128-bit lane g the
+ * 8 dims 16 c + 8 (g % 2) .. of row 2h + g / 2, as bf16 pairs. A key row's 16-dim slice
+ * broadcast to both 256-bit halves serves both row pairs: two vdpbf16ps per broadcast
+ * (a shuffle on Zen 4), which keeps them at one a cycle, and a score needs 4 partial sums
+ * reduced, not 16. Measured per key (4 rows, D = 128): 20 cycles; a 128-bit broadcast per
+ * vdpbf16ps 23.5; whole-row dot products reduced 16 lanes at a time 25.5. */
+#define QK_MAX_SLICES 16
+static inline __m256i slice16(const uint16_t *x, int c, int d) {
+    return _mm256_maskz_loadu_epi16(d - 16 * c >= 16 ? 0xffff : 0xff, x + 16 * c);
+}
+static void q_slices(const uint16_t *q0, const uint16_t *q1, const uint16_t *q2, const uint16_t *q3, int d,
+                     __m512i *Q) {
+    for (int c = 0; 16 * c < d; c++) {
+        Q[2 * c] = _mm512_inserti64x4(_mm512_castsi256_si512(slice16(q0, c, d)), slice16(q1, c, d), 1);
+        Q[2 * c + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(slice16(q2, c, d)), slice16(q3, c, d), 1);
+    }
+}
+
+/* Lane 4 g + j: the sum of lanes 4 g .. 4 g + 3 of a_j, within each 128-bit lane. */
 static inline __m512 pair_sum(__m512 a, __m512 b) { /* per lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
     return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
 }
-static inline __m512 quad_sum(__m512 u, __m512 w) { /* per lane: the lane sums of four vectors */
-    const __m512d x = _mm512_castps_pd(u), y = _mm512_castps_pd(w);
+static inline __m512 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m512d x = _mm512_castps_pd(pair_sum(a0, a1)), y = _mm512_castps_pd(pair_sum(a2, a3));
     return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
 }
-static inline __m512 sum16(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6, __m512 a7,
-                           __m512 a8, __m512 a9, __m512 a10, __m512 a11, __m512 a12, __m512 a13, __m512 a14,
-                           __m512 a15) {
-    const __m512 v0 = quad_sum(pair_sum(a0, a1), pair_sum(a2, a3)), v1 = quad_sum(pair_sum(a4, a5), pair_sum(a6, a7));
-    const __m512 v2 = quad_sum(pair_sum(a8, a9), pair_sum(a10, a11));
-    const __m512 v3 = quad_sum(pair_sum(a12, a13), pair_sum(a14, a15));
-    const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xdd));
-    const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, 0x88), _mm512_shuffle_f32x4(v2, v3, 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xdd));
+
+#define KEY_SLICE(k) (__m512bh) _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((k) + 16 * c)))
+#define KEY_HALF(k) (__m512bh) _mm512_broadcast_i64x4(_mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)((k) + 16 * c))))
+/* Scores of the four rows against 4 keys (k + j * kstride; j >= nj repeat key 0, their
+ * lanes ignored): lane 4 r + j. Eight accumulators cover the vdpbf16ps latency; a_j holds
+ * rows 0-1 of key j, b_j rows 2-3, each row over two 128-bit lanes (even and odd 8-dim
+ * halves of the slices), added at the end. */
+static inline __m512 qk_keys4(const __m512i *Q, int d, const uint16_t *k, int64_t kstride, int nj) {
+    const uint16_t *k0 = k, *k1 = nj > 1 ? k + kstride : k, *k2 = nj > 2 ? k + 2 * kstride : k;
+    const uint16_t *k3 = nj > 3 ? k + 3 * kstride : k;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+#define QK_STEP(LOAD)                                                                                                  \
+    do {                                                                                                               \
+        const __m512bh ya = (__m512bh)Q[2 * c], yb = (__m512bh)Q[2 * c + 1];                                           \
+        __m512bh x = LOAD(k0);                                                                                         \
+        a0 = _mm512_dpbf16_ps(a0, ya, x), b0 = _mm512_dpbf16_ps(b0, yb, x);                                            \
+        x = LOAD(k1);                                                                                                  \
+        a1 = _mm512_dpbf16_ps(a1, ya, x), b1 = _mm512_dpbf16_ps(b1, yb, x);                                            \
+        x = LOAD(k2);                                                                                                  \
+        a2 = _mm512_dpbf16_ps(a2, ya, x), b2 = _mm512_dpbf16_ps(b2, yb, x);                                            \
+        x = LOAD(k3);                                                                                                  \
+        a3 = _mm512_dpbf16_ps(a3, ya, x), b3 = _mm512_dpbf16_ps(b3, yb, x);                                            \
+    } while (0)
+    int c = 0;
+    for (; 16 * c + 16 <= d; c++) QK_STEP(KEY_SLICE);
+    if (16 * c < d) QK_STEP(KEY_HALF); /* 8 dims left: the upper ones zero in Q */
+    /* lane 4 g + j of A: rows 0-1 (g / 2), dims half g % 2; of B: rows 2-3 */
+    const __m512 A = sum4(a0, a1, a2, a3), B = sum4(b0, b1, b2, b3);
+    return _mm512_add_ps(_mm512_shuffle_f32x4(A, B, 0x88), _mm512_shuffle_f32x4(A, B, 0xdd));
 }
 
-/* One 32-dim slice of the 4 x 4 block: each key slice is loaded once for the 4 rows. */
-#define QK_SLICE(LOAD)                                                                                                 \
-    do {                                                                                                               \
-        const __m512bh x0 = (__m512bh)LOAD(k0 + c), x1 = (__m512bh)LOAD(k1 + c);                                       \
-        const __m512bh x2 = (__m512bh)LOAD(k2 + c), x3 = (__m512bh)LOAD(k3 + c);                                       \
-        __m512bh y = (__m512bh)LOAD(q0 + c);                                                                           \
-        a0 = _mm512_dpbf16_ps(a0, y, x0), a1 = _mm512_dpbf16_ps(a1, y, x1);                                            \
-        a2 = _mm512_dpbf16_ps(a2, y, x2), a3 = _mm512_dpbf16_ps(a3, y, x3);                                            \
-        y = (__m512bh)LOAD(q1 + c);                                                                                    \
-        a4 = _mm512_dpbf16_ps(a4, y, x0), a5 = _mm512_dpbf16_ps(a5, y, x1);                                            \
-        a6 = _mm512_dpbf16_ps(a6, y, x2), a7 = _mm512_dpbf16_ps(a7, y, x3);                                            \
-        y = (__m512bh)LOAD(q2 + c);                                                                                    \
-        a8 = _mm512_dpbf16_ps(a8, y, x0), a9 = _mm512_dpbf16_ps(a9, y, x1);                                            \
-        a10 = _mm512_dpbf16_ps(a10, y, x2), a11 = _mm512_dpbf16_ps(a11, y, x3);                                        \
-        y = (__m512bh)LOAD(q3 + c);                                                                                    \
-        a12 = _mm512_dpbf16_ps(a12, y, x0), a13 = _mm512_dpbf16_ps(a13, y, x1);                                        \
-        a14 = _mm512_dpbf16_ps(a14, y, x2), a15 = _mm512_dpbf16_ps(a15, y, x3);                                        \
-    } while (0)
-#define QK_FULL(p) _mm512_loadu_si512(p)
-#define QK_TAIL(p) _mm512_maskz_loadu_epi16(mk, p)
-
-/* Scores of rows q0..q3 against keys k0..k3 (d contiguous bf16 each): lane 4 r + j holds
- * q_r . k_j. Missing rows or keys are passed as copies of present ones by the callers, and
- * their lanes ignored. */
-static inline __m512 qk_block(const uint16_t *q0, const uint16_t *q1, const uint16_t *q2, const uint16_t *q3,
-                              const uint16_t *k0, const uint16_t *k1, const uint16_t *k2, const uint16_t *k3, int d) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    __m512 a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
-    int c = 0;
-    for (; c + 32 <= d; c += 32) QK_SLICE(QK_FULL);
-    if (c < d) {
-        const __mmask32 mk = fa_mask32(d - c);
-        QK_SLICE(QK_TAIL);
+/* Prefetches per block of 4 keys in the scores, and per key pair and 64 columns in p V:
+ * with D = 128 about one line per 10 cycles, some 2300 of a 64-key tile's 4096 lines (Hk =
+ * 8) while its 8 heads compute. Measured on Zen 4 (2 threads, bench/inference.sh shape):
+ * 4 and 2 read the cache 10-16% faster than none (128-key tiles); at 64-key tiles 6 and 3
+ * 2% faster again, over 8 and 4 too; 2 and 1 gained less. Too many are dropped, or crowd
+ * the misses of the tile being computed. */
+#define PF_QK 4
+#define PF_PV 2
+static inline void prefetch_some(fa_decode_prefetch *pf, int lines) {
+    if (!pf) return;
+    for (int i = 0; i < lines; i++, pf->off += 64) {
+        if (pf->off >= pf->len) {
+            if (!pf->base2) return;
+            pf->base = pf->base2, pf->len = pf->len2, pf->off = 0, pf->base2 = NULL;
+        }
+        _mm_prefetch(pf->base + pf->off, _MM_HINT_T2);
     }
-    return sum16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15);
 }
 
 /* Scores of rows r0..r0+3 (mr of them present) against the key blocks of a tile: S[b]
  * lane 4 r + j = q_{r0+r} . k_{4b+j}. */
-static int qk_rows4(const uint16_t *q, int r0, int mr, int d, const uint16_t *k, int64_t kstride, int n, __m512 *S) {
+static int qk_rows4(const uint16_t *q, int r0, int mr, int d, const uint16_t *k, int64_t kstride, int n, __m512 *S,
+                    fa_decode_prefetch *pf) {
     const uint16_t *q0 = q + (int64_t)r0 * d, *q1 = mr > 1 ? q0 + d : q0, *q2 = mr > 2 ? q0 + 2 * d : q0;
     const uint16_t *q3 = mr > 3 ? q0 + 3 * d : q0;
+    __m512i Q[2 * QK_MAX_SLICES];
+    q_slices(q0, q1, q2, q3, d, Q);
     const int nb = (n + 3) / 4;
     for (int b = 0; b < nb; b++) {
-        const int j = 4 * b, nj = n - j < 4 ? n - j : 4;
-        const uint16_t *k0 = k + j * kstride, *k1 = nj > 1 ? k0 + kstride : k0, *k2 = nj > 2 ? k0 + 2 * kstride : k0;
-        const uint16_t *k3 = nj > 3 ? k0 + 3 * kstride : k0;
-        S[b] = qk_block(q0, q1, q2, q3, k0, k1, k2, k3, d);
+        S[b] = qk_keys4(Q, d, k + 4 * b * kstride, kstride, n - 4 * b < 4 ? n - 4 * b : 4);
+        prefetch_some(pf, PF_QK);
     }
     return nb;
 }
@@ -99,7 +125,7 @@ void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64
     for (int r0 = 0; r0 < m; r0 += 4) {
         const int mr = m - r0 < 4 ? m - r0 : 4;
         __m512 S[FA_DECODE_MAX_TILE / 4];
-        const int nb = qk_rows4(q, r0, mr, d, k, kstride, n, S);
+        const int nb = qk_rows4(q, r0, mr, d, k, kstride, n, S, NULL);
         for (int b = 0; b < nb; b++) {
             float out[16];
             _mm512_storeu_ps(out, S[b]);
@@ -118,7 +144,7 @@ void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64
  * order and stored back out of it. Blocks of 64 columns (16 accumulators). Value rows at
  * or past n are never read. */
 static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
-                     int ldo, const float *alpha) {
+                     int ldo, const float *alpha, fa_decode_prefetch *pf) {
     static const uint16_t zero_row[64];
     const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
     const __m512i to_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
@@ -142,7 +168,27 @@ static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstri
                 acc[r][2 * h + 1] = _mm512_mul_ps(scale, _mm512_permutex2var_ps(a, to_hi, b));
             }
         }
-        for (int jp = 0; jp < np; jp++) {
+        int jp = 0;
+        if (cols - c0 >= 64) /* whole pairs of whole 64-column blocks: plain loads, no masks to move */
+            for (; 2 * jp + 1 < n; jp++) {
+                const uint16_t *va = v + 2 * jp * vstride + c0, *vb = va + vstride;
+                const uint32_t *pw = P + (jp / 2) * 8 + (jp & 1);
+                __m512bh x[4];
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m512i a = _mm512_loadu_si512(va + 32 * h), b = _mm512_loadu_si512(vb + 32 * h);
+                    x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+                    x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pw[2 * r]);
+#pragma GCC unroll 4
+                    for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], w, x[q]);
+                }
+                prefetch_some(pf, PF_PV);
+            }
+        for (; jp < np; jp++) { /* the rest: a last lone key, or a last block under 64 columns */
             const uint16_t *va = v + 2 * jp * vstride + c0;
             const uint16_t *vb = 2 * jp + 1 < n ? va + vstride : zero_row;
             const __mmask32 bm = 2 * jp + 1 < n ? ~0u : 0u;
@@ -182,7 +228,7 @@ void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_
                        int ldo) {
     for (int r0 = 0; r0 < m; r0 += 4) {
         const int mr = m - r0 < 4 ? m - r0 : 4;
-        uint32_t P[FA_DECODE_MAX_TILE * 2]; /* 16 blocks of 4 keys x 8 words */
+        uint32_t P[FA_DECODE_MAX_TILE * 2]; /* blocks of 4 keys x 8 words */
         memset(P, 0, sizeof P);
         for (int r = 0; r < mr; r++) {
             const float *pr = p + (int64_t)(r0 + r) * ldp;
@@ -193,7 +239,7 @@ void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_
                 P[(j / 4) * 8 + 2 * r + (j / 2) % 2] = (lo >> 16) | (hi & 0xffff0000u);
             }
         }
-        pv_rows4(P, mr, v, vstride, n, cols, o + (int64_t)r0 * ldo, ldo, NULL);
+        pv_rows4(P, mr, v, vstride, n, cols, o + (int64_t)r0 * ldo, ldo, NULL, NULL);
     }
 }
 
@@ -218,7 +264,7 @@ void fa_decode_step_bf16(const fa_decode_step *t) {
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         __m512 S[FA_DECODE_MAX_TILE / 4];
-        const int nb = qk_rows4(t->q, r0, mr, t->d, t->k, t->kstride, t->n, S);
+        const int nb = qk_rows4(t->q, r0, mr, t->d, t->k, t->kstride, t->n, S, t->pf);
         __m512 top = neg_inf;
         for (int b = 0; b < nb; b++) {
             S[b] = _mm512_mul_ps(S[b], scale);
@@ -237,13 +283,13 @@ void fa_decode_step_bf16(const fa_decode_step *t) {
         __m512 total = _mm512_setzero_ps();
         uint32_t P[FA_DECODE_MAX_TILE * 2];
         for (int b = 0; b < nb; b++) {
-            const __m512 e = fa_avx512_exp(_mm512_sub_ps(S[b], vbase));
+            const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase)); /* <= 0 or NaN */
             total = _mm512_add_ps(total, e);
             _mm256_storeu_si256((__m256i *)(P + 8 * b), (__m256i)_mm512_cvtneps_pbh(e));
         }
         float sums[16];
         _mm512_storeu_ps(sums, group_sum(total));
         for (int r = 0; r < mr; r++) t->sum[r0 + r] = t->sum[r0 + r] * alpha[r] + sums[4 * r];
-        pv_rows4(P, mr, t->v, t->vstride, t->n, t->dv, t->acc + (int64_t)r0 * t->ldacc, t->ldacc, alpha);
+        pv_rows4(P, mr, t->v, t->vstride, t->n, t->dv, t->acc + (int64_t)r0 * t->ldacc, t->ldacc, alpha, t->pf);
     }
 }

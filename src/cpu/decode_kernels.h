@@ -6,17 +6,26 @@
 #include <stdint.h>
 
 /* Keys per tile at most (fa_decode_tile). */
-#define FA_DECODE_MAX_TILE 64
+#define FA_DECODE_MAX_TILE 128
 
 /* One tile of one kv head for the fused kernel: m query rows (d contiguous bf16 each)
  * against n keys and values (rows kstride / vstride elements apart), and the rows'
  * online-softmax state (running max, sum, and accumulators of dv floats, ldacc apart). */
+/* Lines to prefetch while a step computes (the next tile's rows): bytes [off, len) of base,
+ * then [0, len2) of base2. The step issues a few per block of keys, so that they overlap
+ * its arithmetic, and moves off on. */
+typedef struct {
+    const char *base, *base2;
+    int64_t off, len, len2;
+} fa_decode_prefetch;
+
 typedef struct {
     const uint16_t *q, *k, *v;
     int64_t kstride, vstride;
     int m, d, n, dv, ldacc;
     float scale;
     float *mx, *sum, *acc;
+    fa_decode_prefetch *pf; /* or NULL */
 } fa_decode_step;
 
 /* Scores of m query rows against n keys. */
