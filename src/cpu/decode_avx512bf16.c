@@ -84,11 +84,11 @@ static inline __m512 qk_keys4(const __m512i *Q, int d, const uint16_t *k, int64_
 }
 
 /* Prefetches per block of 4 keys in the scores, and per key pair and 64 columns in p V:
- * with D = 128 about one line per 10 cycles, some 2300 of a 64-key tile's 4096 lines (Hk =
- * 8) while its 8 heads compute. Measured on Zen 4 (2 threads, bench/inference.sh shape):
- * 4 and 2 read the cache 10-16% faster than none (128-key tiles); at 64-key tiles 6 and 3
- * 2% faster again, over 8 and 4 too; 2 and 1 gained less. Too many are dropped, or crowd
- * the misses of the tile being computed. */
+ * with D = 128 about one line per 15 cycles, 1536 of a 64-key tile's 4096 lines (Hk = 8)
+ * while its 8 heads compute. Measured on Zen 4 (bench/inference.sh's shape, 2 threads,
+ * medians of 4 rounds, caches on 2 MiB pages): none 30.3 GB/s, these 34.0-34.5, 2 and 2
+ * 34.7, 5 and 2 34.9, 6 and 3 30.9, 8 and 4 29.1. More than a core's few dozen misses in
+ * flight are dropped, or wait inside the arithmetic and crowd the tile's own loads. */
 #define PF_QK 4
 #define PF_PV 2
 static inline void prefetch_some(fa_decode_prefetch *pf, int lines) {
