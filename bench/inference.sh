@@ -55,24 +55,38 @@ done
 torch_line=$("$PYTHON" bench/decode_peer.py --threads "$THREADS" --iters 10 2>/dev/null || echo '{}')
 TORCH=$(echo "$torch_line" | json gbytes_per_s)
 TORCH_V=$(echo "$torch_line" | sed -n 's/.*"torch": "\([^"]*\)".*/\1/p')
-# one page size's rows of the decode table, and its round-by-round line
+# A round's link: "shared" when the THREADS-thread read is under 1.5 x the one-thread read (the
+# threads share one memory link), else "own" (each has its own; a VM's placement can change
+# between rounds). Per page size: the decode / read ratio of each round (interleaved, so the
+# machine's drift cancels), and their medians over all rounds and over each kind of round.
+link_of() { awk "BEGIN {print ($1 < 1.5 * $2) ? \"shared\" : \"own\"}"; }
+round_ratios() { # page, kind (all, shared, own), threads (n or 1)
+    local -a bw=(${R[$1,bw]}) dec=(${R[$1,dec]}) bw1=(${R[$1,bw1]}) one=(${R[$1,one]})
+    for i in "${!bw[@]}"; do
+        [ "$2" != all ] && [ "$(link_of "${bw[$i]}" "${bw1[$i]}")" != "$2" ] && continue
+        if [ "$3" = 1 ]; then ratio "${one[$i]}" "${bw1[$i]}"; else ratio "${dec[$i]}" "${bw[$i]}"; fi
+        echo
+    done
+}
+med_or_none() { local xs; xs=$(cat); [ -n "$xs" ] && median $xs && printf ' (%d of %d rounds)' $(echo $xs | wc -w) "$ROUNDS" || printf 'none'; }
 decode_rows() {
     local page=$1 label=$2
-    local -a bw=(${R[$page,bw]}) dec=(${R[$page,dec]}) bw1=(${R[$page,bw1]}) one=(${R[$page,one]})
     local BW BWC DEC DECC BW1 BW1C ONE ONEC
     BW=$(median ${R[$page,bw]}) BWC=$(median ${R[$page,bwc]}) DEC=$(median ${R[$page,dec]}) DECC=$(median ${R[$page,decc]})
     BW1=$(median ${R[$page,bw1]}) BW1C=$(median ${R[$page,bw1c]}) ONE=$(median ${R[$page,one]}) ONEC=$(median ${R[$page,onec]})
     echo "| streaming read, $label ($THREADS threads) | $BW | 1.00 | $BWC | 1.00 |"
-    echo "| **flashattn decode, $label, $THREADS threads** | $DEC | **$(ratio $DEC $BW)** | $DECC | $(ratio $DECC $BWC) |"
+    echo "| **flashattn decode, $label, $THREADS threads** | $DEC | **$(round_ratios $page all n | med_or_none)** | $DECC | $(ratio $DECC $BWC) |"
     echo "| streaming read, $label, 1 thread | $BW1 | 1.00 | $BW1C | 1.00 |"
-    echo "| flashattn decode, $label, 1 thread | $ONE | $(ratio $ONE $BW1) | $ONEC | $(ratio $ONEC $BW1C) |"
+    echo "| flashattn decode, $label, 1 thread | $ONE | $(round_ratios $page all 1 | med_or_none) | $ONEC | $(ratio $ONEC $BW1C) |"
 }
 decode_rounds() {
     local page=$1 label=$2
     local -a bw=(${R[$page,bw]}) dec=(${R[$page,dec]}) bw1=(${R[$page,bw1]}) one=(${R[$page,one]})
     echo "- $label: bandwidth ${bw[*]}; decode ${dec[*]}; 1 thread: bandwidth ${bw1[*]}; decode ${one[*]}."
     echo "  Decode / read, round by round: $(ratios dec bw)($THREADS threads); $(ratios one bw1)(1 thread)."
-    echo "  Median $THREADS-thread read / ($THREADS x the one-thread read): $(ratio "$(median ${R[$page,bw]})" "$(awk "BEGIN {print $THREADS * $(median ${R[$page,bw1]})}")")."
+    echo "  Links, round by round: $(for i in "${!bw[@]}"; do printf '%s ' "$(link_of "${bw[$i]}" "${bw1[$i]}")"; done | sed 's/ $//')."
+    echo "  Median of the $THREADS-thread ratios over rounds with a shared link: $(round_ratios $page shared n | med_or_none);"
+    echo "  with a link per thread: $(round_ratios $page own n | med_or_none)."
 }
 vl=$("$FA" bench --varlen 128,256,512,1024,1536,2048,3072,4096 --heads 8 --head-dim 64 --causal \
       --threads "$THREADS" --iters 3 --json 2>/dev/null | tail -1)
@@ -91,6 +105,9 @@ ISA: $("$FA" plan --batch 1 --heads 1 --seq 1 --head-dim 8 --json | sed -n 's/.*
 Decode (B=1, Hq=32, Hk=8, D=128, bf16 cache of 32768 tokens = 128 MiB of K and V, Sq_new=1; useful
 flops 4 x 32 x 32768 x 128 = 537 MFLOP per step, the cost is bytes):
 
+Decode's "vs streaming read" is the median of the rounds' ratios (each round measures both,
+interleaved); the other columns are medians of the rounds' figures.
+
 | what | GB/s (wall) | vs streaming read | GB/s per thread cpu-second | vs streaming read |
 | --- | --- | --- | --- | --- |
 $(decode_rows 4k "4 KiB pages")
@@ -104,10 +121,11 @@ huge pages (median). flashattn / PyTorch ($THREADS threads, wall): $( [ -n "$TOR
 Rounds (wall GB/s):
 $(decode_rounds 4k "4 KiB pages")
 $(decode_rounds 2m "2 MiB pages")
-That last figure near 1 means each thread has its own memory link (a virtual machine's cores
-on two chiplets), near 1/$THREADS that they share one. A VM's placement can change between rounds;
-where the threads have their own links, the target (80% of the same run's read) asks each
-thread for 80% of a whole link, which the 1-thread rows measure: compare the rounds.
+A round's link is "shared" when its $THREADS-thread read is under 1.5x its one-thread read: the
+threads share one memory link (a virtual machine's cores on one chiplet); "own" when each has
+its own. A VM's placement can change between rounds. With a link per thread, the target (80%
+of the same run's read) asks each thread for 80% of a whole link, which the 1-thread rows
+measure.
 
 Varlen prefill (8 sequences of 128, 256, 512, 1024, 1536, 2048, 3072, 4096 tokens, Hq=Hk=8, D=64,
 f32, causal; both runs do the same useful flops):
