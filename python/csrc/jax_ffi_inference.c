@@ -114,19 +114,26 @@ static fa_status plan_cpu(const icall *c, fa_plan **plan) {
     return fa_plan_create(&c->p, &opt, plan);
 }
 
+/* The start every handler shares: the frame answered if XLA only asked for metadata
+ * (*answered), else c cleared and its options read (decode: the kv-cache handler's). */
+static XLA_FFI_Error *start(XLA_FFI_CallFrame *frame, int decode, icall *c, int *answered) {
+    XLA_FFI_Error *e = fj_begin(frame, answered);
+    if (e || *answered) return e;
+    memset(c, 0, sizeof *c);
+    c->frame = frame;
+    fa_problem_init(&c->p);
+    return read_options(c, decode);
+}
+
 /* ---- packed variable-length batches -------------------------------------------------- */
 
 enum { V_Q, V_K, V_V, V_O, V_LSE, V_DO };
 
 static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     int answered;
-    XLA_FFI_Error *e = fj_begin(frame, &answered);
-    if (e || answered) return e;
     icall c;
-    memset(&c, 0, sizeof c);
-    c.frame = frame;
-    fa_problem_init(&c.p);
-    if ((e = read_options(&c, 0))) return e;
+    XLA_FFI_Error *e = start(frame, 0, &c, &answered);
+    if (e || answered) return e;
     static const char *const fwd_args[] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes", NULL};
     static const char *const bwd_args[] = {"q", "k", "v", "o", "lse", "do", "cu_seqlens_q", "cu_seqlens_k",
                                            "alibi_slopes", NULL};
@@ -205,13 +212,9 @@ static size_t buffer_bytes(const fj_buffer *b) {
 
 static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     int answered;
-    XLA_FFI_Error *e = fj_begin(frame, &answered);
-    if (e || answered) return e;
     icall c;
-    memset(&c, 0, sizeof c);
-    c.frame = frame;
-    fa_problem_init(&c.p);
-    if ((e = read_options(&c, 1))) return e;
+    XLA_FFI_Error *e = start(frame, 1, &c, &answered);
+    if (e || answered) return e;
     const char *args[9];
     int64_t n = 0;
     args[n++] = "q", args[n++] = "k_cache", args[n++] = "v_cache", args[n++] = "cache_seqlens";

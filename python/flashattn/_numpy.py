@@ -185,6 +185,18 @@ def _grad_buffer(a):
     return a, g
 
 
+def _do_with_o_strides(o, do):
+    """(o, do) with do laid out as o: the library reads do with o's strides. do is copied
+    into a buffer of o's layout where that layout suits a gradient, else both go contiguous."""
+    if _elem_strides(do) == _elem_strides(o):
+        return o, do
+    if _layout.grad_strides_ok(o.shape, _elem_strides(o)):
+        _, buf = _grad_buffer(o)
+        buf[...] = do
+        return o, buf
+    return np.ascontiguousarray(o), np.ascontiguousarray(do)
+
+
 def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softcap=None,
                        scale=None, bias=None, alibi_slopes=None, q_segment_ids=None,
                        kv_segment_ids=None, layout="bhsd", bias_grad=False, bias_scale=None,
@@ -206,14 +218,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
     if lse.shape != (B, H, Sq) or lse.dtype != np.float32:
         raise ValueError(f"lse must be float32 of shape [B, H, Sq] = {(B, H, Sq)}, got {lse.dtype} of shape {lse.shape}")
     lse = np.ascontiguousarray(lse)
-    # the library reads do with o's strides
-    if _elem_strides(do) != _elem_strides(o):
-        if _layout.grad_strides_ok(o.shape, _elem_strides(o)):
-            _, buf = _grad_buffer(o)
-            buf[...] = do
-            do = buf
-        else:
-            o, do = np.ascontiguousarray(o), np.ascontiguousarray(do)
+    o, do = _do_with_o_strides(o, do)
     q, dq = _grad_buffer(c.q)
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)

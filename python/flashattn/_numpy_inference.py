@@ -9,7 +9,8 @@ message comes back as ValueError."""
 import numpy as np
 
 from . import _native
-from ._numpy import _check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable
+from ._numpy import (_check_out, _do_with_o_strides, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer,
+                     _readable)
 from ._problem import make_options
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, decode_problem,
                                  int32_lengths, varlen_problem)
@@ -112,13 +113,7 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
     if lse.shape != lse_shape or lse.dtype != np.float32:
         raise ValueError(f"lse must be float32 of shape [Hq, total_q] = {lse_shape}, got {lse.dtype} of shape {lse.shape}")
     lse = np.ascontiguousarray(lse)
-    if _elem_strides(do) != _elem_strides(o):  # the library reads do with o's strides
-        if _layout.grad_strides_ok(o.shape, _elem_strides(o)):
-            _, buf = _grad_buffer(o)
-            buf[...] = do
-            do = buf
-        else:
-            o, do = np.ascontiguousarray(o), np.ascontiguousarray(do)
+    o, do = _do_with_o_strides(o, do)
     q, dq = _grad_buffer(c.q)
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)

@@ -16,7 +16,8 @@ from . import _layout, _native
 from ._problem import window_pair
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                  decode_problem, varlen_problem)
-from .torch import _DTYPES, _Device, _check_tensor, _dense_for_grad, _grad_like, _poisoned, _ptr, _readable
+from .torch import (_DTYPES, _Device, _check_tensor, _dense_for_grad, _do_with_o_strides, _grad_like, _poisoned, _ptr,
+                    _readable)
 
 
 def _host_int32(t):
@@ -84,11 +85,7 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
     lse = lse.contiguous()
     o = _readable(o)
-    if do.stride() != o.stride():  # the library reads do with o's strides
-        if _layout.grad_strides_ok(tuple(o.shape), tuple(o.stride())):
-            do = _grad_like(o).copy_(do)
-        else:
-            o, do = o.contiguous(), do.contiguous()
+    o, do = _do_with_o_strides(o, do)
     dev = _Device(q)
     handle = _varlen_handle(q, k, v, o.stride(), _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k),
                             alibi_slopes, causal, window_left, window_right, softcap, scale,

@@ -44,6 +44,16 @@ def _grad_like(t):
     return _poisoned(torch.empty(t.shape, dtype=t.dtype, device=t.device))
 
 
+def _do_with_o_strides(o, do):
+    """(o, do) with do laid out as o: the library reads do with o's strides. do is copied
+    into a tensor of o's layout where that layout suits a gradient, else both go contiguous."""
+    if do.stride() == o.stride():
+        return o, do
+    if _layout.grad_strides_ok(tuple(o.shape), tuple(o.stride())):
+        return o, _grad_like(o).copy_(do)
+    return o.contiguous(), do.contiguous()
+
+
 def _dense_for_grad(t):
     """t itself where its gradient can share its strides, else a dense copy (matches _grad_like)."""
     return t if _layout.grad_strides_ok(tuple(t.shape), tuple(t.stride())) else t.contiguous()
@@ -144,11 +154,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     bias = None if bias is None else _readable(bias)
     lse = lse.contiguous()
     o = _readable(o)
-    if do.stride() != o.stride():  # the library reads do with o's strides
-        if _layout.grad_strides_ok(tuple(o.shape), tuple(o.stride())):
-            do = _grad_like(o).copy_(do)
-        else:
-            o, do = o.contiguous(), do.contiguous()
+    o, do = _do_with_o_strides(o, do)
     dbias = _poisoned(torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device))
     dev = _Device(q)
     handle = _native.cached_plan(

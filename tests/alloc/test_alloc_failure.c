@@ -7,20 +7,7 @@
  * the float64 reference. Seeded (FA_TEST_SEED). */
 #include "alloc.h"
 #include "backward_check.h"
-
-/* One step of the loop: checks a call's status given whether the injected failure fired.
- * Returns 1 when the call failed as it should. */
-static int expect_no_memory(const char *what, int64_t n, fa_status st, int64_t count) {
-    const int fired = count >= n;
-    if (st == FA_OK) {
-        CHECK(!fired, "%s: allocation %lld failed but the call returned FA_OK", what, (long long)n);
-        return 0;
-    }
-    CHECK(fired && st == FA_ERR_NO_MEMORY && fa_last_error()[0],
-          "%s with allocation %lld failing: %s (%s), want FA_ERR_NO_MEMORY with a message", what, (long long)n,
-          fa_status_string(st), fa_last_error());
-    return 1;
-}
+#include "alloc_expect.h"
 
 /* Fails allocation n = 1, 2, ... of plan + pass until a run allocates fewer than n times;
  * returns the number of allocations that run made. */

@@ -14,6 +14,7 @@ static int failures;
 static uint64_t seed;
 
 #define CHECK TU_CHECK
+#include "alloc_expect.h"
 
 /* Sequences (Sq_b, Sk_b): (9, 14), (0, 6), (11, 0), (23, 23), (1, 30). */
 static int32_t cu_q[6] = {0, 9, 9, 20, 43, 44}, cu_k[6] = {0, 14, 20, 20, 43, 73};
@@ -23,19 +24,6 @@ typedef struct {
     float *q, *k, *v, *o, *lse, *d_o, *dq, *dk, *dv, *slopes;
     int64_t nq, nk, nv, no, nl;
 } vcase;
-
-/* Checks a call's status given whether the injected failure fired; 1 when it failed as it should. */
-static int expect_no_memory(const char *what, int64_t n, fa_status st, int64_t count) {
-    const int fired = count >= n;
-    if (st == FA_OK) {
-        CHECK(!fired, "%s: allocation %lld failed but the call returned FA_OK", what, (long long)n);
-        return 0;
-    }
-    CHECK(fired && st == FA_ERR_NO_MEMORY && fa_last_error()[0],
-          "%s with allocation %lld failing: %s (%s), want FA_ERR_NO_MEMORY with a message", what, (long long)n,
-          fa_status_string(st), fa_last_error());
-    return 1;
-}
 
 static fa_status run_pass(vcase *c, fa_plan *pl, fa_pass pass) {
     if (pass == FA_FORWARD) {

@@ -52,6 +52,20 @@ def scores(q, k, *, scale=None, softcap=0.0, bias=None, alibi_slopes=None, bias_
     return s, t, scale
 
 
+def softmax_rows(s, vis):
+    """(lse, p) of scores s over the last axis, keys where vis is False left out (f64). A
+    row with no visible key (or no keys at all): lse = -inf, p = 0."""
+    s = np.where(vis, s, -np.inf)
+    m = s.max(-1, keepdims=True) if s.shape[-1] else np.zeros(s.shape[:-1] + (1,))
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(vis, np.exp(s - m), 0.0)
+    total = e.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(total > 0, np.log(total) + m, -np.inf)[..., 0]
+        p = np.where(total > 0, e / total, 0.0)
+    return lse, p
+
+
 def forward(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, bias=None,
             alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, bias_scale=None,
             diag_offset=None):
@@ -62,14 +76,7 @@ def forward(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None, 
     window = (-1, -1) if window is None else tuple(-1 if w is None else w for w in window)
     vis = visible(Sq, Sk, causal, window, q_segment_ids, kv_segment_ids, B, diag_offset)[:, None]
     vis = vis & (s != -np.inf)
-    s = np.where(vis, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.where(vis, np.exp(s - m), 0.0)
-    total = e.sum(-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lse = np.where(total > 0, np.log(total) + m, -np.inf)[..., 0]
-        p = np.where(total > 0, e / total, 0.0)
+    lse, p = softmax_rows(s, vis)
     v64 = _expand_heads(np.asarray(v, np.float64), H)
     o = p @ v64
     return o, lse, p

@@ -1,9 +1,12 @@
 """An independent float64 reference for the inference shapes, in plain numpy: every sequence
 is its own dense problem (the whole score matrix), with analytic gradients. Nothing here
-calls flashattn; the tests build expected values from it alone.
+calls flashattn (the masked softmax is reference.py's, plain numpy too); the tests build
+expected values from it alone.
 
 Per-sequence tensors are [S, H, D] (the packed layout's rows of one sequence)."""
 import numpy as np
+
+from reference import softmax_rows
 
 
 def _groups(k, Hq):
@@ -47,14 +50,7 @@ def sequence(q, k, v, do=None, *, o_saved=None, causal=False, window=None, softc
         dist = np.abs(np.arange(Sq)[:, None] + off - np.arange(Sk)[None, :])
         s = s - np.asarray(alibi_slopes, np.float64)[:, None, None] * dist
     vis = np.broadcast_to(_visible(Sq, Sk, off, causal, window), s.shape)
-    s = np.where(vis, s, -np.inf)
-    m = s.max(-1, keepdims=True) if Sk else np.zeros((Hq, Sq, 1))
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.where(vis, np.exp(s - m), 0.0)
-    total = e.sum(-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lse = np.where(total > 0, np.log(total) + m, -np.inf)[..., 0]
-        p = np.where(total > 0, e / total, 0.0)
+    lse, p = softmax_rows(s, vis)
     o = np.einsum("hij,jhd->ihd", p, vv)
     if do is None:
         return o, lse

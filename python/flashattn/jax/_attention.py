@@ -60,6 +60,20 @@ def _window(window):
     return (left, right)
 
 
+def _cotangents_as_values(v, o, do, dlse):
+    """The backward's v, o and do for o's cotangent do (zeros where JAX passed a symbolic
+    zero) and lse's, dlse (None: none; laid out as do's rows). d lse_i / d s_ij = p_ij, so
+    dlse adds dlse_i to every dp_ij of row i: the library's backward gets it as one more
+    value column, ones in v, dlse in do, and 0 in o so that the row term rowsum(do * o)
+    leaves it out (the caller drops dv's last column)."""
+    do = jnp.zeros(o.shape, o.dtype) if isinstance(do, SymbolicZero) else do.astype(o.dtype)
+    if dlse is None:
+        return v, o, do
+    v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    o = jnp.concatenate([o, jnp.zeros(o.shape[:-1] + (1,), o.dtype)], axis=-1)
+    return v, o, jnp.concatenate([do, dlse.astype(o.dtype)[..., None]], axis=-1)
+
+
 def _finite(name, x):
     """A static, finite float option (None stays None: the library's default)."""
     if x is None:
@@ -147,19 +161,10 @@ def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg):
 def _op_bwd(opt, res, cotangents):
     q, k, v, o, lse, bias, slopes, q_seg, kv_seg, marker = res
     do, dlse = cotangents
-    if isinstance(do, SymbolicZero):
-        do = jnp.zeros(o.shape, o.dtype)
-    do = do.astype(o.dtype)
     with_lse = not isinstance(dlse, SymbolicZero)
     if with_lse:
-        # d lse_i / d s_ij = p_ij, so lse's cotangent adds dlse_i to every dp_ij of row i.
-        # The library's backward gets it as one more value column: ones in v, dlse in do,
-        # and 0 in o so that the row term rowsum(do * o) leaves it out.
-        dlse = dlse.astype(o.dtype)
         dlse = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
-        v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
-        o = jnp.concatenate([o, jnp.zeros(o.shape[:-1] + (1,), o.dtype)], axis=-1)
-        do = jnp.concatenate([do, dlse[..., None]], axis=-1)
+    v, o, do = _cotangents_as_values(v, o, do, dlse if with_lse else None)
     dq, dk, dv, dbias = _ffi.backward(opt, marker is not None, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg)
     if with_lse:
         dv = dv[..., :-1]

@@ -28,7 +28,7 @@ from .._problem import make_options as _library_options
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                   decode_problem, varlen_problem)
 from . import _ffi
-from ._attention import _finite, _window
+from ._attention import _cotangents_as_values, _finite, _window
 from ._plan import _DTYPE_NAMES
 
 VARLEN_FORWARD_TARGET, VARLEN_BACKWARD_TARGET, KVCACHE_TARGET = (t for t, _ in _ffi.INFERENCE_TARGETS)
@@ -113,16 +113,8 @@ def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes):
 def _varlen_op_bwd(attrs, res, cotangents):
     q, k, v, o, lse, cu_q, cu_k, slopes = res
     do, dlse = cotangents
-    if isinstance(do, SymbolicZero):
-        do = jnp.zeros(o.shape, o.dtype)
-    do = do.astype(o.dtype)
     with_lse = not isinstance(dlse, SymbolicZero)
-    if with_lse:
-        # lse's cotangent as one more value column (as flashattn.jax.attention does): ones
-        # in v, dlse in do, 0 in o so that rowsum(do * o) leaves it out
-        v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
-        o = jnp.concatenate([o, jnp.zeros(o.shape[:-1] + (1,), o.dtype)], axis=-1)
-        do = jnp.concatenate([do, dlse.astype(o.dtype).T[..., None]], axis=-1)
+    v, o, do = _cotangents_as_values(v, o, do, dlse.T if with_lse else None)  # lse [Hq, total_q]
     _ffi.register()
     call = jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET,
                             tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)),
