@@ -1,0 +1,90 @@
+/* The CPU backward's entry and the frame its schedules run in (backward_run.h): the
+ * arguments, the workspace, delta, the threads, progress and counts. What a schedule
+ * computes, and in which order, is in its own file (backward.c, backward_fused.c). */
+#include "backward_run.h"
+#include "progress.h"
+
+#include <omp.h>
+#include <stdlib.h>
+
+int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
+    return plan->bwd_fused ? fa_cpu_backward_fused_scratch_bytes(plan) : fa_cpu_backward_two_pass_scratch_bytes(plan);
+}
+
+static fa_status bwd_check_args(const fa_plan *pl, const fa_backward_args *a) {
+    const fa_problem *p = &pl->p;
+    if (!a) return fa_error(FA_ERR_NULL, "backward: args is NULL");
+    const struct { const void *ptr; const char *name; int used; } req[] = {
+        {a->q, "q", 1},   {a->k, "k", 1},     {a->v, "v", 1},
+        {a->o, "o", 1},   {a->d_o, "do", 1},  {a->lse, "lse", 1},
+        {a->dq, "dq", 1}, {a->dk, "dk", 1},   {a->dv, "dv", 1},
+        {a->bias, "bias", p->has_bias},       {a->alibi_slopes, "alibi_slopes", p->has_alibi},
+        {a->q_segment_ids, "q_segment_ids", p->has_segment_ids},
+        {a->kv_segment_ids, "kv_segment_ids", p->has_segment_ids},
+        {a->dbias, "dbias (the problem has bias_grad)", p->bias_grad},
+    };
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
+        if (req[i].used && !req[i].ptr)
+            return fa_error(FA_ERR_NULL, "backward: %s is NULL", req[i].name);
+    return fa_check_slopes(p, a->alibi_slopes, "backward");
+}
+
+fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a) {
+    fa_status st = bwd_check_args(plan, a);
+    if (st != FA_OK) return st;
+    const fa_problem *p = &plan->p;
+    const int threads = plan->threads > 0 ? plan->threads : 1;
+    const int64_t rows = p->batch * p->heads_q * p->seq_q;
+    const int64_t need = 4 * rows + threads * fa_cpu_backward_scratch_bytes(plan);
+
+    char *ws = a->workspace, *owned = NULL;
+    if (ws) {
+        if (a->workspace_size < (size_t)need)
+            return fa_error(FA_ERR_INVALID,
+                            "backward: workspace_size is %zu bytes but the backward needs %lld",
+                            a->workspace_size, (long long)need);
+    } else {
+        owned = fa_malloc((size_t)need);
+        if (!owned)
+            return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate %lld bytes of workspace",
+                            (long long)need);
+        ws = owned;
+    }
+    st = plan->bwd_fused ? fa_cpu_backward_fused(plan, a, ws) : fa_cpu_backward_two_pass(plan, a, ws);
+    fa_free(owned);
+    return st;
+}
+
+fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int64_t scratch_bytes,
+                     int64_t items, int64_t steps, fa_bwd_item_fn *item) {
+    const fa_problem *p = &pl->p;
+    const int threads = pl->threads > 0 ? pl->threads : 1;
+    const int64_t rows = p->batch * p->heads_q * p->seq_q;
+    float *delta = (float *)ws;
+    char *scratch_base = ws + 4 * rows;
+    const fa_bwd_ctx c = {pl, a, delta, fa_dtype_size(p->dtype),
+                          fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids)};
+    int64_t flops = 0, trans = 0;
+    fa_progress progress;
+    fa_progress_init(&progress, a->progress, a->progress_ctx, steps);
+
+#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+    {
+        char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch_bytes;
+        mine += (FA_BWD_ALIGN - (uintptr_t)mine % FA_BWD_ALIGN) % FA_BWD_ALIGN; /* within the slack */
+        fa_counts cnt = {0, 0};
+
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) delta[r] = fa_bwd_delta_row(p, a, r);
+        /* the implicit barrier above publishes delta */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < items; t++) fa_progress_step(&progress, item(&c, mine, t, &cnt));
+        flops += cnt.flops;
+        trans += cnt.transcendentals;
+    }
+    if (a->counts) {
+        a->counts->flops = flops;
+        a->counts->transcendentals = trans;
+    }
+    return FA_OK;
+}
