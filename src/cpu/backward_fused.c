@@ -288,7 +288,7 @@ static void fused_item(const fused_ctx *c, fused_scratch *w, int64_t b, int64_t 
         for (int64_t kt = 0; kt < nk; kt++) {
             const int64_t c0 = kt * bk;
             const int n = (int)(Sk - c0 < bk ? Sk - c0 : bk);
-            int64_t q0, q1;
+            int64_t q0 = 0, q1 = 0;
             fused_query_tiles(pl, kt, &q0, &q1);
             if (q0 == q1) continue;
             fa_tile_src ks = fused_src(c, a->k, &p->k_stride, b, hk, c0);
