@@ -1,5 +1,5 @@
 /* The analytic cost model (SPEC section 3). It sums the kernels' own tile schedule
- * (fa_key_tile_range in internal.h), the same for every (batch, head), in closed form
+ * (schedule.h), the same for every (batch, head), in closed form
  * (fa_tile_walk_sums: O(log) in the number of query tiles, cost_walk.c) and applies the
  * counting rules written beside it; no allocation. Sums run in 128 bits and must fit int64
  * at the end. */
@@ -8,32 +8,10 @@
 typedef __int128 wide;
 typedef fa_tile_walk tile_walk;
 
-/* Sum over i in [0, n) of clamp(i + c, 0, cap): a clamped line, summed in closed form. */
-static wide sum_clamped_line(wide c, wide n, wide cap) {
-    if (n <= 0) return 0;
-    /* i where i + c <= 0 contribute 0; where i + c >= cap contribute cap; else i + c. */
-    wide i_lo = -c + 1;            /* first i with i + c >= 1 */
-    wide i_hi = cap - c;           /* first i with i + c >= cap */
-    if (i_lo < 0) i_lo = 0;
-    if (i_hi < 0) i_hi = 0;
-    if (i_lo > n) i_lo = n;
-    if (i_hi > n) i_hi = n;
-    wide total = (n - i_hi) * cap;
-    if (i_hi > i_lo) total += (i_lo + c + i_hi - 1 + c) * (i_hi - i_lo) / 2;
-    return total;
-}
-
-/* (query, key) pairs visible under causal and window, for one (batch, head). Row i sees
- * keys [lo(i), hi(i)] clipped to [0, Sk); lo <= hi + 1 always, so the count is
- * sum of clamp(hi + 1) minus sum of clamp(lo). */
+/* (query, key) pairs visible under causal and window, for one (batch, head). */
 static wide visible_pairs(const struct fa_plan *pl) {
-    const wide sq = pl->p.seq_q, sk = pl->p.seq_k;
-    wide hi_sum, lo_sum;
-    if (fa_key_hi(pl, 0) >= INT64_MAX / 8) hi_sum = sq * sk;
-    else hi_sum = sum_clamped_line((wide)fa_key_hi(pl, 0) + 1, sq, sk);
-    if (fa_key_lo(pl, 0) <= INT64_MIN / 8) lo_sum = 0;
-    else lo_sum = sum_clamped_line(fa_key_lo(pl, 0), sq, sk);
-    return hi_sum - lo_sum;
+    const fa_sched s = fa_plan_sched(pl);
+    return fa_sched_pairs(&s, 0, pl->p.seq_q);
 }
 
 static tile_walk walk_tiles(const struct fa_plan *pl, int64_t bq, int64_t bk) { return fa_tile_walk_sums(pl, bq, bk); }

@@ -103,14 +103,8 @@ static fa_status decode_cost(fa_plan *pl) {
         items += Hk * chunks;
         seen += keys;
         /* visible pairs: the dense count of this sequence as its own Sq x Sk_b problem */
-        fa_plan one = *pl;
-        one.p.batch = 1, one.p.seq_k = fa_decode_keys(pl, b), one.shape = FA_SHAPE_DENSE, one.off = fa_decode_off(pl, b);
-        for (int64_t i = 0; i < p->seq_q; i++) {
-            int64_t l = fa_key_lo(&one, i), h = fa_key_hi(&one, i);
-            if (l < 0) l = 0;
-            if (h > one.p.seq_k - 1) h = one.p.seq_k - 1;
-            if (h >= l) useful += Hq * (h - l + 1) * 2 * (D + Dv);
-        }
+        const fa_sched masks = fa_decode_sched(pl, b);
+        useful += Hq * fa_sched_pairs(&masks, 0, p->seq_q) * 2 * (D + Dv);
     }
     const wide q = B * Sq * Hq * D * es, o = B * Sq * Hq * Dv * es, lse = B * Hq * Sq * 4;
     const wide knew = p->has_new_kv ? B * Sq * Hk * (D + Dv) * es : 0, slopes = p->has_alibi ? Hq * 4 : 0;

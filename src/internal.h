@@ -4,6 +4,7 @@
 
 #include "alloc.h" /* fa_malloc, fa_calloc, fa_free: every allocation goes through them */
 #include "flashattn.h"
+#include "schedule.h" /* which keys a row sees, the tile schedule */
 
 #include <math.h>
 #include <stdint.h>
@@ -57,8 +58,11 @@ static inline int64_t fa_decode_tile(const fa_problem *p) {
 static inline int64_t fa_decode_keys(const struct fa_plan *pl, int64_t b) {
     return (int64_t)pl->lens[b] + (pl->p.has_new_kv ? pl->p.seq_q : 0);
 }
-static inline int64_t fa_decode_off(const struct fa_plan *pl, int64_t b) {
-    return pl->p.has_diag_offset ? pl->p.diag_offset : fa_decode_keys(pl, b) - pl->p.seq_q;
+/* Sequence b's masks: its seq_q rows against its keys, at its own offset. */
+static inline fa_sched fa_decode_sched(const struct fa_plan *pl, int64_t b) {
+    const fa_problem *p = &pl->p;
+    return fa_sched_make(p->seq_q, fa_decode_keys(pl, b), p->has_diag_offset, p->diag_offset, p->causal,
+                         p->window_left, p->window_right);
 }
 /* Keys [*lo, *hi] that some query row of sequence b may see (empty when lo > hi). */
 void fa_decode_key_span(const struct fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi);
@@ -113,33 +117,30 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
 fa_status fa_cuda_forward(const struct fa_plan *plan, const fa_forward_args *a);
 fa_status fa_cuda_backward(const struct fa_plan *plan, const fa_backward_args *a);
 
-/* ---- the tile schedule ------------------------------------------------------------
- * One definition, used by the cost model and by every kernel, of which key tiles a query
- * tile visits. Visible keys for row i form the interval [lo(i), hi(i)] (causal and window
- * clip it; both ends grow with i), so the keys any row of rows [r0, r1) can see form
- * [lo(r0), hi(r1 - 1)]. Key tiles outside that interval are skipped; every key tile that
- * overlaps it is computed (and masked element by element where needed). Segment ids and
- * bias never skip tiles. */
-
-/* Window sides are clipped to FA_WINDOW_CLIP before any arithmetic: |i + off - j| stays
- * below 2^33 (Sq, Sk < 2^31, |off| < 2^31), so every window from 2^33 up shows the same
- * keys as an unbounded side, and i + off +- window cannot overflow, whatever the caller's
- * window in [-1, INT64_MAX]. */
-#define FA_WINDOW_CLIP ((int64_t)1 << 40)
-static inline int64_t fa_window_clip(int64_t w) { return w < FA_WINDOW_CLIP ? w : FA_WINDOW_CLIP; }
-
-/* Lowest key row i may see, before clipping to [0, Sk). */
-static inline int64_t fa_key_lo(const struct fa_plan *pl, int64_t i) {
-    if (pl->p.window_left >= 0) return i + pl->off - fa_window_clip(pl->p.window_left);
-    return INT64_MIN / 4;
+/* ---- the tile schedule (schedule.h) ------------------------------------------------
+ * A plan's masks as schedule.h takes them, and the plan-side names of its functions
+ * (one line each: the drivers' own tile loops read better with the plan in hand). Key
+ * tiles outside a query tile's visible interval are skipped; every key tile that overlaps
+ * it is computed (and masked element by element where needed). Segment ids and bias
+ * never skip tiles. */
+static inline fa_sched fa_plan_sched(const struct fa_plan *pl) {
+    fa_sched s = {pl->p.seq_q, pl->p.seq_k, pl->off, pl->p.causal, pl->p.window_left, pl->p.window_right};
+    return s;
 }
-/* Highest key row i may see, before clipping to [0, Sk). */
+/* Lowest and highest key row i may see, clamped to [-1, Sk] (fa_sched_lo, fa_sched_hi). */
+static inline int64_t fa_key_lo(const struct fa_plan *pl, int64_t i) {
+    const fa_sched s = fa_plan_sched(pl);
+    return fa_sched_lo(&s, i);
+}
 static inline int64_t fa_key_hi(const struct fa_plan *pl, int64_t i) {
-    int64_t hi = INT64_MAX / 4;
-    if (pl->p.causal) hi = i + pl->off;
-    if (pl->p.window_right >= 0 && i + pl->off + fa_window_clip(pl->p.window_right) < hi)
-        hi = i + pl->off + fa_window_clip(pl->p.window_right);
-    return hi;
+    const fa_sched s = fa_plan_sched(pl);
+    return fa_sched_hi(&s, i);
+}
+/* Key tiles [*kt0, *kt1) visited by query rows [r0, r1) with key tiles of bk keys. */
+static inline void fa_key_tile_range(const struct fa_plan *pl, int64_t r0, int64_t r1, int64_t bk, int64_t *kt0,
+                                     int64_t *kt1) {
+    const fa_sched s = fa_plan_sched(pl);
+    fa_sched_key_tiles(&s, r0, r1, bk, kt0, kt1);
 }
 
 /* FA_ERR_INVALID unless every ALiBi slope (Hq of them, in host memory) is finite: a
@@ -151,22 +152,6 @@ static inline fa_status fa_check_slopes(const fa_problem *p, const float *slopes
             return fa_error(FA_ERR_INVALID, "%s: alibi_slopes[%lld] (head %lld) is %g; slopes must be finite", fn,
                             (long long)h, (long long)h, (double)slopes[h]);
     return FA_OK;
-}
-
-/* Key tiles [*kt0, *kt1) visited by query rows [r0, r1) with key tiles of bk keys. */
-static inline void fa_key_tile_range(const struct fa_plan *pl, int64_t r0, int64_t r1,
-                                     int64_t bk, int64_t *kt0, int64_t *kt1) {
-    int64_t lo = fa_key_lo(pl, r0), hi = fa_key_hi(pl, r1 - 1);
-    if (lo < 0) lo = 0;
-    if (hi > pl->p.seq_k - 1) hi = pl->p.seq_k - 1;
-    if (lo > hi) { *kt0 = 0; *kt1 = 0; return; }
-    *kt0 = lo / bk;
-    *kt1 = hi / bk + 1;
-}
-
-/* Is key j visible to query i under causal and window (segment ids checked apart)? */
-static inline int fa_visible(const struct fa_plan *pl, int64_t i, int64_t j) {
-    return j >= fa_key_lo(pl, i) && j <= fa_key_hi(pl, i);
 }
 
 /* ---- what the kernels count (and the cost model predicts, to the unit) --------------

@@ -152,11 +152,6 @@ void fa_varlen_subplan(const fa_plan *pl, int64_t b, fa_plan *sub) {
 }
 
 void fa_decode_key_span(const fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi) {
-    const fa_problem *p = &pl->p;
-    const int64_t off = fa_decode_off(pl, b), sk = fa_decode_keys(pl, b);
-    *lo = p->window_left >= 0 ? off - p->window_left : 0;
-    *hi = sk - 1;
-    if (p->causal && p->seq_q - 1 + off < *hi) *hi = p->seq_q - 1 + off;
-    if (p->window_right >= 0 && p->seq_q - 1 + off + p->window_right < *hi) *hi = p->seq_q - 1 + off + p->window_right;
-    if (*lo < 0) *lo = 0;
+    const fa_sched s = fa_decode_sched(pl, b);
+    fa_sched_span(&s, 0, pl->p.seq_q, lo, hi);
 }

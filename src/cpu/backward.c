@@ -4,9 +4,9 @@
  *
  *   (1) dK/dV: one item per (b, kv head, key tile). The item owns its dK and dV tiles (f32
  *       accumulators) and visits, for each query head of its GQA group, every query tile
- *       whose key-tile range holds this key tile (fa_bwd_query_tiles): it recomputes p and
- *       dS (fa_bwd_tile), then dV += P^T dO and dK += dS^T Q; dK is scaled and both are
- *       written once.
+ *       whose key tiles hold this key tile (schedule.h, fa_sched_query_tiles): it
+ *       recomputes p and dS (fa_bwd_tile), then dV += P^T dO and dK += dS^T Q; dK is
+ *       scaled and both are written once.
  *   (2) dQ: one item per (b, query head, query tile): the same tiles, dQ += dS K, written
  *       once. With dbias, one item per (bias slice, query tile) instead: it zeroes its rows
  *       of the slice and visits the (b, query head) pairs that read the slice, b then h
@@ -57,25 +57,21 @@ static void dkdv_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64
     const int D = (int)p->head_dim, Dv = (int)p->head_dim_v;
     const int64_t bq = pl->bwd_bq, bk = pl->bwd_bk, group = p->heads_q / p->heads_kv;
     const int64_t c0 = kt * bk;
-    const int n = (int)(p->seq_k - c0 < bk ? p->seq_k - c0 : bk);
+    const int n = fa_bwd_keys(pl, c0);
 
-    fa_tile_src ks = fa_bwd_src(c, a->k, &p->k_stride, b, hk, c0);
-    fa_tile_src vs = fa_bwd_src(c, a->v, &p->v_stride, b, hk, c0);
-    isa->pack_bt(&ks, n, D, w->t.kt);
-    isa->pack_bt(&vs, n, Dv, w->t.vt);
+    fa_bwd_pack_keys(c, &w->t, b, hk, c0, n); /* (K's source: only the dQ product needs it) */
     memset(w->acc, 0, sizeof(float) * (size_t)n * (size_t)D);
     memset(w->acc_v, 0, sizeof(float) * (size_t)n * (size_t)Dv);
+    const fa_sched sched = fa_plan_sched(pl);
     int64_t q0, q1;
-    fa_bwd_query_tiles(pl, kt, &q0, &q1);
+    fa_sched_query_tiles(&sched, bq, bk, kt, &q0, &q1);
 
     for (int64_t h = hk * group; h < (hk + 1) * group; h++)
         for (int64_t qt = q0; qt < q1; qt++) {
             const int64_t r0 = qt * bq;
-            const int m = (int)(p->seq_q - r0 < bq ? p->seq_q - r0 : bq);
-            fa_tile_src qs = fa_bwd_src(c, a->q, &p->q_stride, b, h, r0);
-            fa_tile_src gs = fa_bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
-            isa->pack_a(&qs, m, D, w->qa);
-            isa->pack_a(&gs, m, Dv, w->ga);
+            const int m = fa_bwd_rows(pl, r0);
+            fa_tile_src qs, gs;
+            fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, w->qa, w->ga);
             /* a NaN row must not reach keys it cannot see through 0 * q or 0 * do (guard.h);
              * such a tile is not packed as B: the guarded product packs its finite runs */
             const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
@@ -98,27 +94,22 @@ static void dq_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64_t
     const fa_problem *p = &pl->p;
     const fa_isa *isa = pl->isa;
     const fa_backward_args *a = c->a;
-    const int D = (int)p->head_dim, Dv = (int)p->head_dim_v;
+    const int D = (int)p->head_dim;
     const int64_t bq = pl->bwd_bq, bk = pl->bwd_bk, hk = h / (p->heads_q / p->heads_kv);
     const int64_t r0 = qt * bq;
-    const int m = (int)(p->seq_q - r0 < bq ? p->seq_q - r0 : bq);
+    const int m = fa_bwd_rows(pl, r0);
 
     memset(w->acc, 0, sizeof(float) * (size_t)m * (size_t)D);
     int64_t k0, k1;
     fa_key_tile_range(pl, r0, r0 + m, bk, &k0, &k1);
     if (k0 < k1) {
-        fa_tile_src qs = fa_bwd_src(c, a->q, &p->q_stride, b, h, r0);
-        fa_tile_src gs = fa_bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
-        isa->pack_a(&qs, m, D, w->qa);
-        isa->pack_a(&gs, m, Dv, w->ga);
+        fa_tile_src qs, gs;
+        fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, w->qa, w->ga);
     }
     for (int64_t kt = k0; kt < k1; kt++) {
         const int64_t c0 = kt * bk;
-        const int n = (int)(p->seq_k - c0 < bk ? p->seq_k - c0 : bk);
-        fa_tile_src ks = fa_bwd_src(c, a->k, &p->k_stride, b, hk, c0);
-        fa_tile_src vs = fa_bwd_src(c, a->v, &p->v_stride, b, hk, c0);
-        isa->pack_bt(&ks, n, D, w->t.kt);
-        isa->pack_bt(&vs, n, Dv, w->t.vt);
+        const int n = fa_bwd_keys(pl, c0);
+        const fa_tile_src ks = fa_bwd_pack_keys(c, &w->t, b, hk, c0, n);
         const int k_bad = fa_tile_may_hide(pl, r0, r0 + m, c0, n) && fa_tile_nonfinite(&ks, n, D); /* guard.h */
         if (!k_bad) isa->pack_b(&ks, n, D, w->t.kb);
         fa_bwd_tile(c, &w->t, b, h, r0, m, c0, n, w->qa, w->ga, 0, dbias ? dbias + c0 : NULL, p->seq_k, cnt);

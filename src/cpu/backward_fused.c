@@ -102,6 +102,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
     const int64_t b = t / p->heads_kv, hk = t % p->heads_kv;
     const int64_t group = p->heads_q / p->heads_kv, h0 = hk * group;
     const int64_t nq = (Sq + bq - 1) / bq, nk = (Sk + bk - 1) / bk;
+    const fa_sched sched = fa_plan_sched(pl);
     fused_scratch w;
     fused_carve(pl, scratch, &w);
 
@@ -113,38 +114,33 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
     for (int64_t h = h0; h < h0 + group; h++) {
         for (int64_t qt = 0; qt < nq; qt++) {
             const int64_t r0 = qt * bq;
-            const int m = (int)(Sq - r0 < bq ? Sq - r0 : bq);
-            fa_tile_src qs = fa_bwd_src(c, a->q, &p->q_stride, b, h, r0);
-            fa_tile_src gs = fa_bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
-            isa->pack_a(&qs, m, D, (char *)w.qa + qt * w.sa_q);
-            isa->pack_a(&gs, m, Dv, (char *)w.ga + qt * w.sa_g);
+            const int m = fa_bwd_rows(pl, r0);
+            fa_tile_src qs, gs;
+            fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g);
             isa->pack_b(&qs, m, D, (char *)w.qb + qt * w.sa_q);
             isa->pack_b(&gs, m, Dv, (char *)w.gb + qt * w.sa_g);
         }
         memset(w.dq, 0, sizeof(float) * (size_t)(Sq * D));
         for (int64_t kt = 0; kt < nk; kt++) {
             const int64_t c0 = kt * bk;
-            const int n = (int)(Sk - c0 < bk ? Sk - c0 : bk);
-            int64_t q0, q1;
-            fa_bwd_query_tiles(pl, kt, &q0, &q1);
+            const int n = fa_bwd_keys(pl, c0);
+            int64_t q0, q1; /* the query tiles that visit this key tile */
+            fa_sched_query_tiles(&sched, bq, bk, kt, &q0, &q1);
             if (q0 == q1) continue;
-            fa_tile_src ks = fa_bwd_src(c, a->k, &p->k_stride, b, hk, c0);
-            fa_tile_src vs = fa_bwd_src(c, a->v, &p->v_stride, b, hk, c0);
-            isa->pack_bt(&ks, n, D, w.t.kt);
-            isa->pack_bt(&vs, n, Dv, w.t.vt);
+            const fa_tile_src ks = fa_bwd_pack_keys(c, &w.t, b, hk, c0, n);
             isa->pack_b(&ks, n, D, w.t.kb);
             int k_bad = -1; /* checked once, when a pair can hide a key (guard.h) */
             for (int64_t qt = q0; qt < q1; qt++) {
                 const int64_t r0 = qt * bq;
-                const int m = (int)(Sq - r0 < bq ? Sq - r0 : bq);
+                const int m = fa_bwd_rows(pl, r0);
                 float *db = fused_dbias_row(c, b, h, r0);
                 fa_bwd_tile(c, &w.t, b, h, r0, m, c0, n, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g,
                             1, db ? db + c0 : NULL, Sk, cnt);
                 /* inf or NaN in q, dO (a NaN row) or k must not cross a zero weight into keys or
                  * rows that cannot see each other: guarded products, each packed head kept */
                 const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
-                fa_tile_src qs = fa_bwd_src(c, a->q, &p->q_stride, b, h, r0);
-                fa_tile_src gs = fa_bwd_src(c, a->d_o, &p->o_stride, b, h, r0);
+                fa_tile_src qs, gs;
+                fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, NULL, NULL);
                 if (hide && k_bad < 0) k_bad = fa_tile_nonfinite(&ks, n, D);
                 const int g_bad = hide && fa_tile_nonfinite(&gs, m, Dv);
                 const int q_bad = hide && fa_tile_nonfinite(&qs, m, D);

@@ -5,11 +5,12 @@
  *   (times sech^2 under softcap): fa_bwd_tile;
  *   dV += P^T dO and dK += dS^T Q: fa_bwd_dkdv;   dQ += dS K: fa_bwd_dq;
  *
- * with delta = rowsum(dO * o) (fa_bwd_delta_row), the stores, and the query tiles a key
- * tile is visited by. The schedules differ only in which tile pairs they walk in which
- * order and where the sums live; each sum runs over the same tile shapes through the same
- * calls here, which is why both give the same bits (docs/semantics.md: the backward's order
- * of sums). p comes from the ISA's exp_sum, the exp the forward uses; p and dS are rounded
+ * with delta = rowsum(dO * o) (fa_bwd_delta_row), the packing and the stores. Which pairs
+ * are computed is schedule.h's: the key tiles of a query tile (fa_key_tile_range) and the
+ * query tiles of a key tile (fa_sched_query_tiles). The schedules differ only in the order
+ * they walk the pairs in and where the sums live; each sum runs over the same tile shapes
+ * through the same calls here, which is why both give the same bits (docs/semantics.md:
+ * the backward's order of sums). p comes from the ISA's exp_sum, the exp the forward uses; p and dS are rounded
  * to the problem's dtype before they enter a product (the microkernels' contract, isa.h).
  * Everything is static inline: each schedule's file compiles the loops with its own flags. */
 #ifndef FA_CPU_BACKWARD_TILE_H
@@ -86,6 +87,37 @@ static inline fa_tile_src fa_bwd_src(const fa_bwd_ctx *c, const void *base, cons
     s.row_stride = st->s[2];
     s.col_stride = st->s[3];
     return s;
+}
+
+/* The rows in query tile r0 (bq of them, fewer in the last), the keys in key tile c0. */
+static inline int fa_bwd_rows(const fa_plan *pl, int64_t r0) {
+    return (int)(pl->p.seq_q - r0 < pl->bwd_bq ? pl->p.seq_q - r0 : pl->bwd_bq);
+}
+static inline int fa_bwd_keys(const fa_plan *pl, int64_t c0) {
+    return (int)(pl->p.seq_k - c0 < pl->bwd_bk ? pl->p.seq_k - c0 : pl->bwd_bk);
+}
+
+/* K and V of keys [c0, c0 + n) of (b, kv head hk) packed as B^T into t (for S and dP);
+ * returns K's source. */
+static inline fa_tile_src fa_bwd_pack_keys(const fa_bwd_ctx *c, const fa_bwd_tile_buf *t, int64_t b, int64_t hk,
+                                           int64_t c0, int n) {
+    const fa_problem *p = &c->pl->p;
+    const fa_tile_src ks = fa_bwd_src(c, c->a->k, &p->k_stride, b, hk, c0);
+    const fa_tile_src vs = fa_bwd_src(c, c->a->v, &p->v_stride, b, hk, c0);
+    c->pl->isa->pack_bt(&ks, n, (int)p->head_dim, t->kt);
+    c->pl->isa->pack_bt(&vs, n, (int)p->head_dim_v, t->vt);
+    return ks;
+}
+
+/* Q and dO of rows [r0, r0 + m) of (b, head h): their sources in qs, gs, packed as A into
+ * qa, ga (for S and dP) when those are not NULL. */
+static inline void fa_bwd_pack_rows(const fa_bwd_ctx *c, int64_t b, int64_t h, int64_t r0, int m, fa_tile_src *qs,
+                                    fa_tile_src *gs, void *qa, void *ga) {
+    const fa_problem *p = &c->pl->p;
+    *qs = fa_bwd_src(c, c->a->q, &p->q_stride, b, h, r0);
+    *gs = fa_bwd_src(c, c->a->d_o, &p->o_stride, b, h, r0);
+    if (qa) c->pl->isa->pack_a(qs, m, (int)p->head_dim, qa);
+    if (ga) c->pl->isa->pack_a(gs, m, (int)p->head_dim_v, ga);
 }
 
 /* x[j] rounded to the dtype, j < n: the ISA's pass where it has one (the same bits), else
@@ -246,31 +278,6 @@ static inline void fa_bwd_store(const fa_bwd_ctx *c, void *dst, const fa_strides
             for (int x = 0; x < cols; x++) fa_store(t, dst, at + x * cs, mul * src[x]);
         }
     }
-}
-
-/* The query tiles [*q0, *q1) that visit key tile kt (fa_key_tile_range of their rows holds
- * kt). Both ends of a row's visible keys grow with the row (internal.h), so a tile's key
- * range [k0, k1) only moves right as the tile does: the visitors are contiguous, found by
- * two binary searches. A tile that sees nothing gets [0, 0) from fa_key_tile_range; for the
- * search it counts as [nk, nk) when its keys would start past the last one (a diagonal
- * offset can leave the last tiles with nothing to see), so the order stays monotone. */
-static inline int64_t fa_bwd_first_tile(const fa_plan *pl, int64_t kt, int side) {
-    const int64_t bq = pl->bwd_bq, Sq = pl->p.seq_q, nq = (Sq + bq - 1) / bq;
-    int64_t lo = 0, hi = nq; /* first tile with k1 > kt (side 0), with k0 > kt (side 1) */
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2, r0 = mid * bq, r1 = r0 + bq < Sq ? r0 + bq : Sq;
-        int64_t k0, k1;
-        fa_key_tile_range(pl, r0, r1, pl->bwd_bk, &k0, &k1);
-        if (k0 == k1 && fa_key_lo(pl, r0) > pl->p.seq_k - 1) k0 = k1 = INT64_MAX;
-        if ((side == 0 ? k1 : k0) > kt) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
-}
-
-static inline void fa_bwd_query_tiles(const fa_plan *pl, int64_t kt, int64_t *q0, int64_t *q1) {
-    *q0 = fa_bwd_first_tile(pl, kt, 0);
-    *q1 = fa_bwd_first_tile(pl, kt, 1);
 }
 
 #endif /* FA_CPU_BACKWARD_TILE_H */

@@ -164,9 +164,10 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     const int touch = p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
 
     /* the masks of sequence b: a dense view with its keys and offset */
+    const fa_sched masks = fa_decode_sched(cx->pl, b);
     struct fa_plan one = *cx->pl;
     one.p.seq_k = sk;
-    one.off = fa_decode_off(cx->pl, b);
+    one.off = masks.off;
     const fa_score_ctx sc = fa_score_ctx_make(&one, NULL, cx->a->alibi_slopes, NULL, NULL);
 
     /* every query row of the sequence, staged contiguous (row r of head hk: hk * M + r) */
