@@ -134,12 +134,8 @@ static int64_t two_pass_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_c
     /* (b, h) pairs per dq item: those that share a dbias slice (1 x 1 without dbias) */
     const int64_t nb = p->bias_grad ? B / p->bias_batch : 1, nh = p->bias_grad ? Hq / p->bias_heads : 1;
     const int64_t qt = t % nq, sb = t / nq / (Hq / nh), sh = t / nq % (Hq / nh);
-    float *db = NULL;
-    if (p->bias_grad) {
-        const int64_t r0 = qt * bq, m = Sq - r0 < bq ? Sq - r0 : bq;
-        db = c->a->dbias + ((sb * p->bias_heads + sh) * Sq + r0) * p->seq_k;
-        memset(db, 0, sizeof(float) * (size_t)(m * p->seq_k));
-    }
+    float *db = fa_bwd_dbias_row(c, sb, sh, qt * bq); /* the item's rows of its slice */
+    if (db) memset(db, 0, sizeof(float) * (size_t)fa_bwd_rows(pl, qt * bq) * (size_t)p->seq_k);
     for (int64_t bi = 0; bi < nb; bi++)
         for (int64_t hi = 0; hi < nh; hi++)
             dq_item(c, &w, nb == 1 ? sb : bi, nh == 1 ? sh : hi, qt, db, cnt);

@@ -82,14 +82,6 @@ int fa_cpu_backward_fused_fits(const struct fa_plan *plan) {
            fa_cpu_backward_fused_scratch_bytes(plan) <= FUSED_MAX_SCRATCH;
 }
 
-/* The dbias slice row of (b, h, row), at key 0; NULL without dbias. */
-static float *fused_dbias_row(const fa_bwd_ctx *c, int64_t b, int64_t h, int64_t row) {
-    const fa_problem *p = &c->pl->p;
-    if (!p->bias_grad) return NULL;
-    const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-    return c->a->dbias + ((bb * p->bias_heads + bh) * p->seq_q + row) * p->seq_k;
-}
-
 /* One (b, kv head): dK, dV of all its keys, dQ (and dbias) of its query heads
  * (fa_bwd_item_fn, t = b Hk + hk). */
 static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_counts *cnt) {
@@ -110,7 +102,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
     memset(w.dv, 0, sizeof(float) * (size_t)(Sk * Dv));
     if (p->bias_grad) /* the item's slices (one when the heads share it) */
         for (int64_t h = h0; h < h0 + group && (h == h0 || p->bias_heads != 1); h++)
-            memset(fused_dbias_row(c, b, h, 0), 0, sizeof(float) * (size_t)(Sq * Sk));
+            memset(fa_bwd_dbias_row(c, b, h, 0), 0, sizeof(float) * (size_t)(Sq * Sk));
     for (int64_t h = h0; h < h0 + group; h++) {
         for (int64_t qt = 0; qt < nq; qt++) {
             const int64_t r0 = qt * bq;
@@ -133,7 +125,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
             for (int64_t qt = q0; qt < q1; qt++) {
                 const int64_t r0 = qt * bq;
                 const int m = fa_bwd_rows(pl, r0);
-                float *db = fused_dbias_row(c, b, h, r0);
+                float *db = fa_bwd_dbias_row(c, b, h, r0);
                 fa_bwd_tile(c, &w.t, b, h, r0, m, c0, n, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g,
                             1, db ? db + c0 : NULL, Sk, cnt);
                 /* inf or NaN in q, dO (a NaN row) or k must not cross a zero weight into keys or

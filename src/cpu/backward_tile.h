@@ -10,9 +10,10 @@
  * query tiles of a key tile (fa_sched_query_tiles). The schedules differ only in the order
  * they walk the pairs in and where the sums live; each sum runs over the same tile shapes
  * through the same calls here, which is why both give the same bits (docs/semantics.md:
- * the backward's order of sums). p comes from the ISA's exp_sum, the exp the forward uses; p and dS are rounded
- * to the problem's dtype before they enter a product (the microkernels' contract, isa.h).
- * Everything is static inline: each schedule's file compiles the loops with its own flags. */
+ * the backward's order of sums). p comes from the ISA's exp_sum, the exp the forward uses;
+ * p and dS are rounded to the problem's dtype before they enter a product (the
+ * microkernels' contract, isa.h). Everything is static inline: each schedule's file
+ * compiles the loops with its own flags. */
 #ifndef FA_CPU_BACKWARD_TILE_H
 #define FA_CPU_BACKWARD_TILE_H
 
@@ -87,6 +88,15 @@ static inline fa_tile_src fa_bwd_src(const fa_bwd_ctx *c, const void *base, cons
     s.row_stride = st->s[2];
     s.col_stride = st->s[3];
     return s;
+}
+
+/* Row `row` of the dbias slice that (b, h) adds to (a broadcast bias: one slice for all b or
+ * all h), at key 0; NULL without dbias. */
+static inline float *fa_bwd_dbias_row(const fa_bwd_ctx *c, int64_t b, int64_t h, int64_t row) {
+    const fa_problem *p = &c->pl->p;
+    if (!p->bias_grad) return NULL;
+    const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
+    return c->a->dbias + ((bb * p->bias_heads + bh) * p->seq_q + row) * p->seq_k;
 }
 
 /* The rows in query tile r0 (bq of them, fewer in the last), the keys in key tile c0. */
