@@ -12,6 +12,8 @@
  *
  * exp_sum uses vexp.h's method and polynomial, 8 lanes at a time. */
 #include "isa.h"
+#include "isa_pack.h"
+#include "vexp.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -27,11 +29,9 @@ static int avx2_available(void) {
            (c & bit_F16C);
 }
 
-static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
 static int64_t avx2_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
     (void)t;
-    return round_up(rows, NR) * round_up(cols, NR) * (int64_t)sizeof(float);
+    return fa_round_up(rows, NR) * fa_round_up(cols, NR) * (int64_t)sizeof(float);
 }
 
 /* Lanes [0, n) set, for masked loads and stores of 8 floats. */
@@ -63,9 +63,7 @@ static inline __m256 load8(fa_dtype t, const void *p, int n) {
 static void pack_rows(const fa_tile_src *src, int rows, int cols, float *dst, int64_t ld) {
     const size_t esz = fa_dtype_size(src->dtype);
     if (src->col_stride != 1) {
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++)
-                dst[r * ld + c] = fa_load(src->dtype, src->base, r * src->row_stride + c * src->col_stride);
+        fa_pack_f32(src, rows, cols, dst, ld, 1);
         return;
     }
     for (int r = 0; r < rows; r++) {
@@ -105,7 +103,7 @@ static inline void transpose8(__m256 r[8]) {
 static void avx2_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
     float *out = (float *)dst;
     const size_t esz = fa_dtype_size(src->dtype);
-    for (int j0 = 0; j0 < round_up(rows, NR); j0 += 8) {
+    for (int j0 = 0; j0 < fa_round_up(rows, NR); j0 += 8) {
         const int nj = rows - j0 < 8 ? (rows > j0 ? rows - j0 : 0) : 8;
         float *panel = out + (int64_t)(j0 / NR) * NR * cols + (j0 % NR);
         for (int x0 = 0; x0 < cols; x0 += 8) {
@@ -121,8 +119,8 @@ static void avx2_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) 
                     r[j] = load8(src->dtype, row, nx);
                 } else {
                     float tmp[8] = {0};
-                    for (int x = 0; x < nx; x++)
-                        tmp[x] = fa_load(src->dtype, src->base, (j0 + j) * src->row_stride + (x0 + x) * src->col_stride);
+                    const fa_tile_src row = fa_tile_at(src, j0 + j, x0);
+                    fa_pack_f32(&row, 1, nx, tmp, 0, 1);
                     r[j] = _mm256_loadu_ps(tmp);
                 }
             }
@@ -135,11 +133,9 @@ static void avx2_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) 
 /* V (n x cols) into panels of 16 columns: dst[p][j][16], zero padded columns. */
 static void avx2_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
     float *out = (float *)dst;
-    const size_t esz = fa_dtype_size(src->dtype);
     for (int c0 = 0; c0 < cols; c0 += NR) {
         const int nc = cols - c0 < NR ? cols - c0 : NR;
-        fa_tile_src s = *src;
-        s.base = (const char *)src->base + (size_t)(c0 * src->col_stride) * esz;
+        const fa_tile_src s = fa_tile_at(src, 0, c0);
         float *panel = out + (int64_t)c0 * rows;
         if (nc < NR)
             for (int j = 0; j < rows; j++) {
@@ -221,20 +217,15 @@ static void avx2_gemm_pb(int m, int n, int cols, const float *p, int ldp, const 
 /* ---- exp: vexp.h's method on 8 lanes ------------------------------------------------ */
 
 static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.0f);
+    const __m256 lo = _mm256_set1_ps(FA_EXP_LO), hi = _mm256_set1_ps(FA_EXP_HI);
     __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); /* NaN passes through */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(FA_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_HI), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(fa_exp_coef[0]);
+#pragma GCC unroll 8
+    for (int i = 1; i < FA_EXP_NCOEF; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(fa_exp_coef[i]));
     /* 2^n in the exponent bits (n in [-126, 127] after the clamps; NaN gives garbage, fixed below) */
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
