@@ -1,6 +1,7 @@
-/* Shared by the AVX-512 microkernel files (isa_avx512.c, isa_avx512bf16.c, isa_amx.c): the vector exp
- * (vexp.h's method) and the f32 helpers the bf16 table reuses for f32 and f16 inputs. Include only from
- * files compiled with AVX-512 flags. */
+/* Shared by the AVX-512 files (isa_avx512.c, isa_avx512bf16.c, isa_amx.c, decode_avx512bf16.c):
+ * the vector exp (vexp.h's method), lane masks, the 16 x 16 transpose, and the f32 kernels
+ * the bf16 tables reuse for f32 and f16 inputs. Include only from files compiled with
+ * AVX-512 flags (static inline: each file compiles them with its own). */
 #ifndef FA_CPU_ISA_AVX512_H
 #define FA_CPU_ISA_AVX512_H
 
@@ -48,19 +49,6 @@ static inline __m512 fa_avx512_exp(__m512 x) {
 static inline __m512 fa_avx512_exp_nonpos(__m512 x) {
     return fa_avx512_exp_kept(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP_LO), _CMP_NLT_UQ));
 }
-
-/* Packed buffers of the bf16-capable tables (isa_avx512bf16.c, isa_amx.c) start with a
- * 64-byte header naming their format, so one table can hold f32 (for f32/f16 problems) or
- * bf16 layouts, and the products know which they were given. */
-#define FA_PACK_HDR 64
-static inline uint32_t fa_pack_fmt(const void *packed) {
-    uint32_t f;
-    memcpy(&f, packed, sizeof f);
-    return f;
-}
-static inline void fa_pack_set_fmt(void *packed, uint32_t f) { memcpy(packed, &f, sizeof f); }
-static inline void *fa_pack_payload(void *packed) { return (char *)packed + FA_PACK_HDR; }
-static inline const void *fa_pack_cpayload(const void *packed) { return (const char *)packed + FA_PACK_HDR; }
 
 /* Lane masks for the first n lanes (n clamped to [0, 16] / [0, 32]). */
 static inline __mmask16 fa_mask16(int n) {
