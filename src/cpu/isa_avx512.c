@@ -1,25 +1,55 @@
 /* AVX-512 microkernels in f32 (fa_isa_avx512): any input dtype is packed to f32.
  *
- * Packed layouts (f32, zero padded, so the products never need masks inside a loop):
- *   pack_a  (q, m x k):   A[r * k + x]                        row-major
- *   pack_bt (k, n x k):   panels of 32 keys: BT[p][x][32]      keys run fastest: 2 vectors
- *   pack_b  (v, n x c):   panels of 64 columns: B[p][j][w]     w = min(64, c - 64p rounded up to 16)
+ * Packing and exp_sum are isa_f32_simd.h's at 16 lanes: K^T in panels of 32 keys, V in
+ * panels of 64 columns (w = min(64, c - 64p rounded up to 16)).
  *
  * Both products are the register-blocked kernel of isa_avx512_gemm.h with an f32 per word
  * (gemm_abt 12 query rows x 32 keys, gemm_pb 6 rows x 64 value columns).
- * K is transposed while it is packed (16 x 16 blocks in registers), so 16 keys are one
- * vector; that cost is paid once per key tile and shared by all query rows of the tile.
  *
  * exp_sum uses the polynomial of vexp.h (degree-7 Taylor on |r| <= ln2/2), 16 lanes at a
  * time, so the numbers match the scalar kernels to an ulp or two. */
 #include "isa_avx512.h"
 
-#define FA_AVX512_DOT(acc, a, b) _mm512_fmadd_ps(a, b, acc)
-#include "isa_avx512_gemm.h"
-#include "isa_pack.h"
-
 #include <immintrin.h>
 #include <string.h>
+
+#define FA_AVX512_DOT(acc, a, b) _mm512_fmadd_ps(a, b, acc)
+#include "isa_avx512_gemm.h"
+
+/* 16 (or the `mask` lanes) contiguous elements of dtype t at p as f32. */
+static inline __m512 load16(fa_dtype t, const void *p, __mmask16 mask) {
+    switch (t) {
+    case FA_F32:
+        return _mm512_maskz_loadu_ps(mask, p);
+    case FA_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+    default:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+    }
+}
+
+/* The vector traits of isa_f32_simd.h: 16 lanes, masks in k registers. */
+#define FA_V_FN(name) avx512_##name
+#define FA_V_PANEL PB_NR
+#define FA_VW 16
+#define FA_V __m512
+#define FA_VM __mmask16
+#define FA_V_TAIL(n) fa_mask16(n)
+#define FA_V_LOADT(t, p, n) load16(t, p, fa_mask16(n))
+#define FA_V_LOAD(p) _mm512_loadu_ps(p)
+#define FA_V_STORE(p, v) _mm512_storeu_ps(p, v)
+#define FA_V_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define FA_V_MSTORE(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#define FA_V_ZERO() _mm512_setzero_ps()
+#define FA_V_SET1(x) _mm512_set1_ps(x)
+#define FA_V_ADD(a, b) _mm512_add_ps(a, b)
+#define FA_V_SUB(a, b) _mm512_sub_ps(a, b)
+#define FA_V_KEEP(m, v) _mm512_maskz_mov_ps(m, v)
+#define FA_V_EXP(x) fa_avx512_exp(x)
+#define FA_V_HSUM(v) _mm512_reduce_add_ps(v)
+#define FA_V_TRANSPOSE(r) fa_avx512_transpose16(r)
+#include "isa_f32_simd.h"
+_Static_assert(FA_V_KEYS == ABT_NR, "pack_bt packs the panels gemm_abt reads");
 
 static int avx512_available(void) {
     __builtin_cpu_init();
@@ -33,92 +63,6 @@ int64_t fa_avx512_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
     return fa_round_up(rows, 64) * fa_round_up(cols, 64) * (int64_t)sizeof(float);
 }
 
-/* ---- loading rows of any dtype as f32 ------------------------------------------------ */
-
-/* 16 (or the `mask` lanes) contiguous elements of row `row` from column c as f32. */
-static inline __m512 load16(const fa_tile_src *src, const void *row, __mmask16 mask) {
-    switch (src->dtype) {
-    case FA_F32:
-        return _mm512_maskz_loadu_ps(mask, row);
-    case FA_BF16:
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, row)), 16));
-    default:
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, row));
-    }
-}
-
-/* Copies a rows x cols tile to f32 rows of `ld` floats (ld >= cols). */
-void fa_avx512_pack_rows(const fa_tile_src *src, int rows, int cols, float *dst, int64_t ld) {
-    const size_t esz = fa_dtype_size(src->dtype);
-    if (src->col_stride != 1) {
-        fa_pack_f32(src, rows, cols, dst, ld, 1);
-        return;
-    }
-    for (int r = 0; r < rows; r++) {
-        const char *row = (const char *)src->base + (size_t)(r * src->row_stride) * esz;
-        float *d = dst + r * ld;
-        int c = 0;
-        for (; c + 16 <= cols; c += 16) _mm512_storeu_ps(d + c, load16(src, row + (size_t)c * esz, 0xffff));
-        if (c < cols) _mm512_mask_storeu_ps(d + c, fa_mask16(cols - c), load16(src, row + (size_t)c * esz, fa_mask16(cols - c)));
-    }
-}
-
-static void avx512_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
-    fa_avx512_pack_rows(src, rows, cols, (float *)dst, cols);
-}
-
-/* K (n keys x k) into panels of 32 keys: dst[p][x][32], zero padded keys. */
-static void avx512_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
-    float *out = (float *)dst;
-    const size_t esz = fa_dtype_size(src->dtype);
-    const int contiguous = src->col_stride == 1;
-    for (int j0 = 0; j0 < rows; j0 += 16) {
-        const int nj = rows - j0 < 16 ? rows - j0 : 16;
-        float *panel = out + (int64_t)(j0 / ABT_NR) * ABT_NR * cols + (j0 % ABT_NR);
-        for (int x0 = 0; x0 < cols; x0 += 16) {
-            const int nx = cols - x0 < 16 ? cols - x0 : 16;
-            __m512 r[16];
-            for (int j = 0; j < 16; j++) {
-                if (j >= nj) {
-                    r[j] = _mm512_setzero_ps();
-                } else if (contiguous) {
-                    const char *row = (const char *)src->base + (size_t)((j0 + j) * src->row_stride + x0) * esz;
-                    /* the same columns two groups of keys ahead: 16 row streams defeat the
-                     * hardware prefetcher when K comes from L3 */
-                    if (j0 + 32 + j < rows) _mm_prefetch(row + (size_t)(32 * src->row_stride) * esz, _MM_HINT_T0);
-                    r[j] = load16(src, row, fa_mask16(nx));
-                } else {
-                    float tmp[16] = {0};
-                    const fa_tile_src row = fa_tile_at(src, j0 + j, x0);
-                    fa_pack_f32(&row, 1, nx, tmp, 0, 1);
-                    r[j] = _mm512_loadu_ps(tmp);
-                }
-            }
-            fa_avx512_transpose16(r);
-            for (int x = 0; x < nx; x++) _mm512_storeu_ps(panel + (int64_t)(x0 + x) * ABT_NR, r[x]);
-        }
-    }
-    /* an odd last half panel: zero its second 16 keys */
-    if (rows % ABT_NR && rows % ABT_NR <= 16) {
-        float *panel = out + (int64_t)(rows / ABT_NR) * ABT_NR * cols + 16;
-        for (int x = 0; x < cols; x++) _mm512_storeu_ps(panel + (int64_t)x * ABT_NR, _mm512_setzero_ps());
-    }
-}
-
-/* V (n x cols) into panels of 64 columns: dst[p][j][w], w = pb_width. */
-static void avx512_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
-    float *out = (float *)dst;
-    for (int p = 0; p * PB_NR < cols; p++) {
-        const int w = pb_width(cols, p), c0 = p * PB_NR, nc = cols - c0 < PB_NR ? cols - c0 : PB_NR;
-        const fa_tile_src s = fa_tile_at(src, 0, c0);
-        float *panel = out + (int64_t)c0 * rows;
-        if (nc < w)
-            for (int j = 0; j < rows; j++) _mm512_storeu_ps(panel + (int64_t)j * w + w - 16, _mm512_setzero_ps());
-        fa_avx512_pack_rows(&s, rows, nc, panel, w);
-    }
-}
-
 /* ---- products (isa_avx512_gemm.h) ----------------------------------------------------- */
 
 static void avx512_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
@@ -129,25 +73,7 @@ static void avx512_gemm_pb(int m, int n, int cols, const float *p, int ldp, cons
     gemm_pb_words(m, n, cols, (const uint32_t *)p, ldp, (const uint32_t *)b, n, 0, o, ldo);
 }
 
-/* ---- exp ---------------------------------------------------------------------------- */
-
-float fa_avx512_exp_sum(float *x, int n, float mx) {
-    const __m512 vmx = _mm512_set1_ps(mx);
-    __m512 sum = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        __m512 e = fa_avx512_exp(_mm512_sub_ps(_mm512_loadu_ps(x + j), vmx));
-        _mm512_storeu_ps(x + j, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    if (j < n) {
-        const __mmask16 t = fa_mask16(n - j);
-        __m512 e = fa_avx512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, x + j), vmx));
-        _mm512_mask_storeu_ps(x + j, t, e);
-        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(t, e));
-    }
-    return _mm512_reduce_add_ps(sum);
-}
+float fa_avx512_exp_sum(float *x, int n, float mx) { return avx512_exp_sum(x, n, mx); }
 
 /* ---- per-element passes of the backward ---------------------------------------------- */
 

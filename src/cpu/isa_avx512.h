@@ -14,8 +14,6 @@
 extern const fa_isa fa_isa_avx512;
 
 int64_t fa_avx512_packed_bytes(int64_t rows, int64_t cols, fa_dtype t);
-/* Copies a rows x cols tile of any dtype to f32 rows of `ld` floats. */
-void fa_avx512_pack_rows(const fa_tile_src *src, int rows, int cols, float *dst, int64_t ld);
 float fa_avx512_exp_sum(float *x, int n, float mx);
 void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr);
 void fa_avx512_round_row(float *x, int n, fa_dtype t);
