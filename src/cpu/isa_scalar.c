@@ -46,8 +46,9 @@ static inline __attribute__((always_inline)) void row_product(const float *restr
                                                               const int skip_zero) {
     int c0 = 0;
     for (; c0 + FA_SC_W <= n; c0 += FA_SC_W) {
-        float acc[FA_SC_W];
-        for (int c = 0; c < FA_SC_W; c++) acc[c] = accumulate ? out[c0 + c] : 0.0f;
+        float acc[FA_SC_W] = {0};
+        if (accumulate)
+            for (int c = 0; c < FA_SC_W; c++) acc[c] = out[c0 + c];
         for (int x = 0; x < K; x++) {
             const float av = a[x];
             if (skip_zero && av == 0.0f) continue;
