@@ -19,6 +19,8 @@
 
 #include "isa_avx512.h"
 
+#include <string.h>
+
 #define ABT_MR 12 /* query rows per block of gemm_abt */
 #define ABT_NR 32 /* keys per panel of packed K^T */
 #define PB_MR 6   /* rows per block of gemm_pb */
