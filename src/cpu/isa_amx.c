@@ -7,8 +7,8 @@
  * problems use the f32 kernels of isa_avx512.c unchanged, so their results are avx512's.
  *
  * Every packed buffer starts with a 64-byte header naming its payload (f32 or AMX bf16),
- * since the products are not told the dtype (isa_avx512bf16.h). AMX payloads, zero padded (kp = cols rounded
- * up to 32, np = rows rounded up to 32):
+ * since the products are not told the dtype (isa_avx512bf16.h). AMX payloads, zero padded
+ * (kp = cols rounded up to 32, np = rows rounded up to 32):
  *   pack_a  (q, m x k):  A[r][kp]                 bf16 rows, m rounded up to 16 rows
  *   pack_bt (k, n x k):  BT[n/16][kp/2][16]        panels of 16 keys, a pair of head dims each
  *   pack_b  (v, n x c):  B[c/16][np/2][16]         panels of 16 columns, a pair of keys each
