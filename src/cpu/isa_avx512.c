@@ -89,7 +89,8 @@ void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr) {
                 r[i] = i < rows ? _mm512_maskz_loadu_ps(fa_mask16(cols), x + (int64_t)(i0 + i) * ld + j0)
                                 : _mm512_setzero_ps();
             fa_avx512_transpose16(r);
-            for (int c = 0; c < cols; c++) _mm512_mask_storeu_ps(tr + (int64_t)(j0 + c) * m + i0, fa_mask16(rows), r[c]);
+            for (int c = 0; c < cols; c++)
+                _mm512_mask_storeu_ps(tr + (int64_t)(j0 + c) * m + i0, fa_mask16(rows), r[c]);
         }
     }
 }

@@ -82,8 +82,10 @@ static inline void fa_bf16_load_keys16(const fa_tile_src *s, int j0, int rows, i
 /* vpermt2w indices that pair two rows a and b (element i of a is index i, of b 32 + i):
  * word i of the result is (a[i], b[i]) for [0], (a[16 + i], b[16 + i]) for [1]. */
 static const uint16_t fa_bf16_pair_idx[2][32] = {
-    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
-    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
+    {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47},
+    {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63}};
 
 /* Rows j and j + 1 of a bf16 V tile (zeros from row `rows` on), 32 columns from c (zeros
  * from column `cols` on), as pairs of keys: word i of *lo holds (V[j][c + i],
