@@ -14,6 +14,7 @@
 #define FA_CPU_GUARD_H
 
 #include "isa.h"
+#include "isa_pack.h"
 
 #include <string.h>
 
@@ -98,7 +99,6 @@ static inline int fa_tile_nonfinite(const fa_tile_src *src, int rows, int cols) 
  * ISA's product; the sums differ from one product over the tile only in their order. */
 static inline void fa_gemm_pb_guarded(const fa_isa *isa, int m, int n, int cols, const float *p, int ldp,
                                       const fa_tile_src *src, void *buf, float *o, int ldo) {
-    const size_t esz = fa_dtype_size(src->dtype);
     for (int j = 0; j < n;) {
         if (fa_row_nonfinite(src, j, cols)) {
             for (int i = 0; i < m; i++) {
@@ -112,8 +112,7 @@ static inline void fa_gemm_pb_guarded(const fa_isa *isa, int m, int n, int cols,
         }
         int e = j + 1;
         while (e < n && !fa_row_nonfinite(src, e, cols)) e++;
-        fa_tile_src run = *src;
-        run.base = (const char *)src->base + (size_t)(j * src->row_stride) * esz;
+        const fa_tile_src run = fa_tile_at(src, j, 0);
         isa->pack_b(&run, e - j, cols, buf);
         isa->gemm_pb(m, e - j, cols, p + j, ldp, buf, o, ldo);
         j = e;

@@ -7,8 +7,8 @@
  * problems use the f32 kernels of isa_avx512.c unchanged, so their results are avx512's.
  *
  * Every packed buffer starts with a 64-byte header naming its payload (f32 or AMX bf16),
- * since the products are not told the dtype. AMX payloads, zero padded (kp = cols rounded
- * up to 32, np = rows rounded up to 32):
+ * since the products are not told the dtype (isa_avx512bf16.h). AMX payloads, zero padded
+ * (kp = cols rounded up to 32, np = rows rounded up to 32):
  *   pack_a  (q, m x k):  A[r][kp]                 bf16 rows, m rounded up to 16 rows
  *   pack_bt (k, n x k):  BT[n/16][kp/2][16]        panels of 16 keys, a pair of head dims each
  *   pack_b  (v, n x c):  B[c/16][np/2][16]         panels of 16 columns, a pair of keys each
@@ -27,7 +27,8 @@
  * not 64), and tiles are loaded with our own tileloadd that clobbers memory (GCC's does
  * not, so stores into a buffer read only by a tile load could be dropped). */
 #define _DEFAULT_SOURCE /* syscall() */
-#include "isa_avx512.h"
+#include "isa_avx512bf16.h"
+#include "isa_pack.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -36,7 +37,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define FMT_F32 1u
 #define FMT_AMX 2u
 #define PB_KC 512 /* keys of p converted to bf16 at a time (32 rows: 32 KiB of stack) */
 
@@ -97,67 +97,35 @@ static int amx_available(void) {
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
-static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
 static int64_t amx_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
     if (t != FA_BF16) return FA_PACK_HDR + fa_avx512_packed_bytes(rows, cols, t);
-    return FA_PACK_HDR + round_up(rows, 32) * round_up(cols, 32) * 2; /* covers all three layouts */
-}
-
-/* 32 bf16 values of row r from column c: those below column c + nc, zeros after. */
-static inline __m512i load32(const fa_tile_src *s, int r, int c, int nc) {
-    if (nc <= 0) return _mm512_setzero_si512();
-    if (s->col_stride == 1)
-        return _mm512_maskz_loadu_epi16(fa_mask32(nc), (const uint16_t *)s->base + r * s->row_stride + c);
-    uint16_t tmp[32] = {0};
-    for (int e = 0; e < nc && e < 32; e++)
-        tmp[e] = ((const uint16_t *)s->base)[r * s->row_stride + (int64_t)(c + e) * s->col_stride];
-    return _mm512_loadu_si512(tmp);
+    return FA_PACK_HDR + fa_round_up(rows, 32) * fa_round_up(cols, 32) * 2; /* covers all three layouts */
 }
 
 /* ---- packing ------------------------------------------------------------------------ */
 
 /* Q (m x k) as bf16 rows of kp values, m rounded up to 16 rows. */
 static void amx_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
-    if (src->dtype != FA_BF16) {
-        fa_pack_set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_a(src, rows, cols, fa_pack_payload(dst));
-        return;
-    }
-    fa_pack_set_fmt(dst, FMT_AMX);
-    const int kp = (int)round_up(cols, 32), mp = (int)round_up(rows, 16);
+    if (fa_pack_f32_unless_bf16(fa_isa_avx512.pack_a, src, rows, cols, dst, FMT_AMX)) return;
+    const int kp = (int)fa_round_up(cols, 32), mp = (int)fa_round_up(rows, 16);
     uint16_t *out = (uint16_t *)fa_pack_payload(dst);
     for (int r = 0; r < mp; r++)
         for (int c = 0; c < kp; c += 32)
             _mm512_storeu_si512(out + (int64_t)r * kp + c,
-                                r < rows ? load32(src, r, c, cols - c) : _mm512_setzero_si512());
+                                r < rows ? fa_bf16_load32(src, r, c, cols - c) : _mm512_setzero_si512());
 }
 
 /* K (n keys x k) into panels of 16 keys of head-dim pairs: dst[n/16][kp/2][16]. Each 16
  * keys x 32 head dims block is transposed as 16 x 16 words (a word = a pair). */
 static void amx_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
-    if (src->dtype != FA_BF16) {
-        fa_pack_set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_bt(src, rows, cols, fa_pack_payload(dst));
-        return;
-    }
-    fa_pack_set_fmt(dst, FMT_AMX);
-    const int kp = (int)round_up(cols, 32);
+    if (fa_pack_f32_unless_bf16(fa_isa_avx512.pack_bt, src, rows, cols, dst, FMT_AMX)) return;
+    const int kp = (int)fa_round_up(cols, 32);
     uint32_t *out = (uint32_t *)fa_pack_payload(dst);
     for (int j0 = 0; j0 < rows; j0 += 16) {
         uint32_t *panel = out + (int64_t)(j0 / 16) * (kp / 2) * 16;
         for (int c = 0; c < kp; c += 32) {
             __m512 r[16];
-            for (int j = 0; j < 16; j++) {
-                if (j0 + j >= rows) {
-                    r[j] = _mm512_setzero_ps();
-                    continue;
-                }
-                if (src->col_stride == 1 && j0 + 32 + j < rows)
-                    _mm_prefetch((const char *)((const uint16_t *)src->base + (j0 + 32 + j) * src->row_stride + c),
-                                 _MM_HINT_T0);
-                r[j] = _mm512_castsi512_ps(load32(src, j0 + j, c, cols - c));
-            }
+            fa_bf16_load_keys16(src, j0, rows, c, cols - c, r);
             fa_avx512_transpose16(r); /* r[x] lane j: pair x of key j0 + j */
             for (int x = 0; x < 16; x++) _mm512_storeu_ps(panel + (int64_t)(c / 2 + x) * 16, r[x]);
         }
@@ -167,31 +135,16 @@ static void amx_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
 /* V (n keys x cols) into panels of 16 columns of key pairs: dst[c/16][np/2][16]. Two rows
  * of 32 columns are interleaved into the pairs of two panels. */
 static void amx_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
-    if (src->dtype != FA_BF16) {
-        fa_pack_set_fmt(dst, FMT_F32);
-        fa_isa_avx512.pack_b(src, rows, cols, fa_pack_payload(dst));
-        return;
-    }
-    fa_pack_set_fmt(dst, FMT_AMX);
-    const int np2 = (int)round_up(rows, 32) / 2;
+    if (fa_pack_f32_unless_bf16(fa_isa_avx512.pack_b, src, rows, cols, dst, FMT_AMX)) return;
+    const int np2 = (int)fa_round_up(rows, 32) / 2;
     uint32_t *out = (uint32_t *)fa_pack_payload(dst);
-    /* word c of the low half: (a[c], b[c]); of the high half: (a[16 + c], b[16 + c]) */
-    uint16_t lo_idx[32], hi_idx[32];
-    for (int c = 0; c < 16; c++) {
-        lo_idx[2 * c] = (uint16_t)c;
-        lo_idx[2 * c + 1] = (uint16_t)(32 + c);
-        hi_idx[2 * c] = (uint16_t)(16 + c);
-        hi_idx[2 * c + 1] = (uint16_t)(48 + c);
-    }
-    const __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
     for (int kk = 0; kk < np2; kk++) {
-        const int j = 2 * kk;
         for (int c = 0; c < cols; c += 32) {
-            const __m512i a = j < rows ? load32(src, j, c, cols - c) : _mm512_setzero_si512();
-            const __m512i b = j + 1 < rows ? load32(src, j + 1, c, cols - c) : _mm512_setzero_si512();
+            __m512i lo, hi;
+            fa_bf16_pair_rows(src, 2 * kk, rows, c, cols, &lo, &hi);
             uint32_t *row = out + ((int64_t)(c / 16) * np2 + kk) * 16;
-            _mm512_storeu_si512(row, _mm512_permutex2var_epi16(a, lo, b));
-            if (c + 16 < cols) _mm512_storeu_si512(row + (int64_t)np2 * 16, _mm512_permutex2var_epi16(a, hi, b));
+            _mm512_storeu_si512(row, lo);
+            if (c + 16 < cols) _mm512_storeu_si512(row + (int64_t)np2 * 16, hi);
         }
     }
 }
@@ -289,13 +242,10 @@ static void block_any(int mt, int nt, int KT, const uint16_t *a, int64_t lda, co
 /* ---- products ----------------------------------------------------------------------- */
 
 static void amx_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
-    if (fa_pack_fmt(a) != FMT_AMX) {
-        fa_isa_avx512.gemm_abt(m, n, k, fa_pack_cpayload(a), fa_pack_cpayload(bt), s, lds);
-        return;
-    }
+    if (fa_gemm_abt_f32(m, n, k, a, bt, s, lds)) return;
     const uint16_t *A = (const uint16_t *)fa_pack_cpayload(a);
     const uint32_t *BT = (const uint32_t *)fa_pack_cpayload(bt);
-    const int kp = (int)round_up(k, 32);
+    const int kp = (int)fa_round_up(k, 32);
     const int64_t panel = (int64_t)(kp / 2) * 16; /* words per panel of 16 keys */
     tiles_begin();
     for (int j0 = 0; j0 < n; j0 += 32) {
@@ -320,31 +270,21 @@ static void p_to_bf16(const float *p, int ldp, int rows, int mt, int kn, int kc,
             continue;
         }
         const float *row = p + (int64_t)r * ldp;
-        int e = 0;
-        for (; e + 32 <= kn; e += 32)
-            _mm512_storeu_si512(d + e, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + e + 16), _mm512_loadu_ps(row + e)));
-        for (; e < kc; e += 32) {
-            const __m512 lo = _mm512_maskz_loadu_ps(fa_mask16(kn - e), row + e);
-            const __m512 hi = _mm512_maskz_loadu_ps(fa_mask16(kn - e - 16), row + e + 16);
-            _mm512_storeu_si512(d + e, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        }
+        for (int e = 0; e < kc; e += 32) _mm512_storeu_si512(d + e, fa_bf16_pairs32(row + e, kn - e));
     }
 }
 
 static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
-    if (fa_pack_fmt(b) != FMT_AMX) {
-        fa_isa_avx512.gemm_pb(m, n, cols, p, ldp, fa_pack_cpayload(b), o, ldo);
-        return;
-    }
+    if (fa_gemm_pb_f32(m, n, cols, p, ldp, b, o, ldo)) return;
     const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
-    const int np2 = (int)round_up(n, 32) / 2;
+    const int np2 = (int)fa_round_up(n, 32) / 2;
     const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
     uint16_t pp[32 * PB_KC] __attribute__((aligned(64)));
     tiles_begin();
     for (int i0 = 0; i0 < m; i0 += 32) {
         const int mr = m - i0 < 32 ? m - i0 : 32, mt = mr > 16 ? 2 : 1;
         for (int k0 = 0; k0 < n; k0 += PB_KC) {
-            const int kn = n - k0 < PB_KC ? n - k0 : PB_KC, kc = (int)round_up(kn, 32);
+            const int kn = n - k0 < PB_KC ? n - k0 : PB_KC, kc = (int)fa_round_up(kn, 32);
             p_to_bf16(p + (int64_t)i0 * ldp + k0, ldp, mr, mt, kn, kc, pp);
             for (int c0 = 0; c0 < cols; c0 += 32) {
                 const int nc = cols - c0 < 32 ? cols - c0 : 32;

@@ -1,17 +1,15 @@
 /* AVX2 + FMA microkernels in f32 (fa_isa_avx2), for x86-64 CPUs without AVX-512. Any input
  * dtype is packed to f32 (F16C converts f16).
  *
- * Packed layouts (f32, zero padded, so the products never need masks inside a loop):
- *   pack_a  (q, m x k):   A[r * k + x]                        row-major
- *   pack_bt (k, n x k):   panels of 16 keys: BT[p][x][16]      keys run fastest: 2 vectors
- *   pack_b  (v, n x c):   panels of 16 columns: B[p][j][16]
+ * Packing and exp_sum are isa_f32_simd.h's at 8 lanes: K^T in panels of 16 keys (8 x 8
+ * blocks transposed in registers), V in panels of 16 columns: B[p][j][16].
  *
  * Both products are one register-blocked kernel, C[MR x 8NV] (+)= sum_x A[r, x] B[x, :],
  * 6 rows x 16 columns (12 of the 16 ymm registers hold accumulators); A[r, x] is
- * broadcast from memory. K is transposed in 8 x 8 blocks while it is packed.
- *
- * exp_sum uses vexp.h's method and polynomial, 8 lanes at a time. */
+ * broadcast from memory. exp_sum uses vexp.h's method and polynomial. */
 #include "isa.h"
+#include "isa_pack.h"
+#include "vexp.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -27,11 +25,9 @@ static int avx2_available(void) {
            (c & bit_F16C);
 }
 
-static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
 static int64_t avx2_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
     (void)t;
-    return round_up(rows, NR) * round_up(cols, NR) * (int64_t)sizeof(float);
+    return fa_round_up(rows, NR) * fa_round_up(cols, NR) * (int64_t)sizeof(float);
 }
 
 /* Lanes [0, n) set, for masked loads and stores of 8 floats. */
@@ -59,28 +55,6 @@ static inline __m256 load8(fa_dtype t, const void *p, int n) {
     return _mm256_cvtph_ps(raw);
 }
 
-/* Copies a rows x cols tile to f32 rows of `ld` floats. */
-static void pack_rows(const fa_tile_src *src, int rows, int cols, float *dst, int64_t ld) {
-    const size_t esz = fa_dtype_size(src->dtype);
-    if (src->col_stride != 1) {
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++)
-                dst[r * ld + c] = fa_load(src->dtype, src->base, r * src->row_stride + c * src->col_stride);
-        return;
-    }
-    for (int r = 0; r < rows; r++) {
-        const char *row = (const char *)src->base + (size_t)(r * src->row_stride) * esz;
-        float *d = dst + r * ld;
-        int c = 0;
-        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(d + c, load8(src->dtype, row + (size_t)c * esz, 8));
-        if (c < cols) _mm256_maskstore_ps(d + c, lane_mask(cols - c), load8(src->dtype, row + (size_t)c * esz, cols - c));
-    }
-}
-
-static void avx2_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
-    pack_rows(src, rows, cols, (float *)dst, cols);
-}
-
 /* Transposes the 8 x 8 block r[0..7] (rows) in place into columns. */
 static inline void transpose8(__m256 r[8]) {
     __m256 a[8], b[8];
@@ -98,55 +72,6 @@ static inline void transpose8(__m256 r[8]) {
     for (int c = 0; c < 4; c++) {
         r[c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x20);
         r[4 + c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x31);
-    }
-}
-
-/* K (n keys x k) into panels of 16 keys: dst[p][x][16], zero padded keys. */
-static void avx2_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
-    float *out = (float *)dst;
-    const size_t esz = fa_dtype_size(src->dtype);
-    for (int j0 = 0; j0 < round_up(rows, NR); j0 += 8) {
-        const int nj = rows - j0 < 8 ? (rows > j0 ? rows - j0 : 0) : 8;
-        float *panel = out + (int64_t)(j0 / NR) * NR * cols + (j0 % NR);
-        for (int x0 = 0; x0 < cols; x0 += 8) {
-            const int nx = cols - x0 < 8 ? cols - x0 : 8;
-            __m256 r[8];
-            for (int j = 0; j < 8; j++) {
-                if (j >= nj) {
-                    r[j] = _mm256_setzero_ps();
-                } else if (src->col_stride == 1) {
-                    const char *row = (const char *)src->base + (size_t)((j0 + j) * src->row_stride + x0) * esz;
-                    /* the same columns 32 keys ahead: many row streams defeat the hardware prefetcher */
-                    if (j0 + 32 + j < rows) _mm_prefetch(row + (size_t)(32 * src->row_stride) * esz, _MM_HINT_T0);
-                    r[j] = load8(src->dtype, row, nx);
-                } else {
-                    float tmp[8] = {0};
-                    for (int x = 0; x < nx; x++)
-                        tmp[x] = fa_load(src->dtype, src->base, (j0 + j) * src->row_stride + (x0 + x) * src->col_stride);
-                    r[j] = _mm256_loadu_ps(tmp);
-                }
-            }
-            transpose8(r);
-            for (int x = 0; x < nx; x++) _mm256_storeu_ps(panel + (int64_t)(x0 + x) * NR, r[x]);
-        }
-    }
-}
-
-/* V (n x cols) into panels of 16 columns: dst[p][j][16], zero padded columns. */
-static void avx2_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
-    float *out = (float *)dst;
-    const size_t esz = fa_dtype_size(src->dtype);
-    for (int c0 = 0; c0 < cols; c0 += NR) {
-        const int nc = cols - c0 < NR ? cols - c0 : NR;
-        fa_tile_src s = *src;
-        s.base = (const char *)src->base + (size_t)(c0 * src->col_stride) * esz;
-        float *panel = out + (int64_t)c0 * rows;
-        if (nc < NR)
-            for (int j = 0; j < rows; j++) {
-                _mm256_storeu_ps(panel + (int64_t)j * NR, _mm256_setzero_ps());
-                _mm256_storeu_ps(panel + (int64_t)j * NR + 8, _mm256_setzero_ps());
-            }
-        pack_rows(&s, rows, nc, panel, NR);
     }
 }
 
@@ -218,23 +143,18 @@ static void avx2_gemm_pb(int m, int n, int cols, const float *p, int ldp, const 
     }
 }
 
-/* ---- exp: vexp.h's method on 8 lanes ------------------------------------------------ */
+/* ---- exp (vexp.h's method on 8 lanes), packing and exp_sum (isa_f32_simd.h) ---------- */
 
 static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.0f);
+    const __m256 lo = _mm256_set1_ps(FA_EXP_LO), hi = _mm256_set1_ps(FA_EXP_HI);
     __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); /* NaN passes through */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(FA_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_HI), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(FA_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(fa_exp_coef[0]);
+#pragma GCC unroll 8
+    for (int i = 1; i < FA_EXP_NCOEF; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(fa_exp_coef[i]));
     /* 2^n in the exponent bits (n in [-126, 127] after the clamps; NaN gives garbage, fixed below) */
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
@@ -243,27 +163,36 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-static float avx2_exp_sum(float *x, int n, float mx) {
-    const __m256 vmx = _mm256_set1_ps(mx);
-    __m256 sum = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), vmx));
-        _mm256_storeu_ps(x + j, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    if (j < n) {
-        const __m256i m = lane_mask(n - j);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + j, m), vmx));
-        e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
-        _mm256_maskstore_ps(x + j, m, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+/* The sum of the 8 lanes. */
+static inline float hsum8(__m256 v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
     return _mm_cvtss_f32(s4);
 }
+
+/* The vector traits of isa_f32_simd.h: 8 lanes, masks as all-ones lanes. */
+#define FA_V_FN(name) avx2_##name
+#define FA_V_PANEL NR
+#define FA_VW 8
+#define FA_V __m256
+#define FA_VM __m256i
+#define FA_V_TAIL(n) lane_mask(n)
+#define FA_V_LOADT(t, p, n) load8(t, p, n)
+#define FA_V_LOAD(p) _mm256_loadu_ps(p)
+#define FA_V_STORE(p, v) _mm256_storeu_ps(p, v)
+#define FA_V_MLOAD(m, p) _mm256_maskload_ps(p, m)
+#define FA_V_MSTORE(p, m, v) _mm256_maskstore_ps(p, m, v)
+#define FA_V_ZERO() _mm256_setzero_ps()
+#define FA_V_SET1(x) _mm256_set1_ps(x)
+#define FA_V_ADD(a, b) _mm256_add_ps(a, b)
+#define FA_V_SUB(a, b) _mm256_sub_ps(a, b)
+#define FA_V_KEEP(m, v) _mm256_and_ps(v, _mm256_castsi256_ps(m))
+#define FA_V_EXP(x) exp8(x)
+#define FA_V_HSUM(v) hsum8(v)
+#define FA_V_TRANSPOSE(r) transpose8(r)
+#include "isa_f32_simd.h"
+_Static_assert(FA_V_KEYS == NR, "pack_bt packs the panels gemm_abt reads");
 
 const fa_isa fa_isa_avx2 = {
     .name = "avx2",

@@ -1,10 +1,12 @@
-/* Shared by the AVX-512 microkernel files (isa_avx512.c, isa_avx512bf16.c, isa_amx.c): the vector exp
- * and the f32 helpers the bf16 table reuses for f32 and f16 inputs. Include only from
- * files compiled with AVX-512 flags. */
+/* Shared by the AVX-512 files (isa_avx512.c, isa_avx512bf16.c, isa_amx.c, decode_avx512bf16.c):
+ * the vector exp (vexp.h's method), lane masks, the 16 x 16 transpose, and the f32 kernels
+ * the bf16 tables reuse for f32 and f16 inputs. Include only from files compiled with
+ * AVX-512 flags (static inline: each file compiles them with its own). */
 #ifndef FA_CPU_ISA_AVX512_H
 #define FA_CPU_ISA_AVX512_H
 
 #include "isa.h"
+#include "vexp.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -12,26 +14,19 @@
 extern const fa_isa fa_isa_avx512;
 
 int64_t fa_avx512_packed_bytes(int64_t rows, int64_t cols, fa_dtype t);
-/* Copies a rows x cols tile of any dtype to f32 rows of `ld` floats. */
-void fa_avx512_pack_rows(const fa_tile_src *src, int rows, int cols, float *dst, int64_t ld);
 float fa_avx512_exp_sum(float *x, int n, float mx);
 void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr);
 void fa_avx512_round_row(float *x, int n, fa_dtype t);
 
 /* The part after the clamps: exp of xc in lanes under keep, 0 in the others. */
 static inline __m512 fa_avx512_exp_kept(__m512 xc, __mmask16 keep) {
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(FA_EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_HI), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FA_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(fa_exp_coef[0]);
+#pragma GCC unroll 8
+    for (int i = 1; i < FA_EXP_NCOEF; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(fa_exp_coef[i]));
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
@@ -41,7 +36,7 @@ static inline __m512 fa_avx512_exp_kept(__m512 xc, __mmask16 keep) {
  * result is 0, as in vexp.h (exp(-inf) = 0; no subnormal p reaches the products), above
  * 88.73 it is +inf, and NaN stays NaN (the clamps return their second operand on NaN). */
 static inline __m512 fa_avx512_exp(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.33654f);
+    const __m512 lo = _mm512_set1_ps(FA_EXP_LO);
     const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* x >= lo, or NaN */
     return fa_avx512_exp_kept(_mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(lo, x)), keep);
 }
@@ -50,21 +45,8 @@ static inline __m512 fa_avx512_exp(__m512 x) {
  * the row max) or NaN, without the clamps: below ln(FLT_MIN), -inf included, the keep
  * mask still gives 0 whatever the arithmetic made of x, and NaN flows through as NaN. */
 static inline __m512 fa_avx512_exp_nonpos(__m512 x) {
-    return fa_avx512_exp_kept(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ));
+    return fa_avx512_exp_kept(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(FA_EXP_LO), _CMP_NLT_UQ));
 }
-
-/* Packed buffers of the bf16-capable tables (isa_avx512bf16.c, isa_amx.c) start with a
- * 64-byte header naming their format, so one table can hold f32 (for f32/f16 problems) or
- * bf16 layouts, and the products know which they were given. */
-#define FA_PACK_HDR 64
-static inline uint32_t fa_pack_fmt(const void *packed) {
-    uint32_t f;
-    memcpy(&f, packed, sizeof f);
-    return f;
-}
-static inline void fa_pack_set_fmt(void *packed, uint32_t f) { memcpy(packed, &f, sizeof f); }
-static inline void *fa_pack_payload(void *packed) { return (char *)packed + FA_PACK_HDR; }
-static inline const void *fa_pack_cpayload(const void *packed) { return (const char *)packed + FA_PACK_HDR; }
 
 /* Lane masks for the first n lanes (n clamped to [0, 16] / [0, 32]). */
 static inline __mmask16 fa_mask16(int n) {

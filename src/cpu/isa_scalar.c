@@ -1,6 +1,6 @@
 /* The portable microkernels: plain C that GCC and Clang vectorize at -O3 for whatever the
- * baseline target is. Every operand is packed to f32 (any dtype, any strides, via
- * fa_load), laid out so each product's inner loop runs over contiguous memory:
+ * baseline target is. Every operand is packed to f32 (any dtype, any strides, by
+ * isa_pack.h's fa_pack_f32), laid out so each product's inner loop runs over contiguous memory:
  *
  *   pack_a  (q):  A[r * cols + c]               rows x cols, row-major
  *   pack_bt (k):  BT[c * rows + r]              transposed: keys run fastest
@@ -9,9 +9,10 @@
  * The products work on strips of FA_SC_W output columns of one row, held in a small
  * local array that the compiler keeps in vector registers, so the accumulators never
  * round-trip through memory inside the reduction loop. (Blocks of several rows measured
- * slower with GCC 12: it spills them when the reduction length is not a constant.) The
- * ragged last strip of a row takes a plain loop. */
+ * slower with GCC 12: it spills them when the reduction length is not a constant.) Both
+ * products are one row kernel; the ragged last strip of a row takes a plain loop. */
 #include "isa.h"
+#include "isa_pack.h"
 #include "vexp.h"
 
 #include <string.h>
@@ -25,98 +26,59 @@ static int64_t scalar_packed_bytes(int64_t rows, int64_t cols, fa_dtype t) {
     return rows * cols * (int64_t)sizeof(float);
 }
 
-/* dst[r * drs + c * dcs] = src[r, c] as f32; the dtype switch sits outside the loops. */
-static void pack_f32(const fa_tile_src *src, int rows, int cols, float *restrict dst, int64_t drs,
-                     int64_t dcs) {
-    const int64_t rs = src->row_stride, cs = src->col_stride;
-    switch (src->dtype) {
-    case FA_F32: {
-        const float *s = (const float *)src->base;
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++) dst[r * drs + c * dcs] = s[r * rs + c * cs];
-        break;
-    }
-    case FA_BF16: {
-        const uint16_t *s = (const uint16_t *)src->base;
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++) dst[r * drs + c * dcs] = fa_bf16_to_f32(s[r * rs + c * cs]);
-        break;
-    }
-    case FA_F16: {
-        const uint16_t *s = (const uint16_t *)src->base;
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++) dst[r * drs + c * dcs] = fa_f16_to_f32(s[r * rs + c * cs]);
-        break;
-    }
-    }
-}
-
 static void scalar_pack_a(const fa_tile_src *src, int rows, int cols, void *dst) {
-    pack_f32(src, rows, cols, (float *)dst, cols, 1);
+    fa_pack_f32(src, rows, cols, (float *)dst, cols, 1);
 }
 static void scalar_pack_bt(const fa_tile_src *src, int rows, int cols, void *dst) {
-    pack_f32(src, rows, cols, (float *)dst, 1, rows);
+    fa_pack_f32(src, rows, cols, (float *)dst, 1, rows);
 }
 static void scalar_pack_b(const fa_tile_src *src, int rows, int cols, void *dst) {
-    pack_f32(src, rows, cols, (float *)dst, cols, 1);
+    fa_pack_f32(src, rows, cols, (float *)dst, cols, 1);
+}
+
+/* One output row of both products: out[c] (+)= sum_{x<K} a[x] B[x * ldb + c] for c < n,
+ * in strips of FA_SC_W columns. accumulate: out starts from its values, else from 0.
+ * skip_zero: terms with a[x] == 0 are left out (gemm_pb's masked keys; gemm_abt keeps
+ * them, so that inf or NaN in k reaches the score). */
+static inline __attribute__((always_inline)) void row_product(const float *restrict a, int K,
+                                                              const float *restrict B, int64_t ldb, int n,
+                                                              float *restrict out, const int accumulate,
+                                                              const int skip_zero) {
+    int c0 = 0;
+    for (; c0 + FA_SC_W <= n; c0 += FA_SC_W) {
+        float acc[FA_SC_W] = {0};
+        if (accumulate)
+            for (int c = 0; c < FA_SC_W; c++) acc[c] = out[c0 + c];
+        for (int x = 0; x < K; x++) {
+            const float av = a[x];
+            if (skip_zero && av == 0.0f) continue;
+            const float *restrict b = B + (int64_t)x * ldb + c0;
+            for (int c = 0; c < FA_SC_W; c++) acc[c] += av * b[c];
+        }
+        for (int c = 0; c < FA_SC_W; c++) out[c0 + c] = acc[c];
+    }
+    if (c0 < n) { /* the ragged last strip */
+        if (!accumulate)
+            for (int c = c0; c < n; c++) out[c] = 0.0f;
+        for (int x = 0; x < K; x++) {
+            const float av = a[x];
+            if (skip_zero && av == 0.0f) continue;
+            const float *restrict b = B + (int64_t)x * ldb;
+            for (int c = c0; c < n; c++) out[c] += av * b[c];
+        }
+    }
 }
 
 /* s[i, j] = sum_x A[i, x] BT[x, j]. */
 static void scalar_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
-    const float *restrict A = (const float *)a;
-    const float *restrict BT = (const float *)bt;
-    for (int i = 0; i < m; i++) {
-        const float *restrict arow = A + (int64_t)i * k;
-        float *restrict srow = s + (int64_t)i * lds;
-        int j0 = 0;
-        for (; j0 + FA_SC_W <= n; j0 += FA_SC_W) {
-            float acc[FA_SC_W] = {0};
-            for (int x = 0; x < k; x++) {
-                const float av = arow[x];
-                const float *restrict b = BT + (int64_t)x * n + j0;
-                for (int c = 0; c < FA_SC_W; c++) acc[c] += av * b[c];
-            }
-            for (int c = 0; c < FA_SC_W; c++) srow[j0 + c] = acc[c];
-        }
-        if (j0 < n) { /* the ragged last strip */
-            const int w = n - j0;
-            for (int c = 0; c < w; c++) srow[j0 + c] = 0.0f;
-            for (int x = 0; x < k; x++) {
-                const float av = arow[x];
-                const float *restrict b = BT + (int64_t)x * n + j0;
-                for (int c = 0; c < w; c++) srow[j0 + c] += av * b[c];
-            }
-        }
-    }
+    for (int i = 0; i < m; i++)
+        row_product((const float *)a + (int64_t)i * k, k, (const float *)bt, n, n, s + (int64_t)i * lds, 0, 0);
 }
 
 /* o[i, c] += sum_j p[i, j] B[j, c]. Zero weights (masked keys) are skipped. */
 static void scalar_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
-    const float *restrict B = (const float *)b;
-    for (int i = 0; i < m; i++) {
-        const float *restrict prow = p + (int64_t)i * ldp;
-        float *restrict orow = o + (int64_t)i * ldo;
-        int c0 = 0;
-        for (; c0 + FA_SC_W <= cols; c0 += FA_SC_W) {
-            float acc[FA_SC_W];
-            for (int c = 0; c < FA_SC_W; c++) acc[c] = orow[c0 + c];
-            for (int j = 0; j < n; j++) {
-                const float pv = prow[j];
-                if (pv == 0.0f) continue;
-                const float *restrict brow = B + (int64_t)j * cols + c0;
-                for (int c = 0; c < FA_SC_W; c++) acc[c] += pv * brow[c];
-            }
-            for (int c = 0; c < FA_SC_W; c++) orow[c0 + c] = acc[c];
-        }
-        if (c0 < cols) { /* the ragged last strip */
-            for (int j = 0; j < n; j++) {
-                const float pv = prow[j];
-                if (pv == 0.0f) continue;
-                const float *restrict brow = B + (int64_t)j * cols;
-                for (int c = c0; c < cols; c++) orow[c] += pv * brow[c];
-            }
-        }
-    }
+    for (int i = 0; i < m; i++)
+        row_product(p + (int64_t)i * ldp, n, (const float *)b, cols, cols, o + (int64_t)i * ldo, 1, 1);
 }
 
 /* x[j] = exp(x[j] - mx), returns the sum (eight partial sums, so it vectorizes). */

@@ -1,4 +1,5 @@
-/* The CPU score semantics, one definition for the forward and the backward (SPEC section 2):
+/* The CPU score semantics, one definition for the forward and the backward (docs/semantics.md,
+ * "The score of a query row and a key"):
  *
  *   s = scale * (q . k)  ->  softcap: cap * tanh(s / cap)  ->  + bias_scale * bias
  *     ->  - slope_h * |i + off - j|  ->  -inf where causal/window or segment ids hide key j

@@ -20,27 +20,30 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The method's constants, shared with the vector versions (isa_avx2.c, isa_avx512.h) so
+ * that every ISA computes the same numbers. */
+#define FA_EXP_LO (-87.33654f)          /* ln(FLT_MIN): 2^n stays a normal number above it */
+#define FA_EXP_HI 88.0f                 /* keeps n <= 127 */
+#define FA_EXP_LOG2E 1.44269504088896341f
+#define FA_EXP_LN2_HI 0.693359375f      /* 355/512: n * ln2_hi is exact for |n| < 2^15 */
+#define FA_EXP_LN2_LO (-2.12194440e-4f) /* ln2 - ln2_hi */
+/* exp(r) = 1 + r + r^2/2 + ... + r^7/7!, in Horner order: p = c[0]; p = p r + c[i]. */
+#define FA_EXP_NCOEF 8
+static const float fa_exp_coef[FA_EXP_NCOEF] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                                 1.0f / 6.0f,    0.5f,           1.0f,           1.0f};
+
 static inline float fa_vexpf(float x) {
-    const float lo = -87.33654f;    /* ln(FLT_MIN): 2^n stays a normal number above it */
-    const float hi = 88.0f;         /* keeps n <= 127 */
-    const float log2e = 1.44269504088896341f;
-    const float ln2_hi = 0.693359375f;      /* 355/512: n * ln2_hi is exact for |n| < 2^15 */
-    const float ln2_lo = -2.12194440e-4f;   /* ln2 - ln2_hi */
+    const float lo = FA_EXP_LO, hi = FA_EXP_HI;
     const float round_magic = 12582912.0f;  /* 1.5 * 2^23: adding it rounds to an integer */
 
     float xc = x >= lo ? x : lo; /* NaN too: keeps the integer conversion defined */
     xc = xc > hi ? hi : xc;
-    float n = (xc * log2e + round_magic) - round_magic;
-    float r = xc - n * ln2_hi;
-    r = r - n * ln2_lo;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float n = (xc * FA_EXP_LOG2E + round_magic) - round_magic;
+    float r = xc - n * FA_EXP_LN2_HI;
+    r = r - n * FA_EXP_LN2_LO;
+    float p = fa_exp_coef[0];
+#pragma GCC unroll 8
+    for (int i = 1; i < FA_EXP_NCOEF; i++) p = p * r + fa_exp_coef[i];
     int32_t e = (int32_t)n + 127; /* in [1, 254] after the clamps */
     uint32_t bits = (uint32_t)e << 23;
     float scale;
