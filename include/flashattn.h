@@ -233,8 +233,46 @@ FA_API const char *fa_last_error(void);
 FA_API int fa_cuda_available(void);
 /* The CPU microkernel set in use ("scalar", "avx512", ...); FA_ISA forces one. */
 FA_API const char *fa_cpu_isa(void);
+/* Exponentials a second that kernel set's exp reaches on threads threads at once (rows of
+ * 128 scores in L1, as the forward calls it; best of a few repetitions, about 0.1 s): the
+ * figure `flashattn calibrate` (docs/cli.md) feeds its time model. 0 if threads < 1. */
+FA_API double fa_cpu_exp_rate(int threads);
+
+/* ---- dtypes and host buffers ------------------------------------------------------ */
+
 FA_API const char *fa_dtype_name(fa_dtype t);
+/* Bytes per element: 4 for f32, 2 for f16 and bf16. */
 FA_API size_t fa_dtype_size(fa_dtype t);
+/* Converts n elements of dtype from at src into dtype to at dst, rounding as the kernels
+ * round (to nearest, ties to even; NaN stays NaN: docs/semantics.md, "Rounding"); the same
+ * dtype is a copy. f16 <-> bf16 goes through f32, which is exact. src and dst do not overlap. */
+FA_API void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n);
+/* malloc and free, the allocator of the library's own buffers. In a build with the test-only
+ * allocation-failure injection (CMake FA_ALLOC_FAILURE_INJECTION, FA_ALLOC_FAIL_AT in
+ * docs/environment.md) a program's allocations through these are counted with the library's,
+ * so a test can make any one of them fail (the command line allocates through them). */
+FA_API void *fa_malloc(size_t bytes);
+FA_API void fa_free(void *p); /* NULL is fine */
+
+/* ---- device memory and timing (a CUDA build; otherwise each returns FA_ERR_UNSUPPORTED,
+ * "flashattn was built without CUDA"). Errors set fa_last_error(). ------------------- */
+
+FA_API fa_status fa_cuda_malloc(void **ptr, size_t bytes);
+FA_API void fa_cuda_free(void *ptr); /* NULL is fine */
+FA_API fa_status fa_cuda_memcpy_to_device(void *dst, const void *src, size_t bytes);
+FA_API fa_status fa_cuda_memcpy_to_host(void *dst, const void *src, size_t bytes);
+FA_API fa_status fa_cuda_synchronize(void);
+/* Free and total bytes of the current device. */
+FA_API fa_status fa_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* n elements of dtype dt, uniform in [-amp, amp) from a counter-based hash of seed (the same
+ * values for the same seed); asynchronous on the default stream. */
+FA_API fa_status fa_cuda_fill_random(void *ptr, size_t n, fa_dtype dt, uint64_t seed, float amp);
+/* Events for timing on a stream (NULL: the default stream). */
+FA_API fa_status fa_cuda_event_create(void **ev);
+FA_API void fa_cuda_event_destroy(void *ev);
+FA_API fa_status fa_cuda_event_record(void *ev, void *stream);
+/* Milliseconds between two recorded events (waits for the second). */
+FA_API fa_status fa_cuda_event_elapsed_ms(void *start, void *end, float *ms);
 
 /* ---- bindings ---------------------------------------------------------------------- */
 
