@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_mem.h"
 #include "flashattn.h"
 
 static int cmp_float(const void *a, const void *b) {

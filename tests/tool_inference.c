@@ -14,7 +14,6 @@
  *                                                position LENS[b] (paged through BT)
  * Its .npy parsing is independent of tools/npy.c (float32 and int32, version 1). */
 #include "flashattn.h"
-#include "internal.h"
 #include "ref/ref.h"
 
 #include <math.h>

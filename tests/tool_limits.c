@@ -1,7 +1,10 @@
-/* limits: what bounds the CPU forward, measured by taking parts of the work away.
+/* Tests an internal on purpose: it swaps the plan's CPU microkernel table (src/cpu/isa.h,
+ * struct fa_plan), which no public call can do; that is why it lives in tests/, not bench/.
+ *
+ * tool_limits: what bounds the CPU forward, measured by taking parts of the work away.
  *
  * Runs the forward of one shape with the plan's microkernel table, then with copies of the
- * table in which some entries do nothing (bench-only: the library is untouched):
+ * table in which some entries do nothing (measurement only: the library is untouched):
  *   full        everything
  *   no-exp      exp_sum returns at once (the softmax's exps skipped)
  *   no-gemm     gemm_abt and gemm_pb return at once (both matrix products skipped)
@@ -10,7 +13,7 @@
  *               max, rounding p, rescaling the accumulator, writing o) and threading
  * The results are numerically meaningless except for `full`; only the times matter.
  *
- *   limits --batch B --heads H --seq S --head-dim D [--dtype f32|f16|bf16] [--causal]
+ *   tool_limits --batch B --heads H --seq S --head-dim D [--dtype f32|f16|bf16] [--causal]
  *          [--threads N] [--block-q BQ --block-k BK] [--reps N] */
 #include "cpu/isa.h"
 #include "internal.h"

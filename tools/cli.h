@@ -7,7 +7,6 @@
 #ifndef FA_TOOLS_CLI_H
 #define FA_TOOLS_CLI_H
 
-#include "alloc.h"
 #include "flashattn.h"
 #include "npy.h"
 

@@ -1,7 +1,6 @@
 /* .npy reader and writer (format versions 1.0, 2.0 and 3.0; little-endian arrays only). */
 #include "npy.h"
-
-#include "alloc.h"
+#include "flashattn.h" /* fa_malloc, fa_free: the allocation-failure tests reach these too */
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,8 +2,8 @@
  * bandwidth, the kernel set's exp, and the tile efficiency of each (pass, dtype) from a
  * real pass of the library on a small problem. Every figure is the best of a few short
  * repetitions on all threads at once: a busy machine can only lower a rate. */
+#include "measure.h"
 #include "rates.h"
-#include "cpu/isa.h" /* the kernel set's exp, measured as the kernels call it */
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -14,12 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- arithmetic loops: each returns the flops it did; sink keeps the result alive ------ */
 
@@ -82,9 +76,9 @@ static double loop_rate(loop_fn fn, int threads) {
     int64_t iters = 1000;
     float sink = 0;
     for (;;) { /* size one run on one thread */
-        double t0 = now();
+        double t0 = measure_now();
         fn(iters, &sink);
-        double t = now() - t0;
+        double t = measure_now() - t0;
         if (t > 0.01) {
             iters = (int64_t)((double)iters * 0.1 / t) + 1;
             break;
@@ -93,14 +87,14 @@ static double loop_rate(loop_fn fn, int threads) {
     }
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
-        double flops = 0, t0 = now();
+        double flops = 0, t0 = measure_now();
 #pragma omp parallel num_threads(threads) reduction(+ : flops)
         {
             float s;
             flops += fn(iters, &s);
             if (s == 12345.0f) flops += 1; /* depends on s: the loop stays */
         }
-        const double t = now() - t0;
+        const double t = measure_now() - t0;
         if (flops / t > best) best = flops / t;
     }
     return best * 1e-9;
@@ -117,10 +111,10 @@ static double read_bandwidth(int threads) {
     double best = 0;
     uint64_t total = 0;
     for (int rep = 0; rep < 4; rep++) {
-        double t0 = now();
+        double t0 = measure_now();
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
         for (size_t i = 0; i < words; i++) total += buf[i];
-        const double t = now() - t0;
+        const double t = measure_now() - t0;
         if ((double)bytes / t > best) best = (double)bytes / t;
     }
     free(buf);
@@ -128,41 +122,7 @@ static double read_bandwidth(int threads) {
     return best * 1e-9;
 }
 
-/* ---- the kernel set's exp: rows of 128 scores, as one key tile, in L1 ------------------ */
-
-static double exp_rate(int threads) {
-    const fa_isa *isa;
-    if (fa_isa_select(&isa) != FA_OK) return 0;
-    const int n = 128, calls = 20000;
-    double best = 0;
-    for (int rep = 0; rep < 4; rep++) {
-        double t0 = now(), sum = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sum)
-        {
-            float x[128];
-            for (int j = 0; j < n; j++) x[j] = -0.01f * (float)j;
-            /* exp(x - 1) of values in [0, 1] stays in (0, 1]: every call is a normal row */
-            for (int c = 0; c < calls; c++) sum += isa->exp_sum(x, n, 1.0f);
-        }
-        const double t = now() - t0;
-        if ((double)threads * calls * n / t > best) best = (double)threads * calls * n / t;
-        if (sum == 42.0) best += 1;
-    }
-    return best;
-}
-
 /* ---- tile efficiency: a real pass on a small problem ---------------------------------- */
-
-/* Uniform values in [-1, 1) in dtype t (splitmix64). */
-static void fill(uint64_t *state, fa_dtype t, void *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        fa_store(t, x, i, (float)((double)(z >> 11) * 0x1p-52 - 1.0));
-    }
-}
 
 /* Best seconds of each pass of the calibration problem (B=1, H=4 x threads, S=1024,
  * D=128, dtype t), after one warm-up call each. */
@@ -187,10 +147,10 @@ static int time_passes(int threads, fa_dtype t, fa_plan **plan_out, double secs[
     void *dv = mem + 7 * n * es;
     float *lse = (float *)(mem + 8 * n * es);
     uint64_t seed = 0xca11b;
-    fill(&seed, t, q, (int64_t)n);
-    fill(&seed, t, k, (int64_t)n);
-    fill(&seed, t, v, (int64_t)n);
-    fill(&seed, t, d_o, (int64_t)n);
+    measure_fill(&seed, t, q, (int64_t)n);
+    measure_fill(&seed, t, k, (int64_t)n);
+    measure_fill(&seed, t, v, (int64_t)n);
+    measure_fill(&seed, t, d_o, (int64_t)n);
     fa_forward_args fw;
     fa_backward_args bw;
     memset(&fw, 0, sizeof fw);
@@ -201,9 +161,9 @@ static int time_passes(int threads, fa_dtype t, fa_plan **plan_out, double secs[
     for (int pass = 0; pass < 2 && !bad; pass++) {
         secs[pass] = 1e30;
         for (int rep = 0; rep < 4 && !bad; rep++) { /* rep 0 is the warm-up */
-            double t0 = now();
+            double t0 = measure_now();
             bad = (pass ? fa_backward(*plan_out, &bw) : fa_forward(*plan_out, &fw)) != FA_OK;
-            const double dt = now() - t0;
+            const double dt = measure_now() - t0;
             if (rep > 0 && dt < secs[pass]) secs[pass] = dt;
         }
     }
@@ -223,7 +183,7 @@ int cli_rates_measure(int threads, int verbose, cli_rates *r, char *err, size_t 
 #endif
     r->fma_gflops = loop_rate(fma, threads);
     r->read_gbps = read_bandwidth(threads);
-    r->exp_per_s = exp_rate(threads);
+    r->exp_per_s = fa_cpu_exp_rate(threads); /* the kernels' own exp, measured by the library */
     if (verbose)
         fprintf(stderr, "calibrate: fma %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s, read %.1f GB/s, exp %.3g/s\n",
                 r->fma_gflops, r->dpbf16_gflops, r->read_gbps, r->exp_per_s);
