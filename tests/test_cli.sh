@@ -427,6 +427,38 @@ else
   done
 fi
 
+# ---- (3c) outputs appear only when complete (issue 18, item 7) -----------------------------
+# A grad of a few seconds killed with SIGKILL once it runs (the outputs were opened before
+# any data was read): nothing may remain in its output folder, neither an output nor a
+# PATH.tmp-XXXXXX temporary. Then a small run into the same folder: exactly its two files,
+# with the right values.
+K=$W/killed
+mkdir -p "$K"
+for f in q k v do; do gen big_$f.npy '<f4' 1 8 8192 64 --seed $((S0 + 9)); done
+"$FA" grad --q "$I/big_q.npy" --k "$I/big_k.npy" --v "$I/big_v.npy" --do "$I/big_do.npy" $CPU --threads 2 \
+  --out "$K/o.npy" --lse "$K/lse.npy" --dq "$K/dq.npy" --dk "$K/dk.npy" --dv "$K/dv.npy" >/dev/null 2>&1 &
+pid=$!
+sleep 1.5
+if ! kill -0 $pid 2>/dev/null; then
+  wait $pid
+  no "SIGKILL during grad" "the run ended (exit $?) before the kill: make the shape larger"
+else
+  kill -9 $pid
+  wait $pid 2>/dev/null
+  left=$(ls -A "$K")
+  [ -z "$left" ] && ok "SIGKILL during grad leaves no output and no temporary" \
+    || no "SIGKILL during grad" "left in the output folder: $(echo $left)"
+fi
+rm -f "$I"/big_*.npy
+fa run $QKV --causal --out "$K/o.npy" --lse "$K/lse.npy"
+r=$("$NPY" refcheck "$I/q.npy" "$I/k.npy" "$I/v.npy" "$K/o.npy" --causal 2>&1)
+rr=$?
+left=$(ls -A "$K" | tr '\n' ' ')
+if [ $rc -ne 0 ]; then no "run after a killed run" "exit $rc: $(head -c 300 "$W/se")"
+elif [ "$left" != "lse.npy o.npy " ]; then no "run after a killed run" "folder holds '$left', want 'lse.npy o.npy '"
+elif [ $rr -ne 0 ]; then no "run after a killed run" "values: $r"
+else ok "run after a killed run: exactly o.npy and lse.npy, o matches the reference ($r)"; fi
+
 # ---- (4) crashes --------------------------------------------------------------------------
 [ $crashes -eq 0 ] && ok "no crash (exit >= 128) in $calls calls" || no "crash check" "$crashes of $calls calls crashed"
 
