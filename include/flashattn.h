@@ -91,11 +91,12 @@ typedef struct {
      * only: a CUDA plan refuses it (FA_ERR_UNSUPPORTED) and AUTO picks the CPU. */
     int bias_grad;
 
-    /* Packed variable-length batches (SPEC section 5): cu_seqlens_q and cu_seqlens_k, host
-     * int32 [batch + 1] prefix sums (0 first, non-decreasing, ending at seq_q and seq_k, the
-     * packed totals), read and copied at plan time. Sequence b is query rows [cu_q[b],
-     * cu_q[b+1]) and key rows [cu_k[b], cu_k[b+1]); every mask applies within it, aligned
-     * at its own Sk_b - Sq_b (or diag_offset). All-zero strides then mean the packed layouts
+    /* Packed variable-length batches (docs/semantics.md, "Which keys a row sees"):
+     * cu_seqlens_q and cu_seqlens_k, host int32 [batch + 1] prefix sums (0 first,
+     * non-decreasing, ending at seq_q and seq_k, the packed totals), read and copied at plan
+     * time. Sequence b is query rows [cu_q[b], cu_q[b+1]) and key rows [cu_k[b],
+     * cu_k[b+1]); every mask applies within it, aligned at its own Sk_b - Sq_b (or
+     * diag_offset). All-zero strides then mean the packed layouts
      * q [seq_q, Hq, D], k [seq_k, Hk, D], v [seq_k, Hk, Dv], o [seq_q, Hq, Dv] (stride s[0]
      * unused); lse is [Hq, seq_q]. No bias or segment ids. Both passes. */
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
@@ -132,7 +133,7 @@ typedef struct {
     int64_t block_k;  /* keys per tile; 0: chosen by the library */
 } fa_options;
 
-/* The analytic cost of one pass (SPEC section 3). Exact where fa_plan_exact says so. */
+/* The analytic cost of one pass (docs/semantics.md, "The plan and what its figures mean"). Exact where fa_plan_exact says so. */
 typedef struct {
     int64_t flops;
     int64_t flops_useful;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command line (SPEC section 4): the seed problem's plan (figures, speed, memory), run and
+# The command line (docs/cli.md): the seed problem's plan (figures, speed, memory), run and
 # grad on small random .npy files (shapes, counts equal to the plan's, values against the
 # reference), and bad inputs (exit 2, one stderr line naming the problem, no output left).
 # Usage: bash tests/test_cli.sh BUILD_DIR. Needs BUILD_DIR/flashattn and BUILD_DIR/tool_npy.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command line of the inference shapes (SPEC section 5): packed varlen runs, kv-cache
+# The command line of the inference shapes (docs/cli.md, "Inference shapes"; docs/semantics.md): packed varlen runs, kv-cache
 # decoding (appending with --update-cache, paged caches), their plans and counts, the
 # benchmarks' forms, and bad input (exit 2, one stderr line naming the argument, no output
 # file, caches untouched).

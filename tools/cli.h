@@ -1,5 +1,5 @@
 /* The flashattn command line: what the subcommands share (parsed flags, the problem built
- * from them, error reporting, tensors loaded from .npy files). Contract: SPEC section 4.
+ * from them, error reporting, tensors loaded from .npy files). Contract: docs/cli.md.
  *
  * Exit codes everywhere: 0 success, 2 bad input (one line on stderr naming the problem),
  * 1 any other failure. A function that fails prints its one line and returns the code;
@@ -54,7 +54,7 @@ typedef struct {
     int seq_parallel;          /* 0: one process; CLI_SP_RING or CLI_SP_ULYSSES (cli_mpi.c) */
     int zigzag;
 
-    /* inference shapes (SPEC section 5; cli_inference.c, cli_bench_inference.c) */
+    /* inference shapes (docs/cli.md; cli_inference.c, cli_bench_inference.c) */
     const char *cu_seqlens_q, *cu_seqlens_k, *cache_seqlens, *block_table, *k_new, *v_new;
     int update_cache;
     int64_t page_size, num_pages; /* plan and bench of paged caches (0: not given) */

@@ -1,6 +1,6 @@
 /* `flashattn bench`: times the forward and backward passes on random data (one warm-up call,
  * then --iters timed calls; the median is reported) and prints GFLOP/s from the plan's flops.
- * --pass forward|backward (an extra beyond SPEC) times one pass only. */
+ * --pass forward|backward (beyond docs/cli.md's SHAPE flags) times one pass only. */
 #include "cli.h"
 #include "measure.h"
 #include "rates.h"

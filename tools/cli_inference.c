@@ -1,4 +1,4 @@
-/* `flashattn run` and `plan` for the inference shapes (SPEC section 5): packed
+/* `flashattn run` and `plan` for the inference shapes (docs/cli.md, docs/semantics.md): packed
  * variable-length batches (--cu-seqlens-q/-k) and kv-cache decoding (--cache-seqlens,
  * optionally paged with --block-table, appending --k-new/--v-new); `flashattn grad` for
  * packed batches (the varlen backward: dq, dk, dv packed like q, k, v). As for dense runs, every
