@@ -319,6 +319,9 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
                         a->k_new ? "--k-new" : a->block_table ? "--block-table" : "--update-cache");
     if (a->update_cache && !a->k_new)
         return cli_fail(2, "%s: --update-cache needs --k-new and --v-new (nothing to append)", name);
+    if (cmd == CMD_PLAN && (a->page_size || a->num_pages) && !a->block_table)
+        return cli_fail(2, "%s: %s describes the paged cache of --block-table, which is missing", name,
+                        a->page_size ? "--page-size" : "--num-pages");
     if (!!a->q_segments != !!a->kv_segments)
         return cli_fail(2, "%s: --q-segments and --kv-segments go together; %s is missing", name,
                         a->q_segments ? "--kv-segments" : "--q-segments");

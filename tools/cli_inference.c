@@ -106,7 +106,14 @@ int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
             return cli_fail(2, "--block-table %s: must be int32 [batch = %" PRId64 ", max_pages]", a->block_table,
                             p->batch);
         p->page_size = a->page_size, p->num_pages = a->num_pages, p->max_pages = h2.shape[1];
-        p->seq_k = p->max_pages * p->page_size;
+        if (__builtin_mul_overflow(p->max_pages, p->page_size, &p->seq_k))
+            return cli_fail(2, "--block-table %s: %" PRId64 " pages of --page-size %" PRId64 " overflow int64",
+                            a->block_table, p->max_pages, p->page_size);
+        const int64_t sk = a->seq_k ? a->seq_k : a->seq; /* the capacity is the table's */
+        if (sk && sk != p->seq_k)
+            return cli_fail(2, "%s %" PRId64 " does not match the paged capacity: --block-table's %" PRId64
+                               " pages x --page-size %" PRId64 " = %" PRId64, a->seq_k ? "--seq-k" : "--seq", sk,
+                            p->max_pages, p->page_size, p->seq_k);
         return 0;
     }
     p->seq_k = a->seq_k ? a->seq_k : a->seq;
@@ -198,7 +205,6 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
             (rc = dim_is("--block-table", a->block_table, "batch", s->hb.shape[0], "--cache-seqlens", p->batch)))
             return rc;
         p->page_size = K[1], p->num_pages = K[0], p->max_pages = s->hb.shape[1], p->seq_k = p->max_pages * K[1];
-        if (K[1] % 16) return cli_fail(2, "--k %s: page size %" PRId64 " is not a multiple of 16", a->k, K[1]);
     } else {
         if ((rc = dim_is("--k", a->k, "batch", K[0], "--cache-seqlens", p->batch))) return rc;
         p->seq_k = K[1];
