@@ -137,6 +137,9 @@ int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
 int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate.c) */
 
+/* cli_run.c: the input and output files run (q, k, v, --out) or grad (also do, dq, dk, dv)
+ * needs; prints the first one missing and returns 2. */
+int cli_need_files(const cli_args *a);
 /* cli_run.c: the problem of run/grad from the input files' headers (nothing read yet):
  * checks every header (do's too for grad) and applies the option flags. */
 int cli_run_problem(const cli_args *a, npy_header *hq, npy_header *hk, npy_header *hv,

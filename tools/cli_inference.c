@@ -257,10 +257,7 @@ static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
 
 int cli_run_inference(const cli_args *a) {
     const int grad = a->cmd == CMD_GRAD;
-    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
-    if (!missing && !grad && !a->out) missing = "--out";
-    if (!missing && grad) missing = !a->d_o ? "--do" : !a->dq ? "--dq" : !a->dk ? "--dk" : !a->dv ? "--dv" : NULL;
-    if (missing) return cli_fail(2, "%s: missing %s", a->name, missing);
+    if (cli_need_files(a)) return 2;
     run_state s;
     memset(&s, 0, sizeof s);
     fa_problem p;
