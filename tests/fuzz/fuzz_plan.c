@@ -50,7 +50,9 @@ static const int32_t *take_lens(fuzz_bytes *b, int32_t *out, int64_t n, int cumu
     int32_t acc = 0;
     for (int64_t i = 0; i < n; i++) {
         uint64_t sel = take_u64(b, 1);
-        if (sel < 200) acc = cumulative ? (i ? acc + (int32_t)(sel % 40) : 0) : (int32_t)(sel % 40);
+        /* the step wraps in uint32 (an earlier raw entry may be near INT32_MAX): the
+         * harness itself must not overflow; a non-monotonic result is the plan's to refuse */
+        if (sel < 200) acc = cumulative ? (i ? (int32_t)((uint32_t)acc + (uint32_t)(sel % 40)) : 0) : (int32_t)(sel % 40);
         else take_raw(b, &acc, sizeof acc);
         out[i] = acc;
     }
