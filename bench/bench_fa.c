@@ -96,35 +96,20 @@ static fa_status time_reps(const fa_plan *plan, fa_pass pass, const fa_forward_a
 }
 
 int main(int argc, char **argv) {
-    int64_t B = 1, H = 8, S = 4096, D = 128, bq = 0, bk = 0, run_heads = 0;
+    int64_t B = 1, H = 8, S = 4096, D = 128, bq = 0, bk = 0, run_heads = 0, threads = 0, reps = 3;
     fa_dtype dt = FA_F32;
-    int causal = 0, threads = 0, reps = 3, backward = 0, forward = 1, json = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name, var)                                  \
-    if (!strcmp(a, name)) {                             \
-        if (!val) { usage(); return 2; }                \
-        var = atoll(val);                               \
-        i++;                                            \
-        continue;                                       \
+    int causal = 0, backward = 0, no_forward = 0, json = 0;
+    const measure_opt opts[] = {
+        {"--batch", &B, NULL},        {"--heads", &H, NULL},       {"--seq", &S, NULL},
+        {"--head-dim", &D, NULL},     {"--threads", &threads, NULL}, {"--block-q", &bq, NULL},
+        {"--block-k", &bk, NULL},     {"--reps", &reps, NULL},     {"--run-heads", &run_heads, NULL},
+        {"--causal", NULL, &causal},  {"--backward", NULL, &backward}, {"--no-forward", NULL, &no_forward},
+        {"--json", NULL, &json},      {NULL, NULL, NULL}};
+    if (measure_parse("bench_fa", argc, argv, opts, &dt)) {
+        usage();
+        return 2;
     }
-        OPT("--batch", B) OPT("--heads", H) OPT("--seq", S) OPT("--head-dim", D)
-        OPT("--threads", threads) OPT("--block-q", bq) OPT("--block-k", bk) OPT("--reps", reps)
-        OPT("--run-heads", run_heads)
-#undef OPT
-        if (!strcmp(a, "--dtype") && val) {
-            if (!strcmp(val, "f32")) dt = FA_F32;
-            else if (!strcmp(val, "f16")) dt = FA_F16;
-            else if (!strcmp(val, "bf16")) dt = FA_BF16;
-            else { usage(); return 2; }
-            i++;
-        } else if (!strcmp(a, "--causal")) causal = 1;
-        else if (!strcmp(a, "--backward")) backward = 1;
-        else if (!strcmp(a, "--no-forward")) forward = 0;
-        else if (!strcmp(a, "--json")) json = 1;
-        else { fprintf(stderr, "bench_fa: unknown argument %s\n", a); usage(); return 2; }
-    }
+    const int forward = !no_forward;
     if (B < 1 || H < 1 || S < 1 || D < 1 || reps < 0 || run_heads < 0 || run_heads > B * H ||
         (reps == 0 && backward)) {
         usage();
@@ -136,7 +121,7 @@ int main(int argc, char **argv) {
     fa_problem_init(&full);
     full.batch = B; full.heads_q = H; full.heads_kv = H; full.seq_q = S; full.seq_k = S;
     full.head_dim = D; full.head_dim_v = D; full.dtype = dt; full.causal = causal;
-    fa_options opt = {FA_BACKEND_CPU, threads, bq, bk};
+    fa_options opt = {FA_BACKEND_CPU, (int)threads, bq, bk};
     fa_plan *full_plan = NULL;
     CHECK(fa_plan_create(&full, &opt, &full_plan));
     fa_cost fc_full, bc_full;
@@ -204,12 +189,12 @@ int main(int argc, char **argv) {
     if (forward && reps == 0) { /* --reps 0: the first run is the measurement (long problems) */
         ft = (times){first, first, first, first_cpu / fa_plan_threads(plan)};
     } else if (forward) {
-        int r_eff = first * reps > 600 ? 1 : reps; /* never spend more than ~10 min */
+        int r_eff = first * (double)reps > 600 ? 1 : (int)reps; /* never spend more than ~10 min */
         CHECK(time_reps(plan, FA_FORWARD, &fa, &ba, r_eff, t, &ft));
     }
     if (backward) {
         CHECK(fa_backward(plan, &ba)); /* warm-up */
-        CHECK(time_reps(plan, FA_BACKWARD, &fa, &ba, reps, t, &bt));
+        CHECK(time_reps(plan, FA_BACKWARD, &fa, &ba, (int)reps, t, &bt));
     }
     /* A checksum so a broken kernel shows (NaN) and the work cannot be skipped. */
     double check = 0;
