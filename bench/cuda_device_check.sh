@@ -57,13 +57,7 @@ fi
 cat "$ours" >&2
 
 # ---- 4. peers ---------------------------------------------------------------------------
-peers="$out/peers.jsonl"
-: >"$peers"
-if [ -s "$ours" ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
-  log "torch SDPA peers"
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/cuda_peers.py time "$ours" "$peers" "$ITERS" 2>"$out/peers.err" ||
-    log "peers failed: $(tail -3 "$out/peers.err")"
-fi
+cuda_peers "$ours" 240 # bench/cuda_build.sh: torch SDPA on the same shapes, into $peers
 
 # ---- 5. the table -----------------------------------------------------------------------
 echo
