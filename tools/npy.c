@@ -394,7 +394,8 @@ int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
      * made only when the data is ready (npy_out_write); the directory is checked now. */
     int fd = -1;
 #ifdef O_TMPFILE
-    fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+    if (access("/proc/self/fd", X_OK) == 0) /* the commit links it through /proc */
+        fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
 #endif
     if (fd < 0 && access(dir, W_OK) != 0) {
         int e = errno;
