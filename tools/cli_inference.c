@@ -2,9 +2,10 @@
  * variable-length batches (--cu-seqlens-q/-k) and kv-cache decoding (--cache-seqlens,
  * optionally paged with --block-table, appending --k-new/--v-new); `flashattn grad` for
  * packed batches (the varlen backward: dq, dk, dv packed like q, k, v). As for dense runs, every
- * header is checked, the plan made (it validates the lengths) and every output opened as a
- * temporary before any data is read; outputs, and with --update-cache the rewritten caches,
- * appear only when everything succeeded. The caches are rewritten as float32 .npy. */
+ * header is checked, the plan made (it validates the lengths) and every output opened (an
+ * unnamed file, tools/npy.h) before any data is read; outputs, and with --update-cache the
+ * rewritten caches, appear only when everything succeeded. The caches are rewritten as
+ * float32 .npy at their own paths. */
 #include "cli.h"
 
 #include <inttypes.h>
