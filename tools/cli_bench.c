@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 static int64_t peak_rss_bytes(void) {
     struct rusage ru;

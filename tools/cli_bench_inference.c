@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
 
 /* Median seconds of iters forward calls after one warm-up (and, if cpu_median, the median of

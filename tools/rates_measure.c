@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* GFLOP/s of fn on all threads at once, best of 4 runs of about 0.1 s each. */
 static double loop_rate(peak_loop fn, int threads) {
