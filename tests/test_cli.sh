@@ -36,7 +36,7 @@ json_field() {
 # Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
 S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
 case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
-S0=$((10#${S0: -9})) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 8
+[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0)) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 8
 echo "test_cli: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 I=$W/in
 mkdir -p "$I"

@@ -42,7 +42,7 @@ expect_bad() {
 # Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
 S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
 case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
-S0=$((10#${S0: -9})) # its last 9 digits: the file seeds below are S0 + n
+[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0)) # its last 9 digits: the file seeds below are S0 + n
 echo "$(basename "$0" .sh): seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 # ---- packed varlen --------------------------------------------------------------------
 # 4 sequences: (Sq, Sk) = (5, 10), (0, 1), (15, 0), (17, 34); Hq=4 Hk=2 D=16 Dv=8
