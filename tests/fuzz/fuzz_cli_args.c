@@ -17,10 +17,10 @@
 
 static void check_accepted(const cli_args *a) {
     FUZZ_CHECK(a->batch >= 0 && a->heads >= 0 && a->kv_heads >= 0 && a->seq >= 0 && a->seq_q >= 0 && a->seq_k >= 0 &&
-              a->head_dim >= 0 && a->v_head_dim >= 0,
-          "a negative shape flag was accepted");
+                   a->head_dim >= 0 && a->v_head_dim >= 0,
+               "a negative shape flag was accepted");
     FUZZ_CHECK(a->window_left >= -1 && a->window_right >= -1, "window %lld %lld", (long long)a->window_left,
-          (long long)a->window_right);
+               (long long)a->window_right);
     FUZZ_CHECK(!a->has_softcap || (isfinite(a->softcap) && a->softcap >= 0), "softcap %g", (double)a->softcap);
     FUZZ_CHECK(!a->has_scale || isfinite(a->scale), "scale %g", (double)a->scale);
     FUZZ_CHECK(a->threads >= 0 && a->iters >= 0 && a->block_q >= 0 && a->block_k >= 0, "counts");
@@ -28,7 +28,7 @@ static void check_accepted(const cli_args *a) {
     FUZZ_CHECK(a->pass >= 0 && a->pass <= 2, "pass %d", a->pass);
     FUZZ_CHECK(a->dtype == FA_F32 || a->dtype == FA_F16 || a->dtype == FA_BF16, "dtype %d", (int)a->dtype);
     FUZZ_CHECK(a->backend == FA_BACKEND_AUTO || a->backend == FA_BACKEND_CPU || a->backend == FA_BACKEND_CUDA,
-          "backend %d", (int)a->backend);
+               "backend %d", (int)a->backend);
     const char *files[] = {a->alibi, a->bias, a->q_segments, a->kv_segments, a->q, a->k, a->v,
                            a->out, a->lse, a->d_o, a->dq, a->dk, a->dv};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
@@ -44,8 +44,8 @@ static void check_problem(const cli_args *a) {
     fa_options o;
     cli_apply_options(a, &p, &o);
     FUZZ_CHECK(p.window_left == a->window_left && p.window_right == a->window_right && p.causal == a->causal &&
-              o.threads == a->threads && o.block_q == a->block_q && o.backend == a->backend,
-          "options copied wrong");
+                   o.threads == a->threads && o.block_q == a->block_q && o.backend == a->backend,
+               "options copied wrong");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
