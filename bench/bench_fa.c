@@ -18,6 +18,7 @@
  * (backward, the FlashAttention-2 convention), the count bench/peers.py and
  * bench/naive_openblas.c use for every peer. */
 #include "flashattn.h"
+#include "measure.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -27,58 +28,23 @@
 #include <sys/resource.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU seconds of the whole process (all threads): robust to time slicing on a busy box. */
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint16_t to_bf16(float f) {
-    union { uint32_t u; float f; } v = {.f = f};
-    v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)(v.u >> 16);
-}
-
-/* f32 -> f16, round to nearest even; inputs here are small normal numbers. */
-static uint16_t to_f16(float f) {
-    union { uint32_t u; float f; } v = {.f = f};
-    uint32_t sign = (v.u >> 16) & 0x8000u;
-    int32_t e = (int32_t)((v.u >> 23) & 0xff) - 127 + 15;
-    uint32_t m = v.u & 0x7fffffu;
-    if (e <= 0) return (uint16_t)sign; /* tiny: flush (not reached by our data's scale) */
-    uint32_t h = ((uint32_t)e << 10) | (m >> 13);
-    uint32_t rest = m & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
-
-/* Fills n elements of dtype t with uniform values in [-1, 1). */
+/* Fills n elements of dtype t with uniform values in [-1, 1), blocks of 4096 in parallel
+ * (the tensors of the long problems are gigabytes). */
 static void fill(void *dst, size_t n, fa_dtype t, uint64_t seed) {
-    uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
-#pragma omp parallel for schedule(static) firstprivate(st)
-    for (size_t blk = 0; blk < (n + 65535) / 65536; blk++) {
+    enum { BLK = 4096 };
+    const size_t es = fa_dtype_size(t);
+    const uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
+#pragma omp parallel for schedule(static)
+    for (size_t blk = 0; blk < (n + BLK - 1) / BLK; blk++) {
+        float x[BLK];
         uint64_t s = st ^ (blk * 0xbf58476d1ce4e5b9ull);
-        size_t end = (blk + 1) * 65536 < n ? (blk + 1) * 65536 : n;
-        for (size_t i = blk * 65536; i < end; i++) {
+        const size_t i0 = blk * BLK, m = n - i0 < BLK ? n - i0 : BLK;
+        for (size_t i = 0; i < m; i++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
-            float x = (float)((double)(s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
-            if (t == FA_F32) ((float *)dst)[i] = x;
-            else if (t == FA_BF16) ((uint16_t *)dst)[i] = to_bf16(x);
-            else ((uint16_t *)dst)[i] = to_f16(x);
+            x[i] = (float)((double)(s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
         }
+        fa_convert(FA_F32, x, t, (char *)dst + i0 * es, m);
     }
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void usage(void) {
@@ -110,36 +76,40 @@ typedef struct {
     double best, median, worst, cpu; /* cpu: least process CPU seconds of a rep / threads */
 } times;
 
+/* reps timed calls of one pass into t[0..reps) (progress on stderr), summed up in *out. */
+static fa_status time_reps(const fa_plan *plan, fa_pass pass, const fa_forward_args *fa,
+                           const fa_backward_args *ba, int reps, double *t, times *out) {
+    const char *name = pass == FA_FORWARD ? "forward" : "backward";
+    double cbest = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = measure_now(), c0 = measure_cpu_now();
+        fa_status st = pass == FA_FORWARD ? fa_forward(plan, fa) : fa_backward(plan, ba);
+        if (st != FA_OK) return st;
+        t[r] = measure_now() - t0;
+        const double c = measure_cpu_now() - c0;
+        if (c < cbest) cbest = c;
+        fprintf(stderr, "  %s rep %d: %.4f s (cpu %.4f s)\n", name, r, t[r], c);
+    }
+    measure_median(t, reps); /* sorts t */
+    *out = (times){t[0], t[reps / 2], t[reps - 1], cbest / fa_plan_threads(plan)};
+    return FA_OK;
+}
+
 int main(int argc, char **argv) {
-    int64_t B = 1, H = 8, S = 4096, D = 128, bq = 0, bk = 0, run_heads = 0;
+    int64_t B = 1, H = 8, S = 4096, D = 128, bq = 0, bk = 0, run_heads = 0, threads = 0, reps = 3;
     fa_dtype dt = FA_F32;
-    int causal = 0, threads = 0, reps = 3, backward = 0, forward = 1, json = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define OPT(name, var)                                  \
-    if (!strcmp(a, name)) {                             \
-        if (!val) { usage(); return 2; }                \
-        var = atoll(val);                               \
-        i++;                                            \
-        continue;                                       \
+    int causal = 0, backward = 0, no_forward = 0, json = 0;
+    const measure_opt opts[] = {
+        {"--batch", &B, NULL},        {"--heads", &H, NULL},       {"--seq", &S, NULL},
+        {"--head-dim", &D, NULL},     {"--threads", &threads, NULL}, {"--block-q", &bq, NULL},
+        {"--block-k", &bk, NULL},     {"--reps", &reps, NULL},     {"--run-heads", &run_heads, NULL},
+        {"--causal", NULL, &causal},  {"--backward", NULL, &backward}, {"--no-forward", NULL, &no_forward},
+        {"--json", NULL, &json},      {NULL, NULL, NULL}};
+    if (measure_parse("bench_fa", argc, argv, opts, &dt)) {
+        usage();
+        return 2;
     }
-        OPT("--batch", B) OPT("--heads", H) OPT("--seq", S) OPT("--head-dim", D)
-        OPT("--threads", threads) OPT("--block-q", bq) OPT("--block-k", bk) OPT("--reps", reps)
-        OPT("--run-heads", run_heads)
-#undef OPT
-        if (!strcmp(a, "--dtype") && val) {
-            if (!strcmp(val, "f32")) dt = FA_F32;
-            else if (!strcmp(val, "f16")) dt = FA_F16;
-            else if (!strcmp(val, "bf16")) dt = FA_BF16;
-            else { usage(); return 2; }
-            i++;
-        } else if (!strcmp(a, "--causal")) causal = 1;
-        else if (!strcmp(a, "--backward")) backward = 1;
-        else if (!strcmp(a, "--no-forward")) forward = 0;
-        else if (!strcmp(a, "--json")) json = 1;
-        else { fprintf(stderr, "bench_fa: unknown argument %s\n", a); usage(); return 2; }
-    }
+    const int forward = !no_forward;
     if (B < 1 || H < 1 || S < 1 || D < 1 || reps < 0 || run_heads < 0 || run_heads > B * H ||
         (reps == 0 && backward)) {
         usage();
@@ -151,7 +121,7 @@ int main(int argc, char **argv) {
     fa_problem_init(&full);
     full.batch = B; full.heads_q = H; full.heads_kv = H; full.seq_q = S; full.seq_k = S;
     full.head_dim = D; full.head_dim_v = D; full.dtype = dt; full.causal = causal;
-    fa_options opt = {FA_BACKEND_CPU, threads, bq, bk};
+    fa_options opt = {FA_BACKEND_CPU, (int)threads, bq, bk};
     fa_plan *full_plan = NULL;
     CHECK(fa_plan_create(&full, &opt, &full_plan));
     fa_cost fc_full, bc_full;
@@ -206,49 +176,25 @@ int main(int argc, char **argv) {
 
     double *t = xmalloc((size_t)(reps + 1) * sizeof(double));
     times ft = {0, 0, 0, 0}, bt = {0, 0, 0, 0};
-    double c0, cbest;
     const char *dname = fa_dtype_name(dt);
     fprintf(stderr, "bench_fa: isa %s, %s, B=%lld H=%lld S=%lld D=%lld%s, blocks fwd %lldx%lld bwd %lldx%lld, "
                     "threads %d%s\n", fa_cpu_isa(), dname, (long long)B, (long long)H, (long long)S,
             (long long)D, causal ? " causal" : "", (long long)fbq, (long long)fbk, (long long)bbq,
             (long long)bbk, fa_plan_threads(plan), run_heads ? " (a subset of heads)" : "");
     /* The forward always runs once: the backward needs its o and lse. */
-    double t0 = now();
-    c0 = cpu_now();
+    double t0 = measure_now(), c0 = measure_cpu_now();
     CHECK(fa_forward(plan, &fa));
-    double first = now() - t0, first_cpu = cpu_now() - c0;
+    double first = measure_now() - t0, first_cpu = measure_cpu_now() - c0;
     fprintf(stderr, "  forward (first run): %.4f s (cpu %.4f s)\n", first, first_cpu);
     if (forward && reps == 0) { /* --reps 0: the first run is the measurement (long problems) */
         ft = (times){first, first, first, first_cpu / fa_plan_threads(plan)};
     } else if (forward) {
-        int r_eff = first * reps > 600 ? 1 : reps; /* never spend more than ~10 min */
-        cbest = 1e30;
-        for (int r = 0; r < r_eff; r++) {
-            t0 = now();
-            c0 = cpu_now();
-            CHECK(fa_forward(plan, &fa));
-            t[r] = now() - t0;
-            c0 = cpu_now() - c0;
-            if (c0 < cbest) cbest = c0;
-            fprintf(stderr, "  forward rep %d: %.4f s (cpu %.4f s)\n", r, t[r], c0);
-        }
-        qsort(t, (size_t)r_eff, sizeof(double), cmp_double);
-        ft = (times){t[0], t[r_eff / 2], t[r_eff - 1], cbest / fa_plan_threads(plan)};
+        int r_eff = first * (double)reps > 600 ? 1 : (int)reps; /* never spend more than ~10 min */
+        CHECK(time_reps(plan, FA_FORWARD, &fa, &ba, r_eff, t, &ft));
     }
     if (backward) {
         CHECK(fa_backward(plan, &ba)); /* warm-up */
-        cbest = 1e30;
-        for (int r = 0; r < reps; r++) {
-            t0 = now();
-            c0 = cpu_now();
-            CHECK(fa_backward(plan, &ba));
-            t[r] = now() - t0;
-            c0 = cpu_now() - c0;
-            if (c0 < cbest) cbest = c0;
-            fprintf(stderr, "  backward rep %d: %.4f s (cpu %.4f s)\n", r, t[r], c0);
-        }
-        qsort(t, (size_t)reps, sizeof(double), cmp_double);
-        bt = (times){t[0], t[reps / 2], t[reps - 1], cbest / fa_plan_threads(plan)};
+        CHECK(time_reps(plan, FA_BACKWARD, &fa, &ba, (int)reps, t, &bt));
     }
     /* A checksum so a broken kernel shows (NaN) and the work cannot be skipped. */
     double check = 0;

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_mem.h"
 #include "flashattn.h"
+#include "measure.h"
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -58,25 +58,15 @@ static float time_pass(const fa_plan *plan, const fa_forward_args *fa, const fa_
 }
 
 int main(int argc, char **argv) {
-    int64_t B = 2, H = 16, S = 4096, D = 128;
-    int causal = 0, iters = 20, warmup = 3, backward = 1;
+    int64_t B = 2, H = 16, S = 4096, D = 128, iters = 20, warmup = 3;
+    int causal = 0, no_backward = 0;
     fa_dtype dt = FA_BF16;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "0";
-        if (!strcmp(a, "--batch")) B = atoll(v), i++;
-        else if (!strcmp(a, "--heads")) H = atoll(v), i++;
-        else if (!strcmp(a, "--seq")) S = atoll(v), i++;
-        else if (!strcmp(a, "--head-dim")) D = atoll(v), i++;
-        else if (!strcmp(a, "--iters")) iters = atoi(v), i++;
-        else if (!strcmp(a, "--warmup")) warmup = atoi(v), i++;
-        else if (!strcmp(a, "--dtype")) dt = !strcmp(v, "f16") ? FA_F16 : FA_BF16, i++;
-        else if (!strcmp(a, "--causal")) causal = 1;
-        else if (!strcmp(a, "--no-backward")) backward = 0;
-        else {
-            fprintf(stderr, "cuda_bench: unknown argument %s\n", a);
-            return 2;
-        }
-    }
+    const measure_opt opts[] = {
+        {"--batch", &B, NULL},      {"--heads", &H, NULL},      {"--seq", &S, NULL},
+        {"--head-dim", &D, NULL},   {"--iters", &iters, NULL},  {"--warmup", &warmup, NULL},
+        {"--causal", NULL, &causal}, {"--no-backward", NULL, &no_backward}, {NULL, NULL, NULL}};
+    if (measure_parse("cuda_bench", argc, argv, opts, &dt)) return 2;
+    const int backward = !no_backward;
     if (iters < 1) iters = 1;
     if (!fa_cuda_available()) {
         fprintf(stderr, "cuda_bench: no CUDA device\n");
@@ -111,7 +101,7 @@ int main(int argc, char **argv) {
     fa_cuda_mem_info(&free1, &total);
     const long long peak_measured = (long long)free0 - (long long)free1;
 
-    float fwd_ms = time_pass(plan, &fa, NULL, 0, warmup, iters), fb_ms = 0;
+    float fwd_ms = time_pass(plan, &fa, NULL, 0, (int)warmup, (int)iters), fb_ms = 0;
     if (backward) {
         void *d_o, *dq, *dk, *dv, *bws;
         if (fa_cuda_malloc(&d_o, n * es) || fa_cuda_malloc(&dq, n * es) || fa_cuda_malloc(&dk, n * es) ||
@@ -121,7 +111,7 @@ int main(int argc, char **argv) {
         fa_backward_args ba = {0};
         ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = d_o, ba.lse = lse, ba.dq = dq, ba.dk = dk, ba.dv = dv;
         ba.workspace = bws, ba.workspace_size = (size_t)bc.workspace_bytes;
-        fb_ms = time_pass(plan, &fa, &ba, 1, warmup, iters);
+        fb_ms = time_pass(plan, &fa, &ba, 1, (int)warmup, (int)iters);
         fa_cuda_free(d_o), fa_cuda_free(dq), fa_cuda_free(dk), fa_cuda_free(dv), fa_cuda_free(bws);
     }
     const double ff = (double)fc.flops, fb = (double)bc.flops;

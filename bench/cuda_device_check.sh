@@ -12,30 +12,9 @@
 # Logs go to $OUT (when set) or build-dev/. Usage: bash bench/cuda_device_check.sh
 # Knobs (environment): ITERS (timed calls, default 20), SKIP_SEED=1, SKIP_PEERS=1, NCU=1
 # (Nsight Compute on the D=128 forward and backward kernels, summary in the log).
-set -u
-cd "$(dirname "$0")/.."
-root=$(pwd)
-bld=${FA_PREBUILT:-$root/build-dev}
-out=${OUT:-$bld}
-mkdir -p "$out" "$bld"
-ITERS=${ITERS:-20}
-log() { echo "== $*" >&2; }
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -2
-
-# ---- 1. build -------------------------------------------------------------------------
-"$bld/cuda_bench" --probe >/dev/null 2>&1 </dev/null
-probe=$?  # 2: it loaded and refused the argument; 127 and friends: it cannot run here
-if [ -x "$bld/test_cuda" ] && [ $probe = 2 ]; then
-  log "using the prebuilt binaries in $bld"
-else
-  log "building in $bld"
-  t0=$(date +%s)
-  timeout 420 cmake -S . -B "$bld" -DCMAKE_BUILD_TYPE=Release -DFA_CUDA=ON -DFA_CUDA_ARCHS=90a >"$out/build.log" 2>&1 &&
-    timeout 420 cmake --build "$bld" -j "$(nproc)" --target test_cuda cuda_bench >>"$out/build.log" 2>&1 ||
-    { log "BUILD FAILED"; tail -30 "$out/build.log"; }
-  log "build took $(( $(date +%s) - t0 )) s"
-fi
+# ---- 1. build (bench/cuda_build.sh) ------------------------------------------------
+. "$(dirname "$0")/cuda_build.sh"
+cuda_build name,driver_version,memory.total,clocks.sm,clocks.max.sm
 
 # ---- 2. correctness ---------------------------------------------------------------------
 test_rc=1
@@ -78,13 +57,7 @@ fi
 cat "$ours" >&2
 
 # ---- 4. peers ---------------------------------------------------------------------------
-peers="$out/peers.jsonl"
-: >"$peers"
-if [ -s "$ours" ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
-  log "torch SDPA peers"
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/cuda_peers.py time "$ours" "$peers" "$ITERS" 2>"$out/peers.err" ||
-    log "peers failed: $(tail -3 "$out/peers.err")"
-fi
+cuda_peers "$ours" 240 # bench/cuda_build.sh: torch SDPA on the same shapes, into $peers
 
 # ---- 5. the table -----------------------------------------------------------------------
 echo

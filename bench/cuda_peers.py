@@ -2,6 +2,7 @@
 
     python3 bench/cuda_peers.py time OURS_JSONL OUT_JSONL [ITERS]  time torch SDPA (flash, cuDNN)
     python3 bench/cuda_peers.py table OURS_JSONL PEERS_JSONL       print the combined table
+    python3 bench/cuda_peers.py hopper-table JSONL...              bench/hopper_device_check.sh's
 
 OURS_JSONL: bench/cuda_bench's lines; the peers run the same shapes (bf16, B H S D,
 causal; the backward where ours timed one) and divide the same flop counts, flashattn's
@@ -74,21 +75,27 @@ def time_peers(ours_path, out_path, iters):
             print(json.dumps(rec), file=sys.stderr, flush=True)
 
 
-def table(ours_path, peers_path):
+def key(r):
+    return (r["B"], r["H"], r["S"], r["D"], r["causal"])
+
+
+def rows_and_shapes(paths):
+    """Every JSON line of the files (a missing file is skipped), and their shapes in order."""
     rows = []
-    for path in (ours_path, peers_path):
+    for path in paths:
         try:
-            for line in open(path):
-                line = line.strip()
-                if line.startswith("{"):
-                    rows.append(json.loads(line))
+            rows += [json.loads(line) for line in open(path) if line.strip().startswith("{")]
         except OSError:
             pass
-    key = lambda r: (r["B"], r["H"], r["S"], r["D"], r["causal"])
     shapes = []
     for r in rows:
         if key(r) not in shapes:
             shapes.append(key(r))
+    return rows, shapes
+
+
+def table(ours_path, peers_path):
+    rows, shapes = rows_and_shapes((ours_path, peers_path))
     impls = ["flashattn", "torch-flash", "torch-cudnn"]
     f = lambda r, k: ("%.1f" % r[k]) if k in r and r[k] else "n/a"
     fm = lambda r, k: ("%.3f" % r[k]) if k in r and r[k] else "n/a"
@@ -107,11 +114,36 @@ def table(ours_path, peers_path):
                              fm(r, "fwd_ms"), f(r, "fwd_tflops"), fm(r, "fwdbwd_ms"), f(r, "fwdbwd_tflops"), mem))
 
 
+def hopper_table(paths):
+    """bench/hopper_device_check.sh's table: the forward of each kernel and the peers."""
+    rows, shapes = rows_and_shapes(paths)
+    print("forward, bf16, median ms; TFLOP/s of useful flops 4*B*H*S^2*D (causal: half)")
+    print("| shape | impl | fwd ms | TFLOP/s | speed vs torch-cudnn |")
+    print("| --- | --- | --- | --- | --- |")
+    for s in shapes:
+        B, H, S, D, c = s
+        useful = 4.0 * B * H * S * S * D * (0.5 if c else 1.0)
+        ref = [r["fwd_ms"] for r in rows if key(r) == s and r["impl"] == "torch-cudnn" and r.get("fwd_ms")]
+        for impl in ("flashattn", "flashattn-hopper", "flashattn-hopper-pingpong", "torch-flash", "torch-cudnn"):
+            for r in rows:
+                if key(r) != s or r["impl"] != impl:
+                    continue
+                name = "B=%d H=%d S=%d D=%d %s" % (B, H, S, D, "causal" if c else "full")
+                ms = r.get("fwd_ms")
+                if not ms:
+                    print("| %s | %s | n/a (%s) | | |" % (name, impl, r.get("error", "no time")))
+                    continue
+                ratio = "%.2fx" % (ref[0] / ms) if ref else "n/a"
+                print("| %s | %s | %.3f | %.1f | %s |" % (name, impl, ms, useful / (ms * 1e-3) / 1e12, ratio))
+
+
 if __name__ == "__main__":
     if len(sys.argv) in (4, 5) and sys.argv[1] == "time":
         time_peers(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) == 5 else 20)
     elif len(sys.argv) == 4 and sys.argv[1] == "table":
         table(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "hopper-table":
+        hopper_table(sys.argv[2:])
     else:
         print(__doc__, file=sys.stderr)
         sys.exit(2)

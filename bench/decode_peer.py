@@ -9,23 +9,18 @@ so no mask is needed for Sq_new = 1; for Sq_new > 1 a bottom-right causal mask i
 Prints one JSON line: median seconds and bytes of cache read per second (the cache's bytes,
 as flashattn's bench counts them).
 """
-import argparse
 import json
-import time
 
 import torch
 
+from peers import shape_parser, timed  # bench/ is on the path: this script's own folder
+
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--heads", type=int, default=32)
+    ap = shape_parser(__doc__, 32, ["bf16", "f32"], "bf16")
     ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--cache-len", type=int, default=32768)
     ap.add_argument("--seq-q", type=int, default=1)
-    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=20)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -43,13 +38,7 @@ def main():
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
     with torch.no_grad():
-        step()
-        times = []
-        for _ in range(a.iters):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-    times.sort()
+        times = timed(step, a.iters)  # sorted, after a warm-up call
     med = times[len(times) // 2]
     cache = a.batch * a.kv_heads * a.cache_len * 2 * a.head_dim * q.element_size()
     print(json.dumps({"impl": "torch-sdpa-gqa", "torch": torch.__version__, "seconds": med,

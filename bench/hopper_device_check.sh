@@ -14,30 +14,9 @@
 #   5. the table, printed last: median of ITERS (default 20) timed calls after warm-up
 #      (CUDA events), useful flops (4 B H S^2 D, half of it causal) for every row.
 # Logs go to $OUT (when set) or build-dev/. Usage: bash bench/hopper_device_check.sh
-set -u
-cd "$(dirname "$0")/.."
-root=$(pwd)
-bld=${FA_PREBUILT:-$root/build-dev}
-out=${OUT:-$bld}
-mkdir -p "$out" "$bld"
-ITERS=${ITERS:-20}
-log() { echo "== $*" >&2; }
-
-nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -2
-
-# ---- 1. build -------------------------------------------------------------------------
-"$bld/cuda_bench" --probe >/dev/null 2>&1 </dev/null
-probe=$? # 2: it loaded and refused the argument; 127 and friends: it cannot run here
-if [ -x "$bld/test_cuda" ] && [ $probe = 2 ]; then
-  log "using the prebuilt binaries in $bld"
-else
-  log "building in $bld"
-  t0=$(date +%s)
-  timeout 420 cmake -S . -B "$bld" -DCMAKE_BUILD_TYPE=Release -DFA_CUDA=ON -DFA_CUDA_ARCHS=90a >"$out/build.log" 2>&1 &&
-    timeout 420 cmake --build "$bld" -j "$(nproc)" --target test_cuda cuda_bench >>"$out/build.log" 2>&1 ||
-    { log "BUILD FAILED"; tail -30 "$out/build.log"; }
-  log "build took $(($(date +%s) - t0)) s"
-fi
+# ---- 1. build (bench/cuda_build.sh) ------------------------------------------------
+. "$(dirname "$0")/cuda_build.sh"
+cuda_build name,driver_version,compute_cap,clocks.sm,clocks.max.sm
 
 # ---- 2. correctness (both kernels) --------------------------------------------------------
 test_rc=1
@@ -99,49 +78,11 @@ if [ -x "$bld/cuda_bench" ]; then
 fi
 
 # ---- 4. peers ------------------------------------------------------------------------------
-peers="$out/peers.jsonl"
-: >"$peers"
-if [ -s "$ours" ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
-  log "torch SDPA peers"
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/cuda_peers.py time "$ours" "$peers" "$ITERS" 2>"$out/peers.err" ||
-    log "peers failed: $(tail -3 "$out/peers.err")"
-fi
+cuda_peers "$ours" 300 # bench/cuda_build.sh: torch SDPA on the same shapes, into $peers
 
 # ---- 5. the table ----------------------------------------------------------------------------
 echo
 echo "Hopper check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)," \
   "test_cuda rc=$test_rc ($(grep -c '^FAIL hopper' "$out/test_cuda.log" 2>/dev/null) hopper failures," \
   "$(grep -c '^FAIL' "$out/test_cuda_pingpong.log" 2>/dev/null) ping-pong failures)"
-python3 - "$ours" "$hop" "$peers" <<'PY'
-import json, sys
-rows = []
-for path in sys.argv[1:]:
-    try:
-        rows += [json.loads(l) for l in open(path) if l.strip().startswith("{")]
-    except OSError:
-        pass
-key = lambda r: (r["B"], r["H"], r["S"], r["D"], r["causal"])
-shapes = []
-for r in rows:
-    if key(r) not in shapes:
-        shapes.append(key(r))
-print("forward, bf16, median ms; TFLOP/s of useful flops 4*B*H*S^2*D (causal: half)")
-print("| shape | impl | fwd ms | TFLOP/s | speed vs torch-cudnn |")
-print("| --- | --- | --- | --- | --- |")
-for s in shapes:
-    B, H, S, D, c = s
-    useful = 4.0 * B * H * S * S * D * (0.5 if c else 1.0)
-    ref = [r["fwd_ms"] for r in rows if key(r) == s and r["impl"] == "torch-cudnn" and r.get("fwd_ms")]
-    for impl in ("flashattn", "flashattn-hopper", "flashattn-hopper-pingpong", "torch-flash", "torch-cudnn"):
-        for r in rows:
-            if key(r) != s or r["impl"] != impl:
-                continue
-            ms = r.get("fwd_ms")
-            if not ms:
-                print("| B=%d H=%d S=%d D=%d %s | %s | n/a (%s) | | |" % (B, H, S, D, "causal" if c else "full", impl,
-                                                                      r.get("error", "no time")))
-                continue
-            ratio = "%.2fx" % (ref[0] / ms) if ref else "n/a"
-            print("| B=%d H=%d S=%d D=%d %s | %s | %.3f | %.1f | %s |" % (B, H, S, D, "causal" if c else "full", impl,
-                                                                        ms, useful / (ms * 1e-3) / 1e12, ratio))
-PY
+python3 bench/cuda_peers.py hopper-table "$ours" "$hop" "$peers"

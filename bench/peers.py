@@ -28,16 +28,22 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def parse():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def shape_parser(doc, heads, dtypes, default_dtype):
+    """The flags every CPU peer script shares (this one and decode_peer.py)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=heads)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
+    ap.add_argument("--dtype", choices=dtypes, default=default_dtype)
+    ap.add_argument("--threads", type=int, default=2)
+    return ap
+
+
+def parse():
+    ap = shape_parser(__doc__, 8, ["f32", "bf16", "f16"], "f32")
+    ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--backward", action="store_true", help="time forward + backward (jax, torch)")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--peers", default="numpy,jax,torch")
     ap.add_argument("--mem-limit-gb", type=float, default=16.0,

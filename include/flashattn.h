@@ -91,11 +91,12 @@ typedef struct {
      * only: a CUDA plan refuses it (FA_ERR_UNSUPPORTED) and AUTO picks the CPU. */
     int bias_grad;
 
-    /* Packed variable-length batches (SPEC section 5): cu_seqlens_q and cu_seqlens_k, host
-     * int32 [batch + 1] prefix sums (0 first, non-decreasing, ending at seq_q and seq_k, the
-     * packed totals), read and copied at plan time. Sequence b is query rows [cu_q[b],
-     * cu_q[b+1]) and key rows [cu_k[b], cu_k[b+1]); every mask applies within it, aligned
-     * at its own Sk_b - Sq_b (or diag_offset). All-zero strides then mean the packed layouts
+    /* Packed variable-length batches (docs/semantics.md, "Which keys a row sees"):
+     * cu_seqlens_q and cu_seqlens_k, host int32 [batch + 1] prefix sums (0 first,
+     * non-decreasing, ending at seq_q and seq_k, the packed totals), read and copied at plan
+     * time. Sequence b is query rows [cu_q[b], cu_q[b+1]) and key rows [cu_k[b],
+     * cu_k[b+1]); every mask applies within it, aligned at its own Sk_b - Sq_b (or
+     * diag_offset). All-zero strides then mean the packed layouts
      * q [seq_q, Hq, D], k [seq_k, Hk, D], v [seq_k, Hk, Dv], o [seq_q, Hq, Dv] (stride s[0]
      * unused); lse is [Hq, seq_q]. No bias or segment ids. Both passes. */
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
@@ -132,7 +133,7 @@ typedef struct {
     int64_t block_k;  /* keys per tile; 0: chosen by the library */
 } fa_options;
 
-/* The analytic cost of one pass (SPEC section 3). Exact where fa_plan_exact says so. */
+/* The analytic cost of one pass (docs/semantics.md, "The plan and what its figures mean"). Exact where fa_plan_exact says so. */
 typedef struct {
     int64_t flops;
     int64_t flops_useful;
@@ -233,8 +234,46 @@ FA_API const char *fa_last_error(void);
 FA_API int fa_cuda_available(void);
 /* The CPU microkernel set in use ("scalar", "avx512", ...); FA_ISA forces one. */
 FA_API const char *fa_cpu_isa(void);
+/* Exponentials a second that kernel set's exp reaches on threads threads at once (rows of
+ * 128 scores in L1, as the forward calls it; best of a few repetitions, about 0.1 s): the
+ * figure `flashattn calibrate` (docs/cli.md) feeds its time model. 0 if threads < 1. */
+FA_API double fa_cpu_exp_rate(int threads);
+
+/* ---- dtypes and host buffers ------------------------------------------------------ */
+
 FA_API const char *fa_dtype_name(fa_dtype t);
+/* Bytes per element: 4 for f32, 2 for f16 and bf16. */
 FA_API size_t fa_dtype_size(fa_dtype t);
+/* Converts n elements of dtype from at src into dtype to at dst, rounding as the kernels
+ * round (to nearest, ties to even; NaN stays NaN: docs/semantics.md, "Rounding"); the same
+ * dtype is a copy. f16 <-> bf16 goes through f32, which is exact. src and dst do not overlap. */
+FA_API void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n);
+/* malloc and free, the allocator of the library's own buffers. In a build with the test-only
+ * allocation-failure injection (CMake FA_ALLOC_FAILURE_INJECTION, FA_ALLOC_FAIL_AT in
+ * docs/environment.md) a program's allocations through these are counted with the library's,
+ * so a test can make any one of them fail (the command line allocates through them). */
+FA_API void *fa_malloc(size_t bytes);
+FA_API void fa_free(void *p); /* NULL is fine */
+
+/* ---- device memory and timing (a CUDA build; otherwise each returns FA_ERR_UNSUPPORTED,
+ * "flashattn was built without CUDA"). Errors set fa_last_error(). ------------------- */
+
+FA_API fa_status fa_cuda_malloc(void **ptr, size_t bytes);
+FA_API void fa_cuda_free(void *ptr); /* NULL is fine */
+FA_API fa_status fa_cuda_memcpy_to_device(void *dst, const void *src, size_t bytes);
+FA_API fa_status fa_cuda_memcpy_to_host(void *dst, const void *src, size_t bytes);
+FA_API fa_status fa_cuda_synchronize(void);
+/* Free and total bytes of the current device. */
+FA_API fa_status fa_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* n elements of dtype dt, uniform in [-amp, amp) from a counter-based hash of seed (the same
+ * values for the same seed); asynchronous on the default stream. */
+FA_API fa_status fa_cuda_fill_random(void *ptr, size_t n, fa_dtype dt, uint64_t seed, float amp);
+/* Events for timing on a stream (NULL: the default stream). */
+FA_API fa_status fa_cuda_event_create(void **ev);
+FA_API void fa_cuda_event_destroy(void *ev);
+FA_API fa_status fa_cuda_event_record(void *ev, void *stream);
+/* Milliseconds between two recorded events (waits for the second). */
+FA_API fa_status fa_cuda_event_elapsed_ms(void *start, void *end, float *ms);
 
 /* ---- bindings ---------------------------------------------------------------------- */
 

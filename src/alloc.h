@@ -5,6 +5,8 @@
 #ifndef FA_ALLOC_H
 #define FA_ALLOC_H
 
+#include "flashattn.h" /* exports fa_malloc and fa_free (the CLI allocates through them) */
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -1,5 +1,6 @@
-/* f16 <-> f32 conversion in portable C (round to nearest, ties to even), and dtype names. */
-#include "internal.h"
+/* f16 <-> f32 conversion in portable C (round to nearest, ties to even), fa_convert, and
+ * dtype names and sizes. */
+#include "dtype.h"
 
 #include <string.h>
 
@@ -56,3 +57,11 @@ const char *fa_dtype_name(fa_dtype t) {
 }
 
 size_t fa_dtype_size(fa_dtype t) { return t == FA_F32 ? 4 : 2; }
+
+void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n) {
+    if (from == to) {
+        if (n) memcpy(dst, src, n * fa_dtype_size(from));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) fa_store(to, dst, (int64_t)i, fa_load(from, src, (int64_t)i));
+}

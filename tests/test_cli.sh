@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command line (SPEC section 4): the seed problem's plan (figures, speed, memory), run and
+# The command line (docs/cli.md): the seed problem's plan (figures, speed, memory), run and
 # grad on small random .npy files (shapes, counts equal to the plan's, values against the
 # reference), and bad inputs (exit 2, one stderr line naming the problem, no output left).
 # Usage: bash tests/test_cli.sh BUILD_DIR. Needs BUILD_DIR/flashattn and BUILD_DIR/tool_npy.
@@ -36,7 +36,7 @@ json_field() {
 # Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
 S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
 case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
-S0=$((10#${S0: -9})) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 8
+[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0)) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 8
 echo "test_cli: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 I=$W/in
 mkdir -p "$I"
@@ -426,6 +426,38 @@ else
     else no "bench --pass $passes peak RSS" "$rss - $base = $((rss - base)) bytes above the plan's $sec peak $peak + 2 MiB"; fi
   done
 fi
+
+# ---- (3c) outputs appear only when complete (issue 18, item 7) -----------------------------
+# A grad of a few seconds killed with SIGKILL once it runs (the outputs were opened before
+# any data was read): nothing may remain in its output folder, neither an output nor a
+# PATH.tmp-XXXXXX temporary. Then a small run into the same folder: exactly its two files,
+# with the right values.
+K=$W/killed
+mkdir -p "$K"
+for f in q k v do; do gen big_$f.npy '<f4' 1 8 8192 64 --seed $((S0 + 9)); done
+"$FA" grad --q "$I/big_q.npy" --k "$I/big_k.npy" --v "$I/big_v.npy" --do "$I/big_do.npy" $CPU --threads 2 \
+  --out "$K/o.npy" --lse "$K/lse.npy" --dq "$K/dq.npy" --dk "$K/dk.npy" --dv "$K/dv.npy" >/dev/null 2>&1 &
+pid=$!
+sleep 1.5
+if ! kill -0 $pid 2>/dev/null; then
+  wait $pid
+  no "SIGKILL during grad" "the run ended (exit $?) before the kill: make the shape larger"
+else
+  kill -9 $pid
+  wait $pid 2>/dev/null
+  left=$(ls -A "$K")
+  [ -z "$left" ] && ok "SIGKILL during grad leaves no output and no temporary" \
+    || no "SIGKILL during grad" "left in the output folder: $(echo $left)"
+fi
+rm -f "$I"/big_*.npy
+fa run $QKV --causal --out "$K/o.npy" --lse "$K/lse.npy"
+r=$("$NPY" refcheck "$I/q.npy" "$I/k.npy" "$I/v.npy" "$K/o.npy" --causal 2>&1)
+rr=$?
+left=$(ls -A "$K" | tr '\n' ' ')
+if [ $rc -ne 0 ]; then no "run after a killed run" "exit $rc: $(head -c 300 "$W/se")"
+elif [ "$left" != "lse.npy o.npy " ]; then no "run after a killed run" "folder holds '$left', want 'lse.npy o.npy '"
+elif [ $rr -ne 0 ]; then no "run after a killed run" "values: $r"
+else ok "run after a killed run: exactly o.npy and lse.npy, o matches the reference ($r)"; fi
 
 # ---- (4) crashes --------------------------------------------------------------------------
 [ $crashes -eq 0 ] && ok "no crash (exit >= 128) in $calls calls" || no "crash check" "$crashes of $calls calls crashed"

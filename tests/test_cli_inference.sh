@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command line of the inference shapes (SPEC section 5): packed varlen runs, kv-cache
+# The command line of the inference shapes (docs/cli.md, "Inference shapes"): packed varlen runs, kv-cache
 # decoding (appending with --update-cache, paged caches), their plans and counts, the
 # benchmarks' forms, and bad input (exit 2, one stderr line naming the argument, no output
 # file, caches untouched).
@@ -42,7 +42,7 @@ expect_bad() {
 # Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
 S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
 case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
-S0=$((10#${S0: -9})) # its last 9 digits: the file seeds below are S0 + n
+[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0)) # its last 9 digits: the file seeds below are S0 + n
 echo "$(basename "$0" .sh): seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 # ---- packed varlen --------------------------------------------------------------------
 # 4 sequences: (Sq, Sk) = (5, 10), (0, 1), (15, 0), (17, 34); Hq=4 Hk=2 D=16 Dv=8
@@ -207,6 +207,20 @@ expect_bad "paged decode: new tokens past the capacity" "cache_seqlens\[2\]" run
   --out "$OUT/o.npy"
 fa plan --heads 4 --kv-heads 2 --head-dim 16 --cache-seqlens "$I/plens.npy" --block-table "$I/bt.npy" --page-size 16 --num-pages 10 --json
 if [ $rc -eq 0 ] && grep -q '"bytes_accessed"' "$W/so"; then ok "paged plan --json"; else no "paged plan" "exit $rc: $(cat "$W/se")"; fi
+
+# a plan's paged cache is described by --block-table (issue 18, item 9: these were ignored)
+PP="--heads 4 --kv-heads 2 --head-dim 16 --cache-seqlens $I/plens.npy"
+expect_bad "paged plan: --page-size/--num-pages without --block-table" "page-size.*--block-table" plan $PP \
+  --page-size 16 --num-pages 10 --seq-k 64
+expect_bad "paged plan: --num-pages without --block-table" "num-pages.*--block-table" plan $PP --num-pages 10 --seq-k 64
+expect_bad "paged plan: --seq-k contradicts the table" "\-\-seq-k 100 does not match the paged capacity.*= 64" plan $PP \
+  --block-table "$I/bt.npy" --page-size 16 --num-pages 10 --seq-k 100
+fa plan $PP --block-table "$I/bt.npy" --page-size 16 --num-pages 10 --seq-k 64 --json
+[ $rc -eq 0 ] && ok "paged plan: a --seq-k equal to the table's capacity is fine" || no "paged plan --seq-k 64" "exit $rc: $(cat "$W/se")"
+# the page size of the files is the library's to check (one rule, one message)
+gen pk8.npy '<f4' 20 8 2 16 --seed $((S0 + 26))
+expect_bad "paged decode: pages of 8 rows" "page_size must be a positive multiple of 16" run --q "$I/pq.npy" \
+  --k "$I/pk8.npy" --v "$I/pk8.npy" --cache-seqlens "$I/plens.npy" --block-table "$I/bt.npy" --out "$OUT/o.npy"
 
 # ---- the benchmarks' forms ---------------------------------------------------------------
 fa bench --decode --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300 --dtype bf16 --iters 2 --json

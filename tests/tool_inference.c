@@ -14,7 +14,6 @@
  *                                                position LENS[b] (paged through BT)
  * Its .npy parsing is independent of tools/npy.c (float32 and int32, version 1). */
 #include "flashattn.h"
-#include "internal.h"
 #include "ref/ref.h"
 
 #include <math.h>
@@ -109,6 +108,16 @@ static int check(const char *what, const float *got, const double *ref, int64_t 
     return 0;
 }
 
+/* The CLI's o and lse against a float64 reference forward of p and a. */
+static int against(void (*ref)(const fa_problem *, const fa_forward_args *, double *, double *),
+                   const fa_problem *p, const fa_forward_args *a, const arr *o, const arr *l) {
+    double *ro = keep(malloc(sizeof(double) * (size_t)o->n)), *rl = keep(malloc(sizeof(double) * (size_t)l->n));
+    ref(p, a, ro, rl);
+    const int bad = check("o", o->data, ro, o->n) | check("lse", l->data, rl, l->n);
+    if (!bad) printf("matches the reference\n");
+    return bad;
+}
+
 static int cmd_varlen(int argc, char **argv) {
     if (argc < 7) return die("usage: varlen Q K V CQ CK O LSE [--causal]", NULL);
     arr q, k, v, cq, ck, o, l;
@@ -121,13 +130,9 @@ static int cmd_varlen(int argc, char **argv) {
     p.head_dim_v = v.shape[2], p.seq_q = q.shape[0], p.seq_k = k.shape[0];
     p.cu_seqlens_q = cq.data, p.cu_seqlens_k = ck.data;
     p.causal = argc > 7 && !strcmp(argv[7], "--causal");
-    double *ro = keep(malloc(sizeof(double) * (size_t)o.n)), *rl = keep(malloc(sizeof(double) * (size_t)l.n));
     fa_forward_args a = {0};
     a.q = q.data, a.k = k.data, a.v = v.data;
-    fa_ref_varlen_forward(&p, &a, ro, rl);
-    const int bad = check("o", o.data, ro, o.n) | check("lse", l.data, rl, l.n);
-    if (!bad) printf("matches the reference\n");
-    return bad;
+    return against(fa_ref_varlen_forward, &p, &a, &o, &l);
 }
 
 static int cmd_varlen_grad(int argc, char **argv) {
@@ -180,13 +185,9 @@ static int cmd_decode(int argc, char **argv) {
     p.heads_kv = k.shape[2], p.head_dim_v = v.shape[3], p.cache_seqlens = lens.data;
     if (bt.data) p.page_size = k.shape[1], p.num_pages = k.shape[0], p.max_pages = bt.shape[1];
     p.seq_k = bt.data ? p.max_pages * p.page_size : k.shape[1];
-    double *ro = keep(malloc(sizeof(double) * (size_t)o.n)), *rl = keep(malloc(sizeof(double) * (size_t)l.n));
     fa_forward_args a = {0};
     a.q = q.data, a.k = k.data, a.v = v.data, a.k_new = kn.data, a.v_new = vn.data, a.block_table = bt.data;
-    fa_ref_decode(&p, &a, ro, rl);
-    const int bad = check("o", o.data, ro, o.n) | check("lse", l.data, rl, l.n);
-    if (!bad) printf("matches the reference\n");
-    return bad;
+    return against(fa_ref_decode, &p, &a, &o, &l);
 }
 
 static int cmd_cache(int argc, char **argv) {

@@ -13,7 +13,6 @@
  *                                                     TOL * (1 + |b|) elementwise
  * Its .npy parsing is deliberately independent of tools/npy.c. */
 #include "flashattn.h"
-#include "internal.h"
 #include "ref/ref.h"
 
 #include <math.h>
@@ -83,7 +82,9 @@ static int cmd_rand(int argc, char **argv) {
             float x = (float)u;
             fwrite(&x, 4, 1, f);
         } else if (strcmp(descr, "<f2") == 0) {
-            uint16_t h = fa_f32_to_f16((float)u);
+            uint16_t h;
+            const float x = (float)u;
+            fa_convert(FA_F32, &x, FA_F16, &h, 1);
             fwrite(&h, 2, 1, f);
         } else if (strcmp(descr, "<i4") == 0) {
             int32_t s = (int32_t)((i % last) * 3 / last);

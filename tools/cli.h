@@ -1,5 +1,5 @@
 /* The flashattn command line: what the subcommands share (parsed flags, the problem built
- * from them, error reporting, tensors loaded from .npy files). Contract: SPEC section 4.
+ * from them, error reporting, tensors loaded from .npy files). Contract: docs/cli.md.
  *
  * Exit codes everywhere: 0 success, 2 bad input (one line on stderr naming the problem),
  * 1 any other failure. A function that fails prints its one line and returns the code;
@@ -7,7 +7,6 @@
 #ifndef FA_TOOLS_CLI_H
 #define FA_TOOLS_CLI_H
 
-#include "alloc.h"
 #include "flashattn.h"
 #include "npy.h"
 
@@ -55,7 +54,7 @@ typedef struct {
     int seq_parallel;          /* 0: one process; CLI_SP_RING or CLI_SP_ULYSSES (cli_mpi.c) */
     int zigzag;
 
-    /* inference shapes (SPEC section 5; cli_inference.c, cli_bench_inference.c) */
+    /* inference shapes (docs/cli.md; cli_inference.c, cli_bench_inference.c) */
     const char *cu_seqlens_q, *cu_seqlens_k, *cache_seqlens, *block_table, *k_new, *v_new;
     int update_cache;
     int64_t page_size, num_pages; /* plan and bench of paged caches (0: not given) */
@@ -138,6 +137,9 @@ int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
 int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate.c) */
 
+/* cli_run.c: the input and output files run (q, k, v, --out) or grad (also do, dq, dk, dv)
+ * needs; prints the first one missing and returns 2. */
+int cli_need_files(const cli_args *a);
 /* cli_run.c: the problem of run/grad from the input files' headers (nothing read yet):
  * checks every header (do's too for grad) and applies the option flags. */
 int cli_run_problem(const cli_args *a, npy_header *hq, npy_header *hk, npy_header *hv,

@@ -1,11 +1,13 @@
-/* Flag parsing: one table of every flag, the subcommands that take it and its arity; each
- * value checked where it is parsed, so the message names the flag and the value. */
+/* Flag parsing: one table of every flag, the subcommands that take it, its arity and where
+ * its value goes; each value checked where it is parsed, so the message names the flag and
+ * the value. */
 #include "cli.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,42 +25,58 @@ typedef enum {
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_COUNT_OF_FLAGS
 } flag_id;
 
+/* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
+ * each stored at offset `at` of cli_args; OWN flags have their own case in apply(). */
+enum { V_I64, V_INT, V_FILE, V_ON, V_OWN };
+#define I64(name, field, lo, cmds) {name, 1, cmds, V_I64, offsetof(cli_args, field), lo}
+#define FILE_ARG(name, field, cmds) {name, 1, cmds, V_FILE, offsetof(cli_args, field), 0}
+#define ON(name, field, cmds) {name, 0, cmds, V_ON, offsetof(cli_args, field), 0}
+#define OWN(name, nvals, cmds) {name, nvals, cmds, V_OWN, 0, 0}
+
 static const struct {
     const char *name;
     int nvals;
     int cmds;
+    int kind;
+    size_t at;
+    int64_t lo;
 } flags[F_COUNT_OF_FLAGS] = {
-    [F_BATCH] = {"--batch", 1, ALL},         [F_HEADS] = {"--heads", 1, ALL},
-    [F_KV_HEADS] = {"--kv-heads", 1, ALL},   [F_SEQ] = {"--seq", 1, ALL},
-    [F_SEQ_Q] = {"--seq-q", 1, ALL},         [F_SEQ_K] = {"--seq-k", 1, ALL},
-    [F_HEAD_DIM] = {"--head-dim", 1, ALL},   [F_V_HEAD_DIM] = {"--v-head-dim", 1, ALL},
-    [F_DTYPE] = {"--dtype", 1, ALL},         [F_CAUSAL] = {"--causal", 0, ALL},
-    [F_WINDOW] = {"--window", 2, ALL},       [F_SOFTCAP] = {"--softcap", 1, ALL},
-    [F_SCALE] = {"--scale", 1, ALL},         [F_ALIBI] = {"--alibi", 1, ALL},
-    [F_BIAS] = {"--bias", 1, ALL},           [F_Q_SEG] = {"--q-segments", 1, ALL},
-    [F_KV_SEG] = {"--kv-segments", 1, ALL},  [F_BACKEND] = {"--backend", 1, ALL},
-    [F_THREADS] = {"--threads", 1, ALL},     [F_BLOCK_Q] = {"--block-q", 1, ALL},
-    [F_BLOCK_K] = {"--block-k", 1, ALL},     [F_BUDGET] = {"--memory-budget", 1, CMD_PLAN},
-    [F_JSON] = {"--json", 0, CMD_PLAN | CMD_BENCH},
-    [F_COUNT] = {"--count", 0, FILES},       [F_ITERS] = {"--iters", 1, CMD_BENCH},
-    [F_Q] = {"--q", 1, FILES},               [F_K] = {"--k", 1, FILES},
-    [F_V] = {"--v", 1, FILES},               [F_OUT] = {"--out", 1, FILES},
-    [F_LSE] = {"--lse", 1, FILES},           [F_DO] = {"--do", 1, CMD_GRAD},
-    [F_DQ] = {"--dq", 1, CMD_GRAD},          [F_DK] = {"--dk", 1, CMD_GRAD},
-    [F_DV] = {"--dv", 1, CMD_GRAD},          [F_PASS] = {"--pass", 1, CMD_BENCH},
-    [F_HELP] = {"--help", 0, ALL},
-    [F_BIAS_SCALE] = {"--bias-scale", 1, ALL}, [F_DIAG_OFFSET] = {"--diag-offset", 1, ALL},
-    [F_TOP_LEFT] = {"--top-left", 0, ALL},   [F_DBIAS] = {"--dbias", 1, CMD_GRAD},
-    [F_SEQ_PARALLEL] = {"--seq-parallel", 1, FILES | CMD_BENCH},
-    [F_ZIGZAG] = {"--zigzag", 0, FILES | CMD_BENCH},
-    [F_CU_Q] = {"--cu-seqlens-q", 1, CMD_PLAN | FILES}, [F_CU_K] = {"--cu-seqlens-k", 1, CMD_PLAN | FILES},
-    [F_CACHE_LENS] = {"--cache-seqlens", 1, CMD_PLAN | CMD_RUN},
-    [F_BLOCK_TABLE] = {"--block-table", 1, CMD_PLAN | CMD_RUN},
-    [F_K_NEW] = {"--k-new", 1, CMD_PLAN | CMD_RUN}, [F_V_NEW] = {"--v-new", 1, CMD_PLAN | CMD_RUN},
-    [F_UPDATE_CACHE] = {"--update-cache", 0, CMD_RUN},
-    [F_PAGE_SIZE] = {"--page-size", 1, CMD_PLAN | CMD_BENCH}, [F_NUM_PAGES] = {"--num-pages", 1, CMD_PLAN},
-    [F_DECODE] = {"--decode", 0, CMD_BENCH},  [F_CACHE_LEN] = {"--cache-len", 1, CMD_BENCH},
-    [F_VARLEN] = {"--varlen", 1, CMD_BENCH},  [F_HUGE_PAGES] = {"--huge-pages", 0, CMD_BENCH},
+    [F_BATCH] = I64("--batch", batch, 1, ALL), [F_HEADS] = I64("--heads", heads, 1, ALL),
+    [F_KV_HEADS] = I64("--kv-heads", kv_heads, 1, ALL), [F_SEQ] = I64("--seq", seq, 1, ALL),
+    [F_SEQ_Q] = I64("--seq-q", seq_q, 1, ALL), [F_SEQ_K] = I64("--seq-k", seq_k, 1, ALL),
+    [F_HEAD_DIM] = I64("--head-dim", head_dim, 1, ALL),
+    [F_V_HEAD_DIM] = I64("--v-head-dim", v_head_dim, 1, ALL),
+    [F_DTYPE] = OWN("--dtype", 1, ALL), [F_CAUSAL] = ON("--causal", causal, ALL),
+    [F_WINDOW] = OWN("--window", 2, ALL), [F_SOFTCAP] = OWN("--softcap", 1, ALL),
+    [F_SCALE] = OWN("--scale", 1, ALL), [F_ALIBI] = FILE_ARG("--alibi", alibi, ALL),
+    [F_BIAS] = FILE_ARG("--bias", bias, ALL), [F_Q_SEG] = FILE_ARG("--q-segments", q_segments, ALL),
+    [F_KV_SEG] = FILE_ARG("--kv-segments", kv_segments, ALL), [F_BACKEND] = OWN("--backend", 1, ALL),
+    [F_THREADS] = OWN("--threads", 1, ALL), [F_BLOCK_Q] = I64("--block-q", block_q, 1, ALL),
+    [F_BLOCK_K] = I64("--block-k", block_k, 1, ALL), [F_BUDGET] = OWN("--memory-budget", 1, CMD_PLAN),
+    [F_JSON] = ON("--json", json, CMD_PLAN | CMD_BENCH), [F_COUNT] = ON("--count", count, FILES),
+    [F_ITERS] = {"--iters", 1, CMD_BENCH, V_INT, offsetof(cli_args, iters), 1},
+    [F_Q] = FILE_ARG("--q", q, FILES), [F_K] = FILE_ARG("--k", k, FILES), [F_V] = FILE_ARG("--v", v, FILES),
+    [F_OUT] = FILE_ARG("--out", out, FILES), [F_LSE] = FILE_ARG("--lse", lse, FILES),
+    [F_DO] = FILE_ARG("--do", d_o, CMD_GRAD), [F_DQ] = FILE_ARG("--dq", dq, CMD_GRAD),
+    [F_DK] = FILE_ARG("--dk", dk, CMD_GRAD), [F_DV] = FILE_ARG("--dv", dv, CMD_GRAD),
+    [F_PASS] = OWN("--pass", 1, CMD_BENCH), [F_HELP] = ON("--help", help, ALL),
+    [F_BIAS_SCALE] = OWN("--bias-scale", 1, ALL), [F_DIAG_OFFSET] = OWN("--diag-offset", 1, ALL),
+    [F_TOP_LEFT] = OWN("--top-left", 0, ALL), [F_DBIAS] = FILE_ARG("--dbias", dbias, CMD_GRAD),
+    [F_SEQ_PARALLEL] = OWN("--seq-parallel", 1, FILES | CMD_BENCH),
+    [F_ZIGZAG] = ON("--zigzag", zigzag, FILES | CMD_BENCH),
+    [F_CU_Q] = FILE_ARG("--cu-seqlens-q", cu_seqlens_q, CMD_PLAN | FILES),
+    [F_CU_K] = FILE_ARG("--cu-seqlens-k", cu_seqlens_k, CMD_PLAN | FILES),
+    [F_CACHE_LENS] = FILE_ARG("--cache-seqlens", cache_seqlens, CMD_PLAN | CMD_RUN),
+    [F_BLOCK_TABLE] = FILE_ARG("--block-table", block_table, CMD_PLAN | CMD_RUN),
+    [F_K_NEW] = FILE_ARG("--k-new", k_new, CMD_PLAN | CMD_RUN),
+    [F_V_NEW] = FILE_ARG("--v-new", v_new, CMD_PLAN | CMD_RUN),
+    [F_UPDATE_CACHE] = ON("--update-cache", update_cache, CMD_RUN),
+    [F_PAGE_SIZE] = I64("--page-size", page_size, 1, CMD_PLAN | CMD_BENCH),
+    [F_NUM_PAGES] = I64("--num-pages", num_pages, 1, CMD_PLAN),
+    [F_DECODE] = ON("--decode", decode, CMD_BENCH),
+    [F_CACHE_LEN] = I64("--cache-len", cache_len, 0, CMD_BENCH),
+    [F_VARLEN] = FILE_ARG("--varlen", varlen_lens, CMD_BENCH),
+    [F_HUGE_PAGES] = ON("--huge-pages", huge_pages, CMD_BENCH),
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -152,18 +170,17 @@ static int set_file(const char **slot, const char *flag, const char *v) {
     return 0;
 }
 
-/* Applies one flag with its values. */
+/* Applies one flag with its values: the table's kinds generically, OWN flags here. */
 static int apply(cli_args *a, flag_id id, char **v) {
     const char *f = flags[id].name;
+    void *field = (char *)a + flags[id].at;
+    switch (flags[id].kind) {
+    case V_I64: return parse_i64(f, v[0], flags[id].lo, field);
+    case V_INT: return parse_int(f, v[0], (int)flags[id].lo, field);
+    case V_FILE: return set_file(field, f, v[0]);
+    case V_ON: *(int *)field = 1; return 0;
+    }
     switch (id) {
-    case F_BATCH: return parse_i64(f, v[0], 1, &a->batch);
-    case F_HEADS: return parse_i64(f, v[0], 1, &a->heads);
-    case F_KV_HEADS: return parse_i64(f, v[0], 1, &a->kv_heads);
-    case F_SEQ: return parse_i64(f, v[0], 1, &a->seq);
-    case F_SEQ_Q: return parse_i64(f, v[0], 1, &a->seq_q);
-    case F_SEQ_K: return parse_i64(f, v[0], 1, &a->seq_k);
-    case F_HEAD_DIM: return parse_i64(f, v[0], 1, &a->head_dim);
-    case F_V_HEAD_DIM: return parse_i64(f, v[0], 1, &a->v_head_dim);
     case F_DTYPE:
         a->has_dtype = 1;
         if (strcmp(v[0], "f32") == 0 || strcmp(v[0], "float32") == 0) a->dtype = FA_F32;
@@ -171,7 +188,6 @@ static int apply(cli_args *a, flag_id id, char **v) {
         else if (strcmp(v[0], "bf16") == 0 || strcmp(v[0], "bfloat16") == 0) a->dtype = FA_BF16;
         else return cli_fail(2, "--dtype: '%s' is not one of f32, f16, bf16", v[0]);
         return 0;
-    case F_CAUSAL: a->causal = 1; return 0;
     case F_WINDOW:
         a->has_window = 1;
         if (parse_i64("--window (left)", v[0], -1, &a->window_left)) return 2;
@@ -184,10 +200,6 @@ static int apply(cli_args *a, flag_id id, char **v) {
     case F_SCALE:
         a->has_scale = 1;
         return parse_float(f, v[0], &a->scale);
-    case F_ALIBI: return set_file(&a->alibi, f, v[0]);
-    case F_BIAS: return set_file(&a->bias, f, v[0]);
-    case F_Q_SEG: return set_file(&a->q_segments, f, v[0]);
-    case F_KV_SEG: return set_file(&a->kv_segments, f, v[0]);
     case F_BACKEND:
         if (strcmp(v[0], "auto") == 0) a->backend = FA_BACKEND_AUTO;
         else if (strcmp(v[0], "cpu") == 0) a->backend = FA_BACKEND_CPU;
@@ -199,33 +211,18 @@ static int apply(cli_args *a, flag_id id, char **v) {
         if (a->threads > FA_MAX_THREADS) /* the library refuses it too; say so before any work */
             return cli_fail(2, "--threads: %d is above the maximum of %d", a->threads, FA_MAX_THREADS);
         return 0;
-    case F_BLOCK_Q: return parse_i64(f, v[0], 1, &a->block_q);
-    case F_BLOCK_K: return parse_i64(f, v[0], 1, &a->block_k);
     case F_BUDGET:
         a->has_budget = 1;
         if (cli_parse_bytes(v[0], &a->budget))
             return cli_fail(2, "--memory-budget: '%s' is not a size (bytes, or e.g. 24G, 512M, 1.5T; at most 2^63-1)",
                             v[0]);
         return 0;
-    case F_JSON: a->json = 1; return 0;
-    case F_COUNT: a->count = 1; return 0;
-    case F_ITERS: return parse_int(f, v[0], 1, &a->iters);
-    case F_Q: return set_file(&a->q, f, v[0]);
-    case F_K: return set_file(&a->k, f, v[0]);
-    case F_V: return set_file(&a->v, f, v[0]);
-    case F_OUT: return set_file(&a->out, f, v[0]);
-    case F_LSE: return set_file(&a->lse, f, v[0]);
-    case F_DO: return set_file(&a->d_o, f, v[0]);
-    case F_DQ: return set_file(&a->dq, f, v[0]);
-    case F_DK: return set_file(&a->dk, f, v[0]);
-    case F_DV: return set_file(&a->dv, f, v[0]);
     case F_PASS:
         if (strcmp(v[0], "both") == 0) a->pass = 0;
         else if (strcmp(v[0], "forward") == 0) a->pass = 1;
         else if (strcmp(v[0], "backward") == 0) a->pass = 2;
         else return cli_fail(2, "--pass: '%s' is not one of forward, backward, both", v[0]);
         return 0;
-    case F_HELP: a->help = 1; return 0;
     case F_BIAS_SCALE:
         a->has_bias_scale = 1;
         return parse_float(f, v[0], &a->bias_scale);
@@ -233,27 +230,12 @@ static int apply(cli_args *a, flag_id id, char **v) {
         a->has_diag_offset = 1;
         return parse_i64(f, v[0], -(int64_t)INT32_MAX, &a->diag_offset);
     case F_TOP_LEFT: a->has_diag_offset = 1, a->diag_offset = 0; return 0;
-    case F_DBIAS: return set_file(&a->dbias, f, v[0]);
     case F_SEQ_PARALLEL:
         if (strcmp(v[0], "ring") == 0) a->seq_parallel = CLI_SP_RING;
         else if (strcmp(v[0], "ulysses") == 0) a->seq_parallel = CLI_SP_ULYSSES;
         else return cli_fail(2, "--seq-parallel: '%s' is not one of ring, ulysses", v[0]);
         return 0;
-    case F_ZIGZAG: a->zigzag = 1; return 0;
-    case F_CU_Q: return set_file(&a->cu_seqlens_q, f, v[0]);
-    case F_CU_K: return set_file(&a->cu_seqlens_k, f, v[0]);
-    case F_CACHE_LENS: return set_file(&a->cache_seqlens, f, v[0]);
-    case F_BLOCK_TABLE: return set_file(&a->block_table, f, v[0]);
-    case F_K_NEW: return set_file(&a->k_new, f, v[0]);
-    case F_V_NEW: return set_file(&a->v_new, f, v[0]);
-    case F_UPDATE_CACHE: a->update_cache = 1; return 0;
-    case F_PAGE_SIZE: return parse_i64(f, v[0], 1, &a->page_size);
-    case F_NUM_PAGES: return parse_i64(f, v[0], 1, &a->num_pages);
-    case F_DECODE: a->decode = 1; return 0;
-    case F_CACHE_LEN: return parse_i64(f, v[0], 0, &a->cache_len);
-    case F_VARLEN: return set_file(&a->varlen_lens, f, v[0]);
-    case F_HUGE_PAGES: a->huge_pages = 1; return 0;
-    case F_COUNT_OF_FLAGS: break;
+    default: break;
     }
     return cli_fail(1, "internal error: flag %d", (int)id);
 }
@@ -319,6 +301,9 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
                         a->k_new ? "--k-new" : a->block_table ? "--block-table" : "--update-cache");
     if (a->update_cache && !a->k_new)
         return cli_fail(2, "%s: --update-cache needs --k-new and --v-new (nothing to append)", name);
+    if (cmd == CMD_PLAN && (a->page_size || a->num_pages) && !a->block_table)
+        return cli_fail(2, "%s: %s describes the paged cache of --block-table, which is missing", name,
+                        a->page_size ? "--page-size" : "--num-pages");
     if (!!a->q_segments != !!a->kv_segments)
         return cli_fail(2, "%s: --q-segments and --kv-segments go together; %s is missing", name,
                         a->q_segments ? "--kv-segments" : "--q-segments");

@@ -1,8 +1,8 @@
 /* `flashattn bench`: times the forward and backward passes on random data (one warm-up call,
  * then --iters timed calls; the median is reported) and prints GFLOP/s from the plan's flops.
- * --pass forward|backward (an extra beyond SPEC) times one pass only. */
+ * --pass forward|backward (beyond docs/cli.md's SHAPE flags) times one pass only. */
 #include "cli.h"
-#include "internal.h"
+#include "measure.h"
 #include "rates.h"
 
 #include <inttypes.h>
@@ -10,29 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-/* Uniform values in [-1, 1) from a splitmix64 stream, stored in dtype t. */
-static void fill_random(uint64_t *state, fa_dtype t, void *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        fa_store(t, x, (int64_t)i, (float)((double)(z >> 11) * 0x1p-52 - 1.0));
-    }
-}
 
 static int64_t peak_rss_bytes(void) {
     struct rusage ru;
@@ -61,17 +38,16 @@ static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median
     fprintf(stderr, "bench: %s warm-up...\n", name);
     fa_status st = call(c, pass);
     for (int i = 0; st == FA_OK && i < iters; i++) {
-        double t0 = now();
+        double t0 = measure_now();
         st = call(c, pass);
-        t[i] = now() - t0;
+        t[i] = measure_now() - t0;
         fprintf(stderr, "bench: %s %d/%d: %.4f s\n", name, i + 1, iters, t[i]);
     }
     if (st != FA_OK) {
         fa_free(t);
         return cli_fail_status(st, name);
     }
-    qsort(t, (size_t)iters, sizeof *t, cmp_double);
-    *median = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    *median = measure_median(t, iters);
     fa_free(t);
     return 0;
 }
@@ -126,7 +102,7 @@ int cli_bench(const cli_args *a) {
             rc = cli_fail(1, "out of memory (%zu bytes for the benchmark's tensors)", bytes[i]);
             goto done;
         }
-        if (i < 4) fill_random(&seed, p.dtype, h[i], bytes[i] / es);
+        if (i < 4) measure_fill(&seed, p.dtype, h[i], (int64_t)(bytes[i] / es));
     }
     for (int i = 0; i < 13; i++)
         if (h[i] && (rc = cli_mem_put(&mem, h[i], bytes[i], i < 4 || i > 8, &d[i]))) goto done;

@@ -15,35 +15,13 @@
  * before cu_seqlens); both report time per useful flop. */
 #define _DEFAULT_SOURCE /* madvise */
 #include "cli.h"
-#include "internal.h"
+#include "measure.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
-
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int by_value(const void *x, const void *y) {
-    const double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static void fill(uint64_t *st, fa_dtype t, void *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        fa_store(t, x, i, (float)((double)(z >> 11) * 0x1p-52 - 1.0));
-    }
-}
 
 /* Median seconds of iters forward calls after one warm-up (and, if cpu_median, the median of
  * all threads' cpu seconds per call). */
@@ -53,21 +31,16 @@ static int time_forward(const char *what, const fa_plan *pl, const fa_forward_ar
     if (iters > 64) iters = 64;
     fa_status st = fa_forward(pl, fw);
     for (int i = 0; st == FA_OK && i < iters; i++) {
-        struct timespec c0, c1;
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
-        const double t0 = seconds_now();
+        const double t0 = measure_now(), c0 = measure_cpu_now();
         st = fa_forward(pl, fw);
-        t[i] = seconds_now() - t0;
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        t[i] = measure_now() - t0;
         /* cpu: all threads' time, which on a shared machine shows how much of the wall the run got */
-        cpu[i] = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+        cpu[i] = measure_cpu_now() - c0;
         fprintf(stderr, "bench: %s %d/%d: %.6f s (cpu %.6f s)\n", what, i + 1, iters, t[i], cpu[i]);
     }
     if (st != FA_OK) return cli_fail_status(st, what);
-    qsort(t, (size_t)iters, sizeof t[0], by_value);
-    qsort(cpu, (size_t)iters, sizeof cpu[0], by_value);
-    *median = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
-    if (cpu_median) *cpu_median = iters % 2 ? cpu[iters / 2] : 0.5 * (cpu[iters / 2 - 1] + cpu[iters / 2]);
+    *median = measure_median(t, iters);
+    if (cpu_median) *cpu_median = measure_median(cpu, iters);
     return 0;
 }
 
@@ -151,8 +124,8 @@ static int bench_decode(const cli_args *a) {
         rc = cli_fail(1, "out of memory");
     } else {
         uint64_t st = 0x5eed;
-        fill(&st, p.dtype, q, nq), fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
-        fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
+        measure_fill(&st, p.dtype, q, nq), measure_fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
+        measure_fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
         fa_forward_args fw;
         memset(&fw, 0, sizeof fw);
         fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse, fw.block_table = table;
@@ -231,7 +204,8 @@ static int bench_varlen(const cli_args *a) {
         rc = cli_fail(1, "out of memory");
     } else {
         uint64_t st = 0x5eed;
-        fill(&st, pk.dtype, q, rows * Hq * D), fill(&st, pk.dtype, k, rows * Hk * D), fill(&st, pk.dtype, v, rows * Hk * Dv);
+        measure_fill(&st, pk.dtype, q, rows * Hq * D), measure_fill(&st, pk.dtype, k, rows * Hk * D);
+        measure_fill(&st, pk.dtype, v, rows * Hk * Dv);
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < longest; i++) qs[b * longest + i] = i < L[b] ? 0 : 1, ks[b * longest + i] = i < L[b] ? 0 : 2;
         fa_forward_args fw;

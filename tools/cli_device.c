@@ -1,7 +1,6 @@
 /* Where the kernels read and write: host memory for the CPU backend, device memory for
- * CUDA (run, grad and bench copy their tensors over and back; src/cuda/cuda_mem.h). */
+ * CUDA (run, grad and bench copy their tensors over and back with flashattn.h's fa_cuda_*). */
 #include "cli.h"
-#include "cuda/cuda_mem.h"
 
 #include <string.h>
 

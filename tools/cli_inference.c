@@ -1,10 +1,11 @@
-/* `flashattn run` and `plan` for the inference shapes (SPEC section 5): packed
+/* `flashattn run` and `plan` for the inference shapes (docs/cli.md, docs/semantics.md): packed
  * variable-length batches (--cu-seqlens-q/-k) and kv-cache decoding (--cache-seqlens,
  * optionally paged with --block-table, appending --k-new/--v-new); `flashattn grad` for
  * packed batches (the varlen backward: dq, dk, dv packed like q, k, v). As for dense runs, every
- * header is checked, the plan made (it validates the lengths) and every output opened as a
- * temporary before any data is read; outputs, and with --update-cache the rewritten caches,
- * appear only when everything succeeded. The caches are rewritten as float32 .npy. */
+ * header is checked, the plan made (it validates the lengths) and every output opened (an
+ * unnamed file, tools/npy.h) before any data is read; outputs, and with --update-cache the
+ * rewritten caches, appear only when everything succeeded. The caches are rewritten as
+ * float32 .npy at their own paths. */
 #include "cli.h"
 
 #include <inttypes.h>
@@ -106,7 +107,14 @@ int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
             return cli_fail(2, "--block-table %s: must be int32 [batch = %" PRId64 ", max_pages]", a->block_table,
                             p->batch);
         p->page_size = a->page_size, p->num_pages = a->num_pages, p->max_pages = h2.shape[1];
-        p->seq_k = p->max_pages * p->page_size;
+        if (__builtin_mul_overflow(p->max_pages, p->page_size, &p->seq_k))
+            return cli_fail(2, "--block-table %s: %" PRId64 " pages of --page-size %" PRId64 " overflow int64",
+                            a->block_table, p->max_pages, p->page_size);
+        const int64_t sk = a->seq_k ? a->seq_k : a->seq; /* the capacity is the table's */
+        if (sk && sk != p->seq_k)
+            return cli_fail(2, "%s %" PRId64 " does not match the paged capacity: --block-table's %" PRId64
+                               " pages x --page-size %" PRId64 " = %" PRId64, a->seq_k ? "--seq-k" : "--seq", sk,
+                            p->max_pages, p->page_size, p->seq_k);
         return 0;
     }
     p->seq_k = a->seq_k ? a->seq_k : a->seq;
@@ -198,7 +206,6 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
             (rc = dim_is("--block-table", a->block_table, "batch", s->hb.shape[0], "--cache-seqlens", p->batch)))
             return rc;
         p->page_size = K[1], p->num_pages = K[0], p->max_pages = s->hb.shape[1], p->seq_k = p->max_pages * K[1];
-        if (K[1] % 16) return cli_fail(2, "--k %s: page size %" PRId64 " is not a multiple of 16", a->k, K[1]);
     } else {
         if ((rc = dim_is("--k", a->k, "batch", K[0], "--cache-seqlens", p->batch))) return rc;
         p->seq_k = K[1];
@@ -251,10 +258,7 @@ static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
 
 int cli_run_inference(const cli_args *a) {
     const int grad = a->cmd == CMD_GRAD;
-    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
-    if (!missing && !grad && !a->out) missing = "--out";
-    if (!missing && grad) missing = !a->d_o ? "--do" : !a->dq ? "--dq" : !a->dk ? "--dk" : !a->dv ? "--dv" : NULL;
-    if (missing) return cli_fail(2, "%s: missing %s", a->name, missing);
+    if (cli_need_files(a)) return 2;
     run_state s;
     memset(&s, 0, sizeof s);
     fa_problem p;

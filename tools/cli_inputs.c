@@ -2,7 +2,6 @@
  * problem, data read only when a command runs), and q/k/v/do tensors cast to the problem's
  * dtype. */
 #include "cli.h"
-#include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +79,7 @@ void cli_extras_free(cli_extras *x) {
 float *cli_to_f32(fa_dtype t, const void *x, int64_t n) {
     float *y = fa_malloc((size_t)(n ? n : 1) * sizeof(float));
     if (!y) return NULL;
-    for (int64_t i = 0; i < n; i++) y[i] = fa_load(t, x, i);
+    fa_convert(t, x, FA_F32, y, (size_t)n);
     return y;
 }
 
@@ -105,7 +104,7 @@ int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_he
         fa_free(raw);
         return cli_fail(1, "%s %s: out of memory", flag, path);
     }
-    for (int64_t i = 0; i < h.count; i++) fa_store(t, y, i, fa_load(from, raw, i));
+    fa_convert(from, raw, t, y, (size_t)h.count);
     fa_free(raw);
     *out = y;
     return 0;

@@ -8,7 +8,6 @@
 
 #ifdef FA_HAVE_MPI
 #include "flashattn_mpi.h"
-#include "internal.h"
 
 #include <inttypes.h>
 #include <mpi.h>
@@ -50,16 +49,8 @@ static int read_rows(const char *flag, const char *path, const npy_header *h, fa
                 break;
             }
             int64_t at = (bh * L + r * len) * D;
-            for (int64_t i = 0; i < n; i++) {
-                float val;
-                if (h->kind == NPY_F32) memcpy(&val, tmp + i * 4, 4); /* .npy is little-endian, as x86 */
-                else {
-                    uint16_t u;
-                    memcpy(&u, tmp + i * 2, 2);
-                    val = fa_f16_to_f32(u);
-                }
-                fa_store(t, x, at + i, val);
-            }
+            /* .npy is little-endian, as x86 */
+            fa_convert(h->kind == NPY_F32 ? FA_F32 : FA_F16, tmp, t, x + (size_t)at * es, (size_t)n);
         }
     if (f) fclose(f);
     free(tmp);

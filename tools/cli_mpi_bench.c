@@ -7,7 +7,6 @@
 
 #ifdef FA_HAVE_MPI
 #include "flashattn_mpi.h"
-#include "internal.h"
 
 #include <inttypes.h>
 #include <mpi.h>
@@ -26,7 +25,8 @@ static void fill(uint64_t *state, fa_dtype t, void *x, int64_t n) {
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
         z ^= z >> 31;
-        fa_store(t, x, i, (float)((double)(z >> 11) * 0x1p-52 - 1.0));
+        const float f = (float)((double)(z >> 11) * 0x1p-52 - 1.0);
+        fa_convert(FA_F32, &f, t, (char *)x + (size_t)i * fa_dtype_size(t), 1);
     }
 }
 

@@ -8,20 +8,22 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-const char *cli_human_bytes(double b, char *buf, size_t len) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+/* x in the largest of seven units, each base times the last ("%.2f" but plain units whole). */
+static const char *human(double x, double base, const char *const u[7], char *buf, size_t len) {
     int i = 0;
-    while (b >= 1024 && i < 6) b /= 1024, i++;
-    snprintf(buf, len, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+    while (x >= base && i < 6) x /= base, i++;
+    snprintf(buf, len, i ? "%.2f%s" : "%.0f%s", x, u[i]);
     return buf;
 }
 
+const char *cli_human_bytes(double b, char *buf, size_t len) {
+    static const char *const u[7] = {" B", " KiB", " MiB", " GiB", " TiB", " PiB", " EiB"};
+    return human(b, 1024, u, buf, len);
+}
+
 const char *cli_human_count(double x, char *buf, size_t len) {
-    const char *u[] = {"", " K", " M", " G", " T", " P", " E"};
-    int i = 0;
-    while (x >= 1000 && i < 6) x /= 1000, i++;
-    snprintf(buf, len, i ? "%.2f%s" : "%.0f%s", x, u[i]);
-    return buf;
+    static const char *const u[7] = {"", " K", " M", " G", " T", " P", " E"};
+    return human(x, 1000, u, buf, len);
 }
 
 /* The budget when none is given: this machine's memory. */

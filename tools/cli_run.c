@@ -143,32 +143,12 @@ static void report_progress(void *ctx, int64_t done, int64_t total) {
 int cli_run(const cli_args *a) {
     if (cli_inference_wanted(a)) return cli_run_inference(a); /* cli_inference.c */
     int grad = a->cmd == CMD_GRAD;
-    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
-    if (!missing && !grad && !a->out) missing = "--out";
-    if (!missing && grad)
-        missing = !a->d_o ? "--do" : !a->dq ? "--dq" : !a->dk ? "--dk" : !a->dv ? "--dv" : NULL;
-    if (missing) return cli_fail(2, "%s: missing %s", a->name, missing);
-
     npy_header hq, hk, hv, hdo;
     fa_problem p;
     fa_options opt;
     cli_extras x = {0};
     int rc;
-    if ((rc = header4("--q", a->q, &hq)) || (rc = header4("--k", a->k, &hk)) ||
-        (rc = header4("--v", a->v, &hv)) || (grad && (rc = header4("--do", a->d_o, &hdo))))
-        return rc;
-    if ((rc = derive(a, &hq, &hk, &hv, &p))) return rc;
-    if (grad) {
-        const int64_t *D = hdo.shape;
-        if ((rc = same("--do", a->d_o, "batch", D[0], "q", p.batch)) ||
-            (rc = same("--do", a->d_o, "heads", D[1], "q", p.heads_q)) ||
-            (rc = same("--do", a->d_o, "seq", D[2], "q", p.seq_q)) ||
-            (rc = same("--do", a->d_o, "head dim", D[3], "v", p.head_dim_v)))
-            return rc;
-        if (!a->has_dtype && hdo.kind != hq.kind)
-            return cli_fail(2, "do and q do not share a dtype; pass --dtype to cast them");
-    }
-    cli_apply_options(a, &p, &opt);
+    if ((rc = cli_run_problem(a, &hq, &hk, &hv, &hdo, &p, &opt))) return rc;
     if ((rc = cli_extras_load(a, &p, 0, &x))) return rc;
 
     fa_plan *plan = NULL;
@@ -290,13 +270,8 @@ done:
 
 int cli_run_problem(const cli_args *a, npy_header *hq, npy_header *hk, npy_header *hv,
                     npy_header *hdo, fa_problem *p, fa_options *opt) {
-    int grad = a->cmd == CMD_GRAD;
-    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
-    if (!missing && !grad && !a->out) missing = "--out";
-    if (!missing && grad)
-        missing = !a->d_o ? "--do" : !a->dq ? "--dq" : !a->dk ? "--dk" : !a->dv ? "--dv" : NULL;
-    if (missing) return cli_fail(2, "%s: missing %s", a->name, missing);
-    int rc;
+    int grad = a->cmd == CMD_GRAD, rc;
+    if ((rc = cli_need_files(a))) return rc;
     if ((rc = header4("--q", a->q, hq)) || (rc = header4("--k", a->k, hk)) ||
         (rc = header4("--v", a->v, hv)) || (grad && (rc = header4("--do", a->d_o, hdo))) ||
         (rc = derive(a, hq, hk, hv, p)))
@@ -313,4 +288,13 @@ int cli_run_problem(const cli_args *a, npy_header *hq, npy_header *hk, npy_heade
     }
     cli_apply_options(a, p, opt);
     return 0;
+}
+
+int cli_need_files(const cli_args *a) {
+    const int grad = a->cmd == CMD_GRAD;
+    const char *missing = !a->q ? "--q" : !a->k ? "--k" : !a->v ? "--v" : NULL;
+    if (!missing && !grad && !a->out) missing = "--out";
+    if (!missing && grad)
+        missing = !a->d_o ? "--do" : !a->dq ? "--dq" : !a->dk ? "--dk" : !a->dv ? "--dv" : NULL;
+    return missing ? cli_fail(2, "%s: missing %s", a->name, missing) : 0;
 }

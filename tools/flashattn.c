@@ -1,4 +1,4 @@
-/* flashattn: the command line (SPEC section 4). Picks the subcommand; the rest lives in
+/* flashattn: the command line (docs/cli.md). Picks the subcommand; the rest lives in
  * cli_args.c (flags), cli_plan.c, cli_run.c (run and grad) and cli_bench.c. */
 #include "cli.h"
 
@@ -22,7 +22,7 @@ static const char options_help[] =
     "                 bottom-right); --top-left is --diag-offset 0\n";
 
 static const char inference_help[] =
-    "\ninference shapes (SPEC section 5; plan takes the same files):\n"
+    "\ninference shapes (docs/cli.md; plan takes the same files):\n"
     "  --cu-seqlens-q cq.npy --cu-seqlens-k ck.npy   int32 [B+1]; q [total_q,Hq,D], k/v [total_k,Hk,D]\n"
     "  --cache-seqlens lens.npy   int32 [B]; q [B,Sq_new,Hq,D], --k/--v caches [B,S_cache_max,Hk,D]\n"
     "  --block-table bt.npy       int32 [B,max_pages]; caches [num_pages,page_size,Hk,D]\n"

@@ -26,43 +26,36 @@ def outs(n):
     return ", ".join('"+f"(d[%d])' % i for i in range(n))
 
 
-def ss(n):
+# kind: (the function's name, its operands after d, the PTX operands after the accumulators
+# as (count of %-registers, format), the asm inputs, the immediate flags after p)
+KINDS = {
+    "ss": ("wgmma_ss_n%d", "uint64_t da, uint64_t db, int scale_d", (2, "%%%d, %%%d"),
+           '"l"(da), "l"(db), "r"(scale_d)', "1, 1, 0, 0"),
+    "rs": ("wgmma_rs_n%d", "const uint32_t (&a)[4], uint64_t db, int scale_d", (5, "{%%%d, %%%d, %%%d, %%%d}, %%%d"),
+           '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d)', "1, 1, 1"),
+}
+
+
+def wrapper(kind, n):
+    name, params, (nops, ops), inputs, flags = KINDS[kind]
     m = n // 2
     body = []
     for bf, ty in ((True, "bf16"), (False, "f16")):
-        s = ('"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"\n' % (m + 2) +
-             '            "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, %%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n"'
-             % (n, ty, ty, regs(m, 0), m, m + 1))
+        s = ('"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"\n' % (m + nops) +
+             '            "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, ' % (n, ty, ty, regs(m, 0)) +
+             ops % tuple(range(m, m + nops)) + ', p, %s;\\n}\\n"' % flags)
         body.append('''    %sif (BF16 == %s)
         asm volatile(%s
                      : %s
-                     : "l"(da), "l"(db), "r"(scale_d));''' % ("" if bf else "else ", "true" if bf else "false", s, outs(m)))
+                     : %s);''' % ("" if bf else "else ", "true" if bf else "false", s, outs(m), inputs))
     return '''template <bool BF16>
-__device__ __forceinline__ void wgmma_ss_n%d(float (&d)[%d], uint64_t da, uint64_t db, int scale_d) {
+__device__ __forceinline__ void %s(float (&d)[%d], %s) {
 %s
 }
-''' % (n, m, "\n".join(body))
+''' % (name % n, m, params, "\n".join(body))
 
 
-def rs(n):
-    m = n // 2
-    body = []
-    for bf, ty in ((True, "bf16"), (False, "f16")):
-        s = ('"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"\n' % (m + 5) +
-             '            "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 1;\\n}\\n"'
-             % (n, ty, ty, regs(m, 0), m, m + 1, m + 2, m + 3, m + 4))
-        body.append('''    %sif (BF16 == %s)
-        asm volatile(%s
-                     : %s
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));''' % ("" if bf else "else ", "true" if bf else "false", s, outs(m)))
-    return '''template <bool BF16>
-__device__ __forceinline__ void wgmma_rs_n%d(float (&d)[%d], const uint32_t (&a)[4], uint64_t db, int scale_d) {
-%s
-}
-''' % (n, m, "\n".join(body))
-
-
-out = HEAD + "\n" + ss(64) + "\n" + "\n".join(rs(n) for n in (64, 128, 256)) + "\n#endif\n"
+out = HEAD + "\n" + wrapper("ss", 64) + "\n" + "\n".join(wrapper("rs", n) for n in (64, 128, 256)) + "\n#endif\n"
 path = os.path.join(os.path.dirname(__file__), "..", "src", "cuda", "cuda_hopper_wgmma.cuh")
 with open(path, "w") as f:
     f.write(out)

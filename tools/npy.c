@@ -1,7 +1,7 @@
 /* .npy reader and writer (format versions 1.0, 2.0 and 3.0; little-endian arrays only). */
+#define _GNU_SOURCE /* O_TMPFILE (Linux) */
 #include "npy.h"
-
-#include "alloc.h"
+#include "flashattn.h" /* fa_malloc, fa_free: the allocation-failure tests reach these too */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -350,6 +350,29 @@ static void track(char *tmp, int add) {
         }
 }
 
+/* The directory part of path ("." if none), into buf. */
+static const char *dir_of(const char *path, char *buf, size_t len) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return ".";
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    if (n >= len) n = len - 1;
+    memcpy(buf, path, n);
+    buf[n] = 0;
+    return buf;
+}
+
+/* A named temporary beside the target (same directory, so rename is atomic), tracked for
+ * the signal handler, with the usual mode (mkstemp makes it 0600). */
+static int make_named_tmp(npy_out *o) {
+    int fd = mkstemp(o->tmp);
+    if (fd < 0) return -1;
+    track(o->tmp, 1);
+    mode_t mask = umask(0);
+    umask(mask);
+    (void)fchmod(fd, 0666 & ~mask);
+    return fd;
+}
+
 int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
     memset(o, 0, sizeof *o);
     struct stat st;
@@ -363,24 +386,29 @@ int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
         return fail(1, err, errlen, "%s: out of memory", path);
     }
     memcpy(o->path, path, n + 1);
-    snprintf(o->tmp, n + 16, "%s.tmp-XXXXXX", path); /* same directory, so rename is atomic */
-    int fd = mkstemp(o->tmp);
-    if (fd < 0) {
+    snprintf(o->tmp, n + 16, "%s.tmp-XXXXXX", path);
+    char dbuf[4096];
+    const char *dir = dir_of(path, dbuf, sizeof dbuf);
+    /* An unnamed file in the target's directory (Linux O_TMPFILE): a run killed before the
+     * commit leaves nothing behind. Where the file system has none, the named temporary is
+     * made only when the data is ready (npy_out_write); the directory is checked now. */
+    int fd = -1;
+#ifdef O_TMPFILE
+    if (access("/proc/self/fd", X_OK) == 0) /* the commit links it through /proc */
+        fd = open(dir, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+#endif
+    if (fd < 0 && access(dir, W_OK) != 0) {
         int e = errno;
-        fa_free(o->tmp);
-        o->tmp = NULL;
         npy_out_abort(o);
         return fail(2, err, errlen, "%s: cannot create output: %s", path, strerror(e));
     }
-    track(o->tmp, 1);
-    mode_t mask = umask(0);
-    umask(mask);
-    (void)fchmod(fd, 0666 & ~mask); /* mkstemp made it 0600; outputs get the usual mode */
-    o->f = fdopen(fd, "wb");
-    if (!o->f) {
-        close(fd);
-        npy_out_abort(o);
-        return fail(1, err, errlen, "%s: cannot open the temporary output", path);
+    if (fd >= 0) {
+        o->unnamed = 1;
+        if (!(o->f = fdopen(fd, "wb"))) {
+            close(fd);
+            npy_out_abort(o);
+            return fail(1, err, errlen, "%s: cannot open the temporary output", path);
+        }
     }
     return 0;
 }
@@ -402,6 +430,15 @@ int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data,
                              (unsigned char)(hlen >> 8)};
     int64_t count = 1;
     for (int i = 0; i < ndim; i++) count *= shape[i];
+    if (!o->f) { /* no unnamed file: the named temporary, now that the data is ready */
+        int fd = make_named_tmp(o);
+        if (fd < 0 || !(o->f = fdopen(fd, "wb"))) {
+            int e = errno;
+            if (fd >= 0) close(fd);
+            return fail(2, err, errlen, "%s: cannot create output: %s", o->path, strerror(e));
+        }
+        o->named = 1;
+    }
     errno = 0;
     int ok = fwrite(pre, 1, 10, o->f) == 10 && fwrite(dict, 1, hlen, o->f) == hlen;
     if (host_is_little_endian()) {
@@ -414,16 +451,40 @@ int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data,
         }
     }
     int e = errno;
-    ok = (fclose(o->f) == 0) && ok;
+    if (o->unnamed) ok = fflush(o->f) == 0 && ok; /* stays open: its fd is what commit links */
+    else {
+        ok = (fclose(o->f) == 0) && ok;
+        o->f = NULL;
+    }
     if (!ok && !e) e = errno;
-    o->f = NULL;
     if (!ok) return fail(1, err, errlen, "%s: writing failed: %s", o->path, strerror(e));
     o->written = 1;
     return 0;
 }
 
+/* Gives the unnamed file the temporary's name (linkat cannot replace a target; rename then
+ * can), so the name exists only for the instant before the rename. */
+static int link_unnamed(npy_out *o) {
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fileno(o->f));
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = make_named_tmp(o); /* reserves a fresh name ... */
+        if (fd < 0) return -1;
+        close(fd);
+        unlink(o->tmp); /* ... which linkat then takes */
+        if (linkat(AT_FDCWD, proc, AT_FDCWD, o->tmp, AT_SYMLINK_FOLLOW) == 0) {
+            o->named = 1;
+            return 0;
+        }
+        track(o->tmp, 0);
+        if (errno != EEXIST) return -1;
+        memcpy(o->tmp + strlen(o->tmp) - 6, "XXXXXX", 6);
+    }
+    return -1;
+}
+
 int npy_out_commit(npy_out *o, char *err, size_t errlen) {
-    if (!o->written || rename(o->tmp, o->path) != 0) {
+    if (!o->written || (o->unnamed && link_unnamed(o) != 0) || rename(o->tmp, o->path) != 0) {
         int e = errno;
         int rc = fail(1, err, errlen, "%s: cannot move the output into place: %s", o->path,
                       o->written ? strerror(e) : "nothing written");
@@ -439,7 +500,7 @@ int npy_out_commit(npy_out *o, char *err, size_t errlen) {
 
 void npy_out_abort(npy_out *o) {
     if (o->f) fclose(o->f);
-    if (o->tmp) {
+    if (o->tmp && o->named) {
         unlink(o->tmp);
         track(o->tmp, 0);
     }

@@ -37,14 +37,20 @@ int npy_read(const char *path, int accepted, npy_header *h, void **data, char *e
 /* Formats a shape as "(2, 3, 4)" into buf. */
 const char *npy_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
 
-/* A float32 output in progress: npy_out_open creates the temporary, npy_out_write fills it,
- * npy_out_commit renames it onto the target; npy_out_abort removes it (safe to call at any
- * point, and after commit it does nothing). */
+/* A float32 output in progress, which appears under its name only when complete:
+ * npy_out_open checks the target and (on Linux) opens an unnamed file in its directory
+ * (O_TMPFILE), npy_out_write fills it, npy_out_commit links it as PATH.tmp-XXXXXX and renames
+ * that onto the target at once. Where the file system has no unnamed files, npy_out_write
+ * creates the named temporary. A run killed before the commit leaves neither a partial
+ * output nor a temporary; npy_out_abort removes what exists (safe at any point, and after
+ * commit it does nothing). */
 typedef struct {
     char *path;
     char *tmp;
     FILE *f;
     int written;
+    int unnamed; /* f is an O_TMPFILE file */
+    int named;   /* tmp exists on disk */
 } npy_out;
 
 int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen);

@@ -1,109 +1,20 @@
-/* Measuring the rates of rates.h: arithmetic peaks (f32 FMA, vdpbf16ps), memory read
- * bandwidth, the kernel set's exp, and the tile efficiency of each (pass, dtype) from a
- * real pass of the library on a small problem. Every figure is the best of a few short
- * repetitions on all threads at once: a busy machine can only lower a rate. */
+/* Measuring the rates of rates.h: arithmetic peaks (f32 FMA, vdpbf16ps: peak_loops.c),
+ * memory read bandwidth, the kernel set's exp (fa_cpu_exp_rate), and the tile efficiency of
+ * each (pass, dtype) from a real pass of the library on a small problem. Every figure is the
+ * best of a few short repetitions on all threads at once: a busy machine can only lower a rate. */
+#include "measure.h"
+#include "peak_loops.h"
 #include "rates.h"
-#include "cpu/isa.h" /* the kernel set's exp, measured as the kernels call it */
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---- arithmetic loops: each returns the flops it did; sink keeps the result alive ------ */
-
-#define CHAINS 12 /* independent accumulators: enough to cover the FMA latency x ports */
-
-static double fma_scalar_loop(int64_t iters, float *sink) {
-    float acc[CHAINS];
-    for (int j = 0; j < CHAINS; j++) acc[j] = 1.0f + 0.01f * (float)j;
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < CHAINS; j++) acc[j] = acc[j] * 0.999999f + 1e-6f;
-    float s = 0;
-    for (int j = 0; j < CHAINS; j++) s += acc[j];
-    *sink = s;
-    return (double)iters * CHAINS * 2;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx512f"))) static double fma512_loop(int64_t iters, float *sink) {
-    __m512 acc[CHAINS];
-    for (int j = 0; j < CHAINS; j++) acc[j] = _mm512_set1_ps(1.0f + 0.01f * (float)j);
-    const __m512 mul = _mm512_set1_ps(0.999999f), add = _mm512_set1_ps(1e-6f);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < CHAINS; j++) acc[j] = _mm512_fmadd_ps(acc[j], mul, add);
-    for (int j = 1; j < CHAINS; j++) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-    *sink = _mm512_reduce_add_ps(acc[0]);
-    return (double)iters * CHAINS * 16 * 2;
-}
-
-__attribute__((target("avx2,fma"))) static double fma256_loop(int64_t iters, float *sink) {
-    __m256 acc[CHAINS];
-    for (int j = 0; j < CHAINS; j++) acc[j] = _mm256_set1_ps(1.0f + 0.01f * (float)j);
-    const __m256 mul = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-6f);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < CHAINS; j++) acc[j] = _mm256_fmadd_ps(acc[j], mul, add);
-    float lanes[8];
-    for (int j = 1; j < CHAINS; j++) acc[0] = _mm256_add_ps(acc[0], acc[j]);
-    _mm256_storeu_ps(lanes, acc[0]);
-    *sink = lanes[0] + lanes[7];
-    return (double)iters * CHAINS * 8 * 2;
-}
-
-/* vdpbf16ps: 16 lanes x 2 bf16 products accumulated, 4 flops a lane */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static double dpbf16_loop(int64_t iters,
-                                                                                 float *sink) {
-    __m512 acc[CHAINS];
-    for (int j = 0; j < CHAINS; j++) acc[j] = _mm512_setzero_ps();
-    const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3a83);
-    for (int64_t i = 0; i < iters; i++)
-        for (int j = 0; j < CHAINS; j++) acc[j] = _mm512_dpbf16_ps(acc[j], x, y);
-    for (int j = 1; j < CHAINS; j++) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-    *sink = _mm512_reduce_add_ps(acc[0]);
-    return (double)iters * CHAINS * 16 * 4;
-}
-#endif
-
-typedef double (*loop_fn)(int64_t, float *);
-
-/* GFLOP/s of fn on all threads at once, best of reps runs of about 0.1 s each. */
-static double loop_rate(loop_fn fn, int threads) {
-    int64_t iters = 1000;
-    float sink = 0;
-    for (;;) { /* size one run on one thread */
-        double t0 = now();
-        fn(iters, &sink);
-        double t = now() - t0;
-        if (t > 0.01) {
-            iters = (int64_t)((double)iters * 0.1 / t) + 1;
-            break;
-        }
-        iters *= 4;
-    }
-    double best = 0;
-    for (int rep = 0; rep < 4; rep++) {
-        double flops = 0, t0 = now();
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-        {
-            float s;
-            flops += fn(iters, &s);
-            if (s == 12345.0f) flops += 1; /* depends on s: the loop stays */
-        }
-        const double t = now() - t0;
-        if (flops / t > best) best = flops / t;
-    }
-    return best * 1e-9;
+/* GFLOP/s of fn on all threads at once, best of 4 runs of about 0.1 s each. */
+static double loop_rate(peak_loop fn, int threads) {
+    return peak_gflops(fn, threads, peak_iters(fn, 0.1), 4);
 }
 
 /* ---- memory read bandwidth: every thread sums its share of a buffer far over cache ---- */
@@ -117,10 +28,10 @@ static double read_bandwidth(int threads) {
     double best = 0;
     uint64_t total = 0;
     for (int rep = 0; rep < 4; rep++) {
-        double t0 = now();
+        double t0 = measure_now();
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
         for (size_t i = 0; i < words; i++) total += buf[i];
-        const double t = now() - t0;
+        const double t = measure_now() - t0;
         if ((double)bytes / t > best) best = (double)bytes / t;
     }
     free(buf);
@@ -128,41 +39,7 @@ static double read_bandwidth(int threads) {
     return best * 1e-9;
 }
 
-/* ---- the kernel set's exp: rows of 128 scores, as one key tile, in L1 ------------------ */
-
-static double exp_rate(int threads) {
-    const fa_isa *isa;
-    if (fa_isa_select(&isa) != FA_OK) return 0;
-    const int n = 128, calls = 20000;
-    double best = 0;
-    for (int rep = 0; rep < 4; rep++) {
-        double t0 = now(), sum = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sum)
-        {
-            float x[128];
-            for (int j = 0; j < n; j++) x[j] = -0.01f * (float)j;
-            /* exp(x - 1) of values in [0, 1] stays in (0, 1]: every call is a normal row */
-            for (int c = 0; c < calls; c++) sum += isa->exp_sum(x, n, 1.0f);
-        }
-        const double t = now() - t0;
-        if ((double)threads * calls * n / t > best) best = (double)threads * calls * n / t;
-        if (sum == 42.0) best += 1;
-    }
-    return best;
-}
-
 /* ---- tile efficiency: a real pass on a small problem ---------------------------------- */
-
-/* Uniform values in [-1, 1) in dtype t (splitmix64). */
-static void fill(uint64_t *state, fa_dtype t, void *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        fa_store(t, x, i, (float)((double)(z >> 11) * 0x1p-52 - 1.0));
-    }
-}
 
 /* Best seconds of each pass of the calibration problem (B=1, H=4 x threads, S=1024,
  * D=128, dtype t), after one warm-up call each. */
@@ -187,10 +64,10 @@ static int time_passes(int threads, fa_dtype t, fa_plan **plan_out, double secs[
     void *dv = mem + 7 * n * es;
     float *lse = (float *)(mem + 8 * n * es);
     uint64_t seed = 0xca11b;
-    fill(&seed, t, q, (int64_t)n);
-    fill(&seed, t, k, (int64_t)n);
-    fill(&seed, t, v, (int64_t)n);
-    fill(&seed, t, d_o, (int64_t)n);
+    measure_fill(&seed, t, q, (int64_t)n);
+    measure_fill(&seed, t, k, (int64_t)n);
+    measure_fill(&seed, t, v, (int64_t)n);
+    measure_fill(&seed, t, d_o, (int64_t)n);
     fa_forward_args fw;
     fa_backward_args bw;
     memset(&fw, 0, sizeof fw);
@@ -201,9 +78,9 @@ static int time_passes(int threads, fa_dtype t, fa_plan **plan_out, double secs[
     for (int pass = 0; pass < 2 && !bad; pass++) {
         secs[pass] = 1e30;
         for (int rep = 0; rep < 4 && !bad; rep++) { /* rep 0 is the warm-up */
-            double t0 = now();
+            double t0 = measure_now();
             bad = (pass ? fa_backward(*plan_out, &bw) : fa_forward(*plan_out, &fw)) != FA_OK;
-            const double dt = now() - t0;
+            const double dt = measure_now() - t0;
             if (rep > 0 && dt < secs[pass]) secs[pass] = dt;
         }
     }
@@ -215,15 +92,15 @@ int cli_rates_measure(int threads, int verbose, cli_rates *r, char *err, size_t 
     memset(r, 0, sizeof *r);
     snprintf(r->isa, sizeof r->isa, "%s", fa_cpu_isa());
     r->threads = threads;
-    loop_fn fma = fma_scalar_loop;
+    peak_loop fma = peak_fma_scalar;
 #if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512f")) fma = fma512_loop;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) fma = fma256_loop;
-    if (__builtin_cpu_supports("avx512bf16")) r->dpbf16_gflops = loop_rate(dpbf16_loop, threads);
+    if (__builtin_cpu_supports("avx512f")) fma = peak_fma512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) fma = peak_fma256;
+    if (__builtin_cpu_supports("avx512bf16")) r->dpbf16_gflops = loop_rate(peak_dpbf16, threads);
 #endif
     r->fma_gflops = loop_rate(fma, threads);
     r->read_gbps = read_bandwidth(threads);
-    r->exp_per_s = exp_rate(threads);
+    r->exp_per_s = fa_cpu_exp_rate(threads); /* the kernels' own exp, measured by the library */
     if (verbose)
         fprintf(stderr, "calibrate: fma %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s, read %.1f GB/s, exp %.3g/s\n",
                 r->fma_gflops, r->dpbf16_gflops, r->read_gbps, r->exp_per_s);

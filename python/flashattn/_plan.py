@@ -22,7 +22,7 @@ def parse_bytes(budget):
 
 
 class Plan:
-    """A validated problem and what each pass costs (SPEC section 3).
+    """A validated problem and what each pass costs (docs/semantics.md, the plan's figures).
 
     forward, backward: dicts of every fa_cost field (flops, flops_useful, transcendentals,
     bytes_accessed, min_bytes, workspace_bytes, peak_bytes, naive_peak_bytes).

@@ -1,6 +1,6 @@
 """flashattn.plan_varlen and flashattn.plan_kvcache: the analytic cost of the inference
 shapes from their lengths and shapes (no tensors), as flashattn.plan gives the dense one.
-The lengths are plan inputs (SPEC section 3): the plan reads them once, in O(batch)."""
+The lengths are plan inputs (docs/semantics.md): the plan reads them once, in O(batch)."""
 from . import _native
 from ._plan import Plan
 from ._problem import make_options

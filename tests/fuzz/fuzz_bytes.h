@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -32,5 +34,17 @@ static inline void take_raw(fuzz_bytes *b, void *out, size_t size) {
     memcpy(out, b->p, k);
     b->p += k, b->n -= k;
 }
+
+/* A broken invariant of a harness (FUZZ_HARNESS names it): one line on stderr, then abort, so
+ * libFuzzer keeps the input (tests/fuzz/run.sh greps the logs for "invariant"). */
+#define FUZZ_CHECK(cond, ...)                                                                     \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "%s invariant broken: %s: ", FUZZ_HARNESS, #cond);                    \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+            abort();                                                                              \
+        }                                                                                         \
+    } while (0)
 
 #endif

@@ -5,6 +5,8 @@
  * options built from an accepted vector hold the same values. --memory-budget's size
  * parser is also run on every argument. */
 #include "cli.h"
+#define FUZZ_HARNESS "cli_args"
+#include "fuzz_bytes.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,47 +15,37 @@
 
 #define MAX_ARGS 48
 
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "cli_args invariant broken: %s: ", #cond);                            \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-            abort();                                                                              \
-        }                                                                                         \
-    } while (0)
-
 static void check_accepted(const cli_args *a) {
-    CHECK(a->batch >= 0 && a->heads >= 0 && a->kv_heads >= 0 && a->seq >= 0 && a->seq_q >= 0 && a->seq_k >= 0 &&
-              a->head_dim >= 0 && a->v_head_dim >= 0,
-          "a negative shape flag was accepted");
-    CHECK(a->window_left >= -1 && a->window_right >= -1, "window %lld %lld", (long long)a->window_left,
-          (long long)a->window_right);
-    CHECK(!a->has_softcap || (isfinite(a->softcap) && a->softcap >= 0), "softcap %g", (double)a->softcap);
-    CHECK(!a->has_scale || isfinite(a->scale), "scale %g", (double)a->scale);
-    CHECK(a->threads >= 0 && a->iters >= 0 && a->block_q >= 0 && a->block_k >= 0, "counts");
-    CHECK(!a->has_budget || a->budget >= 0, "budget %lld", (long long)a->budget);
-    CHECK(a->pass >= 0 && a->pass <= 2, "pass %d", a->pass);
-    CHECK(a->dtype == FA_F32 || a->dtype == FA_F16 || a->dtype == FA_BF16, "dtype %d", (int)a->dtype);
-    CHECK(a->backend == FA_BACKEND_AUTO || a->backend == FA_BACKEND_CPU || a->backend == FA_BACKEND_CUDA,
-          "backend %d", (int)a->backend);
+    FUZZ_CHECK(a->batch >= 0 && a->heads >= 0 && a->kv_heads >= 0 && a->seq >= 0 && a->seq_q >= 0 && a->seq_k >= 0 &&
+                   a->head_dim >= 0 && a->v_head_dim >= 0,
+               "a negative shape flag was accepted");
+    FUZZ_CHECK(a->window_left >= -1 && a->window_right >= -1, "window %lld %lld", (long long)a->window_left,
+               (long long)a->window_right);
+    FUZZ_CHECK(!a->has_softcap || (isfinite(a->softcap) && a->softcap >= 0), "softcap %g", (double)a->softcap);
+    FUZZ_CHECK(!a->has_scale || isfinite(a->scale), "scale %g", (double)a->scale);
+    FUZZ_CHECK(a->threads >= 0 && a->iters >= 0 && a->block_q >= 0 && a->block_k >= 0, "counts");
+    FUZZ_CHECK(!a->has_budget || a->budget >= 0, "budget %lld", (long long)a->budget);
+    FUZZ_CHECK(a->pass >= 0 && a->pass <= 2, "pass %d", a->pass);
+    FUZZ_CHECK(a->dtype == FA_F32 || a->dtype == FA_F16 || a->dtype == FA_BF16, "dtype %d", (int)a->dtype);
+    FUZZ_CHECK(a->backend == FA_BACKEND_AUTO || a->backend == FA_BACKEND_CPU || a->backend == FA_BACKEND_CUDA,
+               "backend %d", (int)a->backend);
     const char *files[] = {a->alibi, a->bias, a->q_segments, a->kv_segments, a->q, a->k, a->v,
                            a->out, a->lse, a->d_o, a->dq, a->dk, a->dv};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-        CHECK(!files[i] || files[i][0], "an empty file name was accepted (flag %zu)", i);
-    CHECK(!!a->q_segments == !!a->kv_segments, "one segment file without the other");
+        FUZZ_CHECK(!files[i] || files[i][0], "an empty file name was accepted (flag %zu)", i);
+    FUZZ_CHECK(!!a->q_segments == !!a->kv_segments, "one segment file without the other");
 }
 
 static void check_problem(const cli_args *a) {
     fa_problem p;
     if (cli_shape_from_flags(a, &p) != 0) return;
-    CHECK(p.batch == a->batch && p.heads_q == a->heads && p.head_dim == a->head_dim, "shape copied wrong");
-    CHECK(p.seq_q > 0 && p.seq_k > 0 && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "shape");
+    FUZZ_CHECK(p.batch == a->batch && p.heads_q == a->heads && p.head_dim == a->head_dim, "shape copied wrong");
+    FUZZ_CHECK(p.seq_q > 0 && p.seq_k > 0 && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0, "shape");
     fa_options o;
     cli_apply_options(a, &p, &o);
-    CHECK(p.window_left == a->window_left && p.window_right == a->window_right && p.causal == a->causal &&
-              o.threads == a->threads && o.block_q == a->block_q && o.backend == a->backend,
-          "options copied wrong");
+    FUZZ_CHECK(p.window_left == a->window_left && p.window_right == a->window_right && p.causal == a->causal &&
+                   o.threads == a->threads && o.block_q == a->block_q && o.backend == a->backend,
+               "options copied wrong");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -74,9 +66,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     cli_args a;
     int rc = cli_parse(CMDS[c].cmd, CMDS[c].name, argc, argv, &a);
-    CHECK(rc == 0 || rc == 2, "cli_parse returned %d", rc);
+    FUZZ_CHECK(rc == 0 || rc == 2, "cli_parse returned %d", rc);
     if (rc == 0) {
-        CHECK(a.cmd == CMDS[c].cmd && a.name == CMDS[c].name, "cmd");
+        FUZZ_CHECK(a.cmd == CMDS[c].cmd && a.name == CMDS[c].name, "cmd");
         if (!a.help) {
             check_accepted(&a);
             check_problem(&a);
@@ -84,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     for (int i = 0; i < argc; i++) {
         int64_t bytes = -1;
-        if (cli_parse_bytes(argv[i], &bytes) == 0) CHECK(bytes >= 0, "'%s' parsed as %lld bytes", argv[i], (long long)bytes);
+        if (cli_parse_bytes(argv[i], &bytes) == 0) FUZZ_CHECK(bytes >= 0, "'%s' parsed as %lld bytes", argv[i], (long long)bytes);
     }
     free(text);
     return 0;

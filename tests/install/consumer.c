@@ -1,9 +1,11 @@
 /* An external program built against an installed flashattn (tests/test_install.sh): plans a
  * small problem, runs the forward, and checks the output against attention computed here in
- * double precision and the kernels' counts against the plan. Exit 0 on success. */
+ * double precision and the kernels' counts against the plan, and that the exported dtype
+ * conversion rounds to nearest even. Exit 0 on success. */
 #include <flashattn.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #define S 5
@@ -56,6 +58,16 @@ int main(void) {
     if (!(worst < 1e-5) || counted.flops != cost.flops) {
         fprintf(stderr, "consumer: max error %g, counted flops %lld vs plan %lld\n", worst,
                 (long long)counted.flops, (long long)cost.flops);
+        return 1;
+    }
+    const float third = 1.0f / 3.0f; /* 0x3eaaaaab: rounds up in bf16 and in f16 */
+    uint16_t hb, hh;
+    float back;
+    fa_convert(FA_F32, &third, FA_BF16, &hb, 1);
+    fa_convert(FA_F32, &third, FA_F16, &hh, 1);
+    fa_convert(FA_F16, &hh, FA_F32, &back, 1);
+    if (hb != 0x3eab || hh != 0x3555 || back != 0.333251953125f) {
+        fprintf(stderr, "consumer: fa_convert gave bf16 %#x, f16 %#x, back %.9g\n", hb, hh, (double)back);
         return 1;
     }
     printf("consumer: ok (max error %.1e, flops %lld as planned, isa %s)\n", worst, (long long)counted.flops,

@@ -1,3 +1,4 @@
+/* Internal on purpose: includes src/mpi/mpi_internal.h for fa_mpi_test_fail_kernel_rank. */
 /* Sequence-parallel attention under mpirun (any P): for a set of cases (ring contiguous and
  * zigzag, Ulysses; non-causal, causal, GQA, windows, softcap, ALiBi, segment ids, Sq != Sk)
  * every rank compares its rows of o, lse, dq, dk, dv with the float64 reference and with the

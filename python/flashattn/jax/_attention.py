@@ -210,7 +210,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     or bfloat16. Hq must be a multiple of Hk (GQA/MQA). Returns o (q's layout, v's head
     dim), or (o, lse) with lse [B, Hq, Sq] float32 when return_lse.
 
-    Semantics (README, SPEC section 2): s = scale * q.k (scale defaults to 1/sqrt(D)),
+    Semantics (README, docs/semantics.md): s = scale * q.k (scale defaults to 1/sqrt(D)),
     softcap cap*tanh(s/cap), + bias (broadcastable to [B, Hq, Sq, Sk]), - slope[h]*|i+Sk-Sq-j|
     (ALiBi); masks (causal, window=(left, right), segment ids) align bottom-right as in
     FlashAttention-2 (for Sq == Sk the usual lower triangle). A row with no visible key

@@ -1,7 +1,10 @@
-/* limits: what bounds the CPU forward, measured by taking parts of the work away.
+/* Tests an internal on purpose: it swaps the plan's CPU microkernel table (src/cpu/isa.h,
+ * struct fa_plan), which no public call can do; that is why it lives in tests/, not bench/.
+ *
+ * tool_limits: what bounds the CPU forward, measured by taking parts of the work away.
  *
  * Runs the forward of one shape with the plan's microkernel table, then with copies of the
- * table in which some entries do nothing (bench-only: the library is untouched):
+ * table in which some entries do nothing (measurement only: the library is untouched):
  *   full        everything
  *   no-exp      exp_sum returns at once (the softmax's exps skipped)
  *   no-gemm     gemm_abt and gemm_pb return at once (both matrix products skipped)
@@ -10,21 +13,16 @@
  *               max, rounding p, rescaling the accumulator, writing o) and threading
  * The results are numerically meaningless except for `full`; only the times matter.
  *
- *   limits --batch B --heads H --seq S --head-dim D [--dtype f32|f16|bf16] [--causal]
+ *   tool_limits --batch B --heads H --seq S --head-dim D [--dtype f32|f16|bf16] [--causal]
  *          [--threads N] [--block-q BQ --block-k BK] [--reps N] */
 #include "cpu/isa.h"
 #include "internal.h"
+#include "measure.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float no_exp(float *x, int n, float mx) {
     (void)x;
@@ -45,25 +43,12 @@ int main(int argc, char **argv) {
     int64_t B = 1, H = 8, S = 4096, D = 128, bq = 0, bk = 0, reps = 3, threads = 0;
     fa_dtype dt = FA_F32;
     int causal = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "0";
-        if (!strcmp(a, "--batch")) B = atoll(v), i++;
-        else if (!strcmp(a, "--heads")) H = atoll(v), i++;
-        else if (!strcmp(a, "--seq")) S = atoll(v), i++;
-        else if (!strcmp(a, "--head-dim")) D = atoll(v), i++;
-        else if (!strcmp(a, "--block-q")) bq = atoll(v), i++;
-        else if (!strcmp(a, "--block-k")) bk = atoll(v), i++;
-        else if (!strcmp(a, "--reps")) reps = atoll(v), i++;
-        else if (!strcmp(a, "--threads")) threads = atoll(v), i++;
-        else if (!strcmp(a, "--causal")) causal = 1;
-        else if (!strcmp(a, "--dtype")) {
-            dt = !strcmp(v, "bf16") ? FA_BF16 : !strcmp(v, "f16") ? FA_F16 : FA_F32;
-            i++;
-        } else {
-            fprintf(stderr, "limits: unknown argument %s\n", a);
-            return 2;
-        }
-    }
+    const measure_opt opts[] = {
+        {"--batch", &B, NULL},      {"--heads", &H, NULL},       {"--seq", &S, NULL},
+        {"--head-dim", &D, NULL},   {"--block-q", &bq, NULL},    {"--block-k", &bk, NULL},
+        {"--reps", &reps, NULL},    {"--threads", &threads, NULL}, {"--causal", NULL, &causal},
+        {NULL, NULL, NULL}};
+    if (measure_parse("tool_limits", argc, argv, opts, &dt)) return 2;
     fa_problem p;
     fa_problem_init(&p);
     p.batch = B; p.heads_q = p.heads_kv = H; p.seq_q = p.seq_k = S; p.head_dim = p.head_dim_v = D;
@@ -71,7 +56,7 @@ int main(int argc, char **argv) {
     fa_options opt = {FA_BACKEND_CPU, (int)threads, bq, bk};
     fa_plan *plan;
     if (fa_plan_create(&p, &opt, &plan) != FA_OK) {
-        fprintf(stderr, "limits: %s\n", fa_last_error());
+        fprintf(stderr, "tool_limits: %s\n", fa_last_error());
         return 2;
     }
     fa_cost c;
@@ -105,9 +90,9 @@ int main(int argc, char **argv) {
         fa_forward(plan, &a); /* warm-up */
         double best = 1e30;
         for (int r = 0; r < reps; r++) {
-            double t0 = now();
+            double t0 = measure_now();
             fa_forward(plan, &a);
-            double t = now() - t0;
+            double t = measure_now() - t0;
             if (t < best) best = t;
         }
         if (x == 0) full = best;
