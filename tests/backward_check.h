@@ -269,8 +269,7 @@ static void dbias_check(const tcase *c, const fa_plan *pl, const double *ref, ch
     const double share = (double)(B / p->bias_batch * (Hq / p->bias_heads));
     const double w = p->has_bias_scale ? fabs((double)p->bias_scale) : 1.0;
     const double floor = w * share * (saved_o_error_max(c, pl) + 8.0 * 0x1p-24 * 2.0 * gmax * vmax);
-    double *allow = tu_alloc(sizeof(double) * (size_t)c->nbias);
-    for (int64_t i = 0; i < c->nbias; i++) allow[i] = floor;
+    double *allow = check_allow_const(c->nbias, floor);
     const int64_t dims[4] = {p->bias_batch, p->bias_heads, Sq, Sk};
     const check_result r =
         check_tensor("dbias", FA_F32, c->dbias, &(fa_strides){{0, 0, 0, 0}}, ref, dims, check_tol_of(FA_F32), allow, 0);

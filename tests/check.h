@@ -10,8 +10,9 @@
  * largest terms, not with each element: the error analyses of FlashAttention bound
  * max|o - ref| / max|ref|), rtol is relative to the element itself, and allow is an
  * optional per-element allowance a test derives from the data (the backward's rounded
- * terms, an f32 noise floor). NaN passes nowhere; an infinite reference (lse of a row that
- * sees no key) must be matched exactly. The first few faults print with their [b, h, s, w]
+ * terms, an f32 noise floor). A NaN passes only where the reference is NaN (a NaN input a
+ * row sees, docs/nonfinite.md), and an infinite reference (lse of a row that sees no key)
+ * must be matched exactly. The first few faults print with their [b, h, s, w]
  * indices and values; the rest are counted. */
 #ifndef FA_TEST_CHECK_H
 #define FA_TEST_CHECK_H
@@ -174,7 +175,8 @@ static inline check_result check_tensor(const char *name, fa_dtype t, const void
         const double g = fa_load(t, got, b * s.s[0] + h * s.s[1] + q * s.s[2] + w * s.s[3]), want = ref[i];
         const double bound = tol.atol * M + tol.rtol * fabs(want), e = fabs(g - want);
         int bad;
-        if (isinf(want) || isinf(g)) bad = g != want;
+        if (isnan(want)) bad = !isnan(g);
+        else if (isinf(want) || isinf(g)) bad = g != want;
         else {
             bad = !(e - (allow ? allow[i] : 0.0) <= bound);
             if (!(e <= r.err)) r.err = isnan(g) ? INFINITY : e;
@@ -191,6 +193,13 @@ static inline check_result check_tensor(const char *name, fa_dtype t, const void
         printf("FAIL %s: %lld more elements outside the bound\n", name, (long long)(r.faults - CHECK_MAX_PRINT / 2));
     if (r.faults) failures++;
     return r;
+}
+
+/* An allowance of v for each of n elements (check_tensor's allow); the caller frees it. */
+static inline double *check_allow_const(int64_t n, double v) {
+    double *a = tu_alloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) a[i] = v;
+    return a;
 }
 
 /* Elements of a buffer of n elements outside the [B, H, S, W] view st that are no longer
@@ -215,6 +224,86 @@ static inline int64_t check_outside(const char *name, fa_dtype t, const void *bu
         failures++;
     }
     return touched;
+}
+
+/* ---- the workspace a call actually uses ---------------------------------------------- */
+
+typedef fa_status (*check_ws_call)(void *ctx, void *workspace, size_t size);
+
+typedef struct {
+    fa_status status;    /* of the call in exactly `bytes` (the last of its runs) */
+    int64_t written;     /* 1 + the last byte offset a run changed: the high-water mark */
+    int guard_hit;       /* a byte past the end changed */
+    fa_status one_short; /* the call given bytes - 1 (FA_OK when bytes is 0) */
+} check_ws;
+
+#define CHECK_WS_GUARD 4096
+
+/* Measures the workspace a call uses instead of trusting a formula: runs call in a buffer
+ * of exactly `bytes` followed by a guard of CHECK_WS_GUARD bytes, twice, the buffer and
+ * guard filled with 0x5a and then 0xa5 (a byte the call writes equal to one fill is
+ * still seen by the other run), and reports the highest byte either run changed, whether
+ * the guard changed, and the call's answer when given one byte less. The workspace
+ * starts misaligned by `skew` bytes (the drivers must align within their slack). */
+static inline check_ws check_workspace(check_ws_call call, void *ctx, size_t bytes, size_t skew) {
+    check_ws r = {FA_OK, 0, 0, FA_OK};
+    unsigned char *buf = tu_alloc(bytes + CHECK_WS_GUARD + skew + 64);
+    unsigned char *ws = buf + (64 - (uintptr_t)buf % 64) % 64 + skew;
+    static const unsigned char fill[2] = {0x5a, 0xa5};
+    for (int k = 0; k < 2; k++) {
+        memset(ws, fill[k], bytes + CHECK_WS_GUARD);
+        r.status = call(ctx, ws, bytes);
+        for (size_t i = bytes + CHECK_WS_GUARD; i > 0; i--)
+            if (ws[i - 1] != fill[k]) {
+                if ((int64_t)i > r.written) r.written = (int64_t)i;
+                break;
+            }
+        for (size_t i = bytes; i < bytes + CHECK_WS_GUARD; i++) r.guard_hit |= ws[i] != fill[k];
+    }
+    if (bytes > 0) r.one_short = call(ctx, ws, bytes - 1);
+    free(buf);
+    return r;
+}
+
+typedef struct {
+    const fa_plan *plan;
+    const fa_forward_args *fwd; /* one of the two */
+    const fa_backward_args *bwd;
+} check_ws_pass;
+
+static inline fa_status check_ws_run(void *ctx, void *workspace, size_t size) {
+    const check_ws_pass *c = ctx;
+    if (c->fwd) {
+        fa_forward_args a = *c->fwd;
+        a.workspace = workspace, a.workspace_size = size, a.counts = NULL, a.progress = NULL;
+        return fa_forward(c->plan, &a);
+    }
+    fa_backward_args a = *c->bwd;
+    a.workspace = workspace, a.workspace_size = size, a.counts = NULL, a.progress = NULL;
+    return fa_backward(c->plan, &a);
+}
+
+/* The plan's workspace_bytes for a pass against what the call (args: its inputs and
+ * outputs, workspace ignored) uses, measured (check_workspace; docs/semantics.md,
+ * workspace_bytes): in exactly that many bytes it runs and writes nothing past them, one
+ * byte less is refused with FA_ERR_INVALID naming workspace_size. Returns the high-water
+ * mark of the bytes written (-1 if a check failed). */
+static inline int64_t check_pass_workspace(const char *label, const fa_plan *pl, const fa_forward_args *fwd,
+                                           const fa_backward_args *bwd) {
+    fa_cost cost;
+    fa_plan_cost(pl, fwd ? FA_FORWARD : FA_BACKWARD, &cost);
+    const check_ws_pass c = {pl, fwd, bwd};
+    const int before = failures;
+    const check_ws r = check_workspace(check_ws_run, (void *)&c, (size_t)cost.workspace_bytes, 1);
+    CHECK(r.status == FA_OK, "%s: in a workspace of exactly workspace_bytes = %lld: %s", label,
+          (long long)cost.workspace_bytes, fa_last_error());
+    CHECK(!r.guard_hit && r.written <= cost.workspace_bytes,
+          "%s: wrote %lld bytes of a workspace of workspace_bytes = %lld%s", label, (long long)r.written,
+          (long long)cost.workspace_bytes, r.guard_hit ? " (past its end)" : "");
+    CHECK(cost.workspace_bytes == 0 || (r.one_short == FA_ERR_INVALID && strstr(fa_last_error(), "workspace_size")),
+          "%s: a workspace one byte short of %lld gave %s (%s)", label, (long long)cost.workspace_bytes,
+          fa_status_string(r.one_short), fa_last_error());
+    return failures > before ? -1 : r.written;
 }
 
 #endif

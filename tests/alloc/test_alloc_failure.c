@@ -47,9 +47,7 @@ static int64_t every_failure(tcase *c, fa_pass pass) {
 
 int main(void) {
     (void)case_forward_kernel;
-    const uint64_t seed = tu_seed();
-    uint64_t rng = seed;
-    printf("test_alloc_failure: FA_TEST_SEED=%llu\n", (unsigned long long)seed);
+    uint64_t rng = check_seed("test_alloc_failure");
     fa_problem p;
     fa_problem_init(&p);
     p.batch = 2, p.heads_q = 4, p.heads_kv = 2, p.seq_q = 37, p.seq_k = 45, p.head_dim = 24, p.head_dim_v = 16;
@@ -79,6 +77,5 @@ int main(void) {
     const int64_t bwd = every_failure(&c, FA_BACKWARD);
     CHECK(bwd > 0, "the backward never completed");
     case_free(&c);
-    printf("%s (FA_TEST_SEED=%llu): %d failure(s)\n", failures ? "FAILED" : "ok", (unsigned long long)seed, failures);
-    return failures ? 1 : 0;
+    return check_finish("test_alloc_failure");
 }
