@@ -349,17 +349,4 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     return bad;
 }
 
-/* A CPU plan; NULL (and a failure counted) if it is refused. bq, bk: 0 = the default. */
-static fa_plan *make_plan(const fa_problem *p, int threads, int64_t bq, int64_t bk) {
-    fa_options o = {0};
-    o.backend = FA_BACKEND_CPU;
-    o.threads = threads;
-    o.block_q = bq;
-    o.block_k = bk;
-    fa_plan *pl = NULL;
-    fa_status st = fa_plan_create(p, &o, &pl);
-    CHECK(st == FA_OK, "fa_plan_create: %s: %s", fa_status_string(st), fa_last_error());
-    return pl;
-}
-
 #endif

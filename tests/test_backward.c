@@ -139,7 +139,7 @@ static void test_random(uint64_t *rng, int count, int only) {
             case_free(&c);
             continue;
         }
-        fa_plan *pl = make_plan(&c.p, 2, bq0, bk0);
+        fa_plan *pl = check_plan(&c.p, 2, bq0, bk0);
         if (pl) {
             int64_t bq, bk;
             fa_plan_blocks(pl, FA_BACKWARD, &bq, &bk);
@@ -195,7 +195,7 @@ static void test_scale_views(uint64_t *rng) {
         tcase c;
         case_init(&c, &p, masks[n / 3], rng, 2);
         if (n == 0) c.p.scale = 1.0f; /* the Pallas default */
-        fa_plan *pl = make_plan(&c.p, 2, 16, 32);
+        fa_plan *pl = check_plan(&c.p, 2, 16, 32);
         if (pl) {
             if (n % 2 ? case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 1)) {
                 char label[160];
@@ -223,7 +223,7 @@ static void test_dead_rows(uint64_t *rng) {
         p.batch = 2, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 50, p.seq_k = 20, p.head_dim = 16, p.head_dim_v = 24;
         tcase c;
         case_init(&c, &p, M_CAUSAL | M_SEG | M_BIAS | M_NEGINF, rng, 1);
-        fa_plan *pl = make_plan(&c.p, 2, 16, 8);
+        fa_plan *pl = check_plan(&c.p, 2, 16, 8);
         if (!pl) { case_free(&c); continue; }
         case_forward_ref(&c, pl);
         char label[64];
@@ -262,7 +262,7 @@ static void test_softcap_saturated(uint64_t *rng) {
     c.p.softcap = 1.0f, c.p.has_scale = 1, c.p.scale = 1.0f;
     for (int64_t i = 0; i < c.nq; i++) ((float *)c.q)[i] = (float)(0.9 + 0.2 * rnd01(rng));
     for (int64_t i = 0; i < c.nk; i++) ((float *)c.k)[i] = (float)(0.9 + 0.2 * rnd01(rng));
-    fa_plan *pl = make_plan(&c.p, 2, 16, 32);
+    fa_plan *pl = check_plan(&c.p, 2, 16, 32);
     if (!pl) { case_free(&c); return; }
     case_forward_kernel(&c, pl);
     tu_poison(FA_F32, c.dq, c.nq), tu_poison(FA_F32, c.dk, c.nk), tu_poison(FA_F32, c.dv, c.nv);
@@ -299,7 +299,7 @@ static void test_determinism(uint64_t *rng) {
     unsigned char *first[4] = {NULL, NULL, NULL, NULL};
     static const int threads[] = {2, 2, 1, 3};
     for (int r = 0; r < 4; r++) {
-        fa_plan *pl = make_plan(&c.p, threads[r], 32, 48);
+        fa_plan *pl = check_plan(&c.p, threads[r], 32, 48);
         if (!pl) break;
         if (r == 0) case_forward_ref(&c, pl);
         tu_poison(p.dtype, c.dq, c.nq);
@@ -338,7 +338,7 @@ static void test_bad_args(uint64_t *rng) {
     tcase c;
     case_init(&c, &p, M_CAUSAL, rng, 0);
     const int before = failures;
-    fa_plan *pl = make_plan(&c.p, 2, 0, 0);
+    fa_plan *pl = check_plan(&c.p, 2, 0, 0);
     if (!pl) { case_free(&c); return; }
     case_forward_ref(&c, pl);
     fa_backward_args a;
@@ -371,7 +371,7 @@ static void test_bad_args(uint64_t *rng) {
     /* a plan with bias_grad needs dbias */
     tcase cb;
     case_init(&cb, &p, M_BIAS, rng, 0);
-    fa_plan *pb = make_plan(&cb.p, 2, 0, 0);
+    fa_plan *pb = check_plan(&cb.p, 2, 0, 0);
     if (pb) {
         case_forward_ref(&cb, pb);
         fa_backward_args ab = case_bwd_args(&cb);
@@ -401,7 +401,7 @@ static void test_case_list(uint64_t *rng) {
                          (f->bias == 1 ? M_NEGINF : 0);
         tcase c;
         case_init(&c, &p, mask, rng, f->layout ? 2 : 0);
-        fa_plan *pl = make_plan(&c.p, 2, 0, 0);
+        fa_plan *pl = check_plan(&c.p, 2, 0, 0);
         if (pl) {
             /* the saved forward outputs from the reference for half the rows, the kernel for the rest */
             if (n % 2 ? case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 1)) {

@@ -85,7 +85,7 @@ static void decode_threads(uint64_t *rng) {
     a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
     fa_ref_decode(&p, &a, ro, rl);
     for (int threads = 1; threads <= 4; threads++) {
-        fa_plan *pl = make_plan(&p, threads, 0, 0);
+        fa_plan *pl = check_plan(&p, threads, 0, 0);
         if (!pl) continue;
         fa_cost cost;
         fa_plan_cost(pl, FA_FORWARD, &cost);
@@ -136,7 +136,7 @@ int main(void) {
         p.head_dim = f->D, p.head_dim_v = f->Dv, p.dtype = f->dt;
         tcase c;
         case_init(&c, &p, f->mask, &rng, 1);
-        fa_plan *one = make_plan(&c.p, 1, f->bq, f->bk);
+        fa_plan *one = check_plan(&c.p, 1, f->bq, f->bk);
         if (!one) continue;
         case_forward_ref(&c, one);
         const int64_t rows = p.batch * p.heads_q * p.seq_q;
@@ -151,7 +151,7 @@ int main(void) {
         memcpy(g1[0], c.dq, (size_t)c.nq * es), memcpy(g1[1], c.dk, (size_t)c.nk * es);
         memcpy(g1[2], c.dv, (size_t)c.nv * es);
         for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
-            fa_plan *pl = make_plan(&c.p, threads[t], f->bq, f->bk);
+            fa_plan *pl = check_plan(&c.p, threads[t], f->bq, f->bk);
             if (!pl) continue;
             snprintf(label, sizeof label, "%s, %d threads", f->name, threads[t]);
             free(forward_checked(&c, pl, label, o1, ref_lse));

@@ -81,17 +81,13 @@ static void run_case(const char *label, vcase *c) {
     fa_ref_varlen_forward(p, &a, ro, rl);
     void *first_o = tu_alloc(nq * es), *first_dq = tu_alloc(nq * es), *first_dk = tu_alloc(nk * es);
     for (int threads = 1; threads <= 3; threads++) {
-        fa_options opt = {0};
-        opt.backend = FA_BACKEND_CPU, opt.threads = threads;
-        fa_plan *pl = NULL;
-        fa_status st = fa_plan_create(p, &opt, &pl);
-        CHECK(st == FA_OK, "%s: plan: %s", label, fa_last_error());
-        if (st) break;
+        fa_plan *pl = check_plan(p, threads, 0, 0);
+        if (!pl) break;
         fa_cost fc, bc;
         fa_plan_cost(pl, FA_FORWARD, &fc), fa_plan_cost(pl, FA_BACKWARD, &bc);
         tu_poison(p->dtype, c->o, nq);
         for (int64_t i = 0; i < p->seq_q * p->heads_q; i++) c->lse[i] = NAN;
-        st = fa_forward(pl, &a);
+        fa_status st = fa_forward(pl, &a);
         CHECK(st == FA_OK, "%s: forward: %s", label, fa_last_error());
         CHECK(cnt.flops == fc.flops && cnt.transcendentals == fc.transcendentals,
               "%s: forward counts %lld/%lld, plan %lld/%lld", label, (long long)cnt.flops,
@@ -108,20 +104,9 @@ static void run_case(const char *label, vcase *c) {
                    tol.atol);
         if (threads == 1) memcpy(first_o, c->o, nq * es);
         else CHECK(!memcmp(first_o, c->o, nq * es), "%s: o differs between 1 and %d threads", label, threads);
-        if (threads == 2) { /* the plan's workspace is what the call needs: exactly */
-            fa_forward_args w = a;
-            w.workspace_size = (size_t)fc.workspace_bytes;
-            w.workspace = tu_alloc(w.workspace_size);
-            memset(w.workspace, 0xff, w.workspace_size);
-            st = fa_forward(pl, &w);
-            CHECK(st == FA_OK && !memcmp(first_o, c->o, nq * es), "%s: run in the plan's workspace: %s", label,
-                  fa_status_string(st));
-            if (w.workspace_size > 0) { /* 0 when no sequence has both queries and keys */
-                w.workspace_size--;
-                st = fa_forward(pl, &w);
-                CHECK(st == FA_ERR_INVALID, "%s: a workspace one byte short gave %s", label, fa_status_string(st));
-            }
-            free(w.workspace);
+        if (threads == 2) { /* the plan's workspace bounds what the call writes, measured; same o in it */
+            check_pass_workspace(label, pl, &a, NULL);
+            CHECK(!memcmp(first_o, c->o, nq * es), "%s: o differs in the caller's workspace", label);
         }
 
         /* backward (f32: the saved o is accurate enough to compare with the reference directly) */
@@ -173,15 +158,10 @@ static void hand_counts(void) {
     fa_problem_init(&p);
     p.batch = 3, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 16, p.head_dim_v = 8, p.seq_q = 40, p.seq_k = 52;
     p.cu_seqlens_q = cq, p.cu_seqlens_k = ck;
-    fa_options opt = {0};
-    opt.backend = FA_BACKEND_CPU, opt.threads = 2;
     for (int causal = 0; causal <= 1; causal++) {
         p.causal = causal;
-        fa_plan *pl = NULL;
-        if (fa_plan_create(&p, &opt, &pl)) {
-            CHECK(0, "hand counts: plan: %s", fa_last_error());
-            return;
-        }
+        fa_plan *pl = check_plan(&p, 2, 0, 0);
+        if (!pl) return;
         fa_cost c;
         fa_plan_cost(pl, FA_FORWARD, &c);
         /* sequences (7, 7), (0, 12), (33, 33) */
