@@ -523,19 +523,19 @@ int main(void) {
     }
     run_group("case list", mk_listed, FA_CASE_COUNT);
     run_group("shapes", mk_shapes, 30);
-    run_group("f16", mk_f16, 25);
-    run_group("bf16", mk_bf16, 25);
+    run_group("f16", mk_f16, 18);
+    run_group("bf16", mk_bf16, 18);
     run_group("causal", mk_causal, 20);
-    run_group("window", mk_window, 25);
+    run_group("window", mk_window, 18);
     run_group("softcap", mk_softcap, 12);
     run_group("bias", mk_bias, 24);
     run_group("bias scale", mk_bias_scale, 18);
     run_group("alibi", mk_alibi, 12);
     run_group("segments", mk_segments, 15);
-    run_group("gqa/mqa", mk_gqa, 12);
-    run_group("strides", mk_strides, 18);
+    run_group("gqa/mqa", mk_gqa, 8);
+    run_group("strides", mk_strides, 12);
     run_group("large", mk_large, 8);
-    run_group("blocks", mk_blocks, 24);
+    run_group("blocks", mk_blocks, 16);
     run_group("threads", mk_threads, 10);
     run_group("diag", mk_diag, 18);
     run_group("combined", mk_combined, 30);
