@@ -5,21 +5,10 @@
 #ifndef FA_BACKWARD_CHECK_H
 #define FA_BACKWARD_CHECK_H
 
+#include "cases.h"
 #include "ref/ref.h"
-#include "test_util.h"
 
-static int failures;
 static int bc_quiet; /* run_and_compare prints only failures (the long run) */
-
-#define CHECK(cond, ...)                                                                     \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            failures++;                                                                      \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                      \
-            printf(__VA_ARGS__);                                                             \
-            printf("\n");                                                                    \
-        }                                                                                    \
-    } while (0)
 
 /* ---- one problem with its tensors ------------------------------------------------------ */
 
@@ -28,6 +17,9 @@ static int bc_quiet; /* run_and_compare prints only failures (the long run) */
 enum { M_CAUSAL = 1, M_WINDOW = 2, M_SEG = 4, M_BIAS = 8, M_ALIBI = 16, M_SOFTCAP = 32, M_NEGINF = 64, M_BCAST = 128 };
 /* A scale other than the default 1/sqrt(D): 0.3 to 2.5 times it, a quarter of them negative. */
 enum { M_SCALE = 256 };
+/* The problem's own options as given (a row of cases.h): no diag offset, window, softcap,
+ * scale, bias dims or bias_scale drawn at random; the other bits say which tensors to make. */
+enum { M_ASIS = 512 };
 
 typedef struct {
     fa_problem p;
@@ -82,7 +74,7 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
     c->lse = tu_alloc(sizeof(float) * (size_t)(B * Hq * Sq));
     if (mask & M_CAUSAL) q->causal = 1;
     /* now and then masks aligned elsewhere (top-left, or a block of a larger problem) */
-    if (!(mask & M_NEGINF) && tu_int(rng, 0, 3) == 0) q->has_diag_offset = 1, q->diag_offset = tu_int(rng, -Sq, Sk);
+    if (!(mask & (M_NEGINF | M_ASIS)) && tu_int(rng, 0, 3) == 0) q->has_diag_offset = 1, q->diag_offset = tu_int(rng, -Sq, Sk);
     if (mask & M_WINDOW) {
         static const int64_t w[] = {-1, 0, 5, 40};
         do {
@@ -102,11 +94,13 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
     }
     if (mask & M_BIAS) {
         q->has_bias = 1;
-        q->bias_batch = tu_int(rng, 0, 1) && !(mask & M_BCAST) ? B : 1;
-        q->bias_heads = tu_int(rng, 0, 1) && !(mask & M_BCAST) ? Hq : 1;
+        if (!(mask & M_ASIS)) {
+            q->bias_batch = tu_int(rng, 0, 1) && !(mask & M_BCAST) ? B : 1;
+            q->bias_heads = tu_int(rng, 0, 1) && !(mask & M_BCAST) ? Hq : 1;
+        }
         q->bias_grad = 1;
         /* (negative only without -inf entries: -inf times a negative scale is +inf) */
-        if (tu_int(rng, 0, 1)) q->has_bias_scale = 1, q->bias_scale = tu_int(rng, 0, 1) || (mask & M_NEGINF) ? 0.75f : -1.5f;
+        if (!(mask & M_ASIS) && tu_int(rng, 0, 1)) q->has_bias_scale = 1, q->bias_scale = tu_int(rng, 0, 1) || (mask & M_NEGINF) ? 0.75f : -1.5f;
         int64_t n = c->nbias = q->bias_batch * q->bias_heads * Sq * Sk;
         c->bias = tu_alloc(sizeof(float) * (size_t)n);
         c->dbias = tu_alloc(sizeof(float) * (size_t)n);
@@ -177,10 +171,7 @@ static int case_forward_kernel(tcase *c, const fa_plan *pl) {
     case_forward_ref(c, pl);
     fa_forward_args a = case_fwd_args(c);
     fa_status st = fa_forward(pl, &a);
-    if (st != FA_OK) {
-        printf("FAIL fa_forward: %s: %s\n", fa_status_string(st), fa_last_error());
-        failures++;
-    }
+    CHECK(st == FA_OK, "fa_forward: %s: %s", fa_status_string(st), fa_last_error());
     return st == FA_OK;
 }
 
@@ -190,41 +181,6 @@ static int case_forward_kernel(tcase *c, const fa_plan *pl) {
  * dominates the small dq and dk that remain; that is the saved o's error, not the kernel's.
  * So the reference takes delta from the same saved o (fa_ref_backward_saved_o), which also
  * weights the shift by softcap's 1 - tanh^2 per key as the kernel does. */
-
-/* max|got - ref| over a [B, H, S, W] gradient (infinite on NaN), *mag = max|ref| and
- * *excess = max(|got - ref| - allow) (allow per element, NULL: none); also
- * fails on any element outside the tensor (padding) that is no longer the NaN it was
- * poisoned with. */
-static double grad_error(const char *name, fa_dtype t, const void *got, int64_t nbuf, const fa_strides *st,
-                         const double *ref, const double *allow, int64_t B, int64_t H, int64_t S, int64_t W,
-                         double *mag, double *excess, int *bad) {
-    double err = 0.0;
-    *mag = 0.0;
-    *excess = 0.0;
-    char *inside = calloc((size_t)nbuf + 1, 1);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t s = 0; s < S; s++)
-                for (int64_t w = 0; w < W; w++) {
-                    const int64_t at = fa_offset(st, b, h, s, w);
-                    const double g = fa_load(t, got, at), r = ref[((b * H + h) * S + s) * W + w];
-                    inside[at] = 1;
-                    /* allow: this element's share of the terms' rounding (see run_and_compare) */
-                    const double e = fabs(g - r) - (allow ? allow[((b * H + h) * S + s) * W + w] : 0.0);
-                    if (!(e <= *excess)) *excess = isnan(g) ? INFINITY : e;
-                    if (!(fabs(g - r) <= err)) err = isnan(g) ? INFINITY : fabs(g - r);
-                    if (fabs(r) > *mag) *mag = fabs(r);
-                }
-    int64_t touched = 0;
-    for (int64_t i = 0; i < nbuf; i++)
-        if (!inside[i] && !isnan(fa_load(t, got, i))) touched++;
-    free(inside);
-    if (touched) {
-        printf("FAIL %s: %lld elements outside the tensor were written\n", name, (long long)touched);
-        *bad = 1;
-    }
-    return err;
-}
 
 /* max over rows of a [B, H, S, W] tensor of the row's 2-norm (l2) or largest |element|. */
 static double max_row_norm(fa_dtype t, const void *x, const fa_strides *st, int64_t B, int64_t H, int64_t S,
@@ -278,22 +234,8 @@ static void noise_floors(const tcase *c, const fa_plan *pl, double *fq, double *
     free(gabs), free(tq), free(tk), free(tv);
 }
 
-/* Bounds on max|g - ref| / max|ref|, from the unit roundoff u of the dtype (the reference
- * takes delta from the same saved o, fa_ref_backward_saved_o).
- * f32 (u = 2^-24 = 6e-8): inputs are exact; the products sum up to 300 keys or rows and 256
- * dims in f32 (error ~ u sqrt(n) per sum), exp is good to a few u, and dS = p (dP - delta)
- * cancels (sum_j dS_ij = 0), which magnifies dP's rounding where the softmax is peaked:
- * 5e-5 (~800 u) leaves a wide margin (seen over ~2000 cases: <= 4e-6).
- * f16 (u = 2^-11 = 4.9e-4) and bf16 (u = 2^-8 = 3.9e-3), u being the largest relative
- * error of one rounding to nearest: p and dS are rounded before their products and every
- * output once, each within u relative; the f32 sums add nothing at this scale, and the
- * rounding errors of the summed terms are independent, so together they stay within a
- * couple of u of the largest gradient: 5 u (seen over ~2000 cases each: <= 1.8 u). */
-static double tolerance(fa_dtype t) {
-    if (t == FA_F16) return 5.0 * 0x1p-11;
-    if (t == FA_BF16) return 5.0 * 0x1p-8;
-    return 5e-5;
-}
+/* The bounds on max|g - ref| / max|ref| are check.h's table (the reference takes delta from
+ * the same saved o, fa_ref_backward_saved_o). */
 
 /* max_i |e_i|, e_i = do_i . (o_saved_i - o_i): the saved o's share of the error of dS,
  * hence of dbias, per element (|p_ij e_i| <= |e_i|). The reference now takes delta from the
@@ -318,7 +260,7 @@ static double saved_o_error_max(const tcase *c, const fa_plan *pl) {
  * f32 from the dtype's inputs, so the f32 bound applies, plus, per (b, h) summed into an
  * element, the saved o's error of delta and the f32 noise floor of dP - delta
  * (8 u_f32 2 max|do|_2 max|v|_2, as noise_floors), times |bias_scale|. */
-static int dbias_check(const tcase *c, const fa_plan *pl, const double *ref, char *msg, size_t len) {
+static void dbias_check(const tcase *c, const fa_plan *pl, const double *ref, char *msg, size_t len) {
     const fa_problem *p = &c->p;
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
     const fa_problem *rp = fa_plan_problem(pl);
@@ -327,19 +269,26 @@ static int dbias_check(const tcase *c, const fa_plan *pl, const double *ref, cha
     const double share = (double)(B / p->bias_batch * (Hq / p->bias_heads));
     const double w = p->has_bias_scale ? fabs((double)p->bias_scale) : 1.0;
     const double floor = w * share * (saved_o_error_max(c, pl) + 8.0 * 0x1p-24 * 2.0 * gmax * vmax);
-    double err = 0.0, mag = 0.0;
-    for (int64_t i = 0; i < c->nbias; i++) {
-        const double g = c->dbias[i];
-        if (!(fabs(g - ref[i]) <= err)) err = isnan(g) ? INFINITY : fabs(g - ref[i]);
-        if (fabs(ref[i]) > mag) mag = fabs(ref[i]);
-    }
-    const int bad = !(err <= tolerance(FA_F32) * mag + floor);
-    snprintf(msg, len, " dbias %.2e%s", mag > 0.0 ? err / mag : err, mag > 0.0 ? "" : " abs");
-    return bad;
+    double *allow = check_allow_const(c->nbias, floor);
+    const int64_t dims[4] = {p->bias_batch, p->bias_heads, Sq, Sk};
+    const check_result r =
+        check_tensor("dbias", FA_F32, c->dbias, &(fa_strides){{0, 0, 0, 0}}, ref, dims, check_tol_of(FA_F32), allow, 0);
+    free(allow);
+    snprintf(msg, len, " dbias %.2e%s", r.mag > 0.0 ? r.err / r.mag : r.err, r.mag > 0.0 ? "" : " abs");
+}
+
+/* One gradient against its reference under check.h's rule, with the allowance of its
+ * terms' rounding and noise floor (see run_and_compare); also its buffer's padding must
+ * still be the poison. */
+static check_result grad_check(const char *name, fa_dtype t, const void *got, int64_t nbuf, const fa_strides *st,
+                               const double *ref, const double *allow, int64_t B, int64_t H, int64_t S, int64_t W) {
+    const int64_t dims[4] = {B, H, S, W};
+    check_outside(name, t, got, nbuf, st, dims);
+    return check_tensor(name, t, got, st, ref, dims, check_tol_of(t), allow, 0);
 }
 
 /* Runs fa_backward on a case (gradients poisoned first) and compares with the reference.
- * Returns 0 if it passes. label: printed with the numbers. */
+ * Returns 0 if it passes (one failure counted otherwise). label: printed with the numbers. */
 static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     const fa_problem *p = &c->p, *rp = fa_plan_problem(pl);
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q, Sk = p->seq_k;
@@ -351,8 +300,7 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     fa_backward_args a = case_bwd_args(c);
     fa_status st = fa_backward(pl, &a);
     if (st != FA_OK) {
-        printf("FAIL %s: fa_backward returned %s: %s\n", label, fa_status_string(st), fa_last_error());
-        failures++;
+        CHECK(0, "%s: fa_backward returned %s: %s", label, fa_status_string(st), fa_last_error());
         return 1;
     }
     double *rq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D));
@@ -360,60 +308,45 @@ static int run_and_compare(tcase *c, const fa_plan *pl, const char *label) {
     double *rv = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * Dv));
     double *rb = c->dbias ? tu_alloc(sizeof(double) * (size_t)c->nbias) : NULL;
     fa_ref_backward_saved_o(p, &a, rq, rk, rv, rb);
-    double fq, fk, mq, mk, mv;
+    double fq, fk;
     noise_floors(c, pl, &fq, &fk);
-    int bad = 0;
+    const int before = failures;
     /* Each term of a gradient sum has a factor rounded to the dtype (p, dS: u/2 each), so an
      * element may be off by u times the sum of its terms' magnitudes, however much they
      * cancel (the long run found a bf16 row with sum |dS k| = 2.22 against dq = 0.0103, off
-     * by 0.7 u of that sum, while the bound below scales with max|dq| = 0.21). */
-    const double u = p->dtype == FA_BF16 ? 0x1p-8 : p->dtype == FA_F16 ? 0x1p-11 : 0x1p-24;
+     * by 0.7 u of that sum, while the bound below scales with max|dq| = 0.21); dq and dk
+     * also get their f32 noise floors (noise_floors). */
+    const double u = check_unit(p->dtype);
     double *aq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D)), *ak = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
     double *av = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * Dv));
     fa_ref_backward_abs_terms(p, &a, aq, ak, av);
-    for (int64_t x = 0; x < B * Hq * Sq * D; x++) aq[x] *= u;
-    for (int64_t x = 0; x < B * Hk * Sk * D; x++) ak[x] *= u;
+    for (int64_t x = 0; x < B * Hq * Sq * D; x++) aq[x] = u * aq[x] + fq;
+    for (int64_t x = 0; x < B * Hk * Sk * D; x++) ak[x] = u * ak[x] + fk;
     for (int64_t x = 0; x < B * Hk * Sk * Dv; x++) av[x] *= u;
-    double xq, xk, xv;
-    const double eq = grad_error("dq", p->dtype, c->dq, c->nq, &rp->q_stride, rq, aq, B, Hq, Sq, D, &mq, &xq, &bad);
-    const double ek = grad_error("dk", p->dtype, c->dk, c->nk, &rp->k_stride, rk, ak, B, Hk, Sk, D, &mk, &xk, &bad);
-    const double ev = grad_error("dv", p->dtype, c->dv, c->nv, &rp->v_stride, rv, av, B, Hk, Sk, Dv, &mv, &xv, &bad);
+    const check_result eq = grad_check("dq", p->dtype, c->dq, c->nq, &rp->q_stride, rq, aq, B, Hq, Sq, D);
+    const check_result ek = grad_check("dk", p->dtype, c->dk, c->nk, &rp->k_stride, rk, ak, B, Hk, Sk, D);
+    const check_result ev = grad_check("dv", p->dtype, c->dv, c->nv, &rp->v_stride, rv, av, B, Hk, Sk, Dv);
     free(aq), free(ak), free(av);
-    const double tol = tolerance(p->dtype);
-    if (!(xq <= tol * mq + fq) || !(xk <= tol * mk + fk) || !(xv <= tol * mv)) bad = 1;
+    const double tol = check_tol_of(p->dtype).atol;
     /* passed only thanks to the f32 noise floor or the terms' rounding allowance */
-    const int floored = eq > tol * mq || ek > tol * mk || ev > tol * mv;
+    const int floored = eq.err > tol * eq.mag || ek.err > tol * ek.mag || ev.err > tol * ev.mag;
     char edb[48] = "";
-    if (rb && dbias_check(c, pl, rb, edb, sizeof edb)) bad = 1;
+    if (rb) dbias_check(c, pl, rb, edb, sizeof edb);
+    const int bad = failures > before;
+    failures = before + bad; /* one failed case, however many of its checks failed */
     char e3[3][32];
-    const double es[3] = {eq, ek, ev}, ms[3] = {mq, mk, mv};
+    const check_result *es[3] = {&eq, &ek, &ev};
     for (int g = 0; g < 3; g++) /* relative; absolute where the reference is exactly 0 */
-        snprintf(e3[g], sizeof e3[g], ms[g] > 0.0 ? "%.2e" : "%.1e abs", ms[g] > 0.0 ? es[g] / ms[g] : es[g]);
+        snprintf(e3[g], sizeof e3[g], es[g]->mag > 0.0 ? "%.2e" : "%.1e abs",
+                 es[g]->mag > 0.0 ? es[g]->err / es[g]->mag : es[g]->err);
     if (bad || !bc_quiet)
         printf("%s %s: dq %s dk %s dv %s%s (bound %.1e%s)\n", bad ? "FAIL" : "PASS", label, e3[0], e3[1], e3[2], edb,
                tol, floored ? "; within the f32 noise floor and the terms' rounding" : "");
-    failures += bad;
     free(rb);
     free(rq);
     free(rk);
     free(rv);
     return bad;
-}
-
-/* A CPU plan; NULL (and a failure counted) if it is refused. bq, bk: 0 = the default. */
-static fa_plan *make_plan(const fa_problem *p, int threads, int64_t bq, int64_t bk) {
-    fa_options o = {0};
-    o.backend = FA_BACKEND_CPU;
-    o.threads = threads;
-    o.block_q = bq;
-    o.block_k = bk;
-    fa_plan *pl = NULL;
-    fa_status st = fa_plan_create(p, &o, &pl);
-    if (st != FA_OK) {
-        printf("FAIL fa_plan_create: %s: %s\n", fa_status_string(st), fa_last_error());
-        failures++;
-    }
-    return pl;
 }
 
 #endif

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every test: Release build (with CUDA compiled where nvcc exists), the suite once per CPU
 # instruction set this machine supports (FA_ISA), then an ASan + UBSan build, run the same way.
+# So every row of the shared case list (tests/cases.h) runs on every ISA; test_cuda runs it
+# on a device where there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}

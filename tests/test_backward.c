@@ -94,7 +94,8 @@ static int random_mask(uint64_t *rng) {
     return m;
 }
 
-/* count cases; 0: the fixed sweep (every listed mask in every dtype, twice). A count (the
+/* count cases; 0: the fixed sweep (every listed mask in every dtype, once: the saved
+ * forward from the reference or, alternately, the kernel). A count (the
  * long run, FA_CHECK_CASES) draws every option at random, and half the shapes from any
  * size up to the grid's largest (odd sizes included), not only the grid. */
 static void test_random(uint64_t *rng, int count, int only) {
@@ -110,7 +111,7 @@ static void test_random(uint64_t *rng, int count, int only) {
     static const int64_t blocks[] = {0, 0, 16, 32, 33, 128};
     static const fa_dtype types[] = {FA_F32, FA_F16, FA_BF16};
     const int nmask = (int)(sizeof masks / sizeof masks[0]);
-    const int total = count ? count : 6 * nmask;
+    const int total = count ? count : 3 * nmask;
     int passed = 0;
     for (int n = 0; n < total; n++) {
         fa_problem p;
@@ -138,12 +139,12 @@ static void test_random(uint64_t *rng, int count, int only) {
             case_free(&c);
             continue;
         }
-        fa_plan *pl = make_plan(&c.p, 2, bq0, bk0);
+        fa_plan *pl = check_plan(&c.p, 2, bq0, bk0);
         if (pl) {
             int64_t bq, bk;
             fa_plan_blocks(pl, FA_BACKWARD, &bq, &bk);
-            /* the first round saves the reference forward's o and lse, the second the kernel's */
-            const int kernel_fwd = count ? kernel_draw : n >= 3 * nmask;
+            /* the saved o and lse: the reference forward's or the kernel's, alternating */
+            const int kernel_fwd = count ? kernel_draw : (n + n / 3) % 2;
             if (kernel_fwd ? !case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 0)) {
                 fa_plan_destroy(pl);
                 case_free(&c);
@@ -194,7 +195,7 @@ static void test_scale_views(uint64_t *rng) {
         tcase c;
         case_init(&c, &p, masks[n / 3], rng, 2);
         if (n == 0) c.p.scale = 1.0f; /* the Pallas default */
-        fa_plan *pl = make_plan(&c.p, 2, 16, 32);
+        fa_plan *pl = check_plan(&c.p, 2, 16, 32);
         if (pl) {
             if (n % 2 ? case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 1)) {
                 char label[160];
@@ -222,7 +223,7 @@ static void test_dead_rows(uint64_t *rng) {
         p.batch = 2, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 50, p.seq_k = 20, p.head_dim = 16, p.head_dim_v = 24;
         tcase c;
         case_init(&c, &p, M_CAUSAL | M_SEG | M_BIAS | M_NEGINF, rng, 1);
-        fa_plan *pl = make_plan(&c.p, 2, 16, 8);
+        fa_plan *pl = check_plan(&c.p, 2, 16, 8);
         if (!pl) { case_free(&c); continue; }
         case_forward_ref(&c, pl);
         char label[64];
@@ -261,7 +262,7 @@ static void test_softcap_saturated(uint64_t *rng) {
     c.p.softcap = 1.0f, c.p.has_scale = 1, c.p.scale = 1.0f;
     for (int64_t i = 0; i < c.nq; i++) ((float *)c.q)[i] = (float)(0.9 + 0.2 * rnd01(rng));
     for (int64_t i = 0; i < c.nk; i++) ((float *)c.k)[i] = (float)(0.9 + 0.2 * rnd01(rng));
-    fa_plan *pl = make_plan(&c.p, 2, 16, 32);
+    fa_plan *pl = check_plan(&c.p, 2, 16, 32);
     if (!pl) { case_free(&c); return; }
     case_forward_kernel(&c, pl);
     tu_poison(FA_F32, c.dq, c.nq), tu_poison(FA_F32, c.dk, c.nk), tu_poison(FA_F32, c.dv, c.nv);
@@ -270,17 +271,15 @@ static void test_softcap_saturated(uint64_t *rng) {
     double *rq = tu_alloc(sizeof(double) * (size_t)c.nq), *rk = tu_alloc(sizeof(double) * (size_t)c.nk);
     double *rv = tu_alloc(sizeof(double) * (size_t)c.nv);
     fa_ref_backward(&c.p, &a, rq, rk, rv); /* (the f32 saved o's share is ~1e-7 of dq: no correction) */
-    double mq, mk, mv, xq, xk, xv; /* (no per-element allowance here: xq = eq ...) */
-    int bad = st != FA_OK;
+    const int before = failures;
+    CHECK(st == FA_OK, "softcap saturated: fa_backward: %s", fa_last_error());
     const fa_problem *rp = fa_plan_problem(pl);
-    const double eq = grad_error("dq", FA_F32, c.dq, c.nq, &rp->q_stride, rq, NULL, 1, 2, 40, 8, &mq, &xq, &bad) / mq;
-    const double ek = grad_error("dk", FA_F32, c.dk, c.nk, &rp->k_stride, rk, NULL, 1, 1, 70, 8, &mk, &xk, &bad) / mk;
-    const double ev = grad_error("dv", FA_F32, c.dv, c.nv, &rp->v_stride, rv, NULL, 1, 1, 70, 8, &mv, &xv, &bad) / mv;
-    const double tol = tolerance(FA_F32);
-    bad |= !(eq <= tol) || !(ek <= tol) || !(ev <= tol);
+    const check_result eq = grad_check("dq", FA_F32, c.dq, c.nq, &rp->q_stride, rq, NULL, 1, 2, 40, 8);
+    const check_result ek = grad_check("dk", FA_F32, c.dk, c.nk, &rp->k_stride, rk, NULL, 1, 1, 70, 8);
+    const check_result ev = grad_check("dv", FA_F32, c.dv, c.nv, &rp->v_stride, rv, NULL, 1, 1, 70, 8);
     printf("%s f32 softcap 1, scale 1, scores ~8 (tanh saturated): dq %.2e dk %.2e dv %.2e of max|dq| %.1e (bound %.0e)\n",
-           bad ? "FAIL" : "PASS", eq, ek, ev, mq, tol);
-    failures += bad;
+           failures > before ? "FAIL" : "PASS", eq.err / eq.mag, ek.err / ek.mag, ev.err / ev.mag, eq.mag,
+           check_tol_of(FA_F32).atol);
     free(rq), free(rk), free(rv);
     fa_plan_destroy(pl);
     case_free(&c);
@@ -300,7 +299,7 @@ static void test_determinism(uint64_t *rng) {
     unsigned char *first[4] = {NULL, NULL, NULL, NULL};
     static const int threads[] = {2, 2, 1, 3};
     for (int r = 0; r < 4; r++) {
-        fa_plan *pl = make_plan(&c.p, threads[r], 32, 48);
+        fa_plan *pl = check_plan(&c.p, threads[r], 32, 48);
         if (!pl) break;
         if (r == 0) case_forward_ref(&c, pl);
         tu_poison(p.dtype, c.dq, c.nq);
@@ -339,7 +338,7 @@ static void test_bad_args(uint64_t *rng) {
     tcase c;
     case_init(&c, &p, M_CAUSAL, rng, 0);
     const int before = failures;
-    fa_plan *pl = make_plan(&c.p, 2, 0, 0);
+    fa_plan *pl = check_plan(&c.p, 2, 0, 0);
     if (!pl) { case_free(&c); return; }
     case_forward_ref(&c, pl);
     fa_backward_args a;
@@ -372,7 +371,7 @@ static void test_bad_args(uint64_t *rng) {
     /* a plan with bias_grad needs dbias */
     tcase cb;
     case_init(&cb, &p, M_BIAS, rng, 0);
-    fa_plan *pb = make_plan(&cb.p, 2, 0, 0);
+    fa_plan *pb = check_plan(&cb.p, 2, 0, 0);
     if (pb) {
         case_forward_ref(&cb, pb);
         fa_backward_args ab = case_bwd_args(&cb);
@@ -391,27 +390,48 @@ static void test_bad_args(uint64_t *rng) {
     case_free(&c);
 }
 
+/* ---- (g) the shared case list (cases.h) -------------------------------------------------- */
+
+static void test_case_list(uint64_t *rng) {
+    int passed = 0;
+    for (int n = 0; n < FA_CASE_COUNT; n++) {
+        const fa_case *f = &FA_CASES[n];
+        const fa_problem p = fa_case_problem(f);
+        const int mask = M_ASIS | (f->alibi ? M_ALIBI : 0) | (f->seg ? M_SEG : 0) | (f->bias ? M_BIAS : 0) |
+                         (f->bias == 1 ? M_NEGINF : 0);
+        tcase c;
+        case_init(&c, &p, mask, rng, f->layout ? 2 : 0);
+        fa_plan *pl = check_plan(&c.p, 2, 0, 0);
+        if (pl) {
+            /* the saved forward outputs from the reference for half the rows, the kernel for the rest */
+            if (n % 2 ? case_forward_kernel(&c, pl) : (case_forward_ref(&c, pl), 1)) {
+                char label[96];
+                snprintf(label, sizeof label, "case list #%d %s", n, f->name);
+                passed += !run_and_compare(&c, pl, label);
+            }
+            fa_plan_destroy(pl);
+        }
+        case_free(&c);
+    }
+    printf("%s case list: %d of %d passed\n", passed == FA_CASE_COUNT ? "PASS" : "FAIL", passed, FA_CASE_COUNT);
+}
+
 int main(void) {
-    const uint64_t seed = tu_seed();
-    uint64_t rng = seed;
+    uint64_t rng = check_seed("test_backward");
     const int count = tu_check_cases(); /* FA_CHECK_CASES: the long run's count; 0 the fixed sweep */
-    printf("test_backward: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
-           (unsigned long long)seed, fa_cpu_isa());
     if (count) { /* the long run: random cases only, one line each for failures */
         bc_quiet = 1;
         const char *one = getenv("FA_CHECK_ONLY"); /* replays case #n of the run alone */
         test_random(&rng, count, one && *one ? atoi(one) : -1);
-        if (failures) printf("test_backward: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
-        return failures ? 1 : 0;
+        return check_finish("test_backward");
     }
     test_reference_gradients(&rng);
+    test_case_list(&rng);
     test_random(&rng, 0, -1);
     test_scale_views(&rng);
     test_dead_rows(&rng);
     test_softcap_saturated(&rng);
     test_determinism(&rng);
     test_bad_args(&rng);
-    if (failures) printf("test_backward: %d FAILED (seed %llu)\n", failures, (unsigned long long)seed);
-    else printf("test_backward: all passed\n");
-    return failures ? 1 : 0;
+    return check_finish("test_backward");
 }

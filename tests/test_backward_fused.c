@@ -9,19 +9,8 @@
  * Correctness against the float64 reference: test_backward runs again with
  * FA_BWD_SCHEDULE=fused (ctest test_backward_one_pass). A fresh seed every run, printed;
  * FA_TEST_SEED=<seed> reproduces a run. */
-#include "test_util.h"
+#include "check.h"
 
-static int failures;
-
-#define CHECK(cond, ...)                                                                     \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            failures++;                                                                      \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                      \
-            printf(__VA_ARGS__);                                                             \
-            printf("\n");                                                                    \
-        }                                                                                    \
-    } while (0)
 
 static fa_plan *plan_with(const fa_problem *p, const char *schedule, int threads, int64_t bq, int64_t bk) {
     if (schedule) setenv("FA_BWD_SCHEDULE", schedule, 1);
@@ -188,15 +177,11 @@ static void random_case(uint64_t *rng, int n) {
 }
 
 int main(void) {
-    const uint64_t seed = tu_seed();
-    uint64_t rng = seed;
-    printf("test_backward_fused: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
-           (unsigned long long)seed, fa_cpu_isa());
+    uint64_t rng = check_seed("test_backward_fused");
     test_choice();
     const int before = failures, cases = 60;
     for (int n = 0; n < cases; n++) random_case(&rng, n);
     printf("%s %d random problems: fused == two-pass bit for bit, across 1-3 threads, counts == plan\n",
            failures > before ? "FAIL" : "PASS", cases);
-    if (failures) printf("test_backward_fused: %d failures (seed %llu)\n", failures, (unsigned long long)seed);
-    return failures ? 1 : 0;
+    return check_finish("test_backward_fused");
 }

@@ -2,24 +2,13 @@
  * the plan predicts (fa_plan_cost, FA_FORWARD) to the unit: flops and transcendentals, on
  * random shapes with ragged tiles, random block sizes, every mask and their combinations,
  * softcap on and off, GQA. Also the seed problem's figures and a small causal case
- * counted by hand. The backward's counts live in test_counts_backward.c. */
-#include "test_util.h"
+ * counted by hand. The workspace is measured too (check.h, check_pass_workspace): the
+ * bytes a call writes in a caller's workspace of exactly workspace_bytes. The backward's
+ * counts live in test_counts_backward.c. */
+#include "check.h"
 
-static uint64_t seed, rng;
-static int failures;
+static uint64_t rng;
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            if (failures <= 5) {                                                           \
-                printf("FAIL %s:%d (FA_TEST_SEED=%llu): ", __FILE__, __LINE__,             \
-                       (unsigned long long)seed);                                          \
-                printf(__VA_ARGS__);                                                       \
-                printf("\n");                                                              \
-            }                                                                              \
-        }                                                                                  \
-    } while (0)
 
 /* Runs the forward once (zero-filled tensors: counts do not depend on values) and returns
  * its counts; the plan's figures in *cost. */
@@ -27,7 +16,7 @@ static int count_forward(const fa_problem *p, const fa_options *o, fa_counts *go
     fa_plan *plan = NULL;
     fa_status st = fa_plan_create(p, o, &plan);
     if (st != FA_OK) {
-        EXPECT(0, "plan: %s", fa_last_error());
+        CHECK(0, "plan: %s", fa_last_error());
         return 0;
     }
     const size_t es = fa_dtype_size(p->dtype);
@@ -47,8 +36,14 @@ static int count_forward(const fa_problem *p, const fa_options *o, fa_counts *go
                          .q_segment_ids = qs, .kv_segment_ids = ks, .counts = got};
     got->flops = got->transcendentals = -1;
     st = fa_forward(plan, &a);
-    EXPECT(st == FA_OK, "forward: %s", fa_last_error());
+    CHECK(st == FA_OK, "forward: %s", fa_last_error());
     fa_plan_cost(plan, FA_FORWARD, cost);
+    /* the workspace, measured: workspace_bytes bounds what the call writes; with one thread
+     * (every slice in use) it is what the call writes, up to its pieces' alignment */
+    const int64_t written = st == FA_OK ? check_pass_workspace("forward", plan, &a, NULL) : -1;
+    if (written >= 0 && o->threads == 1)
+        CHECK(written > cost->workspace_bytes - 1024, "one thread: workspace_bytes %lld but only %lld bytes written",
+              (long long)cost->workspace_bytes, (long long)written);
     free(q), free(k), free(v), free(out), free(bias), free(slopes), free(qs), free(ks);
     if (keep && st == FA_OK) *keep = plan;
     else fa_plan_destroy(plan);
@@ -97,7 +92,7 @@ static void test_random(int n) {
         fa_plan_blocks(plan, FA_FORWARD, &bq, &bk);
         if (exact) {
             exact_cases++;
-            EXPECT(got.flops == cost.flops && got.transcendentals == cost.transcendentals,
+            CHECK(got.flops == cost.flops && got.transcendentals == cost.transcendentals,
                    "case %d: counted flops %lld trans %lld, plan says %lld and %lld (Sq=%lld Sk=%lld D=%lld Dv=%lld "
                    "blocks %lldx%lld causal=%d window=(%lld,%lld) softcap=%g)",
                    t, (long long)got.flops, (long long)got.transcendentals, (long long)cost.flops,
@@ -107,13 +102,10 @@ static void test_random(int n) {
         } else {
             /* segment ids: the plan is an upper bound; this kernel skips nothing for them */
             bound_cases++;
-            EXPECT(got.flops <= cost.flops && got.transcendentals <= cost.transcendentals,
+            CHECK(got.flops <= cost.flops && got.transcendentals <= cost.transcendentals,
                    "case %d (segment ids): counted %lld/%lld above the plan's bound %lld/%lld", t, (long long)got.flops,
                    (long long)got.transcendentals, (long long)cost.flops, (long long)cost.transcendentals);
         }
-        EXPECT(cost.workspace_bytes == (int64_t)o.threads * fa_cpu_forward_scratch_bytes(plan),
-               "case %d: workspace %lld != %d threads x %lld", t, (long long)cost.workspace_bytes, o.threads,
-               (long long)fa_cpu_forward_scratch_bytes(plan));
         fa_plan_destroy(plan);
     }
     printf("random     %d cases (%d exact, %d with segment ids as bound): %s\n", n, exact_cases, bound_cases,
@@ -131,7 +123,7 @@ static void test_seed_problem(void) {
     fa_options o = {FA_BACKEND_CPU, 0, 0, 0};
     fa_plan *plan = NULL;
     fa_status st = fa_plan_create(&p, &o, &plan);
-    EXPECT(st == FA_OK, "seed plan: %s", fa_last_error());
+    CHECK(st == FA_OK, "seed plan: %s", fa_last_error());
     if (st) return;
     fa_cost c;
     fa_plan_cost(plan, FA_FORWARD, &c);
@@ -139,9 +131,9 @@ static void test_seed_problem(void) {
     fa_plan_blocks(plan, FA_FORWARD, &bq, &bk);
     const int64_t bh = 18 * 32, S = 16384;
     const int64_t trans = bh * (S * S + S * ((S + bk - 1) / bk) + S);
-    EXPECT(c.flops == 158329674399744LL, "seed forward flops %lld, want 158329674399744", (long long)c.flops);
-    EXPECT(c.flops_useful == c.flops, "seed useful flops %lld != flops", (long long)c.flops_useful);
-    EXPECT(c.transcendentals == trans, "seed transcendentals %lld, want %lld", (long long)c.transcendentals,
+    CHECK(c.flops == 158329674399744LL, "seed forward flops %lld, want 158329674399744", (long long)c.flops);
+    CHECK(c.flops_useful == c.flops, "seed useful flops %lld != flops", (long long)c.flops_useful);
+    CHECK(c.transcendentals == trans, "seed transcendentals %lld, want %lld", (long long)c.transcendentals,
            (long long)trans);
     printf("seed       B18 H32 S16384 D256 bf16: flops %lld, transcendentals %lld (blocks %lldx%lld)\n",
            (long long)c.flops, (long long)c.transcendentals, (long long)bq, (long long)bk);
@@ -167,9 +159,9 @@ static void test_by_hand(void) {
         fa_cost c;
         if (!count_forward(&p, &o, &got, &c, NULL)) return;
         const int64_t want_trans = cap ? 48 : 31;
-        EXPECT(got.flops == 238 && got.transcendentals == want_trans, "hand case (softcap %d): counted %lld/%lld, want 238/%lld",
+        CHECK(got.flops == 238 && got.transcendentals == want_trans, "hand case (softcap %d): counted %lld/%lld, want 238/%lld",
                cap, (long long)got.flops, (long long)got.transcendentals, (long long)want_trans);
-        EXPECT(c.flops == 238 && c.transcendentals == want_trans && c.flops_useful == 210,
+        CHECK(c.flops == 238 && c.transcendentals == want_trans && c.flops_useful == 210,
                "hand case (softcap %d): plan %lld/%lld useful %lld, want 238/%lld/210", cap, (long long)c.flops,
                (long long)c.transcendentals, (long long)c.flops_useful, (long long)want_trans);
     }
@@ -178,16 +170,9 @@ static void test_by_hand(void) {
 }
 
 int main(void) {
-    seed = tu_seed();
-    rng = seed;
-    printf("test_counts: seed %llu (FA_TEST_SEED reproduces)\n", (unsigned long long)seed);
+    rng = check_seed("test_counts");
     test_by_hand();
     test_seed_problem();
     test_random(300);
-    if (failures) {
-        printf("test_counts: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
-        return 1;
-    }
-    printf("test_counts: all passed\n");
-    return 0;
+    return check_finish("test_counts");
 }

@@ -1,17 +1,14 @@
 /* The backward's own counts against the plan: for random shapes, masks, block sizes,
  * softcap, GQA and dbias (broadcast too), the flops and transcendentals fa_backward counts while it runs equal
- * fa_plan_cost(FA_BACKWARD) to the unit (with segment ids the plan is an upper bound).
+ * fa_plan_cost(FA_BACKWARD) to the unit (with segment ids the plan is an upper bound), and
+ * workspace_bytes bounds the workspace the call writes, measured in a caller's buffer.
  * A fresh seed every run, printed; FA_TEST_SEED=<seed> reproduces a run. */
-#include "test_util.h"
+#include "check.h"
 
 int main(void) {
-    const uint64_t seed = tu_seed();
-    uint64_t rng = seed;
-    printf("test_counts_backward: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
-           (unsigned long long)seed, fa_cpu_isa());
+    uint64_t rng = check_seed("test_counts_backward");
     static const int64_t heads[][2] = {{1, 1}, {2, 1}, {3, 3}, {4, 1}, {8, 2}};
     static const fa_dtype types[] = {FA_F32, FA_F16, FA_BF16};
-    int failures = 0;
     const int cases = 150;
     for (int n = 0; n < cases; n++) {
         fa_problem p;
@@ -45,11 +42,8 @@ int main(void) {
         o.block_k = tu_int(&rng, 0, 3) == 0 ? 0 : tu_int(&rng, 1, 70);
         fa_plan *pl = NULL;
         fa_status st = fa_plan_create(&p, &o, &pl);
-        if (st != FA_OK) {
-            printf("FAIL case %d: fa_plan_create: %s\n", n, fa_last_error());
-            failures++;
-            continue;
-        }
+        CHECK(st == FA_OK, "case %d: fa_plan_create: %s", n, fa_last_error());
+        if (st != FA_OK) continue;
         const fa_problem *rp = fa_plan_problem(pl);
         const size_t es = fa_dtype_size(p.dtype);
         const int64_t nq = p.batch * p.heads_q * p.seq_q, nk = p.batch * rp->heads_kv * p.seq_k;
@@ -89,6 +83,8 @@ int main(void) {
         a.dbias = dbias;
         a.counts = &counts;
         st = fa_backward(pl, &a);
+        /* the workspace, measured: workspace_bytes bounds what the call writes (check.h) */
+        if (st == FA_OK) check_pass_workspace("backward", pl, NULL, &a);
         fa_cost cost;
         fa_plan_cost(pl, FA_BACKWARD, &cost);
         int64_t bq, bk;
@@ -97,23 +93,19 @@ int main(void) {
         int ok = st == FA_OK;
         if (exact) ok = ok && counts.flops == cost.flops && counts.transcendentals == cost.transcendentals;
         else ok = ok && counts.flops <= cost.flops && counts.transcendentals <= cost.transcendentals;
-        if (!ok) {
-            failures++;
-            printf("FAIL case %d: %s B=%lld H=%lld/%lld S=%lld/%lld D=%lld/%lld tile %lldx%lld causal=%d "
+        CHECK(ok, "case %d: %s B=%lld H=%lld/%lld S=%lld/%lld D=%lld/%lld tile %lldx%lld causal=%d "
                    "window=(%lld,%lld) softcap=%g alibi=%d bias=%d dbias=%d seg=%d threads=%d: status %s (%s); "
-                   "counted flops %lld trans %lld, plan flops %lld trans %lld\n",
+                   "counted flops %lld trans %lld, plan flops %lld trans %lld",
                    n, fa_dtype_name(p.dtype), (long long)p.batch, (long long)p.heads_q, (long long)rp->heads_kv,
                    (long long)p.seq_q, (long long)p.seq_k, (long long)p.head_dim, (long long)rp->head_dim_v,
                    (long long)bq, (long long)bk, p.causal, (long long)p.window_left, (long long)p.window_right,
                    (double)p.softcap, p.has_alibi, p.has_bias, p.bias_grad, p.has_segment_ids, o.threads, fa_status_string(st),
                    fa_last_error(), (long long)counts.flops, (long long)counts.transcendentals,
                    (long long)cost.flops, (long long)cost.transcendentals);
-        }
         void *ptrs[] = {q, dq, k, dk, v, dv, out, g, lse, bias, slopes, qs, ks, dbias};
         for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) free(ptrs[i]);
         fa_plan_destroy(pl);
     }
-    if (failures) printf("test_counts_backward: %d of %d FAILED (seed %llu)\n", failures, cases, (unsigned long long)seed);
-    else printf("test_counts_backward: all %d cases counted exactly what the plan predicts\n", cases);
-    return failures ? 1 : 0;
+    if (!failures) printf("all %d cases counted exactly what the plan predicts\n", cases);
+    return check_finish("test_counts_backward");
 }

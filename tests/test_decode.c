@@ -10,8 +10,6 @@
 static int failures;
 static uint64_t seed, rng;
 
-#define CHECK TU_CHECK
-
 #define MAXB 6
 
 typedef struct {

@@ -4,14 +4,13 @@
  * large scores, odd block sizes and thread counts. One line per group; the first few
  * failures print the seed (FA_TEST_SEED reproduces the run), the case and the worst
  * element. The forward's other contracts are in test_forward_contracts.c. */
-#include "test_util.h"
+#include "cases.h"
 
 #include "cpu/isa.h"
 #include "cpu/vexp.h"
 #include "ref/ref.h"
 
-static uint64_t seed, rng;
-static int failures;
+static uint64_t rng;
 static int draw_only; /* FA_CHECK_ONLY replays one case: the others draw their data, run nothing */
 #define MAX_REPORTED 3
 
@@ -19,22 +18,9 @@ static const int64_t SEQS[] = {1, 7, 37, 128, 129, 300};
 static const int64_t DIMS[] = {8, 40, 64, 80, 128, 256};
 #define PICK(arr) (arr[tu_int(&rng, 0, (int64_t)(sizeof arr / sizeof arr[0]) - 1)])
 
-/* Error bounds on max|o - ref| / max|ref| (u = unit roundoff of the dtype):
- * f32:  u = 6e-8; exps (vexp ~1e-7) and f32 sums over <= 300 keys stay near 1e-6. An f32
- *       score s carries an absolute error of a few u |s|, which is a relative error of p:
- *       the bound grows with the scores that matter, |s| ~ |lse| (alibi over 300 keys and
- *       softcap 30 reach |s| ~ 150): TOL_F32 x max(1, max|lse| / 8). Exact scores (integer
- *       q, k) keep the plain bound. */
-#define TOL_F32 1e-5
-/* f16:  u = 4.9e-4; p rounded to f16 before P V (<= u relative per term) plus o rounded
- *       on store (u/2): about 1e-3 at worst, bound with 5x margin. */
-#define TOL_F16 5e-3
-/* bf16: u = 3.9e-3; the same two roundings: about 8e-3 at worst, bound 2.5x above. */
-#define TOL_BF16 2e-2
-/* lse comes from f32 scores (products of f16/bf16 inputs are exact in f32) and the f32 row
- * sum of unrounded p, so it is f32-accurate for every dtype: |err| <= 1e-5 (1 + |lse|).
- * Rows with no visible key must give -inf exactly. */
-#define TOL_LSE 1e-5
+/* The bounds are check.h's table (o: by dtype, f32's grown with the score magnitude where
+ * the scores are not exact; lse: f32-accurate for every dtype, -inf exact on rows that see
+ * no key). Integer q, k give exact scores of any magnitude: the plain bound. */
 
 typedef struct {
     int64_t B, Hq, Hk, Sq, Sk, D, Dv;
@@ -50,8 +36,8 @@ typedef struct {
     double bias_ninf;      /* fraction of -inf entries */
     int bias_dead_rows;    /* some rows all -inf */
     int alibi;             /* 1 random slopes, 2 powers of two (exact) */
-    int seg;               /* 0 off, 1 packed runs, 2 random ids, 3 some q rows match nothing */
-    int layout;            /* 0 BHSD, 1 BSHD, 2 padded view, 3 k/v stored [B, H, D, S] */
+    int seg;               /* 0 off, 1 packed runs, 2 random ids, 3 some q rows match nothing, 4 cases.h's */
+    int layout;            /* 0 BHSD, 1 BSHD, 2 padded view, 3 k/v stored [B, H, D, S], 4 q/o column stride 2 */
     int64_t bq, bk;        /* 0: default */
     int threads;
     double amp;            /* q and k amplitude */
@@ -99,6 +85,7 @@ static int64_t layout_strides(int layout, int kv, const int64_t d[4], fa_strides
     const int64_t B = d[0], H = d[1], S = d[2], W = d[3];
     memset(st, 0, sizeof *st);
     if (layout == 3 && !kv) layout = 1;
+    if (layout == 4 && kv) layout = 0;
     switch (layout) {
     case 1: /* BSHD */
         st->s[3] = 1, st->s[1] = W, st->s[2] = H * W, st->s[0] = S * H * W;
@@ -108,6 +95,9 @@ static int64_t layout_strides(int layout, int kv, const int64_t d[4], fa_strides
         break;
     case 3: /* BHDS: keys run fastest */
         st->s[2] = 1, st->s[3] = S, st->s[1] = S * W, st->s[0] = H * S * W;
+        break;
+    case 4: /* q and o with column stride 2: no aligned rows */
+        st->s[3] = 2, st->s[2] = 2 * W + 2, st->s[1] = S * st->s[2], st->s[0] = H * st->s[1];
         break;
     default: /* all zeros: contiguous BHSD */
         return B * H * S * W;
@@ -119,13 +109,6 @@ static fa_strides resolved(const fa_strides *st, const int64_t d[4]) {
     fa_strides r = *st;
     if (!r.s[0] && !r.s[1] && !r.s[2] && !r.s[3]) r.s[3] = 1, r.s[2] = d[3], r.s[1] = d[2] * d[3], r.s[0] = d[1] * d[2] * d[3];
     return r;
-}
-
-static double tol_for(fa_dtype t) { return t == FA_F32 ? TOL_F32 : t == FA_F16 ? TOL_F16 : TOL_BF16; }
-/* The case's bound: f32's grows with the score magnitude (see TOL_F32). */
-static double case_tol(const tcase *c, double max_lse) {
-    if (c->dt != FA_F32 || c->integer) return tol_for(c->dt);
-    return TOL_F32 * (max_lse / 8 > 1 ? max_lse / 8 : 1);
 }
 
 /* Fills q or k: uniform times amp, or integers in [-16, 16] (exact in every dtype). */
@@ -199,7 +182,8 @@ static int run_case(const char *group, int idx, const tcase *c, group_stats *gs)
     }
     for (int64_t h = 0; slopes && h < c->Hq; h++)
         slopes[h] = c->alibi == 2 ? ldexpf(1.0f, -(int)tu_int(&rng, 1, 8)) : (float)(0.02 + 0.5 * (tu_uniform(&rng) + 1) / 2);
-    if (c->seg) {
+    if (c->seg == 4) fa_case_segments(&(fa_case){.B = c->B, .Sq = c->Sq, .Sk = c->Sk}, qseg, kseg);
+    else if (c->seg) {
         const int64_t nseg = tu_int(&rng, 1, 4);
         for (int64_t b = 0; b < c->B; b++) {
             for (int64_t i = 0; i < c->Sq; i++)
@@ -251,63 +235,25 @@ static int run_case(const char *group, int idx, const tcase *c, group_stats *gs)
         fa_ref_forward(&p, &(fa_forward_args){.q = q, .k = k, .v = v, .bias = bias, .alibi_slopes = slopes,
                                                .q_segment_ids = qseg, .kv_segment_ids = kseg},
                        ro, rl);
-        const fa_strides os = resolved(&p.o_stride, od);
-        char *touched = calloc((size_t)no, 1);
-        double maxref = 0, maxerr = 0, lse_err = 0;
-        int64_t worst = 0, worst_l = -1, bad_nan = -1, bad_inf = -1;
-        for (int64_t b = 0; b < c->B; b++)
-            for (int64_t h = 0; h < c->Hq; h++)
-                for (int64_t i = 0; i < c->Sq; i++) {
-                    const int64_t row = (b * c->Hq + h) * c->Sq + i;
-                    for (int64_t x = 0; x < c->Dv; x++) {
-                        const int64_t off = fa_offset(&os, b, h, i, x);
-                        touched[off] = 1;
-                        const double got = fa_load(dt, o, off), want = ro[row * c->Dv + x];
-                        if (isnan(got) && bad_nan < 0) bad_nan = row * c->Dv + x;
-                        if (fabs(want) > maxref) maxref = fabs(want);
-                        if (fabs(got - want) > maxerr || isnan(got)) maxerr = fabs(got - want), worst = row * c->Dv + x;
-                    }
-                    if (c->no_lse) continue;
-                    const double gl = lse[row], wl = rl[row];
-                    if (isinf(wl) || isinf(gl)) {
-                        if (gl != wl && bad_inf < 0) bad_inf = row;
-                        continue;
-                    }
-                    const double e = fabs(gl - wl) / (1 + fabs(wl));
-                    if (!(e <= lse_err)) lse_err = e, worst_l = row;
-                }
-        int64_t outside = -1; /* an element of o's buffer outside the view that was written */
-        for (int64_t i = 0; i < no && outside < 0; i++)
-            if (!touched[i] && !isnan(fa_load(dt, o, i))) outside = i;
-        free(touched);
-        const double ratio = maxerr / (maxref > 0 ? maxref : 1);
         double max_lse = 0;
         for (int64_t r = 0; r < c->B * c->Hq * c->Sq; r++)
             if (isfinite(rl[r]) && fabs(rl[r]) > max_lse) max_lse = fabs(rl[r]);
-        const double tol = case_tol(c, max_lse);
-        const int bad = bad_nan >= 0 || bad_inf >= 0 || !(ratio <= tol) || !(lse_err <= TOL_LSE) || outside >= 0;
-        if (ratio / tol > gs->worst || isnan(ratio)) gs->worst = ratio / tol;
-        if (lse_err > gs->worst_lse || isnan(lse_err)) gs->worst_lse = lse_err;
-        if (bad) {
+        const int before = failures;
+        const check_tol tol = c->integer ? check_tol_of(dt) : check_tol_scores(dt, max_lse);
+        const check_result ro_ = check_tensor("o", dt, o, &p.o_stride, ro, od, tol, NULL, 0);
+        check_outside("o", dt, o, no, &p.o_stride, od);
+        if (!c->no_lse) {
+            const int64_t ld[4] = {c->B, c->Hq, c->Sq, 1};
+            const check_result rl_ = check_tensor("lse", FA_F32, lse, &(fa_strides){{0, 0, 0, 0}}, rl, ld, CHECK_TOL_LSE,
+                                                  NULL, 1);
+            if (rl_.ratio > gs->worst_lse || isnan(rl_.ratio)) gs->worst_lse = rl_.ratio;
+        }
+        if (ro_.ratio > gs->worst || isnan(ro_.ratio)) gs->worst = ro_.ratio;
+        if (failures > before) {
             ok = 0;
-            failures++;
-            if (failures <= MAX_REPORTED) {
-                const int64_t wr = worst / c->Dv, wx = worst % c->Dv;
-                printf("FAIL %s #%d (FA_TEST_SEED=%llu): err %.3g (bound %.3g), lse err %.3g (bound %.3g)\n  case: %s\n",
-                       group, idx, (unsigned long long)seed, ratio, tol, lse_err, TOL_LSE, desc);
-                printf("  worst o at b=%lld h=%lld i=%lld c=%lld: got %.9g want %.9g (max|ref| %.4g)\n",
-                       (long long)(wr / (c->Hq * c->Sq)), (long long)(wr / c->Sq % c->Hq), (long long)(wr % c->Sq),
-                       (long long)wx, fa_load(dt, o, fa_offset(&os, wr / (c->Hq * c->Sq), wr / c->Sq % c->Hq, wr % c->Sq, wx)),
-                       ro[worst], maxref);
-                if (worst_l >= 0)
-                    printf("  worst lse at row %lld: got %.9g want %.9g\n", (long long)worst_l, (double)lse[worst_l],
-                           rl[worst_l]);
-                if (bad_nan >= 0) printf("  NaN in o at flat index %lld\n", (long long)bad_nan);
-                if (bad_inf >= 0)
-                    printf("  lse row %lld: got %g want %g (-inf must match exactly)\n", (long long)bad_inf,
-                           (double)lse[bad_inf], rl[bad_inf]);
-                if (outside >= 0) printf("  o's buffer written outside the view at element %lld\n", (long long)outside);
-            }
+            failures = before + 1; /* one failed case, however many of its checks failed */
+            printf("  in %s #%d (FA_TEST_SEED=%llu): o err %.3g of max|ref| %.3g (bound %.3g)\n  case: %s\n", group,
+                   idx, (unsigned long long)seed, ro_.err, ro_.mag, tol.atol, desc);
         }
     }
     gs->n++;
@@ -469,6 +415,25 @@ static void mk_diag(tcase *c, int i) {
     if (i % 5 == 1) c->alibi = 1;
     if (i % 3 == 2) c->bq = tu_int(&rng, 1, 40), c->bk = tu_int(&rng, 1, 40);
 }
+/* The shared case list (cases.h), the row's own tensors drawn from this program's stream. */
+static void mk_listed(tcase *c, int i) {
+    const fa_case *f = &FA_CASES[i];
+    c->B = f->B, c->Hq = f->Hq, c->Hk = f->Hk, c->Sq = f->Sq, c->Sk = f->Sk, c->D = f->D, c->Dv = f->Dv, c->dt = f->dt;
+    c->causal = f->causal, c->softcap = f->softcap;
+    if (f->window) c->wl = f->wl, c->wr = f->wr;
+    c->has_diag = f->has_diag, c->diag = f->diag;
+    c->has_scale = f->scale != 0.0f, c->scale = f->scale;
+    if (f->bias) {
+        c->bias = 1;
+        c->bias_b = f->bias == 2 ? f->B : 1;
+        c->bias_h = f->bias == 1 ? f->Hq : 1;
+        c->bias_ninf = f->bias == 1 ? 0.05 : 0.0;
+    }
+    c->has_bias_scale = f->bias_scale != 0.0f, c->bias_scale = f->bias_scale;
+    c->alibi = f->alibi;
+    c->seg = f->seg ? 4 : 0;
+    c->layout = f->layout == 2 ? 4 : f->layout;
+}
 /* Everything at once. */
 static void mk_combined(tcase *c, int i) {
     random_shape(c);
@@ -544,43 +509,35 @@ static void run_group(const char *name, case_maker mk, int count) {
         printf("%-10s skipped after earlier failures\n", name);
         return;
     }
-    printf("%-10s %3d/%-3d passed  worst o err %.3f of its bound, worst lse err %.2e (bound %.0e)\n", name,
-           pass, gs.n, gs.worst, gs.worst_lse, TOL_LSE);
+    printf("%-10s %3d/%-3d passed  worst o err %.3f of its bound, worst lse err %.3f of its bound\n", name, pass,
+           gs.n, gs.worst, gs.worst_lse);
     fflush(stdout);
 }
 
 int main(void) {
-    seed = tu_seed();
-    rng = seed;
-    printf("test_forward: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
-           (unsigned long long)seed, fa_cpu_isa());
+    rng = check_seed("test_forward");
     const int count = tu_check_cases(); /* FA_CHECK_CASES: the long run, random cases only */
     if (count) {
         run_group("random", mk_random, count);
-        if (failures) printf("test_forward: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
-        return failures != 0;
+        return check_finish("test_forward");
     }
-    run_group("shapes", mk_shapes, 40);
-    run_group("f16", mk_f16, 25);
-    run_group("bf16", mk_bf16, 25);
+    run_group("case list", mk_listed, FA_CASE_COUNT);
+    run_group("shapes", mk_shapes, 30);
+    run_group("f16", mk_f16, 18);
+    run_group("bf16", mk_bf16, 18);
     run_group("causal", mk_causal, 20);
-    run_group("window", mk_window, 25);
+    run_group("window", mk_window, 18);
     run_group("softcap", mk_softcap, 12);
     run_group("bias", mk_bias, 24);
     run_group("bias scale", mk_bias_scale, 18);
     run_group("alibi", mk_alibi, 12);
     run_group("segments", mk_segments, 15);
-    run_group("gqa/mqa", mk_gqa, 12);
-    run_group("strides", mk_strides, 18);
+    run_group("gqa/mqa", mk_gqa, 8);
+    run_group("strides", mk_strides, 12);
     run_group("large", mk_large, 8);
-    run_group("blocks", mk_blocks, 24);
+    run_group("blocks", mk_blocks, 16);
     run_group("threads", mk_threads, 10);
     run_group("diag", mk_diag, 18);
-    run_group("combined", mk_combined, 40);
-    if (failures) {
-        printf("test_forward: %d FAILED (FA_TEST_SEED=%llu)\n", failures, (unsigned long long)seed);
-        return 1;
-    }
-    printf("test_forward: all passed\n");
-    return 0;
+    run_group("combined", mk_combined, 30);
+    return check_finish("test_forward");
 }

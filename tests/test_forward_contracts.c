@@ -1,12 +1,11 @@
 /* The forward's small contracts, apart from its accuracy grid (test_forward.c): the
- * vectorized exp against libm, p rounded to the dtype before P V (SPEC section 1), argument
+ * vectorized exp against libm, p rounded to the dtype before P V (docs/semantics.md), argument
  * errors (NULL pointers, workspace_size), the FA_ISA switch and progress callbacks. */
-#include "test_util.h"
+#include "check.h"
 
 #include "cpu/isa.h"
 #include "cpu/vexp.h"
 
-static int failures;
 /* ---- the vectorized exp ----------------------------------------------------------- */
 
 static void test_vexp(void) {
@@ -26,7 +25,7 @@ static void test_vexp(void) {
     if (!ok) failures++;
 }
 
-/* ---- p is rounded to the dtype before P V (SPEC section 1) -------------------------
+/* ---- p is rounded to the dtype before P V (docs/semantics.md) ----------------------
  * One query, two keys with scores 0 and -d, values +1 and -1: o = (p0 - p1) / l with
  * p0 = 1 and p1 = exp(-d). d is chosen so that exp(-d) rounds to 1 in the dtype (f16:
  * d = 2^-13, above the midpoint 1 - 2^-12; bf16: d = 2^-10, above 1 - 2^-9), so a
@@ -104,15 +103,6 @@ static void test_p_rounding(void) {
 
 /* ---- errors and the ISA switch ---------------------------------------------------- */
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-        }                                                                                  \
-    } while (0)
 
 static void test_errors(void) {
     const int before = failures;
@@ -123,7 +113,7 @@ static void test_errors(void) {
     fa_options opt = {FA_BACKEND_CPU, 2, 4, 4};
     fa_plan *plan = NULL;
     fa_status st = fa_plan_create(&p, &opt, &plan);
-    EXPECT(st == FA_OK, "plan: %s", fa_last_error());
+    CHECK(st == FA_OK, "plan: %s", fa_last_error());
     if (st != FA_OK) return;
     float q[2 * 9 * 8] = {0}, k[2 * 11 * 8] = {0}, v[2 * 11 * 8] = {0}, o[2 * 9 * 8], bias[9 * 11] = {0}, sl[2] = {0};
     int32_t qs[9] = {0}, ks[11] = {0};
@@ -142,27 +132,13 @@ static void test_errors(void) {
     bad[5].name = "v", bad[5].a.v = NULL;
     for (int i = 0; i < 6; i++) {
         st = fa_forward(plan, &bad[i].a);
-        EXPECT(st == FA_ERR_NULL && strstr(fa_last_error(), bad[i].name), "NULL %s: status %d, message \"%s\"",
+        CHECK(st == FA_ERR_NULL && strstr(fa_last_error(), bad[i].name), "NULL %s: status %d, message \"%s\"",
                bad[i].name, st, fa_last_error());
     }
-    fa_cost cost;
-    fa_plan_cost(plan, FA_FORWARD, &cost);
-    char *ws = tu_alloc((size_t)cost.workspace_bytes + 1);
-    fa_forward_args a = good;
-    a.workspace = ws;
-    a.workspace_size = (size_t)cost.workspace_bytes - 1;
-    st = fa_forward(plan, &a);
-    EXPECT(st == FA_ERR_INVALID && strstr(fa_last_error(), "workspace_size"), "small workspace: status %d, \"%s\"", st,
-           fa_last_error());
-    a.workspace_size = (size_t)cost.workspace_bytes;
-    st = fa_forward(plan, &a);
-    EXPECT(st == FA_OK, "exact workspace: %s", fa_last_error());
-    a.workspace = ws + 1; /* misaligned: the driver aligns within its slack */
-    st = fa_forward(plan, &a);
-    EXPECT(st == FA_OK, "misaligned workspace: %s", fa_last_error());
-    EXPECT(cost.workspace_bytes == 2 * fa_cpu_forward_scratch_bytes(plan), "workspace %lld != 2 threads x %lld",
-           (long long)cost.workspace_bytes, (long long)fa_cpu_forward_scratch_bytes(plan));
-    free(ws);
+    /* the caller's workspace: exactly workspace_bytes, misaligned by a byte (the driver
+     * aligns within its slack), is enough and nothing past it is written; a byte less is
+     * refused naming workspace_size */
+    check_pass_workspace("forward, caller's workspace", plan, &good, NULL);
     fa_plan_destroy(plan);
 
     /* the ISA switch */
@@ -172,18 +148,18 @@ static void test_errors(void) {
     const fa_isa *isa = NULL;
     setenv("FA_ISA", "no-such-isa", 1);
     st = fa_isa_select(&isa);
-    EXPECT(st == FA_ERR_INVALID && strstr(fa_last_error(), "no-such-isa"), "FA_ISA unknown: %d \"%s\"", st,
+    CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "no-such-isa"), "FA_ISA unknown: %d \"%s\"", st,
            fa_last_error());
-    EXPECT(strcmp(fa_cpu_isa(), "none") == 0, "fa_cpu_isa with a bad FA_ISA: %s", fa_cpu_isa());
+    CHECK(strcmp(fa_cpu_isa(), "none") == 0, "fa_cpu_isa with a bad FA_ISA: %s", fa_cpu_isa());
     st = fa_plan_create(&p, &opt, &plan);
-    EXPECT(st == FA_ERR_INVALID && plan == NULL, "plan with a bad FA_ISA: %d", st);
+    CHECK(st == FA_ERR_INVALID && plan == NULL, "plan with a bad FA_ISA: %d", st);
     setenv("FA_ISA", "scalar", 1);
     st = fa_isa_select(&isa);
-    EXPECT(st == FA_OK && isa == &fa_isa_scalar, "FA_ISA=scalar: %d", st);
-    EXPECT(strcmp(fa_cpu_isa(), "scalar") == 0, "fa_cpu_isa: %s", fa_cpu_isa());
+    CHECK(st == FA_OK && isa == &fa_isa_scalar, "FA_ISA=scalar: %d", st);
+    CHECK(strcmp(fa_cpu_isa(), "scalar") == 0, "fa_cpu_isa: %s", fa_cpu_isa());
     unsetenv("FA_ISA");
     st = fa_isa_select(&isa);
-    EXPECT(st == FA_OK && isa->available(), "best ISA: %d", st);
+    CHECK(st == FA_OK && isa->available(), "best ISA: %d", st);
     const char *best = isa->name;
     if (keep[0]) setenv("FA_ISA", keep, 1);
     printf("errors     NULL pointers, workspace_size, FA_ISA: %s (best ISA here: %s, in use: %s)\n",
@@ -237,13 +213,10 @@ static void test_progress(uint64_t seed) {
 }
 
 int main(void) {
-    const uint64_t seed = tu_seed(); /* the data of the progress test */
-    printf("test_forward_contracts: seed %llu (FA_TEST_SEED reproduces), isa %s\n", (unsigned long long)seed,
-           fa_cpu_isa());
+    check_seed("test_forward_contracts"); /* the data of the progress test */
     test_vexp();
     test_p_rounding();
     test_errors();
     test_progress(seed);
-    printf("test_forward_contracts: %s\n", failures ? "FAILED" : "all passed");
-    return failures != 0;
+    return check_finish("test_forward_contracts");
 }

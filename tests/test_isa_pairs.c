@@ -7,10 +7,9 @@
  * It tests an internal interface on purpose (the table of src/cpu that FA_ISA or this CPU
  * selects). Exits 77 where that table has no such passes. */
 #include "cpu/isa.h"
-#include "test_util.h"
+#include "check.h"
 
 static uint64_t rng;
-static int failures;
 
 /* A product: mostly ordinary, some extreme. */
 static float draw(float spread) {
@@ -118,10 +117,7 @@ static void pairs_case(const fa_isa *isa, int m, int n, int cols, float scale) {
 }
 
 int main(void) {
-    const uint64_t seed = tu_seed();
-    rng = seed;
-    printf("test_isa_pairs: seed %llu (FA_TEST_SEED=%llu reproduces)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
+    rng = check_seed("test_isa_pairs");
     const fa_isa *isa = NULL;
     if (fa_isa_select(&isa) != FA_OK || !isa->exp_pairs) {
         printf("test_isa_pairs: the %s table has no bf16-pair passes: skipped\n", isa ? isa->name : "selected");
@@ -137,6 +133,5 @@ int main(void) {
         }
     underflow_walk(isa);
     printf("  %s: max_row, exp_pairs, gemm_pb_pairs match the f32-p path\n", isa->name);
-    if (failures) printf("test_isa_pairs: %d FAILED (seed %llu)\n", failures, (unsigned long long)seed);
-    return failures ? 1 : 0;
+    return check_finish("test_isa_pairs");
 }

@@ -10,9 +10,8 @@
  * Each under both backward schedules (FA_BWD_SCHEDULE=two-pass, fused).
  * A fresh seed every run, printed; FA_TEST_SEED=<seed> reproduces a run. */
 #include "ref/ref.h"
-#include "test_util.h"
+#include "check.h"
 
-static int failures;
 static uint64_t rng;
 
 /* A contiguous problem with its tensors (dtype elements; bias, slopes f32). */
@@ -54,29 +53,6 @@ static fa_plan *sc_plan(const scase *c, int64_t bq, int64_t bk) {
         failures++;
     }
     return pl;
-}
-
-/* got against ref (n elements): the same non-finite pattern (NaN where ref is NaN, the same
- * inf), finite ones within tol * max|finite ref| + floor. Returns the worst relative error,
- * or INFINITY on a pattern mismatch (*at: its index). */
-static double match(fa_dtype t, const void *got, const double *ref, int64_t n, double tol, double floor,
-                    int64_t *at) {
-    double mag = 0.0, worst = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        if (isfinite(ref[i]) && fabs(ref[i]) > mag) mag = fabs(ref[i]);
-    for (int64_t i = 0; i < n; i++) {
-        const double g = fa_load(t, got, i), r = ref[i];
-        int bad;
-        if (isnan(r)) bad = !isnan(g);
-        else if (isinf(r)) bad = g != r;
-        else bad = !(fabs(g - r) <= tol * mag + floor);
-        if (bad) {
-            *at = i;
-            return INFINITY;
-        }
-        if (mag > 0.0 && fabs(g - r) / mag > worst) worst = fabs(g - r) / mag;
-    }
-    return worst;
 }
 
 /* max |x| over the finite elements */
@@ -127,11 +103,10 @@ static void check(const char *label, const scase *c, int64_t bq, int64_t bk, int
     }
     if (!bad && want_nan >= 0 && nan_rows != want_nan)
         bad = 1, snprintf(why, sizeof why, "the reference has %d NaN rows, the case wants %d", nan_rows, want_nan);
-    /* bounds: test_forward's and test_backward's for the dtype; the backward's f32 noise
-     * floor 8 u_f32 scale 2 |do|_2 |v|_2 |k or q| per summed row (backward_check.h), with
-     * |do|_2 |v|_2 <= D max|do| max|v|, and at most Sq rows summed */
-    const double tol_o = t == FA_F32 ? 2e-5 : t == FA_F16 ? 5e-3 : 2e-2;
-    const double tol_g = t == FA_F32 ? 5e-5 : t == FA_F16 ? 5.0 * 0x1p-11 : 5.0 * 0x1p-8;
+    /* bounds: check.h's for the dtype (o and gradients alike, NaN where the reference has
+     * NaN); the backward's f32 noise floor 8 u_f32 scale 2 |do|_2 |v|_2 |k or q| per summed
+     * row (backward_check.h), with |do|_2 |v|_2 <= D max|do| max|v|, and at most Sq rows
+     * summed */
     const double floor = 8.0 * 0x1p-24 * 2.0 * (double)fa_plan_scale(pl) * (double)p->head_dim *
                          finite_max(c->g, c->no, t) * finite_max(c->v, c->nv, t) *
                          fmax(finite_max(c->q, c->nq, t), finite_max(c->k, c->nk, t)) * (double)p->seq_q;
@@ -140,13 +115,17 @@ static void check(const char *label, const scase *c, int64_t bq, int64_t bk, int
     const double *refs[4] = {ro, rq, rk, rv};
     const int64_t ns[4] = {c->no, c->nq, c->nk, c->nv};
     double errs[4] = {0, 0, 0, 0};
+    const int before = failures;
     for (int x = 0; x < 4 && !bad; x++) {
-        int64_t at = 0;
-        errs[x] = match(t, gots[x], refs[x], ns[x], x ? tol_g : tol_o, x ? floor : 0.0, &at);
-        if (errs[x] == INFINITY)
-            bad = 1, snprintf(why, sizeof why, "%s[%lld] = %g, reference %g", names[x], (long long)at,
-                              (double)fa_load(t, gots[x], at), refs[x][at]);
+        const int64_t dims[4] = {1, 1, 1, ns[x]};
+        double *allow = check_allow_const(ns[x], x ? floor : 0.0);
+        const check_result r =
+            check_tensor(names[x], t, gots[x], &(fa_strides){{0, 0, 0, 0}}, refs[x], dims, check_tol_of(t), allow, 0);
+        free(allow);
+        errs[x] = r.mag > 0.0 ? r.err / r.mag : 0.0;
+        if (r.faults) bad = 1, snprintf(why, sizeof why, "%s: %lld elements outside the bound", names[x], (long long)r.faults);
     }
+    failures = before; /* counted once below */
     if (bad) printf("FAIL %s (%s, tiles %lldx%lld): %s\n", label, fa_dtype_name(t), (long long)bq, (long long)bk, why);
     else
         printf("PASS %s (%s, tiles %lldx%lld): %d NaN rows; o %.1e dq %.1e dk %.1e dv %.1e\n", label, fa_dtype_name(t),
@@ -339,10 +318,7 @@ static void test_hidden_garbage(void) {
 }
 
 int main(void) {
-    const uint64_t seed = tu_seed();
-    rng = seed;
-    printf("test_semantics: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
-           (unsigned long long)seed, fa_cpu_isa());
+    rng = check_seed("test_semantics");
     /* both backward schedules (two passes; one pass, backward_fused.c) */
     static const char *schedules[2] = {"two-pass", "fused"};
     for (int k = 0; k < 2; k++) {
@@ -353,7 +329,5 @@ int main(void) {
         test_hidden_garbage();
     }
     unsetenv("FA_BWD_SCHEDULE");
-    if (failures) printf("test_semantics: %d FAILED (seed %llu)\n", failures, (unsigned long long)seed);
-    else printf("test_semantics: all passed\n");
-    return failures ? 1 : 0;
+    return check_finish("test_semantics");
 }

@@ -1,10 +1,11 @@
 /* The allocation-failure tests' one check of a call (test_alloc_failure*.c): its status,
  * given whether the injected failure fired (the allocation count reached n). Returns 1 when
- * the call failed as it should. The including file defines CHECK (a seeded, counting check). */
+ * the call failed as it should. CHECK is check.h's. */
+
 #ifndef FA_TEST_ALLOC_EXPECT_H
 #define FA_TEST_ALLOC_EXPECT_H
 
-#include "flashattn.h"
+#include "check.h"
 
 #include <stdint.h>
 

@@ -47,15 +47,13 @@ static int64_t every_failure(tcase *c, fa_pass pass) {
 
 int main(void) {
     (void)case_forward_kernel;
-    const uint64_t seed = tu_seed();
-    uint64_t rng = seed;
-    printf("test_alloc_failure: FA_TEST_SEED=%llu\n", (unsigned long long)seed);
+    uint64_t rng = check_seed("test_alloc_failure");
     fa_problem p;
     fa_problem_init(&p);
     p.batch = 2, p.heads_q = 4, p.heads_kv = 2, p.seq_q = 37, p.seq_k = 45, p.head_dim = 24, p.head_dim_v = 16;
     tcase c;
     case_init(&c, &p, M_CAUSAL | M_BIAS | M_ALIBI | M_SEG, &rng, 1);
-    fa_plan *ref_plan = make_plan(&c.p, 1, 0, 0);
+    fa_plan *ref_plan = check_plan(&c.p, 1, 0, 0);
     if (!ref_plan) return 1;
     case_forward_ref(&c, ref_plan); /* o_exact, and o/lse saved for the backward */
     fa_plan_destroy(ref_plan);
@@ -64,7 +62,7 @@ int main(void) {
     /* the last (complete) forward against the reference */
     double maxerr = 0, maxref = 0;
     const int64_t rows = p.batch * p.heads_q * p.seq_q;
-    fa_plan *pl = make_plan(&c.p, 1, 0, 0);
+    fa_plan *pl = check_plan(&c.p, 1, 0, 0);
     for (int64_t r = 0; pl && r < rows; r++)
         for (int64_t x = 0; x < p.head_dim_v; x++) {
             const int64_t b = r / (p.heads_q * p.seq_q), h = r / p.seq_q % p.heads_q, i = r % p.seq_q;
@@ -79,6 +77,5 @@ int main(void) {
     const int64_t bwd = every_failure(&c, FA_BACKWARD);
     CHECK(bwd > 0, "the backward never completed");
     case_free(&c);
-    printf("%s (FA_TEST_SEED=%llu): %d failure(s)\n", failures ? "FAILED" : "ok", (unsigned long long)seed, failures);
-    return failures ? 1 : 0;
+    return check_finish("test_alloc_failure");
 }

@@ -9,19 +9,14 @@
  * chunks. Seeded (FA_TEST_SEED). */
 #include "alloc.h"
 #include "ref/ref.h"
-#include "test_util.h"
+#include "check.h"
 
-static int failures;
-static uint64_t seed;
 
-#define CHECK TU_CHECK
 
 enum { B = 3, HQ = 8, HK = 2, D = 64, CAP = 1100, SQ = 2 };
 
 int main(void) {
-    seed = tu_seed();
-    uint64_t rng = seed;
-    printf("test_alloc_failure_decode: FA_TEST_SEED=%llu\n", (unsigned long long)seed);
+    uint64_t rng = check_seed("test_alloc_failure_decode");
     int32_t lens[B] = {0, (int32_t)tu_int(&rng, 600, CAP - SQ), (int32_t)tu_int(&rng, 1, 40)};
     fa_problem p;
     fa_problem_init(&p);
@@ -84,6 +79,5 @@ int main(void) {
            "written\n", failures ? "FAIL" : "PASS", (long long)used);
     void *bufs[] = {q, o, lse, k, v, k0, v0, kn, vn, ro, rl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    printf("%s (FA_TEST_SEED=%llu): %d failure(s)\n", failures ? "FAILED" : "ok", (unsigned long long)seed, failures);
-    return failures ? 1 : 0;
+    return check_finish("test_alloc_failure_decode");
 }

@@ -8,12 +8,9 @@
  * and Sq != Sk, so every branch of the varlen driver runs. Seeded (FA_TEST_SEED). */
 #include "alloc.h"
 #include "ref/ref.h"
-#include "test_util.h"
+#include "check.h"
 
-static int failures;
-static uint64_t seed;
 
-#define CHECK TU_CHECK
 #include "alloc_expect.h"
 
 /* Sequences (Sq_b, Sk_b): (9, 14), (0, 6), (11, 0), (23, 23), (1, 30). */
@@ -79,9 +76,7 @@ static int64_t every_failure(vcase *c, fa_pass pass) {
 }
 
 int main(void) {
-    seed = tu_seed();
-    uint64_t rng = seed;
-    printf("test_alloc_failure_varlen: FA_TEST_SEED=%llu\n", (unsigned long long)seed);
+    uint64_t rng = check_seed("test_alloc_failure_varlen");
     vcase c;
     memset(&c, 0, sizeof c);
     fa_problem *p = &c.p;
@@ -118,6 +113,5 @@ int main(void) {
           "the complete backward: dq %.3g dk %.3g dv %.3g (bound 1e-4)", eq, ek, ev);
     for (int i = 0; i < 10; i++) free(*bufs[i]);
     free(ro), free(rl), free(rq), free(rk), free(rv);
-    printf("%s (FA_TEST_SEED=%llu): %d failure(s)\n", failures ? "FAILED" : "ok", (unsigned long long)seed, failures);
-    return failures ? 1 : 0;
+    return check_finish("test_alloc_failure_varlen");
 }
