@@ -1,0 +1,1 @@
+def scaled_dot_product_attention(*a, **k): raise NotImplementedError
