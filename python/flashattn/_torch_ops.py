@@ -4,7 +4,8 @@ _Attention, the autograd.Function that differentiates them (lse included).
 
 The ops are opaque single nodes to torch.compile. The autograd.Function has setup_context
 and generate_vmap_rule, so torch.func.grad, vjp and vmap compose with it; forward-mode AD
-raises NotImplementedError. Tensors reach the library as pointers with their own strides;
+raises NotImplementedError. The op itself has no autograd formula of its own: under
+torch.func the op's generated one (which lacks setup_context) would be reached instead. Tensors reach the library as pointers with their own strides;
 copies happen only where strides cannot describe them. Problems with a zero-size batch,
 head count or sequence never reach the library (it refuses them): they are planned once
 with those sizes at 1, so bad options still raise the library's message, and the outputs
@@ -271,8 +272,9 @@ class AttentionCompiled(torch.autograd.Function):
     @staticmethod
     def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
                 diag_offset, bias_scale, threads):
-        return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
-                                                 softcap, scale, layout, diag_offset, bias_scale, threads)
+        with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
+            return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
+                                                     softcap, scale, layout, diag_offset, bias_scale, threads)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -292,8 +294,9 @@ class AttentionCompiled(torch.autograd.Function):
             to_rows = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
             v, o, do = lse_as_value_column(v, o, do, dlse, to_rows)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dbias = torch.ops.flashattn.attention_bwd(
-            q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads)
+        with torch.no_grad():  # no second derivative: the op's own autograd would refuse it anyway
+            dq, dk, dv, dbias = torch.ops.flashattn.attention_bwd(
+                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads)
         if dlse is not None:
             dv = dv[..., :-1]
         return (dq, dk, dv, dbias if bias_grad else None) + nones
@@ -311,6 +314,3 @@ class Attention(AttentionCompiled):
 def attention_function():
     return AttentionCompiled if torch.compiler.is_compiling() else Attention
 
-
-# the op called directly (torch.ops.flashattn.attention_fwd, opcheck) differentiates alike
-_attention_fwd.register_autograd(AttentionCompiled.backward, setup_context=AttentionCompiled.setup_context)
