@@ -137,18 +137,15 @@ def _empty_sizes(q, k, layout):
 def _check_empty(q, k, v, bias, alibi, segment_ids, opts, threads, bias_grad=False):
     """Plans the problem with every zero size at 1 (shapes only), so that what the library
     would refuse besides the zero sizes (D = 0, bad options) still raises its message."""
-    def one(shape):
-        return tuple(max(int(n), 1) for n in shape)
     L = opts[5]
     qd, kd = list(_layout.to_bhsd(L, q.shape)), list(_layout.to_bhsd(L, k.shape))
     if qd[1] == 0 and kd[1] > 0:
         qd[1] = kd[1]  # zero query heads are a multiple of any key head count
-    sub = [torch.empty(one(_layout.from_bhsd(L, d)), device="meta") for d in (qd, kd)]
-    vsub = torch.empty(one(_layout.from_bhsd(L, kd[:3] + [v.shape[3]])), device="meta")
+    qd, kd = [max(n, 1) for n in qd[:3]] + qd[3:], [max(n, 1) for n in kd[:3]] + kd[3:]
+    vd = kd[:3] + [v.shape[3]]
+    sub = [torch.empty(_layout.from_bhsd(L, d), dtype=q.dtype, device="meta") for d in (qd, kd, vd)]
     bsub = None if bias is None else torch.empty(
-        (1 if bias.shape[0] == 1 else one(qd)[0], 1 if bias.shape[1] == 1 else one(qd)[1],
-         one(qd)[2], one(kd)[2]), device="meta")
-    sub = [x.to(q.dtype) for x in sub] + [vsub.to(q.dtype)]
+        (1 if bias.shape[0] == 1 else qd[0], 1 if bias.shape[1] == 1 else qd[1], qd[2], kd[2]), device="meta")
     _native.cached_plan(_problem(*sub, None, bsub, alibi, segment_ids, opts, bias_grad),
                         make_options("cpu", threads))
 
