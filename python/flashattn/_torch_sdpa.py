@@ -30,7 +30,11 @@ def _heads(hq, hk, hv, enable_gqa):
         if hk != hv or hk == 0 or hq % hk:
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
         return hq, hk
-    h = torch.broadcast_shapes((hq,), (hk,), (hv,))[0]
+    h = max(hq, hk, hv)
+    for a, b in ((hq, hk), (hq, hv), (hk, hv)):
+        if a != b and 1 not in (a, b):
+            raise RuntimeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at "
+                               "non-singleton dimension 1 (heads; GQA needs enable_gqa=True)")
     return h, (1 if hk == hv == 1 else h)
 
 
@@ -49,7 +53,7 @@ def _mask_bias(attn_mask, query, out_batch, H, L, S):
     m = m.reshape((1,) * (len(out) - m.dim()) + tuple(m.shape))
     lead = tuple(m.shape[:-3])
     if any(n != 1 for n in lead):  # per-batch masks: fold the leading dims as q's are
-        m = m.expand(*out_batch, *m.shape[-3:]).reshape(-1, *m.shape[-3:])
+        m = m.expand(*out_batch, *m.shape[-3:]).reshape(math.prod(out_batch), *m.shape[-3:])
     else:
         m = m.reshape(1, *m.shape[-3:])
     return expand_seq_dims(m, L, S)
