@@ -148,3 +148,20 @@ def test_same_signature_as_sdpa():
     for name, default in (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None),
                           ("enable_gqa", False)):
         assert mine.parameters[name].default == default
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_rows_with_no_visible_key_follow_sdpa(kind):
+    """The installed torch's CPU SDPA gives 0 (and zero gradients) for a row with no visible
+    key, for a bool mask and a -inf float mask alike; so does the drop-in (docs/python.md)."""
+    gen = torch.Generator().manual_seed(SEED)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=gen, requires_grad=True) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    if kind == "float":
+        mask = torch.zeros(4, 4).masked_fill(~mask, float("-inf"))
+    for fn in (F.scaled_dot_product_attention, fat.scaled_dot_product_attention):
+        o = fn(q, k, v, attn_mask=mask)
+        assert (o[:, :, 2] == 0).all(), fn
+        dq, = torch.autograd.grad(o.sum(), (q,))
+        assert (dq[:, :, 2] == 0).all(), fn
