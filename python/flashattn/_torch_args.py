@@ -88,6 +88,18 @@ def autocast(*tensors):
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
 
 
+def distinct(*tensors):
+    """The tensors, each a separate object (k passed as v too becomes a view of it): Dynamo
+    refuses an autograd.Function given one tensor for two inputs."""
+    seen, out = set(), []
+    for t in tensors:
+        if t is not None and id(t) in seen:
+            t = t.view_as(t)
+        seen.add(id(t))
+        out.append(t)
+    return out
+
+
 def refuse_bool_bias(bias):
     if isinstance(bias, torch.Tensor) and bias.dtype == torch.bool:
         raise TypeError("bias is additive; a boolean tensor is a mask: pass it as mask= "

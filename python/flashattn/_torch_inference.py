@@ -14,7 +14,8 @@ import torch
 from . import _layout, _native
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                  decode_problem, varlen_problem)
-from ._torch_args import alibi, autocast, check_floats, check_tensor, float_or_none, int_in, threads_arg, window_sides
+from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, threads_arg,
+                          window_sides)
 from ._torch_ops import (DTYPES, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
                          int32_ids, lse_as_value_column, poisoned, ptr, readable)
 
@@ -182,6 +183,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got shapes "
                          f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
     wl, wr, softcap, scale, threads = _options(window, softcap, scale, threads)
+    q, k, v = distinct(q, k, v)
     o, lse = (_VarlenCompiled if torch.compiler.is_compiling() else _Varlen).apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
                            int_in("max_seqlen_k", max_seqlen_k, optional=True),
                            alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,

@@ -10,8 +10,8 @@ import torch
 
 from . import _layout
 from ._problem import check_shapes
-from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, float_or_none,
-                          int_in, refuse_bool_bias, threads_arg, window_sides)
+from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
+                          float_or_none, int_in, refuse_bool_bias, threads_arg, window_sides)
 from ._torch_ops import attention_function
 
 
@@ -69,6 +69,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
         bias, bias_scale = combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale)
     q_seg, kv_seg = _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, q.device)
     wl, wr = window_sides(window)
+    q, k, v = distinct(q, k, v)
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,

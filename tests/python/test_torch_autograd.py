@@ -149,3 +149,21 @@ def test_autocast_casts_as_sdpa():
     assert o.dtype == r.dtype == s.dtype == torch.bfloat16
     want = fat.attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
     torch.testing.assert_close(o, want, rtol=0, atol=0)
+
+
+def test_compile_fullgraph_with_mask_lse_and_shared_kv():
+    """torch.compile(fullgraph=True) through the autograd.Function: a mask, the lse's
+    gradient, one tensor passed as both k and v, and the SDPA drop-in."""
+    gen = _gen()
+    q, k, _ = (x.float().requires_grad_() for x in _inputs(gen, Dv=16))
+    mask = torch.rand(2, 1, 1, 13, generator=gen) < 0.7
+
+    def f(q, k):
+        o, lse = fat.attention(q, k, k, mask=mask, return_lse=True)
+        s = fat.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
+        return (o * s).sum() + lse[lse.isfinite()].sum()
+
+    want = torch.autograd.grad(f(q, k), (q, k))
+    got = torch.autograd.grad(torch.compile(f, fullgraph=True)(q, k), (q, k))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
