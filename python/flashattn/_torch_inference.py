@@ -41,12 +41,32 @@ def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, 
     return _native.cached_plan(p, dev.options())
 
 
+def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, diag_offset, threads):
+    """Whether the packed problem has no rows, no keys, no heads or no sequences (which the
+    library refuses); if so it is planned with those sizes at 1 (one sequence of one row),
+    so that bad options and D = 0 still raise the library's message."""
+    if 0 not in (q.shape[0], k.shape[0], q.shape[1], k.shape[1], cu_q.shape[0] - 1):
+        return False
+    hk = max(k.shape[1], 1)
+    hq = hk if q.shape[1] == 0 else q.shape[1]
+    sub = [torch.empty((1, h, d), dtype=q.dtype, device="meta")
+           for h, d in ((hq, q.shape[2]), (hk, k.shape[2]), (hk, v.shape[2]))]
+    one = torch.tensor([0, 1], dtype=torch.int32).numpy()
+    _varlen_handle(*sub, (1, hq, v.shape[2]), one, one, alibi_slopes, causal, wl, wr, softcap, scale,
+                   diag_offset, Device(q, threads))
+    return True
+
+
 @torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                 cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
                 diag_offset: Optional[int], threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
+                     diag_offset, threads):
+        return (torch.zeros(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device),
+                torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device))
     q, k, v = readable(q), readable(k), readable(v)
     cu_q, cu_k = _host_int32(cu_seqlens_q, "cu_seqlens_q"), _host_int32(cu_seqlens_k, "cu_seqlens_k")
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
@@ -76,6 +96,9 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
                 diag_offset: Optional[int], threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
+                     diag_offset, threads):  # nothing visible anywhere: every gradient is 0
+        return tuple(torch.zeros_like(t) for t in (q, k, v))
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     lse = lse.contiguous()

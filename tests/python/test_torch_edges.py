@@ -107,3 +107,19 @@ def test_float64_says_which_dtypes_work(fn):
             "kvcache_attention": (q, q, q)}[fn]
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         getattr(fat, fn)(*args)
+
+
+@pytest.mark.parametrize("total_q, total_k, H, cu_q, cu_k", [
+    (0, 0, 2, [0], [0]), (0, 0, 2, [0, 0], [0, 0]), (5, 7, 0, [0, 5], [0, 7]), (5, 0, 2, [0, 2, 5], [0, 0, 0]),
+    (0, 7, 2, [0, 0], [0, 7])])
+def test_varlen_zero_sizes_give_empty_results(total_q, total_k, H, cu_q, cu_k):
+    q = torch.randn(total_q, H, 16, requires_grad=True)
+    k, v = torch.randn(total_k, H, 16, requires_grad=True), torch.randn(total_k, H, 8, requires_grad=True)
+    cq, ck = torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32)
+    o, lse = fat.varlen_attention(q, k, v, cq, ck, causal=True, return_lse=True)
+    assert o.shape == (total_q, H, 8) and lse.shape == (H, total_q)
+    assert (o == 0).all() and (lse == float("-inf")).all()
+    for g, x in zip(torch.autograd.grad(o.sum(), (q, k, v)), (q, k, v)):
+        assert g.shape == x.shape and (g == 0).all()
+    with pytest.raises(ValueError, match="softcap"):
+        fat.varlen_attention(q, k, v, cq, ck, softcap=-1.0)
