@@ -216,6 +216,24 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 # ---- kv-cache decoding -----------------------------------------------------------------
 
+def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, scale, threads):
+    """Whether the step has no batch, no new rows or no heads (which the library refuses);
+    if so it is planned as one row against an empty one-slot cache, so that bad options and
+    D = 0 still raise the library's message. Nothing is written into the caches."""
+    if 0 not in (q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2]):
+        return False
+    hk = max(k_cache.shape[2], 1)
+    hq = hk if q.shape[2] == 0 else q.shape[2]
+    qs, kc, vc = (1, 1, hq, q.shape[3]), (1, 1, hk, k_cache.shape[3]), (1, 1, hk, v_cache.shape[3])
+    lens = torch.zeros(1, dtype=torch.int32).numpy()
+    p = decode_problem(q_shape=qs, kc_shape=kc, vc_shape=vc, q_stride=(0,) * 4, kc_stride=(0,) * 4,
+                       vc_stride=(0,) * 4, o_stride=(0,) * 4, dtype=DTYPES[q.dtype], cache_seqlens=lens,
+                       has_new_kv=False, causal=causal, window=(wl, wr), softcap=softcap, scale=scale,
+                       alibi=alibi_slopes is not None)
+    _native.cached_plan(p, Device(q, threads).options())
+    return True
+
+
 @torch.library.custom_op("flashattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
 def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
@@ -223,6 +241,11 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                  window_right: int, softcap: float, scale: Optional[float],
                  threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    B, Sq, Hq, _ = q.shape
+    if _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right, softcap, scale,
+                      threads):
+        return (torch.zeros((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device),
+                torch.full((B, Hq, Sq), float("-inf"), device=q.device))
     q = readable(q)
     has_new = k_new is not None
     # with new tokens the library writes through the caches' own strides (kvcache_attention
@@ -230,7 +253,6 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kc, vc = (k_cache, v_cache) if has_new else (readable(k_cache), readable(v_cache))
     if has_new:
         k_new, v_new = k_new.contiguous(), v_new.contiguous()
-    B, Sq, Hq, _ = q.shape
     o = poisoned(torch.empty((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device))
     lse = poisoned(torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
     lens, table = _host_int32(cache_seqlens, "cache_seqlens"), _host_int32(block_table, "block_table")

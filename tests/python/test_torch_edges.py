@@ -123,3 +123,17 @@ def test_varlen_zero_sizes_give_empty_results(total_q, total_k, H, cu_q, cu_k):
         assert g.shape == x.shape and (g == 0).all()
     with pytest.raises(ValueError, match="softcap"):
         fat.varlen_attention(q, k, v, cq, ck, softcap=-1.0)
+
+
+@pytest.mark.parametrize("q_shape, cache_shape", [((0, 1, 2, 16), (0, 8, 2, 16)), ((2, 0, 2, 16), (2, 8, 2, 16)),
+                                                  ((2, 1, 0, 16), (2, 8, 0, 16))])
+def test_kvcache_zero_sizes_give_empty_results(q_shape, cache_shape):
+    q, kc, vc = torch.randn(q_shape), torch.randn(cache_shape), torch.randn(cache_shape[:3] + (8,))
+    before = kc.clone()
+    k_new = torch.randn(q_shape[0], q_shape[1], cache_shape[2], 16)
+    v_new = torch.randn(q_shape[0], q_shape[1], cache_shape[2], 8)
+    o, lse = fat.kvcache_attention(q, kc, vc, k_new, v_new, cache_seqlens=0, return_lse=True)
+    assert o.shape == q_shape[:3] + (8,) and lse.shape == (q_shape[0], q_shape[2], q_shape[1])
+    assert (o == 0).all() and (lse == float("-inf")).all() and torch.equal(kc, before)
+    with pytest.raises(ValueError, match="softcap"):
+        fat.kvcache_attention(q, kc, vc, softcap=-1.0)
