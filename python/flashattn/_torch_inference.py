@@ -207,10 +207,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                          f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
     wl, wr, softcap, scale, threads = _options(window, softcap, scale, threads)
     q, k, v = distinct(q, k, v)
-    o, lse = (_VarlenCompiled if torch.compiler.is_compiling() else _Varlen).apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
-                           int_in("max_seqlen_k", max_seqlen_k, optional=True),
-                           alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,
-                           int_in("diag_offset", diag_offset, optional=True), threads)
+    fn = _VarlenCompiled if torch.compiler.is_compiling() else _Varlen
+    o, lse = fn.apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
+                      int_in("max_seqlen_k", max_seqlen_k, optional=True),
+                      alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,
+                      int_in("diag_offset", diag_offset, optional=True), threads)
     return (o, lse) if return_lse else o
 
 

@@ -1,15 +1,16 @@
 """flashattn::attention_fwd and flashattn::attention_bwd: the custom ops (torch.library)
 under flashattn.torch.attention, with their fake (meta) implementations and vmap rules, and
-_Attention, the autograd.Function that differentiates them (lse included).
+the autograd.Function that differentiates them (lse included).
 
 The ops are opaque single nodes to torch.compile. The autograd.Function has setup_context
 and generate_vmap_rule, so torch.func.grad, vjp and vmap compose with it; forward-mode AD
-raises NotImplementedError. The op itself has no autograd formula of its own: under
-torch.func the op's generated one (which lacks setup_context) would be reached instead. Tensors reach the library as pointers with their own strides;
-copies happen only where strides cannot describe them. Problems with a zero-size batch,
-head count or sequence never reach the library (it refuses them): they are planned once
-with those sizes at 1, so bad options still raise the library's message, and the outputs
-follow docs/semantics.md's rule for a row with no visible key (o = 0, lse = -inf)."""
+raises NotImplementedError. The op has no autograd formula of its own: under torch.func the
+op's generated one (which lacks setup_context) would be reached instead. Tensors reach the
+library as pointers with their own strides; copies happen only where strides cannot
+describe them. Problems with a zero-size batch, head count or sequence never reach the
+library (it refuses them): they are planned once with those sizes at 1, so bad options
+still raise the library's message, and the outputs follow docs/nonfinite.md's rule for a
+row with no visible key (o = 0, lse = -inf)."""
 import contextlib
 from typing import Optional, Tuple
 

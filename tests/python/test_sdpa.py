@@ -76,10 +76,10 @@ def test_matches_sdpa(i):
     seed = [SEED, i]
     rng = np.random.default_rng(seed)
     dtype, q, k, v, kw = draw(rng)
-    where = (f"case {i} (seed {SEED}, FA_SDPA_CASES={N_CASES}): {dtype} q {tuple(q.shape)} k {tuple(k.shape)} "
-             f"v {tuple(v.shape)} mask {None if kw['attn_mask'] is None else (kw['attn_mask'].dtype, tuple(kw['attn_mask'].shape))} "
-             f"causal {kw['is_causal']} gqa {kw['enable_gqa']} scale {kw['scale']}")
     mask = kw["attn_mask"]
+    where = (f"case {i} (seed {SEED}, FA_SDPA_CASES={N_CASES}): {dtype} q {tuple(q.shape)} k {tuple(k.shape)} "
+             f"v {tuple(v.shape)} mask {None if mask is None else (mask.dtype, tuple(mask.shape))} "
+             f"causal {kw['is_causal']} gqa {kw['enable_gqa']} scale {kw['scale']}")
     float_mask = mask is not None and mask.is_floating_point()
     ins = [x.clone().requires_grad_() for x in (q, k, v)] + ([mask.clone().requires_grad_()] if float_mask else [])
     o = fat.scaled_dot_product_attention(*ins[:3], **dict(kw, attn_mask=ins[3] if float_mask else mask))
