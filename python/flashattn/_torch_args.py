@@ -111,7 +111,8 @@ def mask_to_bias(mask, name="mask"):
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = type(mask).__name__ if not isinstance(mask, torch.Tensor) else mask.dtype
         raise TypeError(f"{name} must be a boolean torch.Tensor (True = attend), got {got}")
-    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
+    # out of place, so that a mask vmapped over (torch.func.vmap) works too
+    return torch.zeros((), device=mask.device).masked_fill(~mask, float("-inf"))
 
 
 def expand_seq_dims(bias, seq_q, seq_k):

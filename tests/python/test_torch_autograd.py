@@ -107,6 +107,16 @@ def test_func_grad_vjp_and_vmap():
     torch.testing.assert_close(got, torch.stack([fat.attention(x, k, v) for x in qs]))
     per = torch.func.vmap(torch.func.grad(lambda q: loss(q, k, v)))(qs)
     torch.testing.assert_close(per, torch.stack([torch.func.grad(lambda q: loss(q, k, v))(x) for x in qs]))
+    # a vmapped mask (lowered inside the vmap) and per-example bias gradients
+    masks = torch.rand(3, 9, 13, generator=gen) < 0.6
+    got = torch.func.vmap(lambda m: fat.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))(masks)
+    torch.testing.assert_close(got, torch.stack([fat.attention(q, k, v, mask=m) for m in masks]))
+    biases = torch.randn(3, 9, 13, generator=gen)
+
+    def bias_loss(b):
+        return (fat.attention(q, k, v, bias=b) ** 2).sum()
+    per = torch.func.vmap(torch.func.grad(bias_loss))(biases)
+    torch.testing.assert_close(per, torch.stack([torch.func.grad(bias_loss)(b) for b in biases]))
 
 
 @pytest.mark.parametrize("how", ["func.jvp", "forward_ad"])
