@@ -14,12 +14,16 @@ def f64(x):
     return x.detach().to(torch.float64).numpy()
 
 
-def math_attention(q, k, v, visible):
+def math_attention(q, k, v, visible, bias=None, softcap=None):
     """(o, lse) in float64 torch, differentiable; rows with no visible key give o = 0 and
     lse = -inf with zero gradients (docs/nonfinite.md)."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
     v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
     s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
     dead = ~visible.any(-1, keepdim=True)
     s = torch.where(visible & ~dead, s, torch.where(dead, 0.0, float("-inf")))
     lse = torch.logsumexp(s, -1)
@@ -57,6 +61,22 @@ def test_gradient_through_lse(layout, use_o):
     rloss = (ro * wo).sum() * use_o + (rl[fin] * wl[fin]).sum()
     want = torch.autograd.grad(rloss, ins64)
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        check(name, f64(g), f64(w), BWD_TOL["f32"])
+
+
+def test_gradient_through_lse_with_bias_and_softcap():
+    """dlse reaches dbias and goes through the softcap's derivative as o's cotangent does."""
+    gen = _gen()
+    q, k, v = _inputs(gen)
+    bias = torch.randn(1, 4, 9, 13, generator=gen, dtype=torch.float64)
+    ins32 = [x.float().requires_grad_() for x in (q, k, v, bias)]
+    o, lse = fat.attention(*ins32[:3], bias=ins32[3], softcap=3.0, return_lse=True)
+    wl = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(o.sum() + (lse * wl.float()).sum(), ins32)
+    ins64 = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    ro, rl = math_attention(*ins64[:3], torch.ones(2, 4, 9, 13, dtype=torch.bool), ins64[3], softcap=3.0)
+    want = torch.autograd.grad(ro.sum() + (rl * wl).sum(), ins64)
+    for name, g, w in zip(("dq", "dk", "dv", "dbias"), got, want):
         check(name, f64(g), f64(w), BWD_TOL["f32"])
 
 
