@@ -7,31 +7,26 @@ flashattn::varlen_fwd, flashattn::varlen_bwd and flashattn::kvcache_fwd, which d
 that it mutates k_cache and v_cache so torch.compile functionalizes it correctly. Length
 arrays (cu_seqlens, cache_seqlens, block_table) are int32 tensors read on the host when the
 op runs (the library plans from them), so the ops stay single graph nodes."""
-import contextlib
 from typing import Optional, Tuple
 
 import torch
 
 from . import _layout, _native
-from ._problem import window_pair
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                  decode_problem, varlen_problem)
-from .torch import (_DTYPES, _Device, _check_tensor, _dense_for_grad, _do_with_o_strides, _grad_like, _poisoned, _ptr,
-                    _readable)
+from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, threads_arg,
+                          window_sides)
+from ._torch_ops import (DTYPES, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
+                         int32_ids, lse_as_value_column, poisoned, ptr, readable)
 
 
-def _host_int32(t):
+def _host_int32(t, name="lengths"):
     """A length tensor as the numpy int32 array the plan reads (a view on the CPU)."""
-    return None if t is None else t.detach().to("cpu", torch.int32).contiguous().numpy()
+    return None if t is None else int32_ids(name, t.detach().to("cpu")).numpy()
 
 
 def _strides(t):
     return tuple(t.stride())
-
-
-def _run(dev, fn):
-    with torch.cuda.device(dev.device) if dev.cuda else contextlib.nullcontext():
-        fn()
 
 
 # ---- packed variable-length batches ---------------------------------------------------
@@ -40,10 +35,26 @@ def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, 
                    diag_offset, dev):
     p = varlen_problem(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
                        q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
-                       o_stride=tuple(o_stride), dtype=_DTYPES[q.dtype], cu_seqlens_q=cu_q,
+                       o_stride=tuple(o_stride), dtype=DTYPES[q.dtype], cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=(wl, wr), softcap=softcap,
                        scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset)
     return _native.cached_plan(p, dev.options())
+
+
+def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, diag_offset, threads):
+    """Whether the packed problem has no rows, no keys, no heads or no sequences (which the
+    library refuses); if so it is planned with those sizes at 1 (one sequence of one row),
+    so that bad options and D = 0 still raise the library's message."""
+    if 0 not in (q.shape[0], k.shape[0], q.shape[1], k.shape[1], cu_q.shape[0] - 1):
+        return False
+    hk = max(k.shape[1], 1)
+    hq = hk if q.shape[1] == 0 else q.shape[1]
+    sub = [torch.empty((1, h, d), dtype=q.dtype, device="meta")
+           for h, d in ((hq, q.shape[2]), (hk, k.shape[2]), (hk, v.shape[2]))]
+    one = torch.tensor([0, 1], dtype=torch.int32).numpy()
+    _varlen_handle(*sub, (1, hq, v.shape[2]), one, one, alibi_slopes, causal, wl, wr, softcap, scale,
+                   diag_offset, Device(q, threads))
+    return True
 
 
 @torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
@@ -51,26 +62,30 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
-                diag_offset: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = _readable(q), _readable(k), _readable(v)
-    cu_q, cu_k = _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k)
+                diag_offset: Optional[int], threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
+                     diag_offset, threads):
+        return (torch.zeros(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device),
+                torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device))
+    q, k, v = readable(q), readable(k), readable(v)
+    cu_q, cu_k = _host_int32(cu_seqlens_q, "cu_seqlens_q"), _host_int32(cu_seqlens_k, "cu_seqlens_k")
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
     check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_k)
-    o = _poisoned(torch.empty(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device))
-    lse = _poisoned(torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
-    dev = _Device(q)
+    o = poisoned(torch.empty(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device))
+    lse = poisoned(torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
+    dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), cu_q, cu_k, alibi_slopes, causal, window_left,
                             window_right, softcap, scale, diag_offset, dev)
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
-    _run(dev, lambda: handle.forward(_native.ForwardArgs(
-        q=_ptr(q), k=_ptr(k), v=_ptr(v), o=_ptr(o), lse=_ptr(lse), alibi_slopes=_ptr(alibi_slopes),
-        workspace=_ptr(ws), workspace_size=ws_size, stream=dev.stream())))
+    dev.run(lambda: handle.forward(_native.ForwardArgs(
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream())))
     return o, lse
 
 
 @_varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                     causal, window_left, window_right, softcap, scale, diag_offset):
+                     causal, window_left, window_right, softcap, scale, diag_offset, threads=0):
     return (q.new_empty(tuple(q.shape[:2]) + (v.shape[2],)),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
@@ -80,87 +95,97 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 do: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
-                diag_offset: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = _dense_for_grad(q), _dense_for_grad(k), _dense_for_grad(v)
-    dq, dk, dv = _grad_like(q), _grad_like(k), _grad_like(v)
+                diag_offset: Optional[int], threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
+                     diag_offset, threads):  # nothing visible anywhere: every gradient is 0
+        return tuple(torch.zeros_like(t) for t in (q, k, v))
+    q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
+    dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     lse = lse.contiguous()
-    o = _readable(o)
-    o, do = _do_with_o_strides(o, do)
-    dev = _Device(q)
+    o = readable(o)
+    o, do = do_with_o_strides(o, do)
+    dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k),
                             alibi_slopes, causal, window_left, window_right, softcap, scale,
                             diag_offset, dev)
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
-    _run(dev, lambda: handle.backward(_native.BackwardArgs(
-        q=_ptr(q), k=_ptr(k), v=_ptr(v), o=_ptr(o), d_o=_ptr(do), lse=_ptr(lse), dq=_ptr(dq),
-        dk=_ptr(dk), dv=_ptr(dv), alibi_slopes=_ptr(alibi_slopes), workspace=_ptr(ws),
+    dev.run(lambda: handle.backward(_native.BackwardArgs(
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse), dq=ptr(dq),
+        dk=ptr(dk), dv=ptr(dv), alibi_slopes=ptr(alibi_slopes), workspace=ptr(ws),
         workspace_size=ws_size, stream=dev.stream())))
     return dq, dk, dv
 
 
 @_varlen_bwd.register_fake
 def _varlen_bwd_fake(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal,
-                     window_left, window_right, softcap, scale, diag_offset):
-    return tuple(_grad_like(_dense_for_grad(t)) for t in (q, k, v))
+                     window_left, window_right, softcap, scale, diag_offset, threads=0):
+    return tuple(grad_like(dense_for_grad(t)) for t in (q, k, v))
 
 
-def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, _, _, alibi_slopes = inputs[:8]
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi_slopes)
-    ctx.options = inputs[8:]
-    ctx.mark_non_differentiable(lse)
+class _VarlenCompiled(torch.autograd.Function):
+    """varlen_fwd, differentiable in q, k, v through o and lse (as _torch_ops.Attention;
+    _Varlen adds the jvp that Dynamo refuses)."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, cu_q, cu_k, max_q, max_k, slopes, causal, wl, wr, softcap, scale, diag_offset, threads):
+        return torch.ops.flashattn.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, slopes, causal, wl, wr,
+                                              softcap, scale, diag_offset, threads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, cu_q, cu_k, _, _, slopes = inputs[:8]
+        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, slopes)
+        ctx.options = inputs[8:]
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, cu_q, cu_k, slopes = ctx.saved_tensors
+        if do is None and dlse is None:
+            return (None,) * 15
+        do = torch.zeros_like(o) if do is None else do
+        if dlse is not None:  # lse [Hq, total_q], do's rows [total_q, Hq]
+            v, o, do = lse_as_value_column(v, o, do, dlse, lambda x: x.t())
+        dq, dk, dv = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, slopes, *ctx.options)
+        if dlse is not None:
+            dv = dv[..., :-1]
+        return (dq, dk, dv) + (None,) * 12
 
 
-def _varlen_backward(ctx, do, dlse):
-    q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, alibi_slopes, *ctx.options)
-    return (dq, dk, dv) + (None,) * 11
+
+class _Varlen(_VarlenCompiled):
+    @staticmethod
+    def jvp(ctx, *tangents):
+        forward_ad_refused("flashattn::varlen_fwd (flashattn.torch.varlen_attention)")
 
 
-_varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
-
-
-def _check_floats(names, tensors):
-    q = tensors[0]
-    for name, t in zip(names, tensors):
-        if t.dtype != q.dtype:
-            raise ValueError(f"{', '.join(names)} must have one dtype, got {', '.join(str(x.dtype) for x in tensors)}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if q.dtype not in _DTYPES:
-        raise ValueError(f"{', '.join(names)} must be float32, float16 or bfloat16, got {q.dtype}")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"flashattn runs on cpu and cuda tensors, got device {q.device}")
+_varlen_fwd.register_autograd(_VarlenCompiled.backward, setup_context=_VarlenCompiled.setup_context)
 
 
 def _int_tensor(name, t, shape_desc, ndim):
+    """An integer tensor argument; its values are checked against int32 where the op runs."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be an int32 torch.Tensor {shape_desc}, got {type(t).__name__}")
     if t.dim() != ndim or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be integers {shape_desc}, got {t.dtype} of shape {tuple(t.shape)}")
-    return t.to(torch.int32).contiguous()
+    return t.detach()
 
 
-def _slopes(alibi_slopes, q, H):
-    if alibi_slopes is None:
-        return None
-    _check_tensor("alibi_slopes", alibi_slopes)
-    if tuple(alibi_slopes.shape) != (H,):
-        raise ValueError(f"alibi_slopes must have shape [H] = [{H}], got {tuple(alibi_slopes.shape)}")
-    if alibi_slopes.device != q.device:
-        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
-    return alibi_slopes.detach().to(torch.float32).contiguous()
+def _options(window, softcap, scale, threads):
+    return (*window_sides(window), float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
+            threads_arg(threads))
 
 
-def _options(window, softcap, scale):
-    wl, wr = window_pair(window)
-    return wl, wr, 0.0 if softcap is None else float(softcap), None if scale is None else float(scale)
+def _no_mask(mask, fn):
+    if mask is not None:
+        raise NotImplementedError(f"mask= with {fn}: the library takes no bias (nor mask) for "
+                                  "packed batches and kv-cache decoding; use flashattn.torch.attention")
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False):
+                     diag_offset=None, return_lse=False, mask=None, threads=None):
     """Attention over a packed batch of sequences of different lengths, differentiable in
     q, k and v (flash_attn_varlen_func's shapes).
 
@@ -168,69 +193,97 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     int32 [batch + 1] prefix sums (sequence b: rows cu[b]:cu[b+1]; read on the host).
     Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b. max_seqlen_q/k
     optional bounds (checked when given). Returns o [total_q, Hq, Dv], and lse [Hq, total_q]
-    f32 (not differentiable) with return_lse."""
-    q, k, v = (_check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
-    _check_floats(("q", "k", "v"), (q, k, v))
+    f32 (differentiable too) with return_lse. threads: None or 0, the library's default;
+    mask= is refused (the library has no bias for packed batches)."""
+    _no_mask(mask, "varlen_attention")
+    q, k, v = (check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
+    check_floats(("q", "k", "v"), (q, k, v))
+    q, k, v = autocast(q, k, v)
     check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     cu_q = _int_tensor("cu_seqlens_q", cu_seqlens_q, "[batch + 1]", 1)
     cu_k = _int_tensor("cu_seqlens_k", cu_seqlens_k, "[batch + 1]", 1)
     if cu_q.shape != cu_k.shape or cu_q.numel() < 1:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got shapes "
                          f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
-    wl, wr, softcap, scale = _options(window, softcap, scale)
-    o, lse = _varlen_fwd(q, k, v, cu_q, cu_k, None if max_seqlen_q is None else int(max_seqlen_q),
-                         None if max_seqlen_k is None else int(max_seqlen_k),
-                         _slopes(alibi_slopes, q, q.shape[1]), bool(causal), wl, wr, softcap, scale,
-                         None if diag_offset is None else int(diag_offset))
+    wl, wr, softcap, scale, threads = _options(window, softcap, scale, threads)
+    q, k, v = distinct(q, k, v)
+    fn = _VarlenCompiled if torch.compiler.is_compiling() else _Varlen
+    o, lse = fn.apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
+                      int_in("max_seqlen_k", max_seqlen_k, optional=True),
+                      alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,
+                      int_in("diag_offset", diag_offset, optional=True), threads)
     return (o, lse) if return_lse else o
 
 
 # ---- kv-cache decoding -----------------------------------------------------------------
+
+def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, scale, threads):
+    """Whether the step has no batch, no new rows or no heads (which the library refuses);
+    if so it is planned as one row against an empty one-slot cache, so that bad options and
+    D = 0 still raise the library's message. Nothing is written into the caches."""
+    if 0 not in (q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2]):
+        return False
+    hk = max(k_cache.shape[2], 1)
+    hq = hk if q.shape[2] == 0 else q.shape[2]
+    qs, kc, vc = (1, 1, hq, q.shape[3]), (1, 1, hk, k_cache.shape[3]), (1, 1, hk, v_cache.shape[3])
+    lens = torch.zeros(1, dtype=torch.int32).numpy()
+    p = decode_problem(q_shape=qs, kc_shape=kc, vc_shape=vc, q_stride=(0,) * 4, kc_stride=(0,) * 4,
+                       vc_stride=(0,) * 4, o_stride=(0,) * 4, dtype=DTYPES[q.dtype], cache_seqlens=lens,
+                       has_new_kv=False, causal=causal, window=(wl, wr), softcap=softcap, scale=scale,
+                       alibi=alibi_slopes is not None)
+    _native.cached_plan(p, Device(q, threads).options())
+    return True
+
 
 @torch.library.custom_op("flashattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
 def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
                  cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
                  alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
-                 window_right: int, softcap: float, scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
-    q = _readable(q)
+                 window_right: int, softcap: float, scale: Optional[float],
+                 threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    B, Sq, Hq, _ = q.shape
+    if _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right, softcap, scale,
+                      threads):
+        return (torch.zeros((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device),
+                torch.full((B, Hq, Sq), float("-inf"), device=q.device))
+    q = readable(q)
     has_new = k_new is not None
     # with new tokens the library writes through the caches' own strides (kvcache_attention
     # checked that they can be written); without, a cache they cannot describe is copied
-    kc, vc = (k_cache, v_cache) if has_new else (_readable(k_cache), _readable(v_cache))
+    kc, vc = (k_cache, v_cache) if has_new else (readable(k_cache), readable(v_cache))
     if has_new:
         k_new, v_new = k_new.contiguous(), v_new.contiguous()
-    B, Sq, Hq, _ = q.shape
-    o = _poisoned(torch.empty((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device))
-    lse = _poisoned(torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
-    lens, table = _host_int32(cache_seqlens), _host_int32(block_table)
-    dev = _Device(q)
+    o = poisoned(torch.empty((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device))
+    lse = poisoned(torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device))
+    lens, table = _host_int32(cache_seqlens, "cache_seqlens"), _host_int32(block_table, "block_table")
+    dev = Device(q, threads)
     p = decode_problem(q_shape=tuple(q.shape), kc_shape=tuple(kc.shape), vc_shape=tuple(vc.shape),
                        q_stride=_strides(q), kc_stride=_strides(kc), vc_stride=_strides(vc),
-                       o_stride=_strides(o), dtype=_DTYPES[q.dtype], cache_seqlens=lens,
+                       o_stride=_strides(o), dtype=DTYPES[q.dtype], cache_seqlens=lens,
                        has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=(window_left, window_right), softcap=softcap,
                        scale=scale, alibi=alibi_slopes is not None)
     handle = _native.cached_plan(p, dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     table_ptr = None if table is None else table.ctypes.data
-    _run(dev, lambda: handle.forward(_native.ForwardArgs(
-        q=_ptr(q), k=_ptr(kc), v=_ptr(vc), o=_ptr(o), lse=_ptr(lse), alibi_slopes=_ptr(alibi_slopes),
-        k_new=_ptr(k_new), v_new=_ptr(v_new), block_table=table_ptr, workspace=_ptr(ws),
+    dev.run(lambda: handle.forward(_native.ForwardArgs(
+        q=ptr(q), k=ptr(kc), v=ptr(vc), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
+        k_new=ptr(k_new), v_new=ptr(v_new), block_table=table_ptr, workspace=ptr(ws),
         workspace_size=ws_size, stream=dev.stream())))
     return o, lse
 
 
 @_kvcache_fwd.register_fake
 def _kvcache_fwd_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes,
-                      causal, window_left, window_right, softcap, scale):
+                      causal, window_left, window_right, softcap, scale, threads=0):
     B, Sq, Hq, _ = q.shape
     return q.new_empty((B, Sq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False):
+                      return_lse=False, mask=None, threads=None):
     """One decoding step against a kv cache (flash_attn_with_kvcache's shapes); forward only.
 
     q [B, Sq_new, Hq, D]; k_cache, v_cache [B, S_cache_max, Hk, D] (Dv for v), or with
@@ -240,15 +293,17 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     positions cache_seqlens[b].. (nothing is written when any argument is bad). Masks align
     bottom-right per sequence. Returns o [B, Sq_new, Hq, Dv], and lse [B, Hq, Sq_new] f32
     with return_lse. The op declares that it mutates the caches, so torch.compile keeps the
-    update."""
-    q, k_cache, v_cache = (_check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
+    update. threads: None or 0, the library's default; mask= is refused (the library has no
+    bias for decoding). Under torch.autocast nothing is cast: the caches are written in place."""
+    _no_mask(mask, "kvcache_attention")
+    q, k_cache, v_cache = (check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
     names, tensors = ["q", "k_cache", "v_cache"], [q, k_cache, v_cache]
     if k is not None:
         names += ["k", "v"]
-        tensors += [_check_tensor("k", k, 4), _check_tensor("v", v, 4)]
-    _check_floats(names, tensors)
+        tensors += [check_tensor("k", k, 4), check_tensor("v", v, 4)]
+    check_floats(names, tensors)
     if k is not None:
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
             if not _layout.writable_strides(tuple(c.shape), tuple(c.stride())):
@@ -274,7 +329,6 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     lens = _int_tensor("cache_seqlens", cache_seqlens, f"[batch] = [{B}]", 1)
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
-    wl, wr, softcap, scale = _options(window, softcap, scale)
-    o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table, _slopes(alibi_slopes, q, q.shape[2]),
-                          bool(causal), wl, wr, softcap, scale)
+    o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device),
+                          bool(causal), *_options(window, softcap, scale, threads))
     return (o, lse) if return_lse else o

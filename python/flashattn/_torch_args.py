@@ -1,0 +1,149 @@
+"""Argument checks shared by the PyTorch fronts (attention, the inference functions, the
+SDPA drop-in): tensors, dtypes and devices, integers that must fit the library's types,
+autocast, and boolean masks lowered to the library's hidden-key rule (docs/nonfinite.md: a
+-inf bias term hides its key)."""
+import torch
+
+from ._problem import window_pair
+from ._torch_ops import DTYPES
+
+DTYPE_NAMES = "float32, float16 or bfloat16"
+
+
+def check_tensor(name, t, ndim=None):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    return t
+
+
+def check_floats(names, tensors):
+    """One dtype the library computes in, one device it runs on (meta: shapes only)."""
+    q = tensors[0]
+    for name, t in zip(names, tensors):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{', '.join(names)} must have one dtype, got {', '.join(str(x.dtype) for x in tensors)}")
+        if t.device != q.device:
+            raise ValueError(f"{', '.join(names)} must be on one device: {name} is on {t.device} but "
+                             f"{names[0]} is on {q.device}")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"{', '.join(names)} must be {DTYPE_NAMES} (the dtypes flashattn computes in), "
+                        f"got {q.dtype}")
+    if q.device.type not in ("cpu", "cuda", "meta"):
+        raise ValueError(f"flashattn runs on cpu and cuda tensors (meta: shapes only), got device {q.device}")
+
+
+def alibi(alibi_slopes, H, device):
+    """alibi_slopes [H] as the library's f32 (not differentiated)."""
+    if alibi_slopes is None:
+        return None
+    check_tensor("alibi_slopes", alibi_slopes)
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {device}")
+    if tuple(alibi_slopes.shape) != (H,):
+        raise ValueError(f"alibi_slopes must have shape [H] = [{H}], got {tuple(alibi_slopes.shape)}")
+    return alibi_slopes.detach().to(torch.float32).contiguous()
+
+
+def int_in(name, v, bits=64, optional=False):
+    """v as a Python int that fits a signed `bits`-bit integer, or ValueError naming it
+    (ctypes and torch's int64 would wrap or refuse it with a message that names neither)."""
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    v = int(v.__index__())
+    if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
+        raise ValueError(f"{name} must fit int{bits}, got {v}")
+    return v
+
+
+def window_sides(window):
+    wl, wr = window_pair(window)
+    return int_in("window left", wl), int_in("window right", wr)
+
+
+def threads_arg(threads):
+    """threads= per call: None or 0 use the library's default (fa_options.threads)."""
+    return 0 if threads is None else int_in("threads", threads, 32)
+
+
+def float_or_none(name, x):
+    if x is None:
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {x!r}") from None
+
+
+def autocast(*tensors):
+    """The tensors in autocast's dtype where autocast is on for their device, as
+    F.scaled_dot_product_attention gets them (it is on autocast's lower-precision list)."""
+    dev = tensors[0].device.type
+    if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
+        return tensors
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+
+
+def distinct(*tensors):
+    """The tensors, each a separate object (k passed as v too becomes a view of it): Dynamo
+    refuses an autograd.Function given one tensor for two inputs."""
+    seen, out = set(), []
+    for t in tensors:
+        if t is not None and id(t) in seen:
+            t = t.view_as(t)
+        seen.add(id(t))
+        out.append(t)
+    return out
+
+
+def refuse_bool_bias(bias):
+    if isinstance(bias, torch.Tensor) and bias.dtype == torch.bool:
+        raise TypeError("bias is additive; a boolean tensor is a mask: pass it as mask= "
+                        "(True = attend), not bias=")
+
+
+def mask_to_bias(mask, name="mask"):
+    """A boolean mask (True = attend) as the f32 additive bias 0 / -inf, same shape."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = type(mask).__name__ if not isinstance(mask, torch.Tensor) else mask.dtype
+        raise TypeError(f"{name} must be a boolean torch.Tensor (True = attend), got {got}")
+    # out of place, so that a mask vmapped over (torch.func.vmap) works too
+    return torch.zeros((), device=mask.device).masked_fill(~mask, float("-inf"))
+
+
+def expand_seq_dims(bias, seq_q, seq_k):
+    """A 4-dim bias with size-1 Sq or Sk dims expanded to (seq_q, seq_k) as stride-0 views
+    (the library reads a bias through its strides; batch and heads it broadcasts itself)."""
+    return bias.expand(bias.shape[0], bias.shape[1], seq_q, seq_k)
+
+
+def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
+    """bias (float, 2 to 4 dims) and mask (bool) as one f32 bias [B or 1, H or 1, Sq, Sk]
+    and the bias_scale to pass with it. With a mask the scale is applied here, so that a
+    negative or zero scale cannot turn a hidden key's -inf into +inf or NaN."""
+    def four(t, what):
+        if not 2 <= t.dim() <= 4:
+            raise ValueError(f"{what} must have 2 to 4 dims (broadcastable to [B, H, Sq, Sk]), "
+                             f"got shape {tuple(t.shape)}")
+        t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+        want = (B, H, Sq, Sk)
+        if any(n not in (1, w) for n, w in zip(t.shape, want)):
+            raise ValueError(f"{what} shape {tuple(t.shape)} must broadcast to [B, H, Sq, Sk] = "
+                             f"[{B}, {H}, {Sq}, {Sk}] (each dim that size or 1)")
+        return t
+    if bias is not None:
+        if bias.is_complex():
+            raise ValueError(f"bias must be real, got {bias.dtype}")
+        bias = four(bias, "bias").to(torch.float32)
+        if mask is None:
+            if bias.shape[2:] != (Sq, Sk):  # the library's bias covers Sq and Sk itself
+                bias = expand_seq_dims(bias, Sq, Sk)
+            return bias, bias_scale
+    m = four(mask_to_bias(mask), "mask")
+    if bias is not None:
+        m = (bias if bias_scale is None else bias * bias_scale) + m
+    return expand_seq_dims(m, Sq, Sk), None

@@ -1,0 +1,314 @@
+"""flashattn::attention_fwd and flashattn::attention_bwd: the custom ops (torch.library)
+under flashattn.torch.attention, with their fake (meta) implementations and vmap rules, and
+the autograd.Function that differentiates them (lse included).
+
+The ops are opaque single nodes to torch.compile. The autograd.Function has setup_context
+and generate_vmap_rule, so torch.func.grad, vjp and vmap compose with it; forward-mode AD
+raises NotImplementedError. The op has no autograd formula of its own: under torch.func the
+op's generated one (which lacks setup_context) would be reached instead. Tensors reach the
+library as pointers with their own strides; copies happen only where strides cannot
+describe them. Problems with a zero-size batch, head count or sequence never reach the
+library (it refuses them): they are planned once with those sizes at 1, so bad options
+still raise the library's message, and the outputs follow docs/nonfinite.md's rule for a
+row with no visible key (o = 0, lse = -inf)."""
+import contextlib
+from typing import Optional, Tuple
+
+import torch
+
+from . import _layout, _native
+from ._problem import make_options, make_problem
+
+DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+# ---- buffers and strides, shared by the real and the fake implementations ----------------
+
+def o_shape(q, v, layout):
+    B, H, Sq, _ = _layout.to_bhsd(layout, q.shape)
+    return _layout.from_bhsd(layout, (B, H, Sq, v.shape[3]))  # D is last in both layouts
+
+
+def lse_shape(q, layout):
+    B, H, Sq, _ = _layout.to_bhsd(layout, q.shape)
+    return (B, H, Sq)
+
+
+def poisoned(t):
+    """NaN-filled under FLASHATTN_POISON=1 (tests), so unwritten elements show; real tensors only."""
+    if _native.POISON and t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor):
+        t.fill_(float("nan"))
+    return t
+
+
+def grad_like(t):
+    """A gradient buffer with t's own strides (the library writes dq with q's strides),
+    or a dense one where those strides do not suit an output."""
+    if _layout.grad_strides_ok(tuple(t.shape), tuple(t.stride())):
+        return poisoned(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device))
+    return poisoned(torch.empty(t.shape, dtype=t.dtype, device=t.device))
+
+
+def do_with_o_strides(o, do):
+    """(o, do) with do laid out as o: the library reads do with o's strides. do is copied
+    into a tensor of o's layout where that layout suits a gradient, else both go contiguous."""
+    if do.stride() == o.stride():
+        return o, do
+    if _layout.grad_strides_ok(tuple(o.shape), tuple(o.stride())):
+        return o, grad_like(o).copy_(do)
+    return o.contiguous(), do.contiguous()
+
+
+def dense_for_grad(t):
+    """t itself where its gradient can share its strides, else a dense copy (matches grad_like)."""
+    return t if _layout.grad_strides_ok(tuple(t.shape), tuple(t.stride())) else t.contiguous()
+
+
+def readable(t):
+    """t where the library can read it through its strides, else a contiguous copy."""
+    return t if _layout.passes_as_is(tuple(t.shape), tuple(t.stride())) else t.contiguous()
+
+
+def ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+def int32_ids(name, t):
+    """An integer tensor as the library's int32, refusing values that int32 cannot hold
+    (a cast would wrap them into other ids). Checked where the op runs, on real data."""
+    if t is None or t.dtype == torch.int32:
+        return None if t is None else t.contiguous()
+    if t.numel() and (int(t.min()) < -(2**31) or int(t.max()) >= 2**31):
+        raise ValueError(f"{name} must fit int32, got values in [{int(t.min())}, {int(t.max())}]")
+    return t.to(torch.int32).contiguous()
+
+
+class Device:
+    """The backend, stream and workspace for tensors on one device."""
+
+    def __init__(self, t, threads=0):
+        self.device = t.device
+        self.cuda = t.device.type == "cuda"
+        self.threads = threads
+
+    def options(self):
+        return make_options("cuda" if self.cuda else "cpu", self.threads)
+
+    def stream(self):
+        return torch.cuda.current_stream(self.device).cuda_stream if self.cuda else None
+
+    def workspace(self, handle, which):
+        """CUDA scratch from torch's caching allocator (the library would cudaMalloc it);
+        on the CPU the library carves its own."""
+        if not self.cuda:
+            return None, 0
+        n = handle.cost(which)["workspace_bytes"]
+        if n <= 0:
+            return None, 0
+        return torch.empty(n, dtype=torch.uint8, device=self.device), n
+
+    def run(self, fn):
+        with torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext():
+            fn()
+
+
+# ---- the dense problem ---------------------------------------------------------------
+
+def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False):
+    causal, wl, wr, softcap, scale, L, diag_offset, bias_scale = opts
+    strides = {} if o_stride is None else dict(
+        q_stride=_layout.to_bhsd(L, q.stride()), k_stride=_layout.to_bhsd(L, k.stride()),
+        v_stride=_layout.to_bhsd(L, v.stride()), o_stride=_layout.to_bhsd(L, o_stride),
+        bias_stride=None if bias is None else tuple(bias.stride()))
+    return make_problem(
+        q_dims=_layout.to_bhsd(L, q.shape), k_dims=_layout.to_bhsd(L, k.shape),
+        v_dims=_layout.to_bhsd(L, v.shape), dtype=DTYPES[q.dtype], causal=causal,
+        window=(wl, wr), softcap=softcap, scale=scale,
+        bias_shape=None if bias is None else tuple(bias.shape), alibi=alibi,
+        segment_ids=segment_ids, diag_offset=diag_offset, bias_scale=bias_scale,
+        bias_grad=bias_grad, **strides)
+
+
+def _empty_sizes(q, k, layout):
+    B, Hq, Sq, _ = _layout.to_bhsd(layout, q.shape)
+    _, Hk, Sk, _ = _layout.to_bhsd(layout, k.shape)
+    return 0 in (B, Hq, Hk, Sq, Sk)
+
+
+def _check_empty(q, k, v, bias, alibi, segment_ids, opts, threads, bias_grad=False):
+    """Plans the problem with every zero size at 1 (shapes only), so that what the library
+    would refuse besides the zero sizes (D = 0, bad options) still raises its message."""
+    L = opts[5]
+    qd, kd = list(_layout.to_bhsd(L, q.shape)), list(_layout.to_bhsd(L, k.shape))
+    if qd[1] == 0 and kd[1] > 0:
+        qd[1] = kd[1]  # zero query heads are a multiple of any key head count
+    qd, kd = [max(n, 1) for n in qd[:3]] + qd[3:], [max(n, 1) for n in kd[:3]] + kd[3:]
+    vd = kd[:3] + [v.shape[3]]
+    sub = [torch.empty(_layout.from_bhsd(L, d), dtype=q.dtype, device="meta") for d in (qd, kd, vd)]
+    bsub = None if bias is None else torch.empty(
+        (1 if bias.shape[0] == 1 else qd[0], 1 if bias.shape[1] == 1 else qd[1], qd[2], kd[2]), device="meta")
+    _native.cached_plan(_problem(*sub, None, bsub, alibi, segment_ids, opts, bias_grad),
+                        make_options("cpu", threads))
+
+
+@torch.library.custom_op("flashattn::attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+                   alibi_slopes: Optional[torch.Tensor], q_segment_ids: Optional[torch.Tensor],
+                   kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
+                   window_right: int, softcap: float, scale: Optional[float], layout: str,
+                   diag_offset: Optional[int], bias_scale: Optional[float],
+                   threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
+    alibi, segs = alibi_slopes is not None, q_segment_ids is not None
+    if _empty_sizes(q, k, layout):
+        _check_empty(q, k, v, bias, alibi, segs, opts, threads)
+        return (torch.zeros(o_shape(q, v, layout), dtype=q.dtype, device=q.device),
+                torch.full(lse_shape(q, layout), float("-inf"), device=q.device))
+    q, k, v = readable(q), readable(k), readable(v)
+    bias = None if bias is None else readable(bias)
+    qs, ks = int32_ids("q_segment_ids", q_segment_ids), int32_ids("kv_segment_ids", kv_segment_ids)
+    o = poisoned(torch.empty(o_shape(q, v, layout), dtype=q.dtype, device=q.device))
+    lse = poisoned(torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device))
+    dev = Device(q, threads)
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts), dev.options())
+    ws, ws_size = dev.workspace(handle, _native.FORWARD)
+    dev.run(lambda: handle.forward(_native.ForwardArgs(
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), bias=ptr(bias),
+        alibi_slopes=ptr(alibi_slopes), q_segment_ids=ptr(qs), kv_segment_ids=ptr(ks),
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream())))
+    return o, lse
+
+
+@_attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
+                        window_left, window_right, softcap, scale, layout, diag_offset, bias_scale,
+                        threads=0):
+    return q.new_empty(o_shape(q, v, layout)), q.new_empty(lse_shape(q, layout), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::attention_bwd", mutates_args=())
+def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, do: torch.Tensor, bias: Optional[torch.Tensor],
+                   alibi_slopes: Optional[torch.Tensor], q_segment_ids: Optional[torch.Tensor],
+                   kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
+                   window_right: int, softcap: float, scale: Optional[float], layout: str,
+                   diag_offset: Optional[int], bias_scale: Optional[float],
+                   bias_grad: bool, threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
+    alibi, segs = alibi_slopes is not None, q_segment_ids is not None
+    if _empty_sizes(q, k, layout):  # nothing visible anywhere: every gradient is 0
+        _check_empty(q, k, v, bias, alibi, segs, opts, threads, bias_grad)
+        return tuple(torch.zeros_like(t) for t in (q, k, v)) + (
+            torch.zeros(bias.shape if bias_grad else (0,), device=q.device),)
+    q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
+    dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
+    bias = None if bias is None else readable(bias)
+    qs, ks = int32_ids("q_segment_ids", q_segment_ids), int32_ids("kv_segment_ids", kv_segment_ids)
+    lse = lse.contiguous()
+    o, do = do_with_o_strides(readable(o), do)
+    dbias = poisoned(torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device))
+    dev = Device(q, threads)
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad),
+                                 dev.options())
+    ws, ws_size = dev.workspace(handle, _native.BACKWARD)
+    dev.run(lambda: handle.backward(_native.BackwardArgs(
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse),
+        dq=ptr(dq), dk=ptr(dk), dv=ptr(dv), dbias=ptr(dbias) if bias_grad else None,
+        bias=ptr(bias), alibi_slopes=ptr(alibi_slopes), q_segment_ids=ptr(qs),
+        kv_segment_ids=ptr(ks), workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream())))
+    return dq, dk, dv, dbias
+
+
+@_attention_bwd.register_fake
+def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
+                        causal, window_left, window_right, softcap, scale, layout, diag_offset,
+                        bias_scale, bias_grad, threads=0):
+    dq, dk, dv = (grad_like(dense_for_grad(t)) for t in (q, k, v))
+    return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32)
+
+
+def _vmap_by_loop(op):
+    """A vmap rule that runs op once per element of the vmapped dim and stacks the results
+    (the library's batch dim cannot absorb every input's vmapped dim: slopes, broadcast bias)."""
+    def rule(info, in_dims, *args):
+        n = info.batch_size
+        outs = []
+        for i in range(n):
+            outs.append(op(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims))))
+        result = tuple(torch.stack(parts) for parts in zip(*outs))
+        return result, (0,) * len(result)
+    return rule
+
+
+torch.library.register_vmap("flashattn::attention_fwd", _vmap_by_loop(torch.ops.flashattn.attention_fwd))
+torch.library.register_vmap("flashattn::attention_bwd", _vmap_by_loop(torch.ops.flashattn.attention_bwd))
+
+
+# ---- autograd ----------------------------------------------------------------------
+
+def lse_as_value_column(v, o, do, dlse, lse_to_rows):
+    """The backward's v, o and do carrying lse's cotangent dlse. d lse_i / d s_ij = p_ij, so
+    dlse adds dlse_i to every dp_ij of row i: it goes to the library's backward as one more
+    value column, ones in v, dlse in do (lse_to_rows lays it out as do's rows), and 0 in o
+    so that the row term rowsum(do * o) leaves it out. The caller drops dv's last column."""
+    col = lse_to_rows(dlse.to(do.dtype))[..., None]
+    return (torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1),
+            torch.cat([o, o.new_zeros(o.shape[:-1] + (1,))], -1),
+            torch.cat([do, col], -1))
+
+
+def forward_ad_refused(name):
+    raise NotImplementedError(f"{name} has no forward-mode derivative (torch.func.jvp, "
+                              "torch.autograd.forward_ad): use reverse mode (backward, grad, vjp)")
+
+
+class AttentionCompiled(torch.autograd.Function):
+    """attention_fwd, differentiable in q, k, v, bias, through o and lse. What torch.compile
+    traces (Dynamo refuses an autograd.Function with a jvp); Attention adds the jvp."""
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
+                diag_offset, bias_scale, threads):
+        with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
+            return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
+                                                     softcap, scale, layout, diag_offset, bias_scale, threads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7])
+        ctx.options = inputs[7:]
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, bias, slopes, q_seg, kv_seg = ctx.saved_tensors
+        nones = (None,) * (len(ctx.options) + 3)
+        if do is None and dlse is None:
+            return (None,) * 4 + nones
+        do = torch.zeros_like(o) if do is None else do
+        layout, threads = ctx.options[5], ctx.options[8]
+        if dlse is not None:
+            to_rows = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
+            v, o, do = lse_as_value_column(v, o, do, dlse, to_rows)
+        bias_grad = bias is not None and ctx.needs_input_grad[3]
+        with torch.no_grad():  # no second derivative: the op's own autograd would refuse it anyway
+            dq, dk, dv, dbias = torch.ops.flashattn.attention_bwd(
+                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads)
+        if dlse is not None:
+            dv = dv[..., :-1]
+        return (dq, dk, dv, dbias if bias_grad else None) + nones
+
+
+
+class Attention(AttentionCompiled):
+    """AttentionCompiled with forward-mode AD refused by name (eager calls)."""
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        forward_ad_refused("flashattn::attention_fwd (flashattn.torch.attention)")
+
+
+def attention_function():
+    return AttentionCompiled if torch.compiler.is_compiling() else Attention
+

@@ -1,0 +1,96 @@
+"""flashattn.torch.scaled_dot_product_attention: torch.nn.functional.scaled_dot_product_attention's
+signature and semantics on flashattn's kernels (docs/python.md, "PyTorch").
+
+SDPA's rules, as the installed torch applies them: query (..., Hq, L, E), key (..., Hk, S, E),
+value (..., Hk, S, Ev), leading dims broadcast against each other; heads broadcast where one
+side has 1, and differ otherwise only with enable_gqa (Hq a multiple of Hk); is_causal aligns
+top-left; a bool attn_mask is True = attend, a float one is added, either broadcastable to
+(..., Hq, L, S); a row with no visible key gives 0 (torch 2.x CPU, both for a bool mask and a
+-inf float one), which is flashattn's own rule. Errors SDPA raises as RuntimeError are raised
+as RuntimeError with its wording; dropout_p > 0 raises NotImplementedError (flashattn has no
+dropout) and dtypes the library does not compute in raise ValueError naming those it does."""
+import math
+
+import torch
+
+from ._torch_args import autocast, check_floats, expand_seq_dims, mask_to_bias
+from ._torch_ops import attention_function
+
+
+def _as_4d(t, batch, heads):
+    """t (..., h, S, E) expanded to batch + (heads, S, E) and folded to [B, heads, S, E]
+    (a view where the leading dims allow it)."""
+    t = t.expand(*batch, heads, *t.shape[-2:])
+    return t.reshape(math.prod(batch), heads, *t.shape[-2:])
+
+
+def _heads(hq, hk, hv, enable_gqa):
+    """(output heads, key/value heads) by SDPA's rules."""
+    if enable_gqa and hq != hk:
+        if hk != hv or hk == 0 or hq % hk:
+            raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
+        return hq, hk
+    h = max(hq, hk, hv)
+    for a, b in ((hq, hk), (hq, hv), (hk, hv)):
+        if a != b and 1 not in (a, b):
+            raise RuntimeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at "
+                               "non-singleton dimension 1 (heads; GQA needs enable_gqa=True)")
+    return h, (1 if hk == hv == 1 else h)
+
+
+def _mask_bias(attn_mask, query, out_batch, H, L, S):
+    """attn_mask as the library's bias [B or 1, H or 1, L, S] (f32), broadcast dims kept as
+    size 1 or stride-0 views, as SDPA broadcasts it against its output."""
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point() or (
+            attn_mask.is_floating_point() and attn_mask.dtype not in (torch.float32, query.dtype)):
+        raise RuntimeError("Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                           f"attn_mask.dtype: {attn_mask.dtype} and query.dtype: {query.dtype} instead.")
+    out = tuple(out_batch) + (H, L, S)
+    if attn_mask.dim() > len(out) or torch.broadcast_shapes(attn_mask.shape, out) != out:
+        raise RuntimeError(f"attn_mask of shape {list(attn_mask.shape)} does not broadcast to the "
+                           f"attention's shape {list(out)}")
+    m = mask_to_bias(attn_mask, "attn_mask") if attn_mask.dtype == torch.bool else attn_mask.to(torch.float32)
+    m = m.reshape((1,) * (len(out) - m.dim()) + tuple(m.shape))
+    lead = tuple(m.shape[:-3])
+    if any(n != 1 for n in lead):  # per-batch masks: fold the leading dims as q's are
+        m = m.expand(*out_batch, *m.shape[-3:]).reshape(math.prod(out_batch), *m.shape[-3:])
+    else:
+        m = m.reshape(1, *m.shape[-3:])
+    return expand_seq_dims(m, L, S)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """F.scaled_dot_product_attention on flashattn: same arguments, same results up to the
+    dtype's rounding, gradients in query, key, value and a float attn_mask."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, "
+                            f"not {type(t).__name__}")
+    if min(query.dim(), key.dim(), value.dim()) < 2:
+        raise RuntimeError("Expected query, key, and value to all be  at least 2 dimensional, but got "
+                           f"query.dim: {query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead.")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise RuntimeError("Expected query, key, and value to have the same dtype, but got query.dtype: "
+                           f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flashattn has no dropout: dropout_p must be 0.0, got {dropout_p}")
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+    check_floats(("query", "key", "value"), (query, key, value))
+    query, key, value = autocast(query, key, value)
+    (L, E), (S, Ek), (Sv, Ev) = query.shape[-2:], key.shape[-2:], value.shape[-2:]
+    if Ek != E or Sv != S:
+        raise RuntimeError(f"query (..., {L}, {E}), key (..., {S}, {Ek}) and value (..., {Sv}, {Ev}): "
+                           "key and value must have one length and key query's embedding size")
+    ndim = max(query.dim(), key.dim(), value.dim())
+    q, k, v = (t.reshape((1,) * (max(ndim, 3) - t.dim()) + tuple(t.shape)) for t in (query, key, value))
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    H, Hkv = _heads(q.shape[-3], k.shape[-3], v.shape[-3], enable_gqa)
+    bias = None if attn_mask is None else _mask_bias(attn_mask, query, batch, H, L, S)
+    q4, k4, v4 = _as_4d(q, batch, H), _as_4d(k, batch, Hkv), _as_4d(v, batch, Hkv)
+    o, _ = attention_function().apply(q4, k4, v4, bias, None, None, None, bool(is_causal), -1, -1, 0.0,
+                                      None if scale is None else float(scale), "bhsd",
+                                      0 if is_causal else None, None, 0)
+    o = o.reshape(*batch, H, L, Ev)
+    return o if ndim >= 3 else o.reshape(L, Ev)

@@ -1,0 +1,167 @@
+"""flashattn.torch.scaled_dot_product_attention against torch.nn.functional's, on random
+cases: shapes (2 to 5 dims, broadcast batch dims), GQA with enable_gqa and broadcast heads
+without it, Sq != Sk, causal (top-left), bool and float masks of every broadcast shape, rows
+with no visible key, zero-size sequences; forward and gradients (query, key, value, float
+mask), f32 and bf16 within the dtype's bounds; and SDPA's errors.
+
+The default run draws FA_SDPA_CASES cases (60); `make check-long` runs 600. Each case has its
+own seed, printed on failure: FA_TEST_SEED=<run seed> repeats the run."""
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import flashattn.torch as fat  # noqa: E402
+from conftest import BWD_TOL, FWD_TOL, SEED, check  # noqa: E402
+
+
+N_CASES = int(os.environ.get("FA_SDPA_CASES", "60"))
+TDT = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def draw(rng):
+    """One case: shapes, options and inputs, as SDPA takes them."""
+    dtype = "f32" if rng.random() < 0.7 else "bf16"
+    B, L = int(rng.integers(1, 4)), int(rng.integers(1, 40))
+    S = 0 if rng.random() < 0.03 else int(rng.integers(1, 48))
+    E = int(rng.choice([8, 16, 32]))
+    Ev = E if rng.random() < 0.7 else int(rng.choice([8, 24]))
+    Hk = int(rng.choice([1, 2, 3]))
+    kind = rng.choice(["mha", "gqa", "mqa_broadcast"])
+    if kind == "gqa":
+        Hq, gqa = Hk * int(rng.integers(1, 4)), True
+    elif kind == "mqa_broadcast":  # Hk = 1 broadcasts without enable_gqa, as in torch.matmul
+        Hk, Hq, gqa = 1, int(rng.integers(1, 5)), bool(rng.random() < 0.5)
+    else:
+        Hq, gqa = Hk, bool(rng.random() < 0.3)
+    ndim = int(rng.choice([2, 3, 4, 4, 4, 4, 5]))
+    if ndim == 2:  # SDPA's enable_gqa needs a heads dim
+        Hq, Hk, B, gqa = 1, 1, 1, False
+    lead = {2: (), 3: (), 4: (B,), 5: (2, B)}[ndim]
+    hq, hk = ((Hq,), (Hk,)) if ndim >= 3 else ((), ())
+    qs, ks, vs = lead + hq + (L, E), lead + hk + (S, E), lead + hk + (S, Ev)
+    if ndim >= 4 and rng.random() < 0.2:  # key/value shared over the batch
+        ks, vs = (1,) + ks[1:], (1,) + vs[1:]
+    causal = bool(rng.random() < 0.25)
+    mask = None
+    if not causal and rng.random() < 0.7:
+        full = lead + ((Hq,) if ndim >= 3 else ()) + (L, S)
+        shape = tuple(n if rng.random() < 0.5 else 1 for n in full)
+        shape = shape[int(rng.integers(0, max(len(shape) - 1, 1))):] if rng.random() < 0.3 else shape
+        if rng.random() < 0.5:
+            m = rng.random(shape) < 0.6
+            if m.ndim >= 2 and m.shape[-2] > 1 and rng.random() < 0.5:
+                m[..., int(rng.integers(m.shape[-2])), :] = False  # rows with no visible key
+            mask = torch.from_numpy(m)
+        else:
+            m = rng.standard_normal(shape).astype(np.float32)
+            m[rng.random(shape) < 0.2] = -np.inf
+            if m.ndim >= 2 and m.shape[-2] > 1 and rng.random() < 0.5:
+                m[..., int(rng.integers(m.shape[-2])), :] = -np.inf
+            mask = torch.from_numpy(m)
+    scale = None if rng.random() < 0.6 else float(rng.uniform(0.05, 0.5))
+    q, k, v = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(TDT[dtype]) for s in (qs, ks, vs))
+    return dtype, q, k, v, dict(attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+
+def f64(x):
+    return x.detach().to(torch.float64).numpy()
+
+
+@pytest.mark.parametrize("i", range(N_CASES))
+def test_matches_sdpa(i):
+    seed = [SEED, i]
+    rng = np.random.default_rng(seed)
+    dtype, q, k, v, kw = draw(rng)
+    mask = kw["attn_mask"]
+    where = (f"case {i} (seed {SEED}, FA_SDPA_CASES={N_CASES}): {dtype} q {tuple(q.shape)} k {tuple(k.shape)} "
+             f"v {tuple(v.shape)} mask {None if mask is None else (mask.dtype, tuple(mask.shape))} "
+             f"causal {kw['is_causal']} gqa {kw['enable_gqa']} scale {kw['scale']}")
+    float_mask = mask is not None and mask.is_floating_point()
+    ins = [x.clone().requires_grad_() for x in (q, k, v)] + ([mask.clone().requires_grad_()] if float_mask else [])
+    o = fat.scaled_dot_product_attention(*ins[:3], **dict(kw, attn_mask=ins[3] if float_mask else mask))
+    # SDPA in f32 on the same (rounded) inputs: the exact answer up to f32 roundoff; a float
+    # mask enters it materialized, so that its gradient's terms before the broadcast sum show
+    ref_ins = [x.detach().float().requires_grad_() for x in ins[:3]]
+    if float_mask:
+        ref_ins.append(mask.detach().expand(*o.shape[:-1], k.shape[-2]).clone().requires_grad_())
+    r = F.scaled_dot_product_attention(*ref_ins[:3], **dict(kw, attn_mask=ref_ins[3] if float_mask else mask))
+    assert o.shape == r.shape and o.dtype == q.dtype, where
+    if r.numel() == 0:
+        return
+    check(f"o, {where}", f64(o), f64(r), FWD_TOL[dtype] * (4 if dtype == "f32" else 1))
+    do = torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32)).to(o.dtype)
+    got = torch.autograd.grad(o, ins, do, allow_unused=True)
+    want = list(torch.autograd.grad(r, ref_ins, do.float(), allow_unused=True))
+    scales = [None] * 3
+    if float_mask:  # summed over broadcast dims: bounded relative to the sum of |terms|
+        dfull = torch.zeros_like(ref_ins[3]) if want[3] is None else want[3]
+        want[3] = dfull.sum_to_size(mask.shape)
+        scales.append(float(dfull.abs().sum_to_size(mask.shape).max()) if dfull.numel() else 0.0)
+    for name, g, w, x, sc in zip(("dq", "dk", "dv", "dmask"), got, want, ins, scales):
+        g = torch.zeros_like(x) if g is None else g
+        w = torch.zeros_like(x, dtype=torch.float32) if w is None else w
+        assert g.shape == x.shape and g.dtype == x.dtype, (name, where)
+        if g.numel():
+            # relative to max|ref|, or to 0.1 (the scale of dp for these inputs) where the
+            # gradient is mathematically 0 (a single key)
+            err = np.abs(f64(g) - f64(w)).max() / max(np.abs(f64(w)).max(), sc or 0.0, 0.1)
+            assert err <= BWD_TOL[dtype], f"{name}, {where}: error {err:.2e} > {BWD_TOL[dtype]:.1e}"
+
+
+def _qkv(Hq=4, Hk=2):
+    return torch.randn(1, Hq, 5, 8), torch.randn(1, Hk, 7, 8), torch.randn(1, Hk, 7, 8)
+
+
+@pytest.mark.parametrize("kw, err, message", [
+    ({}, RuntimeError, "must match the size"),                         # heads differ, no enable_gqa
+    ({"dropout_p": 0.1, "enable_gqa": True}, NotImplementedError, "dropout"),
+    ({"is_causal": True, "attn_mask": torch.ones(5, 7, dtype=torch.bool), "enable_gqa": True},
+     RuntimeError, "attn_mask should not be set when is_causal"),
+    ({"attn_mask": torch.ones(5, 7, dtype=torch.int64), "enable_gqa": True}, RuntimeError, "attn_mask dtype"),
+    ({"attn_mask": torch.ones(3, 5, 7, dtype=torch.bool), "enable_gqa": True}, RuntimeError, "broadcast"),
+])
+def test_errors_as_sdpa(kw, err, message):
+    q, k, v = _qkv()
+    with pytest.raises(err, match=message):
+        fat.scaled_dot_product_attention(q, k, v, **kw)
+    if err is RuntimeError:  # SDPA refuses the same call alike
+        with pytest.raises(RuntimeError):
+            F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def test_gqa_needs_divisible_heads():
+    q, k, v = _qkv(Hq=4, Hk=3)
+    for fn in (F.scaled_dot_product_attention, fat.scaled_dot_product_attention):
+        with pytest.raises(RuntimeError, match="must divide"):
+            fn(q, k, v, enable_gqa=True)
+
+
+def test_same_signature_as_sdpa():
+    import inspect
+    mine = inspect.signature(fat.scaled_dot_product_attention)
+    assert list(mine.parameters) == ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                                     "enable_gqa"]
+    for name, default in (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None),
+                          ("enable_gqa", False)):
+        assert mine.parameters[name].default == default
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_rows_with_no_visible_key_follow_sdpa(kind):
+    """The installed torch's CPU SDPA gives 0 (and zero gradients) for a row with no visible
+    key, for a bool mask and a -inf float mask alike; so does the drop-in (docs/python.md)."""
+    gen = torch.Generator().manual_seed(SEED)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=gen, requires_grad=True) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    if kind == "float":
+        mask = torch.zeros(4, 4).masked_fill(~mask, float("-inf"))
+    for fn in (F.scaled_dot_product_attention, fat.scaled_dot_product_attention):
+        o = fn(q, k, v, attn_mask=mask)
+        assert (o[:, :, 2] == 0).all(), fn
+        dq, = torch.autograd.grad(o.sum(), (q,))
+        assert (dq[:, :, 2] == 0).all(), fn

@@ -1,0 +1,111 @@
+"""mask= in flashattn.torch.attention: a boolean tensor, True = attend, ANDed with causal,
+window and segment ids, broadcast over size-1 dims without being materialized; against the
+float64 reference with the mask as a 0 / -inf bias (docs/nonfinite.md); a bool bias= refused;
+mask= refused by name where the library has no bias (packed batches, kv-cache decoding)."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashattn.torch as fat  # noqa: E402
+import reference as ref  # noqa: E402
+from cases import make  # noqa: E402
+from conftest import BWD_TOL, check, check_lse, fwd_tol  # noqa: E402
+
+
+def f64(x):
+    return x.detach().to(torch.float64).numpy()
+
+
+def as_bias(mask):
+    return np.where(mask, 0.0, -np.inf)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "window_causal", "segments", "gqa", "bias_heads"])
+@pytest.mark.parametrize("mshape", ["full", "b11k", "1hq1", "qk", "11"])
+def test_mask_matches_reference(rng, case, mshape):
+    qn, kn, vn, kw = make(rng, case)
+    B, H, Sq, _ = qn.shape
+    Sk = kn.shape[2]
+    shape = {"full": (B, H, Sq, Sk), "b11k": (B, 1, 1, Sk), "1hq1": (1, H, Sq, 1), "qk": (Sq, Sk),
+             "11": (1, 1)}[mshape]
+    mask = rng.random(shape) < 0.7
+    if mshape == "full":
+        mask[0, 0, 3] = False  # a row with no visible key
+    tkw = {n: torch.from_numpy(a) if isinstance(a, np.ndarray) else a for n, a in kw.items()}
+    q, k, v = (torch.from_numpy(a).requires_grad_() for a in (qn, kn, vn))
+    if "bias" in tkw:
+        tkw["bias"].requires_grad_()
+    o, lse = fat.attention(q, k, v, mask=torch.from_numpy(mask), return_lse=True, **tkw)
+    m4 = np.broadcast_to(mask.reshape((1,) * (4 - mask.ndim) + mask.shape), (B, H, Sq, Sk))
+    bias = as_bias(m4) + (kw["bias"] if "bias" in kw else 0.0)
+    rkw = dict(kw, bias=bias)
+    o_ref, lse_ref, _ = ref.forward(qn, kn, vn, **rkw)
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+    check_lse(f64(lse), lse_ref)
+    do = torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32))
+    inputs = (q, k, v) + ((tkw["bias"],) if "bias" in tkw else ())
+    got = torch.autograd.grad(o, inputs, do)
+    want = ref.backward(qn, kn, vn, do.numpy(), o_saved=f64(o), **rkw)
+    for name, g, r in zip(("dq", "dk", "dv"), got, want):
+        check(name, f64(g), r, BWD_TOL["f32"])
+    if "bias" in tkw:  # dbias: the bias's own shape, broadcast dims summed
+        check("dbias", f64(got[3]), want[3].sum(0, keepdims=True), BWD_TOL["f32"])
+
+
+def test_mask_with_negative_bias_scale_still_hides(rng):
+    """A hidden key stays hidden whatever bias_scale is (-inf * -1 would be +inf)."""
+    qn, kn, vn, kw = make(rng, "bias_heads")
+    mask = rng.random((qn.shape[2], kn.shape[2])) < 0.5
+    o = fat.attention(*(torch.from_numpy(a) for a in (qn, kn, vn)), bias=torch.from_numpy(kw["bias"]),
+                      mask=torch.from_numpy(mask), bias_scale=-0.5)
+    o_ref, lse_ref, _ = ref.forward(qn, kn, vn, bias=-0.5 * kw["bias"] + as_bias(mask))
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+
+
+def _capture_problem(monkeypatch):
+    from flashattn import _native
+    seen = []
+    real = _native.cached_plan
+
+    def spy(problem, options):
+        seen.append(_native.Problem.from_buffer_copy(problem))
+        return real(problem, options)
+    monkeypatch.setattr(_native, "cached_plan", spy)
+    return seen
+
+
+@pytest.mark.parametrize("shape, strides", [((2, 1, 1, 40), (0, 0, 0, 1)),  # key padding
+                                            ((1, 1, 30, 1), (0, 0, 1, 0))])
+def test_size_one_dims_are_stride_zero_views(rng, monkeypatch, shape, strides):
+    q, k, v = (torch.randn(2, 4, 30 if i == 0 else 40, 16) for i in range(3))
+    seen = _capture_problem(monkeypatch)
+    mask = torch.from_numpy(rng.random(shape) < 0.8)
+    fat.attention(q, k, v, mask=mask)
+    p = seen[-1]
+    assert (p.bias_batch, p.bias_heads) == (shape[0], 1)
+    assert tuple(p.bias_stride.s)[2:] == strides[2:], tuple(p.bias_stride.s)
+
+
+def test_bool_bias_points_to_mask():
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(TypeError, match="mask="):
+        fat.attention(q, q, q, bias=torch.ones(8, 8, dtype=torch.bool).tril())
+
+
+def test_mask_must_be_bool():
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(TypeError, match="boolean"):
+        fat.attention(q, q, q, mask=torch.ones(8, 8))
+    with pytest.raises(ValueError, match="broadcast"):
+        fat.attention(q, q, q, mask=torch.ones(3, 8, 8, dtype=torch.bool))
+
+
+def test_mask_refused_where_the_library_has_no_bias():
+    q = torch.randn(6, 2, 16)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="mask= with varlen_attention"):
+        fat.varlen_attention(q, q, q, cu, cu, mask=torch.ones(6, 6, dtype=torch.bool))
+    qd, cache = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16)
+    with pytest.raises(NotImplementedError, match="mask= with kvcache_attention"):
+        fat.kvcache_attention(qd, cache, cache, mask=torch.ones(1, 8, dtype=torch.bool))
