@@ -1,0 +1,74 @@
+"""flashattn as a Hugging Face transformers attention backend.
+
+    import flashattn.transformers
+    name = flashattn.transformers.register()          # "exact_attention"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name)
+
+register() adds one function to transformers' AttentionInterface and its mask builder to
+AttentionMaskInterface under the same name. The name has no "flash" in it on purpose:
+transformers routes any implementation whose name contains "flash" through its own
+FlashAttention integration (varlen unpadding, its flash_attn imports) instead of calling
+the registered function.
+
+The mask builder is transformers' own SDPA mask (a boolean [B, 1, Sq, Sk], True = attend,
+padding and sliding windows folded in; None where plain causal attention is exact), so the
+masks this backend receives are exactly the ones the "sdpa" implementation receives. The
+attention function lowers them the way flashattn.torch.attention lowers any mask: hidden
+keys get -inf and follow the library's hidden-key rule (docs/nonfinite.md). GQA runs on
+the kv heads directly (no repeat_kv copy); softcap (Gemma 2) goes to the kernel.
+
+What differs from "sdpa": a query row that sees no key at all (the pad positions of a
+left-padded batch) gives o = 0 here; torch's SDPA gives 0 or NaN there depending on its
+version and kernel. Those rows are padding, which the model's loss and generate() ignore.
+Dropout is not implemented: a module in training mode with attention dropout > 0 raises.
+"""
+import torch
+
+from . import torch as _ft
+
+NAME = "exact_attention"
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                      is_causal=None, softcap=None, **kwargs):
+    """transformers' attention-function signature: query [B, Hq, Sq, D], key and value
+    [B, Hk, Sk, D]; returns (output [B, Sq, Hq, Dv], None)."""
+    if dropout and dropout > 0.0:
+        raise NotImplementedError(
+            f"{NAME}: attention dropout ({dropout}) is not implemented; use model.eval() or a config "
+            "with attention_dropout = 0")
+    if kwargs.get("position_bias") is not None:
+        raise NotImplementedError(f"{NAME}: position_bias (T5-style relative bias) is not supported")
+    sq = query.shape[2]
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    opts = dict(scale=scaling, softcap=softcap, diag_offset=0)  # top-left, as SDPA's is_causal
+    if attention_mask is not None:
+        # the mask already holds causality, padding and any sliding window
+        if attention_mask.dtype == torch.bool:
+            bias = torch.zeros(attention_mask.shape, dtype=torch.float32, device=query.device)
+            bias.masked_fill_(~attention_mask, float("-inf"))
+        else:  # an additive float mask (a custom mask function)
+            bias = attention_mask.to(torch.float32)
+        bias = bias[..., :sq, : key.shape[2]]
+        o = _ft.attention(query, key, value, bias=bias, **opts)
+    else:
+        # no mask: transformers found plain causal attention (or, for one query row or a
+        # bidirectional model, full attention) exact here; a sliding window that matters
+        # always comes as a mask (masking_utils._ignore_causal_mask_sdpa)
+        o = _ft.attention(query, key, value, causal=bool(is_causal and sq > 1), **opts)
+    return o.transpose(1, 2).contiguous(), None
+
+
+def register(name=NAME):
+    """Registers flashattn with transformers under `name` (default "exact_attention") and
+    returns the name, for `attn_implementation=name`."""
+    if "flash" in name.lower():
+        raise ValueError(f"{name!r}: transformers sends names containing 'flash' to its own "
+                         "FlashAttention integration; choose a name without it")
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
