@@ -265,14 +265,5 @@ static float avx2_exp_sum(float *x, int n, float mx) {
     return _mm_cvtss_f32(s4);
 }
 
-const fa_isa fa_isa_avx2 = {
-    .name = "avx2",
-    .available = avx2_available,
-    .packed_bytes = avx2_packed_bytes,
-    .pack_a = avx2_pack_a,
-    .pack_bt = avx2_pack_bt,
-    .pack_b = avx2_pack_b,
-    .gemm_abt = avx2_gemm_abt,
-    .gemm_pb = avx2_gemm_pb,
-    .exp_sum = avx2_exp_sum,
-};
+const fa_isa fa_isa_avx2 = {.name = "avx2", FA_ISA_KERNELS(avx2), .packed_bytes = avx2_packed_bytes,
+                             .exp_sum = avx2_exp_sum, .tiles = &fa_isa_tiles_default};
