@@ -1,5 +1,5 @@
 /* The one argument check of the public entries (fa_forward, fa_backward, and the MPI
- * entries through them): every pointer the plan's problem needs, the caller's workspace
+ * entries): every pointer the problem needs, the caller's workspace
  * against the plan's workspace_bytes, and finite ALiBi slopes where they are in host
  * memory. One message style, "fa_forward: q is NULL"; the drivers trust what passed. */
 #include "backend.h"
@@ -25,15 +25,10 @@ static fa_status check_workspace(const void *ws, size_t size, int64_t need, cons
     return FA_OK;
 }
 
-/* CUDA's slopes are device memory: its entry reads them back and checks them itself. */
-static fa_status check_host_slopes(const fa_plan *pl, const float *slopes, const char *fn) {
-    return pl->backend == FA_BACKEND_CPU ? fa_check_slopes(&pl->p, slopes, fn) : FA_OK;
-}
-
-fa_status fa_check_forward_args(const fa_plan *pl, const fa_forward_args *a, const char *fn) {
-    if (!pl || !a) return fa_error(FA_ERR_NULL, "%s: %s is NULL", fn, pl ? "args" : "plan");
-    const fa_problem *p = &pl->p;
-    const int decode = pl->shape == FA_SHAPE_DECODE;
+fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, int64_t workspace, int host,
+                                const char *fn) {
+    if (!a) return fa_error(FA_ERR_NULL, "%s: args is NULL", fn);
+    const int decode = p->cache_seqlens != NULL;
     const required r[] = {
         {a->q, "q", 1},
         {a->k, decode ? "k (the key cache)" : "k", 1},
@@ -49,16 +44,15 @@ fa_status fa_check_forward_args(const fa_plan *pl, const fa_forward_args *a, con
     };
     fa_status s;
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
-        (s = check_workspace(a->workspace, a->workspace_size, pl->fwd.workspace_bytes, fn)))
+        (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
-    return check_host_slopes(pl, a->alibi_slopes, fn);
+    return host ? fa_check_slopes(p, a->alibi_slopes, fn) : FA_OK;
 }
 
-fa_status fa_check_backward_args(const fa_plan *pl, const fa_backward_args *a, const char *fn) {
-    if (!pl || !a) return fa_error(FA_ERR_NULL, "%s: %s is NULL", fn, pl ? "args" : "plan");
-    const fa_problem *p = &pl->p;
-    fa_status s = pl->be->supports(p, FA_BACKWARD, 0); /* decoding has no backward */
-    if (s) return s;
+fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a, int64_t workspace, int host,
+                                 const char *fn) {
+    if (!a) return fa_error(FA_ERR_NULL, "%s: args is NULL", fn);
+    fa_status s;
     const required r[] = {
         {a->q, "q", 1},
         {a->k, "k", 1},
@@ -76,7 +70,7 @@ fa_status fa_check_backward_args(const fa_plan *pl, const fa_backward_args *a, c
         {a->dbias, "dbias (the problem has bias_grad)", p->bias_grad},
     };
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
-        (s = check_workspace(a->workspace, a->workspace_size, pl->bwd.workspace_bytes, fn)))
+        (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
-    return check_host_slopes(pl, a->alibi_slopes, fn);
+    return host ? fa_check_slopes(p, a->alibi_slopes, fn) : FA_OK;
 }

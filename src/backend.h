@@ -50,10 +50,13 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses);
  * or NULL for a dense problem. */
 const char *fa_inference_feature(const fa_problem *p);
 
-/* The public entries' argument checks (args.c): every pointer the plan's problem needs,
- * the workspace size, finite host ALiBi slopes, decode's new rows and block table.
- * fn names the entry in the message ("fa_forward: q is NULL"). */
-fa_status fa_check_forward_args(const struct fa_plan *pl, const fa_forward_args *a, const char *fn);
-fa_status fa_check_backward_args(const struct fa_plan *pl, const fa_backward_args *a, const char *fn);
+/* The public entries' argument checks (args.c): every pointer problem p needs (decode's
+ * new rows and block table too), the caller's workspace against workspace bytes (when it
+ * passes one), and the ALiBi slopes finite where host is set (CUDA's are device memory:
+ * its entry checks them). fn names the entry in the message ("fa_forward: q is NULL"). */
+fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, int64_t workspace, int host,
+                                const char *fn);
+fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a, int64_t workspace, int host,
+                                 const char *fn);
 
 #endif /* FA_BACKEND_H */

@@ -238,12 +238,17 @@ void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t
 
 fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
     fa_clear_error();
-    fa_status s = fa_check_forward_args(plan, args, "fa_forward");
+    if (!plan) return fa_error(FA_ERR_NULL, "fa_forward: plan is NULL");
+    fa_status s = fa_check_forward_args(&plan->p, args, plan->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
+                                        "fa_forward");
     return s ? s : plan->be->forward(plan, args);
 }
 
 fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_clear_error();
-    fa_status s = fa_check_backward_args(plan, args, "fa_backward");
+    if (!plan) return fa_error(FA_ERR_NULL, "fa_backward: plan is NULL");
+    fa_status s = plan->be->supports(&plan->p, FA_BACKWARD, 0); /* decoding has no backward */
+    if (!s) s = fa_check_backward_args(&plan->p, args, plan->bwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
+                                       "fa_backward");
     return s ? s : plan->be->backward(plan, args);
 }

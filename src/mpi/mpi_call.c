@@ -172,34 +172,25 @@ void fa_mpi_merge_rows(int64_t rows, int64_t dv, float *acc_o, float *acc_lse, f
 
 /* ---- entry points ------------------------------------------------------------------- */
 
-static fa_status need(const void *p, const char *name) {
-    return p ? FA_OK : fa_error(FA_ERR_NULL, "%s is NULL", name);
-}
-
+/* The public entries' one argument check (args.c), on this rank's tensors seen as the
+ * single-process arguments they are (no workspace: the ring and Ulysses allocate their own). */
 static fa_status check_forward(const fa_problem *g, const fa_mpi_forward_args *a) {
-    fa_status st;
-    if ((st = need(a, "args")) || (st = need(a->q, "q")) || (st = need(a->k, "k")) ||
-        (st = need(a->v, "v")) || (st = need(a->o, "o")))
-        return st;
-    if (g->has_alibi && (st = need(a->alibi_slopes, "alibi_slopes"))) return st;
-    if (g->has_segment_ids && ((st = need(a->q_segment_ids, "q_segment_ids")) ||
-                               (st = need(a->kv_segment_ids, "kv_segment_ids"))))
-        return st;
-    return FA_OK;
+    fa_forward_args v = {0};
+    if (a) {
+        v.q = a->q, v.k = a->k, v.v = a->v, v.o = a->o, v.alibi_slopes = a->alibi_slopes;
+        v.q_segment_ids = a->q_segment_ids, v.kv_segment_ids = a->kv_segment_ids;
+    }
+    return fa_check_forward_args(g, a ? &v : NULL, 0, 1, "fa_mpi_forward");
 }
 
 static fa_status check_backward(const fa_problem *g, const fa_mpi_backward_args *a) {
-    fa_status st;
-    if ((st = need(a, "args")) || (st = need(a->q, "q")) || (st = need(a->k, "k")) ||
-        (st = need(a->v, "v")) || (st = need(a->o, "o")) || (st = need(a->d_o, "do")) ||
-        (st = need(a->lse, "lse")) || (st = need(a->dq, "dq")) || (st = need(a->dk, "dk")) ||
-        (st = need(a->dv, "dv")))
-        return st;
-    if (g->has_alibi && (st = need(a->alibi_slopes, "alibi_slopes"))) return st;
-    if (g->has_segment_ids && ((st = need(a->q_segment_ids, "q_segment_ids")) ||
-                               (st = need(a->kv_segment_ids, "kv_segment_ids"))))
-        return st;
-    return FA_OK;
+    fa_backward_args v = {0};
+    if (a) {
+        v.q = a->q, v.k = a->k, v.v = a->v, v.o = a->o, v.d_o = a->d_o, v.lse = a->lse;
+        v.dq = a->dq, v.dk = a->dk, v.dv = a->dv, v.alibi_slopes = a->alibi_slopes;
+        v.q_segment_ids = a->q_segment_ids, v.kv_segment_ids = a->kv_segment_ids;
+    }
+    return fa_check_backward_args(g, a ? &v : NULL, 0, 1, "fa_mpi_backward");
 }
 
 /* A local mistake still joins the agreement, so that no peer waits for this rank. */

@@ -231,16 +231,17 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
         return fa_error(FA_ERR_INVALID, "layout %d is not FA_MPI_CONTIGUOUS or FA_MPI_ZIGZAG", (int)layout);
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return fa_error(FA_ERR_INVALID, "rank %d of %d ranks is out of range", rank, nranks);
-    if (global->has_bias)
-        return fa_error(FA_ERR_UNSUPPORTED, "sequence parallel: an additive bias is not supported");
     fa_options o;
     if (opt) o = *opt;
     else memset(&o, 0, sizeof o);
-    if (o.backend == FA_BACKEND_CUDA)
-        return fa_error(FA_ERR_UNSUPPORTED, "sequence parallel runs on the CPU backend (host memory)");
+    /* what combines with sequence parallel is the backend's to say (backend.h), before the
+     * global problem's own check reads any inference arrays */
+    const fa_backend_entry *be = fa_backend_of(o.backend == FA_BACKEND_CUDA ? FA_BACKEND_CUDA : FA_BACKEND_CPU);
+    fa_status st = be->supports(global, FA_FORWARD, FA_USE_SEQ_PARALLEL);
+    if (st != FA_OK) return st;
     o.backend = FA_BACKEND_CPU;
     fa_plan *check = NULL; /* the global problem must be valid on its own */
-    fa_status st = fa_plan_create(global, &o, &check);
+    st = fa_plan_create(global, &o, &check);
     if (st != FA_OK) return st;
     fa_problem g = *global; /* defaults resolved (Hk, Dv); strides stay the local ones given */
     g.heads_kv = fa_plan_problem(check)->heads_kv;
