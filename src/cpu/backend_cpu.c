@@ -99,13 +99,6 @@ static fa_status cpu_backward(const fa_plan *pl, const fa_backward_args *a) {
     return fa_cpu_backward(pl, a); /* decode: refused by supports before this */
 }
 
-const fa_backend_entry fa_backend_cpu_entry = {
-    .id = FA_BACKEND_CPU,
-    .name = "cpu",
-    .present = NULL,
-    .supports = cpu_supports,
-    .choose_blocks = cpu_choose_blocks,
-    .workspace_bytes = cpu_workspace_bytes,
-    .forward = cpu_forward,
-    .backward = cpu_backward,
-};
+/* id, name, present (always), supports, choose_blocks, workspace_bytes, forward, backward */
+const fa_backend_entry fa_backend_cpu_entry = {FA_BACKEND_CPU, "cpu", NULL, cpu_supports, cpu_choose_blocks,
+                                               cpu_workspace_bytes, cpu_forward, cpu_backward};

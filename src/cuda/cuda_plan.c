@@ -62,13 +62,6 @@ int64_t fa_cuda_workspace_bytes(const struct fa_plan *plan, fa_pass pass) {
     return FA_CUDA_COUNTER_BYTES + (rows + 255) / 256 * 256;
 }
 
-const fa_backend_entry fa_backend_cuda_entry = {
-    .id = FA_BACKEND_CUDA,
-    .name = "cuda",
-    .present = cuda_present,
-    .supports = cuda_supports,
-    .choose_blocks = cuda_choose_blocks,
-    .workspace_bytes = fa_cuda_workspace_bytes,
-    .forward = fa_cuda_forward,
-    .backward = fa_cuda_backward,
-};
+/* id, name, present, supports, choose_blocks, workspace_bytes, forward, backward */
+const fa_backend_entry fa_backend_cuda_entry = {FA_BACKEND_CUDA, "cuda", cuda_present, cuda_supports, cuda_choose_blocks,
+                                                fa_cuda_workspace_bytes, fa_cuda_forward, fa_cuda_backward};

@@ -193,25 +193,26 @@ static fa_status check_backward(const fa_problem *g, const fa_mpi_backward_args 
     return fa_check_backward_args(g, a ? &v : NULL, 0, 1, "fa_mpi_backward");
 }
 
+/* Both entries: the plan there, the stats zeroed. */
+static fa_status enter(const fa_mpi_plan *plan, fa_mpi_stats *stats, const char *fn) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    return plan ? FA_OK : fa_error(FA_ERR_NULL, "%s: plan is NULL", fn);
+}
+
 /* A local mistake still joins the agreement, so that no peer waits for this rank. */
 fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_forward_args *a) {
-    if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
-    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
-    fa_status local = check_forward(&plan->g, a);
-    fa_mpi_forward_args none;
-    memset(&none, 0, sizeof none);
-    if (!a) a = &none;
-    return plan->method == FA_MPI_RING ? fa_mpi_ring_forward(comm, plan, a, local)
-                                       : fa_mpi_ulysses_forward(comm, plan, a, local);
+    static const fa_mpi_forward_args none;
+    fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_forward");
+    if (st) return st;
+    st = check_forward(&plan->g, a);
+    return (plan->method == FA_MPI_RING ? fa_mpi_ring_forward : fa_mpi_ulysses_forward)(comm, plan, a ? a : &none, st);
 }
 
 fa_status fa_mpi_backward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_backward_args *a) {
-    if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
-    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
-    fa_status local = check_backward(&plan->g, a);
-    fa_mpi_backward_args none;
-    memset(&none, 0, sizeof none);
-    if (!a) a = &none;
-    return plan->method == FA_MPI_RING ? fa_mpi_ring_backward(comm, plan, a, local)
-                                       : fa_mpi_ulysses_backward(comm, plan, a, local);
+    static const fa_mpi_backward_args none;
+    fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_backward");
+    if (st) return st;
+    st = check_backward(&plan->g, a);
+    return (plan->method == FA_MPI_RING ? fa_mpi_ring_backward : fa_mpi_ulysses_backward)(comm, plan, a ? a : &none,
+                                                                                         st);
 }

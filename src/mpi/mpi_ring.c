@@ -8,7 +8,6 @@
 #include "mpi_internal.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,10 +104,36 @@ static fa_plan *pair_plan(fa_mpi_call *c, const fa_mpi_seg *qs, const fa_mpi_seg
     return lp;
 }
 
-static void kernel_failed(fa_mpi_call *c, fa_status st, const char *pass, int step) {
-    char msg[400];
-    snprintf(msg, sizeof msg, "%s", fa_last_error());
-    fa_mpi_fail(c, st, "local %s at ring step %d: %s", pass, step, msg);
+/* Step s of either pass: posts the next block's receive from the left and this block's
+ * send to the right (all but the last step), gives the k rows the block holds, and returns
+ * the block. */
+static char *ring_step(ring *R, fa_mpi_call *c, int s, fa_mpi_xfer *x, fa_mpi_shard *ksh) {
+    char *cur = R->kv[s % 2];
+    if (s < R->P - 1) {
+        fa_mpi_irecv(c, x, R->kv[(s + 1) % 2], R->kvb, R->left, TAG_KV);
+        fa_mpi_isend(c, x, cur, R->kvb, R->right, TAG_KV);
+    }
+    fa_mpi_shard_of(R->pl, 1, (R->r - s + R->P) % R->P, ksh);
+    return cur;
+}
+
+/* One pair's local pass at step s on plan lp (then freed): its time into compute_s, its
+ * counts into the call's; 0 when it failed (recorded, with the step). */
+static int run_pair(ring *R, fa_mpi_call *c, fa_plan *lp, int backward, void *args, const fa_counts *n, int s) {
+    const double t0 = fa_mpi_now();
+    fa_status st = backward ? fa_backward(lp, args) : fa_forward(lp, args);
+    if (R->r == fa_mpi_test_fail_kernel_rank && s == (R->P > 1))
+        st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
+    c->stats.compute_s += fa_mpi_now() - t0;
+    fa_plan_destroy(lp);
+    if (st != FA_OK) {
+        /* fa_mpi_fail formats the message before it sets the new one */
+        fa_mpi_fail(c, st, "local %s at ring step %d: %s", backward ? "backward" : "forward", s, fa_last_error());
+        return 0;
+    }
+    c->stats.counts.flops += n->flops;
+    c->stats.counts.transcendentals += n->transcendentals;
+    return 1;
 }
 
 fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi_forward_args *a,
@@ -131,14 +156,9 @@ fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi
     memset(acc_o, 0, (size_t)(rows * R.Dv) * 4);
     c.stats.merge_s += fa_mpi_now() - t0;
     for (int s = 0; s < R.P; s++) {
-        char *cur = R.kv[s % 2];
         fa_mpi_xfer x = {0};
-        if (s < R.P - 1) {
-            fa_mpi_irecv(&c, &x, R.kv[(s + 1) % 2], R.kvb, R.left, TAG_KV);
-            fa_mpi_isend(&c, &x, cur, R.kvb, R.right, TAG_KV);
-        }
         fa_mpi_shard ksh;
-        fa_mpi_shard_of(pl, 1, (R.r - s + R.P) % R.P, &ksh);
+        char *cur = ring_step(&R, &c, s, &x, &ksh);
         for (int qa = 0; qa < R.qsh.n && c.st == FA_OK; qa++)
             for (int kb = 0; kb < ksh.n && c.st == FA_OK; kb++) {
                 const fa_mpi_seg *qs = &R.qsh.s[qa], *ks = &ksh.s[kb];
@@ -156,19 +176,8 @@ fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi
                     fw.kv_segment_ids = kv_ids(&R, cur, ks);
                 }
                 fw.counts = &n;
-                double t1 = fa_mpi_now();
-                fa_status ks_st = fa_forward(lp, &fw);
-                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
-                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
+                if (!run_pair(&R, &c, lp, 0, &fw, &n, s)) break;
                 double t2 = fa_mpi_now();
-                c.stats.compute_s += t2 - t1;
-                fa_plan_destroy(lp);
-                if (ks_st != FA_OK) {
-                    kernel_failed(&c, ks_st, "forward", s);
-                    break;
-                }
-                c.stats.counts.flops += n.flops;
-                c.stats.counts.transcendentals += n.transcendentals;
                 for (int64_t bh = 0; bh < R.B * R.Hq; bh++)
                     fa_mpi_merge_rows(segq, R.Dv, acc_o + (bh * R.lq + qs->lstart) * R.Dv,
                                       acc_lse + bh * R.lq + qs->lstart, R.g->dtype,
@@ -227,15 +236,10 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
     c.stats.merge_s += fa_mpi_now() - t0;
     fa_mpi_xfer acc_in = {0}, acc_out = {0}; /* this step's accumulator; the last one sent */
     for (int s = 0; s < R.P; s++) {
-        char *cur = R.kv[s % 2];
         float *mine = acc[s % 2];
         fa_mpi_xfer x = {0};
-        if (s < R.P - 1) {
-            fa_mpi_irecv(&c, &x, R.kv[(s + 1) % 2], R.kvb, R.left, TAG_KV);
-            fa_mpi_isend(&c, &x, cur, R.kvb, R.right, TAG_KV);
-        }
         fa_mpi_shard ksh;
-        fa_mpi_shard_of(pl, 1, (R.r - s + R.P) % R.P, &ksh);
+        char *cur = ring_step(&R, &c, s, &x, &ksh);
         for (int qa = 0; qa < R.qsh.n && c.st == FA_OK; qa++)
             for (int kb = 0; kb < ksh.n && c.st == FA_OK; kb++) {
                 const fa_mpi_seg *qs = &R.qsh.s[qa], *ks = &ksh.s[kb];
@@ -261,20 +265,9 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
                     bw.kv_segment_ids = kv_ids(&R, cur, ks);
                 }
                 bw.counts = &n;
-                double t2 = fa_mpi_now();
-                c.stats.merge_s += t2 - t1;
-                fa_status ks_st = fa_backward(lp, &bw);
-                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
-                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
+                c.stats.merge_s += fa_mpi_now() - t1;
+                if (!run_pair(&R, &c, lp, 1, &bw, &n, s)) break;
                 double t3 = fa_mpi_now();
-                c.stats.compute_s += t3 - t2;
-                fa_plan_destroy(lp);
-                if (ks_st != FA_OK) {
-                    kernel_failed(&c, ks_st, "backward", s);
-                    break;
-                }
-                c.stats.counts.flops += n.flops;
-                c.stats.counts.transcendentals += n.transcendentals;
                 for (int64_t b = 0; b < R.B; b++)
                     for (int64_t h = 0; h < R.Hq; h++)
                         for (int64_t t = qs->lstart; t < qs->lstart + qs->len; t++) {

@@ -7,7 +7,6 @@
 #include "mpi_internal.h"
 
 #include <limits.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,37 +191,49 @@ static void run_kernel(fa_mpi_call *c, const shapes *z, int backward, void *args
     c->stats.compute_s += fa_mpi_now() - t0;
     fa_plan_destroy(lp);
     if (st != FA_OK) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "%s", fa_last_error());
-        fa_mpi_fail(c, st, "local %s: %s", backward ? "backward" : "forward", msg);
+        /* fa_mpi_fail formats the message before it sets the new one */
+        fa_mpi_fail(c, st, "local %s: %s", backward ? "backward" : "forward", fa_last_error());
     }
+}
+
+/* What both passes start with: buffers for n head-sharded tensors, the agreement on the
+ * local status, then q, k, v (qkv) and the segment ids moved to the head layout. On a
+ * failure the buffers are freed and every rank returns it. */
+static fa_status start(fa_mpi_call *c, MPI_Comm comm, const fa_mpi_plan *pl, fa_pass pass, fa_status local,
+                       shapes *z, ulysses *U, char **h, int n, int32_t **ids, const void *const qkv[3],
+                       const int32_t *qseg, const int32_t *kvseg) {
+    const fa_problem *g = &pl->g;
+    shapes_of(pl, z);
+    if (!alloc_all(pl, z, U, h, n, ids) && local == FA_OK)
+        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (all-to-all buffers)", pl->rank);
+    fa_status st = fa_mpi_begin(c, comm, pl, pass, local);
+    if (st != FA_OK) {
+        free_all(U, h, n, ids);
+        return st;
+    }
+    U->c = c, U->pl = pl, U->P = pl->P, U->B = g->batch;
+    to_heads(U, qkv[0], &z->qst, 0, g->heads_q, g->head_dim, z->es, h[0]);
+    to_heads(U, qkv[1], &z->kst, 1, g->heads_kv, g->head_dim, z->es, h[1]);
+    to_heads(U, qkv[2], &z->vst, 1, g->heads_kv, g->head_dim_v, z->es, h[2]);
+    if (g->has_segment_ids) {
+        gather_ids(U, qseg, 0, ids[0]);
+        gather_ids(U, kvseg, 1, ids[1]);
+    }
+    return FA_OK;
 }
 
 fa_status fa_mpi_ulysses_forward(MPI_Comm comm, const fa_mpi_plan *pl,
                                  const fa_mpi_forward_args *a, fa_status local) {
     const fa_problem *g = &pl->g;
     shapes z;
-    shapes_of(pl, &z);
     ulysses U = {0};
     char *h[5] = {0}; /* q k v o lse, head-sharded */
     int32_t *ids[2];
-    if (!alloc_all(pl, &z, &U, h, 5, ids) && local == FA_OK)
-        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (all-to-all buffers)", pl->rank);
     fa_mpi_call c;
-    fa_status st = fa_mpi_begin(&c, comm, pl, FA_FORWARD, local);
-    if (st != FA_OK) {
-        free_all(&U, h, 5, ids);
-        return st;
-    }
-    U.c = &c, U.pl = pl, U.P = pl->P, U.B = g->batch;
-    int64_t Hq = g->heads_q, Hk = g->heads_kv, Hp = Hq / pl->P;
-    to_heads(&U, a->q, &z.qst, 0, Hq, g->head_dim, z.es, h[0]);
-    to_heads(&U, a->k, &z.kst, 1, Hk, g->head_dim, z.es, h[1]);
-    to_heads(&U, a->v, &z.vst, 1, Hk, g->head_dim_v, z.es, h[2]);
-    if (g->has_segment_ids) {
-        gather_ids(&U, a->q_segment_ids, 0, ids[0]);
-        gather_ids(&U, a->kv_segment_ids, 1, ids[1]);
-    }
+    const void *qkv[3] = {a->q, a->k, a->v};
+    fa_status st = start(&c, comm, pl, FA_FORWARD, local, &z, &U, h, 5, ids, qkv, a->q_segment_ids, a->kv_segment_ids);
+    if (st != FA_OK) return st;
+    const int64_t Hq = g->heads_q, Hp = Hq / pl->P;
     if (c.st == FA_OK) {
         fa_counts n = {0, 0};
         fa_forward_args fw;
@@ -245,30 +256,17 @@ fa_status fa_mpi_ulysses_backward(MPI_Comm comm, const fa_mpi_plan *pl,
                                   const fa_mpi_backward_args *a, fa_status local) {
     const fa_problem *g = &pl->g;
     shapes z;
-    shapes_of(pl, &z);
     ulysses U = {0};
     char *h[9] = {0}; /* q k v o lse do dq dk dv, head-sharded */
     int32_t *ids[2];
-    if (!alloc_all(pl, &z, &U, h, 9, ids) && local == FA_OK)
-        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (all-to-all buffers)", pl->rank);
     fa_mpi_call c;
-    fa_status st = fa_mpi_begin(&c, comm, pl, FA_BACKWARD, local);
-    if (st != FA_OK) {
-        free_all(&U, h, 9, ids);
-        return st;
-    }
-    U.c = &c, U.pl = pl, U.P = pl->P, U.B = g->batch;
-    int64_t Hq = g->heads_q, Hk = g->heads_kv, Hp = Hq / pl->P;
-    to_heads(&U, a->q, &z.qst, 0, Hq, g->head_dim, z.es, h[0]);
-    to_heads(&U, a->k, &z.kst, 1, Hk, g->head_dim, z.es, h[1]);
-    to_heads(&U, a->v, &z.vst, 1, Hk, g->head_dim_v, z.es, h[2]);
+    const void *qkv[3] = {a->q, a->k, a->v};
+    fa_status st = start(&c, comm, pl, FA_BACKWARD, local, &z, &U, h, 9, ids, qkv, a->q_segment_ids, a->kv_segment_ids);
+    if (st != FA_OK) return st;
+    const int64_t Hq = g->heads_q, Hk = g->heads_kv, Hp = Hq / pl->P;
     to_heads(&U, a->o, &z.ost, 0, Hq, g->head_dim_v, z.es, h[3]);
     to_heads(&U, a->lse, &z.lst, 0, Hq, 1, 4, h[4]);
     to_heads(&U, a->d_o, &z.ost, 0, Hq, g->head_dim_v, z.es, h[5]);
-    if (g->has_segment_ids) {
-        gather_ids(&U, a->q_segment_ids, 0, ids[0]);
-        gather_ids(&U, a->kv_segment_ids, 1, ids[1]);
-    }
     if (c.st == FA_OK) {
         fa_counts n = {0, 0};
         fa_backward_args bw;
