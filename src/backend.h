@@ -12,9 +12,11 @@
 
 #include "internal.h"
 
-/* What a caller asks of a backend besides the problem: the pass, and whether the problem
- * is one rank's part of a sequence-parallel run (src/mpi/). */
-enum { FA_USE_SEQ_PARALLEL = 1 };
+/* What a caller asks of a backend besides the problem and the pass: whether the problem
+ * is one rank's part of a sequence-parallel run (src/mpi/), and whether it is to run now
+ * (a call, or AUTO's choice) rather than be planned: a plan named for a backend may state
+ * the cost of what that build or device cannot run (f32 on CUDA), the call then refuses. */
+enum { FA_USE_SEQ_PARALLEL = 1, FA_USE_RUN = 2 };
 
 typedef struct fa_backend_entry {
     fa_backend id;

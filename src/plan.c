@@ -173,7 +173,7 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
         for (int i = 0; i < n; i++) {
             if (order[i]->present && !order[i]->present()) continue;
             pl->be = order[i];
-            if (!(s = pl->be->supports(&pl->p, FA_FORWARD, 0))) break;
+            if (!(s = pl->be->supports(&pl->p, FA_FORWARD, FA_USE_RUN))) break;
         }
     }
     pl->backend = pl->be->id;
@@ -239,15 +239,16 @@ void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t
 fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
     fa_clear_error();
     if (!plan) return fa_error(FA_ERR_NULL, "fa_forward: plan is NULL");
-    fa_status s = fa_check_forward_args(&plan->p, args, plan->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
-                                        "fa_forward");
+    fa_status s = plan->be->supports(&plan->p, FA_FORWARD, FA_USE_RUN);
+    if (!s) s = fa_check_forward_args(&plan->p, args, plan->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
+                                      "fa_forward");
     return s ? s : plan->be->forward(plan, args);
 }
 
 fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_clear_error();
     if (!plan) return fa_error(FA_ERR_NULL, "fa_backward: plan is NULL");
-    fa_status s = plan->be->supports(&plan->p, FA_BACKWARD, 0); /* decoding has no backward */
+    fa_status s = plan->be->supports(&plan->p, FA_BACKWARD, FA_USE_RUN); /* decoding has no backward */
     if (!s) s = fa_check_backward_args(&plan->p, args, plan->bwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
                                        "fa_backward");
     return s ? s : plan->be->backward(plan, args);

@@ -25,6 +25,7 @@ static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses)
         return fa_error(FA_ERR_UNSUPPORTED,
                         "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",
                         (long long)p->head_dim, (long long)p->head_dim_v);
+    if (!(uses & FA_USE_RUN)) return FA_OK; /* the rest limits the kernels, not what a plan describes */
     if (p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend runs f16 and bf16 only; dtype %s needs the cpu backend",
                         fa_dtype_name(p->dtype));
