@@ -91,8 +91,8 @@ typedef struct fa_isa {
 /* Every table compiled in, best first; the scalar one is always last and available. */
 extern const fa_isa fa_isa_scalar;
 
-/* The table to use: FA_ISA if set (FA_ERR_UNSUPPORTED if this CPU lacks it, FA_ERR_INVALID
- * if the name is unknown), else the best available. */
+/* The table to use: FA_ISA if set (FA_ERR_INVALID if it is unknown, not built or not on
+ * this CPU: the caller's setting to fix), else the best available. */
 fa_status fa_isa_select(const fa_isa **out);
 
 #endif /* FA_CPU_ISA_H */

@@ -222,9 +222,9 @@ static int divides(int64_t d, int64_t n) { return d > 0 && n % d == 0; }
 fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
                              fa_mpi_method method, fa_mpi_layout layout, int nranks, int rank,
                              fa_mpi_plan **out) {
-    if (!out) return fa_error(FA_ERR_NULL, "out is NULL");
+    if (!out) return fa_error(FA_ERR_NULL, "fa_mpi_plan_create: out is NULL");
     *out = NULL;
-    if (!global) return fa_error(FA_ERR_NULL, "problem is NULL");
+    if (!global) return fa_error(FA_ERR_NULL, "fa_mpi_plan_create: problem is NULL");
     if (method != FA_MPI_RING && method != FA_MPI_ULYSSES)
         return fa_error(FA_ERR_INVALID, "method %d is not FA_MPI_RING or FA_MPI_ULYSSES", (int)method);
     if (layout != FA_MPI_CONTIGUOUS && layout != FA_MPI_ZIGZAG)
@@ -302,14 +302,14 @@ int64_t fa_mpi_layout_row(fa_mpi_layout layout, int nranks, int rank, int64_t S,
 }
 
 fa_status fa_mpi_plan_cost(const fa_mpi_plan *plan, fa_pass pass, fa_mpi_cost *out) {
-    if (!plan || !out) return fa_error(FA_ERR_NULL, "plan or out is NULL");
+    if (!plan || !out) return fa_error(FA_ERR_NULL, "fa_mpi_plan_cost: %s is NULL", plan ? "out" : "plan");
     *out = pass == FA_BACKWARD ? plan->bwd : plan->fwd;
     return FA_OK;
 }
 
 fa_status fa_mpi_predict(const fa_mpi_plan *pl, fa_pass pass, double flops_per_s,
                          double bytes_per_s, fa_mpi_prediction *out) {
-    if (!pl || !out) return fa_error(FA_ERR_NULL, "plan or out is NULL");
+    if (!pl || !out) return fa_error(FA_ERR_NULL, "fa_mpi_predict: %s is NULL", pl ? "out" : "plan");
     if (!(flops_per_s > 0) || !(bytes_per_s > 0))
         return fa_error(FA_ERR_INVALID, "rate %g flop/s and bandwidth %g B/s must be positive",
                         flops_per_s, bytes_per_s);
