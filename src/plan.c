@@ -1,5 +1,7 @@
-/* Plans: validate a problem, resolve its defaults, fix block sizes and the backend, then
- * let the cost model fill in what the kernels will cost. Shapes only, no tensor data. */
+/* Plans: validate a problem and resolve its defaults, ask the backend table (backend.h)
+ * which backend runs it and with which tiles, then let the cost model fill in what the
+ * kernels will cost. Shapes only, no tensor data. The passes go to the plan's backend
+ * after the one argument check (args.c). */
 #include "backend.h"
 
 #include <math.h>
