@@ -117,6 +117,9 @@ for sp in ring ulysses; do
   expect2 "$sp with --cu-seqlens-*" "sequence parallel.*packed variable-length" -np 2 \
     "$FA" run $IN --cu-seqlens-q cu.npy --cu-seqlens-k cu.npy --out o9.npy --seq-parallel $sp
 done
+mpi -np 2 "$FA" bench --batch 1 --heads 4 --seq 64 --head-dim 32 --seq-parallel ring --decode --iters 1
+[ $rc = 2 ] && grep -q "sequence parallel.*kv-cache decoding" se && ok "bench --seq-parallel --decode: exit 2" ||
+  no "bench --seq-parallel --decode" "exit $rc, $(head -c 300 se)"
 for extra in "--cache-seqlens lens.npy --k-new kn.npy --v-new vn.npy --update-cache" "--cu-seqlens-q cu.npy --cu-seqlens-k cu.npy"; do
   "$FA" run $IN $extra --out o9.npy --seq-parallel ring >so 2>se
   [ $? = 2 ] && [ ! -e o9.npy ] && grep -q "sequence parallel.*does not combine" se && ok "alone: ring with $extra: exit 2" ||
