@@ -274,15 +274,10 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     cnt->transcendentals += chunks + 1;
 }
 
-/* Every pointer and block-table entry a call uses, before anything is written. */
+/* Every block-table entry a call uses, before anything is written (the pointers were
+ * checked at the entry, args.c). */
 static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    const char *missing = !a->q ? "q" : !a->k ? "k (the key cache)" : !a->v ? "v (the value cache)" : !a->o ? "o" : NULL;
-    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
-    if (!missing && p->has_new_kv && !a->k_new) missing = "k_new (the problem has_new_kv)";
-    if (!missing && p->has_new_kv && !a->v_new) missing = "v_new (the problem has_new_kv)";
-    if (!missing && p->page_size && !a->block_table) missing = "block_table (the problem has page_size)";
-    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
     if (!p->page_size) return FA_OK;
     for (int64_t b = 0; b < p->batch; b++) {
         const int64_t used = (fa_decode_keys(pl, b) + p->page_size - 1) / p->page_size;
@@ -317,9 +312,6 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     const int threads = pl->threads > 0 ? pl->threads : 1;
     const int64_t need = fa_decode_workspace_bytes(pl), scratch = fa_cpu_decode_scratch_bytes(pl);
     char *ws = a->workspace, *owned = NULL;
-    if (ws && a->workspace_size < (size_t)need)
-        return fa_error(FA_ERR_INVALID, "fa_forward: workspace_size is %zu bytes but this decode plan needs %lld",
-                        a->workspace_size, (long long)need);
     if (!ws && !(ws = owned = fa_malloc((size_t)need))) /* the allocation-failure hook sees it */
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
