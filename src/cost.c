@@ -3,7 +3,7 @@
  * (fa_tile_walk_sums: O(log) in the number of query tiles, cost_walk.c) and applies the
  * counting rules written beside it; no allocation. Sums run in 128 bits and must fit int64
  * at the end. */
-#include "internal.h"
+#include "backend.h"
 
 typedef __int128 wide;
 typedef fa_tile_walk tile_walk;
@@ -60,9 +60,7 @@ static fa_status forward_cost(struct fa_plan *pl) {
     if (p->has_segment_ids) per_head += (wide)p->seq_q * 4 + w.keys * 4;
     if (p->has_alibi) per_head += w.qtiles * 4;
     wide inputs = t.q + t.k + t.v + t.bias + t.slopes + t.segments, outputs = t.o + t.lse;
-    wide work = pl->backend == FA_BACKEND_CUDA
-                    ? fa_cuda_workspace_bytes(pl, FA_FORWARD)
-                    : (wide)pl->threads * fa_cpu_forward_scratch_bytes(pl);
+    wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
     wide score = heads * p->seq_q * p->seq_k * 4;
 
     fa_cost *c = &pl->fwd;
@@ -122,9 +120,7 @@ static fa_status backward_cost(struct fa_plan *pl) {
 
     wide inputs = t.q + t.k + t.v + 2 * t.o + t.lse + t.bias + t.slopes + t.segments; /* o and dO */
     wide outputs = t.q + t.k + t.v + t.dbias;                                           /* dq, dk, dv, dbias */
-    wide work = pl->backend == FA_BACKEND_CUDA
-                    ? fa_cuda_workspace_bytes(pl, FA_BACKWARD)
-                    : heads * sq * 4 + (wide)pl->threads * fa_cpu_backward_scratch_bytes(pl);
+    wide work = pl->be->workspace_bytes(pl, FA_BACKWARD);
     wide score = heads * sq * p->seq_k * 4;
 
     fa_cost *c = &pl->bwd;

@@ -14,7 +14,7 @@
  * Bytes: q, o, lse once; cache bytes of every computed tile once per kv head (the query
  * heads share them); k_new/v_new read and written into the cache; one block-table entry
  * per computed tile; the partial results written and read back by the merge. */
-#include "internal.h"
+#include "backend.h"
 
 typedef __int128 wide;
 
@@ -112,7 +112,7 @@ static fa_status decode_cost(fa_plan *pl) {
     bytes += q + o + lse + 2 * knew + 2 * partial + (p->has_alibi ? items * (Hq / Hk) * 4 : 0);
     const wide cache_rows = p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
     const wide cache = cache_rows * Hk * (D + Dv) * es, table = p->page_size ? B * p->max_pages * 4 : 0;
-    const wide work = fa_decode_workspace_bytes(pl);
+    const wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
     const wide min = q + seen * Hk * (D + Dv) * es + 2 * knew + o + lse + slopes;
     const wide in = q + cache + knew + table + slopes + B * 4, out = o + lse;
     const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * p->seq_k * 4};
@@ -121,20 +121,6 @@ static fa_status decode_cost(fa_plan *pl) {
     const fa_cost none = {0};
     pl->bwd = none; /* decoding has no backward pass */
     return FA_OK;
-}
-
-/* Partials of every work item, each item's first partial index (batch + 1 int64), and
- * threads x one thread's scratch: what fa_cpu_decode_forward carves, in that order. */
-int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
-    wide items = 0;
-    for (int64_t b = 0; b < pl->p.batch; b++) {
-        wide chunks, tiles, keys;
-        decode_walk(pl, b, &chunks, &tiles, &keys);
-        items += pl->p.heads_kv * chunks;
-    }
-    wide total = items * decode_partial_bytes(&pl->p) + ((wide)pl->p.batch + 1) * 8 +
-                 (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl);
-    return total > (wide)INT64_MAX ? -1 : (int64_t)total;
 }
 
 fa_status fa_cost_inference(fa_plan *pl) {

@@ -14,6 +14,7 @@
 struct fa_plan {
     fa_problem p;           /* strides filled in (never all-zero), scale resolved */
     fa_backend backend;     /* CPU or CUDA, never AUTO */
+    const struct fa_backend_entry *be; /* its entry in the backend table (backend.h) */
     int threads;            /* CPU threads the kernels use */
     int64_t fwd_bq, fwd_bk; /* forward tile: query rows x keys */
     int64_t bwd_bq, bwd_bk; /* backward tile */
@@ -67,7 +68,7 @@ static inline fa_sched fa_decode_sched(const struct fa_plan *pl, int64_t b) {
 }
 /* Keys [*lo, *hi] that some query row of sequence b may see (empty when lo > hi). */
 void fa_decode_key_span(const struct fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi);
-/* The decode call's workspace (cost_inference.c; -1 if it overflows int64) and one CPU
+/* The decode call's workspace (cpu/backend_cpu.c; -1 if it overflows int64) and one CPU
  * thread's share of it. */
 int64_t fa_decode_workspace_bytes(const struct fa_plan *pl);
 int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl);
@@ -108,9 +109,8 @@ int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan);
 int fa_cpu_backward_fused_fits(const struct fa_plan *plan);
 int64_t fa_cpu_backward_fused_scratch_bytes(const struct fa_plan *plan);
 fa_status fa_cpu_backward_fused(const struct fa_plan *plan, const fa_backward_args *a, char *workspace);
-/* Workspace of the CUDA kernels (bytes); plain C so plans need no device. */
+/* Workspace of the CUDA kernels (bytes, cuda_plan.c); plain C so plans need no device. */
 int64_t fa_cuda_workspace_bytes(const struct fa_plan *plan, fa_pass pass);
-void fa_cuda_default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64_t *bk);
 
 /* Backends. */
 fa_status fa_cpu_forward(const struct fa_plan *plan, const fa_forward_args *a);

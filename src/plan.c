@@ -1,13 +1,12 @@
-/* Plans: validate a problem, resolve its defaults, fix block sizes and the backend, then
- * let the cost model fill in what the kernels will cost. Shapes only, no tensor data. */
-#include "cpu/isa.h"
-#include "internal.h"
+/* Plans: validate a problem and resolve its defaults, ask the backend table (backend.h)
+ * which backend runs it and with which tiles, then let the cost model fill in what the
+ * kernels will cost. Shapes only, no tensor data. The passes go to the plan's backend
+ * after the one argument check (args.c). */
+#include "backend.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* Largest tile edge accepted; scratch grows with it and nothing gains beyond it. */
 #define FA_MAX_BLOCK 4096
@@ -74,7 +73,9 @@ static fa_status check_counts(const fa_problem *p) {
     return FA_OK;
 }
 
-static fa_status validate_problem(fa_plan *pl) {
+/* The scalar fields, and the defaults of heads_kv and head_dim_v: what a backend's
+ * supports needs to see. */
+static fa_status validate_scalars(fa_plan *pl) {
     fa_problem *p = &pl->p;
     fa_status s;
     if (p->heads_kv == 0) p->heads_kv = p->heads_q;
@@ -108,6 +109,13 @@ static fa_status validate_problem(fa_plan *pl) {
         return fa_error(FA_ERR_INVALID, "bias_scale must be finite, got %g", (double)p->bias_scale);
     if (p->bias_grad && !p->has_bias)
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
+    return FA_OK;
+}
+
+/* The inference shapes' arrays, the strides, the bias's broadcast dims, and flags made 0/1. */
+static fa_status validate_layout(fa_plan *pl) {
+    fa_problem *p = &pl->p;
+    fa_status s;
     if ((s = fa_validate_inference(pl))) return s; /* varlen and decode: plan_inference.c */
 
     int64_t qd[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim};
@@ -147,93 +155,31 @@ static fa_status check_block(const char *name, int64_t v) {
     return FA_OK;
 }
 
-/* CPU tile defaults, measured on 2 Zen 4 cores (bench/RESULTS.md): the products reach ~92%
- * of the FMA peak at 256 x 128 without masks; masked problems skip whole tiles, which pays
- * more with 128 rows; the backward keeps five tiles live and prefers 128 x 128. Then fewer
- * rows per tile while there are under 4 work items per thread, so threads stay busy. The
- * backward's tiles set the order of its sums, so there the rule looks at the shapes alone
- * (under 16 query tiles in all), keeping its bits the same for every thread count. */
-static void cpu_default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t *bk) {
-    const fa_problem *p = &pl->p;
-    int masked = p->causal || p->window_left >= 0 || p->window_right >= 0;
-    *bk = 128;
-    *bq = (pass == FA_FORWARD && !masked && p->dtype != FA_BF16) ? 256 : 128;
-    /* bf16 forward without masks, on an ISA with the bf16-pair passes (isa.h): 256 keys
-     * per tile halve the per-row work of a tile (row max, exp sum, softmax bookkeeping)
-     * against its products, and 256 rows halve the packing of k and v per query row:
-     * 256 x 256 ran 4-6% faster than 128 x 128 in interleaved runs (B=1 H=8 S=4096 D=128,
-     * 2 threads); with masks 128 x 256 was no faster */
-    if (pass == FA_FORWARD && !masked && p->dtype == FA_BF16 && pl->isa && pl->isa->exp_pairs) *bq = *bk = 256;
-    /* f32 forward without masks over long key ranges: 256 keys per tile halve the per-row
-     * work against the products the same way; 256 x 256 ran 1-4% faster than 256 x 128 at
-     * S = 4096 and 16384 (D = 64, 128, 256; interleaved, 2 threads), no faster at S = 1024 */
-    if (pass == FA_FORWARD && !masked && p->dtype == FA_F32 && p->seq_k >= 2048) *bk = 256;
-    /* f32 backward without masks over long key ranges, D >= 128: 128 x 256 ran 4-5% faster
-     * than 128 x 128 (S = 4096, D = 128 and 256; the products' inner dimension doubles for dq);
-     * with masks, at S <= 2048 or D = 64, and in bf16 it gained nothing */
-    if (pass == FA_BACKWARD && !masked && p->dtype == FA_F32 && p->seq_k >= 4096 && p->head_dim >= 128) *bk = 256;
-    const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
-    while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
-}
-
-/* AUTO: the GPU for f16/bf16 where this build has CUDA and the machine has an NVIDIA
- * device node, else the CPU. The node check is a stat, so plans stay cheap and need no
- * device context (cudaGetDeviceCount alone costs ~150 ms); a missing driver is reported by
- * fa_forward. The CUDA kernels take f16/bf16 only, so f32 stays on the CPU; dbias is CPU
- * only too. */
-static fa_backend auto_backend(const fa_problem *p) {
-#ifdef FA_HAVE_CUDA
-    if (p->cu_seqlens_q || p->cu_seqlens_k || p->cache_seqlens) return FA_BACKEND_CPU; /* CPU-only shapes */
-    if (p->dtype != FA_F32 && !p->bias_grad && access("/dev/nvidiactl", F_OK) == 0) return FA_BACKEND_CUDA;
-#else
-    (void)p;
-#endif
-    return FA_BACKEND_CPU;
-}
-
+/* Asks the backend table: the one named, or for AUTO the first whose supports says yes
+ * and whose device is present (the GPU where built and found, for what it runs; else the
+ * CPU); a refusal is the last backend's, in its words. */
 static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
     fa_backend b = o->backend;
     if (b != FA_BACKEND_AUTO && b != FA_BACKEND_CPU && b != FA_BACKEND_CUDA)
         return fa_error(FA_ERR_INVALID, "backend %d is not auto, cpu or cuda", (int)b);
-    if (b == FA_BACKEND_AUTO) b = auto_backend(&pl->p);
-    pl->backend = b;
     if (o->threads < 0 || o->threads > FA_MAX_THREADS)
         return fa_error(FA_ERR_INVALID, "threads must be 1..%d (0 = default), got %d", FA_MAX_THREADS, o->threads);
     fa_status s;
     if ((s = check_block("block_q", o->block_q)) || (s = check_block("block_k", o->block_k))) return s;
-    if (b == FA_BACKEND_CPU) {
-        pl->threads = o->threads ? o->threads : omp_get_max_threads();
-        if (pl->threads > FA_MAX_THREADS) /* only the default can get here: OMP_NUM_THREADS */
-            return fa_error(FA_ERR_INVALID, "OpenMP's default of %d threads (OMP_NUM_THREADS) is above the maximum of %d",
-                            pl->threads, FA_MAX_THREADS);
-        if ((s = fa_isa_select(&pl->isa))) return s;
-        int64_t bq, bk;
-        cpu_default_blocks(pl, FA_FORWARD, &bq, &bk);
-        pl->fwd_bq = o->block_q ? o->block_q : bq;
-        pl->fwd_bk = o->block_k ? o->block_k : bk;
-        cpu_default_blocks(pl, FA_BACKWARD, &bq, &bk);
-        pl->bwd_bq = o->block_q ? o->block_q : bq;
-        pl->bwd_bk = o->block_k ? o->block_k : bk;
-        pl->bwd_fused = fa_cpu_backward_fused_fits(pl);
-        return FA_OK;
+    if (b != FA_BACKEND_AUTO) {
+        pl->be = fa_backend_of(b);
+        s = pl->be->supports(&pl->p, FA_FORWARD, 0);
+    } else {
+        int n;
+        const fa_backend_entry *const *order = fa_backend_order(&n);
+        for (int i = 0; i < n; i++) {
+            if (order[i]->present && !order[i]->present()) continue;
+            pl->be = order[i];
+            if (!(s = pl->be->supports(&pl->p, FA_FORWARD, FA_USE_RUN))) break;
+        }
     }
-    /* CUDA: tiles are compiled in, so the defaults are the only sizes it runs. */
-    const fa_problem *p = &pl->p;
-    if (p->bias_grad)
-        return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda backend does not compute dbias (bias_grad); plan it on the cpu backend");
-    if (p->head_dim > 256 || p->head_dim % 8 || p->head_dim_v > 256 || p->head_dim_v % 8)
-        return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",
-                        (long long)p->head_dim, (long long)p->head_dim_v);
-    pl->threads = 1;
-    fa_cuda_default_blocks(p, FA_FORWARD, &pl->fwd_bq, &pl->fwd_bk);
-    fa_cuda_default_blocks(p, FA_BACKWARD, &pl->bwd_bq, &pl->bwd_bk);
-    if ((o->block_q && o->block_q != pl->fwd_bq) || (o->block_k && o->block_k != pl->fwd_bk))
-        return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda backend runs %lldx%lld tiles for this head dim; block sizes %lldx%lld are not built",
-                        (long long)pl->fwd_bq, (long long)pl->fwd_bk, (long long)o->block_q, (long long)o->block_k);
-    return FA_OK;
+    pl->backend = pl->be->id;
+    return s;
 }
 
 fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_plan **out) {
@@ -247,11 +193,10 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     fa_plan *pl = fa_calloc(1, sizeof *pl);
     if (!pl) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate the plan");
     pl->p = *problem;
-    fa_status s = validate_problem(pl);
+    fa_status s = validate_scalars(pl);
     if (!s) s = choose_backend(pl, opt);
-    if (!s && pl->shape != FA_SHAPE_DENSE && pl->backend == FA_BACKEND_CUDA)
-        s = fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no %s kernels yet; use backend cpu",
-                     pl->shape == FA_SHAPE_VARLEN ? "packed variable-length (cu_seqlens)" : "kv-cache decoding");
+    if (!s) s = validate_layout(pl);
+    if (!s) s = pl->be->choose_blocks(pl, opt);
     if (!s) {
         pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
         pl->p.scale = pl->scale;
@@ -295,19 +240,18 @@ void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t
 
 fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
     fa_clear_error();
-    if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", plan ? "args" : "plan");
-    if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_forward(plan, args);
-    if (plan->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_forward(plan, args);
-    if (plan->shape == FA_SHAPE_DECODE) return fa_cpu_decode_forward(plan, args);
-    return fa_cpu_forward(plan, args);
+    if (!plan) return fa_error(FA_ERR_NULL, "fa_forward: plan is NULL");
+    fa_status s = plan->be->supports(&plan->p, FA_FORWARD, FA_USE_RUN);
+    if (!s) s = fa_check_forward_args(&plan->p, args, plan->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
+                                      "fa_forward");
+    return s ? s : plan->be->forward(plan, args);
 }
 
 fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_clear_error();
-    if (!plan || !args) return fa_error(FA_ERR_NULL, "fa_backward: %s is NULL", plan ? "args" : "plan");
-    if (plan->backend == FA_BACKEND_CUDA) return fa_cuda_backward(plan, args);
-    if (plan->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_backward(plan, args);
-    if (plan->shape == FA_SHAPE_DECODE)
-        return fa_error(FA_ERR_UNSUPPORTED, "fa_backward: kv-cache decoding has no backward pass");
-    return fa_cpu_backward(plan, args);
+    if (!plan) return fa_error(FA_ERR_NULL, "fa_backward: plan is NULL");
+    fa_status s = plan->be->supports(&plan->p, FA_BACKWARD, FA_USE_RUN); /* decoding has no backward */
+    if (!s) s = fa_check_backward_args(&plan->p, args, plan->bwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
+                                       "fa_backward");
+    return s ? s : plan->be->backward(plan, args);
 }

@@ -46,8 +46,6 @@ static fa_status validate_varlen(fa_plan *pl) {
     if (!p->cu_seqlens_q || !p->cu_seqlens_k)
         return fa_error(FA_ERR_NULL, "cu_seqlens_q and cu_seqlens_k go together, but %s is NULL",
                         p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
-    if (p->has_new_kv || p->page_size || p->num_pages || p->max_pages)
-        return fa_error(FA_ERR_INVALID, "has_new_kv and pages belong to kv-cache decoding, not to cu_seqlens");
     fa_status s;
     if ((s = check_cu("cu_seqlens_q", p->cu_seqlens_q, p->batch, p->seq_q)) ||
         (s = check_cu("cu_seqlens_k", p->cu_seqlens_k, p->batch, p->seq_k)) ||
@@ -128,12 +126,8 @@ fa_status fa_validate_inference(fa_plan *pl) {
             return fa_error(FA_ERR_INVALID, "has_new_kv and pages need cache_seqlens (kv-cache decoding)");
         return FA_OK;
     }
+    /* combinations with other features were refused by the backend's supports (backend.h) */
     const char *what = varlen ? "cu_seqlens" : "cache_seqlens";
-    if (varlen && decode) return fa_error(FA_ERR_INVALID, "cu_seqlens and cache_seqlens cannot be combined");
-    if (p->has_bias || p->has_segment_ids)
-        return fa_error(FA_ERR_UNSUPPORTED, "%s: a bias or segment ids are not supported with %s",
-                        p->has_bias ? "has_bias" : "has_segment_ids", what);
-    if (p->bias_grad) return fa_error(FA_ERR_UNSUPPORTED, "bias_grad is not supported with %s", what);
     if (p->batch > INT32_MAX) return fa_error(FA_ERR_INVALID, "batch %lld is too large for %s", (long long)p->batch, what);
     return varlen ? validate_varlen(pl) : validate_decode(pl);
 }

@@ -293,6 +293,9 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     if (!!a->cu_seqlens_q != !!a->cu_seqlens_k)
         return cli_fail(2, "%s: --cu-seqlens-q and --cu-seqlens-k go together; %s is missing", name,
                         a->cu_seqlens_q ? "--cu-seqlens-k" : "--cu-seqlens-q");
+    if (a->cache_seqlens && a->cu_seqlens_q) /* as the library's supports words it (src/backend.c) */
+        return cli_fail(2, "%s: --cu-seqlens-q/-k (packed variable-length batches) do not combine with "
+                           "--cache-seqlens (kv-cache decoding)", name);
     if (!!a->k_new != !!a->v_new)
         return cli_fail(2, "%s: --k-new and --v-new go together; %s is missing", name,
                         a->k_new ? "--v-new" : "--k-new");

@@ -28,6 +28,28 @@ static fa_mpi_method method_of(const cli_args *a) {
     return a->seq_parallel == CLI_SP_ULYSSES ? FA_MPI_ULYSSES : FA_MPI_RING;
 }
 
+/* Flags of features sequence parallel does not run with (a bias, the inference shapes):
+ * the library's backend table refuses them (exit 2, naming both), asked with a problem
+ * that has them before any file is read as a dense tensor; only their presence matters. */
+static int refuse_features(const cli_args *a) {
+    static const int32_t mark[1] = {0}; /* never read: the refusal comes first */
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = p.heads_q = p.seq_q = p.seq_k = p.head_dim = 1;
+    p.has_bias = a->bias != NULL;
+    p.cu_seqlens_q = a->cu_seqlens_q ? mark : NULL;
+    p.cu_seqlens_k = a->cu_seqlens_k ? mark : NULL;
+    p.cache_seqlens = a->cache_seqlens ? mark : NULL;
+    p.has_new_kv = a->k_new || a->v_new || a->update_cache;
+    p.page_size = a->block_table ? 16 : 0;
+    if (!p.has_bias && !p.cu_seqlens_q && !p.cu_seqlens_k && !p.cache_seqlens && !p.has_new_kv && !p.page_size)
+        return 0;
+    fa_mpi_plan *pl = NULL;
+    fa_status st = fa_mpi_plan_create(&p, NULL, method_of(a), layout_of(a), P, R, &pl);
+    fa_mpi_plan_destroy(pl);
+    return st != FA_OK ? cli_fail_status(st, "--seq-parallel") : 0;
+}
+
 /* This rank's rows of a [B, H, S, D] .npy (header h checked) in dtype t: runs of consecutive
  * rows read straight from the file, never the whole tensor. */
 static int read_rows(const char *flag, const char *path, const npy_header *h, fa_dtype t,
@@ -133,8 +155,8 @@ static int run_body(const cli_args *a) {
     int nout = 0, opened = 0;
     void *in[4] = {0};
     int32_t *ids[2] = {0};
-    int rc = cli_run_problem(a, &hq, &hk, &hv, &hdo, &p, &opt);
-    if (!rc && a->bias) rc = cli_fail(2, "--bias is not supported with --seq-parallel");
+    int rc = refuse_features(a);
+    if (!rc) rc = cli_run_problem(a, &hq, &hk, &hv, &hdo, &p, &opt);
     if (!rc) rc = cli_extras_load(a, &p, 0, &x);
     if (!rc) {
         fa_status st = fa_mpi_plan_create(&p, &opt, method_of(a), lay, P, R, &pl);

@@ -71,6 +71,8 @@ static int bench_body(const cli_args *a, int P, int R) {
     cli_apply_options(a, &p, &opt);
     if (a->bias || a->alibi || a->q_segments)
         return cli_fail(2, "bench --seq-parallel: option files (--bias, --alibi, segments) are not taken");
+    static const int32_t cache_mark[1] = {0}; /* never read: the plan refuses decoding first */
+    if (a->decode) p.cache_seqlens = cache_mark; /* so that the backend table answers (exit 2) */
     fa_mpi_layout lay = a->zigzag ? FA_MPI_ZIGZAG : FA_MPI_CONTIGUOUS;
     fa_mpi_method m = a->seq_parallel == CLI_SP_ULYSSES ? FA_MPI_ULYSSES : FA_MPI_RING;
     fa_mpi_plan *pl = NULL;

@@ -11,39 +11,16 @@ int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
     return plan->bwd_fused ? fa_cpu_backward_fused_scratch_bytes(plan) : fa_cpu_backward_two_pass_scratch_bytes(plan);
 }
 
-static fa_status bwd_check_args(const fa_plan *pl, const fa_backward_args *a) {
-    const fa_problem *p = &pl->p;
-    if (!a) return fa_error(FA_ERR_NULL, "backward: args is NULL");
-    const struct { const void *ptr; const char *name; int used; } req[] = {
-        {a->q, "q", 1},   {a->k, "k", 1},     {a->v, "v", 1},
-        {a->o, "o", 1},   {a->d_o, "do", 1},  {a->lse, "lse", 1},
-        {a->dq, "dq", 1}, {a->dk, "dk", 1},   {a->dv, "dv", 1},
-        {a->bias, "bias", p->has_bias},       {a->alibi_slopes, "alibi_slopes", p->has_alibi},
-        {a->q_segment_ids, "q_segment_ids", p->has_segment_ids},
-        {a->kv_segment_ids, "kv_segment_ids", p->has_segment_ids},
-        {a->dbias, "dbias (the problem has bias_grad)", p->bias_grad},
-    };
-    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
-        if (req[i].used && !req[i].ptr)
-            return fa_error(FA_ERR_NULL, "backward: %s is NULL", req[i].name);
-    return fa_check_slopes(p, a->alibi_slopes, "backward");
-}
-
+/* The arguments and the workspace size were checked at the entry (args.c). */
 fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a) {
-    fa_status st = bwd_check_args(plan, a);
-    if (st != FA_OK) return st;
+    fa_status st;
     const fa_problem *p = &plan->p;
     const int threads = plan->threads > 0 ? plan->threads : 1;
     const int64_t rows = p->batch * p->heads_q * p->seq_q;
     const int64_t need = 4 * rows + threads * fa_cpu_backward_scratch_bytes(plan);
 
     char *ws = a->workspace, *owned = NULL;
-    if (ws) {
-        if (a->workspace_size < (size_t)need)
-            return fa_error(FA_ERR_INVALID,
-                            "backward: workspace_size is %zu bytes but the backward needs %lld",
-                            a->workspace_size, (long long)need);
-    } else {
+    if (!ws) {
         owned = fa_malloc((size_t)need);
         if (!owned)
             return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate %lld bytes of workspace",

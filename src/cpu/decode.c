@@ -214,10 +214,10 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
             if (plain) { /* the whole online-softmax step in the vector kernel */
                 const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
                                              (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc, pfp};
-                fa_decode_step_bf16(&step);
+                cx->isa->decode->step(&step);
             } else { /* scores, then the softmax row by row, then p V */
                 if (cx->direct) {
-                    fa_decode_qk_bf16((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T);
+                    cx->isa->decode->qk((const uint16_t *)qh, (int)M, (int)D, ks.base, ks.row_stride, n, s, (int)T);
                 } else {
                     const fa_tile_src qsrc = {qh, p->dtype, D, 1};
                     isa->pack_a(&qsrc, (int)M, (int)D, qp); /* M x D: small beside the tile */
@@ -231,7 +231,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
                  * not reach it as 0 * NaN (guard.h; one read of the tile, edge tiles only) */
                 if (fa_tile_may_hide(&one, 0, Sq, j0, n) && fa_tile_nonfinite(&vs, n, (int)Dv))
                     fa_gemm_pb_guarded(isa, (int)M, n, (int)Dv, s, (int)T, &vs, vp, acc, (int)Dv);
-                else if (cx->direct) fa_decode_pv_bf16(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
+                else if (cx->direct) cx->isa->decode->pv(s, (int)T, (int)M, vs.base, vs.row_stride, n, (int)Dv, acc, (int)Dv);
                 else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             }
             cnt->flops += 2 * M * n * (D + Dv);
@@ -275,15 +275,10 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     cnt->transcendentals += chunks + 1;
 }
 
-/* Every pointer and block-table entry a call uses, before anything is written. */
+/* Every block-table entry a call uses, before anything is written (the pointers were
+ * checked at the entry, args.c). */
 static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    const char *missing = !a->q ? "q" : !a->k ? "k (the key cache)" : !a->v ? "v (the value cache)" : !a->o ? "o" : NULL;
-    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
-    if (!missing && p->has_new_kv && !a->k_new) missing = "k_new (the problem has_new_kv)";
-    if (!missing && p->has_new_kv && !a->v_new) missing = "v_new (the problem has_new_kv)";
-    if (!missing && p->page_size && !a->block_table) missing = "block_table (the problem has page_size)";
-    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
     if (!p->page_size) return FA_OK;
     for (int64_t b = 0; b < p->batch; b++) {
         const int64_t used = (fa_decode_keys(pl, b) + p->page_size - 1) / p->page_size;
@@ -318,9 +313,6 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     const int threads = pl->threads > 0 ? pl->threads : 1;
     const int64_t need = fa_decode_workspace_bytes(pl), scratch = fa_cpu_decode_scratch_bytes(pl);
     char *ws = a->workspace, *owned = NULL;
-    if (ws && a->workspace_size < (size_t)need)
-        return fa_error(FA_ERR_INVALID, "fa_forward: workspace_size is %zu bytes but this decode plan needs %lld",
-                        a->workspace_size, (long long)need);
     if (!ws && !(ws = owned = fa_malloc((size_t)need))) /* the allocation-failure hook sees it */
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
@@ -330,7 +322,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
                     p->v_stride.s[3] == 1 && p->v_stride.s[1] == p->head_dim_v && p->v_stride.s[2] == p->heads_kv * p->head_dim_v &&
                     p->head_dim == p->head_dim_v && (!p->page_size || fa_decode_tile(p) <= p->page_size);
     cx.direct = p->dtype == FA_BF16 && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1 &&
-                (!strcmp(cx.isa->name, "avx512bf16") || !strcmp(cx.isa->name, "amx"));
+                cx.isa->decode != NULL;
     if (p->has_new_kv) {
         dec_append(&cx, (void *)a->k, &p->k_stride, a->k_new, p->head_dim);
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_new, p->head_dim_v);

@@ -24,6 +24,24 @@ extern const fa_isa fa_isa_avx512;
 extern const fa_isa fa_isa_avx2;
 #endif
 
+/* Tile defaults (bench/RESULTS.md): the products reach ~92% of the FMA peak at 256 x 128
+ * without masks; masked problems skip whole tiles, which pays more with 128 rows; the
+ * backward keeps five tiles live and prefers 128 x 128. f32 forward without masks over
+ * 2048 keys and more: 256 keys per tile halve the per-row work (row max, exp sum) against
+ * the products, 1-4% faster at S = 4096 and 16384, no faster at S = 1024. f32 backward
+ * without masks, S >= 4096 and D >= 128: 128 x 256 ran 4-5% faster (the products' inner
+ * dimension doubles for dq); with masks, shorter or D = 64, and in bf16 it gained nothing. */
+const fa_isa_tiles fa_isa_tiles_default = {.bq = 128, .bk = 128, .open_bq = 256, .bf16_open_bq = 128,
+                                           .bf16_open_bk = 128, .long_keys = 2048, .long_bk = 256,
+                                           .bwd_long_keys = 4096, .bwd_long_dim = 128, .bwd_long_bk = 256};
+/* With the bf16-pair passes, bf16 without masks: 256 keys halve the per-row work of a tile
+ * against its products, and 256 rows halve the packing of k and v per query row: 256 x 256
+ * ran 4-6% faster than 128 x 128 (B=1 H=8 S=4096 D=128, 2 threads); masked, 128 x 256 was
+ * no faster. */
+const fa_isa_tiles fa_isa_tiles_bf16_pairs = {.bq = 128, .bk = 128, .open_bq = 256, .bf16_open_bq = 256,
+                                              .bf16_open_bk = 256, .long_keys = 2048, .long_bk = 256,
+                                              .bwd_long_keys = 4096, .bwd_long_dim = 128, .bwd_long_bk = 256};
+
 /* Best first; the scalar table is last and always available. */
 static const fa_isa *const isa_table[] = {
 #ifdef FA_HAVE_ISA_AMX

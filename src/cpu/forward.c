@@ -324,35 +324,16 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
     }
 }
 
-static fa_status check_args(const fa_problem *p, const fa_forward_args *a) {
-    const char *missing = !a->q ? "q" : !a->k ? "k" : !a->v ? "v" : !a->o ? "o" : NULL;
-    if (!missing && p->has_bias && !a->bias) missing = "bias (the problem has_bias)";
-    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
-    if (!missing && p->has_segment_ids && !a->q_segment_ids)
-        missing = "q_segment_ids (the problem has_segment_ids)";
-    if (!missing && p->has_segment_ids && !a->kv_segment_ids)
-        missing = "kv_segment_ids (the problem has_segment_ids)";
-    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
-    return fa_check_slopes(p, a->alibi_slopes, "fa_forward");
-}
-
+/* The arguments and the workspace size were checked at the entry (args.c). */
 fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
-    if (!pl || !a) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", pl ? "args" : "plan");
     const fa_problem *p = &pl->p;
-    fa_status st = check_args(p, a);
-    if (st) return st;
 
     const int threads = pl->threads > 0 ? pl->threads : 1;
     const int64_t per_thread = fa_cpu_forward_scratch_bytes(pl);
     const int64_t need = per_thread * threads;
     char *ws = a->workspace;
     void *owned = NULL;
-    if (ws) {
-        if (a->workspace_size < (size_t)need)
-            return fa_error(FA_ERR_INVALID,
-                            "fa_forward: workspace_size is %zu bytes but this plan needs %lld (%d threads x %lld)",
-                            a->workspace_size, (long long)need, threads, (long long)per_thread);
-    } else {
+    if (!ws) {
         owned = fa_malloc((size_t)need);
         if (!owned)
             return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of workspace (%d threads x %lld)",

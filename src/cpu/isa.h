@@ -10,6 +10,7 @@
 #define FA_CPU_ISA_H
 
 #include "../internal.h"
+#include "decode_kernels.h"
 
 /* Where a tile comes from: element [0, 0] of a rows x cols block of a strided tensor. */
 typedef struct {
@@ -17,6 +18,27 @@ typedef struct {
     fa_dtype dtype;
     int64_t row_stride, col_stride; /* in elements */
 } fa_tile_src;
+
+/* Default tile sizes of an ISA's kernels (query rows x keys), the rule around them in
+ * cpu/backend_cpu.c; measured on 2 Zen 4 cores, bench/RESULTS.md says why each exists. */
+typedef struct {
+    int64_t bq, bk;             /* masked problems, and the backward */
+    int64_t open_bq;            /* forward, no mask, f32 and f16: more rows per tile */
+    int64_t bf16_open_bq, bf16_open_bk; /* forward, no mask, bf16 */
+    int64_t long_keys, long_bk; /* f32 forward, no mask, seq_k >= long_keys: bk = long_bk */
+    int64_t bwd_long_keys, bwd_long_dim, bwd_long_bk; /* f32 backward, no mask, seq_k and D from these */
+} fa_isa_tiles;
+
+/* The tiles of every ISA, and of those with the bf16-pair passes (exp_pairs below). */
+extern const fa_isa_tiles fa_isa_tiles_default, fa_isa_tiles_bf16_pairs;
+
+/* Optional decode kernels that read bf16 cache rows in place (decode_kernels.h). */
+typedef struct fa_decode_kernels {
+    void (*qk)(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);
+    void (*pv)(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o, int ldo);
+    void (*step)(const fa_decode_step *t);
+} fa_decode_kernels;
+extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
 
 typedef struct fa_isa {
     const char *name;   /* "scalar", "avx2", "avx512", "avx512bf16", "amx" */
@@ -54,13 +76,23 @@ typedef struct fa_isa {
     float (*max_row)(const float *x, int n);
     float (*exp_pairs)(float *x, int n, float scale, float base);
     void (*gemm_pb_pairs)(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o, int ldo);
+    /* The block sizes these kernels run best at (registered with them, as BLIS does). */
+    const fa_isa_tiles *tiles;
+    /* Optional (NULL: decode packs its tiles and takes gemm_abt / gemm_pb). */
+    const fa_decode_kernels *decode;
 } fa_isa;
+
+/* The kernels every table names the same way (pre##_available, ...); a table adds its
+ * name, packed_bytes, exp_sum, tiles and the optional entries. */
+#define FA_ISA_KERNELS(pre)                                                                            \
+    .available = pre##_available, .pack_a = pre##_pack_a, .pack_bt = pre##_pack_bt, .pack_b = pre##_pack_b, \
+    .gemm_abt = pre##_gemm_abt, .gemm_pb = pre##_gemm_pb
 
 /* Every table compiled in, best first; the scalar one is always last and available. */
 extern const fa_isa fa_isa_scalar;
 
-/* The table to use: FA_ISA if set (FA_ERR_UNSUPPORTED if this CPU lacks it, FA_ERR_INVALID
- * if the name is unknown), else the best available. */
+/* The table to use: FA_ISA if set (FA_ERR_INVALID if it is unknown, not built or not on
+ * this CPU: the caller's setting to fix), else the best available. */
 fa_status fa_isa_select(const fa_isa **out);
 
 #endif /* FA_CPU_ISA_H */

@@ -297,16 +297,7 @@ static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const v
     tiles_end();
 }
 
-const fa_isa fa_isa_amx = {
-    .name = "amx",
-    .available = amx_available,
-    .packed_bytes = amx_packed_bytes,
-    .pack_a = amx_pack_a,
-    .pack_bt = amx_pack_bt,
-    .pack_b = amx_pack_b,
-    .gemm_abt = amx_gemm_abt,
-    .gemm_pb = amx_gemm_pb,
-    .exp_sum = fa_avx512_exp_sum,
-    .transpose = fa_avx512_transpose,
-    .round_row = fa_avx512_round_row,
-};
+const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
+                            .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
+                            .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default,
+                            .decode = &fa_decode_bf16_kernels};

@@ -129,16 +129,6 @@ void fa_avx512_round_row(float *x, int n, fa_dtype t) {
     }
 }
 
-const fa_isa fa_isa_avx512 = {
-    .name = "avx512",
-    .available = avx512_available,
-    .packed_bytes = fa_avx512_packed_bytes,
-    .pack_a = avx512_pack_a,
-    .pack_bt = avx512_pack_bt,
-    .pack_b = avx512_pack_b,
-    .gemm_abt = avx512_gemm_abt,
-    .gemm_pb = avx512_gemm_pb,
-    .exp_sum = fa_avx512_exp_sum,
-    .transpose = fa_avx512_transpose,
-    .round_row = fa_avx512_round_row,
-};
+const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .packed_bytes = fa_avx512_packed_bytes,
+                               .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
+                               .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default};

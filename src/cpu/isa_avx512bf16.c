@@ -166,19 +166,11 @@ static float bf16_exp_pairs(float *x, int n, float scale, float base) {
     return _mm512_reduce_add_ps(sum);
 }
 
-const fa_isa fa_isa_avx512bf16 = {
-    .name = "avx512bf16",
-    .available = bf16_available,
-    .packed_bytes = bf16_packed_bytes,
-    .pack_a = bf16_pack_a,
-    .pack_bt = bf16_pack_bt,
-    .pack_b = bf16_pack_b,
-    .gemm_abt = bf16_gemm_abt,
-    .gemm_pb = bf16_gemm_pb,
-    .exp_sum = fa_avx512_exp_sum,
-    .transpose = fa_avx512_transpose,
-    .round_row = fa_avx512_round_row,
-    .max_row = bf16_max_row,
-    .exp_pairs = bf16_exp_pairs,
-    .gemm_pb_pairs = bf16_gemm_pb_pairs,
-};
+/* The decode kernels of decode_avx512bf16.c, for the tables whose CPUs run them. */
+const fa_decode_kernels fa_decode_bf16_kernels = {fa_decode_qk_bf16, fa_decode_pv_bf16, fa_decode_step_bf16};
+
+const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .packed_bytes = bf16_packed_bytes,
+                                   .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
+                                   .round_row = fa_avx512_round_row, .max_row = bf16_max_row,
+                                   .exp_pairs = bf16_exp_pairs, .gemm_pb_pairs = bf16_gemm_pb_pairs,
+                                   .tiles = &fa_isa_tiles_bf16_pairs, .decode = &fa_decode_bf16_kernels};

@@ -94,14 +94,5 @@ static float scalar_exp_sum(float *x, int n, float mx) {
     return sum;
 }
 
-const fa_isa fa_isa_scalar = {
-    .name = "scalar",
-    .available = scalar_available,
-    .packed_bytes = scalar_packed_bytes,
-    .pack_a = scalar_pack_a,
-    .pack_bt = scalar_pack_bt,
-    .pack_b = scalar_pack_b,
-    .gemm_abt = scalar_gemm_abt,
-    .gemm_pb = scalar_gemm_pb,
-    .exp_sum = scalar_exp_sum,
-};
+const fa_isa fa_isa_scalar = {.name = "scalar", FA_ISA_KERNELS(scalar), .packed_bytes = scalar_packed_bytes,
+                               .exp_sum = scalar_exp_sum, .tiles = &fa_isa_tiles_default};

@@ -23,12 +23,10 @@ static void zero_rows(void *base, const fa_strides *st, fa_dtype t, int64_t head
             for (int64_t d = 0; d < width; d++) fa_store(t, base, fa_offset(st, 0, h, r, d), 0.0f);
 }
 
-static fa_status take_workspace(void *given, size_t size, int64_t need, const char *who, char **ws, void **owned) {
+/* The caller's workspace (its size checked at the entry, args.c), or one allocated. */
+static fa_status take_workspace(void *given, int64_t need, const char *who, char **ws, void **owned) {
     *owned = NULL;
     if (given) {
-        if (size < (size_t)need)
-            return fa_error(FA_ERR_INVALID, "%s: workspace_size is %zu bytes but this packed plan needs %lld", who, size,
-                            (long long)need);
         *ws = given;
         return FA_OK;
     }
@@ -39,12 +37,9 @@ static fa_status take_workspace(void *given, size_t size, int64_t need, const ch
 
 fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    const char *missing = !a->q ? "q" : !a->k ? "k" : !a->v ? "v" : !a->o ? "o" : NULL;
-    if (!missing && p->has_alibi && !a->alibi_slopes) missing = "alibi_slopes (the problem has_alibi)";
-    if (missing) return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", missing);
     char *ws;
     void *owned;
-    fa_status s = take_workspace(a->workspace, a->workspace_size, pl->fwd.workspace_bytes, "fa_forward", &ws, &owned);
+    fa_status s = take_workspace(a->workspace, pl->fwd.workspace_bytes, "fa_forward", &ws, &owned);
     if (s) return s;
     const size_t es = fa_dtype_size(p->dtype);
     const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;
@@ -84,14 +79,9 @@ fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args 
 
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a) {
     const fa_problem *p = &pl->p;
-    const struct { const void *ptr; const char *name; } req[] = {
-        {a->q, "q"}, {a->k, "k"}, {a->v, "v"}, {a->o, "o"}, {a->d_o, "do"}, {a->lse, "lse"},
-        {a->dq, "dq"}, {a->dk, "dk"}, {a->dv, "dv"}, {p->has_alibi ? (const void *)a->alibi_slopes : (const void *)a, "alibi_slopes"}};
-    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
-        if (!req[i].ptr) return fa_error(FA_ERR_NULL, "backward: %s is NULL", req[i].name);
     char *ws;
     void *owned;
-    fa_status s = take_workspace(a->workspace, a->workspace_size, pl->bwd.workspace_bytes, "backward", &ws, &owned);
+    fa_status s = take_workspace(a->workspace, pl->bwd.workspace_bytes, "fa_backward", &ws, &owned);
     if (s) return s;
     const size_t es = fa_dtype_size(p->dtype);
     const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;

@@ -27,30 +27,20 @@ static void copy_strides(int64_t dst[4], const fa_strides *st) {
     for (int i = 0; i < 4; i++) dst[i] = st->s[i];
 }
 
-/* What the forward and the backward check alike: dtype, head dims, block sizes, grid. */
+/* The head-dim class the launchers dispatch on. What the kernels run (dtype, head dims,
+ * grid limits) is the backend entry's supports (cuda_plan.c), checked at plan time; the
+ * plan's tiles are the compiled ones (its choose_blocks), so only that invariant is
+ * asserted here. */
 static fa_status check_plan(const fa_plan *pl, fa_pass pass, int *hd) {
     const fa_problem *p = &pl->p;
-    if (p->dtype != FA_F16 && p->dtype != FA_BF16)
-        return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda backend runs f16 and bf16 only; dtype %s needs the cpu backend",
-                        fa_dtype_name(p->dtype));
     *hd = fa_cuda_hd_class(p->head_dim, p->head_dim_v);
-    if (!*hd || p->head_dim % 8 || p->head_dim_v % 8)
-        return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",
-                        (long long)p->head_dim, (long long)p->head_dim_v);
     const int64_t bq = pass == FA_FORWARD ? FA_CUDA_FWD_BQ : FA_CUDA_BWD_BQ;
     const int64_t bk = pass == FA_FORWARD ? fa_cuda_fwd_bk(*hd) : fa_cuda_bwd_bk(*hd);
     const int64_t pbq = pass == FA_FORWARD ? pl->fwd_bq : pl->bwd_bq;
     const int64_t pbk = pass == FA_FORWARD ? pl->fwd_bk : pl->bwd_bk;
-    if (pbq != bq || pbk != bk)
-        return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda %s runs %lldx%lld tiles for head dim %lld; the plan asks for %lldx%lld",
-                        pass == FA_FORWARD ? "forward" : "backward", (long long)bq, (long long)bk,
-                        (long long)p->head_dim, (long long)pbq, (long long)pbk);
-    if (p->heads_q > 65535 || p->batch > 65535)
-        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend launches at most 65535 heads and batches, got %lld and %lld",
-                        (long long)p->heads_q, (long long)p->batch);
+    if (pl->backend != FA_BACKEND_CUDA || !*hd || pbq != bq || pbk != bk)
+        return fa_error(FA_ERR_INTERNAL, "the cuda %s was given a plan it did not make (tiles %lldx%lld)",
+                        pass == FA_FORWARD ? "forward" : "backward", (long long)pbq, (long long)pbk);
     return FA_OK;
 }
 
@@ -93,9 +83,7 @@ static fa_status get_workspace(const fa_plan *pl, fa_pass pass, void *given, siz
     const int64_t need = fa_cuda_workspace_bytes(pl, pass);
     *owned = 0;
     if (given) {
-        if ((int64_t)given_size < need)
-            return fa_error(FA_ERR_INVALID, "workspace_size is %zu bytes but this plan needs %lld", given_size,
-                            (long long)need);
+        (void)given_size; /* checked against need at the entry (args.c) */
         if ((uintptr_t)given & 15u) return fa_error(FA_ERR_INVALID, "the workspace must be 16-byte aligned");
         *ws = (char *)given;
         return FA_OK;
@@ -166,15 +154,7 @@ extern "C" fa_status fa_cuda_forward(const struct fa_plan *pl, const fa_forward_
     int hd = 0;
     fa_status s = check_plan(pl, FA_FORWARD, &hd);
     if (s) return s;
-    const fa_problem *p = &pl->p;
-    if (!a->q || !a->k || !a->v || !a->o)
-        return fa_error(FA_ERR_NULL, "fa_forward: %s is NULL", !a->q ? "q" : !a->k ? "k" : !a->v ? "v" : "o");
-    if (p->has_bias && !a->bias) return fa_error(FA_ERR_NULL, "fa_forward: the problem has a bias but bias is NULL");
-    if (p->has_alibi && !a->alibi_slopes)
-        return fa_error(FA_ERR_NULL, "fa_forward: the problem has ALiBi but alibi_slopes is NULL");
-    if (p->has_segment_ids && (!a->q_segment_ids || !a->kv_segment_ids))
-        return fa_error(FA_ERR_NULL, "fa_forward: the problem has segment ids but %s is NULL",
-                        !a->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
+    const fa_problem *p = &pl->p; /* pointers and workspace size checked at the entry (args.c) */
     if ((s = check_device_slopes(p, a->alibi_slopes, a->stream, "fa_forward"))) return s;
     fa_cuda_params k;
     fill_params(pl, &k);
@@ -198,17 +178,7 @@ extern "C" fa_status fa_cuda_backward(const struct fa_plan *pl, const fa_backwar
     int hd = 0;
     fa_status s = check_plan(pl, FA_BACKWARD, &hd);
     if (s) return s;
-    const fa_problem *p = &pl->p;
-    const void *need[] = {a->q, a->k, a->v, a->o, a->d_o, a->lse, a->dq, a->dk, a->dv};
-    const char *names[] = {"q", "k", "v", "o", "d_o", "lse", "dq", "dk", "dv"};
-    for (int i = 0; i < 9; i++)
-        if (!need[i]) return fa_error(FA_ERR_NULL, "fa_backward: %s is NULL", names[i]);
-    if (p->has_bias && !a->bias) return fa_error(FA_ERR_NULL, "fa_backward: the problem has a bias but bias is NULL");
-    if (p->has_alibi && !a->alibi_slopes)
-        return fa_error(FA_ERR_NULL, "fa_backward: the problem has ALiBi but alibi_slopes is NULL");
-    if (p->has_segment_ids && (!a->q_segment_ids || !a->kv_segment_ids))
-        return fa_error(FA_ERR_NULL, "fa_backward: the problem has segment ids but %s is NULL",
-                        !a->q_segment_ids ? "q_segment_ids" : "kv_segment_ids");
+    const fa_problem *p = &pl->p; /* pointers and workspace size checked at the entry (args.c) */
     if ((s = check_device_slopes(p, a->alibi_slopes, a->stream, "fa_backward"))) return s;
     fa_cuda_params k;
     fill_params(pl, &k);

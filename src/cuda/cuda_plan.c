@@ -1,18 +1,56 @@
-/* The CUDA backend's side of a plan, in plain C so plans need no device: its block sizes
- * (the tiles compiled into the kernels, cuda_config.h) and the workspace its calls take. */
-#include "../internal.h"
+/* The CUDA backend's entry in the backend table (backend.h), in plain C so plans need no
+ * device: what its kernels run (every CUDA limit is stated here, once), its block sizes
+ * (the tiles compiled into the kernels, cuda_config.h) and the workspace its calls take.
+ * The passes themselves are cuda_api.cu's (cuda_none.c where nvcc was not found). */
+#include "../backend.h"
 #include "cuda_config.h"
 
-void fa_cuda_default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64_t *bk) {
-    int hd = fa_cuda_hd_class(p->head_dim, p->head_dim_v);
-    if (!hd) hd = 256; /* not runnable; plan.c rejects such head dims for cuda */
-    if (pass == FA_BACKWARD) {
-        *bq = FA_CUDA_BWD_BQ;
-        *bk = fa_cuda_bwd_bk(hd);
-    } else {
-        *bq = FA_CUDA_FWD_BQ;
-        *bk = fa_cuda_fwd_bk(hd);
-    }
+#include <unistd.h>
+
+/* A stat of the device node: plans stay cheap and need no device context (cudaGetDeviceCount
+ * alone costs ~150 ms); a missing driver is reported by fa_forward. */
+static int cuda_present(void) { return access("/dev/nvidiactl", F_OK) == 0; }
+
+static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses) {
+    fa_status s = fa_supports_common(p, pass, uses);
+    if (s) return s;
+    if (uses & FA_USE_SEQ_PARALLEL)
+        return fa_error(FA_ERR_UNSUPPORTED, "sequence parallel runs on the CPU backend (host memory), not on cuda");
+    const char *shape = fa_inference_feature(p);
+    if (shape) return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for %s yet; use backend cpu", shape);
+    if (p->bias_grad)
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend does not compute dbias (bias_grad); plan it on the cpu backend");
+    if (!fa_cuda_hd_class(p->head_dim, p->head_dim_v) || p->head_dim % 8 || p->head_dim_v % 8)
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",
+                        (long long)p->head_dim, (long long)p->head_dim_v);
+    if (!(uses & FA_USE_RUN)) return FA_OK; /* the rest limits the kernels, not what a plan describes */
+    if (p->dtype != FA_F16 && p->dtype != FA_BF16)
+        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend runs f16 and bf16 only; dtype %s needs the cpu backend",
+                        fa_dtype_name(p->dtype));
+    if (p->heads_q > 65535 || p->batch > 65535)
+        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend launches at most 65535 heads and batches, got %lld and %lld",
+                        (long long)p->heads_q, (long long)p->batch);
+    return FA_OK;
+}
+
+static void default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64_t *bk) {
+    const int hd = fa_cuda_hd_class(p->head_dim, p->head_dim_v); /* supports checked it */
+    *bq = pass == FA_BACKWARD ? FA_CUDA_BWD_BQ : FA_CUDA_FWD_BQ;
+    *bk = pass == FA_BACKWARD ? fa_cuda_bwd_bk(hd) : fa_cuda_fwd_bk(hd);
+}
+
+/* Tiles are compiled in, so the defaults are the only sizes it runs. */
+static fa_status cuda_choose_blocks(fa_plan *pl, const fa_options *o) {
+    pl->threads = 1;
+    default_blocks(&pl->p, FA_FORWARD, &pl->fwd_bq, &pl->fwd_bk);
+    default_blocks(&pl->p, FA_BACKWARD, &pl->bwd_bq, &pl->bwd_bk);
+    if ((o->block_q && o->block_q != pl->fwd_bq) || (o->block_k && o->block_k != pl->fwd_bk))
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend runs %lldx%lld tiles for this head dim; block sizes %lldx%lld are not built",
+                        (long long)pl->fwd_bq, (long long)pl->fwd_bk, (long long)o->block_q, (long long)o->block_k);
+    return FA_OK;
 }
 
 /* Forward: the kernels' two int64 counters (a 256-byte slot). Backward: the same slot, then
@@ -24,3 +62,7 @@ int64_t fa_cuda_workspace_bytes(const struct fa_plan *plan, fa_pass pass) {
     const int64_t rows = p->batch * p->heads_q * p->seq_q * 4;
     return FA_CUDA_COUNTER_BYTES + (rows + 255) / 256 * 256;
 }
+
+/* id, name, present, supports, choose_blocks, workspace_bytes, forward, backward */
+const fa_backend_entry fa_backend_cuda_entry = {FA_BACKEND_CUDA, "cuda", cuda_present, cuda_supports, cuda_choose_blocks,
+                                                fa_cuda_workspace_bytes, fa_cuda_forward, fa_cuda_backward};

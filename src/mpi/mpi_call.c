@@ -172,55 +172,47 @@ void fa_mpi_merge_rows(int64_t rows, int64_t dv, float *acc_o, float *acc_lse, f
 
 /* ---- entry points ------------------------------------------------------------------- */
 
-static fa_status need(const void *p, const char *name) {
-    return p ? FA_OK : fa_error(FA_ERR_NULL, "%s is NULL", name);
-}
-
+/* The public entries' one argument check (args.c), on this rank's tensors seen as the
+ * single-process arguments they are (no workspace: the ring and Ulysses allocate their own). */
 static fa_status check_forward(const fa_problem *g, const fa_mpi_forward_args *a) {
-    fa_status st;
-    if ((st = need(a, "args")) || (st = need(a->q, "q")) || (st = need(a->k, "k")) ||
-        (st = need(a->v, "v")) || (st = need(a->o, "o")))
-        return st;
-    if (g->has_alibi && (st = need(a->alibi_slopes, "alibi_slopes"))) return st;
-    if (g->has_segment_ids && ((st = need(a->q_segment_ids, "q_segment_ids")) ||
-                               (st = need(a->kv_segment_ids, "kv_segment_ids"))))
-        return st;
-    return FA_OK;
+    fa_forward_args v = {0};
+    if (a) {
+        v.q = a->q, v.k = a->k, v.v = a->v, v.o = a->o, v.alibi_slopes = a->alibi_slopes;
+        v.q_segment_ids = a->q_segment_ids, v.kv_segment_ids = a->kv_segment_ids;
+    }
+    return fa_check_forward_args(g, a ? &v : NULL, 0, 1, "fa_mpi_forward");
 }
 
 static fa_status check_backward(const fa_problem *g, const fa_mpi_backward_args *a) {
-    fa_status st;
-    if ((st = need(a, "args")) || (st = need(a->q, "q")) || (st = need(a->k, "k")) ||
-        (st = need(a->v, "v")) || (st = need(a->o, "o")) || (st = need(a->d_o, "do")) ||
-        (st = need(a->lse, "lse")) || (st = need(a->dq, "dq")) || (st = need(a->dk, "dk")) ||
-        (st = need(a->dv, "dv")))
-        return st;
-    if (g->has_alibi && (st = need(a->alibi_slopes, "alibi_slopes"))) return st;
-    if (g->has_segment_ids && ((st = need(a->q_segment_ids, "q_segment_ids")) ||
-                               (st = need(a->kv_segment_ids, "kv_segment_ids"))))
-        return st;
-    return FA_OK;
+    fa_backward_args v = {0};
+    if (a) {
+        v.q = a->q, v.k = a->k, v.v = a->v, v.o = a->o, v.d_o = a->d_o, v.lse = a->lse;
+        v.dq = a->dq, v.dk = a->dk, v.dv = a->dv, v.alibi_slopes = a->alibi_slopes;
+        v.q_segment_ids = a->q_segment_ids, v.kv_segment_ids = a->kv_segment_ids;
+    }
+    return fa_check_backward_args(g, a ? &v : NULL, 0, 1, "fa_mpi_backward");
+}
+
+/* Both entries: the plan there, the stats zeroed. */
+static fa_status enter(const fa_mpi_plan *plan, fa_mpi_stats *stats, const char *fn) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    return plan ? FA_OK : fa_error(FA_ERR_NULL, "%s: plan is NULL", fn);
 }
 
 /* A local mistake still joins the agreement, so that no peer waits for this rank. */
 fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_forward_args *a) {
-    if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
-    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
-    fa_status local = check_forward(&plan->g, a);
-    fa_mpi_forward_args none;
-    memset(&none, 0, sizeof none);
-    if (!a) a = &none;
-    return plan->method == FA_MPI_RING ? fa_mpi_ring_forward(comm, plan, a, local)
-                                       : fa_mpi_ulysses_forward(comm, plan, a, local);
+    static const fa_mpi_forward_args none;
+    fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_forward");
+    if (st) return st;
+    st = check_forward(&plan->g, a);
+    return (plan->method == FA_MPI_RING ? fa_mpi_ring_forward : fa_mpi_ulysses_forward)(comm, plan, a ? a : &none, st);
 }
 
 fa_status fa_mpi_backward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_backward_args *a) {
-    if (!plan) return fa_error(FA_ERR_NULL, "plan is NULL");
-    if (a && a->stats) memset(a->stats, 0, sizeof *a->stats);
-    fa_status local = check_backward(&plan->g, a);
-    fa_mpi_backward_args none;
-    memset(&none, 0, sizeof none);
-    if (!a) a = &none;
-    return plan->method == FA_MPI_RING ? fa_mpi_ring_backward(comm, plan, a, local)
-                                       : fa_mpi_ulysses_backward(comm, plan, a, local);
+    static const fa_mpi_backward_args none;
+    fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_backward");
+    if (st) return st;
+    st = check_backward(&plan->g, a);
+    return (plan->method == FA_MPI_RING ? fa_mpi_ring_backward : fa_mpi_ulysses_backward)(comm, plan, a ? a : &none,
+                                                                                         st);
 }

@@ -4,7 +4,7 @@
 #define FA_MPI_INTERNAL_H
 
 #include "flashattn_mpi.h"
-#include "internal.h"
+#include "backend.h"
 
 #include <mpi.h>
 #include <stddef.h>

@@ -222,25 +222,26 @@ static int divides(int64_t d, int64_t n) { return d > 0 && n % d == 0; }
 fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
                              fa_mpi_method method, fa_mpi_layout layout, int nranks, int rank,
                              fa_mpi_plan **out) {
-    if (!out) return fa_error(FA_ERR_NULL, "out is NULL");
+    if (!out) return fa_error(FA_ERR_NULL, "fa_mpi_plan_create: out is NULL");
     *out = NULL;
-    if (!global) return fa_error(FA_ERR_NULL, "problem is NULL");
+    if (!global) return fa_error(FA_ERR_NULL, "fa_mpi_plan_create: problem is NULL");
     if (method != FA_MPI_RING && method != FA_MPI_ULYSSES)
         return fa_error(FA_ERR_INVALID, "method %d is not FA_MPI_RING or FA_MPI_ULYSSES", (int)method);
     if (layout != FA_MPI_CONTIGUOUS && layout != FA_MPI_ZIGZAG)
         return fa_error(FA_ERR_INVALID, "layout %d is not FA_MPI_CONTIGUOUS or FA_MPI_ZIGZAG", (int)layout);
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return fa_error(FA_ERR_INVALID, "rank %d of %d ranks is out of range", rank, nranks);
-    if (global->has_bias)
-        return fa_error(FA_ERR_UNSUPPORTED, "sequence parallel: an additive bias is not supported");
     fa_options o;
     if (opt) o = *opt;
     else memset(&o, 0, sizeof o);
-    if (o.backend == FA_BACKEND_CUDA)
-        return fa_error(FA_ERR_UNSUPPORTED, "sequence parallel runs on the CPU backend (host memory)");
+    /* what combines with sequence parallel is the backend's to say (backend.h), before the
+     * global problem's own check reads any inference arrays */
+    const fa_backend_entry *be = fa_backend_of(o.backend == FA_BACKEND_CUDA ? FA_BACKEND_CUDA : FA_BACKEND_CPU);
+    fa_status st = be->supports(global, FA_FORWARD, FA_USE_SEQ_PARALLEL);
+    if (st != FA_OK) return st;
     o.backend = FA_BACKEND_CPU;
     fa_plan *check = NULL; /* the global problem must be valid on its own */
-    fa_status st = fa_plan_create(global, &o, &check);
+    st = fa_plan_create(global, &o, &check);
     if (st != FA_OK) return st;
     fa_problem g = *global; /* defaults resolved (Hk, Dv); strides stay the local ones given */
     g.heads_kv = fa_plan_problem(check)->heads_kv;
@@ -301,14 +302,14 @@ int64_t fa_mpi_layout_row(fa_mpi_layout layout, int nranks, int rank, int64_t S,
 }
 
 fa_status fa_mpi_plan_cost(const fa_mpi_plan *plan, fa_pass pass, fa_mpi_cost *out) {
-    if (!plan || !out) return fa_error(FA_ERR_NULL, "plan or out is NULL");
+    if (!plan || !out) return fa_error(FA_ERR_NULL, "fa_mpi_plan_cost: %s is NULL", plan ? "out" : "plan");
     *out = pass == FA_BACKWARD ? plan->bwd : plan->fwd;
     return FA_OK;
 }
 
 fa_status fa_mpi_predict(const fa_mpi_plan *pl, fa_pass pass, double flops_per_s,
                          double bytes_per_s, fa_mpi_prediction *out) {
-    if (!pl || !out) return fa_error(FA_ERR_NULL, "plan or out is NULL");
+    if (!pl || !out) return fa_error(FA_ERR_NULL, "fa_mpi_predict: %s is NULL", pl ? "out" : "plan");
     if (!(flops_per_s > 0) || !(bytes_per_s > 0))
         return fa_error(FA_ERR_INVALID, "rate %g flop/s and bandwidth %g B/s must be positive",
                         flops_per_s, bytes_per_s);

@@ -8,7 +8,6 @@
 #include "mpi_internal.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +71,20 @@ static void pack_own(ring *R, const void *k, const void *v, const int32_t *qseg,
     }
 }
 
+/* Both passes: every rank agrees on the local status (out of memory unless the pass has
+ * all its buffers, `have`), then this rank's own block is packed into kv[0]. */
+static fa_status ring_begin(ring *R, fa_mpi_call *c, MPI_Comm comm, fa_pass pass, fa_status local, int have,
+                            const void *k, const void *v, const int32_t *qseg, const int32_t *kvseg) {
+    if (local == FA_OK && !have)
+        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (ring buffers)", R->pl->rank);
+    fa_status st = fa_mpi_begin(c, comm, R->pl, pass, local);
+    if (st != FA_OK) return st;
+    const double t0 = fa_mpi_now();
+    pack_own(R, k, v, qseg, kvseg);
+    c->stats.merge_s += fa_mpi_now() - t0;
+    return FA_OK;
+}
+
 /* The kv segment ids of k run ks of block buf, as contiguous [B, len]. */
 static const int32_t *kv_ids(ring *R, const char *buf, const fa_mpi_seg *ks) {
     if (!R->g->has_segment_ids) return NULL;
@@ -105,10 +118,64 @@ static fa_plan *pair_plan(fa_mpi_call *c, const fa_mpi_seg *qs, const fa_mpi_seg
     return lp;
 }
 
-static void kernel_failed(fa_mpi_call *c, fa_status st, const char *pass, int step) {
-    char msg[400];
-    snprintf(msg, sizeof msg, "%s", fa_last_error());
-    fa_mpi_fail(c, st, "local %s at ring step %d: %s", pass, step, msg);
+/* Step s of either pass: posts the next block's receive from the left and this block's
+ * send to the right (all but the last step), gives the k rows the block holds, and returns
+ * the block. */
+static char *ring_step(ring *R, fa_mpi_call *c, int s, fa_mpi_xfer *x, fa_mpi_shard *ksh) {
+    char *cur = R->kv[s % 2];
+    if (s < R->P - 1) {
+        fa_mpi_irecv(c, x, R->kv[(s + 1) % 2], R->kvb, R->left, TAG_KV);
+        fa_mpi_isend(c, x, cur, R->kvb, R->right, TAG_KV);
+    }
+    fa_mpi_shard_of(R->pl, 1, (R->r - s + R->P) % R->P, ksh);
+    return cur;
+}
+
+/* Step s's (q run, k run) pairs with work, one at a time (q runs outer, in order): the
+ * pair's runs and, in the block, its k and v rows and segment ids (NULL without). */
+typedef struct {
+    int i; /* the next pair */
+    const fa_mpi_seg *qs, *ks;
+    const void *k, *v;
+    const int32_t *qids, *kvids;
+} ring_pair;
+
+/* The next pair's plan (the caller runs and frees it), or NULL when none is left or the
+ * call has failed; pairs whose tiles are all masked are skipped (pair_plan). */
+static fa_plan *next_pair(ring *R, fa_mpi_call *c, const fa_mpi_shard *ksh, const char *cur, int forward, int64_t segq,
+                          ring_pair *pp) {
+    while (c->st == FA_OK && pp->i < R->qsh.n * ksh->n) {
+        const int qa = pp->i / ksh->n, kb = pp->i % ksh->n;
+        pp->i++;
+        pp->qs = &R->qsh.s[qa], pp->ks = &ksh->s[kb];
+        fa_plan *lp = pair_plan(c, pp->qs, pp->ks, forward, segq);
+        if (!lp) continue;
+        pp->k = cur + (size_t)(pp->ks->lstart * R->D) * R->es;
+        pp->v = cur + R->off_v + (size_t)(pp->ks->lstart * R->Dv) * R->es;
+        pp->qids = R->g->has_segment_ids ? R->qseg + qa * R->B * segq : NULL;
+        pp->kvids = kv_ids(R, cur, pp->ks);
+        return lp;
+    }
+    return NULL;
+}
+
+/* One pair's local pass at step s on plan lp (then freed): its time into compute_s, its
+ * counts into the call's; 0 when it failed (recorded, with the step). */
+static int run_pair(ring *R, fa_mpi_call *c, fa_plan *lp, int backward, void *args, const fa_counts *n, int s) {
+    const double t0 = fa_mpi_now();
+    fa_status st = backward ? fa_backward(lp, args) : fa_forward(lp, args);
+    if (R->r == fa_mpi_test_fail_kernel_rank && s == (R->P > 1))
+        st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
+    c->stats.compute_s += fa_mpi_now() - t0;
+    fa_plan_destroy(lp);
+    if (st != FA_OK) {
+        /* fa_mpi_fail formats the message before it sets the new one */
+        fa_mpi_fail(c, st, "local %s at ring step %d: %s", backward ? "backward" : "forward", s, fa_last_error());
+        return 0;
+    }
+    c->stats.counts.flops += n->flops;
+    c->stats.counts.transcendentals += n->transcendentals;
+    return 1;
 }
 
 fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi_forward_args *a,
@@ -119,63 +186,36 @@ fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi
     void *part_o = fa_mpi_alloc(pl, R.B * R.Hq * segq * R.Dv * (int64_t)R.es);
     float *part_lse = fa_mpi_alloc(pl, R.B * R.Hq * segq * 4);
     float *acc_o = fa_mpi_alloc(pl, rows * R.Dv * 4), *acc_lse = fa_mpi_alloc(pl, rows * 4);
-    if (local == FA_OK && !(ok && part_o && part_lse && acc_o && acc_lse))
-        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (ring buffers)", pl->rank);
     fa_mpi_call c;
-    fa_status st = fa_mpi_begin(&c, comm, pl, FA_FORWARD, local);
+    fa_status st = ring_begin(&R, &c, comm, FA_FORWARD, local, ok && part_o && part_lse && acc_o && acc_lse, a->k, a->v,
+                              a->q_segment_ids, a->kv_segment_ids);
     if (st != FA_OK) goto out;
-
-    double t0 = fa_mpi_now();
-    pack_own(&R, a->k, a->v, a->q_segment_ids, a->kv_segment_ids);
     for (int64_t i = 0; i < rows; i++) acc_lse[i] = -INFINITY;
     memset(acc_o, 0, (size_t)(rows * R.Dv) * 4);
-    c.stats.merge_s += fa_mpi_now() - t0;
     for (int s = 0; s < R.P; s++) {
-        char *cur = R.kv[s % 2];
         fa_mpi_xfer x = {0};
-        if (s < R.P - 1) {
-            fa_mpi_irecv(&c, &x, R.kv[(s + 1) % 2], R.kvb, R.left, TAG_KV);
-            fa_mpi_isend(&c, &x, cur, R.kvb, R.right, TAG_KV);
-        }
         fa_mpi_shard ksh;
-        fa_mpi_shard_of(pl, 1, (R.r - s + R.P) % R.P, &ksh);
-        for (int qa = 0; qa < R.qsh.n && c.st == FA_OK; qa++)
-            for (int kb = 0; kb < ksh.n && c.st == FA_OK; kb++) {
-                const fa_mpi_seg *qs = &R.qsh.s[qa], *ks = &ksh.s[kb];
-                fa_plan *lp = pair_plan(&c, qs, ks, 1, segq);
-                if (!lp) continue;
-                fa_counts n = {0, 0};
-                fa_forward_args fw;
-                memset(&fw, 0, sizeof fw);
-                fw.q = (const char *)a->q + (size_t)(qs->lstart * R.qst.s[2]) * R.es;
-                fw.k = cur + (size_t)(ks->lstart * R.D) * R.es;
-                fw.v = cur + R.off_v + (size_t)(ks->lstart * R.Dv) * R.es;
-                fw.o = part_o, fw.lse = part_lse, fw.alibi_slopes = a->alibi_slopes;
-                if (R.g->has_segment_ids) {
-                    fw.q_segment_ids = R.qseg + qa * R.B * segq;
-                    fw.kv_segment_ids = kv_ids(&R, cur, ks);
-                }
-                fw.counts = &n;
-                double t1 = fa_mpi_now();
-                fa_status ks_st = fa_forward(lp, &fw);
-                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
-                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
-                double t2 = fa_mpi_now();
-                c.stats.compute_s += t2 - t1;
-                fa_plan_destroy(lp);
-                if (ks_st != FA_OK) {
-                    kernel_failed(&c, ks_st, "forward", s);
-                    break;
-                }
-                c.stats.counts.flops += n.flops;
-                c.stats.counts.transcendentals += n.transcendentals;
-                for (int64_t bh = 0; bh < R.B * R.Hq; bh++)
-                    fa_mpi_merge_rows(segq, R.Dv, acc_o + (bh * R.lq + qs->lstart) * R.Dv,
-                                      acc_lse + bh * R.lq + qs->lstart, R.g->dtype,
-                                      (const char *)part_o + (size_t)(bh * segq * R.Dv) * R.es,
-                                      R.Dv, part_lse + bh * segq);
-                c.stats.merge_s += fa_mpi_now() - t2;
-            }
+        char *cur = ring_step(&R, &c, s, &x, &ksh);
+        ring_pair pp = {0};
+        fa_plan *lp;
+        while ((lp = next_pair(&R, &c, &ksh, cur, 1, segq, &pp))) {
+            const fa_mpi_seg *qs = pp.qs;
+            fa_counts n = {0, 0};
+            fa_forward_args fw;
+            memset(&fw, 0, sizeof fw);
+            fw.q = (const char *)a->q + (size_t)(qs->lstart * R.qst.s[2]) * R.es;
+            fw.k = pp.k, fw.v = pp.v, fw.q_segment_ids = pp.qids, fw.kv_segment_ids = pp.kvids;
+            fw.o = part_o, fw.lse = part_lse, fw.alibi_slopes = a->alibi_slopes;
+            fw.counts = &n;
+            if (!run_pair(&R, &c, lp, 0, &fw, &n, s)) break;
+            double t2 = fa_mpi_now();
+            for (int64_t bh = 0; bh < R.B * R.Hq; bh++)
+                fa_mpi_merge_rows(segq, R.Dv, acc_o + (bh * R.lq + qs->lstart) * R.Dv,
+                                  acc_lse + bh * R.lq + qs->lstart, R.g->dtype,
+                                  (const char *)part_o + (size_t)(bh * segq * R.Dv) * R.es,
+                                  R.Dv, part_lse + bh * segq);
+            c.stats.merge_s += fa_mpi_now() - t2;
+        }
         fa_mpi_wait(&c, &x);
     }
     if (c.st == FA_OK) {
@@ -214,80 +254,54 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
     float *dq_acc = fa_mpi_alloc(pl, R.B * R.Hq * R.lq * R.D * 4);
     char *dq_p = fa_mpi_alloc(pl, qspan * (int64_t)R.es), *dkv_p = fa_mpi_alloc(pl, R.off_seg);
     float *lse_c = fa_mpi_alloc(pl, R.B * R.Hq * segq * 4);
-    if (local == FA_OK && !(ok && acc[0] && acc[1] && home && dq_acc && dq_p && dkv_p && lse_c))
-        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (ring buffers)", pl->rank);
     fa_mpi_call c;
-    fa_status st = fa_mpi_begin(&c, comm, pl, FA_BACKWARD, local);
+    fa_status st = ring_begin(&R, &c, comm, FA_BACKWARD, local,
+                              ok && acc[0] && acc[1] && home && dq_acc && dq_p && dkv_p && lse_c, a->k, a->v,
+                              a->q_segment_ids, a->kv_segment_ids);
     if (st != FA_OK) goto out;
-
-    double t0 = fa_mpi_now();
-    pack_own(&R, a->k, a->v, a->q_segment_ids, a->kv_segment_ids);
     memset(acc[0], 0, (size_t)accb);
     memset(dq_acc, 0, (size_t)(R.B * R.Hq * R.lq * R.D) * 4);
-    c.stats.merge_s += fa_mpi_now() - t0;
     fa_mpi_xfer acc_in = {0}, acc_out = {0}; /* this step's accumulator; the last one sent */
     for (int s = 0; s < R.P; s++) {
-        char *cur = R.kv[s % 2];
         float *mine = acc[s % 2];
         fa_mpi_xfer x = {0};
-        if (s < R.P - 1) {
-            fa_mpi_irecv(&c, &x, R.kv[(s + 1) % 2], R.kvb, R.left, TAG_KV);
-            fa_mpi_isend(&c, &x, cur, R.kvb, R.right, TAG_KV);
-        }
         fa_mpi_shard ksh;
-        fa_mpi_shard_of(pl, 1, (R.r - s + R.P) % R.P, &ksh);
-        for (int qa = 0; qa < R.qsh.n && c.st == FA_OK; qa++)
-            for (int kb = 0; kb < ksh.n && c.st == FA_OK; kb++) {
-                const fa_mpi_seg *qs = &R.qsh.s[qa], *ks = &ksh.s[kb];
-                fa_plan *lp = pair_plan(&c, qs, ks, 0, segq);
-                if (!lp) continue;
-                double t1 = fa_mpi_now();
-                for (int64_t bh = 0; bh < R.B * R.Hq; bh++)
-                    memcpy(lse_c + bh * segq, a->lse + bh * R.lq + qs->lstart, (size_t)segq * 4);
-                size_t qoff = (size_t)(qs->lstart * R.qst.s[2]) * R.es;
-                size_t ooff = (size_t)(qs->lstart * R.ost.s[2]) * R.es;
-                fa_counts n = {0, 0};
-                fa_backward_args bw;
-                memset(&bw, 0, sizeof bw);
-                bw.q = (const char *)a->q + qoff, bw.dq = dq_p + qoff;
-                bw.k = cur + (size_t)(ks->lstart * R.D) * R.es;
-                bw.v = cur + R.off_v + (size_t)(ks->lstart * R.Dv) * R.es;
-                bw.dk = dkv_p + (size_t)(ks->lstart * R.D) * R.es;
-                bw.dv = dkv_p + R.off_v + (size_t)(ks->lstart * R.Dv) * R.es;
-                bw.o = (const char *)a->o + ooff, bw.d_o = (const char *)a->d_o + ooff;
-                bw.lse = lse_c, bw.alibi_slopes = a->alibi_slopes;
-                if (R.g->has_segment_ids) {
-                    bw.q_segment_ids = R.qseg + qa * R.B * segq;
-                    bw.kv_segment_ids = kv_ids(&R, cur, ks);
-                }
-                bw.counts = &n;
-                double t2 = fa_mpi_now();
-                c.stats.merge_s += t2 - t1;
-                fa_status ks_st = fa_backward(lp, &bw);
-                if (R.r == fa_mpi_test_fail_kernel_rank && s == (R.P > 1))
-                    ks_st = fa_error(FA_ERR_BACKEND, "test hook: the kernel fails");
-                double t3 = fa_mpi_now();
-                c.stats.compute_s += t3 - t2;
-                fa_plan_destroy(lp);
-                if (ks_st != FA_OK) {
-                    kernel_failed(&c, ks_st, "backward", s);
-                    break;
-                }
-                c.stats.counts.flops += n.flops;
-                c.stats.counts.transcendentals += n.transcendentals;
-                for (int64_t b = 0; b < R.B; b++)
-                    for (int64_t h = 0; h < R.Hq; h++)
-                        for (int64_t t = qs->lstart; t < qs->lstart + qs->len; t++) {
-                            float *dst = dq_acc + ((b * R.Hq + h) * R.lq + t) * R.D;
-                            for (int64_t d = 0; d < R.D; d++)
-                                dst[d] += fa_load(R.g->dtype, dq_p, fa_offset(&R.qst, b, h, t, d));
-                        }
-                double t4 = fa_mpi_now();
-                fa_mpi_wait(&c, &acc_in); /* the block's accumulator, from the left */
-                double t5 = fa_mpi_now();
-                add_dkv(&R, mine, dkv_p, ks);
-                c.stats.merge_s += (t4 - t3) + (fa_mpi_now() - t5);
-            }
+        char *cur = ring_step(&R, &c, s, &x, &ksh);
+        ring_pair pp = {0};
+        fa_plan *lp;
+        while ((lp = next_pair(&R, &c, &ksh, cur, 0, segq, &pp))) {
+            const fa_mpi_seg *qs = pp.qs, *ks = pp.ks;
+            double t1 = fa_mpi_now();
+            for (int64_t bh = 0; bh < R.B * R.Hq; bh++)
+                memcpy(lse_c + bh * segq, a->lse + bh * R.lq + qs->lstart, (size_t)segq * 4);
+            size_t qoff = (size_t)(qs->lstart * R.qst.s[2]) * R.es;
+            size_t ooff = (size_t)(qs->lstart * R.ost.s[2]) * R.es;
+            fa_counts n = {0, 0};
+            fa_backward_args bw;
+            memset(&bw, 0, sizeof bw);
+            bw.q = (const char *)a->q + qoff, bw.dq = dq_p + qoff;
+            bw.k = pp.k, bw.v = pp.v, bw.q_segment_ids = pp.qids, bw.kv_segment_ids = pp.kvids;
+            bw.dk = dkv_p + (size_t)(ks->lstart * R.D) * R.es;
+            bw.dv = dkv_p + R.off_v + (size_t)(ks->lstart * R.Dv) * R.es;
+            bw.o = (const char *)a->o + ooff, bw.d_o = (const char *)a->d_o + ooff;
+            bw.lse = lse_c, bw.alibi_slopes = a->alibi_slopes;
+            bw.counts = &n;
+            c.stats.merge_s += fa_mpi_now() - t1;
+            if (!run_pair(&R, &c, lp, 1, &bw, &n, s)) break;
+            double t3 = fa_mpi_now();
+            for (int64_t b = 0; b < R.B; b++)
+                for (int64_t h = 0; h < R.Hq; h++)
+                    for (int64_t t = qs->lstart; t < qs->lstart + qs->len; t++) {
+                        float *dst = dq_acc + ((b * R.Hq + h) * R.lq + t) * R.D;
+                        for (int64_t d = 0; d < R.D; d++)
+                            dst[d] += fa_load(R.g->dtype, dq_p, fa_offset(&R.qst, b, h, t, d));
+                    }
+            double t4 = fa_mpi_now();
+            fa_mpi_wait(&c, &acc_in); /* the block's accumulator, from the left */
+            double t5 = fa_mpi_now();
+            add_dkv(&R, mine, dkv_p, ks);
+            c.stats.merge_s += (t4 - t3) + (fa_mpi_now() - t5);
+        }
         fa_mpi_wait(&c, &acc_in);
         fa_mpi_wait(&c, &acc_out); /* its buffer is the next receive's */
         if (R.P > 1) {

@@ -7,7 +7,6 @@
 #include "mpi_internal.h"
 
 #include <limits.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,99 +191,107 @@ static void run_kernel(fa_mpi_call *c, const shapes *z, int backward, void *args
     c->stats.compute_s += fa_mpi_now() - t0;
     fa_plan_destroy(lp);
     if (st != FA_OK) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "%s", fa_last_error());
-        fa_mpi_fail(c, st, "local %s: %s", backward ? "backward" : "forward", msg);
+        /* fa_mpi_fail formats the message before it sets the new one */
+        fa_mpi_fail(c, st, "local %s: %s", backward ? "backward" : "forward", fa_last_error());
     }
+}
+
+/* One call of either pass: shapes, the all-to-all buffers, n head-sharded tensors (q k v o
+ * lse do dq dk dv; the forward's first 5), the full-length segment ids, the call. */
+typedef struct {
+    shapes z;
+    ulysses U;
+    char *h[9];
+    int n;
+    int32_t *ids[2];
+    fa_mpi_call c;
+} run;
+
+/* What both passes start with: the buffers, the agreement on the local status, then q, k,
+ * v (qkv) and the segment ids moved to the head layout. On a failure the buffers are freed
+ * and every rank returns it. */
+static fa_status start(run *r, MPI_Comm comm, const fa_mpi_plan *pl, fa_pass pass, fa_status local,
+                       const void *const qkv[3], const int32_t *qseg, const int32_t *kvseg) {
+    const fa_problem *g = &pl->g;
+    memset(r, 0, sizeof *r);
+    r->n = pass == FA_BACKWARD ? 9 : 5;
+    shapes_of(pl, &r->z);
+    if (!alloc_all(pl, &r->z, &r->U, r->h, r->n, r->ids) && local == FA_OK)
+        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (all-to-all buffers)", pl->rank);
+    fa_status st = fa_mpi_begin(&r->c, comm, pl, pass, local);
+    if (st != FA_OK) {
+        free_all(&r->U, r->h, r->n, r->ids);
+        return st;
+    }
+    ulysses *U = &r->U;
+    const shapes *z = &r->z;
+    U->c = &r->c, U->pl = pl, U->P = pl->P, U->B = g->batch;
+    to_heads(U, qkv[0], &z->qst, 0, g->heads_q, g->head_dim, z->es, r->h[0]);
+    to_heads(U, qkv[1], &z->kst, 1, g->heads_kv, g->head_dim, z->es, r->h[1]);
+    to_heads(U, qkv[2], &z->vst, 1, g->heads_kv, g->head_dim_v, z->es, r->h[2]);
+    if (g->has_segment_ids) {
+        gather_ids(U, qseg, 0, r->ids[0]);
+        gather_ids(U, kvseg, 1, r->ids[1]);
+    }
+    return FA_OK;
+}
+
+/* Both passes end: every rank agrees on the status, the stats go out, the buffers are freed. */
+static fa_status finish(run *r, fa_mpi_stats *stats) {
+    fa_status st = fa_mpi_end(&r->c, stats);
+    free_all(&r->U, r->h, r->n, r->ids);
+    return st;
 }
 
 fa_status fa_mpi_ulysses_forward(MPI_Comm comm, const fa_mpi_plan *pl,
                                  const fa_mpi_forward_args *a, fa_status local) {
     const fa_problem *g = &pl->g;
-    shapes z;
-    shapes_of(pl, &z);
-    ulysses U = {0};
-    char *h[5] = {0}; /* q k v o lse, head-sharded */
-    int32_t *ids[2];
-    if (!alloc_all(pl, &z, &U, h, 5, ids) && local == FA_OK)
-        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (all-to-all buffers)", pl->rank);
-    fa_mpi_call c;
-    fa_status st = fa_mpi_begin(&c, comm, pl, FA_FORWARD, local);
-    if (st != FA_OK) {
-        free_all(&U, h, 5, ids);
-        return st;
-    }
-    U.c = &c, U.pl = pl, U.P = pl->P, U.B = g->batch;
-    int64_t Hq = g->heads_q, Hk = g->heads_kv, Hp = Hq / pl->P;
-    to_heads(&U, a->q, &z.qst, 0, Hq, g->head_dim, z.es, h[0]);
-    to_heads(&U, a->k, &z.kst, 1, Hk, g->head_dim, z.es, h[1]);
-    to_heads(&U, a->v, &z.vst, 1, Hk, g->head_dim_v, z.es, h[2]);
-    if (g->has_segment_ids) {
-        gather_ids(&U, a->q_segment_ids, 0, ids[0]);
-        gather_ids(&U, a->kv_segment_ids, 1, ids[1]);
-    }
-    if (c.st == FA_OK) {
+    run r;
+    const void *qkv[3] = {a->q, a->k, a->v};
+    fa_status st = start(&r, comm, pl, FA_FORWARD, local, qkv, a->q_segment_ids, a->kv_segment_ids);
+    if (st != FA_OK) return st;
+    const int64_t Hq = g->heads_q, Hp = Hq / pl->P;
+    if (r.c.st == FA_OK) {
         fa_counts n = {0, 0};
         fa_forward_args fw;
         memset(&fw, 0, sizeof fw);
-        fw.q = h[0], fw.k = h[1], fw.v = h[2], fw.o = h[3], fw.lse = (float *)h[4];
+        fw.q = r.h[0], fw.k = r.h[1], fw.v = r.h[2], fw.o = r.h[3], fw.lse = (float *)r.h[4];
         fw.alibi_slopes = g->has_alibi ? a->alibi_slopes + pl->rank * Hp : NULL;
-        fw.q_segment_ids = ids[0], fw.kv_segment_ids = ids[1];
+        fw.q_segment_ids = r.ids[0], fw.kv_segment_ids = r.ids[1];
         fw.counts = &n;
-        run_kernel(&c, &z, 0, &fw);
-        c.stats.counts = n;
+        run_kernel(&r.c, &r.z, 0, &fw);
+        r.c.stats.counts = n;
     }
-    from_heads(&U, h[3], 0, Hq, g->head_dim_v, z.es, a->o, &z.ost);
-    from_heads(&U, h[4], 0, Hq, 1, 4, a->lse, &z.lst); /* lse NULL: taken part in, dropped */
-    st = fa_mpi_end(&c, a->stats);
-    free_all(&U, h, 5, ids);
-    return st;
+    from_heads(&r.U, r.h[3], 0, Hq, g->head_dim_v, r.z.es, a->o, &r.z.ost);
+    from_heads(&r.U, r.h[4], 0, Hq, 1, 4, a->lse, &r.z.lst); /* lse NULL: taken part in, dropped */
+    return finish(&r, a->stats);
 }
 
 fa_status fa_mpi_ulysses_backward(MPI_Comm comm, const fa_mpi_plan *pl,
                                   const fa_mpi_backward_args *a, fa_status local) {
     const fa_problem *g = &pl->g;
-    shapes z;
-    shapes_of(pl, &z);
-    ulysses U = {0};
-    char *h[9] = {0}; /* q k v o lse do dq dk dv, head-sharded */
-    int32_t *ids[2];
-    if (!alloc_all(pl, &z, &U, h, 9, ids) && local == FA_OK)
-        local = fa_error(FA_ERR_NO_MEMORY, "rank %d: out of memory (all-to-all buffers)", pl->rank);
-    fa_mpi_call c;
-    fa_status st = fa_mpi_begin(&c, comm, pl, FA_BACKWARD, local);
-    if (st != FA_OK) {
-        free_all(&U, h, 9, ids);
-        return st;
-    }
-    U.c = &c, U.pl = pl, U.P = pl->P, U.B = g->batch;
-    int64_t Hq = g->heads_q, Hk = g->heads_kv, Hp = Hq / pl->P;
-    to_heads(&U, a->q, &z.qst, 0, Hq, g->head_dim, z.es, h[0]);
-    to_heads(&U, a->k, &z.kst, 1, Hk, g->head_dim, z.es, h[1]);
-    to_heads(&U, a->v, &z.vst, 1, Hk, g->head_dim_v, z.es, h[2]);
-    to_heads(&U, a->o, &z.ost, 0, Hq, g->head_dim_v, z.es, h[3]);
-    to_heads(&U, a->lse, &z.lst, 0, Hq, 1, 4, h[4]);
-    to_heads(&U, a->d_o, &z.ost, 0, Hq, g->head_dim_v, z.es, h[5]);
-    if (g->has_segment_ids) {
-        gather_ids(&U, a->q_segment_ids, 0, ids[0]);
-        gather_ids(&U, a->kv_segment_ids, 1, ids[1]);
-    }
-    if (c.st == FA_OK) {
+    run r;
+    const void *qkv[3] = {a->q, a->k, a->v};
+    fa_status st = start(&r, comm, pl, FA_BACKWARD, local, qkv, a->q_segment_ids, a->kv_segment_ids);
+    if (st != FA_OK) return st;
+    const int64_t Hq = g->heads_q, Hk = g->heads_kv, Hp = Hq / pl->P;
+    to_heads(&r.U, a->o, &r.z.ost, 0, Hq, g->head_dim_v, r.z.es, r.h[3]);
+    to_heads(&r.U, a->lse, &r.z.lst, 0, Hq, 1, 4, r.h[4]);
+    to_heads(&r.U, a->d_o, &r.z.ost, 0, Hq, g->head_dim_v, r.z.es, r.h[5]);
+    if (r.c.st == FA_OK) {
         fa_counts n = {0, 0};
         fa_backward_args bw;
         memset(&bw, 0, sizeof bw);
-        bw.q = h[0], bw.k = h[1], bw.v = h[2], bw.o = h[3], bw.lse = (const float *)h[4];
-        bw.d_o = h[5], bw.dq = h[6], bw.dk = h[7], bw.dv = h[8];
+        bw.q = r.h[0], bw.k = r.h[1], bw.v = r.h[2], bw.o = r.h[3], bw.lse = (const float *)r.h[4];
+        bw.d_o = r.h[5], bw.dq = r.h[6], bw.dk = r.h[7], bw.dv = r.h[8];
         bw.alibi_slopes = g->has_alibi ? a->alibi_slopes + pl->rank * Hp : NULL;
-        bw.q_segment_ids = ids[0], bw.kv_segment_ids = ids[1];
+        bw.q_segment_ids = r.ids[0], bw.kv_segment_ids = r.ids[1];
         bw.counts = &n;
-        run_kernel(&c, &z, 1, &bw);
-        c.stats.counts = n;
+        run_kernel(&r.c, &r.z, 1, &bw);
+        r.c.stats.counts = n;
     }
-    from_heads(&U, h[6], 0, Hq, g->head_dim, z.es, a->dq, &z.qst);
-    from_heads(&U, h[7], 1, Hk, g->head_dim, z.es, a->dk, &z.kst);
-    from_heads(&U, h[8], 1, Hk, g->head_dim_v, z.es, a->dv, &z.vst);
-    st = fa_mpi_end(&c, a->stats);
-    free_all(&U, h, 9, ids);
-    return st;
+    from_heads(&r.U, r.h[6], 0, Hq, g->head_dim, r.z.es, a->dq, &r.z.qst);
+    from_heads(&r.U, r.h[7], 1, Hk, g->head_dim, r.z.es, a->dk, &r.z.kst);
+    from_heads(&r.U, r.h[8], 1, Hk, g->head_dim_v, r.z.es, a->dv, &r.z.vst);
+    return finish(&r, a->stats);
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The command line under mpirun (SPEC section 6): run and grad with --seq-parallel ring,
+# The command line under mpirun (docs/mpi.md): run and grad with --seq-parallel ring,
 # ring --zigzag and ulysses on P = 2 and 3 equal the single-process outputs (f32 bound) and
 # repeat bit for bit, also causal --top-left with Sq != Sk; --count prints one JSON line per
 # rank; bad input exits 2 on every rank with nothing written (shapes not divisible, Ulysses
-# with Hk % P != 0, --bias, --zigzag alone); ranks given different problems, or one rank
+# with Hk % P != 0, --bias, --zigzag alone, any inference shape: cu_seqlens, a cache with
+# new rows or a block table); ranks given different problems, or one rank
 # failing to read its input, end every rank with exit 2 within seconds; bench
 # --seq-parallel --json reports per-rank times.
 # Exits 77 (skipped) where this build has no MPI. Usage: bash tests/mpi/test_mpi_cli.sh BUILD
@@ -101,6 +102,29 @@ expect2 "Sq not divisible by 2P (zigzag)" "divisible" -np 2 "$FA" run --q q50.np
 expect2 "ulysses with Hk=2 on 3 ranks" "divisible" -np 3 "$FA" run $IN --out o9.npy --seq-parallel ulysses
 gen bias.npy '<f4' 2 4 48 48 --seed $((S0 + 16))
 expect2 "--bias" "not supported" -np 2 "$FA" run $IN --bias bias.npy --out o9.npy --seq-parallel ring
+# inference shapes with --seq-parallel: refused by the backend table's supports (exit 2,
+# naming both features), under mpirun and alone; they once ran as dense attention, exit 0
+gen lens.npy '<i4' 2
+gen cu.npy '<i4' 3
+gen table.npy '<i4' 2 3
+gen kn.npy '<f4' 2 1 2 16 --seed $((S0 + 19))
+gen vn.npy '<f4' 2 1 2 8 --seed $((S0 + 20))
+for sp in ring ulysses; do
+  expect2 "$sp with --cache-seqlens --k-new --v-new --update-cache" "sequence parallel.*kv-cache decoding" -np 2 \
+    "$FA" run $IN --cache-seqlens lens.npy --k-new kn.npy --v-new vn.npy --update-cache --out o9.npy --seq-parallel $sp
+  expect2 "$sp with --block-table" "sequence parallel.*kv-cache decoding" -np 2 \
+    "$FA" run $IN --cache-seqlens lens.npy --block-table table.npy --out o9.npy --seq-parallel $sp
+  expect2 "$sp with --cu-seqlens-*" "sequence parallel.*packed variable-length" -np 2 \
+    "$FA" run $IN --cu-seqlens-q cu.npy --cu-seqlens-k cu.npy --out o9.npy --seq-parallel $sp
+done
+mpi -np 2 "$FA" bench --batch 1 --heads 4 --seq 64 --head-dim 32 --seq-parallel ring --decode --iters 1
+[ $rc = 2 ] && grep -q "sequence parallel.*kv-cache decoding" se && ok "bench --seq-parallel --decode: exit 2" ||
+  no "bench --seq-parallel --decode" "exit $rc, $(head -c 300 se)"
+for extra in "--cache-seqlens lens.npy --k-new kn.npy --v-new vn.npy --update-cache" "--cu-seqlens-q cu.npy --cu-seqlens-k cu.npy"; do
+  "$FA" run $IN $extra --out o9.npy --seq-parallel ring >so 2>se
+  [ $? = 2 ] && [ ! -e o9.npy ] && grep -q "sequence parallel.*does not combine" se && ok "alone: ring with $extra: exit 2" ||
+    no "alone: ring with $extra" "$(cat se)"
+done
 "$FA" run $IN --out o9.npy --zigzag >so 2>se
 [ $? = 2 ] && [ ! -e o9.npy ] && grep -q "needs --seq-parallel" se && ok "--zigzag alone: exit 2" || no "--zigzag alone" "$(cat se)"
 t0=$(date +%s)

@@ -1,0 +1,104 @@
+/* The CPU backend's entry in the backend table (backend.h): it runs every combination that
+ * combines at all, on the ISA chosen at plan time, with that ISA's registered tiles, and
+ * dispatches a pass to its driver by shape (forward.c, backward.c, varlen.c, decode.c). */
+#include "../backend.h"
+#include "isa.h"
+
+#include <omp.h>
+
+typedef __int128 wide;
+
+static int64_t narrow(wide v) { return v < 0 || v > (wide)INT64_MAX ? -1 : (int64_t)v; }
+
+static fa_status cpu_supports(const fa_problem *p, fa_pass pass, unsigned uses) {
+    return fa_supports_common(p, pass, uses);
+}
+
+/* The ISA's tiles (dispatch.c says why each exists), then fewer rows per tile while there
+ * are under 4 work items per thread, so threads stay busy. The backward's tiles set the
+ * order of its sums, so there the rule looks at the shapes alone (under 16 query tiles in
+ * all), keeping its bits the same for every thread count. */
+static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t *bk) {
+    const fa_problem *p = &pl->p;
+    const fa_isa_tiles *t = pl->isa->tiles;
+    const int masked = p->causal || p->window_left >= 0 || p->window_right >= 0;
+    *bq = t->bq, *bk = t->bk;
+    if (pass == FA_FORWARD && !masked) {
+        if (p->dtype == FA_BF16) *bq = t->bf16_open_bq, *bk = t->bf16_open_bk;
+        else *bq = t->open_bq;
+        if (p->dtype == FA_F32 && p->seq_k >= t->long_keys) *bk = t->long_bk;
+    }
+    if (pass == FA_BACKWARD && !masked && p->dtype == FA_F32 && p->seq_k >= t->bwd_long_keys &&
+        p->head_dim >= t->bwd_long_dim)
+        *bk = t->bwd_long_bk;
+    const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
+    while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
+}
+
+static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {
+    pl->threads = o->threads ? o->threads : omp_get_max_threads();
+    if (pl->threads > FA_MAX_THREADS) /* only the default can get here: OMP_NUM_THREADS */
+        return fa_error(FA_ERR_INVALID, "OpenMP's default of %d threads (OMP_NUM_THREADS) is above the maximum of %d",
+                        pl->threads, FA_MAX_THREADS);
+    fa_status s = fa_isa_select(&pl->isa);
+    if (s) return s;
+    int64_t bq, bk;
+    default_blocks(pl, FA_FORWARD, &bq, &bk);
+    pl->fwd_bq = o->block_q ? o->block_q : bq;
+    pl->fwd_bk = o->block_k ? o->block_k : bk;
+    default_blocks(pl, FA_BACKWARD, &bq, &bk);
+    pl->bwd_bq = o->block_q ? o->block_q : bq;
+    pl->bwd_bk = o->block_k ? o->block_k : bk;
+    pl->bwd_fused = fa_cpu_backward_fused_fits(pl);
+    return FA_OK;
+}
+
+/* Partials of every work item, each item's first partial index (batch + 1 int64), and
+ * threads x one thread's scratch: what fa_cpu_decode_forward carves, in that order. */
+int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    wide items = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t lo, hi;
+        fa_decode_key_span(pl, b, &lo, &hi);
+        if (lo <= hi) items += p->heads_kv * (hi / FA_DECODE_CHUNK - lo / FA_DECODE_CHUNK + 1);
+    }
+    const wide partial = (wide)(p->heads_q / p->heads_kv) * p->seq_q * (p->head_dim_v + 2) * 4;
+    return narrow(items * partial + ((wide)p->batch + 1) * 8 + (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl));
+}
+
+/* Dense: threads x the driver's per-thread scratch (the backward adds delta, 4 B per query
+ * row); packed batches: the largest sequence's (they share it); decode: its carve-up. */
+static int64_t cpu_workspace_bytes(const fa_plan *pl, fa_pass pass) {
+    const fa_problem *p = &pl->p;
+    if (pl->shape == FA_SHAPE_DECODE) return pass == FA_FORWARD ? fa_decode_workspace_bytes(pl) : 0;
+    if (pl->shape == FA_SHAPE_VARLEN) {
+        int64_t most = 0;
+        for (int64_t b = 0; b < p->batch; b++) {
+            fa_plan sub;
+            fa_varlen_subplan(pl, b, &sub);
+            if (sub.p.seq_q == 0 || sub.p.seq_k == 0) continue; /* no dense call */
+            const int64_t w = cpu_workspace_bytes(&sub, pass);
+            if (w < 0) return -1;
+            if (w > most) most = w;
+        }
+        return most;
+    }
+    if (pass == FA_FORWARD) return narrow((wide)pl->threads * fa_cpu_forward_scratch_bytes(pl));
+    return narrow((wide)p->batch * p->heads_q * p->seq_q * 4 + (wide)pl->threads * fa_cpu_backward_scratch_bytes(pl));
+}
+
+static fa_status cpu_forward(const fa_plan *pl, const fa_forward_args *a) {
+    if (pl->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_forward(pl, a);
+    if (pl->shape == FA_SHAPE_DECODE) return fa_cpu_decode_forward(pl, a);
+    return fa_cpu_forward(pl, a);
+}
+
+static fa_status cpu_backward(const fa_plan *pl, const fa_backward_args *a) {
+    if (pl->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_backward(pl, a);
+    return fa_cpu_backward(pl, a); /* decode: refused by supports before this */
+}
+
+/* id, name, present (always), supports, choose_blocks, workspace_bytes, forward, backward */
+const fa_backend_entry fa_backend_cpu_entry = {FA_BACKEND_CPU, "cpu", NULL, cpu_supports, cpu_choose_blocks,
+                                               cpu_workspace_bytes, cpu_forward, cpu_backward};
