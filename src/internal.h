@@ -103,6 +103,8 @@ fa_tile_walk fa_tile_walk_sums(const struct fa_plan *pl, int64_t bq, int64_t bk)
  * allocate exactly that. */
 int64_t fa_cpu_forward_scratch_bytes(const struct fa_plan *plan);
 int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan);
+/* The backward's whole workspace (cpu/backward_run.c): slack, delta, threads x scratch. */
+int64_t fa_cpu_backward_workspace_bytes(const struct fa_plan *plan);
 /* The one-pass backward (backward_fused.c): whether the shapes suit it (set in
  * plan->bwd_fused at plan time), its per-thread scratch, and the pass itself (called by
  * fa_cpu_backward with the arguments and the workspace checked). */

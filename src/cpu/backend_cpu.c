@@ -85,7 +85,7 @@ static int64_t cpu_workspace_bytes(const fa_plan *pl, fa_pass pass) {
         return most;
     }
     if (pass == FA_FORWARD) return narrow((wide)pl->threads * fa_cpu_forward_scratch_bytes(pl));
-    return narrow((wide)p->batch * p->heads_q * p->seq_q * 4 + (wide)pl->threads * fa_cpu_backward_scratch_bytes(pl));
+    return fa_cpu_backward_workspace_bytes(pl);
 }
 
 static fa_status cpu_forward(const fa_plan *pl, const fa_forward_args *a) {

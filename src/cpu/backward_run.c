@@ -11,13 +11,22 @@ int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
     return plan->bwd_fused ? fa_cpu_backward_fused_scratch_bytes(plan) : fa_cpu_backward_two_pass_scratch_bytes(plan);
 }
 
+/* The workspace: FA_BWD_ALIGN bytes of slack (a caller's buffer may start anywhere), delta
+ * (4 B per query row, rounded up to FA_BWD_ALIGN), then each thread's scratch. -1 if it
+ * does not fit int64. The cost model's workspace_bytes (backend_cpu.c) is this figure. */
+int64_t fa_cpu_backward_workspace_bytes(const struct fa_plan *plan) {
+    const fa_problem *p = &plan->p;
+    const int threads = plan->threads > 0 ? plan->threads : 1;
+    const __int128 rows = (__int128)p->batch * p->heads_q * p->seq_q;
+    const __int128 delta = (rows * 4 + FA_BWD_ALIGN - 1) / FA_BWD_ALIGN * FA_BWD_ALIGN;
+    const __int128 need = FA_BWD_ALIGN + delta + (__int128)threads * fa_cpu_backward_scratch_bytes(plan);
+    return need > INT64_MAX ? -1 : (int64_t)need;
+}
+
 /* The arguments and the workspace size were checked at the entry (args.c). */
 fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a) {
     fa_status st;
-    const fa_problem *p = &plan->p;
-    const int threads = plan->threads > 0 ? plan->threads : 1;
-    const int64_t rows = p->batch * p->heads_q * p->seq_q;
-    const int64_t need = 4 * rows + threads * fa_cpu_backward_scratch_bytes(plan);
+    const int64_t need = fa_cpu_backward_workspace_bytes(plan);
 
     char *ws = a->workspace, *owned = NULL;
     if (!ws) {
@@ -37,8 +46,9 @@ fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int
     const fa_problem *p = &pl->p;
     const int threads = pl->threads > 0 ? pl->threads : 1;
     const int64_t rows = p->batch * p->heads_q * p->seq_q;
-    float *delta = (float *)ws;
-    char *scratch_base = ws + 4 * rows;
+    char *start = ws + (FA_BWD_ALIGN - (uintptr_t)ws % FA_BWD_ALIGN) % FA_BWD_ALIGN;
+    float *delta = (float *)start;
+    char *scratch_base = start + fa_bwd_round_up(4 * rows);
     const fa_bwd_ctx c = {pl, a, delta, fa_dtype_size(p->dtype),
                           fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids)};
     int64_t flops = 0, trans = 0;
