@@ -29,9 +29,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
-#include <x86intrin.h>
-static unsigned long long TT[8], TC[8];
 
 #define DEC_ALIGN 64
 
@@ -190,10 +187,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
         const int64_t j0 = t * T;
         const int n = (int)(sk - j0 < T ? sk - j0 : T);
-        unsigned long long t0_ = __rdtsc();
-        static int nt = -1; if (nt < 0) nt = getenv("FA_NOTOUCH") != NULL;
-        if (touch && !nt) dec_touch(cx, b, j0, j0 + n);
-        unsigned long long t1_ = __rdtsc(); TT[omp_get_thread_num()] += t1_ - t0_;
+        if (touch) dec_touch(cx, b, j0, j0 + n);
         int plain = cx->direct; /* every row's scores are the scaled products, every key visible */
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
@@ -235,7 +229,6 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
                 else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             }
             cnt->flops += 2 * M * n * (D + Dv);
-            if (hk == Hk - 1) TC[omp_get_thread_num()] += __rdtsc() - t1_;
             cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
         }
     }
@@ -388,7 +381,6 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         trans += cnt.transcendentals;
     }
     fa_free(owned);
-    if (getenv("FA_DEC_TRACE")) { fprintf(stderr, "touch %.0f %.0f us compute %.0f %.0f us\n", TT[0]/2600., TT[1]/2600., TC[0]/2600., TC[1]/2600.); memset(TT,0,sizeof TT); memset(TC,0,sizeof TC);}
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;
