@@ -1,5 +1,5 @@
-/* Plans of the inference shapes (SPEC section 5): packed variable-length batches
- * (cu_seqlens) and kv-cache decoding (cache_seqlens, optionally paged). Validates the
+/* Plans of the inference shapes (docs/semantics.md, "Which keys a row sees"): packed
+ * variable-length batches (cu_seqlens) and kv-cache decoding (cache_seqlens, optionally paged). Validates the
  * length arrays and the pages, fills the packed and cache layouts' default strides, and
  * copies the lengths into the plan (they are plan inputs: O(batch), read once). */
 #include "internal.h"

@@ -108,6 +108,26 @@ FA_SCHED_FN int fa_sched_span(const fa_sched *s, int64_t r0, int64_t r1, int64_t
     return *lo <= *hi;
 }
 
+/* The rows [*r0, *r1) that see at least one key: contiguous, since a row's interval is
+ * never empty before clipping, so a row sees nothing only where hi < 0 (a prefix of the
+ * rows) or lo > Sk - 1 (a suffix). Two binary searches. */
+FA_SCHED_FN void fa_sched_live_rows(const fa_sched *s, int64_t *r0, int64_t *r1) {
+    int64_t a = 0, b = s->seq_k > 0 ? s->seq_q : 0; /* first row whose hi reaches key 0 */
+    while (a < b) {
+        const int64_t i = a + (b - a) / 2;
+        if (fa_sched_hi(s, i) >= 0) b = i;
+        else a = i + 1;
+    }
+    *r0 = a;
+    b = s->seq_k > 0 ? s->seq_q : 0; /* first row at or past r0 whose lo passes the last key */
+    while (a < b) {
+        const int64_t i = a + (b - a) / 2;
+        if (fa_sched_lo(s, i) > s->seq_k - 1) b = i;
+        else a = i + 1;
+    }
+    *r1 = a;
+}
+
 /* Is key j (0 <= j < Sk) visible to row i by the masks (segment ids and bias apart)? */
 FA_SCHED_FN int fa_sched_visible(const fa_sched *s, int64_t i, int64_t j) {
     return j >= fa_sched_lo(s, i) && j <= fa_sched_hi(s, i);

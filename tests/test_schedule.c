@@ -4,8 +4,8 @@
  * values (windows 0, 1 and near INT64_MAX on either side, -1, offsets near +-2^31, +-2^62
  * and the ends of int64, Sq much larger and much smaller than Sk), every candidate edge
  * checked key by key. Per tile, over small shapes: the key tiles of a query tile, the query
- * tiles of a key tile, the tile kinds and the pair counts against the element-by-element
- * matrix. Then packed (cu_seqlens, empty sequences among them) and decode plans: each
+ * tiles of a key tile, the tile kinds, the rows that see a key and the pair counts against
+ * the element-by-element matrix. Then packed (cu_seqlens, empty sequences among them) and decode plans: each
  * sequence's schedule row by row and the plan's flops_useful. Seeded (FA_TEST_SEED); meant
  * to be UBSan-clean. */
 #include "test_util.h"
@@ -217,6 +217,18 @@ static void random_tiles(void) {
                  "%s, tiles %lldx%lld: key tile %lld is visited by [%lld, %lld), want [%lld, %lld)", d, (long long)bq,
                  (long long)bk, (long long)kt, (long long)qt0, (long long)qt1, (long long)first, (long long)last + 1);
     }
+    int64_t live0, live1, first = -1, last = -2; /* the rows that see some key: one run */
+    fa_sched_live_rows(&s, &live0, &live1);
+    for (int64_t i = 0; i < m.sq; i++) {
+        int64_t cnt;
+        COUNT(i, i + 1, 0, m.sk, cnt);
+        if (cnt && first < 0) first = i;
+        if (cnt) last = i;
+        TU_CHECK(!(cnt == 0 && first >= 0 && i < last), "%s: row %lld sees nothing between rows that see keys", d,
+                 (long long)i);
+    }
+    TU_CHECK(first < 0 ? live0 == live1 : live0 == first && live1 == last + 1, "%s: live rows [%lld, %lld), want [%lld, %lld)",
+             d, (long long)live0, (long long)live1, (long long)first, (long long)last + 1);
     for (int r = 0; r < 8; r++) { /* kinds and pairs of any rectangle */
         int64_t r0 = tu_int(&rng, 0, m.sq - 1), r1 = tu_int(&rng, r0 + 1, m.sq);
         int64_t c0 = tu_int(&rng, 0, m.sk - 1), c1 = tu_int(&rng, c0 + 1, m.sk), cnt, rows;

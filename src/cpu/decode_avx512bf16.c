@@ -223,7 +223,8 @@ static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstri
     }
 }
 
-/* p holds values already rounded to bf16 (SPEC section 1), so their bf16 bits are exact. */
+/* p holds values already rounded to bf16 (docs/semantics.md, "Rounding"), so their bf16
+ * bits are exact. */
 void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
                        int ldo) {
     for (int r0 = 0; r0 < m; r0 += 4) {

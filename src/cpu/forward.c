@@ -174,8 +174,8 @@ static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64
     return row_max(srow, n);
 }
 
-/* x[j] rounded to dtype t and back (p before the second product, SPEC section 1): the
- * ISA's pass where it has one (the same bits, at its vector width), else the branch-free
+/* x[j] rounded to dtype t and back (p before the second product, docs/semantics.md,
+ * "Rounding"): the ISA's pass where it has one (the same bits, at its vector width), else the branch-free
  * vexp.h roundings, whose loops vectorize at this file's baseline width. */
 static void round_row(const fa_isa *isa, fa_dtype t, float *restrict x, int n) {
     if (t != FA_F32 && isa->round_row) {
