@@ -147,7 +147,7 @@ void fa_varlen_subplan(const fa_plan *pl, int64_t b, fa_plan *sub) {
     sub->p.cu_seqlens_q = sub->p.cu_seqlens_k = NULL;
     sub->shape = FA_SHAPE_DENSE;
     sub->lens = NULL;
-    sub->off = pl->p.has_diag_offset ? pl->p.diag_offset : sub->p.seq_k - sub->p.seq_q;
+    sub->off = fa_sched_off(sub->p.seq_q, sub->p.seq_k, pl->p.has_diag_offset, pl->p.diag_offset);
     sub->lse_rows = pl->p.seq_q;
 }
 

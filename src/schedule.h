@@ -51,14 +51,19 @@ enum {
     FA_TILE_FULL = 2     /* every row sees every key of the tile: no mask needed */
 };
 
-/* The masks of a problem of sq rows and sk keys: off = sk - sq (bottom-right) unless
+/* The diagonal of a problem of sq rows and sk keys: sk - sq (bottom-right) unless
  * has_diag_offset, then diag_offset (docs/semantics.md). */
+FA_SCHED_FN int64_t fa_sched_off(int64_t sq, int64_t sk, int has_diag_offset, int64_t diag_offset) {
+    return has_diag_offset ? diag_offset : sk - sq;
+}
+
+/* The masks of a problem of sq rows and sk keys. */
 FA_SCHED_FN fa_sched fa_sched_make(int64_t sq, int64_t sk, int has_diag_offset, int64_t diag_offset, int causal,
                                    int64_t window_left, int64_t window_right) {
     fa_sched s;
     s.seq_q = sq;
     s.seq_k = sk;
-    s.off = has_diag_offset ? diag_offset : sk - sq;
+    s.off = fa_sched_off(sq, sk, has_diag_offset, diag_offset);
     s.causal = causal;
     s.window_left = window_left;
     s.window_right = window_right;
