@@ -5,9 +5,9 @@
  * and the ends of int64, Sq much larger and much smaller than Sk), every candidate edge
  * checked key by key. Per tile, over small shapes: the key tiles of a query tile, the query
  * tiles of a key tile, the tile kinds, the rows that see a key and the pair counts against
- * the element-by-element matrix. Then packed (cu_seqlens, empty sequences among them) and decode plans: each
- * sequence's schedule row by row and the plan's flops_useful. Seeded (FA_TEST_SEED); meant
- * to be UBSan-clean. */
+ * the element-by-element matrix. Then packed (cu_seqlens, empty sequences among them) and
+ * decode plans: each sequence's schedule row by row and the plan's flops_useful. Seeded
+ * (FA_TEST_SEED); meant to be UBSan-clean. */
 #include "test_util.h"
 
 typedef __int128 wide;
@@ -265,6 +265,24 @@ static void random_masks(fa_problem *p) {
     }
 }
 
+/* The plan of p (NULL, counted as a failure, if it is refused). */
+static fa_plan *plan_of(const fa_problem *p, const char *what) {
+    fa_plan *pl = NULL;
+    const fa_status st = fa_plan_create(p, NULL, &pl);
+    TU_CHECK(st == FA_OK, "%s plan: %s", what, fa_last_error());
+    return st ? NULL : pl;
+}
+
+/* The plan's flops_useful is 2 (D + Dv) x the brute force's visible pairs (one head of D =
+ * Dv = 8 here); then the plan goes. */
+static void check_useful(fa_plan *pl, wide pairs, const char *what) {
+    fa_cost c;
+    fa_plan_cost(pl, FA_FORWARD, &c);
+    TU_CHECK(c.flops_useful == pairs * 2 * 16, "%s flops_useful %lld, want %lld", what, (long long)c.flops_useful,
+             (long long)(pairs * 32));
+    fa_plan_destroy(pl);
+}
+
 /* Packed batches, empty sequences among them. */
 static void random_varlen(void) {
     fa_problem p;
@@ -280,10 +298,8 @@ static void random_varlen(void) {
     p.batch = B, p.heads_q = p.heads_kv = 1, p.head_dim = p.head_dim_v = 8;
     p.seq_q = cq[B], p.seq_k = ck[B], p.cu_seqlens_q = cq, p.cu_seqlens_k = ck;
     random_masks(&p);
-    fa_plan *pl;
-    fa_status st = fa_plan_create(&p, NULL, &pl);
-    TU_CHECK(st == FA_OK, "varlen plan: %s", fa_last_error());
-    if (st) return;
+    fa_plan *pl = plan_of(&p, "varlen");
+    if (!pl) return;
     wide pairs = 0;
     for (int64_t b = 0; b < B; b++) {
         fa_plan sub;
@@ -291,11 +307,7 @@ static void random_varlen(void) {
         const fa_sched s = fa_plan_sched(&sub);
         pairs += check_sequence(&s, &p, cq[b + 1] - cq[b], ck[b + 1] - ck[b], "varlen", b);
     }
-    fa_cost c;
-    fa_plan_cost(pl, FA_FORWARD, &c);
-    TU_CHECK(c.flops_useful == pairs * 2 * 16, "varlen flops_useful %lld, want %lld", (long long)c.flops_useful,
-             (long long)(pairs * 32));
-    fa_plan_destroy(pl);
+    check_useful(pl, pairs, "varlen");
 }
 
 /* Decoding: each sequence's cache plus new keys; windows near INT64_MAX included (the span
@@ -310,10 +322,8 @@ static void random_decode(void) {
     for (int64_t b = 0; b < B; b++) lens[b] = (int32_t)tu_int(&rng, 0, cap - (p.has_new_kv ? p.seq_q : 0));
     p.cache_seqlens = lens;
     random_masks(&p);
-    fa_plan *pl;
-    fa_status st = fa_plan_create(&p, NULL, &pl);
-    TU_CHECK(st == FA_OK, "decode plan: %s", fa_last_error());
-    if (st) return;
+    fa_plan *pl = plan_of(&p, "decode");
+    if (!pl) return;
     wide pairs = 0;
     for (int64_t b = 0; b < B; b++) {
         const int64_t sk = lens[b] + (p.has_new_kv ? p.seq_q : 0);
@@ -328,11 +338,7 @@ static void random_decode(void) {
         TU_CHECK(whi < 0 ? lo > hi : lo == wlo && hi == whi, "decode sequence %lld: key span [%lld, %lld], want [%lld, %lld]",
                  (long long)b, (long long)lo, (long long)hi, (long long)wlo, (long long)whi);
     }
-    fa_cost c;
-    fa_plan_cost(pl, FA_FORWARD, &c);
-    TU_CHECK(c.flops_useful == pairs * 2 * 16, "decode flops_useful %lld, want %lld", (long long)c.flops_useful,
-             (long long)(pairs * 32));
-    fa_plan_destroy(pl);
+    check_useful(pl, pairs, "decode");
 }
 
 int main(void) {
