@@ -37,6 +37,19 @@ static fa_status take_workspace(void *given, size_t size, int64_t need, const ch
     return FA_OK;
 }
 
+/* The fields both passes' arguments share, set for sequence b's view: q, k, v from its
+ * first rows, the shared workspace, its own counts, no progress (each_sequence reports). */
+#define SEQUENCE_VIEW(sa, a, pl, b, es, ws, size, c)                                                    \
+    do {                                                                                               \
+        (sa).q = row_ptr((a)->q, &(pl)->p.q_stride, (pl)->p.cu_seqlens_q[b], es);                      \
+        (sa).k = row_ptr((a)->k, &(pl)->p.k_stride, (pl)->p.cu_seqlens_k[b], es);                      \
+        (sa).v = row_ptr((a)->v, &(pl)->p.v_stride, (pl)->p.cu_seqlens_k[b], es);                      \
+        (sa).workspace = ws;                                                                           \
+        (sa).workspace_size = (size_t)(size);                                                          \
+        (sa).counts = c;                                                                               \
+        (sa).progress = NULL;                                                                          \
+    } while (0)
+
 /* One sequence of a pass: runs sequence b as the dense plan sub (or writes what an empty
  * sequence must), with the shared workspace ws, and leaves its counts in c. */
 typedef fa_status (*seq_pass)(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
@@ -71,7 +84,7 @@ static fa_status forward_sequence(const struct fa_plan *pl, const struct fa_plan
     const fa_problem *p = &pl->p;
     const fa_forward_args *a = args;
     const size_t es = fa_dtype_size(p->dtype);
-    const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;
+    const int32_t *cq = p->cu_seqlens_q;
     const int64_t sq = sub->p.seq_q;
     if (sq == 0) return FA_OK;
     if (sub->p.seq_k == 0) {
@@ -83,15 +96,9 @@ static fa_status forward_sequence(const struct fa_plan *pl, const struct fa_plan
         return FA_OK;
     }
     fa_forward_args sa = *a;
-    sa.q = row_ptr(a->q, &p->q_stride, cq[b], es);
-    sa.k = row_ptr(a->k, &p->k_stride, ck[b], es);
-    sa.v = row_ptr(a->v, &p->v_stride, ck[b], es);
+    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->fwd.workspace_bytes, c);
     sa.o = (void *)row_ptr(a->o, &p->o_stride, cq[b], es);
     sa.lse = a->lse ? a->lse + cq[b] : NULL;
-    sa.workspace = ws;
-    sa.workspace_size = (size_t)pl->fwd.workspace_bytes;
-    sa.counts = c;
-    sa.progress = NULL;
     return fa_cpu_forward(sub, &sa);
 }
 
@@ -120,19 +127,13 @@ static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_pla
         return FA_OK;
     }
     fa_backward_args sa = *a;
-    sa.q = row_ptr(a->q, &p->q_stride, cq[b], es);
-    sa.k = row_ptr(a->k, &p->k_stride, ck[b], es);
-    sa.v = row_ptr(a->v, &p->v_stride, ck[b], es);
+    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->bwd.workspace_bytes, c);
     sa.o = row_ptr(a->o, &p->o_stride, cq[b], es);
     sa.d_o = row_ptr(a->d_o, &p->o_stride, cq[b], es);
     sa.lse = a->lse + cq[b];
     sa.dq = (void *)row_ptr(a->dq, &p->q_stride, cq[b], es);
     sa.dk = (void *)row_ptr(a->dk, &p->k_stride, ck[b], es);
     sa.dv = (void *)row_ptr(a->dv, &p->v_stride, ck[b], es);
-    sa.workspace = ws;
-    sa.workspace_size = (size_t)pl->bwd.workspace_bytes;
-    sa.counts = c;
-    sa.progress = NULL;
     return fa_cpu_backward(sub, &sa);
 }
 
