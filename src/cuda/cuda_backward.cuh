@@ -5,9 +5,9 @@
  *   dk/dv:  one CTA per (key tile, kv head, batch). Warps own 16 keys each (with CS = 2 two
  *           warps share 16 keys and split the head dim of dK/dV). The CTA keeps K and V in
  *           shared memory and walks, for each query head of its GQA group, the query tiles
- *           whose key-tile range (fa_key_tile_range) holds its key tile, Q/dO double-
- *           buffered: S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T,
- *           dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
+ *           whose key tiles (schedule.h) hold its key tile, Q/dO double-buffered:
+ *           S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - Delta),
+ *           dV += P^T dO, dK += dS^T Q.
  *   dq:     one CTA per (QPC query tiles, head, batch), warps splitting the query rows,
  *           K/V double-buffered: S, P, dP = dO V^T, dS, dQ += dS K.
  *
