@@ -1,6 +1,6 @@
-/* The analytic cost model (SPEC section 3). It sums the kernels' own tile schedule
- * (schedule.h), the same for every (batch, head), in closed form
- * (fa_tile_walk_sums: O(log) in the number of query tiles, cost_walk.c) and applies the
+/* The analytic cost model (docs/semantics.md, "The plan and what its figures mean"). It
+ * sums the kernels' own tile schedule (schedule.h), the same for every (batch, head), in
+ * closed form (fa_tile_walk_sums: O(log) in the number of query tiles, cost_walk.c) and applies the
  * counting rules written beside it; no allocation. Sums run in 128 bits and must fit int64
  * at the end. */
 #include "backend.h"
@@ -12,6 +12,24 @@ typedef fa_tile_walk tile_walk;
 static wide visible_pairs(const struct fa_plan *pl) {
     const fa_sched s = fa_plan_sched(pl);
     return fa_sched_pairs(&s, 0, pl->p.seq_q);
+}
+
+/* The inputs an ideal kernel must read, each once (min_bytes, docs/semantics.md): the q
+ * rows (the backward: also o, dO and lse) of the rows that see a key, the k and v rows of
+ * the keys some row sees, the bias at the visible pairs, those rows' and keys' segment ids,
+ * and the slopes. Every schedule reads at least these, so min_bytes <= bytes_accessed. */
+static wide needed_inputs(const struct fa_plan *pl, int backward) {
+    const fa_problem *p = &pl->p;
+    const fa_sched s = fa_plan_sched(pl);
+    int64_t r0, r1, lo, hi;
+    fa_sched_live_rows(&s, &r0, &r1);
+    const wide rows = r1 - r0, keys = fa_sched_span(&s, 0, p->seq_q, &lo, &hi) ? hi - lo + 1 : 0;
+    const wide es = (wide)fa_dtype_size(p->dtype), b = p->batch, D = p->head_dim, Dv = p->head_dim_v;
+    wide need = b * p->heads_q * rows * (backward ? (D + 2 * Dv) * es + 4 : D * es) + b * p->heads_kv * keys * (D + Dv) * es;
+    if (p->has_bias) need += (wide)p->bias_batch * p->bias_heads * visible_pairs(pl) * 4;
+    if (p->has_segment_ids) need += b * (rows + keys) * 4;
+    if (p->has_alibi) need += (wide)p->heads_q * 4;
+    return need;
 }
 
 static tile_walk walk_tiles(const struct fa_plan *pl, int64_t bq, int64_t bk) { return fa_tile_walk_sums(pl, bq, bk); }
@@ -66,7 +84,7 @@ static fa_status forward_cost(struct fa_plan *pl) {
     fa_cost *c = &pl->fwd;
     if (!store(flops, &c->flops) || !store(heads * visible_pairs(pl) * 2 * (D + Dv), &c->flops_useful) ||
         !store(trans, &c->transcendentals) || !store(heads * per_head, &c->bytes_accessed) ||
-        !store(inputs + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
+        !store(needed_inputs(pl, 0) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
         !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
         return fa_error(FA_ERR_OVERFLOW, "the forward cost of this problem overflows int64");
     return FA_OK;
@@ -126,7 +144,7 @@ static fa_status backward_cost(struct fa_plan *pl) {
     fa_cost *c = &pl->bwd;
     if (!store(flops, &c->flops) || !store(heads * visible_pairs(pl) * 2 * (3 * D + 2 * Dv), &c->flops_useful) ||
         !store(trans, &c->transcendentals) || !store(heads * per_head + kv_once, &c->bytes_accessed) ||
-        !store(inputs + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
+        !store(needed_inputs(pl, 1) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
         !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
         return fa_error(FA_ERR_OVERFLOW, "the backward cost of this problem overflows int64");
     return FA_OK;

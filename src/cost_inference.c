@@ -1,4 +1,5 @@
-/* The cost model of the inference shapes (SPEC sections 3 and 5).
+/* The cost model of the inference shapes (docs/semantics.md, "The plan and what its
+ * figures mean").
  *
  * Varlen: each packed sequence runs as its own dense problem (fa_varlen_subplan), one after
  * another, so every figure that sums (flops, transcendentals, bytes) is the sum of the
@@ -36,19 +37,22 @@ static fa_status varlen_cost(fa_plan *pl) {
     const fa_problem *p = &pl->p;
     const wide es = (wide)fa_dtype_size(p->dtype), Hq = p->heads_q, Hk = p->heads_kv;
     const wide D = p->head_dim, Dv = p->head_dim_v, tq = p->seq_q, tk = p->seq_k;
-    wide fwd[8] = {0}, bwd[8] = {0};
+    wide fwd[8] = {0}, bwd[8] = {0}, ran = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         fa_plan sub;
         fa_varlen_subplan(pl, b, &sub);
         const wide sq = sub.p.seq_q, sk = sub.p.seq_k;
         if (sq == 0) { /* the backward writes this sequence's dk, dv as zeros */
             bwd[3] += sk * Hk * (D + Dv) * es;
+            bwd[4] += sk * Hk * (D + Dv) * es;
             continue;
         }
         if (sk == 0) { /* rows see no key: o = 0, lse = -inf (one log each); dq = 0 */
             fwd[2] += Hq * sq;
             fwd[3] += Hq * sq * (Dv * es + 4);
+            fwd[4] += Hq * sq * (Dv * es + 4);
             bwd[3] += Hq * sq * D * es;
+            bwd[4] += Hq * sq * D * es;
             continue;
         }
         fa_status s = fa_cost_compute(&sub); /* dense: the sequence as its own problem */
@@ -56,6 +60,8 @@ static fa_status varlen_cost(fa_plan *pl) {
         const fa_cost *f = &sub.fwd, *g = &sub.bwd;
         fwd[0] += f->flops, fwd[1] += f->flops_useful, fwd[2] += f->transcendentals, fwd[3] += f->bytes_accessed;
         bwd[0] += g->flops, bwd[1] += g->flops_useful, bwd[2] += g->transcendentals, bwd[3] += g->bytes_accessed;
+        fwd[4] += f->min_bytes, bwd[4] += g->min_bytes; /* each counts the slopes: once below */
+        ran++;
         if (f->workspace_bytes > fwd[5]) fwd[5] = f->workspace_bytes;
         if (g->workspace_bytes > bwd[5]) bwd[5] = g->workspace_bytes;
     }
@@ -63,9 +69,12 @@ static fa_status varlen_cost(fa_plan *pl) {
     const wide lse = tq * Hq * 4, lens = 2 * ((wide)p->batch + 1) * 4, slopes = p->has_alibi ? Hq * 4 : 0;
     const wide score = Hq * tq * tk * 4; /* the naive way: one packed score matrix, masked per segment */
     wide in = q + k + v + lens + slopes, out = o + lse;
-    fwd[4] = in + out, fwd[6] = in + out + fwd[5], fwd[7] = in + out + score;
+    /* min_bytes: the sequences' own (each a dense problem's needed inputs and outputs), the
+     * slopes once if any sequence reads them */
+    fwd[4] -= (ran > 1 ? ran - 1 : 0) * slopes, bwd[4] -= (ran > 1 ? ran - 1 : 0) * slopes;
+    fwd[6] = in + out + fwd[5], fwd[7] = in + out + score;
     in += 2 * o + lse, out = q + k + v; /* the backward also reads o, do, lse and writes dq, dk, dv */
-    bwd[4] = in + out, bwd[6] = in + out + bwd[5], bwd[7] = in + out + score;
+    bwd[6] = in + out + bwd[5], bwd[7] = in + out + score;
     fa_status s = store_cost(&pl->fwd, fwd, "forward");
     return s ? s : store_cost(&pl->bwd, bwd, "backward");
 }
@@ -93,7 +102,7 @@ static fa_status decode_cost(fa_plan *pl) {
     const wide es = (wide)fa_dtype_size(p->dtype), B = p->batch, Hq = p->heads_q, Hk = p->heads_kv;
     const wide D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, M = Hq / Hk * Sq;
     const int softcap = p->softcap > 0;
-    wide flops = 0, useful = 0, trans = 0, bytes = 0, items = 0, seen = 0;
+    wide flops = 0, useful = 0, trans = 0, bytes = 0, items = 0, needed = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         wide chunks, tiles, keys;
         decode_walk(pl, b, &chunks, &tiles, &keys);
@@ -101,10 +110,14 @@ static fa_status decode_cost(fa_plan *pl) {
         trans += Hk * (M * keys * (1 + softcap) + M * tiles) + Hq * Sq * (chunks + 1);
         bytes += Hk * (keys * (D + Dv) * es + (p->page_size ? tiles * 4 : 0));
         items += Hk * chunks;
-        seen += keys;
-        /* visible pairs: the dense count of this sequence as its own Sq x Sk_b problem */
+        /* visible pairs: the dense count of this sequence as its own Sq x Sk_b problem; the
+         * inputs it needs (min_bytes): the q rows of rows that see a key, the visible keys */
         const fa_sched masks = fa_decode_sched(pl, b);
         useful += Hq * fa_sched_pairs(&masks, 0, p->seq_q) * 2 * (D + Dv);
+        int64_t r0, r1, lo, hi;
+        fa_sched_live_rows(&masks, &r0, &r1);
+        needed += Hq * (wide)(r1 - r0) * D * es;
+        if (fa_sched_span(&masks, 0, p->seq_q, &lo, &hi)) needed += Hk * (wide)(hi - lo + 1) * (D + Dv) * es;
     }
     const wide q = B * Sq * Hq * D * es, o = B * Sq * Hq * Dv * es, lse = B * Hq * Sq * 4;
     const wide knew = p->has_new_kv ? B * Sq * Hk * (D + Dv) * es : 0, slopes = p->has_alibi ? Hq * 4 : 0;
@@ -113,7 +126,7 @@ static fa_status decode_cost(fa_plan *pl) {
     const wide cache_rows = p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
     const wide cache = cache_rows * Hk * (D + Dv) * es, table = p->page_size ? B * p->max_pages * 4 : 0;
     const wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
-    const wide min = q + seen * Hk * (D + Dv) * es + 2 * knew + o + lse + slopes;
+    const wide min = needed + 2 * knew + o + lse + (items ? slopes : 0); /* k_new, v_new read and stored */
     const wide in = q + cache + knew + table + slopes + B * 4, out = o + lse;
     const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * p->seq_k * 4};
     fa_status s = store_cost(&pl->fwd, f, "decode");

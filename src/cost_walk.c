@@ -2,11 +2,12 @@
  *
  * Query tile t (rows [t bq, t bq + bq), full tiles t < T = Sq / bq) visits key tiles
  * [lo(t) / bk, hi(t) / bk] with lo(t) = max(0, key_lo(t bq)) and hi(t) = min(Sk - 1,
- * key_hi(t bq + bq - 1)) (fa_key_tile_range). key_lo and key_hi are i + constant (or
+ * key_hi(t bq + bq - 1)) (fa_sched_key_tiles). key_lo and key_hi are i + constant (or
  * unbounded), so both ends are lines of slope bq, clamped, and hi - lo >= 0 before
  * clamping: a tile is empty only where hi < 0 or lo > Sk - 1. Five monotone predicates
- * split [0, T) into at most six bands (found by binary search over t, evaluating the
- * schedule's own key_lo / key_hi), inside which every clamp is fixed; there each sum is
+ * split [0, T) into at most six bands (found by binary search over t, evaluating
+ * schedule.h's fa_sched_lo / fa_sched_hi: the lines clamped to [-1, Sk], equal to them
+ * wherever a band uses their value), inside which every clamp is fixed; there each sum is
  * a constant times the band's length or a sum of floor((bq t + c) / bk) over t, which
  * floor_sum adds up in O(log). The partial last tile, if any, is taken as the walk takes it.
  * Walking every tile instead took O(Sq / bq): ~20 s for Sq = 2^31 - 1 with bq = 1. */
@@ -31,47 +32,47 @@ static uwide floor_sum(uwide n, uwide m, uwide a, uwide b) {
     }
 }
 
-/* The ends of full query tile t before clamping to [0, Sk). */
-static int64_t raw_lo(const struct fa_plan *pl, int64_t bq, int64_t t) { return fa_key_lo(pl, t * bq); }
-static int64_t raw_hi(const struct fa_plan *pl, int64_t bq, int64_t t) { return fa_key_hi(pl, t * bq + bq - 1); }
+/* The ends of full query tile t before clipping to [0, Sk) (clamped to [-1, Sk]). */
+static int64_t raw_lo(const fa_sched *s, int64_t bq, int64_t t) { return fa_sched_lo(s, t * bq); }
+static int64_t raw_hi(const fa_sched *s, int64_t bq, int64_t t) { return fa_sched_hi(s, t * bq + bq - 1); }
 
 enum { HI_REACHES_0, LO_PAST_END, LO_REACHES_0, HI_PAST_END, HI_IN_LAST_TILE, NPRED };
 
 /* Predicate k of tile t; each is false, then true, as t grows (both ends only grow). */
-static int pred(const struct fa_plan *pl, int64_t bq, int64_t bk, int k, int64_t t) {
-    const int64_t sk = pl->p.seq_k;
+static int pred(const fa_sched *s, int64_t bq, int64_t bk, int k, int64_t t) {
+    const int64_t sk = s->seq_k;
     switch (k) {
-    case HI_REACHES_0: return raw_hi(pl, bq, t) >= 0;
-    case LO_PAST_END: return raw_lo(pl, bq, t) > sk - 1;
-    case LO_REACHES_0: return raw_lo(pl, bq, t) >= 0;
-    case HI_PAST_END: return raw_hi(pl, bq, t) >= sk - 1;
-    default: return raw_hi(pl, bq, t) >= (sk - 1) / bk * bk; /* kt1 * bk reaches past Sk */
+    case HI_REACHES_0: return raw_hi(s, bq, t) >= 0;
+    case LO_PAST_END: return raw_lo(s, bq, t) > sk - 1;
+    case LO_REACHES_0: return raw_lo(s, bq, t) >= 0;
+    case HI_PAST_END: return raw_hi(s, bq, t) >= sk - 1;
+    default: return raw_hi(s, bq, t) >= (sk - 1) / bk * bk; /* kt1 * bk reaches past Sk */
     }
 }
 
 /* The first t in [0, T] where predicate k holds (T if none). */
-static int64_t first_true(const struct fa_plan *pl, int64_t bq, int64_t bk, int k, int64_t T) {
+static int64_t first_true(const fa_sched *s, int64_t bq, int64_t bk, int k, int64_t T) {
     int64_t a = 0, b = T;
     while (a < b) {
         const int64_t mid = a + (b - a) / 2;
-        if (pred(pl, bq, bk, k, mid)) b = mid;
+        if (pred(s, bq, bk, k, mid)) b = mid;
         else a = mid + 1;
     }
     return a;
 }
 
 /* Adds the full tiles [t0, t1), inside which no predicate changes, to w. */
-static void add_band(const struct fa_plan *pl, int64_t bq, int64_t bk, int64_t t0, int64_t t1, fa_tile_walk *w) {
-    const int64_t sk = pl->p.seq_k;
+static void add_band(const fa_sched *s, int64_t bq, int64_t bk, int64_t t0, int64_t t1, fa_tile_walk *w) {
+    const int64_t sk = s->seq_k;
     const wide n = t1 - t0;
-    if (!pred(pl, bq, bk, HI_REACHES_0, t0) || pred(pl, bq, bk, LO_PAST_END, t0)) return; /* empty tiles */
+    if (!pred(s, bq, bk, HI_REACHES_0, t0) || pred(s, bq, bk, LO_PAST_END, t0)) return; /* empty tiles */
     /* sums over the band of kt0 = lo / bk and kt1 = hi / bk + 1, and of min(kt1 bk, Sk) */
     wide sum_kt0 = 0, sum_kt1, sum_end;
-    if (pred(pl, bq, bk, LO_REACHES_0, t0))
-        sum_kt0 = (wide)floor_sum((uwide)n, (uwide)bk, (uwide)bq, (uwide)raw_lo(pl, bq, t0));
-    if (pred(pl, bq, bk, HI_PAST_END, t0)) sum_kt1 = n * ((sk - 1) / bk + 1);
-    else sum_kt1 = (wide)floor_sum((uwide)n, (uwide)bk, (uwide)bq, (uwide)raw_hi(pl, bq, t0)) + n;
-    sum_end = pred(pl, bq, bk, HI_IN_LAST_TILE, t0) ? n * sk : sum_kt1 * bk;
+    if (pred(s, bq, bk, LO_REACHES_0, t0))
+        sum_kt0 = (wide)floor_sum((uwide)n, (uwide)bk, (uwide)bq, (uwide)raw_lo(s, bq, t0));
+    if (pred(s, bq, bk, HI_PAST_END, t0)) sum_kt1 = n * ((sk - 1) / bk + 1);
+    else sum_kt1 = (wide)floor_sum((uwide)n, (uwide)bk, (uwide)bq, (uwide)raw_hi(s, bq, t0)) + n;
+    sum_end = pred(s, bq, bk, HI_IN_LAST_TILE, t0) ? n * sk : sum_kt1 * bk;
     const wide pairs = sum_kt1 - sum_kt0, keys = sum_end - sum_kt0 * bk;
     w->pairs += pairs;
     w->keys += keys;
@@ -81,21 +82,22 @@ static void add_band(const struct fa_plan *pl, int64_t bq, int64_t bk, int64_t t
 
 fa_tile_walk fa_tile_walk_sums(const struct fa_plan *pl, int64_t bq, int64_t bk) {
     fa_tile_walk w = {0};
-    const int64_t sq = pl->p.seq_q, sk = pl->p.seq_k, T = sq / bq;
+    const fa_sched s = fa_plan_sched(pl);
+    const int64_t sq = s.seq_q, sk = s.seq_k, T = sq / bq;
     w.qtiles = T + (sq % bq != 0);
     int64_t cut[NPRED + 2];
     cut[0] = 0, cut[1] = T;
-    for (int k = 0; k < NPRED; k++) cut[k + 2] = first_true(pl, bq, bk, k, T);
+    for (int k = 0; k < NPRED; k++) cut[k + 2] = first_true(&s, bq, bk, k, T);
     for (int i = 1; i < NPRED + 2; i++) /* sort the band edges (a few) */
         for (int j = i; j > 0 && cut[j - 1] > cut[j]; j--) {
             const int64_t x = cut[j];
             cut[j] = cut[j - 1], cut[j - 1] = x;
         }
     for (int i = 0; i + 1 < NPRED + 2; i++)
-        if (cut[i] < cut[i + 1]) add_band(pl, bq, bk, cut[i], cut[i + 1], &w);
+        if (cut[i] < cut[i + 1]) add_band(&s, bq, bk, cut[i], cut[i + 1], &w);
     if (sq % bq) { /* the partial last tile, as the walk takes it */
         int64_t kt0, kt1;
-        fa_key_tile_range(pl, T * bq, sq, bk, &kt0, &kt1);
+        fa_sched_key_tiles(&s, T * bq, sq, bk, &kt0, &kt1);
         if (kt1 > kt0) {
             const int64_t m = sq - T * bq, end = kt1 * bk < sk ? kt1 * bk : sk;
             w.rows_keys += (wide)m * (end - kt0 * bk);

@@ -56,7 +56,7 @@ static inline int64_t fa_decode_tile(const fa_problem *p) {
     while (t > 16 && (t * key_bytes > FA_DECODE_TILE_BYTES || (p->page_size > 0 && p->page_size % t))) t /= 2;
     return t;
 }
-/* Sequence b's keys (cache plus new) and mask offset. */
+/* Sequence b's keys (cache plus new). */
 static inline int64_t fa_decode_keys(const struct fa_plan *pl, int64_t b) {
     return (int64_t)pl->lens[b] + (pl->p.has_new_kv ? pl->p.seq_q : 0);
 }

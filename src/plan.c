@@ -201,7 +201,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
         pl->p.scale = pl->scale;
         pl->p.has_scale = 1;
-        pl->off = pl->p.has_diag_offset ? pl->p.diag_offset : pl->p.seq_k - pl->p.seq_q;
+        pl->off = fa_sched_off(pl->p.seq_q, pl->p.seq_k, pl->p.has_diag_offset, pl->p.diag_offset);
         s = fa_cost_compute(pl);
     }
     if (s) {

@@ -1,5 +1,5 @@
-/* Plans of the inference shapes (SPEC section 5): packed variable-length batches
- * (cu_seqlens) and kv-cache decoding (cache_seqlens, optionally paged). Validates the
+/* Plans of the inference shapes (docs/semantics.md, "Which keys a row sees"): packed
+ * variable-length batches (cu_seqlens) and kv-cache decoding (cache_seqlens, optionally paged). Validates the
  * length arrays and the pages, fills the packed and cache layouts' default strides, and
  * copies the lengths into the plan (they are plan inputs: O(batch), read once). */
 #include "internal.h"
@@ -141,7 +141,7 @@ void fa_varlen_subplan(const fa_plan *pl, int64_t b, fa_plan *sub) {
     sub->p.cu_seqlens_q = sub->p.cu_seqlens_k = NULL;
     sub->shape = FA_SHAPE_DENSE;
     sub->lens = NULL;
-    sub->off = pl->p.has_diag_offset ? pl->p.diag_offset : sub->p.seq_k - sub->p.seq_q;
+    sub->off = fa_sched_off(sub->p.seq_q, sub->p.seq_k, pl->p.has_diag_offset, pl->p.diag_offset);
     sub->lse_rows = pl->p.seq_q;
 }
 

@@ -51,14 +51,19 @@ enum {
     FA_TILE_FULL = 2     /* every row sees every key of the tile: no mask needed */
 };
 
-/* The masks of a problem of sq rows and sk keys: off = sk - sq (bottom-right) unless
+/* The diagonal of a problem of sq rows and sk keys: sk - sq (bottom-right) unless
  * has_diag_offset, then diag_offset (docs/semantics.md). */
+FA_SCHED_FN int64_t fa_sched_off(int64_t sq, int64_t sk, int has_diag_offset, int64_t diag_offset) {
+    return has_diag_offset ? diag_offset : sk - sq;
+}
+
+/* The masks of a problem of sq rows and sk keys. */
 FA_SCHED_FN fa_sched fa_sched_make(int64_t sq, int64_t sk, int has_diag_offset, int64_t diag_offset, int causal,
                                    int64_t window_left, int64_t window_right) {
     fa_sched s;
     s.seq_q = sq;
     s.seq_k = sk;
-    s.off = has_diag_offset ? diag_offset : sk - sq;
+    s.off = fa_sched_off(sq, sk, has_diag_offset, diag_offset);
     s.causal = causal;
     s.window_left = window_left;
     s.window_right = window_right;
@@ -106,6 +111,26 @@ FA_SCHED_FN int fa_sched_span(const fa_sched *s, int64_t r0, int64_t r1, int64_t
     *lo = l < 0 ? 0 : l;
     *hi = h > s->seq_k - 1 ? s->seq_k - 1 : h;
     return *lo <= *hi;
+}
+
+/* The rows [*r0, *r1) that see at least one key: contiguous, since a row's interval is
+ * never empty before clipping, so a row sees nothing only where hi < 0 (a prefix of the
+ * rows) or lo > Sk - 1 (a suffix). Two binary searches. */
+FA_SCHED_FN void fa_sched_live_rows(const fa_sched *s, int64_t *r0, int64_t *r1) {
+    int64_t a = 0, b = s->seq_k > 0 ? s->seq_q : 0; /* first row whose hi reaches key 0 */
+    while (a < b) {
+        const int64_t i = a + (b - a) / 2;
+        if (fa_sched_hi(s, i) >= 0) b = i;
+        else a = i + 1;
+    }
+    *r0 = a;
+    b = s->seq_k > 0 ? s->seq_q : 0; /* first row at or past r0 whose lo passes the last key */
+    while (a < b) {
+        const int64_t i = a + (b - a) / 2;
+        if (fa_sched_lo(s, i) > s->seq_k - 1) b = i;
+        else a = i + 1;
+    }
+    *r1 = a;
 }
 
 /* Is key j (0 <= j < Sk) visible to row i by the masks (segment ids and bias apart)? */

@@ -1,12 +1,12 @@
 /* The cost model's tile sums in closed form (src/cost_walk.c, fa_tile_walk_sums) against
  * the walk they replace: every query tile in turn through the kernels' schedule
- * (fa_key_tile_range), summing what it computes. Random shapes (Sq, Sk, block sizes,
+ * (schedule.h's key tiles), summing what it computes. Random shapes (Sq, Sk, block sizes,
  * causal, windows of every size including unbounded and huge ones, diagonal offsets
  * far off both ends), a few with a million query tiles, and edge shapes (one row, one key,
  * blocks larger than the sequence). Also plans Sq = 2^31 - 1 with block_q = 1 end to end
  * (its closed form makes that instant; the walk took ~20 s). Times nothing. Seeded
  * (FA_TEST_SEED). Internal on purpose: it includes internal.h. */
-#include "test_util.h"
+#include "check.h"
 
 static int failures;
 static uint64_t seed;

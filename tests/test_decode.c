@@ -5,7 +5,7 @@
  * must not depend on them); counts == plan; bit-identical for 1, 2 and 3 threads; bad
  * input (capacity, block table) rejected naming the argument, with nothing written. */
 #include "ref/ref.h"
-#include "test_util.h"
+#include "check.h"
 
 static int failures;
 static uint64_t seed, rng;
@@ -22,6 +22,7 @@ typedef struct {
 
 /* Random caches (NaN past each sequence's length), lengths (0 among them), pages. */
 static const int32_t *fixed_lens; /* when set, the lengths of the next case (each below the capacity) */
+static int64_t fixed_page;        /* when set, the page size of the next paged case */
 
 static void make_case(dcase *c, int64_t B, int64_t Hq, int64_t Hk, int64_t D, int64_t Sq, fa_dtype dt, int paged,
                       int append, int masks) {
@@ -37,7 +38,7 @@ static void make_case(dcase *c, int64_t B, int64_t Hq, int64_t Hk, int64_t D, in
         c->lens[b] = (int32_t)(fixed_lens ? fixed_lens[b] : n);
     }
     if (paged) {
-        const int64_t ps = 16 * tu_int(&rng, 1, 8);
+        const int64_t ps = fixed_page ? fixed_page : 16 * tu_int(&rng, 1, 8);
         p->page_size = ps, p->max_pages = (cap + ps - 1) / ps, p->seq_k = p->max_pages * ps;
         p->num_pages = B * p->max_pages + 3;
         c->table = tu_alloc(sizeof(int32_t) * (size_t)(B * p->max_pages));
@@ -257,6 +258,88 @@ static void bad_inputs(void) {
     free_case(&c);
 }
 
+/* A paged append that would write one cache slot twice, from two sequences or from one
+ * through two block-table entries naming the same page: refused, naming both entries, with
+ * nothing written. Pages of 16; 20 new tokens after 5, 30 and 7 cached ones. */
+static void overlapping_appends(void) {
+    static const int32_t lens[3] = {5, 30, 7};
+    dcase c;
+    fixed_lens = lens, fixed_page = 16;
+    make_case(&c, 3, 4, 2, 16, 20, FA_F32, 1, 1, 0);
+    fixed_lens = NULL, fixed_page = 0;
+    fa_options opt = {0};
+    opt.backend = FA_BACKEND_CPU;
+    fa_plan *pl = NULL;
+    if (fa_plan_create(&c.p, &opt, &pl)) {
+        CHECK(0, "overlapping appends: plan: %s", fa_last_error());
+        free_case(&c);
+        return;
+    }
+    const int64_t mp = c.p.max_pages, nc = c.rows * c.p.heads_kv * c.p.head_dim;
+    const int64_t no = c.p.batch * c.p.seq_q * c.p.heads_q * c.p.head_dim;
+    const size_t es = fa_dtype_size(c.p.dtype);
+    /* sequence 0 writes rows 5..15 of its page 0, sequence 1 rows 0..15 of its page 2;
+     * sequence 1's pages 2 and 3 (rows 0..15, then 0..1) */
+    const struct { int64_t to, from; const char *a, *b; } alias[] = {
+        {1 * mp + 2, 0 * mp + 0, "block_table[0][0]", "block_table[1][2]"},
+        {1 * mp + 3, 1 * mp + 2, "block_table[1][2]", "block_table[1][3]"}};
+    for (int x = 0; x < 2; x++) {
+        const int32_t saved = c.table[alias[x].to];
+        c.table[alias[x].to] = c.table[alias[x].from];
+        fa_forward_args a = args_of(&c, NULL);
+        tu_poison(c.p.dtype, c.o, no);
+        const fa_status st = fa_forward(pl, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), alias[x].a) && strstr(fa_last_error(), alias[x].b),
+              "overlapping appends %d: %s (%s)", x, fa_status_string(st), fa_last_error());
+        CHECK(!memcmp(c.k, c.k0, nc * es) && !memcmp(c.v, c.v0, nc * es), "overlapping appends %d changed the caches", x);
+        int untouched = 1;
+        for (int64_t i = 0; i < no; i++) untouched &= isnan(fa_load(c.p.dtype, c.o, i));
+        CHECK(untouched, "overlapping appends %d wrote o", x);
+        c.table[alias[x].to] = saved;
+    }
+    fa_forward_args a = args_of(&c, NULL); /* the table as made: every slot written once */
+    CHECK(fa_forward(pl, &a) == FA_OK, "distinct appends: %s", fa_last_error());
+    fa_plan_destroy(pl);
+    free_case(&c);
+}
+
+/* Windows of INT64_MAX on either side show every key, as unbounded ones do: the same o,
+ * lse and figures, bit for bit (the key span once overflowed there and lost every key). */
+static void huge_windows(void) {
+    dcase c;
+    make_case(&c, 3, 4, 2, 16, 3, FA_F32, (int)tu_int(&rng, 0, 1), 0, 1);
+    const int64_t no = c.p.batch * c.p.seq_q * c.p.heads_q * c.p.head_dim, nl = c.p.batch * c.p.heads_q * c.p.seq_q;
+    const size_t es = fa_dtype_size(c.p.dtype);
+    void *o0 = tu_alloc(no * es);
+    float *l0 = tu_alloc(sizeof(float) * (size_t)nl);
+    fa_cost cost0 = {0};
+    for (int x = 0; x < 3; x++) {
+        fa_problem p = c.p;
+        p.window_left = x == 1 ? INT64_MAX : -1, p.window_right = x == 2 ? INT64_MAX : -1;
+        fa_options opt = {0};
+        opt.backend = FA_BACKEND_CPU;
+        fa_plan *pl = NULL;
+        if (fa_plan_create(&p, &opt, &pl)) {
+            CHECK(0, "huge windows %d: plan: %s", x, fa_last_error());
+            break;
+        }
+        fa_cost cost;
+        fa_plan_cost(pl, FA_FORWARD, &cost);
+        fa_forward_args a = args_of(&c, NULL);
+        tu_poison(c.p.dtype, c.o, no);
+        CHECK(fa_forward(pl, &a) == FA_OK, "huge windows %d: %s", x, fa_last_error());
+        if (x == 0) memcpy(o0, c.o, no * es), memcpy(l0, c.lse, sizeof(float) * (size_t)nl), cost0 = cost;
+        else
+            CHECK(!memcmp(o0, c.o, no * es) && !memcmp(l0, c.lse, sizeof(float) * (size_t)nl) &&
+                      cost.flops == cost0.flops && cost.flops_useful == cost0.flops_useful,
+                  "window (%lld, %lld) differs from an unbounded one: flops %lld, want %lld", (long long)p.window_left,
+                  (long long)p.window_right, (long long)cost.flops, (long long)cost0.flops);
+        fa_plan_destroy(pl);
+    }
+    free(o0), free(l0);
+    free_case(&c);
+}
+
 int main(void) {
     seed = tu_seed();
     rng = seed;
@@ -325,6 +408,8 @@ int main(void) {
     n += 9;
     hand_counts();
     bad_inputs();
+    overlapping_appends();
+    huge_windows();
     {
         fa_problem p; /* the cuda backend says it has no decode kernels */
         int32_t lens[1] = {5};

@@ -7,7 +7,7 @@
  * whole tile would form 0 * NaN. bf16 at D = 128 takes the fused AVX512_BF16 kernels
  * where the CPU has them; f32 and D = 64 the ISA table's kernels. */
 #include "ref/ref.h"
-#include "test_util.h"
+#include "check.h"
 
 static int failures;
 static uint64_t seed, rng;

@@ -1,7 +1,7 @@
 /* The plan and its cost model, without running a kernel: validation of bad problems (each
  * with its status and a message naming the argument), the seed's figures, and the tile
  * walk against a brute-force enumeration of every (query, key) element. */
-#include "test_util.h"
+#include "check.h"
 
 static int failures;
 
@@ -140,25 +140,25 @@ static void brute(const fa_plan *pl, int64_t bq, int64_t bk, int64_t *flops, int
     *useful = u * h;
 }
 
-static void test_cost_walk(uint64_t *seed, uint64_t first_seed) {
+static void test_cost_walk(uint64_t *rs, uint64_t first_seed) {
     int n0 = failures, cases = 0;
     for (int it = 0; it < 1500 && failures - n0 < 5; it++, cases++) {
         fa_problem p;
         fa_problem_init(&p);
-        p.batch = tu_int(seed, 1, 2);
-        p.heads_kv = tu_int(seed, 1, 2);
-        p.heads_q = p.heads_kv * tu_int(seed, 1, 3);
-        p.seq_q = tu_int(seed, 1, 80);
-        p.seq_k = tu_int(seed, 1, 80);
-        p.head_dim = tu_int(seed, 1, 9) * 8;
-        p.head_dim_v = tu_int(seed, 1, 9) * 8;
-        p.causal = tu_int(seed, 0, 1);
-        if (tu_int(seed, 0, 1)) {
-            p.window_left = tu_int(seed, -1, 25);
-            p.window_right = tu_int(seed, -1, 25);
+        p.batch = tu_int(rs, 1, 2);
+        p.heads_kv = tu_int(rs, 1, 2);
+        p.heads_q = p.heads_kv * tu_int(rs, 1, 3);
+        p.seq_q = tu_int(rs, 1, 80);
+        p.seq_k = tu_int(rs, 1, 80);
+        p.head_dim = tu_int(rs, 1, 9) * 8;
+        p.head_dim_v = tu_int(rs, 1, 9) * 8;
+        p.causal = tu_int(rs, 0, 1);
+        if (tu_int(rs, 0, 1)) {
+            p.window_left = tu_int(rs, -1, 25);
+            p.window_right = tu_int(rs, -1, 25);
         }
-        p.softcap = tu_int(seed, 0, 1) ? 30.0f : 0.0f;
-        fa_options o = {.threads = 1, .block_q = tu_int(seed, 1, 24), .block_k = tu_int(seed, 1, 24)};
+        p.softcap = tu_int(rs, 0, 1) ? 30.0f : 0.0f;
+        fa_options o = {.threads = 1, .block_q = tu_int(rs, 1, 24), .block_k = tu_int(rs, 1, 24)};
         fa_plan *pl;
         if (fa_plan_create(&p, &o, &pl)) {
             CHECK(0, "plan failed: %s", fa_last_error());
@@ -179,10 +179,14 @@ static void test_cost_walk(uint64_t *seed, uint64_t first_seed) {
         CHECK(b.flops == 2 * f * (4 * D + 3 * Dv), "bwd flops %lld != %lld", (long long)b.flops,
               (long long)(2 * f * (4 * D + 3 * Dv)));
         CHECK(c.flops >= c.flops_useful && b.flops >= b.flops_useful, "flops below useful");
-        CHECK(c.bytes_accessed >= c.min_bytes - (int64_t)(p.batch * p.heads_kv * p.seq_k * (D + Dv) * 4),
-              "bytes_accessed %lld far below min %lld", (long long)c.bytes_accessed, (long long)c.min_bytes);
-        CHECK(c.peak_bytes == c.min_bytes + c.workspace_bytes, "peak != min + workspace");
-        CHECK(c.naive_peak_bytes == c.min_bytes + p.batch * p.heads_q * p.seq_q * p.seq_k * 4, "naive peak");
+        CHECK(c.bytes_accessed >= c.min_bytes && b.bytes_accessed >= b.min_bytes,
+              "bytes_accessed %lld / %lld below min %lld / %lld", (long long)c.bytes_accessed,
+              (long long)b.bytes_accessed, (long long)c.min_bytes, (long long)b.min_bytes);
+        /* the tensors as passed: q, k, v, o, lse (f32) */
+        const int64_t io = 4 * (p.batch * p.heads_q * p.seq_q * (D + Dv + 1) + p.batch * p.heads_kv * p.seq_k * (D + Dv));
+        CHECK(c.min_bytes <= io, "min %lld above the tensors' %lld", (long long)c.min_bytes, (long long)io);
+        CHECK(c.peak_bytes == io + c.workspace_bytes, "peak != inputs + outputs + workspace");
+        CHECK(c.naive_peak_bytes == io + p.batch * p.heads_q * p.seq_q * p.seq_k * 4, "naive peak");
         fa_plan_destroy(pl);
     }
     printf("%s cost walk: %d random shapes/masks/tiles match a brute-force element enumeration\n",
@@ -264,14 +268,81 @@ static void test_dbias_cost(void) {
     printf("dbias cost: min/peak/bytes of the backward include it, nothing else changes\n");
 }
 
+/* min_bytes is a lower bound of bytes_accessed, forward and backward, for random dense
+ * problems (masks, diagonal offsets, GQA, bias broadcast, segment ids, ALiBi, bf16),
+ * packed batches with empty sequences and decode plans (pages, appends). */
+static void test_min_bytes(uint64_t *rs, uint64_t first_seed) {
+    int n0 = failures, cases = 0;
+    for (int it = 0; it < 3000 && failures - n0 < 5; it++, cases++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        int32_t cq[6] = {0}, ck[6] = {0}, lens[5];
+        const int shape = (int)tu_int(rs, 0, 2); /* dense, packed, decode */
+        p.batch = tu_int(rs, 1, shape ? 5 : 2);
+        p.heads_kv = tu_int(rs, 1, 2);
+        p.heads_q = p.heads_kv * tu_int(rs, 1, 3);
+        p.head_dim = tu_int(rs, 1, 4) * 8;
+        p.head_dim_v = shape == 2 ? p.head_dim : tu_int(rs, 1, 4) * 8;
+        p.dtype = tu_int(rs, 0, 1) ? FA_F32 : FA_BF16;
+        p.causal = (int)tu_int(rs, 0, 1);
+        if (tu_int(rs, 0, 1)) p.window_left = tu_int(rs, -1, 20), p.window_right = tu_int(rs, -1, 20);
+        if (tu_int(rs, 0, 3) == 0) p.has_diag_offset = 1, p.diag_offset = tu_int(rs, -90, 90);
+        p.has_alibi = tu_int(rs, 0, 3) == 0;
+        p.seq_q = tu_int(rs, 1, 70), p.seq_k = tu_int(rs, 1, 70);
+        if (shape == 0) {
+            if (tu_int(rs, 0, 2) == 0) {
+                p.has_bias = 1, p.bias_batch = tu_int(rs, 0, 1) ? p.batch : 1;
+                p.bias_heads = tu_int(rs, 0, 1) ? p.heads_q : 1;
+            }
+            p.has_segment_ids = tu_int(rs, 0, 3) == 0;
+        } else if (shape == 1) {
+            for (int64_t b = 0; b < p.batch; b++) {
+                cq[b + 1] = cq[b] + (int32_t)(tu_int(rs, 0, 2) ? tu_int(rs, 0, 40) : 0);
+                ck[b + 1] = ck[b] + (int32_t)(tu_int(rs, 0, 2) ? tu_int(rs, 0, 40) : 0);
+            }
+            if (!cq[p.batch]) cq[p.batch] = 1;
+            if (!ck[p.batch]) ck[p.batch] = 1;
+            p.seq_q = cq[p.batch], p.seq_k = ck[p.batch], p.cu_seqlens_q = cq, p.cu_seqlens_k = ck;
+        } else {
+            p.seq_q = tu_int(rs, 1, 4), p.has_new_kv = (int)tu_int(rs, 0, 1);
+            if (tu_int(rs, 0, 1)) p.page_size = 16, p.max_pages = 5, p.num_pages = 30;
+            p.seq_k = 80;
+            for (int64_t b = 0; b < p.batch; b++)
+                lens[b] = (int32_t)(tu_int(rs, 0, 2) ? tu_int(rs, 0, 80 - (p.has_new_kv ? p.seq_q : 0)) : 0);
+            p.cache_seqlens = lens;
+        }
+        fa_options o = {.backend = FA_BACKEND_CPU, .threads = 1};
+        if (tu_int(rs, 0, 1)) o.block_q = tu_int(rs, 1, 24), o.block_k = tu_int(rs, 1, 24);
+        fa_plan *pl;
+        if (fa_plan_create(&p, &o, &pl)) {
+            CHECK(0, "min_bytes case %d (seed %llu): plan failed: %s", it, (unsigned long long)first_seed,
+                  fa_last_error());
+            continue;
+        }
+        for (int pass = 0; pass < (shape == 2 ? 1 : 2); pass++) {
+            fa_cost c;
+            fa_plan_cost(pl, pass ? FA_BACKWARD : FA_FORWARD, &c);
+            CHECK(c.min_bytes <= c.bytes_accessed && c.min_bytes <= c.peak_bytes,
+                  "min_bytes case %d (seed %llu, %s, %s): min %lld above accessed %lld or peak %lld", it,
+                  (unsigned long long)first_seed, shape == 0 ? "dense" : shape == 1 ? "packed" : "decode",
+                  pass ? "backward" : "forward", (long long)c.min_bytes, (long long)c.bytes_accessed,
+                  (long long)c.peak_bytes);
+        }
+        fa_plan_destroy(pl);
+    }
+    printf("%s min_bytes: %d random dense, packed and decode plans, never above bytes_accessed\n",
+           failures == n0 ? "PASS" : "FAIL", cases);
+}
+
 int main(void) {
-    const uint64_t seed = tu_seed();
+    seed = tu_seed(); /* check.h's: CHECK prints it */
     uint64_t rng = seed;
     printf("test_plan seed %llu (FA_TEST_SEED reproduces)\n", (unsigned long long)seed);
     test_validation();
     test_cost_walk(&rng, seed);
     test_seed();
     test_dbias_cost();
+    test_min_bytes(&rng, seed);
     printf("%s\n", failures ? "FAILED" : "all plan tests passed");
     return failures != 0;
 }

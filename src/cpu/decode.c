@@ -29,9 +29,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
-#include <x86intrin.h>
-static unsigned long long TT[8], TC[8];
 
 #define DEC_ALIGN 64
 
@@ -190,10 +187,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
         const int64_t j0 = t * T;
         const int n = (int)(sk - j0 < T ? sk - j0 : T);
-        unsigned long long t0_ = __rdtsc();
-        static int nt = -1; if (nt < 0) nt = getenv("FA_NOTOUCH") != NULL;
-        if (touch && !nt) dec_touch(cx, b, j0, j0 + n);
-        unsigned long long t1_ = __rdtsc(); TT[omp_get_thread_num()] += t1_ - t0_;
+        if (touch) dec_touch(cx, b, j0, j0 + n);
         int plain = cx->direct; /* every row's scores are the scaled products, every key visible */
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
@@ -235,7 +229,6 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
                 else isa->gemm_pb((int)M, n, (int)Dv, s, (int)T, vp, acc, (int)Dv);
             }
             cnt->flops += 2 * M * n * (D + Dv);
-            if (hk == Hk - 1) TC[omp_get_thread_num()] += __rdtsc() - t1_;
             cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
         }
     }
@@ -275,6 +268,53 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     cnt->transcendentals += chunks + 1;
 }
 
+/* The rows [r0, r1] of a page that an append writes through block_table[b][j]. */
+typedef struct {
+    int64_t page, r0, r1, b, j;
+} dec_write;
+
+static int dec_write_order(const void *x, const void *y) {
+    const dec_write *u = x, *w = y;
+    if (u->page != w->page) return u->page < w->page ? -1 : 1;
+    return u->r0 < w->r0 ? -1 : u->r0 > w->r0;
+}
+
+/* FA_ERR_INVALID if two appended rows land in one slot of a page (two sequences' block
+ * tables, or one's twice, naming the same page): the cache would then depend on the order
+ * of the writes. The written runs, one per (sequence, page), sorted by page and first row:
+ * a run that starts before the furthest end so far on its page overlaps it. */
+static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_args *a) {
+    const fa_problem *p = &pl->p;
+    const int64_t ps = p->page_size, Sq = p->seq_q;
+    int64_t n = 0;
+    for (int64_t b = 0; b < p->batch; b++) n += (pl->lens[b] + Sq - 1) / ps - pl->lens[b] / ps + 1;
+    dec_write *w = fa_malloc(sizeof *w * (size_t)n);
+    if (!w) return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate the check of %lld appended runs", (long long)n);
+    int64_t k = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t first = pl->lens[b], last = first + Sq - 1;
+        for (int64_t j = first / ps; j <= last / ps; j++) {
+            const dec_write run = {a->block_table[b * p->max_pages + j], (first > j * ps ? first : j * ps) - j * ps,
+                                   (last < j * ps + ps - 1 ? last : j * ps + ps - 1) - j * ps, b, j};
+            w[k++] = run;
+        }
+    }
+    qsort(w, (size_t)n, sizeof *w, dec_write_order);
+    fa_status s = FA_OK;
+    for (int64_t i = 1, far = 0; i < n && !s; i++) {
+        if (w[i].page != w[far].page) far = i;
+        else if (w[i].r0 <= w[far].r1)
+            s = fa_error(FA_ERR_INVALID,
+                         "fa_forward: block_table[%lld][%lld] and block_table[%lld][%lld] both name page %lld, and the "
+                         "appended tokens would write its row %lld twice",
+                         (long long)w[far].b, (long long)w[far].j, (long long)w[i].b, (long long)w[i].j,
+                         (long long)w[i].page, (long long)w[i].r0);
+        else if (w[i].r1 > w[far].r1) far = i;
+    }
+    fa_free(w);
+    return s;
+}
+
 /* Every block-table entry a call uses, before anything is written (the pointers were
  * checked at the entry, args.c). */
 static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
@@ -289,7 +329,7 @@ static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
                                 (long long)b, (long long)j, id, (long long)p->num_pages);
         }
     }
-    return FA_OK;
+    return p->has_new_kv ? dec_check_appends(pl, a) : FA_OK;
 }
 
 /* k_new/v_new rows into the caches at positions cache_seqlens[b] + t. */
@@ -380,7 +420,6 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         trans += cnt.transcendentals;
     }
     fa_free(owned);
-    if (getenv("FA_DEC_TRACE")) { fprintf(stderr, "touch %.0f %.0f us compute %.0f %.0f us\n", TT[0]/2600., TT[1]/2600., TC[0]/2600., TC[1]/2600.); memset(TT,0,sizeof TT); memset(TC,0,sizeof TC);}
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;

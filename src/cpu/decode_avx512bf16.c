@@ -143,6 +143,21 @@ void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64
  * 0-3, 8-11, 16-19, 24-27; hi: 4-7, 12-15, ...); the accumulators are loaded into that
  * order and stored back out of it. Blocks of 64 columns (16 accumulators). Value rows at
  * or past n are never read. */
+/* One pair of keys (value rows a, b as two 32-column halves each) into the 4 x 64
+ * accumulators of pv_rows4: the rows interleaved by unpacklo/hi_epi16, each row's broadcast
+ * probability pair pw[2 r] through vdpbf16ps. */
+static inline __attribute__((always_inline)) void pv_pair(__m512 acc[4][4], const uint32_t *pw, __m512i a0,
+                                                          __m512i b0, __m512i a1, __m512i b1) {
+    const __m512bh x[4] = {(__m512bh)_mm512_unpacklo_epi16(a0, b0), (__m512bh)_mm512_unpackhi_epi16(a0, b0),
+                           (__m512bh)_mm512_unpacklo_epi16(a1, b1), (__m512bh)_mm512_unpackhi_epi16(a1, b1)};
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pw[2 * r]);
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], w, x[q]);
+    }
+}
+
 static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
                      int ldo, const float *alpha, fa_decode_prefetch *pf) {
     static const uint16_t zero_row[64];
@@ -172,41 +187,17 @@ static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstri
         if (cols - c0 >= 64) /* whole pairs of whole 64-column blocks: plain loads, no masks to move */
             for (; 2 * jp + 1 < n; jp++) {
                 const uint16_t *va = v + 2 * jp * vstride + c0, *vb = va + vstride;
-                const uint32_t *pw = P + (jp / 2) * 8 + (jp & 1);
-                __m512bh x[4];
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    const __m512i a = _mm512_loadu_si512(va + 32 * h), b = _mm512_loadu_si512(vb + 32 * h);
-                    x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(a, b);
-                    x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
-                }
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
-                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pw[2 * r]);
-#pragma GCC unroll 4
-                    for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], w, x[q]);
-                }
+                pv_pair(acc, P + (jp / 2) * 8 + (jp & 1), _mm512_loadu_si512(va), _mm512_loadu_si512(vb),
+                        _mm512_loadu_si512(va + 32), _mm512_loadu_si512(vb + 32));
                 prefetch_some(pf, PF_PV);
             }
         for (; jp < np; jp++) { /* the rest: a last lone key, or a last block under 64 columns */
             const uint16_t *va = v + 2 * jp * vstride + c0;
             const uint16_t *vb = 2 * jp + 1 < n ? va + vstride : zero_row;
             const __mmask32 bm = 2 * jp + 1 < n ? ~0u : 0u;
-            const uint32_t *pw = P + (jp / 2) * 8 + (jp & 1);
-            __m512bh x[4];
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const __m512i a = _mm512_maskz_loadu_epi16(mk[h], va + 32 * h);
-                const __m512i b = _mm512_maskz_loadu_epi16(mk[h] & bm, vb + (bm ? 32 * h : 0));
-                x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(a, b);
-                x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(a, b);
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pw[2 * r]);
-#pragma GCC unroll 4
-                for (int q = 0; q < 4; q++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], w, x[q]);
-            }
+            pv_pair(acc, P + (jp / 2) * 8 + (jp & 1), _mm512_maskz_loadu_epi16(mk[0], va),
+                    _mm512_maskz_loadu_epi16(mk[0] & bm, vb), _mm512_maskz_loadu_epi16(mk[1], va + 32),
+                    _mm512_maskz_loadu_epi16(mk[1] & bm, vb + (bm ? 32 : 0)));
         }
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
@@ -223,7 +214,8 @@ static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstri
     }
 }
 
-/* p holds values already rounded to bf16 (SPEC section 1), so their bf16 bits are exact. */
+/* p holds values already rounded to bf16 (docs/semantics.md, "Rounding"), so their bf16
+ * bits are exact. */
 void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
                        int ldo) {
     for (int r0 = 0; r0 < m; r0 += 4) {

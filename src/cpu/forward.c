@@ -3,7 +3,7 @@
  * Work items are (batch, query head, run of up to FWD_RUN consecutive query tiles), spread
  * over plan->threads OpenMP threads. A thread packs q of each tile of its run once, then
  * walks the key tiles any of them visits: it packs k and v once and, for each tile of the
- * run whose fa_key_tile_range holds the key tile (the cost model counts exactly that
+ * run whose key tiles (schedule.h) hold the key tile (the cost model counts exactly that
  * schedule), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
  * bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
  * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l).
@@ -111,6 +111,7 @@ typedef struct {
     int64_t bq, bk, group; /* tile edges; query heads per kv head */
     size_t esz;            /* bytes per q/k/v/o element */
     fa_score_ctx sc;       /* what turns products into scores */
+    fa_sched sched;        /* which keys each row sees (schedule.h) */
     int pairs;             /* p goes to the PV product as the ISA's bf16 pairs (isa.h) */
 } fwd_ctx;
 
@@ -174,8 +175,8 @@ static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64
     return row_max(srow, n);
 }
 
-/* x[j] rounded to dtype t and back (p before the second product, SPEC section 1): the
- * ISA's pass where it has one (the same bits, at its vector width), else the branch-free
+/* x[j] rounded to dtype t and back (p before the second product, docs/semantics.md,
+ * "Rounding"): the ISA's pass where it has one (the same bits, at its vector width), else the branch-free
  * vexp.h roundings, whose loops vectorize at this file's baseline width. */
 static void round_row(const fa_isa *isa, fa_dtype t, float *restrict x, int n) {
     if (t != FA_F32 && isa->round_row) {
@@ -252,7 +253,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
             L[r] = 0.0f;
         }
         memset(sc->acc + t * sc->acc_pitch, 0, (size_t)m * (size_t)Dv * sizeof(float));
-        fa_key_tile_range(pl, r0, r0 + m, cx->bk, &k0[t], &k1[t]);
+        fa_sched_key_tiles(&cx->sched, r0, r0 + m, cx->bk, &k0[t], &k1[t]);
         if (k0[t] < k1[t]) {
             fa_tile_src qs = tile_src(cx, a->q, &p->q_stride, b, h, r0);
             isa->pack_a(&qs, m, (int)D, sc->qp + t * sc->qp_pitch);
@@ -350,6 +351,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.group = p->heads_q / p->heads_kv;
     cx.esz = fa_dtype_size(p->dtype);
     cx.sc = fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids);
+    cx.sched = fa_plan_sched(pl);
     cx.pairs = p->dtype == FA_BF16 && cx.isa->exp_pairs && cx.isa->max_row && cx.isa->gemm_pb_pairs;
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);

@@ -35,88 +35,103 @@ static fa_status take_workspace(void *given, int64_t need, const char *who, char
     return FA_OK;
 }
 
-fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a) {
-    const fa_problem *p = &pl->p;
+/* The fields both passes' arguments share, set for sequence b's view: q, k, v from its
+ * first rows, the shared workspace, its own counts, no progress (each_sequence reports). */
+#define SEQUENCE_VIEW(sa, a, pl, b, es, ws, size, c)                                                    \
+    do {                                                                                               \
+        (sa).q = row_ptr((a)->q, &(pl)->p.q_stride, (pl)->p.cu_seqlens_q[b], es);                      \
+        (sa).k = row_ptr((a)->k, &(pl)->p.k_stride, (pl)->p.cu_seqlens_k[b], es);                      \
+        (sa).v = row_ptr((a)->v, &(pl)->p.v_stride, (pl)->p.cu_seqlens_k[b], es);                      \
+        (sa).workspace = ws;                                                                           \
+        (sa).workspace_size = (size_t)(size);                                                          \
+        (sa).counts = c;                                                                               \
+        (sa).progress = NULL;                                                                          \
+    } while (0)
+
+/* One sequence of a pass: runs sequence b as the dense plan sub (or writes what an empty
+ * sequence must), with the shared workspace ws, and leaves its counts in c. */
+typedef fa_status (*seq_pass)(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
+                              char *ws, fa_counts *c);
+
+/* Every sequence in order through pass: the workspace (the caller's or one allocated here)
+ * shared, counts summed, progress reported per sequence. */
+static fa_status each_sequence(const struct fa_plan *pl, const void *args, void *given, int64_t need,
+                               const char *who, fa_progress_fn progress, void *progress_ctx, fa_counts *counts,
+                               seq_pass pass) {
     char *ws;
     void *owned;
-    fa_status s = take_workspace(a->workspace, pl->fwd.workspace_bytes, "fa_forward", &ws, &owned);
+    fa_status s = take_workspace(given, need, who, &ws, &owned);
     if (s) return s;
-    const size_t es = fa_dtype_size(p->dtype);
-    const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;
     fa_counts total = {0, 0};
-    for (int64_t b = 0; b < p->batch && !s; b++) {
+    for (int64_t b = 0; b < pl->p.batch && !s; b++) {
         fa_plan sub;
         fa_varlen_subplan(pl, b, &sub);
-        const int64_t sq = sub.p.seq_q;
-        if (sq > 0 && sub.p.seq_k == 0) {
-            zero_rows(a->o, &p->o_stride, p->dtype, p->heads_q, p->head_dim_v, cq[b], cq[b + 1]);
-            if (a->lse)
-                for (int64_t h = 0; h < p->heads_q; h++)
-                    for (int64_t i = 0; i < sq; i++) a->lse[h * p->seq_q + cq[b] + i] = -INFINITY;
-            total.transcendentals += p->heads_q * sq; /* the log of each row's lse, as the dense driver counts */
-        } else if (sq > 0) {
-            fa_forward_args sa = *a;
-            fa_counts c = {0, 0};
-            sa.q = row_ptr(a->q, &p->q_stride, cq[b], es);
-            sa.k = row_ptr(a->k, &p->k_stride, ck[b], es);
-            sa.v = row_ptr(a->v, &p->v_stride, ck[b], es);
-            sa.o = (void *)row_ptr(a->o, &p->o_stride, cq[b], es);
-            sa.lse = a->lse ? a->lse + cq[b] : NULL;
-            sa.workspace = ws;
-            sa.workspace_size = (size_t)pl->fwd.workspace_bytes;
-            sa.counts = &c;
-            sa.progress = NULL;
-            s = fa_cpu_forward(&sub, &sa);
-            total.flops += c.flops;
-            total.transcendentals += c.transcendentals;
-        }
-        if (a->progress) a->progress(a->progress_ctx, b + 1, p->batch);
+        fa_counts c = {0, 0};
+        s = pass(pl, &sub, b, args, ws, &c);
+        total.flops += c.flops;
+        total.transcendentals += c.transcendentals;
+        if (progress) progress(progress_ctx, b + 1, pl->p.batch);
     }
     fa_free(owned);
-    if (!s && a->counts) *a->counts = total;
+    if (!s && counts) *counts = total;
     return s;
 }
 
-fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a) {
+static fa_status forward_sequence(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
+                                  char *ws, fa_counts *c) {
     const fa_problem *p = &pl->p;
-    char *ws;
-    void *owned;
-    fa_status s = take_workspace(a->workspace, pl->bwd.workspace_bytes, "fa_backward", &ws, &owned);
-    if (s) return s;
+    const fa_forward_args *a = args;
+    const size_t es = fa_dtype_size(p->dtype);
+    const int32_t *cq = p->cu_seqlens_q;
+    const int64_t sq = sub->p.seq_q;
+    if (sq == 0) return FA_OK;
+    if (sub->p.seq_k == 0) {
+        zero_rows(a->o, &p->o_stride, p->dtype, p->heads_q, p->head_dim_v, cq[b], cq[b + 1]);
+        if (a->lse)
+            for (int64_t h = 0; h < p->heads_q; h++)
+                for (int64_t i = 0; i < sq; i++) a->lse[h * p->seq_q + cq[b] + i] = -INFINITY;
+        c->transcendentals = p->heads_q * sq; /* the log of each row's lse, as the dense driver counts */
+        return FA_OK;
+    }
+    fa_forward_args sa = *a;
+    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->fwd.workspace_bytes, c);
+    sa.o = (void *)row_ptr(a->o, &p->o_stride, cq[b], es);
+    sa.lse = a->lse ? a->lse + cq[b] : NULL;
+    return fa_cpu_forward(sub, &sa);
+}
+
+fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a) {
+    return each_sequence(pl, a, a->workspace, pl->fwd.workspace_bytes, "fa_forward", a->progress,
+                         a->progress_ctx, a->counts, forward_sequence);
+}
+
+static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
+                                   char *ws, fa_counts *c) {
+    const fa_problem *p = &pl->p;
+    const fa_backward_args *a = args;
     const size_t es = fa_dtype_size(p->dtype);
     const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;
-    fa_counts total = {0, 0};
-    for (int64_t b = 0; b < p->batch && !s; b++) {
-        fa_plan sub;
-        fa_varlen_subplan(pl, b, &sub);
-        if (sub.p.seq_q == 0) {
-            zero_rows(a->dk, &p->k_stride, p->dtype, p->heads_kv, p->head_dim, ck[b], ck[b + 1]);
-            zero_rows(a->dv, &p->v_stride, p->dtype, p->heads_kv, p->head_dim_v, ck[b], ck[b + 1]);
-        } else if (sub.p.seq_k == 0) {
-            zero_rows(a->dq, &p->q_stride, p->dtype, p->heads_q, p->head_dim, cq[b], cq[b + 1]);
-        } else {
-            fa_backward_args sa = *a;
-            fa_counts c = {0, 0};
-            sa.q = row_ptr(a->q, &p->q_stride, cq[b], es);
-            sa.k = row_ptr(a->k, &p->k_stride, ck[b], es);
-            sa.v = row_ptr(a->v, &p->v_stride, ck[b], es);
-            sa.o = row_ptr(a->o, &p->o_stride, cq[b], es);
-            sa.d_o = row_ptr(a->d_o, &p->o_stride, cq[b], es);
-            sa.lse = a->lse + cq[b];
-            sa.dq = (void *)row_ptr(a->dq, &p->q_stride, cq[b], es);
-            sa.dk = (void *)row_ptr(a->dk, &p->k_stride, ck[b], es);
-            sa.dv = (void *)row_ptr(a->dv, &p->v_stride, ck[b], es);
-            sa.workspace = ws;
-            sa.workspace_size = (size_t)pl->bwd.workspace_bytes;
-            sa.counts = &c;
-            sa.progress = NULL;
-            s = fa_cpu_backward(&sub, &sa);
-            total.flops += c.flops;
-            total.transcendentals += c.transcendentals;
-        }
-        if (a->progress) a->progress(a->progress_ctx, b + 1, p->batch);
+    if (sub->p.seq_q == 0) {
+        zero_rows(a->dk, &p->k_stride, p->dtype, p->heads_kv, p->head_dim, ck[b], ck[b + 1]);
+        zero_rows(a->dv, &p->v_stride, p->dtype, p->heads_kv, p->head_dim_v, ck[b], ck[b + 1]);
+        return FA_OK;
     }
-    fa_free(owned);
-    if (!s && a->counts) *a->counts = total;
-    return s;
+    if (sub->p.seq_k == 0) {
+        zero_rows(a->dq, &p->q_stride, p->dtype, p->heads_q, p->head_dim, cq[b], cq[b + 1]);
+        return FA_OK;
+    }
+    fa_backward_args sa = *a;
+    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->bwd.workspace_bytes, c);
+    sa.o = row_ptr(a->o, &p->o_stride, cq[b], es);
+    sa.d_o = row_ptr(a->d_o, &p->o_stride, cq[b], es);
+    sa.lse = a->lse + cq[b];
+    sa.dq = (void *)row_ptr(a->dq, &p->q_stride, cq[b], es);
+    sa.dk = (void *)row_ptr(a->dk, &p->k_stride, ck[b], es);
+    sa.dv = (void *)row_ptr(a->dv, &p->v_stride, ck[b], es);
+    return fa_cpu_backward(sub, &sa);
+}
+
+fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a) {
+    return each_sequence(pl, a, a->workspace, pl->bwd.workspace_bytes, "backward", a->progress,
+                         a->progress_ctx, a->counts, backward_sequence);
 }

@@ -5,9 +5,9 @@
  *   dk/dv:  one CTA per (key tile, kv head, batch). Warps own 16 keys each (with CS = 2 two
  *           warps share 16 keys and split the head dim of dK/dV). The CTA keeps K and V in
  *           shared memory and walks, for each query head of its GQA group, the query tiles
- *           whose key-tile range (fa_key_tile_range) holds its key tile, Q/dO double-
- *           buffered: S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T,
- *           dS^T = P^T (dP^T - Delta), dV += P^T dO, dK += dS^T Q.
+ *           whose key tiles (schedule.h) hold its key tile, Q/dO double-buffered:
+ *           S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - Delta),
+ *           dV += P^T dO, dK += dS^T Q.
  *   dq:     one CTA per (QPC query tiles, head, batch), warps splitting the query rows,
  *           K/V double-buffered: S, P, dP = dO V^T, dS, dQ += dS K.
  *
@@ -103,17 +103,10 @@ __global__ void __launch_bounds__(NW * 32, 1) dkdv_kernel(const fa_cuda_params p
     const int hk = blockIdx.y, b = blockIdx.z;
     const int kt = blockIdx.x, k0 = kt * BC, n = min(BC, p.Sk - k0);
 
-    /* query tiles whose range holds this key tile: contiguous (both ends grow with i) */
-    const int nqt = (p.Sq + BR - 1) / BR;
-    int qlo = nqt, qhi = -1;
-    for (int qt = 0; qt < nqt; qt++) {
-        int a0, a1;
-        dev_key_tile_range(p, (int64_t)qt * BR, min((int64_t)qt * BR + BR, (int64_t)p.Sq), BC, &a0, &a1);
-        if (kt >= a0 && kt < a1) {
-            qlo = min(qlo, qt);
-            qhi = qt;
-        }
-    }
+    /* query tiles whose range holds this key tile: contiguous (both ends grow with i), schedule.h */
+    int qlo, qend;
+    dev_query_tile_range(p, BR, BC, kt, &qlo, &qend);
+    const int qhi = qend - 1;
     const int nq = qhi >= qlo ? qhi - qlo + 1 : 0, total = p.G * nq;
 
     const uint16_t *kgp = (const uint16_t *)p.k + b * p.ks[0] + hk * p.ks[1] + (int64_t)k0 * p.ks[2];

@@ -1,5 +1,5 @@
 /* What every CUDA kernel of flashattn shares: the launch parameters, the tile schedule on
- * the device (the same arithmetic as fa_key_tile_range in internal.h), and thin wrappers
+ * the device (schedule.h's functions, as the host runs them), and thin wrappers
  * of the PTX they are built from (cp.async, ldmatrix, mma.sync m16n8k16 with f32
  * accumulate, ex2.approx).
  *
@@ -20,6 +20,8 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "../schedule.h"
 
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
@@ -47,35 +49,37 @@ typedef struct {
     int has_bias, has_alibi, has_seg, has_mods; /* has_mods: softcap, bias or alibi */
 } fa_cuda_params;
 
-/* ---- the tile schedule (internal.h, on the device) --------------------------------- */
+/* ---- the tile schedule (schedule.h, on the device) --------------------------------
+ * The kernels' names for schedule.h's functions, with the launch parameters in hand and
+ * the int tile indices the kernels use; no arithmetic of their own. */
 
-/* p.wl and p.wr arrive clipped to FA_WINDOW_CLIP (cuda_api.cu), so no sum overflows. */
-__device__ __forceinline__ int64_t dev_key_lo(const fa_cuda_params &p, int64_t i) {
-    return p.wl >= 0 ? i + p.off - p.wl : INT64_MIN / 4;
-}
-__device__ __forceinline__ int64_t dev_key_hi(const fa_cuda_params &p, int64_t i) {
-    int64_t hi = INT64_MAX / 4;
-    if (p.causal) hi = i + p.off;
-    if (p.wr >= 0 && i + p.off + p.wr < hi) hi = i + p.off + p.wr;
-    return hi;
+__device__ __forceinline__ fa_sched dev_sched(const fa_cuda_params &p) {
+    fa_sched s = {p.Sq, p.Sk, p.off, p.causal, p.wl, p.wr};
+    return s;
 }
 /* Key tiles [*kt0, *kt1) visited by query rows [r0, r1) with tiles of bk keys. */
 __device__ __forceinline__ void dev_key_tile_range(const fa_cuda_params &p, int64_t r0, int64_t r1,
                                                    int64_t bk, int *kt0, int *kt1) {
-    int64_t lo = dev_key_lo(p, r0), hi = dev_key_hi(p, r1 - 1);
-    if (lo < 0) lo = 0;
-    if (hi > p.Sk - 1) hi = p.Sk - 1;
-    if (lo > hi || r1 <= r0) { *kt0 = 0; *kt1 = 0; return; }
-    *kt0 = (int)(lo / bk);
-    *kt1 = (int)(hi / bk + 1);
+    const fa_sched s = dev_sched(p);
+    int64_t a, b;
+    fa_sched_key_tiles(&s, r0, r1, bk, &a, &b);
+    *kt0 = (int)a;
+    *kt1 = (int)b;
+}
+/* Query tiles [*qt0, *qt1) of br rows whose key-tile range holds key tile kt. */
+__device__ __forceinline__ void dev_query_tile_range(const fa_cuda_params &p, int64_t br, int64_t bk, int64_t kt,
+                                                     int *qt0, int *qt1) {
+    const fa_sched s = dev_sched(p);
+    int64_t a, b;
+    fa_sched_query_tiles(&s, br, bk, kt, &a, &b);
+    *qt0 = (int)a;
+    *qt1 = (int)b;
 }
 /* Visible keys of row i as a closed interval clipped to [0, Sk - 1] (empty: lo > hi). */
 __device__ __forceinline__ void dev_row_bounds(const fa_cuda_params &p, int64_t i, int *lo, int *hi) {
-    int64_t l = dev_key_lo(p, i), h = dev_key_hi(p, i);
-    if (l < 0) l = 0;
-    if (h > p.Sk - 1) h = p.Sk - 1;
-    if (l > (int64_t)p.Sk) l = p.Sk;
-    if (h < -1) h = -1;
+    const fa_sched s = dev_sched(p);
+    int64_t l, h;
+    fa_sched_span(&s, i, i + 1, &l, &h);
     *lo = (int)l;
     *hi = (int)h;
 }
@@ -83,7 +87,8 @@ __device__ __forceinline__ void dev_row_bounds(const fa_cuda_params &p, int64_t 
 __device__ __forceinline__ bool dev_tile_full(const fa_cuda_params &p, int64_t r0, int64_t r1, int64_t k0,
                                               int64_t bk) {
     if (k0 + bk > p.Sk) return false;
-    return dev_key_hi(p, r0) >= k0 + bk - 1 && dev_key_lo(p, r1 - 1) <= k0;
+    const fa_sched s = dev_sched(p);
+    return fa_sched_tile_kind(&s, r0, r1, k0, k0 + bk) == FA_TILE_FULL;
 }
 
 /* ---- PTX wrappers ------------------------------------------------------------------ */

@@ -4,7 +4,7 @@
  * (mma.sync m16n8k16, f32 accumulate), online softmax in base 2 (log2(e) folded into the
  * scale), P handed from the S accumulators to the second product in registers.
  *
- * Key tiles are those of fa_key_tile_range (internal.h), nothing more and nothing less, so
+ * Key tiles are those of fa_sched_key_tiles (schedule.h), nothing more and nothing less, so
  * the counts match the cost model: per computed tile m*n*(D + Dv)*2 flops and m*n exps (+
  * m*n tanh under softcap) + m rescale exps; one log per query row. */
 #ifndef FA_CUDA_FORWARD_CUH

@@ -2,8 +2,8 @@
  * warp specialization in one CTA of 3 warpgroups per 128-row query tile.
  *   warpgroup 0, the producer: gives back registers (setmaxnreg.dec) and one thread
  *     issues the TMA copies: the Q tile once, then the K and V tiles of
- *     fa_key_tile_range into a ring of ST shared-memory stages, each stage guarded by a
- *     "full" mbarrier (TMA bytes arrived) and an "empty" one (both consumers done);
+ *     fa_sched_key_tiles (schedule.h) into a ring of ST shared-memory stages, each stage
+ *     guarded by a "full" mbarrier (TMA bytes arrived) and an "empty" one (both consumers done);
  *   warpgroups 1 and 2, the consumers (64 query rows each): take the registers
  *     (setmaxnreg.inc), and per key tile S = Q K^T (wgmma, A and B from shared memory),
  *     the scores and online softmax of the mma.sync kernel (cuda_forward.cuh, the same

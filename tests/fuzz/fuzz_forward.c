@@ -7,7 +7,7 @@
  * no NaN; nothing written outside o's view; kernel counts equal to the plan's. */
 #include "fuzz_bytes.h"
 #include "ref/ref.h"
-#include "test_util.h"
+#include "check.h"
 
 #define TOL_F32 1e-5
 #define TOL_F16 5e-3

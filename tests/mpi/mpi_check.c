@@ -11,7 +11,7 @@
 #include "flashattn_mpi.h"
 #include "mpi_internal.h"
 #include "ref/ref.h"
-#include "test_util.h"
+#include "check.h"
 
 #include <mpi.h>
 
