@@ -9,8 +9,8 @@ message comes back as ValueError."""
 import numpy as np
 
 from . import _native
-from ._numpy import (_check_out, _do_with_o_strides, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer,
-                     _readable)
+from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable,
+                     backward_inputs, dtype_error)
 from ._problem import make_options
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, decode_problem,
                                  int32_lengths, varlen_problem)
@@ -24,7 +24,7 @@ def _one_dtype(**arrays):
         raise ValueError(f"{names} must have one dtype, got {', '.join(str(a.dtype) for a in arrays.values())}")
     name = _dtype_name(next(iter(dts)))
     if name is None:
-        raise ValueError(f"{names} must be float32, float16 or bfloat16 (ml_dtypes), got {next(iter(dts))}")
+        raise ValueError(dtype_error(names, next(iter(dts))))
     return name
 
 
@@ -105,15 +105,7 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
                 softcap, scale, alibi_slopes, diag_offset)
     shape = c.o_shape()
     o, do = _readable("o", o, 3), _readable("do", do, 3)
-    for name, a in (("o", o), ("do", do)):
-        if a.shape != shape or a.dtype != c.q.dtype:
-            raise ValueError(f"{name} must be {c.q.dtype} of shape {shape}, got {a.dtype} of shape {a.shape}")
-    lse_shape = (c.q.shape[1], c.q.shape[0])
-    lse = np.asarray(lse)
-    if lse.shape != lse_shape or lse.dtype != np.float32:
-        raise ValueError(f"lse must be float32 of shape [Hq, total_q] = {lse_shape}, got {lse.dtype} of shape {lse.shape}")
-    lse = np.ascontiguousarray(lse)
-    o, do = _do_with_o_strides(o, do)
+    o, do, lse = backward_inputs(o, do, lse, shape, c.q.dtype, (c.q.shape[1], c.q.shape[0]), "[Hq, total_q]")
     q, dq = _grad_buffer(c.q)
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)
