@@ -24,7 +24,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
-from .._problem import make_options as _library_options
+from .._problem import _int, make_options as _library_options
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                   decode_problem, varlen_problem)
 from . import _ffi
@@ -78,14 +78,14 @@ def _slopes(alibi_slopes, hq):
     return jax.lax.stop_gradient(s.astype(jnp.float32))
 
 
-def _attributes(causal, window, softcap, scale, has_alibi):
+def _attributes(causal, window, softcap, scale, has_alibi, threads=0):
     i64, f32 = np.int64, np.float32
     softcap = _finite("softcap", softcap) or 0.0
     scale = _finite("scale", scale)
     left, right = _window(window)
     return dict(causal=i64(bool(causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
                 has_scale=i64(scale is not None), scale=f32(0.0 if scale is None else scale),
-                has_alibi=i64(has_alibi))
+                has_alibi=i64(has_alibi), threads=i64(_int("threads", threads, 32)))
 
 
 # ---- packed variable-length batches ---------------------------------------------------
@@ -130,7 +130,7 @@ _varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False):
+                     diag_offset=None, return_lse=False, threads=0):
     """Attention over a packed batch of sequences of different lengths (as
     flash_attn_varlen_func), differentiable in q, k and v (jax.custom_vjp).
 
@@ -151,9 +151,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     if diag_offset is not None and (isinstance(diag_offset, bool) or not hasattr(diag_offset, "__index__")):
         raise ValueError(f"diag_offset must be an integer, got {diag_offset!r}")
     slopes = _slopes(alibi_slopes, q.shape[1])
-    attrs = _attributes(causal, window, softcap, scale, slopes is not None)
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads)
     attrs.update(has_diag_offset=np.int64(diag_offset is not None),
-                 diag_offset=np.int64(0 if diag_offset is None else int(diag_offset)))
+                 diag_offset=np.int64(0 if diag_offset is None else _int("diag_offset", diag_offset)))
     host_q, host_k = _concrete(cu_q), _concrete(cu_k)
     if host_q is not None and host_k is not None:  # the library's verdict now, as ValueError
         check_max_seqlen("max_seqlen_q", max_seqlen_q, host_q)
@@ -172,7 +172,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False):
+                      return_lse=False, threads=0):
     """One decoding step against a kv cache (as flash_attn_with_kvcache), functional: returns
     (o, k_cache, v_cache) with the new tokens written into the returned caches, or
     (o, lse, k_cache, v_cache) with return_lse. Not differentiable.
@@ -218,7 +218,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     slopes = _slopes(alibi_slopes, q.shape[2])
-    attrs = _attributes(causal, window, softcap, scale, slopes is not None)
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads)
     host = _concrete(lens)
     if host is not None:  # the library's verdict on the lengths now, as ValueError
         o_shape = q.shape[:3] + v_cache.shape[3:]
