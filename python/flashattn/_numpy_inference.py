@@ -86,9 +86,13 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
                 softcap, scale, alibi_slopes, diag_offset)
     shape = c.o_shape()
-    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
+    inputs = (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes))
+    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     lse = _empty((c.q.shape[1], c.q.shape[0]), np.float32)
     handle = c.plan(_elem_strides(o))
+    if isinstance(handle, _native.EmptyPlanHandle):  # no rows, keys or heads: nothing to compute
+        o[...], lse[...] = 0, -np.inf
+        return (o, lse) if return_lse else o
     handle.forward(_native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                        o=o.ctypes.data, lse=lse.ctypes.data,
                                        alibi_slopes=c.slopes_ptr()))
@@ -110,6 +114,10 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)
     handle = c.plan(_elem_strides(o), q=q, k=k, v=v)
+    if isinstance(handle, _native.EmptyPlanHandle):
+        for g in (dq, dk, dv):
+            g[...] = 0
+        return dq, dk, dv
     handle.backward(_native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                          o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                          dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
@@ -184,7 +192,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     capacity = table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     lens = cache_lengths(cache_seqlens, B, capacity)
     shape = q.shape[:3] + (v_cache.shape[3],)
-    o = _empty(shape, q.dtype) if out is None else _check_out("out", out, shape, q.dtype)
+    inputs = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+              ("alibi_slopes", alibi_slopes))
+    o = _empty(shape, q.dtype) if out is None else _check_out("out", out, shape, q.dtype, inputs)
     lse = _empty((B, q.shape[2], q.shape[1]), np.float32)
     slopes = _slopes(alibi_slopes, q.shape[2])
     p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,

@@ -164,7 +164,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                            cu_seqlens_k=host_k, causal=causal, window=_window(window), softcap=softcap,
                            scale=scale, alibi=slopes is not None, diag_offset=diag_offset)
         _native.cached_plan(p, _library_options("cpu"))
-    o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes)
+    if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads; the library refuses zero sizes
+        o = jnp.zeros(q.shape[:2] + v.shape[2:], q.dtype)
+        lse = jnp.full((q.shape[1], q.shape[0]), -jnp.inf, jnp.float32)
+    else:
+        o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes)
     return (o, lse) if return_lse else o
 
 
