@@ -187,7 +187,15 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     appended at positions cache_seqlens[b]... Masks align bottom-right per sequence. o
     [B, Sq_new, Hq, Dv], lse [B, Hq, Sq_new] f32. With new tokens the caches alias the
     results: under jax.jit with the caches donated the update is in place; otherwise XLA
-    copies them. Without, the caches come back as given."""
+    copies them. Without, the caches come back as given. threads: CPU threads (0: default).
+
+    Donated caches and bad lengths: lengths known at trace time (Python ints, numpy or
+    concrete arrays, even under jit) are judged then, before anything runs, so a bad one
+    raises ValueError and the donated caches stay intact. Lengths that are traced (jit
+    arguments) can only be judged when the call runs, after XLA has handed the donated
+    buffers to it: the call then raises naming the argument, and the donated caches are
+    gone (XLA deletes a donated argument whatever the outcome). Pass lengths you have not
+    checked as concrete values, or do not donate the caches."""
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -217,13 +225,13 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             raise ValueError(f"cache_seqlens must be an int or integers [batch], got {cache_seqlens!r}")
         if not -(2**31) <= int(cache_seqlens) < 2**31:
             raise ValueError(f"cache_seqlens values must fit int32, got {int(cache_seqlens)}")
-        cache_seqlens = jnp.full((B,), int(cache_seqlens), jnp.int32)
+        cache_seqlens = np.full((B,), int(cache_seqlens), np.int32)  # concrete even under jit
+    host = _concrete(cache_seqlens)  # before any jnp op, which under jit would trace it
     lens = _lengths("cache_seqlens", cache_seqlens, 1, f"[batch] = [{B}]")
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     slopes = _slopes(alibi_slopes, q.shape[2])
     attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads)
-    host = _concrete(lens)
     if host is not None:  # the library's verdict on the lengths now, as ValueError
         o_shape = q.shape[:3] + v_cache.shape[3:]
         p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
