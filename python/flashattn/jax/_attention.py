@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._problem import _int, broadcast_dims, combined_bias_dims, empty_dims
+from .._problem import _int, broadcast_dims, combined_bias_dims, empty_dims, window_pair
 from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
@@ -51,13 +51,9 @@ def _check_qkv(q, k, v, layout):
 
 
 def _window(window):
-    if window is None:
-        return (-1, -1)
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise ValueError(f"window must be (left, right) integers, -1 or None for unbounded, got {window!r}") from None
-    left, right = (-1 if w is None else _int(f"window {side}", w) for side, w in (("left", left), ("right", right)))
+    """(left, right) as the problem builder reads it (None sides unbounded), checked at trace
+    time for what a JAX attribute cannot hold: below -1 has no meaning."""
+    left, right = window_pair(window)
     if left < -1 or right < -1:
         raise ValueError(f"window values must be >= -1 (-1: unbounded), got {window!r}")
     return (left, right)
