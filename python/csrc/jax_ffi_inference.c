@@ -1,4 +1,4 @@
-/* XLA FFI handlers for the inference shapes (SPEC section 5): packed variable-length batches
+/* XLA FFI handlers for the inference shapes (README, "Inference shapes"): packed variable-length batches
  * (forward and backward) and kv-cache decoding (paged too), behind flashattn.jax's
  * varlen_attention and kvcache_attention. CPU platform only: the library runs these shapes
  * on the CPU, and the length arrays it plans from are then host memory.

@@ -42,7 +42,7 @@ class Problem(ctypes.Structure):
         ("has_diag_offset", ctypes.c_int), ("diag_offset", c_int64),
         ("has_bias_scale", ctypes.c_int), ("bias_scale", ctypes.c_float),
         ("bias_grad", ctypes.c_int),
-        # packed variable-length batches, kv-cache decoding, paged caches (SPEC section 5)
+        # packed variable-length batches, kv-cache decoding, paged caches (README, "Inference shapes")
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
