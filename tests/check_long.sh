@@ -31,6 +31,7 @@ done
 PY="${FA_VENV:-$HOME/.cache/flashattn/venv}/bin/python"
 if [ -x "$PY" ]; then
   (cd "$(dirname "$0")/python" && FA_TEST_SEED=$SEED FA_SDPA_CASES=600 "$PY" -m pytest -q -p no:cacheprovider test_sdpa.py) || rc=1
+  (cd "$(dirname "$0")/python" && FA_TEST_SEED=$SEED FA_JAX_NN_CASES=600 "$PY" -m pytest -q -p no:cacheprovider test_jax_nn.py) || rc=1
 else
   echo "check-long: no test environment at $PY (make test-deps makes it): the drop-in sweeps skipped"
 fi

@@ -48,6 +48,7 @@ typedef struct {
     const int64_t *lead_dims; /* the full leading dims (the first result's) */
     int64_t n_lead;      /* their product */
     int64_t layout;      /* 0: [B, H, S, D], 1: [B, S, H, D] */
+    int64_t threads;     /* fa_options.threads: 0 the library's default */
     fa_problem p;        /* one slice: the problem without the leading dims */
 } call;
 
@@ -70,8 +71,9 @@ static XLA_FFI_Error *read_options(call *c) {
         (e = fj_attr_i64(f, "has_bias_scale", &has_bscale)) ||
         (e = fj_attr_f32(f, "bias_scale", &p->bias_scale)) || (e = fj_attr_i64(f, "has_bias", &has_bias)) ||
         (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "has_segment_ids", &has_seg)) ||
-        (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
+        (e = fj_attr_i64(f, "threads", &c->threads)) || (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
         return e;
+    if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (c->layout != 0 && c->layout != 1) return BAD(c, "layout must be 0 or 1, got %lld", (long long)c->layout);
     p->causal = causal != 0;
     p->has_scale = has_scale != 0;
@@ -383,6 +385,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
     fa_options opt;
     memset(&opt, 0, sizeof opt);
     opt.backend = backend;
+    opt.threads = (int)c.threads;
     fa_plan *plan = NULL;
     fa_status s = fa_plan_create(&c.p, &opt, &plan);
     if (s != FA_OK) return fj_library_error(c.frame->api, s);

@@ -1,4 +1,4 @@
-/* XLA FFI handlers for the inference shapes (docs/semantics.md): packed variable-length batches
+/* XLA FFI handlers for the inference shapes (README, "Inference shapes"): packed variable-length batches
  * (forward and backward) and kv-cache decoding (paged too), behind flashattn.jax's
  * varlen_attention and kvcache_attention. CPU platform only: the library runs these shapes
  * on the CPU, and the length arrays it plans from are then host memory.
@@ -37,6 +37,7 @@ typedef struct {
     const XLA_FFI_CallFrame *frame;
     fa_problem p;
     int64_t has_new_kv, paged;
+    int64_t threads; /* fa_options.threads: 0 the library's default */
     fj_buffer arg[MAX_BUFFERS], ret[MAX_BUFFERS];
     int64_t n_args, n_rets;
 } icall;
@@ -51,8 +52,9 @@ static XLA_FFI_Error *read_options(icall *c, int decode) {
     if ((e = fj_attr_i64(f, "causal", &causal)) || (e = fj_attr_i64(f, "window_left", &p->window_left)) ||
         (e = fj_attr_i64(f, "window_right", &p->window_right)) || (e = fj_attr_f32(f, "softcap", &p->softcap)) ||
         (e = fj_attr_i64(f, "has_scale", &has_scale)) || (e = fj_attr_f32(f, "scale", &p->scale)) ||
-        (e = fj_attr_i64(f, "has_alibi", &has_alibi)))
+        (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "threads", &c->threads)))
         return e;
+    if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (decode) {
         if ((e = fj_attr_i64(f, "has_new_kv", &c->has_new_kv)) || (e = fj_attr_i64(f, "paged", &c->paged))) return e;
     } else if ((e = fj_attr_i64(f, "has_diag_offset", &has_diag)) || (e = fj_attr_i64(f, "diag_offset", &p->diag_offset))) {
@@ -111,7 +113,20 @@ static fa_status plan_cpu(const icall *c, fa_plan **plan) {
     fa_options opt;
     memset(&opt, 0, sizeof opt);
     opt.backend = FA_BACKEND_CPU;
+    opt.threads = (int)c->threads;
     return fa_plan_create(&c->p, &opt, plan);
+}
+
+/* The sizes both shapes give the problem (the rest differs: lengths, pages). */
+static void set_sizes(fa_problem *p, int64_t batch, int64_t hq, int64_t hk, int64_t sq, int64_t sk, int64_t d,
+                      int64_t dv) {
+    p->batch = batch;
+    p->heads_q = hq;
+    p->heads_kv = hk;
+    p->seq_q = sq;
+    p->seq_k = sk;
+    p->head_dim = d;
+    p->head_dim_v = dv;
 }
 
 /* The start every handler shares: the frame answered if XLA only asked for metadata
@@ -172,13 +187,7 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
         return e;
     }
     fa_problem *p = &c.p;
-    p->batch = B1[0] - 1;
-    p->heads_q = Hq;
-    p->heads_kv = Hk;
-    p->seq_q = Tq;
-    p->seq_k = Tk;
-    p->head_dim = D;
-    p->head_dim_v = Dv;
+    set_sizes(p, B1[0] - 1, Hq, Hk, Tq, Tk, D, Dv);
     p->cu_seqlens_q = a[cu].data;
     p->cu_seqlens_k = a[cu + 1].data;
     fa_plan *plan = NULL;
@@ -249,15 +258,9 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
                           (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, dt)))))
         return e;
     fa_problem *p = &c.p;
-    p->batch = B;
-    p->heads_q = Hq;
-    p->heads_kv = Hk;
-    p->seq_q = Sq;
-    p->head_dim = D;
-    p->head_dim_v = Dv;
+    set_sizes(p, B, Hq, Hk, Sq, rows, D, Dv);
     p->cache_seqlens = data(&a[3]);
     p->has_new_kv = c.has_new_kv != 0;
-    p->seq_k = rows;
     if (c.paged) {
         p->page_size = rows;
         p->num_pages = a[1].dims[0];

@@ -5,7 +5,8 @@ strides describe them; outputs come back in the inputs' layout, lse always [B, H
 import numpy as np
 
 from . import _layout, _native
-from ._problem import check_shapes, make_options, make_problem
+from ._problem import broadcast_dims, check_shapes, combined_bias_dims, empty_dims, make_options, make_problem
+from ._problem_inference import int32_lengths
 
 
 def _empty(shape, dtype):
@@ -48,6 +49,9 @@ def _readable(name, a, ndim=4):
 def _floats(name, a, shape_desc):
     """bias, slopes: float32, converted from other real dtypes (a copy) where needed."""
     a = np.asarray(a)
+    if a.dtype == np.bool_ and name == "bias":
+        raise TypeError("bias is boolean: bias= is added to the scores; pass a boolean mask as mask= "
+                        "(True: attend), or cast it to float for an additive 0/1 bias")
     if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
         raise ValueError(f"{name} must be real numbers ({shape_desc}), got dtype {a.dtype}")
     if a.dtype != np.float32:
@@ -56,30 +60,48 @@ def _floats(name, a, shape_desc):
 
 
 def _segments(name, a, batch, seq):
-    a = np.asarray(a)
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"{name} must be integers [B, S] = [{batch}, {seq}], got dtype {a.dtype}")
+    a = int32_lengths(name, a, f"[B, S] = [{batch}, {seq}]", ndim=2)
     if a.shape != (batch, seq):
         raise ValueError(f"{name} must have shape [B, S] = [{batch}, {seq}], got {a.shape}")
-    if a.dtype != np.int32:
-        if a.size and (a.min() < -(2**31) or a.max() >= 2**31):
-            raise ValueError(f"{name} values must fit int32")
-        a = a.astype(np.int32)
-    return np.ascontiguousarray(a)
+    return a
+
+
+def _bias_and_mask(bias, mask, dims):
+    """The library's bias for a bias and a boolean mask (True: attend; a hidden key is a
+    -inf bias entry, docs/nonfinite.md), and the bias's own 4-dim shape (None without one).
+    Size-1 B and H dims stay broadcast by the library; size-1 Sq and Sk dims become
+    stride-0 views, which the library reads without a copy (only an all-size-1 bias, whose
+    strides would all be 0, meaning "contiguous" to the library, is materialized)."""
+    B, H, Sq, Sk = dims
+    own = None
+    if bias is not None:
+        b = _floats("bias", bias, f"[B or 1, H or 1, {Sq} or 1, {Sk} or 1]")
+        own = broadcast_dims("bias", b.shape, *dims)
+        b = b.reshape(own)
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.dtype != np.bool_:
+            raise TypeError(f"mask must be a boolean array (True: attend), got dtype {m.dtype}; "
+                            "an additive mask goes to bias=")
+        m = np.where(m.reshape(broadcast_dims("mask", m.shape, *dims)), np.float32(0), np.float32(-np.inf))
+        b = m if bias is None else b + m
+    full = combined_bias_dims(own, None if mask is None else np.shape(mask), *dims)
+    return _readable("bias", np.broadcast_to(b, full)), own
 
 
 class _Call:
     """What both passes share: the checked q, k, v, the options' arrays, the problem."""
 
     def __init__(self, q, k, v, causal, window, softcap, scale, bias, alibi_slopes,
-                 q_segment_ids, kv_segment_ids, layout, bias_scale=None, diag_offset=None):
+                 q_segment_ids, kv_segment_ids, layout, bias_scale=None, diag_offset=None, mask=None,
+                 threads=0):
         self.layout = _layout.check_layout(layout)
         q, k, v = (_readable(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
         if not (q.dtype == k.dtype == v.dtype):
             raise ValueError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         self.dtype = _dtype_name(q.dtype)
         if self.dtype is None:
-            raise ValueError(f"q, k, v must be float32, float16 or bfloat16 (ml_dtypes), got {q.dtype}")
+            raise ValueError(dtype_error("q, k, v", q.dtype))
         self.q, self.k, self.v = q, k, v
         L = self.layout
         qd, kd, vd = (_layout.to_bhsd(L, a.shape) for a in (q, k, v))
@@ -87,14 +109,13 @@ class _Call:
         self.qd, self.kd, self.vd = qd, kd, vd
         B, H, Sq, _ = qd
         Sk = kd[2]
-        self.bias = None
+        self.bias = self.bias_own = None
         bias_shape = bias_stride = None
-        if bias is not None:
-            b = _floats("bias", bias, f"[B or 1, H or 1, {Sq}, {Sk}]")
-            if not 2 <= b.ndim <= 4:
-                raise ValueError(f"bias must have 2 to 4 dims ([B or 1, H or 1, Sq, Sk]), got shape {b.shape}")
-            b = _readable("bias", b.reshape((1,) * (4 - b.ndim) + b.shape))
+        if bias is not None or mask is not None:
+            b, self.bias_own = _bias_and_mask(bias, mask, (B, H, Sq, Sk))
             self.bias, bias_shape, bias_stride = b, b.shape, _elem_strides(b)
+        self.empty = empty_dims(B, H, kd[1], Sq, Sk)
+        self.threads = threads
         self.slopes = None
         if alibi_slopes is not None:
             s = np.ascontiguousarray(_floats("alibi_slopes", alibi_slopes, f"[H] = [{H}]"))
@@ -126,7 +147,7 @@ class _Call:
                          k_stride=_layout.to_bhsd(L, _elem_strides(k)),
                          v_stride=_layout.to_bhsd(L, _elem_strides(v)),
                          o_stride=_layout.to_bhsd(L, o_stride), bias_grad=bias_grad, **self.opts)
-        return _native.cached_plan(p, make_options("cpu"))
+        return _native.cached_plan(p, make_options("cpu", self.threads))
 
     def common_ptrs(self):
         ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
@@ -134,7 +155,14 @@ class _Call:
                     q_segment_ids=ptr(self.qseg), kv_segment_ids=ptr(self.kvseg))
 
 
-def _check_out(name, out, shape, dtype):
+def dtype_error(names, dtype):
+    return (f"{names} must be float32, float16 or bfloat16 (ml_dtypes.bfloat16), got {dtype}: the library "
+            "has no float64 kernels (it accumulates in float32); cast first, e.g. q.astype(np.float32)")
+
+
+def _check_out(name, out, shape, dtype, inputs=()):
+    """out= as the library may write it; inputs (name, array) it must not overlap, since the
+    library reads them while it writes out."""
     if not isinstance(out, np.ndarray):
         raise ValueError(f"{name} must be a numpy array, got {type(out).__name__}")
     if out.shape != shape or out.dtype != dtype:
@@ -143,29 +171,43 @@ def _check_out(name, out, shape, dtype):
     if not out.flags.writeable or not out.flags.aligned or st is None or not _layout.writable_strides(shape, st):
         raise ValueError(f"{name} must be a writable, aligned array whose elements do not overlap "
                          f"(strides {out.strides})")
+    for other, a in inputs:
+        if a is not None and np.shares_memory(out, a):
+            raise ValueError(f"{name} overlaps {other} in memory: the library reads {other} while it writes "
+                             f"{name}; pass a separate array")
     return out
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False, out=None, bias_scale=None, diag_offset=None):
+              return_lse=False, out=None, bias_scale=None, diag_offset=None, mask=None, threads=0):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v on the CPU.
 
     q [B, Hq, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (layout "bhsd"), or [B, S, H, D]
     each with layout="bshd"; float32, float16 or ml_dtypes.bfloat16, one dtype. Hq a multiple
     of Hk (GQA/MQA). Masks align bottom-right (causal: key j <= i + Sk - Sq). window (left,
     right), -1 unbounded; softcap > 0: cap * tanh(s / cap); bias f32, broadcastable to
-    [B or 1, Hq or 1, Sq, Sk]; alibi_slopes [Hq]; segment ids [B, Sq] and [B, Sk].
-    Returns o in q's layout (written into out if given), and lse [B, Hq, Sq] f32 with
-    return_lse. Beyond the issue's signature: bias_scale (s += bias_scale * bias) and
-    diag_offset (query i sits at key position i + diag_offset; 0 aligns masks top-left)."""
+    [B or 1, Hq or 1, Sq or 1, Sk or 1] (a boolean bias raises TypeError: see mask);
+    mask: boolean, broadcastable the same way, True = attend, combined by AND with causal,
+    window and segment ids (passed as a 0 / -inf bias); alibi_slopes [Hq]; segment ids
+    [B, Sq] and [B, Sk]. threads: CPU threads for this call (0: the library's default).
+    Returns o in q's layout (written into out if given; out must not overlap an input), and
+    lse [B, Hq, Sq] f32 with return_lse. A zero B, H, Sq or Sk returns at once: empty
+    arrays, or o = 0 and lse = -inf where Sk is 0. Beyond the issue's signature:
+    bias_scale (s += bias_scale * bias) and diag_offset (query i sits at key position
+    i + diag_offset; 0 aligns masks top-left)."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout, bias_scale, diag_offset)
+              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads)
     shape = c.o_shape()
-    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
+    inputs = (("q", q), ("k", k), ("v", v), ("bias", bias), ("mask", mask), ("alibi_slopes", alibi_slopes),
+              ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids))
+    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     B, H, Sq, _ = c.qd
     lse = _empty((B, H, Sq), np.float32)
     handle = c.plan(_elem_strides(o))
+    if c.empty:  # planned above all the same: every other argument is checked
+        o[...], lse[...] = 0, -np.inf
+        return (o, lse) if return_lse else o
     args = _native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                o=o.ctypes.data, lse=lse.ctypes.data, **c.common_ptrs())
     handle.forward(args)
@@ -197,35 +239,46 @@ def _do_with_o_strides(o, do):
     return np.ascontiguousarray(o), np.ascontiguousarray(do)
 
 
+def backward_inputs(o, do, lse, shape, dtype, lse_shape, lse_desc):
+    """The forward's o and lse and the cotangent do, checked against the shapes the call
+    gives; do laid out as o (_do_with_o_strides), lse contiguous."""
+    for name, a in (("o", o), ("do", do)):
+        if a.shape != shape or a.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype} of shape {shape}, got {a.dtype} of shape {a.shape}")
+    lse = np.asarray(lse)
+    if lse.shape != lse_shape or lse.dtype != np.float32:
+        raise ValueError(f"lse must be float32 of shape {lse_desc} = {lse_shape}, got {lse.dtype} of shape {lse.shape}")
+    o, do = _do_with_o_strides(o, do)
+    return o, do, np.ascontiguousarray(lse)
+
+
 def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softcap=None,
                        scale=None, bias=None, alibi_slopes=None, q_segment_ids=None,
                        kv_segment_ids=None, layout="bhsd", bias_grad=False, bias_scale=None,
-                       diag_offset=None):
+                       diag_offset=None, mask=None, threads=0):
     """Gradients of sum(o * do) for attention(q, k, v, ...) with the same options, from the
     forward's o and lse. Returns (dq, dk, dv) shaped and strided like q, k, v (dk, dv summed
     over the query heads that share them), and dbias (f32, the bias's own shape, summed over
-    the dims it broadcasts) last with bias_grad."""
+    the dims it broadcasts; 0 where mask hides a key) last with bias_grad. Zero-size
+    problems give empty or zero gradients."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout, bias_scale, diag_offset)
+              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads)
     shape = c.o_shape()
     o = _readable("o", o)
     do = _readable("do", do)
-    for name, a in (("o", o), ("do", do)):
-        if a.shape != shape or a.dtype != c.q.dtype:
-            raise ValueError(f"{name} must be {c.q.dtype} of shape {shape}, got {a.dtype} of shape {a.shape}")
     B, H, Sq, _ = c.qd
-    lse = np.asarray(lse)
-    if lse.shape != (B, H, Sq) or lse.dtype != np.float32:
-        raise ValueError(f"lse must be float32 of shape [B, H, Sq] = {(B, H, Sq)}, got {lse.dtype} of shape {lse.shape}")
-    lse = np.ascontiguousarray(lse)
-    o, do = _do_with_o_strides(o, do)
+    o, do, lse = backward_inputs(o, do, lse, shape, c.q.dtype, (B, H, Sq), "[B, H, Sq]")
     q, dq = _grad_buffer(c.q)
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)
-    if bias_grad and c.bias is None:
+    if bias_grad and c.bias_own is None:
         raise ValueError("bias_grad needs a bias")
     dbias = _empty(c.bias.shape, np.float32) if bias_grad else None
     handle = c.plan(_elem_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
+    if c.empty:
+        for g in (dq, dk, dv) + (() if dbias is None else (dbias,)):
+            g[...] = 0
+        return (dq, dk, dv, _own_shape(dbias, c.bias_own, bias)) if bias_grad else (dq, dk, dv)
     args = _native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                 o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                 dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
@@ -233,5 +286,11 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
                                 **c.common_ptrs())
     handle.backward(args)
     if bias_grad:
-        return dq, dk, dv, dbias.reshape(np.shape(bias))
+        return dq, dk, dv, _own_shape(dbias, c.bias_own, bias)
     return dq, dk, dv
+
+
+def _own_shape(dbias, own, bias):
+    """dbias of the library's bias shape summed over the dims the caller's bias broadcast."""
+    axes = tuple(i for i in range(4) if own[i] == 1 and dbias.shape[i] != 1)
+    return dbias.sum(axis=axes, keepdims=True).reshape(np.shape(bias))

@@ -9,8 +9,8 @@ message comes back as ValueError."""
 import numpy as np
 
 from . import _native
-from ._numpy import (_check_out, _do_with_o_strides, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer,
-                     _readable)
+from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable,
+                     backward_inputs, dtype_error)
 from ._problem import make_options
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, decode_problem,
                                  int32_lengths, varlen_problem)
@@ -24,7 +24,7 @@ def _one_dtype(**arrays):
         raise ValueError(f"{names} must have one dtype, got {', '.join(str(a.dtype) for a in arrays.values())}")
     name = _dtype_name(next(iter(dts)))
     if name is None:
-        raise ValueError(f"{names} must be float32, float16 or bfloat16 (ml_dtypes), got {next(iter(dts))}")
+        raise ValueError(dtype_error(names, next(iter(dts))))
     return name
 
 
@@ -86,9 +86,13 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
                 softcap, scale, alibi_slopes, diag_offset)
     shape = c.o_shape()
-    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype)
+    inputs = (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes))
+    o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     lse = _empty((c.q.shape[1], c.q.shape[0]), np.float32)
     handle = c.plan(_elem_strides(o))
+    if isinstance(handle, _native.EmptyPlanHandle):  # no rows, keys or heads: nothing to compute
+        o[...], lse[...] = 0, -np.inf
+        return (o, lse) if return_lse else o
     handle.forward(_native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                        o=o.ctypes.data, lse=lse.ctypes.data,
                                        alibi_slopes=c.slopes_ptr()))
@@ -105,19 +109,15 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
                 softcap, scale, alibi_slopes, diag_offset)
     shape = c.o_shape()
     o, do = _readable("o", o, 3), _readable("do", do, 3)
-    for name, a in (("o", o), ("do", do)):
-        if a.shape != shape or a.dtype != c.q.dtype:
-            raise ValueError(f"{name} must be {c.q.dtype} of shape {shape}, got {a.dtype} of shape {a.shape}")
-    lse_shape = (c.q.shape[1], c.q.shape[0])
-    lse = np.asarray(lse)
-    if lse.shape != lse_shape or lse.dtype != np.float32:
-        raise ValueError(f"lse must be float32 of shape [Hq, total_q] = {lse_shape}, got {lse.dtype} of shape {lse.shape}")
-    lse = np.ascontiguousarray(lse)
-    o, do = _do_with_o_strides(o, do)
+    o, do, lse = backward_inputs(o, do, lse, shape, c.q.dtype, (c.q.shape[1], c.q.shape[0]), "[Hq, total_q]")
     q, dq = _grad_buffer(c.q)
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)
     handle = c.plan(_elem_strides(o), q=q, k=k, v=v)
+    if isinstance(handle, _native.EmptyPlanHandle):
+        for g in (dq, dk, dv):
+            g[...] = 0
+        return dq, dk, dv
     handle.backward(_native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                          o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                          dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
@@ -192,7 +192,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     capacity = table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     lens = cache_lengths(cache_seqlens, B, capacity)
     shape = q.shape[:3] + (v_cache.shape[3],)
-    o = _empty(shape, q.dtype) if out is None else _check_out("out", out, shape, q.dtype)
+    inputs = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+              ("alibi_slopes", alibi_slopes))
+    o = _empty(shape, q.dtype) if out is None else _check_out("out", out, shape, q.dtype, inputs)
     lse = _empty((B, q.shape[2], q.shape[1]), np.float32)
     slopes = _slopes(alibi_slopes, q.shape[2])
     p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,

@@ -1,6 +1,6 @@
 """flashattn.plan: the analytic cost of a problem from its shapes alone (no arrays)."""
 from . import _native
-from ._problem import make_options, make_problem
+from ._problem import combined_bias_dims, make_options, make_problem
 
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -22,19 +22,23 @@ def parse_bytes(budget):
 
 
 class Plan:
-    """A validated problem and what each pass costs (docs/semantics.md, the plan's figures).
+    """A validated problem and what each pass costs (docs/semantics.md, "The plan and what
+    its figures mean").
 
     forward, backward: dicts of every fa_cost field (flops, flops_useful, transcendentals,
     bytes_accessed, min_bytes, workspace_bytes, peak_bytes, naive_peak_bytes).
-    exact: whether the figures are exact (False with segment ids: an upper bound).
+    exact: whether the figures are exact (False with segment ids: an upper bound; False with
+    a mask: its hidden keys are data, so flops_useful counts them, an upper bound, while
+    flops, bytes and memory stay exact). A problem with a zero batch, heads, seq_q or seq_k
+    plans as computing nothing (flops 0; bytes: the outputs filled).
     backend: "cpu" or "cuda". blocks: {"forward": (block_q, block_k), "backward": (...)}.
     """
 
-    def __init__(self, handle):
+    def __init__(self, handle, masked=False):
         self._handle = handle
         self.forward = handle.cost(_native.FORWARD)
         self.backward = handle.cost(_native.BACKWARD)
-        self.exact = handle.exact
+        self.exact = handle.exact and not masked
         self.backend = handle.backend
         self.blocks = {"forward": handle.blocks(_native.FORWARD),
                        "backward": handle.blocks(_native.BACKWARD)}
@@ -68,18 +72,25 @@ class Plan:
 def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads=None,
          dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None,
          bias_shape=None, alibi=False, segment_ids=False, backend="auto",
-         threads=0, block_q=0, block_k=0, diag_offset=None, bias_scale=None, bias_grad=False):
+         threads=0, block_q=0, block_k=0, diag_offset=None, bias_scale=None, bias_grad=False,
+         mask_shape=None):
     """Plans attention for q [batch, heads, seq_q, head_dim], k [batch, kv_heads, seq_k,
     head_dim], v [batch, kv_heads, seq_k, head_dim_v] from shapes alone: microseconds, no
     allocation of the problem's size. Bad arguments raise ValueError with the library's
-    message. Beyond the issue's signature: threads, block sizes, diag_offset (where masks
-    align: 0 is top-left), bias_scale and bias_grad (the backward writes dbias)."""
+    message (every integer must fit int64, threads int32). Beyond the issue's signature:
+    threads, block sizes, diag_offset (where masks align: 0 is top-left), bias_scale and
+    bias_grad (the backward writes dbias). bias_shape and mask_shape (a boolean mask=,
+    which the fronts pass as a 0 / -inf bias): broadcastable to [batch, heads, seq_q, seq_k];
+    with a mask the plan is not exact (see Plan)."""
     seq_k = seq_q if seq_k is None else seq_k
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     kv_heads = heads if kv_heads is None else kv_heads
+    if bias_shape is not None or mask_shape is not None:
+        bias_shape = combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k)
     p = make_problem(q_dims=(batch, heads, seq_q, head_dim), k_dims=(batch, kv_heads, seq_k, head_dim),
                      v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=dtype, causal=causal,
                      window=window, softcap=softcap, scale=scale, bias_shape=bias_shape,
                      alibi=alibi, segment_ids=segment_ids, diag_offset=diag_offset,
                      bias_scale=bias_scale, bias_grad=bias_grad)
-    return Plan(_native.PlanHandle(p, make_options(backend, threads, block_q, block_k)))
+    options = make_options(backend, threads, block_q, block_k)
+    return Plan(_native.plan_handle(p, options), masked=mask_shape is not None)

@@ -26,7 +26,7 @@ def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, h
                        v_stride=(0, 0, 0), o_stride=(0, 0, 0), dtype=dtype, cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=window, softcap=softcap, scale=scale,
                        alibi=alibi, diag_offset=diag_offset)
-    return Plan(_native.PlanHandle(p, make_options(backend, threads, block_q, block_k)))
+    return Plan(_native.plan_handle(p, make_options(backend, threads, block_q, block_k)))
 
 
 def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_heads=None,
@@ -52,4 +52,4 @@ def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_he
                        vc_stride=_DENSE, o_stride=_DENSE, dtype=dtype, cache_seqlens=lens,
                        has_new_kv=new_kv, max_pages=max_pages if paged else None, causal=causal,
                        window=window, softcap=softcap, scale=scale, alibi=alibi)
-    return Plan(_native.PlanHandle(p, make_options(backend, threads)))
+    return Plan(_native.plan_handle(p, make_options(backend, threads)))

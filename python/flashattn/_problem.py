@@ -31,10 +31,16 @@ def window_pair(window):
     return (_int("window left", left), _int("window right", right))
 
 
-def _int(name, v):
+def _int(name, v, bits=64):
+    """v as a Python int that fits a signed C integer of `bits` bits (ctypes would wrap a
+    larger one silently: 2**64 + 1 becomes 1); ValueError naming the argument otherwise.
+    The range that makes sense is the library's to judge."""
     if isinstance(v, bool) or not hasattr(v, "__index__"):
         raise ValueError(f"{name} must be an integer, got {v!r}")
-    return int(v.__index__())
+    v = int(v.__index__())
+    if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
+        raise ValueError(f"{name} = {v} does not fit a {bits}-bit signed integer")
+    return v
 
 
 def _float(name, v):
@@ -57,6 +63,35 @@ def bias_dims(shape, batch, heads, seq_q, seq_k):
         raise ValueError(f"bias shape {shape} must be [1 or batch ({batch}), 1 or heads ({heads}), "
                          f"{seq_q}, {seq_k}]")
     return shape
+
+
+def broadcast_dims(name, shape, batch, heads, seq_q, seq_k):
+    """A bias or mask shape broadcastable to [B, Hq, Sq, Sk] (left-padded with ones as numpy
+    does; every dim 1 or full), as a 4-tuple."""
+    shape = tuple(int(n) for n in shape)
+    full = (batch, heads, seq_q, seq_k)
+    if len(shape) > 4 or any(d not in (1, f) for d, f in zip((1,) * (4 - len(shape)) + shape, full)):
+        raise ValueError(f"{name} has shape {shape}, which does not broadcast to [B, Hq, Sq, Sk] = "
+                         f"{list(full)} (each dim 1 or full)")
+    return (1,) * (4 - len(shape)) + shape
+
+
+def combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k):
+    """The [1 or B, 1 or Hq, Sq, Sk] shape of the bias the library gets for a bias and a mask
+    (a mask goes as a 0 / -inf bias, added to the bias): B and H stay 1 where both are 1
+    (the library broadcasts them); Sq and Sk are always full, since the library's bias has
+    no size-1 query or key dim (the fronts broadcast those, without a copy where they can)."""
+    dims = [broadcast_dims(n, s, batch, heads, seq_q, seq_k)
+            for n, s in (("bias", bias_shape), ("mask", mask_shape)) if s is not None]
+    if not dims:
+        return None
+    return (max(d[0] for d in dims), max(d[1] for d in dims), seq_q, seq_k)
+
+
+def empty_dims(*dims):
+    """Whether a problem with these sizes has no element to compute (a zero B, H, Sq or Sk);
+    the library refuses zero sizes, so the fronts answer such calls themselves."""
+    return any(int(d) == 0 for d in dims)
 
 
 def check_shapes(q_dims, k_dims, v_dims):
@@ -88,13 +123,15 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     _, Hk, Sk, _ = k_dims
     Dv = v_dims[3]
     p = _native.new_problem()
-    p.batch, p.heads_q, p.heads_kv = B, Hq, Hk
-    p.seq_q, p.seq_k, p.head_dim, p.head_dim_v = Sq, Sk, D, Dv
+    for field, name, n in (("batch", "batch", B), ("heads_q", "heads", Hq), ("heads_kv", "kv_heads", Hk),
+                           ("seq_q", "seq_q", Sq), ("seq_k", "seq_k", Sk), ("head_dim", "head_dim", D),
+                           ("head_dim_v", "head_dim_v", Dv)):
+        setattr(p, field, _int(name, n))
     p.dtype = dtype_code(dtype) if isinstance(dtype, str) else dtype
     for name, st in (("q_stride", q_stride), ("k_stride", k_stride), ("v_stride", v_stride),
                      ("o_stride", o_stride), ("bias_stride", bias_stride)):
         if st is not None:
-            getattr(p, name).s[:] = [int(x) for x in st]
+            getattr(p, name).s[:] = [_int(name, x) for x in st]
     if scale is not None:
         p.has_scale, p.scale = 1, _float("scale", scale)
     p.causal = int(bool(causal))
@@ -119,7 +156,7 @@ def make_options(backend="auto", threads=0, block_q=0, block_k=0):
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
     o = _native.Options()
     o.backend = BACKENDS[backend]
-    o.threads = _int("threads", threads)
+    o.threads = _int("threads", threads, 32)
     o.block_q = _int("block_q", block_q)
     o.block_k = _int("block_k", block_k)
     return o

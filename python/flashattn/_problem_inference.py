@@ -1,4 +1,4 @@
-"""fa_problem for the inference shapes (docs/semantics.md), shared by every front: packed
+"""fa_problem for the inference shapes (README, "Inference shapes"), shared by every front: packed
 variable-length batches (cu_seqlens) and kv-cache decoding (cache_seqlens, paged or not).
 
 The fronts hand over shapes and element strides in their tensors' own order (packed

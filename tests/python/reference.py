@@ -1,4 +1,4 @@
-"""An independent float64 reference for the tests (SPEC section 2), in plain numpy: the
+"""An independent float64 reference for the tests (docs/semantics.md), in plain numpy: the
 whole score matrix, no tiling, nothing shared with the library's kernels.
 
 Arrays are [B, H, S, D] (the tests transpose other layouts first)."""

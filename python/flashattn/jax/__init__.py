@@ -1,6 +1,7 @@
 """flashattn for JAX: exact, memory-efficient attention as an XLA custom call.
 
     attention(q, k, v, ...)        differentiable op ([B, S, H, D] by default); jit, grad, vmap
+    dot_product_attention(...)     drop-in for jax.nn.dot_product_attention (same signature)
     varlen_attention(...)          packed variable-length batches (differentiable)
     kvcache_attention(...)         kv-cache decoding, paged too (returns the updated caches)
     cost_estimate(q, k, v, ...)    a Pallas CostEstimate from the analytic plan (shapes only)
@@ -15,9 +16,10 @@ from ._attention import attention
 from ._cost import cost_estimate, plan
 from ._ffi import register as _register
 from ._inference import kvcache_attention, varlen_attention
+from ._nn import dot_product_attention
 from ._pallas import SegmentIds, flash_attention
 
 _register()
 
-__all__ = ["attention", "cost_estimate", "plan", "flash_attention", "SegmentIds", "varlen_attention",
+__all__ = ["attention", "dot_product_attention", "cost_estimate", "plan", "flash_attention", "SegmentIds", "varlen_attention",
            "kvcache_attention"]

@@ -13,8 +13,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from .._problem import _int, broadcast_dims, combined_bias_dims, empty_dims, window_pair
+from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
 from ._plan import plan_for
@@ -42,19 +45,15 @@ def _check_qkv(q, k, v, layout):
         raise ValueError(f"k has head_dim {k.shape[3]} but q has {d}")
     if v.shape[head] != hk or v.shape[seq] != sk:
         raise ValueError(f"v has {v.shape[head]} heads and {v.shape[seq]} keys but k has {hk} and {sk}")
-    if hk == 0 or hq % hk != 0:
+    if (hk == 0 and hq != 0) or (hk != 0 and hq % hk != 0):
         raise ValueError(f"q's heads ({hq}) must be a multiple of k's and v's heads ({hk})")
     return b, hq, sq, sk
 
 
 def _window(window):
-    if window is None:
-        return (-1, -1)
-    try:
-        left, right = window
-        left, right = (-1 if w is None else int(w) for w in (left, right))
-    except (TypeError, ValueError):
-        raise ValueError(f"window must be (left, right) integers, -1 or None for unbounded, got {window!r}") from None
+    """(left, right) as the problem builder reads it (None sides unbounded), checked at trace
+    time for what a JAX attribute cannot hold: below -1 has no meaning."""
+    left, right = window_pair(window)
     if left < -1 or right < -1:
         raise ValueError(f"window values must be >= -1 (-1: unbounded), got {window!r}")
     return (left, right)
@@ -87,17 +86,31 @@ def _finite(name, x):
     return x
 
 
-def _bias_shape(shape, b, hq, sq, sk):
-    """A bias shape broadcastable to [B, Hq, Sq, Sk] as [1 or B, 1 or Hq, Sq, Sk]."""
-    shape = tuple(shape)
-    if not 2 <= len(shape) <= 4:
-        raise ValueError(f"bias must have rank 2 to 4 (broadcastable to [B, H, Sq, Sk]), got shape {shape}")
-    shape = (1,) * (4 - len(shape)) + shape
-    bb, bh, bq, bk = shape
-    if bb not in (1, b) or bh not in (1, hq) or bq != sq or bk != sk:
-        raise ValueError(f"bias has shape {shape}, expected [1 or {b}, 1 or {hq}, {sq}, {sk}] "
-                         "([B, H, Sq, Sk]; batch and heads may be 1)")
-    return shape
+def _bias_shape(bias, mask, b, hq, sq, sk):
+    """The [1 or B, 1 or Hq, Sq, Sk] shape of the bias the op gets for a bias and a boolean
+    mask (None without either); TypeError for a boolean bias or a non-boolean mask."""
+    if bias is not None and bias.dtype is not None and jnp.dtype(bias.dtype) == jnp.bool_:
+        raise TypeError("bias is boolean: bias= is added to the scores; pass a boolean mask as mask= "
+                        "(True: attend), or cast it to float for an additive 0/1 bias")
+    if mask is not None and mask.dtype is not None and jnp.dtype(mask.dtype) != jnp.bool_:
+        raise TypeError(f"mask must be boolean (True: attend), got {mask.dtype}; an additive mask goes to bias=")
+    return combined_bias_dims(None if bias is None else bias.shape, None if mask is None else mask.shape,
+                              b, hq, sq, sk)
+
+
+def lower_bias(bias, mask, full):
+    """The bias the op gets: bias (f32) plus 0 where mask is True and -inf where it hides a
+    key (docs/nonfinite.md: a -inf bias entry hides its key exactly as a mask does),
+    broadcast to full. XLA buffers have no strides, so size-1 Sq or Sk dims are
+    materialized (the numpy front broadcasts them without a copy)."""
+    dims = (full[0], full[1], full[2], full[3])
+    b = None
+    if bias is not None:
+        b = bias.reshape(broadcast_dims("bias", bias.shape, *dims)).astype(jnp.float32)
+    if mask is not None:
+        m = jnp.where(mask.reshape(broadcast_dims("mask", mask.shape, *dims)), 0.0, -jnp.inf).astype(jnp.float32)
+        b = m if b is None else b + m
+    return None if b is None else jnp.broadcast_to(b, full)
 
 
 def _check_extras(alibi_slopes, q_seg, kv_seg, b, hq, sq, sk, shapes_only):
@@ -119,21 +132,21 @@ def _check_extras(alibi_slopes, q_seg, kv_seg, b, hq, sq, sk, shapes_only):
 
 def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
                  q_segment_ids=None, kv_segment_ids=None, layout="bshd", diag_offset=None, bias_scale=None,
-                 shapes_only=False):
+                 shapes_only=False, mask=None, threads=0):
     """Checks a call's arguments from their shapes and dtypes; returns its Options and the
-    bias's shape as [1 or B, 1 or Hq, Sq, Sk] (None without a bias)."""
+    shape of the bias the op gets, [1 or B, 1 or Hq, Sq, Sk] (None without a bias or mask)."""
     b, hq, sq, sk = _check_qkv(q, k, v, layout)
     softcap = _finite("softcap", softcap)
     if softcap is not None and softcap < 0:
         raise ValueError(f"softcap must be >= 0 (0 or None: off), got {softcap}")
-    bias_shape = None if bias is None else _bias_shape(bias.shape, b, hq, sq, sk)
+    bias_shape = _bias_shape(bias, mask, b, hq, sq, sk)
     _check_extras(alibi_slopes, q_segment_ids, kv_segment_ids, b, hq, sq, sk, shapes_only)
-    if diag_offset is not None and (isinstance(diag_offset, bool) or not hasattr(diag_offset, "__index__")):
-        raise ValueError(f"diag_offset must be an integer, got {diag_offset!r}")
     opt = Options(layout=layout, causal=bool(causal), window=_window(window), softcap=softcap or 0.0,
-                  scale=_finite("scale", scale), diag_offset=None if diag_offset is None else int(diag_offset),
-                  bias_scale=_finite("bias_scale", bias_scale), has_bias=bias is not None,
-                  has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None)
+                  scale=_finite("scale", scale),
+                  diag_offset=None if diag_offset is None else _int("diag_offset", diag_offset),
+                  bias_scale=_finite("bias_scale", bias_scale), has_bias=bias_shape is not None,
+                  has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None,
+                  threads=_int("threads", threads, 32))
     return opt, bias_shape
 
 
@@ -174,24 +187,41 @@ def _op_bwd(opt, res, cotangents):
 _op.defvjp(_op_fwd, _op_bwd, symbolic_zeros=True)
 
 
+def _ids_fit_int32(name, x):
+    """Segment ids go to the library as int32: concrete ones (not traced) that do not fit
+    raise ValueError, checked before JAX converts them (which would wrap them without x64).
+    Traced ids are cast as they are: their values are unknown until the call runs."""
+    if x is None or isinstance(x, jax.core.Tracer):
+        return
+    a = np.asarray(x)
+    int32_lengths(name, a, "[B, S]", ndim=a.ndim)
+
+
 def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
          q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, diag_offset=None,
-         bias_scale=None):
+         bias_scale=None, mask=None, threads=0):
     """attention() with the two options the Pallas drop-in needs (diag_offset, bias_scale)."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    bias, slopes, q_seg, kv_seg = (None if x is None else jnp.asarray(x)
-                                   for x in (bias, alibi_slopes, q_segment_ids, kv_segment_ids))
+    _ids_fit_int32("q_segment_ids", q_segment_ids)
+    _ids_fit_int32("kv_segment_ids", kv_segment_ids)
+    bias, mask, slopes, q_seg, kv_seg = (None if x is None else jnp.asarray(x)
+                                         for x in (bias, mask, alibi_slopes, q_segment_ids, kv_segment_ids))
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                                    alibi_slopes=slopes, q_segment_ids=q_seg, kv_segment_ids=kv_seg, layout=layout,
-                                   diag_offset=diag_offset, bias_scale=bias_scale)
-    if bias is not None:  # outside the custom_vjp: autodiff takes the cast and reshape back
-        bias = bias.reshape(bias_shape).astype(jnp.float32)
+                                   diag_offset=diag_offset, bias_scale=bias_scale, mask=mask, threads=threads)
+    if bias_shape is not None:  # outside the custom_vjp: autodiff takes the cast and broadcast back
+        bias = lower_bias(bias, mask, bias_shape)
     if slopes is not None:
         slopes = jax.lax.stop_gradient(slopes.astype(jnp.float32))
     if q_seg is not None:
         q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
     _check_plan(opt, q, k, v, bias)
-    o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg)
+    b, hq, sq, sk = _check_qkv(q, k, v, layout)
+    if empty_dims(b, hq, sq, sk):  # nothing to compute; the library refuses zero sizes
+        o_shape, lse_shape = _ffi.out_shapes(opt, q, v)
+        o, lse = jnp.zeros(o_shape, q.dtype), jnp.full(lse_shape, -jnp.inf, jnp.float32)
+    else:
+        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg)
     return (o, lse) if return_lse else o
 
 
@@ -202,7 +232,7 @@ def _check_plan(opt, q, k, v, bias):
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
-              q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False):
+              q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, mask=None, threads=0):
     """Exact attention through the flashattn C library, as an XLA custom call.
 
     q [B, Sq, Hq, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv] for layout="bshd" (the default,
@@ -210,15 +240,19 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     or bfloat16. Hq must be a multiple of Hk (GQA/MQA). Returns o (q's layout, v's head
     dim), or (o, lse) with lse [B, Hq, Sq] float32 when return_lse.
 
-    Semantics (README, docs/semantics.md): s = scale * q.k (scale defaults to 1/sqrt(D)),
-    softcap cap*tanh(s/cap), + bias (broadcastable to [B, Hq, Sq, Sk]), - slope[h]*|i+Sk-Sq-j|
-    (ALiBi); masks (causal, window=(left, right), segment ids) align bottom-right as in
-    FlashAttention-2 (for Sq == Sk the usual lower triangle). A row with no visible key
-    gives o = 0 and lse = -inf.
+    Semantics (docs/semantics.md): s = scale * q.k (scale defaults to 1/sqrt(D)),
+    softcap cap*tanh(s/cap), + bias (broadcastable to [B, Hq, Sq, Sk]; a boolean bias raises
+    TypeError: see mask), - slope[h]*|i+Sk-Sq-j| (ALiBi); masks (causal, window=(left,
+    right), segment ids) align bottom-right as in FlashAttention-2 (for Sq == Sk the usual
+    lower triangle). mask: boolean, broadcastable to [B, Hq, Sq, Sk], True = attend, ANDed
+    with the other masks (passed as a 0 / -inf bias). A row with no visible key gives o = 0
+    and lse = -inf; a zero B, H, Sq or Sk gives empty (or o = 0, lse = -inf) results
+    without a call. threads: CPU threads for this call (0: the library's default).
+    Integers that do not fit int64 (segment ids: int32, when concrete) raise ValueError.
 
     Differentiable for q, k, v and bias (jax.custom_vjp through the library's backward);
     works under jax.jit, jax.grad and jax.vmap (vmapped dims fold into the batch).
     """
     return call(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                 alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                layout=layout, return_lse=return_lse)
+                layout=layout, return_lse=return_lse, mask=mask, threads=threads)

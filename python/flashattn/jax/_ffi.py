@@ -40,6 +40,7 @@ class Options(NamedTuple):
     has_bias: bool
     has_alibi: bool
     has_segment_ids: bool
+    threads: int = 0  # fa_options.threads for this call; 0: the library's default
 
 
 def _find_library() -> str:
@@ -97,6 +98,7 @@ def _attributes(opt: Options) -> dict:
         has_bias=i64(opt.has_bias),
         has_alibi=i64(opt.has_alibi),
         has_segment_ids=i64(opt.has_segment_ids),
+        threads=i64(opt.threads),
     )
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
-from .._problem import make_options as _library_options
+from .._problem import _int, make_options as _library_options
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                   decode_problem, varlen_problem)
 from . import _ffi
@@ -78,14 +78,14 @@ def _slopes(alibi_slopes, hq):
     return jax.lax.stop_gradient(s.astype(jnp.float32))
 
 
-def _attributes(causal, window, softcap, scale, has_alibi):
+def _attributes(causal, window, softcap, scale, has_alibi, threads=0):
     i64, f32 = np.int64, np.float32
     softcap = _finite("softcap", softcap) or 0.0
     scale = _finite("scale", scale)
     left, right = _window(window)
     return dict(causal=i64(bool(causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
                 has_scale=i64(scale is not None), scale=f32(0.0 if scale is None else scale),
-                has_alibi=i64(has_alibi))
+                has_alibi=i64(has_alibi), threads=i64(_int("threads", threads, 32)))
 
 
 # ---- packed variable-length batches ---------------------------------------------------
@@ -130,7 +130,7 @@ _varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False):
+                     diag_offset=None, return_lse=False, threads=0):
     """Attention over a packed batch of sequences of different lengths (as
     flash_attn_varlen_func), differentiable in q, k and v (jax.custom_vjp).
 
@@ -151,9 +151,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     if diag_offset is not None and (isinstance(diag_offset, bool) or not hasattr(diag_offset, "__index__")):
         raise ValueError(f"diag_offset must be an integer, got {diag_offset!r}")
     slopes = _slopes(alibi_slopes, q.shape[1])
-    attrs = _attributes(causal, window, softcap, scale, slopes is not None)
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads)
     attrs.update(has_diag_offset=np.int64(diag_offset is not None),
-                 diag_offset=np.int64(0 if diag_offset is None else int(diag_offset)))
+                 diag_offset=np.int64(0 if diag_offset is None else _int("diag_offset", diag_offset)))
     host_q, host_k = _concrete(cu_q), _concrete(cu_k)
     if host_q is not None and host_k is not None:  # the library's verdict now, as ValueError
         check_max_seqlen("max_seqlen_q", max_seqlen_q, host_q)
@@ -164,7 +164,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                            cu_seqlens_k=host_k, causal=causal, window=_window(window), softcap=softcap,
                            scale=scale, alibi=slopes is not None, diag_offset=diag_offset)
         _native.cached_plan(p, _library_options("cpu"))
-    o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes)
+    if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads; the library refuses zero sizes
+        o = jnp.zeros(q.shape[:2] + v.shape[2:], q.dtype)
+        lse = jnp.full((q.shape[1], q.shape[0]), -jnp.inf, jnp.float32)
+    else:
+        o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes)
     return (o, lse) if return_lse else o
 
 
@@ -172,7 +176,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False):
+                      return_lse=False, threads=0):
     """One decoding step against a kv cache (as flash_attn_with_kvcache), functional: returns
     (o, k_cache, v_cache) with the new tokens written into the returned caches, or
     (o, lse, k_cache, v_cache) with return_lse. Not differentiable.
@@ -183,7 +187,15 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     appended at positions cache_seqlens[b]... Masks align bottom-right per sequence. o
     [B, Sq_new, Hq, Dv], lse [B, Hq, Sq_new] f32. With new tokens the caches alias the
     results: under jax.jit with the caches donated the update is in place; otherwise XLA
-    copies them. Without, the caches come back as given."""
+    copies them. Without, the caches come back as given. threads: CPU threads (0: default).
+
+    Donated caches and bad lengths: lengths known at trace time (Python ints, numpy or
+    concrete arrays, even under jit) are judged then, before anything runs, so a bad one
+    raises ValueError and the donated caches stay intact. Lengths that are traced (jit
+    arguments) can only be judged when the call runs, after XLA has handed the donated
+    buffers to it: the call then raises naming the argument, and the donated caches are
+    gone (XLA deletes a donated argument whatever the outcome). Pass lengths you have not
+    checked as concrete values, or do not donate the caches."""
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -213,13 +225,13 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             raise ValueError(f"cache_seqlens must be an int or integers [batch], got {cache_seqlens!r}")
         if not -(2**31) <= int(cache_seqlens) < 2**31:
             raise ValueError(f"cache_seqlens values must fit int32, got {int(cache_seqlens)}")
-        cache_seqlens = jnp.full((B,), int(cache_seqlens), jnp.int32)
+        cache_seqlens = np.full((B,), int(cache_seqlens), np.int32)  # concrete even under jit
+    host = _concrete(cache_seqlens)  # before any jnp op, which under jit would trace it
     lens = _lengths("cache_seqlens", cache_seqlens, 1, f"[batch] = [{B}]")
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     slopes = _slopes(alibi_slopes, q.shape[2])
-    attrs = _attributes(causal, window, softcap, scale, slopes is not None)
-    host = _concrete(lens)
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads)
     if host is not None:  # the library's verdict on the lengths now, as ValueError
         o_shape = q.shape[:3] + v_cache.shape[3:]
         p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,

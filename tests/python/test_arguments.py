@@ -1,0 +1,97 @@
+"""Arguments the fronts once took silently wrong: integers past int64 (which ctypes wrapped:
+batch 2**64 + 1 planned batch 1), segment ids past int32 in JAX, a float batch, float64
+arrays, out= overlapping an input; and threads= per call."""
+import numpy as np
+import pytest
+
+import flashattn
+from conftest import randn
+
+BASE = dict(batch=2, heads=4, seq_q=16, head_dim=8)
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"batch": 2**64 + 1}, "batch"), ({"heads": 2**63}, "heads"), ({"seq_q": -(2**63) - 1}, "seq_q"),
+    ({"seq_k": 2**64}, "seq_k"), ({"head_dim": 2**64 + 8}, "head_dim"), ({"window": (2**64, 0)}, "window left"),
+    ({"window": (0, 2**64 + 3)}, "window right"), ({"diag_offset": 2**64}, "diag_offset"),
+    ({"threads": 2**32 + 1}, "threads"), ({"block_q": 2**64 + 16}, "block_q"),
+])
+def test_plan_integers_past_int64_raise_naming_them(kw, name):
+    with pytest.raises(ValueError, match=name):
+        flashattn.plan(**dict(BASE, **kw))
+
+
+def test_plan_float_batch_is_value_error():
+    with pytest.raises(ValueError, match="batch must be an integer"):
+        flashattn.plan(**dict(BASE, batch=1.5))
+
+
+def test_numpy_integers_past_int64(rng):
+    q = randn(rng, (1, 1, 4, 8))
+    for kw, name in (({"diag_offset": 2**64}, "diag_offset"), ({"window": (2**64, 0)}, "window"),
+                     ({"threads": 2**40}, "threads")):
+        with pytest.raises(ValueError, match=name):
+            flashattn.attention(q, q, q, **kw)
+    with pytest.raises(ValueError, match="int32"):
+        flashattn.attention(q, q, q, q_segment_ids=np.full((1, 4), 2**31), kv_segment_ids=np.zeros((1, 4), int))
+    cu = np.array([0, 4])
+    with pytest.raises(ValueError, match="diag_offset"):
+        flashattn.varlen_attention(q[0].transpose(1, 0, 2), q[0].transpose(1, 0, 2), q[0].transpose(1, 0, 2),
+                                   cu, cu, diag_offset=2**64)
+
+
+def test_float64_error_names_the_dtypes_that_work(rng):
+    q = rng.standard_normal((1, 1, 4, 8))
+    with pytest.raises(ValueError, match=r"float32, float16 or bfloat16.*float64"):
+        flashattn.attention(q, q, q)
+
+
+def test_threads_per_call(rng):
+    q, k, v = randn(rng, (1, 2, 40, 8)), randn(rng, (1, 2, 40, 8)), randn(rng, (1, 2, 40, 8))
+    o1 = flashattn.attention(q, k, v, threads=1)
+    o2 = flashattn.attention(q, k, v, threads=2)
+    np.testing.assert_array_equal(o1, o2)  # the result does not depend on the thread count
+    assert flashattn.plan(**dict(BASE, threads=1)).threads == 1
+    flashattn.attention_backward(q, k, v, o1, flashattn.attention(q, k, v, return_lse=True)[1], o1, threads=1)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v", "bias"])
+def test_out_overlapping_an_input_raises(rng, which):
+    arrays = {n: randn(rng, (1, 1, 8, 8)) for n in ("q", "k", "v", "bias")}
+    out = arrays[which] if which != "bias" else arrays["bias"].reshape(1, 1, 8, 8)
+    kw = {"bias": arrays["bias"][0, 0]}
+    with pytest.raises(ValueError, match=f"overlaps {which}"):
+        flashattn.attention(arrays["q"], arrays["k"], arrays["v"], out=out, **kw)
+    # a view into the same buffer counts as well
+    buf = randn(rng, (2, 1, 1, 8, 8))
+    with pytest.raises(ValueError, match="overlaps"):
+        flashattn.attention(buf[0], buf[0], buf[0], out=buf[0])
+    o = flashattn.attention(buf[0], buf[0], buf[0], out=buf[1])  # disjoint halves of one buffer: fine
+    assert o is buf[1] or np.shares_memory(o, buf[1])
+
+
+def test_kvcache_out_overlapping_cache_raises(rng):
+    q = randn(rng, (1, 1, 1, 8))
+    kc, vc = randn(rng, (1, 16, 1, 8)), randn(rng, (1, 16, 1, 8))
+    with pytest.raises(ValueError, match="overlaps"):
+        flashattn.kvcache_attention(q, kc, vc, cache_seqlens=4, out=kc[:, :1])
+
+
+def test_jax_integers_and_segment_ids():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as fj
+    q = jnp.ones((1, 4, 1, 8), jnp.float32)
+    for kw, name in (({"window": (2**64, 0)}, "window left"), ({"threads": 2**40}, "threads")):
+        with pytest.raises(ValueError, match=name):
+            fj.attention(q, q, q, **kw)
+    with pytest.raises(ValueError, match="diag_offset"):
+        fj.plan(q, q, q, diag_offset=2**64)
+    big = np.array([[0, 1, 2, 2**31]], np.int64)
+    with pytest.raises(ValueError, match="q_segment_ids.*int32"):
+        fj.attention(q, q, q, q_segment_ids=big, kv_segment_ids=np.zeros((1, 4), np.int32))
+    o = fj.attention(q, q, q, threads=1)
+    np.testing.assert_allclose(np.asarray(o), np.asarray(fj.attention(q, q, q)))
+    cu = jnp.array([0, 4], jnp.int32)
+    with pytest.raises(ValueError, match="threads"):
+        fj.varlen_attention(q[0], q[0], q[0], cu, cu, threads=2**33)

@@ -1,0 +1,67 @@
+"""Zero-size problems (a zero B, H, Sq or Sk; packed batches with no rows or no keys): empty
+results, or o = 0 and lse = -inf where there are no keys, zero gradients, a plan with no
+flops; the fronts answer without calling the library, which refuses zero sizes. A zero
+head_dim stays an error."""
+import numpy as np
+import pytest
+
+import flashattn
+from conftest import randn
+
+DENSE = [(0, 2, 4, 5), (2, 0, 4, 5), (2, 2, 0, 5), (2, 2, 4, 0)]  # (B, H, Sq, Sk)
+
+
+@pytest.mark.parametrize("B, H, Sq, Sk", DENSE)
+def test_numpy_dense(rng, B, H, Sq, Sk):
+    q, k, v = randn(rng, (B, H, Sq, 8)), randn(rng, (B, H, Sk, 8)), randn(rng, (B, H, Sk, 6))
+    o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True)
+    assert o.shape == (B, H, Sq, 6) and lse.shape == (B, H, Sq)
+    assert (o == 0).all() and np.isneginf(lse).all()
+    dq, dk, dv = flashattn.attention_backward(q, k, v, o, lse, randn(rng, o.shape), causal=True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert not any(g.any() for g in (dq, dk, dv))
+    bias = randn(rng, (1, H, Sq, Sk))
+    *_, dbias = flashattn.attention_backward(q, k, v, o, lse, o, bias=bias, bias_grad=True)
+    assert dbias.shape == bias.shape and not dbias.any()
+    p = flashattn.plan(batch=B, heads=H, seq_q=Sq, seq_k=Sk, head_dim=8, head_dim_v=6)
+    assert p.forward["flops"] == p.backward["flops"] == p.forward["transcendentals"] == 0
+    assert p.forward["bytes_accessed"] == B * H * Sq * (6 * 4 + 4)  # the o and lse filled
+
+
+def test_head_dim_zero_stays_an_error(rng):
+    with pytest.raises(ValueError, match="head_dim"):
+        flashattn.plan(batch=1, heads=1, seq_q=4, head_dim=0)
+    q = np.zeros((1, 1, 4, 0), np.float32)
+    with pytest.raises(ValueError, match="head_dim"):
+        flashattn.attention(q, q, q)
+
+
+@pytest.mark.parametrize("cu_q, cu_k", [([0], [0]), ([0, 0, 0], [0, 3, 5]), ([0, 2, 3], [0, 0, 0])])
+def test_numpy_packed(rng, cu_q, cu_k):
+    Tq, Tk = cu_q[-1], cu_k[-1]
+    q, k, v = randn(rng, (Tq, 2, 8)), randn(rng, (Tk, 2, 8)), randn(rng, (Tk, 2, 8))
+    o, lse = flashattn.varlen_attention(q, k, v, np.array(cu_q), np.array(cu_k), return_lse=True)
+    assert o.shape == (Tq, 2, 8) and lse.shape == (2, Tq)
+    assert (o == 0).all() and np.isneginf(lse).all()
+    dq, dk, dv = flashattn.varlen_attention_backward(q, k, v, o, lse, o, np.array(cu_q), np.array(cu_k))
+    assert dq.shape == q.shape and dk.shape == k.shape and not (dq.any() or dk.any() or dv.any())
+    p = flashattn.plan_varlen(np.array(cu_q), np.array(cu_k), heads=2, head_dim=8)
+    assert p.forward["flops"] == 0
+
+
+@pytest.mark.parametrize("B, H, Sq, Sk", DENSE)
+def test_jax_dense_and_packed(rng, B, H, Sq, Sk):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as fj
+    q, k, v = (jnp.asarray(randn(rng, (B, s, H, 8))) for s in (Sq, Sk, Sk))
+    o, lse = fj.attention(q, k, v, return_lse=True, causal=True)
+    assert o.shape == q.shape and lse.shape == (B, H, Sq)
+    assert not np.asarray(o).any() and np.isneginf(np.asarray(lse)).all()
+    g = jax.grad(lambda q, k, v: jnp.sum(fj.attention(q, k, v) ** 2), argnums=(0, 1, 2))(q, k, v)
+    assert [x.shape for x in g] == [q.shape, k.shape, v.shape] and not any(np.asarray(x).any() for x in g)
+    assert fj.plan(q, k, v).forward["flops"] == 0
+    cu_q, cu_k = jnp.array([0, B * Sq], jnp.int32), jnp.array([0, B * Sk], jnp.int32)
+    qp, kp, vp = (x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]) for x in (q, k, v))
+    o = fj.varlen_attention(qp, kp, vp, cu_q, cu_k)
+    assert o.shape == qp.shape and not np.asarray(o).any()

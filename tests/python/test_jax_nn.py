@@ -1,0 +1,173 @@
+"""flashattn.jax.dot_product_attention against the installed jax.nn.dot_product_attention:
+the same signature, and on random cases (shapes, GQA, unbatched inputs, masks and biases of
+every broadcast shape, boolean biases, Sq != Sk, causal, local windows, padding lengths, rows
+with no visible key) the same output, residual and gradients in q, k, v and bias.
+
+FA_JAX_NN_CASES sets the number of cases (default 60, the slice the default run takes;
+make check-long runs 600); each case's draws come from the run's seed and its index."""
+import inspect
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import flashattn.jax as fj  # noqa: E402
+from conftest import SEED  # noqa: E402
+
+CASES = int(os.environ.get("FA_JAX_NN_CASES", "60"))
+TOL = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}  # max|diff| / max|jax.nn|
+GRAD_TOL = {"float32": 5e-4, "bfloat16": 6e-2, "float16": 1e-2}
+
+
+def test_signature_is_jax_nn_s():
+    assert inspect.signature(fj.dot_product_attention) == inspect.signature(jax.nn.dot_product_attention) or \
+        [(p.name, p.kind, p.default) for p in inspect.signature(fj.dot_product_attention).parameters.values()] == \
+        [(p.name, p.kind, p.default) for p in inspect.signature(jax.nn.dot_product_attention).parameters.values()]
+
+
+def _broadcast_shape(r, full):
+    """A shape broadcastable to full: each dim 1 or full, leading dims sometimes dropped."""
+    shape = tuple(int(d) if r.random() < 0.5 else 1 for d in full)
+    drop = int(r.integers(0, 3)) if r.random() < 0.3 else 0
+    return shape[drop:] if all(d == 1 for d in shape[:drop]) else shape
+
+
+def draw_case(i):
+    r = np.random.default_rng([SEED, 0x6E6E, i])
+    B, T, S = int(r.integers(1, 3)), int(r.integers(1, 10)), int(r.integers(1, 10))
+    K, G, H = int(r.integers(1, 3)), int(r.integers(1, 4)), int(r.choice([4, 8, 16]))
+    N = K * G
+    c = dict(B=B, T=T, S=S, N=N, K=K, H=H, unbatched=r.random() < 0.1,
+             dtype=str(r.choice(["float32"] * 6 + ["bfloat16"])), kw={})
+    if c["unbatched"]:
+        c["B"] = B = 1
+    full = (B, N, T, S) if not c["unbatched"] else (N, T, S)
+    if r.random() < 0.4:
+        c["bias"] = (_broadcast_shape(r, full), "bool" if r.random() < 0.2 else "float")
+    if r.random() < 0.5:  # densities down to 0: rows with no visible key
+        c["mask"] = (_broadcast_shape(r, full), float(r.choice([0.0, 0.3, 0.7, 0.9])))
+    kw = c["kw"]
+    if r.random() < 0.4:
+        kw["is_causal"] = True
+    if r.random() < 0.3:
+        w = (int(r.integers(-1, 5)), int(r.integers(-1, 5)))
+        kw["local_window_size"] = w if r.random() < 0.7 else max(w[0], 0)
+    if r.random() < 0.3:
+        kw["scale"] = float(r.uniform(0.05, 1.0))
+    if not c["unbatched"] and r.random() < 0.3:
+        kw["query_seq_lengths"] = r.integers(0, T + 1, size=B).astype(np.int32)
+    if not c["unbatched"] and r.random() < 0.3:
+        kw["key_value_seq_lengths"] = r.integers(0, S + 1, size=B).astype(np.int32)
+    c["return_residual"] = bool(r.random() < 0.5)
+    c["rng"] = r
+    return c
+
+
+def _arrays(c):
+    r, dt = c["rng"], jnp.dtype(c["dtype"])
+    lead = () if c["unbatched"] else (c["B"],)
+    q = jnp.asarray(r.standard_normal(lead + (c["T"], c["N"], c["H"])), dt)
+    k = jnp.asarray(r.standard_normal(lead + (c["S"], c["K"], c["H"])), dt)
+    v = jnp.asarray(r.standard_normal(lead + (c["S"], c["K"], c["H"])), dt)
+    bias = mask = None
+    if "bias" in c:
+        shape, kind = c["bias"]
+        bias = jnp.asarray(r.random(shape) < 0.5) if kind == "bool" else jnp.asarray(r.standard_normal(shape), dt)
+    if "mask" in c:
+        shape, density = c["mask"]
+        mask = jnp.asarray(r.random(shape) < density)
+    kw = {n: (jnp.asarray(x) if isinstance(x, np.ndarray) else x) for n, x in c["kw"].items()}
+    return q, k, v, bias, mask, kw
+
+
+# the floor of _rel's denominator: inputs are O(1), so a result that cancels to about 0 (the
+# gradient of a bias constant along the keys is exactly 0) is compared at the inputs' scale
+# of rounding, not its own
+FLOOR = {"float32": 1e-2, "bfloat16": 1.0, "float16": 1.0}
+
+
+def _rel(x, ref, dtype="float32"):
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    assert x.shape == ref.shape
+    assert not np.isnan(x).any()
+    return np.abs(x - ref).max(initial=0.0) / max(np.abs(ref).max(initial=0.0), FLOOR[dtype])
+
+
+# a case's cost is compiling its program: XLA's cheapest optimization level (the results are
+# compared with tolerances that do not depend on how XLA fuses the reference)
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _both(q, k, v, bias, mask, kw, rr, w):
+    """Outputs and gradients of jax.nn's and the drop-in's, in one jitted program (one
+    compilation per case: compiling is what a case costs)."""
+    float_bias = bias is not None and bias.dtype != jnp.bool_
+    argnums = (0, 1, 2, 3) if float_bias else (0, 1, 2)
+
+    def run(fn):
+        def loss(q, k, v, b):
+            res = fn(q, k, v, b, mask, return_residual=rr, **kw)
+            o = res[0] if rr else res
+            return jnp.sum(o.astype(jnp.float32) * w), res
+        grads, res = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, bias)
+        return res, grads
+
+    return run(jax.nn.dot_product_attention), run(fj.dot_product_attention)
+
+
+def check_case(i):
+    c = draw_case(i)
+    q, k, v, bias, mask, kw = _arrays(c)
+    what = f"case {i} (FA_TEST_SEED={SEED}): {({n: c[n] for n in ('B', 'T', 'S', 'N', 'K', 'H', 'dtype')})} " \
+           f"bias {c.get('bias')} mask {c.get('mask')} {c['kw']}"
+    rr = c["return_residual"]
+    out_shape = q.shape[:-1] + v.shape[-1:]
+    w = jnp.asarray(c["rng"].standard_normal(out_shape), q.dtype)
+    arrays = {n: x for n, x in kw.items() if isinstance(x, jax.Array)}
+    static = {n: x for n, x in kw.items() if n not in arrays}
+    fn = jax.jit(lambda q, k, v, bias, mask, arrays, w: _both(q, k, v, bias, mask, dict(static, **arrays), rr, w))
+    args = (q, k, v, bias, mask, arrays, w)
+    (ref, g_ref), (got, g_got) = fn.lower(*args).compile(FAST_COMPILE)(*args)
+    if rr:
+        (ref, ref_lse), (got, got_lse) = ref, got
+        assert got_lse.dtype == ref_lse.dtype and got_lse.shape == ref_lse.shape, what
+        a, b = np.asarray(got_lse, np.float64), np.asarray(ref_lse, np.float64)
+        np.testing.assert_allclose(a, b, rtol=TOL[c["dtype"]] * 4, atol=TOL[c["dtype"]] * 4, err_msg=what)
+    assert got.shape == ref.shape and got.dtype == ref.dtype, what
+    assert _rel(got, ref, c["dtype"]) <= TOL[c["dtype"]], what
+    for name, a, b in zip(("dq", "dk", "dv", "dbias"), g_got, g_ref):
+        assert a.shape == b.shape and a.dtype == b.dtype, (name, what)
+        assert _rel(a, b, c["dtype"]) <= GRAD_TOL[c["dtype"]], (name, _rel(a, b, c["dtype"]), what)
+
+
+@pytest.mark.parametrize("i", range(CASES))
+def test_matches_jax_nn(i):
+    check_case(i)
+
+
+def test_rows_with_no_visible_key_follow_jax_nn():
+    """An all-False mask row is the mean of every value in jax.nn (hidden scores become a
+    large finite number), and a row past query_seq_lengths is 0: the drop-in agrees; the
+    library's own function gives o = 0 for both."""
+    r = np.random.default_rng(SEED)
+    q, k, v = (jnp.asarray(r.standard_normal((1, 3, 2, 8)), jnp.float32) for _ in range(3))
+    mask = jnp.ones((1, 1, 3, 3), bool).at[0, 0, 1].set(False)
+    got = fj.dot_product_attention(q, k, v, mask=mask)
+    np.testing.assert_allclose(got[0, 1], jnp.mean(v[0], axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, jax.nn.dot_product_attention(q, k, v, mask=mask), rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(fj.attention(q, k, v, mask=mask)[0, 1]).max()) == 0.0
+    lens = jnp.array([2], jnp.int32)
+    got = fj.dot_product_attention(q, k, v, query_seq_lengths=lens)
+    assert float(jnp.abs(got[0, 2]).max()) == 0.0
+
+
+def test_implementation():
+    q = jnp.ones((1, 2, 1, 4), jnp.float32)
+    fj.dot_product_attention(q, q, q, implementation="xla")
+    with pytest.raises(ValueError, match="cudnn"):
+        fj.dot_product_attention(q, q, q, implementation="cudnn")
+    with pytest.raises(ValueError, match="mask dtype"):
+        fj.dot_product_attention(q, q, q, mask=jnp.ones((1, 1, 2, 2), jnp.float32))

@@ -1,0 +1,95 @@
+"""mask= (boolean, True = attend, broadcastable to [B, H, Sq, Sk], ANDed with causal, window
+and segment ids) in the numpy and JAX fronts and the plans, against the float64 reference
+with the mask as a -inf bias; a boolean bias= raises TypeError pointing to mask=."""
+import numpy as np
+import pytest
+
+import flashattn
+import reference as ref
+from conftest import FWD_TOL, BWD_TOL, randn, rel_err
+
+B, H, SQ, SK, D = 2, 3, 7, 9, 8
+# every broadcast shape a mask may have (size-1 Sq and Sk too), fewer dims included
+SHAPES = [(B, H, SQ, SK), (1, H, SQ, SK), (B, 1, SQ, SK), (B, 1, 1, SK), (1, 1, SQ, 1), (SQ, SK), (SK,),
+          (1, 1, 1, 1)]
+
+
+def _mask(rng, shape):
+    m = rng.random(shape) < 0.6
+    return m
+
+
+def _as_bias(mask):
+    return np.where(mask, 0.0, -np.inf)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_numpy_mask_forward_backward(rng, shape, causal):
+    q, k, v = randn(rng, (B, H, SQ, D)), randn(rng, (B, H, SK, D)), randn(rng, (B, H, SK, D))
+    bias = randn(rng, (1, H, SQ, SK))
+    mask = _mask(rng, shape)
+    o, lse = flashattn.attention(q, k, v, mask=mask, bias=bias, causal=causal, window=(3, None), return_lse=True)
+    full_bias = bias + _as_bias(mask)
+    o_ref, lse_ref, _ = ref.forward(q, k, v, bias=full_bias, causal=causal, window=(3, -1))
+    assert rel_err(o, o_ref) <= FWD_TOL["f32"]
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref))
+    do = randn(rng, o.shape)
+    dq, dk, dv, dbias = flashattn.attention_backward(q, k, v, o, lse, do, mask=mask, bias=bias, causal=causal,
+                                                     window=(3, None), bias_grad=True)
+    want = ref.backward(q, k, v, do, bias=full_bias, causal=causal, window=(3, -1))
+    for got, w in zip((dq, dk, dv), want[:3]):
+        assert rel_err(got, w) <= BWD_TOL["f32"]
+    assert dbias.shape == bias.shape
+    assert rel_err(dbias, want[3].sum(0, keepdims=True)) <= BWD_TOL["f32"]
+
+
+def test_numpy_mask_with_segment_ids_and_gqa(rng):
+    q, k, v = randn(rng, (B, 4, SQ, D)), randn(rng, (B, 2, SK, D)), randn(rng, (B, 2, SK, D))
+    qs, ks = rng.integers(0, 2, (B, SQ)), rng.integers(0, 2, (B, SK))
+    mask = _mask(rng, (B, 4, SQ, SK))
+    o = flashattn.attention(q, k, v, mask=mask, q_segment_ids=qs, kv_segment_ids=ks)
+    o_ref, _, _ = ref.forward(q, k, v, bias=_as_bias(mask), q_segment_ids=qs, kv_segment_ids=ks)
+    assert rel_err(o, o_ref) <= FWD_TOL["f32"]
+
+
+def test_boolean_bias_raises_type_error_naming_mask(rng):
+    q = randn(rng, (1, 1, 4, D))
+    with pytest.raises(TypeError, match="mask="):
+        flashattn.attention(q, q, q, bias=np.ones((4, 4), bool))
+    with pytest.raises(TypeError, match="boolean"):
+        flashattn.attention(q, q, q, mask=np.ones((4, 4), np.float32))
+    with pytest.raises(ValueError, match="broadcast"):
+        flashattn.attention(q, q, q, mask=np.ones((3, 4), bool))
+
+
+def test_plan_with_mask_is_not_exact():
+    base = dict(batch=2, heads=4, seq_q=64, head_dim=32)
+    assert flashattn.plan(**base).exact
+    p = flashattn.plan(mask_shape=(2, 1, 1, 64), **base)
+    assert not p.exact
+    same = flashattn.plan(bias_shape=(2, 1, 64, 64), **base)
+    assert p.forward == same.forward  # the work is the biased problem's: only "exact" differs
+
+
+def test_jax_mask_matches_reference(rng):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as fj
+    q, k, v = randn(rng, (B, H, SQ, D)), randn(rng, (B, H, SK, D)), randn(rng, (B, H, SK, D))
+    for shape in SHAPES:
+        mask = _mask(rng, shape)
+        o = fj.attention(*(jnp.asarray(x) for x in (q, k, v)), mask=jnp.asarray(mask), layout="bhsd", causal=True)
+        o_ref, _, _ = ref.forward(q, k, v, bias=_as_bias(mask), causal=True)
+        assert rel_err(np.asarray(o), o_ref) <= FWD_TOL["f32"], shape
+    bias = randn(rng, (1, H, SQ, SK))
+    mask = _mask(rng, (B, 1, 1, SK))
+    loss = lambda q, b: jnp.sum(fj.attention(q, k, v, bias=b, mask=mask, layout="bhsd") ** 2)  # noqa: E731
+    dq, db = jax.grad(loss, argnums=(0, 1))(jnp.asarray(q), jnp.asarray(bias))
+    o_ref, _, _ = ref.forward(q, k, v, bias=bias + _as_bias(mask))
+    want = ref.backward(q, k, v, 2 * o_ref, bias=bias + _as_bias(mask))
+    assert rel_err(np.asarray(dq), want[0]) <= BWD_TOL["f32"]
+    assert rel_err(np.asarray(db), want[3].sum(0, keepdims=True)) <= BWD_TOL["f32"]
+    with pytest.raises(TypeError, match="mask="):
+        fj.attention(q, k, v, bias=jnp.ones((SQ, SK), bool), layout="bhsd")
+    assert not fj.plan(q, k, v, mask=mask, layout="bhsd").exact
