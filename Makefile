@@ -22,9 +22,11 @@ test: test-deps
 	bash tests/run_all.sh
 
 # The long differential run: FA_CHECK_CASES (default 10000) random forward and as many
-# backward configurations against the float64 reference; prints its seed (FA_TEST_SEED).
+# backward configurations against the float64 reference; prints its seed (FA_TEST_SEED); then
+# the Python drop-ins against torch's SDPA and jax.nn on 600 random cases each.
 check-long: build
 	bash tests/check_long.sh $(BUILD)
+	bash tests/check_long_python.sh
 
 test-deps:
 	bash tests/install_deps.sh
