@@ -130,20 +130,6 @@ static inline void fa_bwd_pack_rows(const fa_bwd_ctx *c, int64_t b, int64_t h, i
     if (ga) c->pl->isa->pack_a(gs, m, (int)p->head_dim_v, ga);
 }
 
-/* x[j] rounded to the dtype, j < n: the ISA's pass where it has one (the same bits), else
- * the branch-free vexp.h roundings. */
-static inline void fa_bwd_round_row(const fa_isa *isa, fa_dtype t, float *x, int n) {
-    if (t == FA_F32) return;
-    if (isa->round_row) {
-        isa->round_row(x, n, t);
-        return;
-    }
-    if (t == FA_F16)
-        for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
-    else if (t == FA_BF16)
-        for (int j = 0; j < n; j++) x[j] = fa_vround_bf16(x[j]);
-}
-
 /* tr[j*m + i] = x[i*ld + j]: the ISA's pass where it has one, else in 16 x 16 blocks (row
  * by row, every store of a row would touch its own cache line of tr, m floats apart, and
  * the tile does not stay in L1). */
@@ -219,8 +205,8 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
             }
         else if (cap)
             for (int j = 0; j < n; j++) dp[j] *= th[j];
-        fa_bwd_round_row(pl->isa, p->dtype, dp, n);
-        if (want_p) fa_bwd_round_row(pl->isa, p->dtype, s, n);
+        fa_round_row(pl->isa, p->dtype, dp, n);
+        if (want_p) fa_round_row(pl->isa, p->dtype, s, n);
     }
     cnt->flops += 2 * (p->head_dim + p->head_dim_v) * m * n;
     cnt->transcendentals += (cap ? 2 : 1) * (int64_t)m * n;

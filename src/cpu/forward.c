@@ -175,20 +175,6 @@ static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64
     return row_max(srow, n);
 }
 
-/* x[j] rounded to dtype t and back (p before the second product, docs/semantics.md,
- * "Rounding"): the ISA's pass where it has one (the same bits, at its vector width), else the branch-free
- * vexp.h roundings, whose loops vectorize at this file's baseline width. */
-static void round_row(const fa_isa *isa, fa_dtype t, float *restrict x, int n) {
-    if (t != FA_F32 && isa->round_row) {
-        isa->round_row(x, n, t);
-        return;
-    }
-    if (t == FA_F16)
-        for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
-    else if (t == FA_BF16)
-        for (int j = 0; j < n; j++) x[j] = fa_vround_bf16(x[j]);
-}
-
 /* Folds one row of scores (srow, whose max is mt) into the running softmax of its row:
  * srow becomes p (rounded to the dtype), *M and *L are updated and arow (Dv) is rescaled,
  * ready for acc += p V. pair_scale > 0: srow holds the raw products instead, whose scores
@@ -208,7 +194,7 @@ static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt
         rowsum = cx->isa->exp_pairs(srow, n, pair_scale, base);
     } else {
         rowsum = cx->isa->exp_sum(srow, n, base);
-        round_row(cx->isa, cx->p->dtype, srow, n);
+        fa_round_row(cx->isa, cx->p->dtype, srow, n);
     }
     *L = *L * alpha + rowsum;
     *M = m_new;

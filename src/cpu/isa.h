@@ -11,6 +11,7 @@
 
 #include "../internal.h"
 #include "decode_kernels.h"
+#include "vexp.h"
 
 /* Where a tile comes from: element [0, 0] of a rows x cols block of a strided tensor. */
 typedef struct {
@@ -94,5 +95,21 @@ extern const fa_isa fa_isa_scalar;
 /* The table to use: FA_ISA if set (FA_ERR_INVALID if it is unknown, not built or not on
  * this CPU: the caller's setting to fix), else the best available. */
 fa_status fa_isa_select(const fa_isa **out);
+
+/* x[j] rounded to dtype t and back, j < n (p before the second product, docs/semantics.md,
+ * "Rounding"), for the forward and the backward alike: the ISA's pass where it has one (the
+ * same bits, at its vector width), else vexp.h's branch-free roundings, whose loops
+ * vectorize at the driver's baseline width. */
+static inline void fa_round_row(const fa_isa *isa, fa_dtype t, float *restrict x, int n) {
+    if (t == FA_F32) return;
+    if (isa->round_row) {
+        isa->round_row(x, n, t);
+        return;
+    }
+    if (t == FA_F16)
+        for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
+    else
+        for (int j = 0; j < n; j++) x[j] = fa_vround_bf16(x[j]);
+}
 
 #endif /* FA_CPU_ISA_H */
