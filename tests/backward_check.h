@@ -160,7 +160,7 @@ static void case_forward_ref(tcase *c, const fa_plan *pl) {
         c->lse[r] = (float)lse[r];
         const int64_t b = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
         for (int64_t x = 0; x < Dv; x++)
-            fa_store(p->dtype, c->o, fa_offset(&rp->o_stride, b, h, i, x), (float)o[r * Dv + x]);
+            chk_store(p->dtype, c->o, chk_offset(&rp->o_stride, b, h, i, x), (float)o[r * Dv + x]);
     }
     free(lse);
 }
@@ -191,7 +191,7 @@ static double max_row_norm(fa_dtype t, const void *x, const fa_strides *st, int6
             for (int64_t s = 0; s < S; s++) {
                 double n = 0.0;
                 for (int64_t w = 0; w < W; w++) {
-                    const double e = fabs((double)fa_load(t, x, fa_offset(st, b, h, s, w)));
+                    const double e = fabs((double)chk_load(t, x, chk_offset(st, b, h, s, w)));
                     n = l2 ? n + e * e : (e > n ? e : n);
                 }
                 n = l2 ? sqrt(n) : n;
@@ -217,7 +217,7 @@ static void noise_floors(const tcase *c, const fa_plan *pl, double *fq, double *
     const double kmax = max_row_norm(p->dtype, c->k, &rp->k_stride, B, Hk, Sk, D, 0);
     const double qmax = max_row_norm(p->dtype, c->q, &rp->q_stride, B, Hq, Sq, D, 0);
     void *gabs = tu_alloc((size_t)c->no * fa_dtype_size(p->dtype));
-    for (int64_t i = 0; i < c->no; i++) fa_store(p->dtype, gabs, i, fabsf(fa_load(p->dtype, c->g, i)));
+    for (int64_t i = 0; i < c->no; i++) chk_store(p->dtype, gabs, i, fabsf(chk_load(p->dtype, c->g, i)));
     fa_backward_args a = case_bwd_args(c);
     a.d_o = gabs;
     double *tq = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq * D)), *tk = tu_alloc(sizeof(double) * (size_t)(B * Hk * Sk * D));
@@ -248,8 +248,8 @@ static double saved_o_error_max(const tcase *c, const fa_plan *pl) {
         const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
         double e = 0.0;
         for (int64_t x = 0; x < Dv; x++) {
-            const int64_t at = fa_offset(&rp->o_stride, b, h, i, x);
-            e += (double)fa_load(p->dtype, c->g, at) * ((double)fa_load(p->dtype, c->o, at) - c->o_exact[r * Dv + x]);
+            const int64_t at = chk_offset(&rp->o_stride, b, h, i, x);
+            e += (double)chk_load(p->dtype, c->g, at) * ((double)chk_load(p->dtype, c->o, at) - c->o_exact[r * Dv + x]);
         }
         best = fabs(e) > best ? fabs(e) : best;
     }

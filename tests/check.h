@@ -18,7 +18,6 @@
 #define FA_TEST_CHECK_H
 
 #include "flashattn.h"
-#include "internal.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -26,6 +25,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* Element idx of a tensor of dtype t, as f32, and the store back (round to nearest even):
+ * through the public fa_convert, so the tests convert as any caller would. */
+static inline float chk_load(fa_dtype t, const void *base, int64_t idx) {
+    float x;
+    fa_convert(t, (const char *)base + idx * (int64_t)fa_dtype_size(t), FA_F32, &x, 1);
+    return x;
+}
+static inline void chk_store(fa_dtype t, void *base, int64_t idx, float x) {
+    fa_convert(FA_F32, &x, t, (char *)base + idx * (int64_t)fa_dtype_size(t), 1);
+}
+
+/* Element offset of [b, h, s, d] in a tensor with strides st (elements). */
+static inline int64_t chk_offset(const fa_strides *st, int64_t b, int64_t h, int64_t s, int64_t d) {
+    return b * st->s[0] + h * st->s[1] + s * st->s[2] + d * st->s[3];
+}
 
 /* ---- the program's counters and CHECK ------------------------------------------------ */
 
@@ -98,11 +113,11 @@ static inline int64_t tu_int(uint64_t *s, int64_t lo, int64_t hi) { /* [lo, hi] 
 }
 /* Fills n elements of dtype t with uniform values times amp (rounded to the dtype). */
 static inline void tu_fill(uint64_t *s, fa_dtype t, void *x, int64_t n, double amp) {
-    for (int64_t i = 0; i < n; i++) fa_store(t, x, i, (float)(tu_uniform(s) * amp));
+    for (int64_t i = 0; i < n; i++) chk_store(t, x, i, (float)(tu_uniform(s) * amp));
 }
 /* NaN everywhere, so elements a kernel forgets to write are caught. */
 static inline void tu_poison(fa_dtype t, void *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) fa_store(t, x, i, NAN);
+    for (int64_t i = 0; i < n; i++) chk_store(t, x, i, NAN);
 }
 static inline void *tu_alloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
@@ -182,7 +197,7 @@ static inline check_result check_tensor(const char *name, fa_dtype t, const void
     const double M = unit_scale || r.mag == 0.0 ? 1.0 : r.mag; /* (an all-zero reference: absolute) */
     for (int64_t i = 0; i < n; i++) {
         const int64_t b = i / (H * S * W), h = i / (S * W) % H, q = i / W % S, w = i % W;
-        const double g = fa_load(t, got, b * s.s[0] + h * s.s[1] + q * s.s[2] + w * s.s[3]), want = ref[i];
+        const double g = chk_load(t, got, b * s.s[0] + h * s.s[1] + q * s.s[2] + w * s.s[3]), want = ref[i];
         const double bound = tol.atol * M + tol.rtol * fabs(want), e = fabs(g - want);
         int bad;
         if (isnan(want)) bad = !isnan(g);
@@ -226,7 +241,7 @@ static inline int64_t check_outside(const char *name, fa_dtype t, const void *bu
                 for (int64_t w = 0; w < dims[3]; w++) inside[b * s.s[0] + h * s.s[1] + q * s.s[2] + w * s.s[3]] = 1;
     int64_t touched = 0, first = -1;
     for (int64_t i = 0; i < n; i++)
-        if (!inside[i] && !isnan(fa_load(t, buf, i)) && touched++ == 0) first = i;
+        if (!inside[i] && !isnan(chk_load(t, buf, i)) && touched++ == 0) first = i;
     free(inside);
     if (touched) {
         printf("FAIL (FA_TEST_SEED=%llu) %s: %lld elements outside the view were written (the first at %lld)\n",

@@ -237,7 +237,7 @@ static void test_dead_rows(uint64_t *rng) {
                     if (c.lse[(b * p.heads_q + h) * p.seq_q + i] != -INFINITY) continue;
                     dead++;
                     for (int64_t d = 0; d < p.head_dim; d++) {
-                        float g = fa_load(p.dtype, c.dq, fa_offset(&rp->q_stride, b, h, i, d));
+                        float g = chk_load(p.dtype, c.dq, chk_offset(&rp->q_stride, b, h, i, d));
                         if (g != 0.0f) nonzero++; /* NaN included */
                     }
                 }

@@ -1,4 +1,5 @@
-/* The one-pass backward (src/cpu/backward_fused.c) against the two-pass one, on random
+/* Tests an internal on purpose (the plan's schedule choice, struct fa_plan).
+ * The one-pass backward (src/cpu/backward_fused.c) against the two-pass one, on random
  * problems (dtypes, masks, softcap, bias with dbias, ALiBi, segment ids, GQA, odd tiles):
  *   - the plan picks the schedule from the shapes: fused for >= 8 (batch, kv head) items,
  *     two passes below, whatever the thread count; FA_BWD_SCHEDULE forces either;
@@ -10,6 +11,7 @@
  * FA_BWD_SCHEDULE=fused (ctest test_backward_one_pass). A fresh seed every run, printed;
  * FA_TEST_SEED=<seed> reproduces a run. */
 #include "check.h"
+#include "internal.h" /* tests an internal on purpose (first comment) */
 
 
 static fa_plan *plan_with(const fa_problem *p, const char *schedule, int threads, int64_t bq, int64_t bk) {

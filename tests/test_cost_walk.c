@@ -1,5 +1,6 @@
-/* The cost model's tile sums in closed form (src/cost_walk.c, fa_tile_walk_sums) against
- * the walk they replace: every query tile in turn through the kernels' schedule
+/* Tests an internal on purpose. The cost model's tile sums in closed form (src/cost_walk.c,
+ * fa_tile_walk_sums) against the walk they replace: every query tile in turn through the
+ * kernels' schedule
  * (schedule.h's key tiles), summing what it computes. Random shapes (Sq, Sk, block sizes,
  * causal, windows of every size including unbounded and huge ones, diagonal offsets
  * far off both ends), a few with a million query tiles, and edge shapes (one row, one key,
@@ -7,6 +8,7 @@
  * (its closed form makes that instant; the walk took ~20 s). Times nothing. Seeded
  * (FA_TEST_SEED). Internal on purpose: it includes internal.h. */
 #include "check.h"
+#include "internal.h" /* tests an internal on purpose (first comment) */
 
 static int failures;
 static uint64_t seed;

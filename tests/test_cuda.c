@@ -1,4 +1,5 @@
-/* The CUDA backend against the float64 reference: forward (o, lse) and backward (dq, dk,
+/* Uses test-only device helpers on purpose (src/cuda/cuda_mem.h).
+ * The CUDA backend against the float64 reference: forward (o, lse) and backward (dq, dk,
  * dv) on the shared case list (cases.h: every head-dim class and option, D in {32, 40, 64,
  * 72, 96, 128, 160, 256}, Dv != D, causal, windows, Sq != Sk both ways, rows with no visible
  * key, softcap, broadcast bias with -inf entries, ALiBi, segment ids, GQA/MQA, BSHD and

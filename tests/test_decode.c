@@ -146,7 +146,7 @@ static void run_case(const char *label, dcase *c) {
               (long long)fc.flops, (long long)fc.transcendentals);
         double eo = 0, mo = 0, el = 0;
         for (int64_t i = 0; i < no; i++) {
-            const double g = fa_load(p->dtype, c->o, i);
+            const double g = chk_load(p->dtype, c->o, i);
             if (!(fabs(g - ro[i]) <= eo)) eo = isnan(g) ? INFINITY : fabs(g - ro[i]);
             if (fabs(ro[i]) > mo) mo = fabs(ro[i]);
         }
@@ -248,7 +248,7 @@ static void bad_inputs(void) {
           fa_status_string(st), fa_last_error());
     CHECK(!memcmp(c.k, c.k0, nc * es) && !memcmp(c.v, c.v0, nc * es), "a refused call changed the caches");
     int untouched = 1;
-    for (int64_t i = 0; i < no; i++) untouched &= isnan(fa_load(c.p.dtype, c.o, i));
+    for (int64_t i = 0; i < no; i++) untouched &= isnan(chk_load(c.p.dtype, c.o, i));
     CHECK(untouched, "a refused call wrote o");
     c.table[c.p.max_pages * 2 + (c.lens[2] + 1) / c.p.page_size] = saved;
     a.k_new = NULL;
@@ -293,7 +293,7 @@ static void overlapping_appends(void) {
               "overlapping appends %d: %s (%s)", x, fa_status_string(st), fa_last_error());
         CHECK(!memcmp(c.k, c.k0, nc * es) && !memcmp(c.v, c.v0, nc * es), "overlapping appends %d changed the caches", x);
         int untouched = 1;
-        for (int64_t i = 0; i < no; i++) untouched &= isnan(fa_load(c.p.dtype, c.o, i));
+        for (int64_t i = 0; i < no; i++) untouched &= isnan(chk_load(c.p.dtype, c.o, i));
         CHECK(untouched, "overlapping appends %d wrote o", x);
         c.table[alias[x].to] = saved;
     }

@@ -35,8 +35,8 @@ static void run(const char *mask, fa_dtype dt, int64_t D, int kind, int64_t Sq, 
     tu_fill(&rng, dt, kn, nn, 2.0), tu_fill(&rng, dt, vn, nn, 1.0);
     for (int64_t b = 0; b < B; b++) /* rows past each length (and past the new tokens): NaN */
         for (int64_t t = lens[b] + (append ? Sq : 0); t < cap; t++)
-            for (int64_t x = 0; x < Hk * D; x++) fa_store(dt, k, (b * cap + t) * Hk * D + x, NAN),
-                                                   fa_store(dt, v, (b * cap + t) * Hk * D + x, NAN);
+            for (int64_t x = 0; x < Hk * D; x++) chk_store(dt, k, (b * cap + t) * Hk * D + x, NAN),
+                                                   chk_store(dt, v, (b * cap + t) * Hk * D + x, NAN);
     for (int64_t b = 0; b < B; b++)
         for (int g = 0; g < nbad; g++) {
             const int64_t t = lens[b] + bad[g];
@@ -47,11 +47,11 @@ static void run(const char *mask, fa_dtype dt, int64_t D, int kind, int64_t Sq, 
             for (int64_t h = 0; h < Hk; h++)
                 for (int64_t d = 0; d < D; d += 3) {
                     const float val = kind == G_NAN_V || kind == G_NAN_K ? NAN : d == 3 ? -INFINITY : INFINITY;
-                    fa_store(dt, dst, (row * Hk + h) * D + d, val);
+                    chk_store(dt, dst, (row * Hk + h) * D + d, val);
                 }
         }
     if (kind == G_INF_K) /* q > 0 in dims 0 and 3: inf - inf, a NaN score where the key is seen */
-        for (int64_t r = 0; r < B * Sq * Hq; r++) fa_store(dt, q, r * D, 0.5f), fa_store(dt, q, r * D + 3, 0.5f);
+        for (int64_t r = 0; r < B * Sq * Hq; r++) chk_store(dt, q, r * D, 0.5f), chk_store(dt, q, r * D + 3, 0.5f);
 
     double *ro = tu_alloc(sizeof(double) * (size_t)nq), *rl = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq));
     fa_forward_args a = {0};
@@ -81,7 +81,7 @@ static void run(const char *mask, fa_dtype dt, int64_t D, int kind, int64_t Sq, 
             int expect_nan = isnan(want_l), ok = isnan(got_l) == expect_nan;
             if (!expect_nan && ok) ok = fabs(got_l - want_l) <= 1e-5 * (1 + fabs(want_l)) || got_l == want_l;
             for (int64_t c = 0; c < D; c++) { /* a non-finite expectation is met exactly (NaN: any NaN) */
-                const double w = ro[r * D + c], g = fa_load(dt, o, r * D + c);
+                const double w = ro[r * D + c], g = chk_load(dt, o, r * D + c);
                 expect_nan |= !isfinite(w);
                 if (isnan(w)) ok &= isnan(g) != 0;
                 else if (isinf(w)) ok &= g == w;
@@ -91,7 +91,7 @@ static void run(const char *mask, fa_dtype dt, int64_t D, int kind, int64_t Sq, 
             if (!ok && bad_rows++ < 2)
                 printf("FAIL (FA_TEST_SEED=%llu) %s: sequence %lld row %lld head %lld: lse %g (want %g), o[0] %g (want %g)\n",
                        (unsigned long long)seed, label, (long long)b, (long long)i, (long long)h, (double)got_l, want_l,
-                       (double)fa_load(dt, o, r * D), ro[r * D]);
+                       (double)chk_load(dt, o, r * D), ro[r * D]);
         }
         failures += bad_rows > 0;
         /* the case must have rows on both sides of the garbage, or it tests nothing */

@@ -1,4 +1,5 @@
-/* The CPU forward against the float64 reference, on a random sample of the grid: shapes
+/* Tests internals on purpose besides the public API: the ISA tables (cpu/isa.h) and vexp.h.
+ * The CPU forward against the float64 reference, on a random sample of the grid: shapes
  * (Sq, Sk in {1, 7, 37, 128, 129, 300}, D, Dv in {8, 40, 64, 80, 128, 256}), dtypes,
  * GQA/MQA, every mask alone and together, rows with no visible key, strided layouts,
  * large scores, odd block sizes and thread counts. One line per group; the first few
@@ -117,7 +118,7 @@ static void fill_qk(const tcase *c, void *x, int64_t n) {
         tu_fill(&rng, c->dt, x, n, c->amp);
         return;
     }
-    for (int64_t i = 0; i < n; i++) fa_store(c->dt, x, i, (float)tu_int(&rng, -16, 16));
+    for (int64_t i = 0; i < n; i++) chk_store(c->dt, x, i, (float)tu_int(&rng, -16, 16));
 }
 
 typedef struct {
@@ -177,7 +178,7 @@ static int run_case(const char *group, int idx, const tcase *c, group_stats *gs)
                 for (int64_t h = 0; h < c->bias_h; h++)
                     for (int64_t i = 0; i < c->Sq; i++)
                         if (tu_int(&rng, 0, 3) == 0)
-                            for (int64_t j = 0; j < c->Sk; j++) bias[fa_offset(&bs, b, h, i, j)] = -INFINITY;
+                            for (int64_t j = 0; j < c->Sk; j++) bias[chk_offset(&bs, b, h, i, j)] = -INFINITY;
         }
     }
     for (int64_t h = 0; slopes && h < c->Hq; h++)

@@ -1,4 +1,5 @@
-/* The forward's small contracts, apart from its accuracy grid (test_forward.c): the
+/* Tests internals on purpose besides the public API: the ISA tables (cpu/isa.h) and vexp.h.
+ * The forward's small contracts, apart from its accuracy grid (test_forward.c): the
  * vectorized exp against libm, p rounded to the dtype before P V (docs/semantics.md), argument
  * errors (NULL pointers, workspace_size), the FA_ISA switch and progress callbacks. */
 #include "check.h"
@@ -44,8 +45,8 @@ static void test_p_rounding(void) {
         float qf[1] = {1}, kf[2] = {0, -d}, vf[2] = {1, -1}, of[1] = {NAN};
         void *qq = qf, *kk = kf, *vv = vf, *oo = of;
         if (dt != FA_F32) {
-            fa_store(dt, q, 0, 1), fa_store(dt, k, 0, 0), fa_store(dt, k, 1, -d);
-            fa_store(dt, v, 0, 1), fa_store(dt, v, 1, -1), fa_store(dt, o, 0, NAN);
+            chk_store(dt, q, 0, 1), chk_store(dt, k, 0, 0), chk_store(dt, k, 1, -d);
+            chk_store(dt, v, 0, 1), chk_store(dt, v, 1, -1), chk_store(dt, o, 0, NAN);
             qq = q, kk = k, vv = v, oo = o;
         }
         fa_options opt = {FA_BACKEND_CPU, 1, 0, 0};
@@ -53,7 +54,7 @@ static void test_p_rounding(void) {
         fa_status st = fa_plan_create(&p, &opt, &plan);
         if (!st) st = fa_forward(plan, &(fa_forward_args){.q = qq, .k = kk, .v = vv, .o = oo});
         fa_plan_destroy(plan);
-        const double got = st ? NAN : fa_load(dt, oo, 0), want = dt == FA_F32 ? tanh(d / 2.0) : 0.0;
+        const double got = st ? NAN : chk_load(dt, oo, 0), want = dt == FA_F32 ? tanh(d / 2.0) : 0.0;
         const int good = dt == FA_F32 ? fabs(got - want) <= 1e-3 * want : got == 0.0;
         if (!good) {
             ok = 0;

@@ -1,4 +1,5 @@
-/* The forward's bf16-pair passes of an ISA table (isa.h: max_row, exp_pairs, gemm_pb_pairs)
+/* Tests an internal on purpose: the ISA tables (cpu/isa.h).
+ * The forward's bf16-pair passes of an ISA table (isa.h: max_row, exp_pairs, gemm_pb_pairs)
  * against the f32-p path they replace, bit for bit: for random rows of products, with
  * extremes mixed in (scores whose exp lands near FLT_MIN, underflows, -inf, NaN, +-0),
  *   max_row(x) * scale        == the max of x[j] * scale (scale > 0)
@@ -86,7 +87,7 @@ static void pairs_case(const fa_isa *isa, int m, int n, int cols, float scale) {
     float *o1 = tu_alloc((size_t)m * cols * sizeof(float)), *o2 = tu_alloc((size_t)m * cols * sizeof(float));
     uint16_t *v = tu_alloc((size_t)n * cols * sizeof(uint16_t));
     void *vp = tu_alloc((size_t)isa->packed_bytes(n, cols, FA_BF16));
-    for (int64_t i = 0; i < (int64_t)n * cols; i++) fa_store(FA_BF16, v, i, (float)tu_uniform(&rng));
+    for (int64_t i = 0; i < (int64_t)n * cols; i++) chk_store(FA_BF16, v, i, (float)tu_uniform(&rng));
     fa_tile_src vs = {v, FA_BF16, cols, 1};
     isa->pack_b(&vs, n, cols, vp);
     for (int64_t i = 0; i < (int64_t)m * cols; i++) o1[i] = o2[i] = (float)tu_uniform(&rng);

@@ -9,6 +9,7 @@
  * decode plans: each sequence's schedule row by row and the plan's flops_useful. Seeded
  * (FA_TEST_SEED); meant to be UBSan-clean. */
 #include "check.h"
+#include "internal.h" /* tests an internal on purpose (first comment) */
 
 typedef __int128 wide;
 

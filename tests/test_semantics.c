@@ -59,7 +59,7 @@ static fa_plan *sc_plan(const scase *c, int64_t bq, int64_t bk) {
 static double finite_max(const void *x, int64_t n, fa_dtype t) {
     double m = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        const double e = fabs((double)fa_load(t, x, i));
+        const double e = fabs((double)chk_load(t, x, i));
         if (isfinite(e) && e > m) m = e;
     }
     return m;
@@ -77,7 +77,7 @@ static void check(const char *label, const scase *c, int64_t bq, int64_t bk, int
     void *o = tu_alloc((size_t)c->no * es), *dq = tu_alloc((size_t)c->nq * es);
     void *dk = tu_alloc((size_t)c->nk * es), *dv = tu_alloc((size_t)c->nv * es);
     float *lse = tu_alloc(sizeof(float) * (size_t)rows);
-    for (int64_t i = 0; i < c->no; i++) fa_store(t, o, i, 777.0f); /* unwritten: caught */
+    for (int64_t i = 0; i < c->no; i++) chk_store(t, o, i, 777.0f); /* unwritten: caught */
     for (int64_t i = 0; i < rows; i++) lse[i] = 777.0f;
     tu_poison(t, dq, c->nq), tu_poison(t, dk, c->nk), tu_poison(t, dv, c->nv);
     fa_forward_args fa = {.q = c->q, .k = c->k, .v = c->v, .o = o, .lse = lse, .bias = c->bias,
@@ -187,7 +187,7 @@ static void test_huge_windows(void) {
 
 /* ---- (b) non-finite inputs ---------------------------------------------------------- */
 
-static void put(const scase *c, void *x, int64_t at, float val) { fa_store(c->p.dtype, x, at, val); }
+static void put(const scase *c, void *x, int64_t at, float val) { chk_store(c->p.dtype, x, at, val); }
 
 static void test_nonfinite(void) {
     static const fa_dtype types[] = {FA_F32, FA_BF16};
@@ -237,7 +237,7 @@ static void test_nonfinite(void) {
     sc_init(&c, FA_F16, 2, 1, 9, 13, 8);
     put(&c, c.q, 1 * 8 + 3, 1e5f);
     for (int64_t j = 0; j < 13; j++) /* k[j][3] > 0: scores +inf, not -inf (see (c)) */
-        put(&c, c.k, j * 8 + 3, 0.1f + fabsf(fa_load(FA_F16, c.k, j * 8 + 3)));
+        put(&c, c.k, j * 8 + 3, 0.1f + fabsf(chk_load(FA_F16, c.k, j * 8 + 3)));
     check("f16 q = 1e5 (inf)", &c, 4, 8, -1);
     sc_free(&c);
 

@@ -1,5 +1,5 @@
 /* The naive float64 reference, for tests only (never linked into the library).
- * It follows SPEC section 2 literally: inputs read as given (already in their dtype),
+ * It follows docs/semantics.md ("The score of a query row and a key", "The outputs") literally: inputs read as given (already in their dtype),
  * every score, mask and sum in double, whole score rows materialised. */
 #ifndef FA_REF_H
 #define FA_REF_H

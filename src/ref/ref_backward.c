@@ -1,4 +1,4 @@
-/* The naive float64 backward: SPEC section 2 differentiated by hand, one query row at a
+/* The naive float64 backward: docs/semantics.md differentiated by hand, one query row at a
  * time, with the row's scores, probabilities and output recomputed from scratch.
  *
  *   s = scale q.k  ->  (softcap) cap tanh(s / cap)  ->  + bias_scale bias  ->  - slope |i + off - j|

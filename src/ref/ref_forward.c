@@ -1,4 +1,4 @@
-/* The naive float64 forward: SPEC section 2 written out literally, one query row at a
+/* The naive float64 forward: docs/semantics.md written out literally, one query row at a
  * time over its whole score row. No tiles, no online softmax, nothing shared with the
  * kernels beyond reading an element of the problem's dtype. */
 #include "ref.h"

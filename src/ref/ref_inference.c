@@ -1,4 +1,4 @@
-/* The float64 reference of the inference shapes (SPEC section 5), for tests only: each
+/* The float64 reference of the inference shapes (docs/semantics.md, packed batches and kv-cache decoding), for tests only: each
  * packed sequence or cached sequence is gathered into a plain dense problem and handed to
  * the dense reference (ref_forward.c, ref_backward.c). Nothing here is shared with the
  * kernels: the page lookup, the append and the packing are written out again. */

@@ -1,4 +1,5 @@
-/* Allocation failures of a kv-cache decode plan (cache_seqlens, k_new/v_new appended),
+/* Tests an internal on purpose: the allocation-failure hook (src/alloc.h).
+ * Allocation failures of a kv-cache decode plan (cache_seqlens, k_new/v_new appended),
  * built with FA_ALLOC_FAILURE_INJECTION under ASan with leak detection: for n = 1, 2, ...
  * the n-th allocation of fa_plan_create + fa_forward (the library allocating its own decode
  * workspace, through fa_malloc) fails. Each such call must return FA_ERR_NO_MEMORY with a

@@ -1,4 +1,5 @@
-/* Allocation failures of a packed variable-length plan (cu_seqlens), built with
+/* Tests an internal on purpose: the allocation-failure hook (src/alloc.h).
+ * Allocation failures of a packed variable-length plan (cu_seqlens), built with
  * FA_ALLOC_FAILURE_INJECTION under ASan with leak detection: for n = 1, 2, ... the n-th
  * allocation of fa_plan_create + fa_forward (the library allocating its own workspace), then
  * of fa_plan_create + fa_backward, fails. Each such call must return FA_ERR_NO_MEMORY with a

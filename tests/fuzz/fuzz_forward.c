@@ -89,7 +89,7 @@ static void fail(const fcase *c, const char *what, double got, double bound) {
 static void fill_qk(const fcase *c, uint64_t *rng, void *x, int64_t n) {
     if (!c->integer) tu_fill(rng, c->dt, x, n, c->amp);
     else
-        for (int64_t i = 0; i < n; i++) fa_store(c->dt, x, i, (float)tu_int(rng, -16, 16));
+        for (int64_t i = 0; i < n; i++) chk_store(c->dt, x, i, (float)tu_int(rng, -16, 16));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -178,9 +178,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int64_t r = 0; r < rows; r++) {
         const int64_t bb = r / (c.Hq * c.Sq), h = r / c.Sq % c.Hq, i = r % c.Sq;
         for (int64_t x = 0; x < c.Dv; x++) {
-            const int64_t off = fa_offset(&pp->o_stride, bb, h, i, x);
+            const int64_t off = chk_offset(&pp->o_stride, bb, h, i, x);
             touched[off] = 1;
-            const double got = fa_load(c.dt, o, off), want = ro[r * c.Dv + x];
+            const double got = chk_load(c.dt, o, off), want = ro[r * c.Dv + x];
             if (isnan(got)) fail(&c, "NaN in o at flat row", (double)r, 0);
             if (fabs(want) > maxref) maxref = fabs(want);
             if (fabs(got - want) > maxerr) maxerr = fabs(got - want);
@@ -195,7 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!(e <= lse_err)) lse_err = e;
     }
     for (int64_t i = 0; i < no; i++)
-        if (!touched[i] && !isnan(fa_load(c.dt, o, i))) fail(&c, "o written outside its view at", (double)i, 0);
+        if (!touched[i] && !isnan(chk_load(c.dt, o, i))) fail(&c, "o written outside its view at", (double)i, 0);
     /* integer q, k give exact f32 scores only with a power-of-two scale and nothing inexact
      * added (no bias, no softcap, ALiBi slopes powers of two), as in test_forward.c */
     const int exact = c.integer && c.has_scale && c.scale != 0.1f && !c.bias && c.softcap == 0 && c.alibi != 1;

@@ -223,7 +223,7 @@ static void run_case(const tcase *tc, uint64_t seed) {
     fa_mpi_cost cf, cb;
     fa_mpi_plan_cost(pl, FA_FORWARD, &cf);
     fa_mpi_plan_cost(pl, FA_BACKWARD, &cb);
-    int exact = !tc->seg; /* with segment ids the plan is an upper bound (SPEC section 3) */
+    int exact = !tc->seg; /* with segment ids the plan is an upper bound (docs/semantics.md) */
     int cnt = exact ? (fs[0].counts.flops == cf.flops && fs[0].counts.transcendentals == cf.transcendentals &&
                        bs[0].counts.flops == cb.flops && bs[0].counts.transcendentals == cb.transcendentals)
                     : (fs[0].counts.flops <= cf.flops && bs[0].counts.flops <= cb.flops);
