@@ -267,7 +267,7 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
     pl->layout = layout;
     pl->P = nranks;
     pl->rank = rank;
-    pl->goff = global->has_diag_offset ? global->diag_offset : global->seq_k - global->seq_q;
+    pl->goff = fa_sched_off(global->seq_q, global->seq_k, global->has_diag_offset, global->diag_offset);
     pl->lq = global->seq_q / nranks;
     pl->lk = global->seq_k / nranks;
     pl->digest = digest(pl);
