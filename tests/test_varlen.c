@@ -126,9 +126,9 @@ static void run_case(const char *label, vcase *c) {
             fa_ref_varlen_backward(p, &g, rq, rk, rv);
             const int64_t D = p->head_dim;
             const int gbefore = failures;
-            packed_check("dq", p->dtype, c->dq, rq, p->seq_q, p->heads_q, D, check_tol_of(p->dtype), 0);
-            packed_check("dk", p->dtype, c->dk, rk, p->seq_k, p->heads_kv, D, check_tol_of(p->dtype), 0);
-            packed_check("dv", p->dtype, c->dv, rv, p->seq_k, p->heads_kv, D, check_tol_of(p->dtype), 0);
+            packed_check("dq", p->dtype, c->dq, rq, p->seq_q, p->heads_q, D, check_tol_grad(p->dtype), 0);
+            packed_check("dk", p->dtype, c->dk, rk, p->seq_k, p->heads_kv, D, check_tol_grad(p->dtype), 0);
+            packed_check("dv", p->dtype, c->dv, rv, p->seq_k, p->heads_kv, D, check_tol_grad(p->dtype), 0);
             if (failures > gbefore) printf("  in %s threads %d: gradients\n", label, threads);
             if (threads == 1) memcpy(first_dq, c->dq, nq * es), memcpy(first_dk, c->dk, nk * es);
             else CHECK(!memcmp(first_dq, c->dq, nq * es) && !memcmp(first_dk, c->dk, nk * es),
