@@ -76,6 +76,12 @@ fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args 
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a);
 fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a);
 
+/* The threads a call runs on: the plan's, or 1 in a process forked after this library was
+ * used (fork.c: libgomp's workers do not survive fork); fa_fork_guard registers the fork
+ * handler (once, from fa_plan_create). */
+int fa_call_threads(const struct fa_plan *pl);
+void fa_fork_guard(void);
+
 /* Sets this thread's error message (printf-style) and returns status. */
 fa_status fa_error(fa_status status, const char *fmt, ...)
 #if defined(__GNUC__)

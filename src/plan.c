@@ -183,6 +183,7 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
 }
 
 fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_plan **out) {
+    fa_fork_guard();
     fa_clear_error();
     if (!out) return fa_error(FA_ERR_NULL, "fa_plan_create: out is NULL");
     *out = NULL;

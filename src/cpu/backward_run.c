@@ -16,7 +16,7 @@ int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
  * does not fit int64. The cost model's workspace_bytes (backend_cpu.c) is this figure. */
 int64_t fa_cpu_backward_workspace_bytes(const struct fa_plan *plan) {
     const fa_problem *p = &plan->p;
-    const int threads = plan->threads > 0 ? plan->threads : 1;
+    const int threads = fa_call_threads(plan);
     const __int128 rows = (__int128)p->batch * p->heads_q * p->seq_q;
     const __int128 delta = (rows * 4 + FA_BWD_ALIGN - 1) / FA_BWD_ALIGN * FA_BWD_ALIGN;
     const __int128 need = FA_BWD_ALIGN + delta + (__int128)threads * fa_cpu_backward_scratch_bytes(plan);
@@ -44,7 +44,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
 fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int64_t scratch_bytes,
                      int64_t items, int64_t steps, fa_bwd_item_fn *item) {
     const fa_problem *p = &pl->p;
-    const int threads = pl->threads > 0 ? pl->threads : 1;
+    const int threads = fa_call_threads(pl);
     const int64_t rows = p->batch * p->heads_q * p->seq_q;
     char *start = ws + (FA_BWD_ALIGN - (uintptr_t)ws % FA_BWD_ALIGN) % FA_BWD_ALIGN;
     float *delta = (float *)start;

@@ -350,7 +350,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     const fa_problem *p = &pl->p;
     fa_status st = dec_check(pl, a);
     if (st) return st;
-    const int threads = pl->threads > 0 ? pl->threads : 1;
+    const int threads = fa_call_threads(pl);
     const int64_t need = fa_decode_workspace_bytes(pl), scratch = fa_cpu_decode_scratch_bytes(pl);
     char *ws = a->workspace, *owned = NULL;
     if (!ws && !(ws = owned = fa_malloc((size_t)need))) /* the allocation-failure hook sees it */

@@ -315,7 +315,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
 fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
 
-    const int threads = pl->threads > 0 ? pl->threads : 1;
+    const int threads = fa_call_threads(pl);
     const int64_t per_thread = fa_cpu_forward_scratch_bytes(pl);
     const int64_t need = per_thread * threads;
     char *ws = a->workspace;

@@ -1,0 +1,26 @@
+/* Calls in a process forked from one that used flashattn run on one thread.
+ *
+ * GCC's OpenMP runtime (libgomp) keeps a pool of worker threads; fork copies only the
+ * calling thread, and the child's first parallel region with more than one thread then waits
+ * for workers that do not exist (a hang, seen from Python's os.fork and multiprocessing's
+ * default start method on Linux). A team of one thread never touches the pool, so the child
+ * runs every call serially: same results (no figure of a plan depends on the threads that
+ * run it, docs/semantics.md), one core. A process started anew (exec, multiprocessing's
+ * "spawn") gets its threads back. The handler is registered with the first plan, before any
+ * call of this library can have started the pool. */
+#include "internal.h"
+
+#include <pthread.h>
+
+static volatile int forked_child;
+static pthread_once_t registered = PTHREAD_ONCE_INIT;
+
+static void in_child(void) { forked_child = 1; }
+static void register_handler(void) { pthread_atfork(NULL, NULL, in_child); }
+
+void fa_fork_guard(void) { pthread_once(&registered, register_handler); }
+
+int fa_call_threads(const struct fa_plan *pl) {
+    if (forked_child) return 1;
+    return pl->threads > 0 ? pl->threads : 1;
+}

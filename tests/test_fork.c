@@ -1,0 +1,69 @@
+/* A process forked after the parent ran multi-threaded calls completes its own calls
+ * (src/fork.c): the child runs the parent's plan and a new 2-thread plan, forward and
+ * backward, and must reproduce the parent's outputs bit for bit. A child that hangs (GCC's
+ * OpenMP runtime after fork) is killed by its alarm and the test fails. Random inputs,
+ * seeded (FA_TEST_SEED replays). */
+#include "check.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { B = 2, H = 4, S = 300, D = 64 };
+#define N ((int64_t)B * H * S * D)
+
+static float q[N], k[N], v[N], o[N], o2[N], d_o[N], dq[N], dk[N], dv[N], dq2[N], dk2[N], dv2[N], lse[B * H * S];
+
+static fa_plan *make_plan(void) {
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = B, p.heads_q = H, p.seq_q = S, p.seq_k = S, p.head_dim = D, p.causal = 1;
+    fa_options opt = {.threads = 2};
+    fa_plan *pl = NULL;
+    CHECK(fa_plan_create(&p, &opt, &pl) == FA_OK, "plan: %s", fa_last_error());
+    return pl;
+}
+
+/* Forward then backward on plan pl into out_o and the three gradients. */
+static int run(const fa_plan *pl, float *out_o, float *gq, float *gk, float *gv) {
+    fa_forward_args f = {.q = q, .k = k, .v = v, .o = out_o, .lse = lse};
+    if (fa_forward(pl, &f) != FA_OK) return 0;
+    fa_backward_args b = {.q = q, .k = k, .v = v, .o = out_o, .d_o = d_o, .lse = lse, .dq = gq, .dk = gk, .dv = gv};
+    return fa_backward(pl, &b) == FA_OK;
+}
+
+static int same(const float *a, const float *b) { return memcmp(a, b, sizeof(float) * (size_t)N) == 0; }
+
+int main(void) {
+    seed = check_seed("test_fork");
+    uint64_t s = seed;
+    tu_fill(&s, FA_F32, q, N, 1.0);
+    tu_fill(&s, FA_F32, k, N, 1.0);
+    tu_fill(&s, FA_F32, v, N, 1.0);
+    tu_fill(&s, FA_F32, d_o, N, 1.0);
+    fa_plan *pl = make_plan();
+    if (!pl) return check_finish("test_fork");
+    CHECK(run(pl, o, dq, dk, dv), "parent: %s", fa_last_error());
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(60); /* a hang ends the child with SIGALRM */
+        int ok = run(pl, o2, dq2, dk2, dv2) && same(o, o2) && same(dq, dq2) && same(dk, dk2) && same(dv, dv2);
+        fa_plan *fresh = make_plan();
+        ok = ok && fresh && run(fresh, o2, dq2, dk2, dv2) && same(o, o2) && same(dq, dq2);
+        fa_plan_destroy(fresh);
+        _exit(ok ? 0 : 1);
+    }
+    CHECK(child > 0, "fork failed");
+    int status = 0;
+    if (child > 0) {
+        CHECK(waitpid(child, &status, 0) == child, "waitpid failed");
+        CHECK(!WIFSIGNALED(status), "the forked child was killed by signal %d (%s): it hung in a call", WTERMSIG(status),
+              WTERMSIG(status) == SIGALRM ? "its 60 s alarm" : "another signal");
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the forked child's outputs differ from the parent's (or a call failed)");
+    }
+    fa_plan_destroy(pl);
+    if (!failures) printf("PASS a forked child ran the parent's and a new 2-thread plan, same bits\n");
+    return check_finish("test_fork");
+}
