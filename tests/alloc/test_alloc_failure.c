@@ -67,7 +67,7 @@ int main(void) {
     for (int64_t r = 0; pl && r < rows; r++)
         for (int64_t x = 0; x < p.head_dim_v; x++) {
             const int64_t b = r / (p.heads_q * p.seq_q), h = r / p.seq_q % p.heads_q, i = r % p.seq_q;
-            const double got = fa_load(p.dtype, c.o, fa_offset(&fa_plan_problem(pl)->o_stride, b, h, i, x));
+            const double got = chk_load(p.dtype, c.o, chk_offset(&fa_plan_problem(pl)->o_stride, b, h, i, x));
             const double want = c.o_exact[r * p.head_dim_v + x];
             if (!(fabs(got - want) <= maxerr)) maxerr = isnan(got) ? INFINITY : fabs(got - want);
             if (fabs(want) > maxref) maxref = fabs(want);
