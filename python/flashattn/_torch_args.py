@@ -4,7 +4,7 @@ autocast, and boolean masks lowered to the library's hidden-key rule (docs/nonfi
 -inf bias term hides its key)."""
 import torch
 
-from ._problem import window_pair
+from ._problem import _int, window_pair
 from ._torch_ops import DTYPES
 
 DTYPE_NAMES = "float32, float16 or bfloat16"
@@ -47,21 +47,13 @@ def alibi(alibi_slopes, H, device):
 
 
 def int_in(name, v, bits=64, optional=False):
-    """v as a Python int that fits a signed `bits`-bit integer, or ValueError naming it
-    (ctypes and torch's int64 would wrap or refuse it with a message that names neither)."""
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    v = int(v.__index__())
-    if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
-        raise ValueError(f"{name} must fit int{bits}, got {v}")
-    return v
+    """v as a Python int that fits a signed `bits`-bit integer, or ValueError naming it: the
+    problem builder's one rule (_problem._int), None passed through where optional."""
+    return None if v is None and optional else _int(name, v, bits)
 
 
 def window_sides(window):
-    wl, wr = window_pair(window)
-    return int_in("window left", wl), int_in("window right", wr)
+    return window_pair(window)  # checked to fit int64 by the problem builder
 
 
 def threads_arg(threads):
