@@ -19,8 +19,10 @@ for isa in $isas; do
     FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS"
     first=0
   else
-    # the kernels' correctness and count tests again; the CLI, install and MPI CLI tests do not depend on the ISA
-    FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_install|test_mpi_cli'
+    # the kernels' correctness and count tests again; the CLI (calibrate included: it tests flags,
+    # caching and predictions, and under ASan it alone took 2-7 min an ISA), install and MPI CLI
+    # tests do not depend on the ISA
+    FA_ISA=$isa ctest --test-dir build --output-on-failure -j "$JOBS" -E 'test_cli|test_calibrate|test_cuda|test_install|test_mpi_cli'
   fi
 done
 
@@ -37,7 +39,7 @@ for isa in $isas; do
     FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS"
     first=0
   else
-    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_cuda|test_install|test_mpi_cli'
+    FA_ISA=$isa ctest --test-dir build-asan --output-on-failure -j "$JOBS" -E 'test_cli|test_calibrate|test_cuda|test_install|test_mpi_cli'
   fi
 done
 
