@@ -4,8 +4,9 @@
  * resolved finite scale, strides filled in, and costs that are non-negative and add up
  * (peak >= min + workspace, equal where every row sees every key, and naive peak >= min,
  * except for kv caches, whose min_bytes counts traffic, not storage; useful flops <=
- * flops), the same on a second call. Each integer field is either a small value, one of the edges below, or 8 raw bytes, so the
- * decoder reaches both the valid region and the overflow boundaries. */
+ * flops), the same on a second call. Each integer field is either a small value, one of the
+ * edges below, or 8 raw bytes, so the decoder reaches both the valid region and the overflow
+ * boundaries. */
 #include "flashattn.h"
 #define FUZZ_HARNESS "plan"
 #include "fuzz_bytes.h"
