@@ -210,7 +210,7 @@ static int run_body(const cli_args *a) {
     fa_mpi_stats fs, bs;
     fa_status st = FA_ERR_NO_MEMORY;
     if (o && lse) {
-        fa_mpi_forward_args fw = {in[0], in[1], in[2], o, lse, x.slopes, ids[0], ids[1], &fs};
+        fa_mpi_forward_args fw = {in[0], in[1], in[2], o, lse, x.slopes, ids[0], ids[1], &fs, NULL};
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &fw);
         if (st != FA_OK) rc = cli_fail_status(st, "forward");
     } else {
@@ -221,7 +221,7 @@ static int run_body(const cli_args *a) {
     if (!rc && grad) {
         output *g = &outs[nout - 3];
         fa_mpi_backward_args bw = {in[0], in[1], in[2], o, in[3], lse, g[0].local, g[1].local,
-                                   g[2].local, x.slopes, ids[0], ids[1], &bs};
+                                   g[2].local, x.slopes, ids[0], ids[1], &bs, NULL, NULL};
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &bw);
         if (st != FA_OK) rc = cli_fail_status(st, "backward");
     }
