@@ -69,8 +69,8 @@ static int bench_body(const cli_args *a, int P, int R) {
     int rc = cli_shape_from_flags(a, &p);
     if (rc) return rc;
     cli_apply_options(a, &p, &opt);
-    if (a->bias || a->alibi || a->q_segments)
-        return cli_fail(2, "bench --seq-parallel: option files (--bias, --alibi, segments) are not taken");
+    if (a->bias || a->alibi || a->q_segments || a->sinks)
+        return cli_fail(2, "bench --seq-parallel: option files (--bias, --alibi, segments, --sinks) are not taken");
     static const int32_t cache_mark[1] = {0}; /* never read: the plan refuses decoding first */
     if (a->decode) p.cache_seqlens = cache_mark; /* so that the backend table answers (exit 2) */
     fa_mpi_layout lay = a->zigzag ? FA_MPI_ZIGZAG : FA_MPI_CONTIGUOUS;
