@@ -192,3 +192,46 @@ def test_torch_varlen_and_kvcache(rng):
                                                    return_lse=True)
     np.testing.assert_array_equal(o.numpy(), want_o)
     np.testing.assert_array_equal(lse.numpy(), want_lse)
+
+
+def test_jax_varlen_and_kvcache(rng):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as faj
+
+    cu_q, cu_k = np.array([0, 3, 3, 9], np.int32), np.array([0, 0, 5, 12], np.int32)
+    q, k, v, sinks = randn(rng, (9, H, D)), randn(rng, (12, HK, D)), randn(rng, (12, HK, D)), sinks_of(rng)
+    do, dlse = randn(rng, (9, H, D)), randn(rng, (H, 9))
+
+    def packed(q, k, v, s):
+        o, lse = faj.varlen_attention(q, k, v, cu_q, cu_k, causal=True, sinks=s, return_lse=True)
+        return jnp.sum(o * do) + jnp.sum(lse * dlse)
+
+    def per_sequence(q, k, v, s):  # the dense op on each sequence (tested above against jax.numpy)
+        loss = 0.0
+        for b in range(3):
+            r0, r1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            if r0 == r1:
+                continue
+            o, lse = faj.attention(q[None, r0:r1], k[None, k0:k1], v[None, k0:k1], causal=True, sinks=s,
+                                   return_lse=True)
+            loss = loss + jnp.sum(o[0] * do[r0:r1]) + jnp.sum(lse[0] * dlse[:, r0:r1])
+        return loss
+
+    got = jax.grad(packed, argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    want = jax.grad(per_sequence, argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
+        np.testing.assert_allclose(g, w, atol=5e-5 * max(1.0, float(np.abs(w).max())),
+                                   err_msg=f"varlen {name} seed {SEED}")
+    o, lse = faj.varlen_attention(q, k, v, cu_q, cu_k, causal=True, sinks=sinks, return_lse=True)
+    want_o, want_lse = flashattn.varlen_attention(q, k, v, cu_q, cu_k, causal=True, sinks=sinks, return_lse=True)
+    np.testing.assert_array_equal(np.asarray(o), want_o)
+    np.testing.assert_array_equal(np.asarray(lse), want_lse)
+
+    kc, vc, qd = randn(rng, (2, 700, HK, D)), randn(rng, (2, 700, HK, D)), randn(rng, (2, 1, H, D))
+    lens = np.array([0, 600], np.int32)
+    o, lse, _, _ = faj.kvcache_attention(qd, kc, vc, cache_seqlens=lens, sinks=sinks, return_lse=True)
+    want_o, want_lse = flashattn.kvcache_attention(qd, kc, vc, cache_seqlens=lens, sinks=sinks, return_lse=True)
+    np.testing.assert_array_equal(np.asarray(o), want_o)
+    np.testing.assert_array_equal(np.asarray(lse), want_lse)
+    assert (np.asarray(lse)[0, :, 0] == sinks).all()
