@@ -70,7 +70,8 @@ typedef struct {
 static void dense_run(const fa_problem *p, int threads, const void *q, const void *k, const void *v, const void *g,
                       const float *sinks, dense_out *r, const char *label) {
     const size_t es = fa_dtype_size(p->dtype);
-    const int64_t nq = p->batch * p->heads_q * p->seq_q * p->head_dim, nk = p->batch * p->heads_kv * p->seq_k * p->head_dim;
+    const int64_t nq = p->batch * p->heads_q * p->seq_q * p->head_dim;
+    const int64_t nk = p->batch * p->heads_kv * p->seq_k * p->head_dim;
     r->o = tu_alloc(nq * es), r->dq = tu_alloc(nq * es), r->dk = tu_alloc(nk * es), r->dv = tu_alloc(nk * es);
     r->lse = tu_alloc(sizeof(float) * (size_t)(p->batch * p->heads_q * p->seq_q));
     r->dsink = tu_alloc(sizeof(float) * (size_t)p->heads_q);
@@ -223,8 +224,8 @@ static void finite_differences(void) {
         for (int e = 0; e < 6; e++) {
             const int64_t at = w == 0 ? e % 4 : tu_int(&rng, 0, t[w].n - 1);
             const double fd = central(&p, t[w].x, at, q, k, v, g, sinks, o);
-            CHECK(fabs(fd - t[w].grad[at]) <= 1e-5 * (1.0 + fabs(fd)), "reference d%s[%lld] = %.9g, finite differences %.9g",
-                  t[w].name, (long long)at, t[w].grad[at], fd);
+            CHECK(fabs(fd - t[w].grad[at]) <= 1e-5 * (1.0 + fabs(fd)),
+                  "reference d%s[%lld] = %.9g, finite differences %.9g", t[w].name, (long long)at, t[w].grad[at], fd);
         }
     free(q), free(k), free(v), free(g), free(o), free(dq), free(dk), free(dv);
 }

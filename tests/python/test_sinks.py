@@ -235,3 +235,15 @@ def test_jax_varlen_and_kvcache(rng):
     np.testing.assert_array_equal(np.asarray(o), want_o)
     np.testing.assert_array_equal(np.asarray(lse), want_lse)
     assert (np.asarray(lse)[0, :, 0] == sinks).all()
+
+
+def test_jax_cost_estimate_counts_the_sinks():
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax.experimental.pallas")
+    import flashattn.jax as faj
+
+    q = jax.ShapeDtypeStruct((1, 64, 2, 16), "float32")
+    base = faj.cost_estimate(q, q, q, causal=True)
+    with_sinks = faj.cost_estimate(q, q, q, causal=True, sinks=True)
+    assert with_sinks.transcendentals == base.transcendentals + 2 * 64
+    assert with_sinks.flops == base.flops
