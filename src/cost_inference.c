@@ -48,7 +48,7 @@ static fa_status varlen_cost(fa_plan *pl) {
             bwd[4] += sk * Hk * (D + Dv) * es;
             continue;
         }
-        if (sk == 0) { /* rows see no key: o = 0, lse = -inf or sink_h (one log each, with sinks one exp); dq = 0 */
+        if (sk == 0) { /* rows see no key: o = 0, lse = -inf or sink_h (a log each, + an exp with sinks); dq = 0 */
             fwd[2] += Hq * sq * (1 + p->has_sinks);
             fwd[3] += Hq * sq * (Dv * es + 4);
             fwd[4] += Hq * sq * (Dv * es + 4);
@@ -73,9 +73,10 @@ static fa_status varlen_cost(fa_plan *pl) {
     wide in = q + k + v + lens + slopes + sinks, out = o + lse;
     /* min_bytes: the sequences' own (each a dense problem's needed inputs and outputs), the
      * slopes and sinks (the backward: and dsink) once if any sequence reads them */
-    fwd[4] -= (ran > 1 ? ran - 1 : 0) * (slopes + sinks), bwd[4] -= (ran > 1 ? ran - 1 : 0) * (slopes + 2 * sinks);
+    const wide extra = ran > 1 ? ran - 1 : 0;
+    fwd[4] -= extra * (slopes + sinks), bwd[4] -= extra * (slopes + 2 * sinks);
     fwd[6] = in + out + fwd[5], fwd[7] = in + out + score;
-    in += 2 * o + lse, out = q + k + v + sinks; /* the backward also reads o, do, lse and writes dq, dk, dv, dsink */
+    in += 2 * o + lse, out = q + k + v + sinks; /* the backward also reads o, do, lse; writes dq, dk, dv, dsink */
     bwd[6] = in + out + bwd[5], bwd[7] = in + out + score;
     fa_status s = store_cost(&pl->fwd, fwd, "forward");
     return s ? s : store_cost(&pl->bwd, bwd, "backward");
@@ -129,7 +130,7 @@ static fa_status decode_cost(fa_plan *pl) {
     const wide cache_rows = p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
     const wide cache = cache_rows * Hk * (D + Dv) * es, table = p->page_size ? B * p->max_pages * 4 : 0;
     const wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
-    const wide min = needed + 2 * knew + o + lse + (items ? slopes : 0) + sinks; /* k_new, v_new read and stored */
+    const wide min = needed + 2 * knew + o + lse + (items ? slopes : 0) + sinks; /* k_new, v_new read, stored */
     const wide in = q + cache + knew + table + slopes + sinks + B * 4, out = o + lse;
     const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * p->seq_k * 4};
     fa_status s = store_cost(&pl->fwd, f, "decode");

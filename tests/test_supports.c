@@ -5,7 +5,10 @@
  * other pair plans. Deterministic: no random data. */
 #include "check.h"
 
-enum { BIAS, SEGMENTS, ALIBI, SOFTCAP, CAUSAL, WINDOW, DIAG, VARLEN, DECODE, NEW_KV, PAGED, BIAS_GRAD, SINKS, BACKWARD, CUDA, NF };
+enum {
+    BIAS, SEGMENTS, ALIBI, SOFTCAP, CAUSAL, WINDOW, DIAG, VARLEN, DECODE, NEW_KV, PAGED, BIAS_GRAD, SINKS, BACKWARD,
+    CUDA, NF
+};
 
 static const struct {
     const char *name;
