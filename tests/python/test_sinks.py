@@ -247,3 +247,20 @@ def test_jax_cost_estimate_counts_the_sinks():
     with_sinks = faj.cost_estimate(q, q, q, causal=True, sinks=True)
     assert with_sinks.transcendentals == base.transcendentals + 2 * 64
     assert with_sinks.flops == base.flops
+
+
+def test_jax_vmap_keeps_dsink_per_example(rng):
+    """Under vmap the FFI handler folds the vmapped dim into the batch, except in the
+    backward with sinks, whose dsink sums over the batch: one call per example there."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as faj
+
+    q, k, v = randn(rng, (3, 1, SQ, H, D)), randn(rng, (3, 1, SK, HK, D)), randn(rng, (3, 1, SK, HK, D))
+    sinks = sinks_of(rng)
+    f = lambda q, k, v, s: jnp.sum(faj.attention(q, k, v, causal=True, sinks=s) ** 2)  # noqa: E731
+    got = jax.vmap(jax.grad(f, argnums=(0, 3)), in_axes=(0, 0, 0, None))(q, k, v, sinks)
+    for i in range(3):
+        want = jax.grad(f, argnums=(0, 3))(q[i], k[i], v[i], sinks)
+        np.testing.assert_array_equal(got[0][i], want[0])
+        np.testing.assert_array_equal(got[1][i], want[1])
