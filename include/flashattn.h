@@ -117,6 +117,11 @@ typedef struct {
     int64_t page_size;
     int64_t num_pages;
     int64_t max_pages;
+    /* Attention sinks (docs/semantics.md, "Attention sinks"): a per-head logit sink_h
+     * (fa_forward_args.sinks, f32 [Hq], finite) joins each row's softmax denominator and
+     * adds nothing to o; lse includes it. The backward takes the same sinks and writes
+     * their gradient (fa_backward_args.dsink). CPU backend only. */
+    int has_sinks;
 } fa_problem;
 
 /* The most CPU threads a plan may ask for (fa_options.threads, or OpenMP's default when
@@ -177,6 +182,7 @@ typedef struct {
      * argument is checked before anything is written. block_table for paged caches. */
     const void *k_new, *v_new;
     const int32_t *block_table;
+    const float *sinks;          /* when has_sinks: [Hq] f32, finite */
 } fa_forward_args;
 
 /* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */
@@ -194,6 +200,8 @@ typedef struct {
     fa_counts *counts;
     fa_progress_fn progress;     /* optional (CPU backend) */
     void *progress_ctx;
+    const float *sinks;          /* when has_sinks: [Hq] f32, finite, as in the forward */
+    float *dsink;                /* when has_sinks: [Hq] f32, summed over batch and rows in a fixed order */
 } fa_backward_args;
 
 /* ---- describe a problem ----------------------------------------------------------- */

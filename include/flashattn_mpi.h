@@ -98,6 +98,7 @@ typedef struct {
     const float *alibi_slopes;   /* [Hq], when has_alibi */
     const int32_t *q_segment_ids, *kv_segment_ids; /* local rows, when has_segment_ids */
     fa_mpi_stats *stats;         /* optional */
+    const float *sinks;          /* [Hq], when has_sinks (every rank the same) */
 } fa_mpi_forward_args;
 
 typedef struct {
@@ -107,6 +108,8 @@ typedef struct {
     const float *alibi_slopes;
     const int32_t *q_segment_ids, *kv_segment_ids;
     fa_mpi_stats *stats;
+    const float *sinks;          /* [Hq], when has_sinks */
+    float *dsink;                /* [Hq], when has_sinks: the whole sum, the same on every rank */
 } fa_mpi_backward_args;
 
 /* Collective over comm (whose size and rank must be the plan's). */

@@ -25,6 +25,17 @@ static fa_status check_workspace(const void *ws, size_t size, int64_t need, cons
     return FA_OK;
 }
 
+/* FA_ERR_INVALID unless every sink logit (Hq of them) is finite: an infinite sink would
+ * empty every row or make it NaN (docs/semantics.md, "Attention sinks"). */
+static fa_status check_sinks(const fa_problem *p, const float *sinks, const char *fn) {
+    if (!p->has_sinks || !sinks) return FA_OK;
+    for (int64_t h = 0; h < p->heads_q; h++)
+        if (!isfinite(sinks[h]))
+            return fa_error(FA_ERR_INVALID, "%s: sinks[%lld] (head %lld) is %g; sinks must be finite", fn,
+                            (long long)h, (long long)h, (double)sinks[h]);
+    return FA_OK;
+}
+
 fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, int64_t workspace, int host,
                                 const char *fn) {
     if (!a) return fa_error(FA_ERR_NULL, "%s: args is NULL", fn);
@@ -41,11 +52,13 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
         {a->k_new, "k_new (the problem has_new_kv)", decode && p->has_new_kv},
         {a->v_new, "v_new (the problem has_new_kv)", decode && p->has_new_kv},
         {a->block_table, "block_table (the problem has page_size)", decode && p->page_size},
+        {a->sinks, "sinks (the problem has_sinks)", p->has_sinks},
     };
     fa_status s;
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
         (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
+    if (host && (s = check_sinks(p, a->sinks, fn))) return s;
     return host ? fa_check_slopes(p, a->alibi_slopes, fn) : FA_OK;
 }
 
@@ -68,9 +81,12 @@ fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a,
         {a->q_segment_ids, "q_segment_ids (the problem has_segment_ids)", p->has_segment_ids},
         {a->kv_segment_ids, "kv_segment_ids (the problem has_segment_ids)", p->has_segment_ids},
         {a->dbias, "dbias (the problem has bias_grad)", p->bias_grad},
+        {a->sinks, "sinks (the problem has_sinks)", p->has_sinks},
+        {a->dsink, "dsink (the problem has_sinks)", p->has_sinks},
     };
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
         (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
+    if (host && (s = check_sinks(p, a->sinks, fn))) return s;
     return host ? fa_check_slopes(p, a->alibi_slopes, fn) : FA_OK;
 }

@@ -29,6 +29,7 @@ static wide needed_inputs(const struct fa_plan *pl, int backward) {
     if (p->has_bias) need += (wide)p->bias_batch * p->bias_heads * visible_pairs(pl) * 4;
     if (p->has_segment_ids) need += b * (rows + keys) * 4;
     if (p->has_alibi) need += (wide)p->heads_q * 4;
+    if (p->has_sinks) need += (wide)p->heads_q * 4 * (backward ? 2 : 1); /* sinks; dsink written */
     return need;
 }
 
@@ -42,7 +43,7 @@ static int store(wide v, int64_t *out) {
 
 /* Bytes of every input and output (the optional ones as used), for min and peak figures. */
 typedef struct {
-    wide q, k, v, o, lse, bias, slopes, segments, dbias;
+    wide q, k, v, o, lse, bias, slopes, segments, dbias, sinks;
 } tensor_bytes;
 
 static tensor_bytes sizes(const fa_problem *p) {
@@ -57,6 +58,7 @@ static tensor_bytes sizes(const fa_problem *p) {
     t.slopes = p->has_alibi ? (wide)p->heads_q * 4 : 0;
     t.segments = p->has_segment_ids ? b * (p->seq_q + p->seq_k) * 4 : 0;
     t.dbias = p->bias_grad ? t.bias : 0; /* f32, the bias's shape */
+    t.sinks = p->has_sinks ? (wide)p->heads_q * 4 : 0; /* sinks, and dsink alike */
     return t;
 }
 
@@ -69,7 +71,8 @@ static fa_status forward_cost(struct fa_plan *pl) {
     tensor_bytes t = sizes(p);
 
     wide flops = heads * w.rows_keys * 2 * (D + Dv);
-    wide trans = heads * (w.rows_keys * (1 + softcap) + w.rows_tiles + p->seq_q);
+    /* the log of lse per row, and with sinks the sink's exp per row (sinks.h) */
+    wide trans = heads * (w.rows_keys * (1 + softcap) + w.rows_tiles + p->seq_q * (1 + p->has_sinks));
     /* per (b, h): q read once, each visited k/v tile once per query tile, o and lse written
      * once; bias read per computed element; kv segment ids per visited key, q's once;
      * the head's slope once per query tile */
@@ -77,13 +80,13 @@ static fa_status forward_cost(struct fa_plan *pl) {
     if (p->has_bias) per_head += w.rows_keys * 4;
     if (p->has_segment_ids) per_head += (wide)p->seq_q * 4 + w.keys * 4;
     if (p->has_alibi) per_head += w.qtiles * 4;
-    wide inputs = t.q + t.k + t.v + t.bias + t.slopes + t.segments, outputs = t.o + t.lse;
+    wide inputs = t.q + t.k + t.v + t.bias + t.slopes + t.segments + t.sinks, outputs = t.o + t.lse;
     wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
     wide score = heads * p->seq_q * p->seq_k * 4;
 
     fa_cost *c = &pl->fwd;
     if (!store(flops, &c->flops) || !store(heads * visible_pairs(pl) * 2 * (D + Dv), &c->flops_useful) ||
-        !store(trans, &c->transcendentals) || !store(heads * per_head, &c->bytes_accessed) ||
+        !store(trans, &c->transcendentals) || !store(heads * per_head + t.sinks, &c->bytes_accessed) ||
         !store(needed_inputs(pl, 0) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
         !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
         return fa_error(FA_ERR_OVERFLOW, "the forward cost of this problem overflows int64");
@@ -119,7 +122,8 @@ static fa_status backward_cost(struct fa_plan *pl) {
 
     const int fused = pl->backend == FA_BACKEND_CPU && pl->bwd_fused;
     wide flops = heads * w.rows_keys * 2 * (fused ? 3 * D + 2 * Dv : (2 * D + 2 * Dv) + (2 * D + Dv));
-    wide trans = heads * (fused ? 1 : 2) * w.rows_keys * (1 + softcap);
+    /* with sinks, dsink takes one exp per row (backward_run.c) */
+    wide trans = heads * ((fused ? 1 : 2) * w.rows_keys * (1 + softcap) + (p->has_sinks ? sq : 0));
     /* bytes per query head: Delta reads o and dO and writes Delta; the dk/dv pass reads,
      * per computed pair, the q and dO tiles and the rows' lse and Delta; the dq pass reads
      * q, dO, lse, Delta once per query tile and k, v per computed pair, and writes dq. */
@@ -135,9 +139,10 @@ static fa_status backward_cost(struct fa_plan *pl) {
     /* per kv head: k and v read once, dk and dv written once, by the dk/dv pass */
     wide kv_once = 2 * (t.k + t.v) + t.dbias;
     if (fused) per_head = backward_fused_bytes(pl, &w, &kv_once);
+    kv_once += 2 * t.sinks; /* sinks read and dsink written once */
 
-    wide inputs = t.q + t.k + t.v + 2 * t.o + t.lse + t.bias + t.slopes + t.segments; /* o and dO */
-    wide outputs = t.q + t.k + t.v + t.dbias;                                           /* dq, dk, dv, dbias */
+    wide inputs = t.q + t.k + t.v + 2 * t.o + t.lse + t.bias + t.slopes + t.segments + t.sinks; /* o and dO */
+    wide outputs = t.q + t.k + t.v + t.dbias + t.sinks; /* dq, dk, dv, dbias, dsink */
     wide work = pl->be->workspace_bytes(pl, FA_BACKWARD);
     wide score = heads * sq * p->seq_k * 4;
 

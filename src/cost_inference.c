@@ -11,7 +11,8 @@
  * fa_decode_tile keys over the keys some row may see, clipped to the sequence), then a merge
  * per query row combines the chunks in order. Counting rules, per (b, kv head):
  *   per computed tile of n keys: flops 2*M*n*(D + Dv), trans M*n (+ M*n tanh with softcap) + M
- * and per (b, query head, row): trans C_b (one rescale exp per chunk) + 1 (the log of lse).
+ * and per (b, query head, row): trans C_b (one rescale exp per chunk) + 1 (the log of lse)
+ * + 1 with sinks (the sink's exp, added once by the merge).
  * Bytes: q, o, lse once; cache bytes of every computed tile once per kv head (the query
  * heads share them); k_new/v_new read and written into the cache; one block-table entry
  * per computed tile; the partial results written and read back by the merge. */
@@ -47,8 +48,8 @@ static fa_status varlen_cost(fa_plan *pl) {
             bwd[4] += sk * Hk * (D + Dv) * es;
             continue;
         }
-        if (sk == 0) { /* rows see no key: o = 0, lse = -inf (one log each); dq = 0 */
-            fwd[2] += Hq * sq;
+        if (sk == 0) { /* rows see no key: o = 0, lse = -inf or sink_h (a log each, + an exp with sinks); dq = 0 */
+            fwd[2] += Hq * sq * (1 + p->has_sinks);
             fwd[3] += Hq * sq * (Dv * es + 4);
             fwd[4] += Hq * sq * (Dv * es + 4);
             bwd[3] += Hq * sq * D * es;
@@ -67,13 +68,15 @@ static fa_status varlen_cost(fa_plan *pl) {
     }
     const wide q = tq * Hq * D * es, k = tk * Hk * D * es, v = tk * Hk * Dv * es, o = tq * Hq * Dv * es;
     const wide lse = tq * Hq * 4, lens = 2 * ((wide)p->batch + 1) * 4, slopes = p->has_alibi ? Hq * 4 : 0;
+    const wide sinks = p->has_sinks ? Hq * 4 : 0;
     const wide score = Hq * tq * tk * 4; /* the naive way: one packed score matrix, masked per segment */
-    wide in = q + k + v + lens + slopes, out = o + lse;
+    wide in = q + k + v + lens + slopes + sinks, out = o + lse;
     /* min_bytes: the sequences' own (each a dense problem's needed inputs and outputs), the
-     * slopes once if any sequence reads them */
-    fwd[4] -= (ran > 1 ? ran - 1 : 0) * slopes, bwd[4] -= (ran > 1 ? ran - 1 : 0) * slopes;
+     * slopes and sinks (the backward: and dsink) once if any sequence reads them */
+    const wide extra = ran > 1 ? ran - 1 : 0;
+    fwd[4] -= extra * (slopes + sinks), bwd[4] -= extra * (slopes + 2 * sinks);
     fwd[6] = in + out + fwd[5], fwd[7] = in + out + score;
-    in += 2 * o + lse, out = q + k + v; /* the backward also reads o, do, lse and writes dq, dk, dv */
+    in += 2 * o + lse, out = q + k + v + sinks; /* the backward also reads o, do, lse; writes dq, dk, dv, dsink */
     bwd[6] = in + out + bwd[5], bwd[7] = in + out + score;
     fa_status s = store_cost(&pl->fwd, fwd, "forward");
     return s ? s : store_cost(&pl->bwd, bwd, "backward");
@@ -107,7 +110,7 @@ static fa_status decode_cost(fa_plan *pl) {
         wide chunks, tiles, keys;
         decode_walk(pl, b, &chunks, &tiles, &keys);
         flops += Hk * 2 * M * keys * (D + Dv);
-        trans += Hk * (M * keys * (1 + softcap) + M * tiles) + Hq * Sq * (chunks + 1);
+        trans += Hk * (M * keys * (1 + softcap) + M * tiles) + Hq * Sq * (chunks + 1 + p->has_sinks);
         bytes += Hk * (keys * (D + Dv) * es + (p->page_size ? tiles * 4 : 0));
         items += Hk * chunks;
         /* visible pairs: the dense count of this sequence as its own Sq x Sk_b problem; the
@@ -121,13 +124,14 @@ static fa_status decode_cost(fa_plan *pl) {
     }
     const wide q = B * Sq * Hq * D * es, o = B * Sq * Hq * Dv * es, lse = B * Hq * Sq * 4;
     const wide knew = p->has_new_kv ? B * Sq * Hk * (D + Dv) * es : 0, slopes = p->has_alibi ? Hq * 4 : 0;
+    const wide sinks = p->has_sinks ? Hq * 4 : 0; /* read once, by the merge */
     const wide partial = items * decode_partial_bytes(p);
-    bytes += q + o + lse + 2 * knew + 2 * partial + (p->has_alibi ? items * (Hq / Hk) * 4 : 0);
+    bytes += q + o + lse + 2 * knew + 2 * partial + (p->has_alibi ? items * (Hq / Hk) * 4 : 0) + sinks;
     const wide cache_rows = p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
     const wide cache = cache_rows * Hk * (D + Dv) * es, table = p->page_size ? B * p->max_pages * 4 : 0;
     const wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
-    const wide min = needed + 2 * knew + o + lse + (items ? slopes : 0); /* k_new, v_new read and stored */
-    const wide in = q + cache + knew + table + slopes + B * 4, out = o + lse;
+    const wide min = needed + 2 * knew + o + lse + (items ? slopes : 0) + sinks; /* k_new, v_new read, stored */
+    const wide in = q + cache + knew + table + slopes + sinks + B * 4, out = o + lse;
     const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * p->seq_k * 4};
     fa_status s = store_cost(&pl->fwd, f, "decode");
     if (s) return s;

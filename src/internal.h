@@ -171,14 +171,16 @@ static inline fa_status fa_check_slopes(const fa_problem *p, const float *slopes
  *          + m                              one online-softmax rescale exp per row
  *          + (softcap > 0 ? m*n : 0)        tanh of every score
  * and once for every query row (those with no computed tile too): trans += 1 (the log of
- * lse). Backward, two passes over the same tile pairs with its own block sizes:
+ * lse), + 1 with sinks (the sink's exp, src/sinks.h). Backward, two passes over the same
+ * tile pairs with its own block sizes:
  *   dk/dv pass: flops += 2*m*n*(2*D + 2*Dv)  S, dP = dO V^T, dV += P^T dO, dK += dS^T Q
  *   dq pass:    flops += 2*m*n*(2*D + Dv)    S, dP, dQ += dS K
  *   each pass:  trans += m*n (+ m*n tanh with softcap)    p = exp(s - lse)
  * or, where the plan chose the one-pass schedule (plan->bwd_fused), one pass:
  *   flops += 2*m*n*(3*D + 2*Dv)             S, dP, dV, dK, dQ += dS K
  *   trans += m*n (+ m*n tanh with softcap)
- * D_i = rowsum(dO o) is not a matrix product and counts nothing. */
+ * D_i = rowsum(dO o) is not a matrix product and counts nothing. With sinks the backward
+ * adds, once for every query row, trans += 1 (the exp of dsink's term, backward_run.c). */
 
 /* Index of lse[b, h, i]: [B, Hq, Sq] contiguous, or a packed sequence's rows of [Hq, total_q]. */
 static inline int64_t fa_lse_index(const struct fa_plan *pl, int64_t b, int64_t h, int64_t i) {

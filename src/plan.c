@@ -145,6 +145,7 @@ static fa_status validate_layout(fa_plan *pl) {
     p->has_bias = p->has_bias != 0;
     p->has_segment_ids = p->has_segment_ids != 0;
     p->causal = p->causal != 0;
+    p->has_sinks = p->has_sinks != 0;
     return FA_OK;
 }
 

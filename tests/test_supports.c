@@ -5,7 +5,10 @@
  * other pair plans. Deterministic: no random data. */
 #include "check.h"
 
-enum { BIAS, SEGMENTS, ALIBI, SOFTCAP, CAUSAL, WINDOW, DIAG, VARLEN, DECODE, NEW_KV, PAGED, BIAS_GRAD, BACKWARD, CUDA, NF };
+enum {
+    BIAS, SEGMENTS, ALIBI, SOFTCAP, CAUSAL, WINDOW, DIAG, VARLEN, DECODE, NEW_KV, PAGED, BIAS_GRAD, SINKS, BACKWARD,
+    CUDA, NF
+};
 
 static const struct {
     const char *name;
@@ -23,6 +26,7 @@ static const struct {
     [NEW_KV] = {"new kv", "has_new_kv", "cache_seqlens"},
     [PAGED] = {"paged", "page", "cache_seqlens"},
     [BIAS_GRAD] = {"bias_grad", "bias", NULL},
+    [SINKS] = {"sinks", "sinks", NULL},
     [BACKWARD] = {"backward pass", "backward", NULL},
     [CUDA] = {"cuda backend", "cuda", NULL},
 };
@@ -58,6 +62,7 @@ static void build(int a, int b, fa_problem *p, fa_options *o) {
             if (!packed) p->cache_seqlens = cache;
             break;
         case BIAS_GRAD: p->has_bias = 1, p->bias_grad = 1; break;
+        case SINKS: p->has_sinks = 1; break;
         case CUDA: o->backend = FA_BACKEND_CUDA; break;
         default: break; /* BACKWARD: the pass, not the problem */
         }
@@ -69,7 +74,7 @@ static fa_status expected_ordered(int a, int b) {
     const int shaped[NF] = {[VARLEN] = 1, [DECODE] = 1, [NEW_KV] = 1, [PAGED] = 1};
     const int cache_like[NF] = {[DECODE] = 1, [NEW_KV] = 1, [PAGED] = 1};
     if (b == CUDA) {
-        if (a == BIAS_GRAD || shaped[a]) return FA_ERR_UNSUPPORTED;
+        if (a == BIAS_GRAD || a == SINKS || shaped[a]) return FA_ERR_UNSUPPORTED;
         return FA_OK;
     }
     if ((a == BIAS || a == SEGMENTS || a == BIAS_GRAD) && shaped[b]) return FA_ERR_INVALID;

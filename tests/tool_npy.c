@@ -249,7 +249,7 @@ static int compare(const char *what, const float *got, const double *ref, int64_
 static int cmd_refcheck(int argc, char **argv) {
     if (argc < 4) return die("usage: refcheck Q K V O [options]", NULL);
     const char *grad[4] = {NULL, NULL, NULL, NULL}; /* do dq dk dv */
-    const char *bias_path = NULL, *dbias_path = NULL;
+    const char *bias_path = NULL, *dbias_path = NULL, *sinks_path = NULL, *dsink_path = NULL;
     fa_problem p;
     fa_problem_init(&p);
     for (int i = 4; i < argc; i++) {
@@ -262,6 +262,8 @@ static int cmd_refcheck(int argc, char **argv) {
         else if (i + 1 < argc && strcmp(argv[i], "--dv") == 0) grad[3] = argv[++i];
         else if (i + 1 < argc && strcmp(argv[i], "--bias") == 0) bias_path = argv[++i];
         else if (i + 1 < argc && strcmp(argv[i], "--dbias") == 0) dbias_path = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--sinks") == 0) sinks_path = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--dsink") == 0) dsink_path = argv[++i];
         else if (i + 1 < argc && strcmp(argv[i], "--bias-scale") == 0)
             p.has_bias_scale = 1, p.bias_scale = (float)atof(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "--diag-offset") == 0)
@@ -285,9 +287,15 @@ static int cmd_refcheck(int argc, char **argv) {
         p.has_bias = 1, p.bias_batch = sb[0], p.bias_heads = sb[1];
         nb = sb[0] * sb[1] * sb[2] * sb[3];
     }
+    float *sinks = NULL;
+    if (sinks_path) {
+        if (!(sinks = load_f32(sinks_path, sx, &nd)) || nd != 1 || sx[0] != p.heads_q)
+            return die("cannot read float32 sinks [Hq]", sinks_path);
+        p.has_sinks = 1;
+    }
     double *ro = malloc(sizeof(double) * (size_t)no), *rl = malloc(sizeof(double) * (size_t)no);
     fa_forward_args fa = {0};
-    fa.q = q, fa.k = k, fa.v = v, fa.bias = bias;
+    fa.q = q, fa.k = k, fa.v = v, fa.bias = bias, fa.sinks = sinks;
     fa_ref_forward(&p, &fa, ro, rl);
     int bad = compare("o", o, ro, no);
     if (grad[0]) {
@@ -298,8 +306,18 @@ static int cmd_refcheck(int argc, char **argv) {
         double *rv = malloc(sizeof(double) * (size_t)nv);
         double *rb = dbias_path ? malloc(sizeof(double) * (size_t)(nb ? nb : 1)) : NULL;
         fa_backward_args ba = {0};
-        ba.q = q, ba.k = k, ba.v = v, ba.d_o = d_o, ba.bias = bias;
-        fa_ref_backward_dbias(&p, &ba, rq, rk, rv, rb);
+        ba.q = q, ba.k = k, ba.v = v, ba.d_o = d_o, ba.bias = bias, ba.sinks = sinks;
+        if (sinks) { /* sinks (with no dbias): their gradient too */
+            double rs[1024];
+            if (p.heads_q > 1024) return die("refcheck --sinks takes at most 1024 heads", sinks_path);
+            fa_ref_backward_sinks(&p, &ba, 0, rq, rk, rv, rs);
+            float *ds = dsink_path ? load_f32(dsink_path, sx, &nd) : NULL;
+            if (dsink_path && (!ds || nd != 1 || sx[0] != p.heads_q)) return die("cannot read dsink [Hq]", dsink_path);
+            if (ds) bad |= compare("dsink", ds, rs, p.heads_q);
+            free(ds);
+        } else {
+            fa_ref_backward_dbias(&p, &ba, rq, rk, rv, rb);
+        }
         bad |= compare("dq", dq, rq, nq) | compare("dk", dk, rk, nk) | compare("dv", dv, rv, nv);
         if (rb) {
             int64_t sd[4] = {0};
@@ -310,7 +328,7 @@ static int cmd_refcheck(int argc, char **argv) {
         }
         free(d_o), free(dq), free(dk), free(dv), free(rq), free(rk), free(rv);
     }
-    free(q), free(k), free(v), free(o), free(ro), free(rl), free(bias);
+    free(q), free(k), free(v), free(o), free(ro), free(rl), free(bias), free(sinks);
     if (!bad) printf("matches the reference\n");
     return bad;
 }

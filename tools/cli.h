@@ -62,6 +62,8 @@ typedef struct {
     int64_t cache_len;            /* bench --cache-len */
     const char *varlen_lens;      /* bench --varlen 128,4096,... */
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
+
+    const char *sinks, *dsink;    /* attention sinks float32 [Hq]; grad: their gradient out */
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };
@@ -88,6 +90,7 @@ void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o);
 typedef struct {
     float *bias, *slopes;
     int32_t *q_seg, *kv_seg;
+    float *sinks, *dsink; /* with --sinks (loaded): the sinks, and room for their gradient [Hq] */
 } cli_extras;
 int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x);
 void cli_extras_free(cli_extras *x);

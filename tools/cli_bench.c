@@ -115,6 +115,7 @@ int cli_bench(const cli_args *a) {
     fw.o = d[4], bw.o = d[4], fw.lse = d[5], bw.lse = d[5];
     bw.dq = d[6], bw.dk = d[7], bw.dv = d[8];
     fw.bias = bw.bias = d[9], fw.alibi_slopes = bw.alibi_slopes = d[10];
+    fw.sinks = bw.sinks = x.sinks, bw.dsink = x.dsink; /* host memory: CPU only (cuda refuses sinks) */
     fw.q_segment_ids = bw.q_segment_ids = d[11], fw.kv_segment_ids = bw.kv_segment_ids = d[12];
     bench_ctx c = {plan, &mem, &fw, &bw};
     int do_fwd = a->pass != 2, do_bwd = a->pass != 1;

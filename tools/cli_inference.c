@@ -252,6 +252,7 @@ static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
     memset(&bw, 0, sizeof bw);
     bw.q = s->q, bw.k = s->k, bw.v = s->v, bw.o = s->o, bw.lse = s->lse, bw.d_o = s->d_o;
     bw.dq = s->dq, bw.dk = s->dk, bw.dv = s->dv, bw.alibi_slopes = s->x.slopes, bw.counts = counts;
+    bw.sinks = s->x.sinks, bw.dsink = s->x.dsink;
     fa_status st = fa_backward(s->plan, &bw);
     return st == FA_OK ? 0 : cli_fail_status(st, "backward");
 }
@@ -315,6 +316,7 @@ int cli_run_inference(const cli_args *a) {
     fa_forward_args fw;
     memset(&fw, 0, sizeof fw);
     fw.q = s.q, fw.k = s.k, fw.v = s.v, fw.o = s.o, fw.lse = s.lse, fw.alibi_slopes = s.x.slopes;
+    fw.sinks = s.x.sinks;
     fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = grad ? NULL : &counts;
     fa_status st = fa_forward(s.plan, &fw); /* checks every argument before it writes the caches */
     if (st != FA_OK) return release(&s), cli_fail_status(st, "forward");

@@ -1,4 +1,4 @@
-/* Input files: the optional bias, ALiBi slopes and segment ids (headers checked against the
+/* Input files: the optional bias, ALiBi slopes, segment ids and sinks (headers checked against the
  * problem, data read only when a command runs), and q/k/v/do tensors cast to the problem's
  * dtype. */
 #include "cli.h"
@@ -65,6 +65,14 @@ int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x) {
             return rc;
         p->has_segment_ids = 1;
     }
+    if (a->sinks) {
+        if ((rc = read_file("--sinks", a->sinks, NPY_F32, load, &h, (void **)&x->sinks))) return rc;
+        int64_t want[1] = {p->heads_q};
+        if ((rc = check_shape("--sinks", a->sinks, &h, 1, want, " (one sink logit per query head)"))) return rc;
+        p->has_sinks = 1;
+        if (load && !(x->dsink = fa_malloc((size_t)p->heads_q * sizeof(float))))
+            return cli_fail(1, "--sinks: out of memory");
+    }
     return 0;
 }
 
@@ -73,6 +81,8 @@ void cli_extras_free(cli_extras *x) {
     fa_free(x->slopes);
     fa_free(x->q_seg);
     fa_free(x->kv_seg);
+    fa_free(x->sinks);
+    fa_free(x->dsink);
     memset(x, 0, sizeof *x);
 }
 

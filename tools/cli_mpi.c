@@ -33,6 +33,8 @@ static fa_mpi_method method_of(const cli_args *a) {
  * that has them before any file is read as a dense tensor; only their presence matters. */
 static int refuse_features(const cli_args *a) {
     static const int32_t mark[1] = {0}; /* never read: the refusal comes first */
+    if (a->dsink) /* the sinks themselves run (ring and ulysses merge them); their gradient has no output here */
+        return cli_fail(2, "--dsink does not combine with --seq-parallel: grad writes no dsink there yet");
     fa_problem p;
     fa_problem_init(&p);
     p.batch = p.heads_q = p.seq_q = p.seq_k = p.head_dim = 1;
@@ -210,7 +212,7 @@ static int run_body(const cli_args *a) {
     fa_mpi_stats fs, bs;
     fa_status st = FA_ERR_NO_MEMORY;
     if (o && lse) {
-        fa_mpi_forward_args fw = {in[0], in[1], in[2], o, lse, x.slopes, ids[0], ids[1], &fs};
+        fa_mpi_forward_args fw = {in[0], in[1], in[2], o, lse, x.slopes, ids[0], ids[1], &fs, x.sinks};
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &fw);
         if (st != FA_OK) rc = cli_fail_status(st, "forward");
     } else {
@@ -221,7 +223,7 @@ static int run_body(const cli_args *a) {
     if (!rc && grad) {
         output *g = &outs[nout - 3];
         fa_mpi_backward_args bw = {in[0], in[1], in[2], o, in[3], lse, g[0].local, g[1].local,
-                                   g[2].local, x.slopes, ids[0], ids[1], &bs};
+                                   g[2].local, x.slopes, ids[0], ids[1], &bs, x.sinks, x.dsink};
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &bw);
         if (st != FA_OK) rc = cli_fail_status(st, "backward");
     }

@@ -161,14 +161,15 @@ int cli_run(const cli_args *a) {
 
     int64_t oshape[4] = {p.batch, p.heads_q, p.seq_q, p.head_dim_v};
     int64_t bshape[4] = {p.bias_batch, p.bias_heads, p.seq_q, p.seq_k};
-    output outs[7];
+    output outs[8];
     int nout = 0;
     if ((rc = add_output(outs, &nout, "--out", a->out, 4, 4, oshape)) ||
         (rc = add_output(outs, &nout, "--lse", a->lse, 5, 3, oshape)) ||
         (rc = add_output(outs, &nout, "--dq", a->dq, 6, 4, hq.shape)) ||
         (rc = add_output(outs, &nout, "--dk", a->dk, 7, 4, hk.shape)) ||
         (rc = add_output(outs, &nout, "--dv", a->dv, 8, 4, hv.shape)) ||
-        (rc = add_output(outs, &nout, "--dbias", a->dbias, 9, 4, bshape))) {
+        (rc = add_output(outs, &nout, "--dbias", a->dbias, 9, 4, bshape)) ||
+        (rc = add_output(outs, &nout, "--dsink", a->dsink, 10, 1, oshape + 1))) {
         fa_plan_destroy(plan);
         return rc;
     }
@@ -222,6 +223,7 @@ int cli_run(const cli_args *a) {
     if (show) fw.progress = report_progress, fw.progress_ctx = &ps;
     fw.q = d[0], fw.k = d[1], fw.v = d[2], fw.o = d[4], fw.lse = d[5];
     fw.bias = ddx[0], fw.alibi_slopes = ddx[1], fw.q_segment_ids = ddx[2], fw.kv_segment_ids = ddx[3];
+    fw.sinks = x.sinks; /* host memory: sinks are CPU-only (the CUDA backend refuses them) */
     fw.counts = (a->count && !grad) ? &counts : NULL;
     fa_status st = fa_forward(plan, &fw);
     if (st != FA_OK) {
@@ -235,6 +237,7 @@ int cli_run(const cli_args *a) {
         bw.dq = d[6], bw.dk = d[7], bw.dv = d[8], bw.dbias = d[9];
         bw.bias = fw.bias, bw.alibi_slopes = fw.alibi_slopes;
         bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
+        bw.sinks = x.sinks, bw.dsink = x.dsink;
         bw.counts = a->count ? &counts : NULL;
         progress_state pb = {"backward", -1};
         if (show) bw.progress = report_progress, bw.progress_ctx = &pb;
@@ -247,8 +250,8 @@ int cli_run(const cli_args *a) {
     for (int i = 4; i < nbuf; i++)
         if ((rc = cli_mem_get(&mem, h[i], d[i], bytes[i]))) goto done_dev;
     for (int i = 0; i < nout; i++) {
-        outs[i].data = h[outs[i].slot];
-        outs[i].is_f32 = outs[i].slot == 5 || outs[i].slot == 9;
+        outs[i].data = outs[i].slot == 10 ? x.dsink : h[outs[i].slot];
+        outs[i].is_f32 = outs[i].slot == 5 || outs[i].slot >= 9;
     }
     if ((rc = write_outputs(outs, nout, p.dtype))) goto done_dev;
     if (a->count)

@@ -17,6 +17,7 @@ static const char options_help[] =
     "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
     "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
     "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n"
+    "  --sinks s.npy  float32 [Hq] attention sinks (grad: --dsink ds.npy writes their gradient)\n"
     "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
     "  --diag-offset N  masks and ALiBi align query i with key i + N (default Sk - Sq,\n"
     "                 bottom-right); --top-left is --diag-offset 0\n";

@@ -6,10 +6,10 @@
  * come back to Python as XLA errors carrying the library's message.
  *
  * Buffers, in order (the optional ones only when their attribute says so):
- *   forward  args q, k, v, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids]
+ *   forward  args q, k, v, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids], [sinks]
  *            rets o, lse
- *   backward args q, k, v, o, lse, do, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids]
- *            rets dq, dk, dv, [dbias]
+ *   backward args q, k, v, o, lse, do, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids], [sinks]
+ *            rets dq, dk, dv, [dbias], [dsink]
  * q, k, v, o, do are [B, S, H, D] (layout 1) or [B, H, S, D] (layout 0), row-major; lse is
  * [B, H, Sq]. Under jax.vmap (vmap_method="expand_dims") every buffer gains leading dims,
  * each the vmapped size or 1 where that input was not mapped. Where all tensors carry them
@@ -30,14 +30,14 @@
 
 /* The tensors a call can carry, arguments then results. */
 enum {
-    T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_BIAS, T_SLOPES, T_QSEG, T_KVSEG,
-    T_OUT_O, T_OUT_LSE, T_DQ, T_DK, T_DV, T_DBIAS, T_COUNT
+    T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_BIAS, T_SLOPES, T_QSEG, T_KVSEG, T_SINKS,
+    T_OUT_O, T_OUT_LSE, T_DQ, T_DK, T_DV, T_DBIAS, T_DSINK, T_COUNT
 };
 static const char *const tensor_name[T_COUNT] = {
-    "q", "k", "v", "o", "lse", "do", "bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids",
-    "o", "lse", "dq", "dk", "dv", "dbias"};
+    "q", "k", "v", "o", "lse", "do", "bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "sinks",
+    "o", "lse", "dq", "dk", "dv", "dbias", "dsink"};
 /* Rank of each tensor without the leading (vmapped) dims. */
-static const int64_t base_rank[T_COUNT] = {4, 4, 4, 4, 3, 4, 4, 1, 2, 2, 4, 3, 4, 4, 4, 4};
+static const int64_t base_rank[T_COUNT] = {4, 4, 4, 4, 3, 4, 4, 1, 2, 2, 1, 4, 3, 4, 4, 4, 4, 1};
 
 typedef struct {
     const XLA_FFI_CallFrame *frame;
@@ -60,7 +60,7 @@ typedef struct {
 static XLA_FFI_Error *read_options(call *c) {
     const XLA_FFI_CallFrame *f = c->frame;
     fa_problem *p = &c->p;
-    int64_t causal, has_scale, has_diag, has_bscale, has_bias, has_alibi, has_seg, bias_grad = 0;
+    int64_t causal, has_scale, has_diag, has_bscale, has_bias, has_alibi, has_seg, has_sinks, bias_grad = 0;
     XLA_FFI_Error *e;
     if ((e = fj_attr_i64(f, "layout", &c->layout)) || (e = fj_attr_i64(f, "causal", &causal)) ||
         (e = fj_attr_i64(f, "window_left", &p->window_left)) ||
@@ -71,7 +71,8 @@ static XLA_FFI_Error *read_options(call *c) {
         (e = fj_attr_i64(f, "has_bias_scale", &has_bscale)) ||
         (e = fj_attr_f32(f, "bias_scale", &p->bias_scale)) || (e = fj_attr_i64(f, "has_bias", &has_bias)) ||
         (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "has_segment_ids", &has_seg)) ||
-        (e = fj_attr_i64(f, "threads", &c->threads)) || (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
+        (e = fj_attr_i64(f, "threads", &c->threads)) || (e = fj_attr_i64(f, "has_sinks", &has_sinks)) ||
+        (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
         return e;
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (c->layout != 0 && c->layout != 1) return BAD(c, "layout must be 0 or 1, got %lld", (long long)c->layout);
@@ -83,6 +84,7 @@ static XLA_FFI_Error *read_options(call *c) {
     p->has_alibi = has_alibi != 0;
     p->has_segment_ids = has_seg != 0;
     p->bias_grad = bias_grad != 0;
+    p->has_sinks = has_sinks != 0;
     return NULL;
 }
 
@@ -96,9 +98,11 @@ static XLA_FFI_Error *read_buffers(call *c) {
     want[T_BIAS] = p->has_bias;
     want[T_SLOPES] = p->has_alibi;
     want[T_QSEG] = want[T_KVSEG] = p->has_segment_ids;
+    want[T_SINKS] = p->has_sinks;
     want[T_OUT_O] = want[T_OUT_LSE] = !c->backward;
     want[T_DQ] = want[T_DK] = want[T_DV] = c->backward;
     want[T_DBIAS] = c->backward && p->bias_grad;
+    want[T_DSINK] = c->backward && p->has_sinks;
     int64_t n_args = 0, n_rets = 0;
     for (int r = 0; r < T_COUNT; r++) {
         c->has[r] = want[r];
@@ -139,7 +143,9 @@ static XLA_FFI_Error *check_buffers(call *c) {
                 return BAD(c, "%s has leading (vmapped) dim %lld where the results have %lld", tensor_name[r],
                            (long long)b->dims[j], (long long)c->lead_dims[j]);
         XLA_FFI_DataType want = dt;
-        if (r == T_LSE || r == T_OUT_LSE || r == T_BIAS || r == T_SLOPES || r == T_DBIAS) want = XLA_FFI_DataType_F32;
+        if (r == T_LSE || r == T_OUT_LSE || r == T_BIAS || r == T_SLOPES || r == T_DBIAS || r == T_SINKS ||
+            r == T_DSINK)
+            want = XLA_FFI_DataType_F32;
         if (r == T_QSEG || r == T_KVSEG) want = XLA_FFI_DataType_S32;
         if (b->dtype != want)
             return BAD(c, "%s must be %s, got %s", tensor_name[r], fj_dtype_name(want), fj_dtype_name(b->dtype));
@@ -245,6 +251,9 @@ static XLA_FFI_Error *build_problem(call *c) {
         if (p->bias_grad && (e = expect_dims(c, T_DBIAS, bd, 4))) return e;
     }
     if (p->has_alibi && (e = expect_dims(c, T_SLOPES, slopes, 1))) return e;
+    if (p->has_sinks && ((e = expect_dims(c, T_SINKS, slopes, 1)) ||
+                         (c->backward && (e = expect_dims(c, T_DSINK, slopes, 1)))))
+        return e; /* sinks and dsink: [Hq], as the slopes */
     if (p->has_segment_ids && ((e = expect_dims(c, T_QSEG, qseg, 2)) || (e = expect_dims(c, T_KVSEG, kvseg, 2))))
         return e;
     return NULL;
@@ -262,14 +271,16 @@ static int leading_is_ones(const call *c, int r) {
     return 1;
 }
 
-/* Whether the leading dims can fold into B: every tensor carries them, except ALiBi slopes
- * and a batch-1 bias that are shared by all (their dbias would not be). */
+/* Whether the leading dims can fold into B: every tensor carries them, except ALiBi slopes,
+ * sinks and a batch-1 bias that are shared by all (their dbias would not be; nor would
+ * dsink, which the backward sums over B: per vmapped index it runs one call each). */
 static int can_fold(const call *c) {
     if (c->n_lead == 1) return 1;
+    if (c->has[T_DSINK]) return 0;
     for (int r = 0; r < T_OUT_O; r++) {
         if (!c->has[r]) continue;
         int full = leading_is_full(c, r), ones = leading_is_ones(c, r);
-        if (r == T_SLOPES) {
+        if (r == T_SLOPES || r == T_SINKS) {
             if (!ones) return 0;
         } else if (r == T_BIAS) {
             int per_example = full && c->p.bias_batch == c->p.batch;
@@ -350,13 +361,14 @@ static fa_status run_one(const call *c, const fa_plan *plan, const device_ctx *d
         memset(&a, 0, sizeof a);
         a.q = P(T_Q), a.k = P(T_K), a.v = P(T_V), a.o = P(T_OUT_O), a.lse = P(T_OUT_LSE);
         a.bias = P(T_BIAS), a.alibi_slopes = P(T_SLOPES), a.q_segment_ids = P(T_QSEG), a.kv_segment_ids = P(T_KVSEG);
+        a.sinks = P(T_SINKS);
         a.stream = d->stream, a.workspace = d->workspace, a.workspace_size = d->size;
         return fa_forward(plan, &a);
     }
     fa_backward_args a;
     memset(&a, 0, sizeof a);
     a.q = P(T_Q), a.k = P(T_K), a.v = P(T_V), a.o = P(T_O), a.lse = P(T_LSE), a.d_o = P(T_DO);
-    a.dq = P(T_DQ), a.dk = P(T_DK), a.dv = P(T_DV), a.dbias = P(T_DBIAS);
+    a.dq = P(T_DQ), a.dk = P(T_DK), a.dv = P(T_DV), a.dbias = P(T_DBIAS), a.sinks = P(T_SINKS), a.dsink = P(T_DSINK);
     a.bias = P(T_BIAS), a.alibi_slopes = P(T_SLOPES), a.q_segment_ids = P(T_QSEG), a.kv_segment_ids = P(T_KVSEG);
     a.stream = d->stream, a.workspace = d->workspace, a.workspace_size = d->size;
     return fa_backward(plan, &a);

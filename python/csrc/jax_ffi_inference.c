@@ -47,12 +47,13 @@ typedef struct {
 static XLA_FFI_Error *read_options(icall *c, int decode) {
     const XLA_FFI_CallFrame *f = c->frame;
     fa_problem *p = &c->p;
-    int64_t causal, has_scale, has_diag = 0, has_alibi;
+    int64_t causal, has_scale, has_diag = 0, has_alibi, has_sinks;
     XLA_FFI_Error *e;
     if ((e = fj_attr_i64(f, "causal", &causal)) || (e = fj_attr_i64(f, "window_left", &p->window_left)) ||
         (e = fj_attr_i64(f, "window_right", &p->window_right)) || (e = fj_attr_f32(f, "softcap", &p->softcap)) ||
         (e = fj_attr_i64(f, "has_scale", &has_scale)) || (e = fj_attr_f32(f, "scale", &p->scale)) ||
-        (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "threads", &c->threads)))
+        (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "threads", &c->threads)) ||
+        (e = fj_attr_i64(f, "has_sinks", &has_sinks)))
         return e;
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (decode) {
@@ -64,6 +65,7 @@ static XLA_FFI_Error *read_options(icall *c, int decode) {
     p->has_scale = has_scale != 0;
     p->has_diag_offset = has_diag != 0;
     p->has_alibi = has_alibi != 0;
+    p->has_sinks = has_sinks != 0;
     return NULL;
 }
 
@@ -152,14 +154,19 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     static const char *const fwd_args[] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "alibi_slopes", NULL};
     static const char *const bwd_args[] = {"q", "k", "v", "o", "lse", "do", "cu_seqlens_q", "cu_seqlens_k",
                                            "alibi_slopes", NULL};
-    static const char *const fwd_rets[] = {"o", "lse", NULL}, *const bwd_rets[] = {"dq", "dk", "dv", NULL};
-    const char *args[12];
+    static const char *const fwd_rets[] = {"o", "lse", NULL}, *const bwd_rets[] = {"dq", "dk", "dv", "dsink", NULL};
+    const char *args[12], *rets[5];
     const char *const *names = backward ? bwd_args : fwd_args;
-    int64_t n = 0;
+    int64_t n = 0, m = 0;
     for (; names[n]; n++) args[n] = names[n];
-    if (!c.p.has_alibi) n--; /* slopes last */
+    if (!c.p.has_alibi) n--; /* slopes last, then sinks */
+    const int64_t i_sinks = n;
+    if (c.p.has_sinks) args[n++] = "sinks";
     args[n] = NULL;
-    if ((e = read_buffers(&c, args, backward ? bwd_rets : fwd_rets))) return e;
+    for (const char *const *rn = backward ? bwd_rets : fwd_rets; rn[m]; m++) rets[m] = rn[m];
+    if (backward && !c.p.has_sinks) m--; /* dsink last */
+    rets[m] = NULL;
+    if ((e = read_buffers(&c, args, rets))) return e;
     const fj_buffer *a = c.arg;
     const int64_t cu = backward ? 6 : 3;
     if (a[V_Q].rank != 3 || a[V_K].rank != 3)
@@ -177,6 +184,9 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     const int64_t Dv = a[V_V].dims[2], od[3] = {Tq, Hq, Dv}, lsed[2] = {Hq, Tq}, hq[1] = {Hq};
     if (B1[0] < 1) return BAD(&c, "cu_seqlens_q must have batch + 1 >= 1 entries, got %lld", (long long)B1[0]);
     if (c.p.has_alibi && (e = expect(&c, &a[cu + 2], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) return e;
+    if (c.p.has_sinks && ((e = expect(&c, &a[i_sinks], "sinks", 1, hq, XLA_FFI_DataType_F32)) ||
+                          (backward && (e = expect(&c, &c.ret[3], "dsink", 1, hq, XLA_FFI_DataType_F32)))))
+        return e;
     const fj_buffer *r = c.ret;
     if (backward) {
         if ((e = expect(&c, &a[V_O], "o", 3, od, dt)) || (e = expect(&c, &a[V_LSE], "lse", 2, lsed, XLA_FFI_DataType_F32)) ||
@@ -199,12 +209,14 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
         memset(&b, 0, sizeof b);
         b.q = data(&a[V_Q]), b.k = data(&a[V_K]), b.v = data(&a[V_V]), b.o = data(&a[V_O]), b.lse = data(&a[V_LSE]);
         b.d_o = data(&a[V_DO]), b.dq = data(&r[0]), b.dk = data(&r[1]), b.dv = data(&r[2]), b.alibi_slopes = slopes;
+        b.sinks = c.p.has_sinks ? a[i_sinks].data : NULL, b.dsink = c.p.has_sinks ? r[3].data : NULL;
         s = fa_backward(plan, &b);
     } else {
         fa_forward_args f;
         memset(&f, 0, sizeof f);
         f.q = data(&a[V_Q]), f.k = data(&a[V_K]), f.v = data(&a[V_V]), f.o = data(&r[0]), f.lse = data(&r[1]);
         f.alibi_slopes = slopes;
+        f.sinks = c.p.has_sinks ? a[i_sinks].data : NULL;
         s = fa_forward(plan, &f);
     }
     fa_plan_destroy(plan);
@@ -224,7 +236,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     icall c;
     XLA_FFI_Error *e = start(frame, 1, &c, &answered);
     if (e || answered) return e;
-    const char *args[9];
+    const char *args[10];
     int64_t n = 0;
     args[n++] = "q", args[n++] = "k_cache", args[n++] = "v_cache", args[n++] = "cache_seqlens";
     const int64_t i_new = n;
@@ -233,6 +245,8 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     if (c.paged) args[n++] = "block_table";
     const int64_t i_slopes = n;
     if (c.p.has_alibi) args[n++] = "alibi_slopes";
+    const int64_t i_sinks = n;
+    if (c.p.has_sinks) args[n++] = "sinks";
     args[n] = NULL;
     static const char *const rets[] = {"o", "lse", "k_cache (updated)", "v_cache (updated)", NULL};
     static const char *const read_only_rets[] = {"o", "lse", NULL};
@@ -253,6 +267,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
         (c.has_new_kv && ((e = expect(&c, &a[i_new], "k", 4, kn, dt)) || (e = expect(&c, &a[i_new + 1], "v", 4, vn, dt)))) ||
         (c.paged && (e = expect(&c, &a[i_table], "block_table", 2, table, XLA_FFI_DataType_S32))) ||
         (c.p.has_alibi && (e = expect(&c, &a[i_slopes], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) ||
+        (c.p.has_sinks && (e = expect(&c, &a[i_sinks], "sinks", 1, hq, XLA_FFI_DataType_F32))) ||
         (e = expect(&c, &r[0], "o", 4, o, dt)) || (e = expect(&c, &r[1], "lse", 3, lse, XLA_FFI_DataType_F32)) ||
         (c.has_new_kv && ((e = expect(&c, &r[2], "k_cache (updated)", 4, a[1].dims, dt)) ||
                           (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, dt)))))
@@ -287,6 +302,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     f.v_new = c.has_new_kv ? data(&a[i_new + 1]) : NULL;
     f.block_table = c.paged ? data(&a[i_table]) : NULL;
     f.alibi_slopes = c.p.has_alibi ? a[i_slopes].data : NULL;
+    f.sinks = c.p.has_sinks ? a[i_sinks].data : NULL;
     s = fa_forward(plan, &f);
     fa_plan_destroy(plan);
     return s == FA_OK ? NULL : fj_library_error(c.frame->api, s);

@@ -46,6 +46,7 @@ class Problem(ctypes.Structure):
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
+        ("has_sinks", ctypes.c_int),  # attention sinks (docs/semantics.md)
     ]
 
 
@@ -79,6 +80,7 @@ class ForwardArgs(ctypes.Structure):
         ("counts", ctypes.POINTER(Counts)),
         ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
         ("k_new", c_void_p), ("v_new", c_void_p), ("block_table", c_void_p),
+        ("sinks", c_void_p),
     ]
 
 
@@ -94,6 +96,7 @@ class BackwardArgs(ctypes.Structure):
         ("stream", c_void_p),
         ("counts", ctypes.POINTER(Counts)),
         ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
+        ("sinks", c_void_p), ("dsink", c_void_p),
     ]
 
 

@@ -59,6 +59,16 @@ def _floats(name, a, shape_desc):
     return a
 
 
+def head_floats(name, a, H):
+    """alibi_slopes, sinks: float32 [H], contiguous (the library checks they are finite)."""
+    if a is None:
+        return None
+    s = np.ascontiguousarray(_floats(name, a, f"[H] = [{H}]"))
+    if s.shape != (H,):
+        raise ValueError(f"{name} must have shape [H] = [{H}], got {s.shape}")
+    return s
+
+
 def _segments(name, a, batch, seq):
     a = int32_lengths(name, a, f"[B, S] = [{batch}, {seq}]", ndim=2)
     if a.shape != (batch, seq):
@@ -94,7 +104,7 @@ class _Call:
 
     def __init__(self, q, k, v, causal, window, softcap, scale, bias, alibi_slopes,
                  q_segment_ids, kv_segment_ids, layout, bias_scale=None, diag_offset=None, mask=None,
-                 threads=0):
+                 threads=0, sinks=None):
         self.layout = _layout.check_layout(layout)
         q, k, v = (_readable(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
         if not (q.dtype == k.dtype == v.dtype):
@@ -124,6 +134,7 @@ class _Call:
             self.slopes = s
         if (q_segment_ids is None) != (kv_segment_ids is None):
             raise ValueError("q_segment_ids and kv_segment_ids go together: pass both or neither")
+        self.sinks = head_floats("sinks", sinks, H)
         self.qseg = self.kvseg = None
         if q_segment_ids is not None:
             self.qseg = _segments("q_segment_ids", q_segment_ids, B, Sq)
@@ -131,7 +142,7 @@ class _Call:
         self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
                          bias_shape=bias_shape, bias_stride=bias_stride,
                          alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None,
-                         bias_scale=bias_scale, diag_offset=diag_offset)
+                         bias_scale=bias_scale, diag_offset=diag_offset, sinks=sinks is not None)
 
     def o_shape(self):
         B, H, Sq, _ = self.qd
@@ -152,7 +163,11 @@ class _Call:
     def common_ptrs(self):
         ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
         return dict(bias=ptr(self.bias), alibi_slopes=ptr(self.slopes),
-                    q_segment_ids=ptr(self.qseg), kv_segment_ids=ptr(self.kvseg))
+                    q_segment_ids=ptr(self.qseg), kv_segment_ids=ptr(self.kvseg), sinks=ptr(self.sinks))
+
+    def empty_lse(self, lse):
+        """lse of rows that see no key: -inf, or with sinks each head's sink."""
+        lse[...] = -np.inf if self.sinks is None else self.sinks[None, :, None]
 
 
 def dtype_error(names, dtype):
@@ -180,7 +195,8 @@ def _check_out(name, out, shape, dtype, inputs=()):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False, out=None, bias_scale=None, diag_offset=None, mask=None, threads=0):
+              return_lse=False, out=None, bias_scale=None, diag_offset=None, mask=None, threads=0,
+              sinks=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v on the CPU.
 
     q [B, Hq, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (layout "bhsd"), or [B, S, H, D]
@@ -191,22 +207,25 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     mask: boolean, broadcastable the same way, True = attend, combined by AND with causal,
     window and segment ids (passed as a 0 / -inf bias); alibi_slopes [Hq]; segment ids
     [B, Sq] and [B, Sk]. threads: CPU threads for this call (0: the library's default).
+    sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds
+    nothing to o (docs/semantics.md, "Attention sinks"); lse then includes it.
     Returns o in q's layout (written into out if given; out must not overlap an input), and
     lse [B, Hq, Sq] f32 with return_lse. A zero B, H, Sq or Sk returns at once: empty
     arrays, or o = 0 and lse = -inf where Sk is 0. Beyond the issue's signature:
     bias_scale (s += bias_scale * bias) and diag_offset (query i sits at key position
     i + diag_offset; 0 aligns masks top-left)."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads)
+              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks)
     shape = c.o_shape()
     inputs = (("q", q), ("k", k), ("v", v), ("bias", bias), ("mask", mask), ("alibi_slopes", alibi_slopes),
-              ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids))
+              ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids), ("sinks", sinks))
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     B, H, Sq, _ = c.qd
     lse = _empty((B, H, Sq), np.float32)
     handle = c.plan(_elem_strides(o))
     if c.empty:  # planned above all the same: every other argument is checked
-        o[...], lse[...] = 0, -np.inf
+        o[...] = 0
+        c.empty_lse(lse)
         return (o, lse) if return_lse else o
     args = _native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                o=o.ctypes.data, lse=lse.ctypes.data, **c.common_ptrs())
@@ -255,14 +274,14 @@ def backward_inputs(o, do, lse, shape, dtype, lse_shape, lse_desc):
 def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softcap=None,
                        scale=None, bias=None, alibi_slopes=None, q_segment_ids=None,
                        kv_segment_ids=None, layout="bhsd", bias_grad=False, bias_scale=None,
-                       diag_offset=None, mask=None, threads=0):
+                       diag_offset=None, mask=None, threads=0, sinks=None):
     """Gradients of sum(o * do) for attention(q, k, v, ...) with the same options, from the
     forward's o and lse. Returns (dq, dk, dv) shaped and strided like q, k, v (dk, dv summed
-    over the query heads that share them), and dbias (f32, the bias's own shape, summed over
-    the dims it broadcasts; 0 where mask hides a key) last with bias_grad. Zero-size
-    problems give empty or zero gradients."""
+    over the query heads that share them), then dbias (f32, the bias's own shape, summed over
+    the dims it broadcasts; 0 where mask hides a key) with bias_grad, then dsink (f32 [Hq],
+    summed over batch and rows) with sinks. Zero-size problems give empty or zero gradients."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads)
+              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks)
     shape = c.o_shape()
     o = _readable("o", o)
     do = _readable("do", do)
@@ -274,20 +293,21 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
     if bias_grad and c.bias_own is None:
         raise ValueError("bias_grad needs a bias")
     dbias = _empty(c.bias.shape, np.float32) if bias_grad else None
+    dsink = None if c.sinks is None else _empty((H,), np.float32)
     handle = c.plan(_elem_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
+    extra = lambda: ((_own_shape(dbias, c.bias_own, bias),) if bias_grad else ()) + (  # noqa: E731
+        () if dsink is None else (dsink,))
     if c.empty:
-        for g in (dq, dk, dv) + (() if dbias is None else (dbias,)):
+        for g in (dq, dk, dv) + tuple(x for x in (dbias, dsink) if x is not None):
             g[...] = 0
-        return (dq, dk, dv, _own_shape(dbias, c.bias_own, bias)) if bias_grad else (dq, dk, dv)
+        return (dq, dk, dv) + extra()
     args = _native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                 o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                 dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
                                 dbias=None if dbias is None else dbias.ctypes.data,
-                                **c.common_ptrs())
+                                dsink=None if dsink is None else dsink.ctypes.data, **c.common_ptrs())
     handle.backward(args)
-    if bias_grad:
-        return dq, dk, dv, _own_shape(dbias, c.bias_own, bias)
-    return dq, dk, dv
+    return (dq, dk, dv) + extra()
 
 
 def _own_shape(dbias, own, bias):

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _native
 from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable,
-                     backward_inputs, dtype_error)
+                     backward_inputs, dtype_error, head_floats)
 from ._problem import make_options
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, decode_problem,
                                  int32_lengths, varlen_problem)
@@ -41,7 +41,7 @@ class _Varlen:
     """What both passes of a packed batch share: checked q, k, v, lengths, options."""
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                 window, softcap, scale, alibi_slopes, diag_offset):
+                 window, softcap, scale, alibi_slopes, diag_offset, sinks=None):
         q, k, v = (_readable(n, a, 3) for n, a in (("q", q), ("k", k), ("v", v)))
         self.dtype = _one_dtype(q=q, k=k, v=v)
         self.cu_q = int32_lengths("cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
@@ -50,8 +50,9 @@ class _Varlen:
         check_max_seqlen("max_seqlen_k", max_seqlen_k, self.cu_k)
         self.q, self.k, self.v = q, k, v
         self.slopes = _slopes(alibi_slopes, q.shape[1])
+        self.sinks = head_floats("sinks", sinks, q.shape[1])
         self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
-                         alibi=alibi_slopes is not None, diag_offset=diag_offset)
+                         alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks is not None)
 
     def o_shape(self):
         return self.q.shape[:2] + (self.v.shape[2],)
@@ -69,10 +70,14 @@ class _Varlen:
     def slopes_ptr(self):
         return None if self.slopes is None else self.slopes.ctypes.data
 
+    def head_ptrs(self):
+        """The per-head arrays both passes pass: slopes and sinks."""
+        return dict(alibi_slopes=self.slopes_ptr(), sinks=None if self.sinks is None else self.sinks.ctypes.data)
+
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False, out=None):
+                     diag_offset=None, return_lse=False, out=None, sinks=None):
     """Attention over a packed batch of sequences of different lengths.
 
     q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv], one dtype (float32,
@@ -82,47 +87,51 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     applies within each sequence, aligned bottom-right at its own Sk_b - Sq_b (diag_offset
     overrides, as in attention). max_seqlen_q/k (FlashAttention's) are optional; when given
     they must bound every length. Returns o [total_q, Hq, Dv] (into out if given), and lse
-    [Hq, total_q] f32 with return_lse (FlashAttention's softmax_lse layout)."""
+    [Hq, total_q] f32 with return_lse (FlashAttention's softmax_lse layout). sinks [Hq]: as
+    in attention."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                softcap, scale, alibi_slopes, diag_offset)
+                softcap, scale, alibi_slopes, diag_offset, sinks)
     shape = c.o_shape()
-    inputs = (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes))
+    inputs = (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes), ("sinks", sinks))
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     lse = _empty((c.q.shape[1], c.q.shape[0]), np.float32)
     handle = c.plan(_elem_strides(o))
     if isinstance(handle, _native.EmptyPlanHandle):  # no rows, keys or heads: nothing to compute
-        o[...], lse[...] = 0, -np.inf
+        o[...] = 0
+        lse[...] = -np.inf if c.sinks is None else c.sinks[:, None]
         return (o, lse) if return_lse else o
     handle.forward(_native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
-                                       o=o.ctypes.data, lse=lse.ctypes.data,
-                                       alibi_slopes=c.slopes_ptr()))
+                                       o=o.ctypes.data, lse=lse.ctypes.data, **c.head_ptrs()))
     return (o, lse) if return_lse else o
 
 
 def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                               max_seqlen_k=None, *, causal=False, window=None, softcap=None,
-                              scale=None, alibi_slopes=None, diag_offset=None):
+                              scale=None, alibi_slopes=None, diag_offset=None, sinks=None):
     """Gradients of sum(o * do) for varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)
     with the same options, from its o and lse [Hq, total_q]. Returns (dq, dk, dv) shaped and
-    strided like q, k, v (dk, dv summed over the query heads that share them)."""
+    strided like q, k, v (dk, dv summed over the query heads that share them), and dsink
+    (f32 [Hq], summed over every packed row) last with sinks."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                softcap, scale, alibi_slopes, diag_offset)
+                softcap, scale, alibi_slopes, diag_offset, sinks)
     shape = c.o_shape()
     o, do = _readable("o", o, 3), _readable("do", do, 3)
     o, do, lse = backward_inputs(o, do, lse, shape, c.q.dtype, (c.q.shape[1], c.q.shape[0]), "[Hq, total_q]")
     q, dq = _grad_buffer(c.q)
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)
+    dsink = None if c.sinks is None else _empty(c.sinks.shape, np.float32)
+    grads = (dq, dk, dv) + (() if dsink is None else (dsink,))
     handle = c.plan(_elem_strides(o), q=q, k=k, v=v)
     if isinstance(handle, _native.EmptyPlanHandle):
-        for g in (dq, dk, dv):
+        for g in grads:
             g[...] = 0
-        return dq, dk, dv
+        return grads
     handle.backward(_native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                          o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                          dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
-                                         alibi_slopes=c.slopes_ptr()))
-    return dq, dk, dv
+                                         dsink=None if dsink is None else dsink.ctypes.data, **c.head_ptrs()))
+    return grads
 
 
 def cache_lengths(cache_seqlens, batch, capacity):
@@ -153,7 +162,7 @@ def _writable_cache(name, a):
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, out=None):
+                      return_lse=False, out=None, sinks=None):
     """One decoding step against a kv cache, in the manner of flash_attn_with_kvcache.
 
     q [B, Sq_new, Hq, D]; k_cache [B, S_cache_max, Hk, D] and v_cache [.., Dv], or with
@@ -167,7 +176,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     cache_seqlens[b] + Sq_new positions, else to cache_seqlens[b]. Masks align bottom-right per
     sequence (causal: new token i sees positions <= cache_seqlens[b] + i). Cache rows past a
     sequence's length are never read. Returns o [B, Sq_new, Hq, Dv] (into out if given) and
-    lse [B, Hq, Sq_new] f32 with return_lse. Forward only."""
+    lse [B, Hq, Sq_new] f32 with return_lse. sinks [Hq]: as in attention (the split-KV
+    chunks merge without it; it joins once). Forward only."""
     q = _readable("q", q)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -193,19 +203,20 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     lens = cache_lengths(cache_seqlens, B, capacity)
     shape = q.shape[:3] + (v_cache.shape[3],)
     inputs = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
-              ("alibi_slopes", alibi_slopes))
+              ("alibi_slopes", alibi_slopes), ("sinks", sinks))
     o = _empty(shape, q.dtype) if out is None else _check_out("out", out, shape, q.dtype, inputs)
     lse = _empty((B, q.shape[2], q.shape[1]), np.float32)
     slopes = _slopes(alibi_slopes, q.shape[2])
+    sink_arr = head_floats("sinks", sinks, q.shape[2])
     p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
                        q_stride=_elem_strides(q), kc_stride=_elem_strides(k_cache),
                        vc_stride=_elem_strides(v_cache), o_stride=_elem_strides(o), dtype=dtype,
                        cache_seqlens=lens, has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=window, softcap=softcap, scale=scale,
-                       alibi=slopes is not None)
+                       alibi=slopes is not None, sinks=sink_arr is not None)
     handle = _native.cached_plan(p, make_options("cpu"))
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     handle.forward(_native.ForwardArgs(q=ptr(q), k=ptr(k_cache), v=ptr(v_cache), o=ptr(o),
                                        lse=ptr(lse), alibi_slopes=ptr(slopes), k_new=ptr(k),
-                                       v_new=ptr(v), block_table=ptr(table)))
+                                       v_new=ptr(v), block_table=ptr(table), sinks=ptr(sink_arr)))
     return (o, lse) if return_lse else o

@@ -73,7 +73,7 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
          dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None,
          bias_shape=None, alibi=False, segment_ids=False, backend="auto",
          threads=0, block_q=0, block_k=0, diag_offset=None, bias_scale=None, bias_grad=False,
-         mask_shape=None):
+         mask_shape=None, sinks=False):
     """Plans attention for q [batch, heads, seq_q, head_dim], k [batch, kv_heads, seq_k,
     head_dim], v [batch, kv_heads, seq_k, head_dim_v] from shapes alone: microseconds, no
     allocation of the problem's size. Bad arguments raise ValueError with the library's
@@ -81,7 +81,8 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
     threads, block sizes, diag_offset (where masks align: 0 is top-left), bias_scale and
     bias_grad (the backward writes dbias). bias_shape and mask_shape (a boolean mask=,
     which the fronts pass as a 0 / -inf bias): broadcastable to [batch, heads, seq_q, seq_k];
-    with a mask the plan is not exact (see Plan)."""
+    with a mask the plan is not exact (see Plan). sinks: the problem has attention sinks
+    (one more exp per row in the forward, and per row for dsink in the backward)."""
     seq_k = seq_q if seq_k is None else seq_k
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     kv_heads = heads if kv_heads is None else kv_heads
@@ -91,6 +92,6 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
                      v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=dtype, causal=causal,
                      window=window, softcap=softcap, scale=scale, bias_shape=bias_shape,
                      alibi=alibi, segment_ids=segment_ids, diag_offset=diag_offset,
-                     bias_scale=bias_scale, bias_grad=bias_grad)
+                     bias_scale=bias_scale, bias_grad=bias_grad, sinks=sinks)
     options = make_options(backend, threads, block_q, block_k)
     return Plan(_native.plan_handle(p, options), masked=mask_shape is not None)

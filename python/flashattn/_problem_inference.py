@@ -51,7 +51,7 @@ def check_varlen_shapes(q_shape, k_shape, v_shape):
 
 def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o_stride, dtype,
                    cu_seqlens_q, cu_seqlens_k, causal=False, window=None, softcap=None,
-                   scale=None, alibi=False, diag_offset=None):
+                   scale=None, alibi=False, diag_offset=None, sinks=False):
     """The problem of a packed batch; cu_seqlens_* int32 numpy arrays [B + 1] that the
     caller keeps alive until the plan exists (the plan copies them)."""
     check_varlen_shapes(q_shape, k_shape, v_shape)
@@ -62,7 +62,7 @@ def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o
     (Tq, Hq, D), (Tk, Hk, _), Dv = q_shape, k_shape, v_shape[2]
     p = make_problem(q_dims=(B, Hq, Tq, D), k_dims=(B, Hk, Tk, D), v_dims=(B, Hk, Tk, Dv),
                      dtype=dtype, causal=causal, window=window, softcap=softcap, scale=scale,
-                     alibi=alibi, diag_offset=diag_offset,
+                     alibi=alibi, diag_offset=diag_offset, sinks=sinks,
                      q_stride=_packed_strides(q_stride), k_stride=_packed_strides(k_stride),
                      v_stride=_packed_strides(v_stride), o_stride=_packed_strides(o_stride))
     p.cu_seqlens_q = cu_seqlens_q.ctypes.data
@@ -107,7 +107,7 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
 
 def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_stride, o_stride,
                    dtype, cache_seqlens, has_new_kv, max_pages=None, causal=False,
-                   window=None, softcap=None, scale=None, alibi=False):
+                   window=None, softcap=None, scale=None, alibi=False, sinks=False):
     """The problem of one decoding step; cache_seqlens an int32 numpy array [B] kept alive by
     the caller until the plan exists. max_pages (the block table's width) makes it paged."""
     paged = max_pages is not None
@@ -118,7 +118,7 @@ def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_strid
     Sk = max_pages * kc_shape[1] if paged else kc_shape[1]
     p = make_problem(q_dims=(B, Hq, Sq, D), k_dims=(B, Hk, Sk, D), v_dims=(B, Hk, Sk, Dv),
                      dtype=dtype, causal=causal, window=window, softcap=softcap, scale=scale,
-                     alibi=alibi, q_stride=_bshd_strides(q_stride), k_stride=_bshd_strides(kc_stride),
+                     alibi=alibi, sinks=sinks, q_stride=_bshd_strides(q_stride), k_stride=_bshd_strides(kc_stride),
                      v_stride=_bshd_strides(vc_stride), o_stride=_bshd_strides(o_stride))
     p.cache_seqlens = cache_seqlens.ctypes.data
     p.has_new_kv = int(bool(has_new_kv))

@@ -46,6 +46,18 @@ def alibi(alibi_slopes, H, device):
     return alibi_slopes.detach().to(torch.float32).contiguous()
 
 
+def sinks_arg(sinks, H, device):
+    """sinks [H] as the library's f32, still differentiable (autograd gives their gradient)."""
+    if sinks is None:
+        return None
+    check_tensor("sinks", sinks)
+    if sinks.device != device:
+        raise ValueError(f"sinks is on {sinks.device} but q is on {device}")
+    if tuple(sinks.shape) != (H,) or not sinks.is_floating_point():
+        raise ValueError(f"sinks must be real numbers of shape [H] = [{H}], got {sinks.dtype} {tuple(sinks.shape)}")
+    return sinks.to(torch.float32).contiguous()
+
+
 def int_in(name, v, bits=64, optional=False):
     """v as a Python int that fits a signed `bits`-bit integer, or ValueError naming it: the
     problem builder's one rule (_problem._int), None passed through where optional."""

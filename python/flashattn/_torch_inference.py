@@ -14,8 +14,8 @@ import torch
 from . import _layout, _native
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                  decode_problem, varlen_problem)
-from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, threads_arg,
-                          window_sides)
+from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, sinks_arg,
+                          threads_arg, window_sides)
 from ._torch_ops import (DTYPES, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
                          int32_ids, lse_as_value_column, poisoned, ptr, readable)
 
@@ -32,16 +32,16 @@ def _strides(t):
 # ---- packed variable-length batches ---------------------------------------------------
 
 def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, softcap, scale,
-                   diag_offset, dev):
+                   diag_offset, dev, sinks=False):
     p = varlen_problem(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
                        q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
                        o_stride=tuple(o_stride), dtype=DTYPES[q.dtype], cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=(wl, wr), softcap=softcap,
-                       scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset)
+                       scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks)
     return _native.cached_plan(p, dev.options())
 
 
-def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, diag_offset, threads):
+def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, diag_offset, threads, sinks=False):
     """Whether the packed problem has no rows, no keys, no heads or no sequences (which the
     library refuses); if so it is planned with those sizes at 1 (one sequence of one row),
     so that bad options and D = 0 still raise the library's message."""
@@ -53,8 +53,16 @@ def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, d
            for h, d in ((hq, q.shape[2]), (hk, k.shape[2]), (hk, v.shape[2]))]
     one = torch.tensor([0, 1], dtype=torch.int32).numpy()
     _varlen_handle(*sub, (1, hq, v.shape[2]), one, one, alibi_slopes, causal, wl, wr, softcap, scale,
-                   diag_offset, Device(q, threads))
+                   diag_offset, Device(q, threads), sinks)
     return True
+
+
+def _no_key_lse(shape, sinks, device):
+    """lse [Hq, rows] of rows that see no key: -inf, or each head's sink."""
+    lse = torch.full(shape, float("-inf"), device=device)
+    if sinks is not None and lse.numel():
+        lse.copy_(sinks.view(-1, 1).expand(shape))
+    return lse
 
 
 @torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
@@ -62,11 +70,12 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
-                diag_offset: Optional[int], threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                diag_offset: Optional[int], threads: int = 0,
+                sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
-                     diag_offset, threads):
+                     diag_offset, threads, sinks is not None):
         return (torch.zeros(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device),
-                torch.full((q.shape[1], q.shape[0]), float("-inf"), device=q.device))
+                _no_key_lse((q.shape[1], q.shape[0]), sinks, q.device))
     q, k, v = readable(q), readable(k), readable(v)
     cu_q, cu_k = _host_int32(cu_seqlens_q, "cu_seqlens_q"), _host_int32(cu_seqlens_k, "cu_seqlens_k")
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
@@ -75,17 +84,17 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     lse = poisoned(torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), cu_q, cu_k, alibi_slopes, causal, window_left,
-                            window_right, softcap, scale, diag_offset, dev)
+                            window_right, softcap, scale, diag_offset, dev, sinks is not None)
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
-        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream())))
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks))))
     return o, lse
 
 
 @_varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                     causal, window_left, window_right, softcap, scale, diag_offset, threads=0):
+                     causal, window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None):
     return (q.new_empty(tuple(q.shape[:2]) + (v.shape[2],)),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
@@ -95,31 +104,37 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 do: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
-                diag_offset: Optional[int], threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                diag_offset: Optional[int], threads: int = 0, sinks: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsink ((0,) without sinks)."""
+    has_sinks = sinks is not None
     if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
-                     diag_offset, threads):  # nothing visible anywhere: every gradient is 0
-        return tuple(torch.zeros_like(t) for t in (q, k, v))
+                     diag_offset, threads, has_sinks):  # nothing visible anywhere: every gradient is 0
+        return tuple(torch.zeros_like(t) for t in (q, k, v)) + (
+            torch.zeros(sinks.shape if has_sinks else (0,), device=q.device),)
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     lse = lse.contiguous()
     o = readable(o)
     o, do = do_with_o_strides(o, do)
+    dsink = poisoned(torch.empty(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k),
                             alibi_slopes, causal, window_left, window_right, softcap, scale,
-                            diag_offset, dev)
+                            diag_offset, dev, has_sinks)
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse), dq=ptr(dq),
         dk=ptr(dk), dv=ptr(dv), alibi_slopes=ptr(alibi_slopes), workspace=ptr(ws),
-        workspace_size=ws_size, stream=dev.stream())))
-    return dq, dk, dv
+        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks), dsink=ptr(dsink) if has_sinks else None)))
+    return dq, dk, dv, dsink
 
 
 @_varlen_bwd.register_fake
 def _varlen_bwd_fake(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal,
-                     window_left, window_right, softcap, scale, diag_offset, threads=0):
-    return tuple(grad_like(dense_for_grad(t)) for t in (q, k, v))
+                     window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None):
+    return tuple(grad_like(dense_for_grad(t)) for t in (q, k, v)) + (
+        q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32),)
 
 
 class _VarlenCompiled(torch.autograd.Function):
@@ -128,29 +143,34 @@ class _VarlenCompiled(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(q, k, v, cu_q, cu_k, max_q, max_k, slopes, causal, wl, wr, softcap, scale, diag_offset, threads):
+    def forward(q, k, v, cu_q, cu_k, max_q, max_k, slopes, causal, wl, wr, softcap, scale, diag_offset, threads,
+                sinks=None):
         return torch.ops.flashattn.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, slopes, causal, wl, wr,
-                                              softcap, scale, diag_offset, threads)
+                                              softcap, scale, diag_offset, threads, sinks)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v, cu_q, cu_k, _, _, slopes = inputs[:8]
-        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, slopes)
-        ctx.options = inputs[8:]
+        sinks = inputs[15] if len(inputs) > 15 else None
+        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, slopes, sinks)
+        ctx.options = inputs[8:15]
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse, cu_q, cu_k, slopes = ctx.saved_tensors
+        q, k, v, o, lse, cu_q, cu_k, slopes, sinks = ctx.saved_tensors
         if do is None and dlse is None:
-            return (None,) * 15
+            return (None,) * 16
         do = torch.zeros_like(o) if do is None else do
         if dlse is not None:  # lse [Hq, total_q], do's rows [total_q, Hq]
             v, o, do = lse_as_value_column(v, o, do, dlse, lambda x: x.t())
-        dq, dk, dv = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, slopes, *ctx.options)
+        dq, dk, dv, dsink = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, slopes, *ctx.options,
+                                                           sinks)
         if dlse is not None:
             dv = dv[..., :-1]
-        return (dq, dk, dv) + (None,) * 12
+            if sinks is not None:  # lse's cotangent reaches the sink directly (as in _torch_ops)
+                dsink = dsink + (torch.exp(sinks.view(-1, 1) - lse) * dlse).sum(1)
+        return (dq, dk, dv) + (None,) * 12 + (dsink if sinks is not None and ctx.needs_input_grad[15] else None,)
 
 
 
@@ -185,9 +205,9 @@ def _no_mask(mask, fn):
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False, mask=None, threads=None):
+                     diag_offset=None, return_lse=False, mask=None, threads=None, sinks=None):
     """Attention over a packed batch of sequences of different lengths, differentiable in
-    q, k and v (flash_attn_varlen_func's shapes).
+    q, k, v and sinks (flash_attn_varlen_func's shapes; sinks [Hq] as in attention).
 
     q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv]; cu_seqlens_q, cu_seqlens_k
     int32 [batch + 1] prefix sums (sequence b: rows cu[b]:cu[b+1]; read on the host).
@@ -211,13 +231,14 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     o, lse = fn.apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
                       int_in("max_seqlen_k", max_seqlen_k, optional=True),
                       alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,
-                      int_in("diag_offset", diag_offset, optional=True), threads)
+                      int_in("diag_offset", diag_offset, optional=True), threads,
+                      sinks_arg(sinks, q.shape[1], q.device))
     return (o, lse) if return_lse else o
 
 
 # ---- kv-cache decoding -----------------------------------------------------------------
 
-def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, scale, threads):
+def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, scale, threads, sinks=False):
     """Whether the step has no batch, no new rows or no heads (which the library refuses);
     if so it is planned as one row against an empty one-slot cache, so that bad options and
     D = 0 still raise the library's message. Nothing is written into the caches."""
@@ -230,7 +251,7 @@ def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, s
     p = decode_problem(q_shape=qs, kc_shape=kc, vc_shape=vc, q_stride=(0,) * 4, kc_stride=(0,) * 4,
                        vc_stride=(0,) * 4, o_stride=(0,) * 4, dtype=DTYPES[q.dtype], cache_seqlens=lens,
                        has_new_kv=False, causal=causal, window=(wl, wr), softcap=softcap, scale=scale,
-                       alibi=alibi_slopes is not None)
+                       alibi=alibi_slopes is not None, sinks=sinks)
     _native.cached_plan(p, Device(q, threads).options())
     return True
 
@@ -241,12 +262,14 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
                  alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                  window_right: int, softcap: float, scale: Optional[float],
-                 threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                 threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     B, Sq, Hq, _ = q.shape
     if _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right, softcap, scale,
-                      threads):
-        return (torch.zeros((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device),
-                torch.full((B, Hq, Sq), float("-inf"), device=q.device))
+                      threads, sinks is not None):
+        lse = torch.full((B, Hq, Sq), float("-inf"), device=q.device)
+        if sinks is not None and lse.numel():
+            lse.copy_(sinks.view(1, -1, 1).expand(B, Hq, Sq))
+        return torch.zeros((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device), lse
     q = readable(q)
     has_new = k_new is not None
     # with new tokens the library writes through the caches' own strides (kvcache_attention
@@ -263,28 +286,29 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        o_stride=_strides(o), dtype=DTYPES[q.dtype], cache_seqlens=lens,
                        has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=(window_left, window_right), softcap=softcap,
-                       scale=scale, alibi=alibi_slopes is not None)
+                       scale=scale, alibi=alibi_slopes is not None, sinks=sinks is not None)
     handle = _native.cached_plan(p, dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     table_ptr = None if table is None else table.ctypes.data
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(kc), v=ptr(vc), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
         k_new=ptr(k_new), v_new=ptr(v_new), block_table=table_ptr, workspace=ptr(ws),
-        workspace_size=ws_size, stream=dev.stream())))
+        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks))))
     return o, lse
 
 
 @_kvcache_fwd.register_fake
 def _kvcache_fwd_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes,
-                      causal, window_left, window_right, softcap, scale, threads=0):
+                      causal, window_left, window_right, softcap, scale, threads=0, sinks=None):
     B, Sq, Hq, _ = q.shape
     return q.new_empty((B, Sq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, mask=None, threads=None):
+                      return_lse=False, mask=None, threads=None, sinks=None):
     """One decoding step against a kv cache (flash_attn_with_kvcache's shapes); forward only.
+    sinks [Hq]: as in attention (the split-KV chunks merge without them; they join once).
 
     q [B, Sq_new, Hq, D]; k_cache, v_cache [B, S_cache_max, Hk, D] (Dv for v), or with
     block_table (int32 [B, max_pages]) paged [num_pages, page_size, Hk, D]; cache_seqlens
@@ -329,6 +353,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     lens = _int_tensor("cache_seqlens", cache_seqlens, f"[batch] = [{B}]", 1)
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
+    sinks = sinks_arg(sinks, q.shape[2], q.device)
     o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device),
-                          bool(causal), *_options(window, softcap, scale, threads))
+                          bool(causal), *_options(window, softcap, scale, threads),
+                          None if sinks is None else sinks.detach())
     return (o, lse) if return_lse else o

@@ -114,7 +114,7 @@ class Device:
 
 # ---- the dense problem ---------------------------------------------------------------
 
-def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False):
+def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False, sinks=False):
     causal, wl, wr, softcap, scale, L, diag_offset, bias_scale = opts
     strides = {} if o_stride is None else dict(
         q_stride=_layout.to_bhsd(L, q.stride()), k_stride=_layout.to_bhsd(L, k.stride()),
@@ -126,7 +126,7 @@ def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False)
         window=(wl, wr), softcap=softcap, scale=scale,
         bias_shape=None if bias is None else tuple(bias.shape), alibi=alibi,
         segment_ids=segment_ids, diag_offset=diag_offset, bias_scale=bias_scale,
-        bias_grad=bias_grad, **strides)
+        bias_grad=bias_grad, sinks=sinks, **strides)
 
 
 def _empty_sizes(q, k, layout):
@@ -135,7 +135,7 @@ def _empty_sizes(q, k, layout):
     return 0 in (B, Hq, Hk, Sq, Sk)
 
 
-def _check_empty(q, k, v, bias, alibi, segment_ids, opts, threads, bias_grad=False):
+def _check_empty(q, k, v, bias, alibi, segment_ids, opts, threads, bias_grad=False, sinks=False):
     """Plans the problem with every zero size at 1 (shapes only), so that what the library
     would refuse besides the zero sizes (D = 0, bad options) still raises its message."""
     L = opts[5]
@@ -147,8 +147,16 @@ def _check_empty(q, k, v, bias, alibi, segment_ids, opts, threads, bias_grad=Fal
     sub = [torch.empty(_layout.from_bhsd(L, d), dtype=q.dtype, device="meta") for d in (qd, kd, vd)]
     bsub = None if bias is None else torch.empty(
         (1 if bias.shape[0] == 1 else qd[0], 1 if bias.shape[1] == 1 else qd[1], qd[2], kd[2]), device="meta")
-    _native.cached_plan(_problem(*sub, None, bsub, alibi, segment_ids, opts, bias_grad),
+    _native.cached_plan(_problem(*sub, None, bsub, alibi, segment_ids, opts, bias_grad, sinks),
                         make_options("cpu", threads))
+
+
+def empty_lse(shape, sinks, device):
+    """lse [B, H, Sq] of rows that see no key: -inf, or each head's sink."""
+    lse = torch.full(shape, float("-inf"), device=device)
+    if sinks is not None and lse.numel():
+        lse.copy_(sinks.view(1, -1, 1).expand(shape))
+    return lse
 
 
 @torch.library.custom_op("flashattn::attention_fwd", mutates_args=())
@@ -157,32 +165,33 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
-                   threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                   threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
-    alibi, segs = alibi_slopes is not None, q_segment_ids is not None
+    alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
     if _empty_sizes(q, k, layout):
-        _check_empty(q, k, v, bias, alibi, segs, opts, threads)
+        _check_empty(q, k, v, bias, alibi, segs, opts, threads, sinks=has_sinks)
         return (torch.zeros(o_shape(q, v, layout), dtype=q.dtype, device=q.device),
-                torch.full(lse_shape(q, layout), float("-inf"), device=q.device))
+                empty_lse(lse_shape(q, layout), sinks, q.device))
     q, k, v = readable(q), readable(k), readable(v)
     bias = None if bias is None else readable(bias)
     qs, ks = int32_ids("q_segment_ids", q_segment_ids), int32_ids("kv_segment_ids", kv_segment_ids)
     o = poisoned(torch.empty(o_shape(q, v, layout), dtype=q.dtype, device=q.device))
     lse = poisoned(torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts), dev.options())
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, sinks=has_sinks),
+                                 dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), bias=ptr(bias),
         alibi_slopes=ptr(alibi_slopes), q_segment_ids=ptr(qs), kv_segment_ids=ptr(ks),
-        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream())))
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks))))
     return o, lse
 
 
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
                         window_left, window_right, softcap, scale, layout, diag_offset, bias_scale,
-                        threads=0):
+                        threads=0, sinks=None):
     return q.new_empty(o_shape(q, v, layout)), q.new_empty(lse_shape(q, layout), dtype=torch.float32)
 
 
@@ -193,13 +202,16 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
-                   bias_grad: bool, threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   bias_grad: bool, threads: int = 0, sinks: Optional[torch.Tensor] = None
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, dbias ((0,) without bias_grad) and dsink ((0,) without sinks)."""
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
-    alibi, segs = alibi_slopes is not None, q_segment_ids is not None
+    alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
     if _empty_sizes(q, k, layout):  # nothing visible anywhere: every gradient is 0
-        _check_empty(q, k, v, bias, alibi, segs, opts, threads, bias_grad)
+        _check_empty(q, k, v, bias, alibi, segs, opts, threads, bias_grad, has_sinks)
         return tuple(torch.zeros_like(t) for t in (q, k, v)) + (
-            torch.zeros(bias.shape if bias_grad else (0,), device=q.device),)
+            torch.zeros(bias.shape if bias_grad else (0,), device=q.device),
+            torch.zeros(sinks.shape if has_sinks else (0,), device=q.device))
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     bias = None if bias is None else readable(bias)
@@ -207,24 +219,27 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     lse = lse.contiguous()
     o, do = do_with_o_strides(readable(o), do)
     dbias = poisoned(torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device))
+    dsink = poisoned(torch.empty(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad),
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad, has_sinks),
                                  dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse),
         dq=ptr(dq), dk=ptr(dk), dv=ptr(dv), dbias=ptr(dbias) if bias_grad else None,
         bias=ptr(bias), alibi_slopes=ptr(alibi_slopes), q_segment_ids=ptr(qs),
-        kv_segment_ids=ptr(ks), workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream())))
-    return dq, dk, dv, dbias
+        kv_segment_ids=ptr(ks), workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(),
+        sinks=ptr(sinks), dsink=ptr(dsink) if has_sinks else None)))
+    return dq, dk, dv, dbias, dsink
 
 
 @_attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
                         causal, window_left, window_right, softcap, scale, layout, diag_offset,
-                        bias_scale, bias_grad, threads=0):
+                        bias_scale, bias_grad, threads=0, sinks=None):
     dq, dk, dv = (grad_like(dense_for_grad(t)) for t in (q, k, v))
-    return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32)
+    return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32), q.new_empty(
+        sinks.shape if sinks is not None else (0,), dtype=torch.float32)
 
 
 def _vmap_by_loop(op):
@@ -269,23 +284,25 @@ class AttentionCompiled(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
-                diag_offset, bias_scale, threads):
+                diag_offset, bias_scale, threads, sinks=None):
         with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
             return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
-                                                     softcap, scale, layout, diag_offset, bias_scale, threads)
+                                                     softcap, scale, layout, diag_offset, bias_scale, threads,
+                                                     sinks)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7])
-        ctx.options = inputs[7:]
+        sinks = inputs[16] if len(inputs) > 16 else None
+        ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7], sinks)
+        ctx.options = inputs[7:16]
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse, bias, slopes, q_seg, kv_seg = ctx.saved_tensors
+        q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks = ctx.saved_tensors
         nones = (None,) * (len(ctx.options) + 3)
         if do is None and dlse is None:
-            return (None,) * 4 + nones
+            return (None,) * 4 + nones + (None,)
         do = torch.zeros_like(o) if do is None else do
         layout, threads = ctx.options[5], ctx.options[8]
         if dlse is not None:
@@ -293,11 +310,16 @@ class AttentionCompiled(torch.autograd.Function):
             v, o, do = lse_as_value_column(v, o, do, dlse, to_rows)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
         with torch.no_grad():  # no second derivative: the op's own autograd would refuse it anyway
-            dq, dk, dv, dbias = torch.ops.flashattn.attention_bwd(
-                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads)
+            dq, dk, dv, dbias, dsink = torch.ops.flashattn.attention_bwd(
+                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads, sinks)
+            if dlse is not None and sinks is not None:
+                # d lse_i / d sink_h = exp(sink_h - lse_i): lse's cotangent reaches the sink
+                # directly (the value column above carries it to the scores only)
+                dsink = dsink + (torch.exp(sinks.view(1, -1, 1) - lse) * dlse).sum((0, 2))
         if dlse is not None:
             dv = dv[..., :-1]
-        return (dq, dk, dv, dbias if bias_grad else None) + nones
+        return (dq, dk, dv, dbias if bias_grad else None) + nones + (
+            dsink if sinks is not None and ctx.needs_input_grad[16] else None,)
 
 
 

@@ -11,7 +11,7 @@ import torch
 from . import _layout
 from ._problem import check_shapes
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
-                          float_or_none, int_in, refuse_bool_bias, threads_arg, window_sides)
+                          float_or_none, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import attention_function
 
 
@@ -32,7 +32,7 @@ def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, mask=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False, bias_scale=None, diag_offset=None, threads=None):
+              return_lse=False, bias_scale=None, diag_offset=None, threads=None, sinks=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v, differentiable in q, k, v
     and bias, through o and lse (autograd, torch.func.grad / vjp / vmap; not forward mode).
 
@@ -49,7 +49,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     zero-size B, H, Sq or Sk give empty outputs. Returns o in q's layout, and lse
     [B, Hq, Sq] f32 with return_lse. Beyond the issue's signature: bias_scale (s +=
     bias_scale * bias), diag_offset (query i sits at key position i + diag_offset; 0 aligns
-    masks top-left, as SDPA's is_causal) and threads (None or 0: the library's default)."""
+    masks top-left, as SDPA's is_causal) and threads (None or 0: the library's default).
+    sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds nothing
+    to o (gpt-oss's attention sinks; docs/semantics.md); lse includes it, a row with no
+    visible key gets lse = sink, and autograd gives the sinks' gradient."""
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
@@ -73,7 +76,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,
-                             threads_arg(threads))
+                             threads_arg(threads), sinks_arg(sinks, H, q.device))
     return (o, lse) if return_lse else o
 
 

@@ -41,6 +41,18 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
     return st;
 }
 
+/* -sum over (b, i) of exp(sink_h - lse) * delta, b then i ascending, in double so that
+ * B * Sq terms lose nothing to the order; f32 at the end. */
+static float dsink_head(const fa_plan *pl, const fa_backward_args *a, const float *delta, int64_t h) {
+    const fa_problem *p = &pl->p;
+    double sum = 0.0;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t i = 0; i < p->seq_q; i++)
+            sum += (double)(expf(a->sinks[h] - a->lse[fa_lse_index(pl, b, h, i)]) *
+                            delta[(b * p->heads_q + h) * p->seq_q + i]);
+    return (float)-sum;
+}
+
 fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int64_t scratch_bytes,
                      int64_t items, int64_t steps, fa_bwd_item_fn *item) {
     const fa_problem *p = &pl->p;
@@ -64,11 +76,18 @@ fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) delta[r] = fa_bwd_delta_row(p, a, r);
         /* the implicit barrier above publishes delta */
+        if (p->has_sinks) {
+            /* dsink_h = -sum over (b, i) of exp(sink_h - lse) delta: one head per iteration, its
+             * rows in order, so the sum does not depend on the threads (docs/semantics.md) */
+#pragma omp for schedule(static) nowait
+            for (int64_t h = 0; h < p->heads_q; h++) a->dsink[h] = dsink_head(pl, a, delta, h);
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < items; t++) fa_progress_step(&progress, item(&c, mine, t, &cnt));
         flops += cnt.flops;
         trans += cnt.transcendentals;
     }
+    if (p->has_sinks) trans += rows; /* one exp per row for dsink */
     if (a->counts) {
         a->counts->flops = flops;
         a->counts->transcendentals = trans;

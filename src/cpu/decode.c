@@ -25,6 +25,7 @@
 #include "isa.h"
 #include "scores.h"
 #include "vexp.h"
+#include "../sinks.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -259,13 +260,15 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
         else
             for (int64_t x = 0; x < Dv; x++) o[x] += part[r * Dv + x] * w;
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    /* the sink once, after every chunk (sinks.h); alpha rescales o to the new max */
+    const float alpha = p->has_sinks ? fa_sink_fold(cx->a->sinks[h], &top, &l) : 1.0f;
+    const float inv = l > 0.0f ? alpha / l : 0.0f;
     const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
     for (int64_t x = 0; x < Dv; x++) fa_store(p->dtype, cx->a->o, ob + x * p->o_stride.s[3], o ? o[x] * inv : 0.0f);
     /* -inf only for a row without visible keys (l = 0); a NaN score made l NaN: lse NaN too */
     if (cx->a->lse)
         cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = isnan(l) ? l : l > 0.0f ? top + logf(l) : -INFINITY;
-    cnt->transcendentals += chunks + 1;
+    cnt->transcendentals += chunks + 1 + p->has_sinks;
 }
 
 /* The rows [r0, r1] of a page that an append writes through block_table[b][j]. */

@@ -6,7 +6,8 @@
  * run whose key tiles (schedule.h) hold the key tile (the cost model counts exactly that
  * schedule), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
  * bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
- * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l).
+ * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l)
+ * (with sinks, l and m include the head's sink first: sinks.h).
  * Sharing each packed k, v tile among the run's query tiles divides the packing (10% of
  * the bf16 forward with one tile per item) by the run length; every row still sees its
  * key tiles in the same order, so the results do not depend on the runs. The tile math (packing,
@@ -20,6 +21,7 @@
 #include "isa.h"
 #include "progress.h"
 #include "scores.h"
+#include "../sinks.h"
 #include "vexp.h"
 
 #include <omp.h>
@@ -300,14 +302,16 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
         const float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
         for (int r = 0; r < m; r++) {
             const int64_t i = r0 + r;
-            const float l = L[r];
-            const float lse = M[r] + logf(l);
-            const float inv = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : NAN;
+            float l = L[r], mx = M[r];
+            /* sinks.h: once per row, after every key; alpha rescales acc to the new max */
+            const float alpha = p->has_sinks ? fa_sink_fold(a->sinks[h], &mx, &l) : 1.0f;
+            const float lse = mx + logf(l);
+            const float inv = l > 0.0f ? alpha / l : l == 0.0f ? 0.0f : NAN;
             const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
             store_row(p->dtype, a->o, ob, p->o_stride.s[3], acc + r * Dv, inv, Dv);
             if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : l == 0.0f ? -INFINITY : NAN;
         }
-        cnt->transcendentals += m;
+        cnt->transcendentals += m * (p->has_sinks ? 2 : 1);
     }
 }
 

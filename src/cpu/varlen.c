@@ -87,10 +87,12 @@ static fa_status forward_sequence(const struct fa_plan *pl, const struct fa_plan
     if (sq == 0) return FA_OK;
     if (sub->p.seq_k == 0) {
         zero_rows(a->o, &p->o_stride, p->dtype, p->heads_q, p->head_dim_v, cq[b], cq[b + 1]);
-        if (a->lse)
+        if (a->lse) /* with sinks, the sink alone: lse = sink_h (sinks.h) */
             for (int64_t h = 0; h < p->heads_q; h++)
-                for (int64_t i = 0; i < sq; i++) a->lse[h * p->seq_q + cq[b] + i] = -INFINITY;
-        c->transcendentals = p->heads_q * sq; /* the log of each row's lse, as the dense driver counts */
+                for (int64_t i = 0; i < sq; i++)
+                    a->lse[h * p->seq_q + cq[b] + i] = p->has_sinks ? a->sinks[h] : -INFINITY;
+        /* the log of each row's lse (and the sink's exp), as the dense driver counts */
+        c->transcendentals = p->heads_q * sq * (p->has_sinks ? 2 : 1);
         return FA_OK;
     }
     fa_forward_args sa = *a;
@@ -105,10 +107,17 @@ fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args 
                          a->progress_ctx, a->counts, forward_sequence);
 }
 
+/* The backward's arguments, and with sinks the sums of the sequences' dsink. */
+typedef struct {
+    const fa_backward_args *a;
+    float *dsink_seq; /* [Hq]: one sequence's dsink, before it joins a->dsink */
+} varlen_backward_args;
+
 static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
                                    char *ws, fa_counts *c) {
     const fa_problem *p = &pl->p;
-    const fa_backward_args *a = args;
+    const varlen_backward_args *va = args;
+    const fa_backward_args *a = va->a;
     const size_t es = fa_dtype_size(p->dtype);
     const int32_t *cq = p->cu_seqlens_q, *ck = p->cu_seqlens_k;
     if (sub->p.seq_q == 0) {
@@ -128,10 +137,23 @@ static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_pla
     sa.dq = (void *)row_ptr(a->dq, &p->q_stride, cq[b], es);
     sa.dk = (void *)row_ptr(a->dk, &p->k_stride, ck[b], es);
     sa.dv = (void *)row_ptr(a->dv, &p->v_stride, ck[b], es);
-    return fa_cpu_backward(sub, &sa);
+    sa.dsink = va->dsink_seq;
+    fa_status s = fa_cpu_backward(sub, &sa);
+    if (!s && p->has_sinks) /* sequence by sequence, in order: the same sum for any threads */
+        for (int64_t h = 0; h < p->heads_q; h++) a->dsink[h] += va->dsink_seq[h];
+    return s;
 }
 
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a) {
-    return each_sequence(pl, a, a->workspace, pl->bwd.workspace_bytes, "backward", a->progress,
-                         a->progress_ctx, a->counts, backward_sequence);
+    varlen_backward_args va = {a, NULL};
+    if (pl->p.has_sinks) { /* a sequence without keys or queries adds nothing to dsink */
+        if (!(va.dsink_seq = fa_malloc((size_t)pl->p.heads_q * sizeof(float))))
+            return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate dsink for %lld heads",
+                            (long long)pl->p.heads_q);
+        for (int64_t h = 0; h < pl->p.heads_q; h++) a->dsink[h] = 0.0f;
+    }
+    fa_status s = each_sequence(pl, &va, a->workspace, pl->bwd.workspace_bytes, "backward", a->progress,
+                                a->progress_ctx, a->counts, backward_sequence);
+    fa_free(va.dsink_seq);
+    return s;
 }

@@ -178,7 +178,7 @@ static fa_status check_forward(const fa_problem *g, const fa_mpi_forward_args *a
     fa_forward_args v = {0};
     if (a) {
         v.q = a->q, v.k = a->k, v.v = a->v, v.o = a->o, v.alibi_slopes = a->alibi_slopes;
-        v.q_segment_ids = a->q_segment_ids, v.kv_segment_ids = a->kv_segment_ids;
+        v.q_segment_ids = a->q_segment_ids, v.kv_segment_ids = a->kv_segment_ids, v.sinks = a->sinks;
     }
     return fa_check_forward_args(g, a ? &v : NULL, 0, 1, "fa_mpi_forward");
 }
@@ -189,6 +189,7 @@ static fa_status check_backward(const fa_problem *g, const fa_mpi_backward_args 
         v.q = a->q, v.k = a->k, v.v = a->v, v.o = a->o, v.d_o = a->d_o, v.lse = a->lse;
         v.dq = a->dq, v.dk = a->dk, v.dv = a->dv, v.alibi_slopes = a->alibi_slopes;
         v.q_segment_ids = a->q_segment_ids, v.kv_segment_ids = a->kv_segment_ids;
+        v.sinks = a->sinks, v.dsink = a->dsink;
     }
     return fa_check_backward_args(g, a ? &v : NULL, 0, 1, "fa_mpi_backward");
 }

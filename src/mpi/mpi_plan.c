@@ -43,6 +43,7 @@ void fa_mpi_pair_problem(const fa_mpi_plan *pl, const fa_mpi_seg *qs, const fa_m
     out->seq_k = ks->len;
     out->has_diag_offset = 1;
     out->diag_offset = qs->gstart - ks->gstart + pl->goff;
+    out->has_sinks = 0; /* a partial state: the ring adds the sink once, after every block */
     out->q_stride = fa_mpi_local_stride(&g->q_stride, g->batch, g->heads_q, pl->lq, g->head_dim);
     out->o_stride = fa_mpi_local_stride(&g->o_stride, g->batch, g->heads_q, pl->lq, g->head_dim_v);
     /* K and V live in the ring's contiguous block buffers of lk rows */
@@ -91,7 +92,7 @@ static uint64_t digest(const fa_mpi_plan *pl) {
                    g->head_dim_v, g->dtype, g->has_scale, g->has_scale ? fbits(g->scale) : 0,
                    g->causal, g->window_left, g->window_right, fbits(g->softcap), g->has_alibi,
                    g->has_segment_ids, g->has_diag_offset, g->has_diag_offset ? g->diag_offset : 0,
-                   pl->method, pl->layout, pl->P};
+                   pl->method, pl->layout, pl->P, g->has_sinks};
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) h = mix(h, f[i]);
     return h;
@@ -161,6 +162,8 @@ static fa_status ring_cost(fa_mpi_plan *pl, fa_pass pass, fa_mpi_cost *out) {
     } else {
         /* K/V travel P-1 hops, each block's dk/dv accumulator P hops (the last one home) */
         out->bytes_sent = out->bytes_received = P > 1 ? (P - 1) * kv + P * acc : 0;
+        /* each rank's share of dsink (f64 [Hq]), gathered by every rank */
+        if (g->has_sinks) out->bytes_sent += (P - 1) * Hq * 8, out->bytes_received += (P - 1) * Hq * 8;
         out->max_step_bytes = P > 1 ? kv + acc : 0;
         in += 2 * B * Hq * lq * Dv * es + B * Hq * lq * 4 + B * Hq * lq * D * es +
               B * Hk * lk * (D + Dv) * es; /* o, do, lse, dq, dk, dv */
@@ -208,8 +211,11 @@ static fa_status ulysses_cost(fa_mpi_plan *pl, fa_pass pass, fa_mpi_cost *out) {
                  B * Hq * Sq * 4) / P;
     }
     out->bytes_sent = out->bytes_received = moved / P * (P - 1) + seg * (P - 1);
+    /* the backward's dsink of each rank's heads, gathered by every rank */
+    const int gather = pass == FA_BACKWARD && g->has_sinks;
+    if (gather) out->bytes_sent += (P - 1) * (Hq / P) * 4, out->bytes_received += (P - 1) * (Hq / P) * 4;
     out->max_step_bytes = out->bytes_sent;
-    out->steps = rounds + (g->has_segment_ids ? 2 : 0);
+    out->steps = rounds + (g->has_segment_ids ? 2 : 0) + gather;
     /* local tensors, head-sharded copies, send and receive buffers of the largest tensor,
      * full-length segment ids with their gather buffers */
     out->peak_bytes = in + seg + heads + 2 * big + B * (Sq + Sk) * (g->has_segment_ids ? 4 : 0) +

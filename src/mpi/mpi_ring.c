@@ -4,7 +4,11 @@
  * Forward: partial (o, lse) merged exactly into f32 running values, in step order (the same
  * bits every run for a given P). Backward: with the global o and lse, each (q rows, block)
  * call gives that pair's exact share of dq, dk, dv; dq adds up locally, and each block's f32
- * dk/dv accumulator travels the ring behind its K/V and arrives home after P hops. */
+ * dk/dv accumulator travels the ring behind its K/V and arrives home after P hops.
+ * Attention sinks: the pair calls exclude them (partial states); the forward adds each
+ * head's sink to the merged rows once, at the end; the backward's pair calls need nothing
+ * (the global lse includes the sink), and dsink is each rank's sum over its rows, gathered
+ * and added in rank order, so every rank has the same bits. */
 #include "mpi_internal.h"
 
 #include <math.h>
@@ -178,6 +182,64 @@ static int run_pair(ring *R, fa_mpi_call *c, fa_plan *lp, int backward, void *ar
     return 1;
 }
 
+/* The sink of each head joins every merged row once (a merge step: not counted, as the
+ * merges are not): lse' = log(exp(lse) + exp(sink)), o' = o exp(lse - lse'). A row without
+ * keys (lse = -inf, o = 0) gets lse = sink. */
+static void add_sinks(const ring *R, const float *sinks, float *acc_o, float *acc_lse) {
+    for (int64_t b = 0; b < R->B; b++)
+        for (int64_t h = 0; h < R->Hq; h++)
+            for (int64_t t = 0; t < R->lq; t++) {
+                const int64_t row = (b * R->Hq + h) * R->lq + t;
+                const float la = acc_lse[row], sk = sinks[h];
+                if (la == -INFINITY) {
+                    acc_lse[row] = sk;
+                    continue;
+                }
+                const float m = la > sk ? la : sk, lse = m + logf(expf(la - m) + expf(sk - m));
+                const float w = expf(la - lse);
+                for (int64_t d = 0; d < R->Dv; d++) acc_o[row * R->Dv + d] *= w;
+                acc_lse[row] = lse;
+            }
+}
+
+/* This rank's share of dsink, -sum over its rows of exp(sink_h - lse) (do . o), per head
+ * in f64 (b, then local rows, ascending): share[h]. */
+static void dsink_share(const ring *R, const fa_mpi_backward_args *a, double *share) {
+    for (int64_t h = 0; h < R->Hq; h++) {
+        double sum = 0.0;
+        for (int64_t b = 0; b < R->B; b++)
+            for (int64_t t = 0; t < R->lq; t++) {
+                float delta = 0.0f;
+                for (int64_t d = 0; d < R->Dv; d++) {
+                    const int64_t at = fa_offset(&R->ost, b, h, t, d);
+                    delta += fa_load(R->g->dtype, a->d_o, at) * fa_load(R->g->dtype, a->o, at);
+                }
+                sum += (double)(expf(a->sinks[h] - a->lse[(b * R->Hq + h) * R->lq + t]) * delta);
+            }
+        share[h] = -sum;
+    }
+}
+
+/* dsink: every rank's share (dsink_share), gathered into shares [P, Hq] on every rank (the
+ * collective joined even after a local failure) and added in rank order. */
+static void gather_dsink(ring *R, fa_mpi_call *c, const fa_mpi_backward_args *a, double *shares) {
+    const double t0 = fa_mpi_now();
+    dsink_share(R, a, shares + R->r * R->Hq);
+    c->stats.merge_s += fa_mpi_now() - t0;
+    const double t1 = fa_mpi_now();
+    const int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, shares, (int)R->Hq, MPI_DOUBLE, c->comm);
+    c->stats.comm_wait_s += fa_mpi_now() - t1;
+    if (!fa_mpi_ok(c, rc, "MPI_Allgather")) return;
+    c->stats.bytes_sent += (R->P - 1) * R->Hq * 8;
+    c->stats.bytes_received += (R->P - 1) * R->Hq * 8;
+    if (c->st != FA_OK) return;
+    for (int64_t h = 0; h < R->Hq; h++) {
+        double sum = 0.0;
+        for (int j = 0; j < R->P; j++) sum += shares[j * R->Hq + h];
+        a->dsink[h] = (float)sum;
+    }
+}
+
 fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi_forward_args *a,
                               fa_status local) {
     ring R;
@@ -218,6 +280,11 @@ fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi
         }
         fa_mpi_wait(&c, &x);
     }
+    if (c.st == FA_OK && R.g->has_sinks) {
+        const double t2 = fa_mpi_now();
+        add_sinks(&R, a->sinks, acc_o, acc_lse);
+        c.stats.merge_s += fa_mpi_now() - t2;
+    }
     if (c.st == FA_OK) {
         fa_mpi_store_f32(R.g->dtype, a->o, &R.ost, acc_o, R.B, R.Hq, R.lq, R.Dv);
         if (a->lse) memcpy(a->lse, acc_lse, (size_t)rows * 4);
@@ -254,9 +321,12 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
     float *dq_acc = fa_mpi_alloc(pl, R.B * R.Hq * R.lq * R.D * 4);
     char *dq_p = fa_mpi_alloc(pl, qspan * (int64_t)R.es), *dkv_p = fa_mpi_alloc(pl, R.off_seg);
     float *lse_c = fa_mpi_alloc(pl, R.B * R.Hq * segq * 4);
+    double *shares = R.g->has_sinks ? fa_mpi_alloc(pl, R.P * R.Hq * 8) : NULL;
     fa_mpi_call c;
     fa_status st = ring_begin(&R, &c, comm, FA_BACKWARD, local,
-                              ok && acc[0] && acc[1] && home && dq_acc && dq_p && dkv_p && lse_c, a->k, a->v,
+                              ok && acc[0] && acc[1] && home && dq_acc && dq_p && dkv_p && lse_c &&
+                                  (shares || !R.g->has_sinks),
+                              a->k, a->v,
                               a->q_segment_ids, a->kv_segment_ids);
     if (st != FA_OK) goto out;
     memset(acc[0], 0, (size_t)accb);
@@ -312,6 +382,7 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
     }
     fa_mpi_wait(&c, &acc_in);
     fa_mpi_wait(&c, &acc_out);
+    if (R.g->has_sinks) gather_dsink(&R, &c, a, shares);
     if (c.st == FA_OK) {
         fa_strides kst = fa_mpi_local_stride(&R.g->k_stride, R.B, R.Hk, R.lk, R.D);
         fa_strides vst = fa_mpi_local_stride(&R.g->v_stride, R.B, R.Hk, R.lk, R.Dv);
@@ -323,7 +394,7 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
     st = fa_mpi_end(&c, a->stats);
 out:
     ring_free(&R);
-    fa_free(acc[0]), fa_free(acc[1]), fa_free(dq_acc), fa_free(dq_p), fa_free(dkv_p), fa_free(lse_c);
+    fa_free(acc[0]), fa_free(acc[1]), fa_free(dq_acc), fa_free(dq_p), fa_free(dkv_p), fa_free(lse_c), fa_free(shares);
     if (home != acc[0]) fa_free(home);
     return st;
 }

@@ -123,6 +123,17 @@ static void gather_ids(ulysses *U, const int32_t *mine, int which, int32_t *all)
     }
 }
 
+/* dsink [Hq]: each rank wrote its Hp heads' in place; every rank gets all of them (the
+ * collective joined even after a local failure). */
+static void gather_dsink(ulysses *U, float *dsink, int64_t Hp) {
+    double t0 = fa_mpi_now();
+    int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, dsink, (int)Hp, MPI_FLOAT, U->c->comm);
+    U->c->stats.comm_wait_s += fa_mpi_now() - t0;
+    if (!fa_mpi_ok(U->c, rc, "MPI_Allgather")) return;
+    U->c->stats.bytes_sent += (U->P - 1) * Hp * 4;
+    U->c->stats.bytes_received += (U->P - 1) * Hp * 4;
+}
+
 /* Sizes of the head-sharded tensors: q-like and o-like rows, k-like and v-like rows. */
 typedef struct {
     fa_problem hp;
@@ -258,6 +269,7 @@ fa_status fa_mpi_ulysses_forward(MPI_Comm comm, const fa_mpi_plan *pl,
         fw.q = r.h[0], fw.k = r.h[1], fw.v = r.h[2], fw.o = r.h[3], fw.lse = (float *)r.h[4];
         fw.alibi_slopes = g->has_alibi ? a->alibi_slopes + pl->rank * Hp : NULL;
         fw.q_segment_ids = r.ids[0], fw.kv_segment_ids = r.ids[1];
+        fw.sinks = g->has_sinks ? a->sinks + pl->rank * Hp : NULL; /* this rank's heads' */
         fw.counts = &n;
         run_kernel(&r.c, &r.z, 0, &fw);
         r.c.stats.counts = n;
@@ -286,10 +298,14 @@ fa_status fa_mpi_ulysses_backward(MPI_Comm comm, const fa_mpi_plan *pl,
         bw.d_o = r.h[5], bw.dq = r.h[6], bw.dk = r.h[7], bw.dv = r.h[8];
         bw.alibi_slopes = g->has_alibi ? a->alibi_slopes + pl->rank * Hp : NULL;
         bw.q_segment_ids = r.ids[0], bw.kv_segment_ids = r.ids[1];
+        /* this rank's heads' sinks; their dsink in place, gathered below */
+        bw.sinks = g->has_sinks ? a->sinks + pl->rank * Hp : NULL;
+        bw.dsink = g->has_sinks ? a->dsink + pl->rank * Hp : NULL;
         bw.counts = &n;
         run_kernel(&r.c, &r.z, 1, &bw);
         r.c.stats.counts = n;
     }
+    if (g->has_sinks) gather_dsink(&r.U, a->dsink, Hp);
     from_heads(&r.U, r.h[6], 0, Hq, g->head_dim, r.z.es, a->dq, &r.z.qst);
     from_heads(&r.U, r.h[7], 1, Hk, g->head_dim, r.z.es, a->dk, &r.z.kst);
     from_heads(&r.U, r.h[8], 1, Hk, g->head_dim_v, r.z.es, a->dv, &r.z.vst);

@@ -50,5 +50,10 @@ void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, dou
  * adds up (|dS_ij k_j|, |dS_ij q_i|, p_ij |do_i|): a kernel that rounds each term's factor
  * (p, dS) to the dtype is off by up to u times this, however much the terms cancel. */
 void fa_ref_backward_abs_terms(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk, double *dv);
+/* With attention sinks (a->sinks, problem has_sinks): dq, dk, dv as fa_ref_backward (or,
+ * saved_o, as fa_ref_backward_saved_o) and dsink [Hq]: the gradient of sum(o * do) with
+ * respect to each head's sink logit, summed over batch and rows. */
+void fa_ref_backward_sinks(const fa_problem *p, const fa_backward_args *a, int saved_o, double *dq, double *dk,
+                           double *dv, double *dsink);
 
 #endif

@@ -2,10 +2,13 @@
  * time, with the row's scores, probabilities and output recomputed from scratch.
  *
  *   s = scale q.k  ->  (softcap) cap tanh(s / cap)  ->  + bias_scale bias  ->  - slope |i + off - j|
+ *   lse = log(exp(sink_h) + sum_j exp(s_j)) (no sink: exp(sink_h) = 0)
  *   p = exp(s - lse) over visible keys, o = sum_j p_j v_j, L = sum(o * do)
  *   dv_j += p_j do,  dp_j = do . v_j,  ds_j = p_j (dp_j - do . o)
  *   dbias_ij += bias_scale ds_j,  (softcap) ds_j *= 1 - tanh^2 (as sech^2),
  *   dq += scale ds_j k_j,  dk_j += scale ds_j q
+ *   dsink_h += -exp(sink_h - lse) (do . o)   (d lse / d sink = exp(sink - lse), and o = sum p v
+ *                                             scales by exp(-lse) as a whole)
  * GQA: dk and dv of a kv head sum over the query heads that read it. */
 #include "ref.h"
 
@@ -44,7 +47,7 @@ static double *ref_load(const fa_problem *p, const void *base, fa_strides st, in
 /* saved_o: delta = do . (the caller's a->o) instead of do . (this function's own o).
  * abs_terms: sums of the terms' magnitudes, |ds| |k|, |ds| |q|, p |do|, instead of the terms. */
 static void ref_backward(const fa_problem *p, const fa_backward_args *a, int saved_o, int abs_terms, double *dq,
-                         double *dk, double *dv, double *dbias) {
+                         double *dk, double *dv, double *dbias, double *dsink) {
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
                   Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
     const int64_t group = Hq / Hk;
@@ -62,6 +65,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
     memset(dk, 0, sizeof(double) * (size_t)(B * Hk * Sk * D));
     memset(dv, 0, sizeof(double) * (size_t)(B * Hk * Sk * Dv));
     if (dbias) memset(dbias, 0, sizeof(double) * (size_t)(p->bias_batch * p->bias_heads * Sq * Sk));
+    if (dsink) memset(dsink, 0, sizeof(double) * (size_t)Hq);
 
     double *s = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
     double *th = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
@@ -111,10 +115,12 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                 }
                 int any_nan = 0; /* NaN or +inf in a visible score: a NaN row */
                 for (int64_t j = 0; j < Sk; j++) any_nan |= s[j] != s[j] || s[j] == INFINITY;
-                if (mx == -INFINITY && !any_nan) continue; /* no visible key: no gradient */
-                double sum = 0.0;
-                for (int64_t j = 0; j < Sk; j++) sum += exp(s[j] - mx);
-                const double lse = any_nan ? NAN : mx + log(sum);
+                if (mx == -INFINITY && !any_nan) continue; /* no visible key: o = 0, no gradient */
+                const double sink = p->has_sinks ? (double)a->sinks[h] : -INFINITY;
+                const double top = sink > mx ? sink : mx;
+                double sum = exp(sink - top);
+                for (int64_t j = 0; j < Sk; j++) sum += exp(s[j] - top);
+                const double lse = any_nan ? NAN : top + log(sum);
                 for (int64_t j = 0; j < Sk; j++) /* now p; 0 if hidden */
                     s[j] = s[j] == -INFINITY ? 0.0 : exp(s[j] - lse);
 
@@ -125,6 +131,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                 const double *oi = Os ? Os + ((b * Hq + h) * Sq + i) * Dv : o;
                 double delta = 0.0;
                 for (int64_t c = 0; c < Dv; c++) delta += gi[c] * oi[c];
+                if (dsink && p->has_sinks) dsink[h] -= exp(sink - lse) * delta;
 
                 for (int64_t j = 0; j < Sk; j++) {
                     if (s[j] == 0.0) continue; /* p = 0: no contribution */
@@ -166,19 +173,24 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
 
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv) {
-    ref_backward(p, a, 0, 0, dq, dk, dv, NULL);
+    ref_backward(p, a, 0, 0, dq, dk, dv, NULL, NULL);
 }
 
 void fa_ref_backward_dbias(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                            double *dv, double *dbias) {
-    ref_backward(p, a, 0, 0, dq, dk, dv, dbias);
+    ref_backward(p, a, 0, 0, dq, dk, dv, dbias, NULL);
 }
 
 void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                              double *dv, double *dbias) {
-    ref_backward(p, a, 1, 0, dq, dk, dv, dbias);
+    ref_backward(p, a, 1, 0, dq, dk, dv, dbias, NULL);
 }
 
 void fa_ref_backward_abs_terms(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk, double *dv) {
-    ref_backward(p, a, 1, 1, dq, dk, dv, NULL);
+    ref_backward(p, a, 1, 1, dq, dk, dv, NULL, NULL);
+}
+
+void fa_ref_backward_sinks(const fa_problem *p, const fa_backward_args *a, int saved_o, double *dq, double *dk,
+                           double *dv, double *dsink) {
+    ref_backward(p, a, saved_o, 0, dq, dk, dv, NULL, dsink);
 }

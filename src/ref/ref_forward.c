@@ -85,17 +85,20 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
                     s[j] = x;
                     if (v && x > mx) mx = x;
                 }
+                /* a sink: one more term exp(sink_h) in the denominator, none in o */
+                const double sink = p->has_sinks ? (double)a->sinks[h] : -INFINITY;
                 int any = 0;
                 for (int64_t j = 0; j < Sk; j++) any |= vis[j];
                 if (!any) {
                     for (int64_t c = 0; c < Dv; c++) oi[c] = 0.0;
-                    if (lse) lse[(b * Hq + h) * Sq + i] = -INFINITY;
+                    if (lse) lse[(b * Hq + h) * Sq + i] = sink; /* log(exp(sink)), or log(0) */
                     continue;
                 }
-                double sum = 0.0;
+                const double top = sink > mx ? sink : mx;
+                double sum = exp(sink - top);
                 for (int64_t j = 0; j < Sk; j++)
-                    if (vis[j]) sum += exp(s[j] - mx);
-                const double l = mx + log(sum);
+                    if (vis[j]) sum += exp(s[j] - top);
+                const double l = top + log(sum);
                 if (lse) lse[(b * Hq + h) * Sq + i] = l;
                 for (int64_t c = 0; c < Dv; c++) oi[c] = 0.0;
                 for (int64_t j = 0; j < Sk; j++) {

@@ -143,7 +143,7 @@ void fa_ref_decode(const fa_problem *p, const fa_forward_args *a, double *o, dou
         if (sk > 0) {
             fa_ref_forward(&s, &sa, ob, lb);
         } else { /* nothing to see */
-            for (int64_t r = 0; r < Hq * Sq; r++) lb[r] = -INFINITY;
+            for (int64_t r = 0; r < Hq * Sq; r++) lb[r] = p->has_sinks ? (double)a->sinks[r / Sq] : -INFINITY;
         }
         for (int64_t h = 0; h < Hq; h++)
             for (int64_t i = 0; i < Sq; i++) {

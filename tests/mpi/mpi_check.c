@@ -18,6 +18,7 @@
 static int P, R, failures;
 static double TOL;  /* of the case's dtype: as tests/backward_check.h (f32 5e-5, else 5 u) */
 static fa_dtype T;  /* the case's dtype */
+static int SINKS;   /* the next cases have attention sinks (and check dsink) */
 static size_t ES;   /* its size */
 
 typedef struct {
@@ -108,6 +109,7 @@ static void run_case(const tcase *tc, uint64_t seed) {
     p.window_left = tc->wl, p.window_right = tc->wr, p.softcap = tc->softcap;
     p.has_alibi = tc->alibi, p.has_segment_ids = tc->seg;
     p.has_diag_offset = tc->topleft, p.diag_offset = 0;
+    p.has_sinks = SINKS;
     fa_options opt;
     memset(&opt, 0, sizeof opt);
     opt.backend = FA_BACKEND_CPU, opt.threads = 1, opt.block_q = 8, opt.block_k = 8;
@@ -121,6 +123,9 @@ static void run_case(const tcase *tc, uint64_t seed) {
     tu_fill(&s, T, q, nq, 1.5), tu_fill(&s, T, k, nk, 1.5), tu_fill(&s, T, v, nv, 1);
     tu_fill(&s, T, d_o, no, 1);
     for (int64_t h = 0; h < Hq; h++) slopes[h] = (float)(0.05 + 0.1 * h / Hq);
+    float *sinks = tu_alloc(4 * (size_t)Hq); /* one dominating its rows, the rest among the scores */
+    for (int64_t h = 0; h < Hq; h++) sinks[h] = h == 0 ? 6.0f : (float)(2.0 * tu_uniform(&s));
+    double *rds = tu_alloc(8 * (size_t)Hq);
     for (int64_t i = 0; i < B * Sq; i++) qs[i] = (int32_t)((i % Sq) / 20 + (i / Sq));
     for (int64_t i = 0; i < B * Sk; i++) ks[i] = (int32_t)((i % Sk) * Sq / Sk / 20 + (i / Sk));
 
@@ -130,13 +135,14 @@ static void run_case(const tcase *tc, uint64_t seed) {
     fa_forward_args fw = {0};
     fw.q = q, fw.k = k, fw.v = v, fw.alibi_slopes = tc->alibi ? slopes : NULL;
     fw.q_segment_ids = tc->seg ? qs : NULL, fw.kv_segment_ids = tc->seg ? ks : NULL;
+    fw.sinks = SINKS ? sinks : NULL;
     fa_problem rp = p; /* the reference takes every field resolved */
     rp.heads_kv = Hk;
     fa_ref_forward(&rp, &fw, ro, rl);
     fa_backward_args bw = {0};
     bw.q = q, bw.k = k, bw.v = v, bw.d_o = d_o, bw.alibi_slopes = fw.alibi_slopes;
-    bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
-    fa_ref_backward(&rp, &bw, rq, rk, rv);
+    bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids, bw.sinks = fw.sinks;
+    fa_ref_backward_sinks(&rp, &bw, 0, rq, rk, rv, rds);
     void *so = tu_alloc(ES * (size_t)no);
     double *so_d = tu_alloc(8 * (size_t)no);
     fa_plan *single = NULL;
@@ -169,22 +175,24 @@ static void run_case(const tcase *tc, uint64_t seed) {
         for (int64_t t = 0; t < lk; t++) lks[b * lk + t] = ks[b * Sk + fa_mpi_global_row(pl, 1, t)];
     }
     void *o[2], *dq[2], *dk[2], *dv[2];
-    float *lse[2];
+    float *lse[2], *dsink[2];
     fa_mpi_stats fs[2], bs[2];
     int ok = 1;
     for (int run = 0; run < 2; run++) {
         o[run] = tu_alloc(ES * (size_t)(B * Hq * lq * Dv)), lse[run] = tu_alloc(4 * (size_t)(B * Hq * lq));
         dq[run] = tu_alloc(ES * (size_t)(B * Hq * lq * D)), dk[run] = tu_alloc(ES * (size_t)(B * Hk * lk * D));
-        dv[run] = tu_alloc(ES * (size_t)(B * Hk * lk * Dv));
+        dv[run] = tu_alloc(ES * (size_t)(B * Hk * lk * Dv)), dsink[run] = tu_alloc(4 * (size_t)Hq);
+        tu_poison(FA_F32, dsink[run], Hq);
         tu_poison(T, o[run], B * Hq * lq * Dv), tu_poison(FA_F32, lse[run], B * Hq * lq);
         tu_poison(T, dq[run], B * Hq * lq * D), tu_poison(T, dk[run], B * Hk * lk * D);
         tu_poison(T, dv[run], B * Hk * lk * Dv);
         fa_mpi_forward_args ma = {lqv, lkv, lvv, o[run], lse[run], fw.alibi_slopes,
-                                  tc->seg ? lqs : NULL, tc->seg ? lks : NULL, &fs[run]};
+                                  tc->seg ? lqs : NULL, tc->seg ? lks : NULL, &fs[run], fw.sinks};
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &ma);
         if (st != FA_OK) { ok = 0; printf("rank %d: forward: %s\n", R, fa_last_error()); break; }
         fa_mpi_backward_args mb = {lqv, lkv, lvv, o[run], ldo, lse[run], dq[run], dk[run], dv[run],
-                                   fw.alibi_slopes, ma.q_segment_ids, ma.kv_segment_ids, &bs[run]};
+                                   fw.alibi_slopes, ma.q_segment_ids, ma.kv_segment_ids, &bs[run], fw.sinks,
+                                   SINKS ? dsink[run] : NULL};
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &mb);
         if (st != FA_OK) { ok = 0; printf("rank %d: backward: %s\n", R, fa_last_error()); break; }
     }
@@ -207,17 +215,31 @@ static void run_case(const tcase *tc, uint64_t seed) {
             double e = (isinf(r) && x == r) ? 0 : fabs(x - r) / (1 + fabs(r));
             if (!(e <= el)) el = isnan(e) ? INFINITY : e;
         }
-    double E[6] = {eo / mo, es / mo, el, eq / mq, ek / mk, ev / mv};
-    MPI_Allreduce(MPI_IN_PLACE, E, 6, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    snprintf(msg, sizeof msg, "(o %.1e, o vs 1 process %.1e, lse %.1e, dq %.1e, dk %.1e, dv %.1e; bound %.0e)",
-             E[0], E[1], E[2], E[3], E[4], E[5], TOL);
+    double eds = 0, mds = 0; /* dsink: the same on every rank, against the reference */
+    for (int64_t h = 0; SINKS && h < Hq; h++) {
+        const double e = fabs(dsink[0][h] - rds[h]);
+        if (!(e <= eds)) eds = isnan(e) ? INFINITY : e;
+        mds = fabs(rds[h]) > mds ? fabs(rds[h]) : mds;
+    }
+    double E[7] = {eo / mo, es / mo, el, eq / mq, ek / mk, ev / mv, eds / (mds > 0 ? mds : 1)};
+    MPI_Allreduce(MPI_IN_PLACE, E, 7, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    snprintf(msg, sizeof msg,
+             "(o %.1e, o vs 1 process %.1e, lse %.1e, dq %.1e, dk %.1e, dv %.1e, dsink %.1e; bound %.0e)", E[0],
+             E[1], E[2], E[3], E[4], E[5], E[6], TOL);
     report(tc->name, "values", within(eo, mo) && within(es, mo) && el <= TOL && within(eq, mq) &&
-                                   within(ek, mk) && within(ev, mv), msg);
+                                   within(ek, mk) && within(ev, mv) && within(eds, mds), msg);
+    if (SINKS) { /* every rank holds the whole dsink: rank 0's, bit for bit */
+        float d0[64];
+        memcpy(d0, dsink[0], 4 * (size_t)Hq);
+        MPI_Bcast(d0, (int)Hq, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        report(tc->name, "dsink the same on every rank", all_ok(!memcmp(d0, dsink[0], 4 * (size_t)Hq)), NULL);
+    }
     int same = !memcmp(o[0], o[1], ES * (size_t)(B * Hq * lq * Dv)) &&
                !memcmp(lse[0], lse[1], 4 * (size_t)(B * Hq * lq)) &&
                !memcmp(dq[0], dq[1], ES * (size_t)(B * Hq * lq * D)) &&
                !memcmp(dk[0], dk[1], ES * (size_t)(B * Hk * lk * D)) &&
-               !memcmp(dv[0], dv[1], ES * (size_t)(B * Hk * lk * Dv));
+               !memcmp(dv[0], dv[1], ES * (size_t)(B * Hk * lk * Dv)) &&
+               (!SINKS || !memcmp(dsink[0], dsink[1], 4 * (size_t)Hq));
     report(tc->name, "same bits on a second run", same, NULL);
 
     fa_mpi_cost cf, cb;
@@ -249,7 +271,9 @@ static void run_case(const tcase *tc, uint64_t seed) {
                  (long long)lo[0], (long long)hi[0], (long long)lo[1], (long long)hi[1]);
         report(tc->name, "zigzag per-rank flops within one tile", hi[0] - lo[0] <= tile_f && hi[1] - lo[1] <= tile_b, msg);
     }
-    for (int run = 0; run < 2; run++) free(o[run]), free(lse[run]), free(dq[run]), free(dk[run]), free(dv[run]);
+    for (int run = 0; run < 2; run++)
+        free(o[run]), free(lse[run]), free(dq[run]), free(dk[run]), free(dv[run]), free(dsink[run]);
+    free(sinks), free(rds);
     free(lqv), free(lkv), free(lvv), free(ldo), free(lqs), free(lks);
     free(q), free(k), free(v), free(d_o), free(slopes), free(qs), free(ks);
     free(ro), free(rl), free(rq), free(rk), free(rv), free(so), free(so_d);
@@ -317,7 +341,7 @@ static void run_failures(void) {
     tu_fill(&s, FA_F32, q, n, 1), tu_fill(&s, FA_F32, k, n, 1), tu_fill(&s, FA_F32, v, n, 1);
     tu_fill(&s, FA_F32, o, n, 1), tu_fill(&s, FA_F32, lse, n, 1);
     fa_mpi_plan *pl = NULL;
-    fa_mpi_forward_args a = {q, k, v, o, lse, NULL, NULL, NULL, NULL};
+    fa_mpi_forward_args a = {q, k, v, o, lse, NULL, NULL, NULL, NULL, NULL};
     double t0;
     fa_status st;
     if (P > 1) { /* the last rank has another problem (not causal) */
@@ -364,7 +388,7 @@ static void run_failures(void) {
     fa_mpi_test_fail_kernel_rank = P - 1;
     for (int m = 0; m < 2 && !(m && P > 2); m++) { /* Ulysses: Hk = 2 */
         fa_mpi_plan_create(&p, &opt, m ? FA_MPI_ULYSSES : FA_MPI_RING, FA_MPI_ZIGZAG, P, R, &pl);
-        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL};
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL, NULL, NULL};
         t0 = fa_mpi_now();
         st = m ? fa_mpi_backward(MPI_COMM_WORLD, pl, &b) : fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
         expect_all_fail(m ? "a kernel failing in mid-call (ulysses backward)" : "a kernel failing in mid-call (ring forward)",
@@ -375,7 +399,7 @@ static void run_failures(void) {
     /* and the ring backward */
     fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
     {
-        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL};
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL, NULL, NULL};
         fa_mpi_test_fail_kernel_rank = P - 1;
         t0 = fa_mpi_now();
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &b);
@@ -419,6 +443,15 @@ int main(int argc, char **argv) {
         {"ulysses zigzag, causal, BSHD strides", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, U, U, 48, 48, 1, 0, 0, -1, -1, 0, 0, FA_F32, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed + i);
+    /* attention sinks: merged once across ranks (ring) or per head shard (Ulysses) */
+    const tcase sink_cases[] = {
+        {"sinks: ring zigzag, causal GQA, Sq != Sk", FA_MPI_RING, FA_MPI_ZIGZAG, 4, 2, 48, 72, 1, 0, 0, -1, -1, 0, 0, FA_F32, 0},
+        {"sinks: ring contiguous, causal top-left, Sq > Sk, bf16", FA_MPI_RING, FA_MPI_CONTIGUOUS, 4, 2, 96, 48, 1, 0, 0, -1, -1, 0, 1, FA_BF16, 0},
+        {"sinks: ulysses zigzag, causal GQA, softcap", FA_MPI_ULYSSES, FA_MPI_ZIGZAG, 2 * U, U, 48, 48, 1, 0, 0, -1, -1, 30, 0, FA_F32, 0},
+    };
+    SINKS = 1;
+    for (size_t i = 0; i < sizeof sink_cases / sizeof sink_cases[0]; i++) run_case(&sink_cases[i], seed + 100 + i);
+    SINKS = 0;
     check_model();
     run_failures();
     if (R == 0) printf("mpi_check P=%d: %d failed\n", P, failures);

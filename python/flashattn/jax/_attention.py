@@ -132,7 +132,7 @@ def _check_extras(alibi_slopes, q_seg, kv_seg, b, hq, sq, sk, shapes_only):
 
 def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
                  q_segment_ids=None, kv_segment_ids=None, layout="bshd", diag_offset=None, bias_scale=None,
-                 shapes_only=False, mask=None, threads=0):
+                 shapes_only=False, mask=None, threads=0, sinks=None):
     """Checks a call's arguments from their shapes and dtypes; returns its Options and the
     shape of the bias the op gets, [1 or B, 1 or Hq, Sq, Sk] (None without a bias or mask)."""
     b, hq, sq, sk = _check_qkv(q, k, v, layout)
@@ -141,12 +141,14 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
         raise ValueError(f"softcap must be >= 0 (0 or None: off), got {softcap}")
     bias_shape = _bias_shape(bias, mask, b, hq, sq, sk)
     _check_extras(alibi_slopes, q_segment_ids, kv_segment_ids, b, hq, sq, sk, shapes_only)
+    if sinks is not None and not (shapes_only and sinks is True) and tuple(sinks.shape) != (hq,):
+        raise ValueError(f"sinks must have shape ({hq},) (one per query head), got {tuple(sinks.shape)}")
     opt = Options(layout=layout, causal=bool(causal), window=_window(window), softcap=softcap or 0.0,
                   scale=_finite("scale", scale),
                   diag_offset=None if diag_offset is None else _int("diag_offset", diag_offset),
                   bias_scale=_finite("bias_scale", bias_scale), has_bias=bias_shape is not None,
                   has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None,
-                  threads=_int("threads", threads, 32))
+                  threads=_int("threads", threads, 32), has_sinks=sinks is not None)
     return opt, bias_shape
 
 
@@ -155,33 +157,39 @@ def _unwrap(x):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _op(opt, q, k, v, bias, slopes, q_seg, kv_seg):
-    return _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg)
+def _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks):
+    return _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks)
 
 
-def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg):
+def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks):
     # symbolic_zeros: each argument comes as (value, perturbed); dbias is computed only
     # when the bias is being differentiated
     bias_grad = bias is not None and bias.perturbed
-    q, k, v, bias, slopes, q_seg, kv_seg = map(_unwrap, (q, k, v, bias, slopes, q_seg, kv_seg))
+    q, k, v, bias, slopes, q_seg, kv_seg, sinks = map(_unwrap, (q, k, v, bias, slopes, q_seg, kv_seg, sinks))
     if bias_grad:  # at trace time, so that a library without dbias says so before anything runs
         plan_for(opt, q, k, v, bias, bias_grad=True)
-    o, lse = _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg)
+    o, lse = _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks)
     marker = () if bias_grad else None  # static: the residuals' structure carries it
-    return (o, lse), (q, k, v, o, lse, bias, slopes, q_seg, kv_seg, marker)
+    return (o, lse), (q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, marker)
 
 
 def _op_bwd(opt, res, cotangents):
-    q, k, v, o, lse, bias, slopes, q_seg, kv_seg, marker = res
+    q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, marker = res
     do, dlse = cotangents
     with_lse = not isinstance(dlse, SymbolicZero)
     if with_lse:
         dlse = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
     v, o, do = _cotangents_as_values(v, o, do, dlse if with_lse else None)
-    dq, dk, dv, dbias = _ffi.backward(opt, marker is not None, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg)
+    dq, dk, dv, dbias, dsink = _ffi.backward(opt, marker is not None, q, k, v, o, lse, do, bias, slopes, q_seg,
+                                             kv_seg, sinks)
     if with_lse:
         dv = dv[..., :-1]
-    return dq, dk, dv, dbias, None, None, None
+        if sinks is not None:
+            # d lse_i / d sink_h = exp(sink_h - lse_i): lse's cotangent reaches the sink directly
+            # (the value column carries it to the scores only); lse is [B, H, Sq] in both layouts
+            dlse_bhs = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
+            dsink = dsink + jnp.sum(jnp.exp(sinks[None, :, None] - lse) * dlse_bhs, axis=(0, 2))
+    return dq, dk, dv, dbias, None, None, None, dsink
 
 
 _op.defvjp(_op_fwd, _op_bwd, symbolic_zeros=True)
@@ -199,7 +207,7 @@ def _ids_fit_int32(name, x):
 
 def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
          q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, diag_offset=None,
-         bias_scale=None, mask=None, threads=0):
+         bias_scale=None, mask=None, threads=0, sinks=None):
     """attention() with the two options the Pallas drop-in needs (diag_offset, bias_scale)."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _ids_fit_int32("q_segment_ids", q_segment_ids)
@@ -208,20 +216,24 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
                                          for x in (bias, mask, alibi_slopes, q_segment_ids, kv_segment_ids))
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                                    alibi_slopes=slopes, q_segment_ids=q_seg, kv_segment_ids=kv_seg, layout=layout,
-                                   diag_offset=diag_offset, bias_scale=bias_scale, mask=mask, threads=threads)
+                                   diag_offset=diag_offset, bias_scale=bias_scale, mask=mask, threads=threads,
+                                   sinks=None if sinks is None else jnp.asarray(sinks))
     if bias_shape is not None:  # outside the custom_vjp: autodiff takes the cast and broadcast back
         bias = lower_bias(bias, mask, bias_shape)
     if slopes is not None:
         slopes = jax.lax.stop_gradient(slopes.astype(jnp.float32))
     if q_seg is not None:
         q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
+    sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32)  # differentiable
     _check_plan(opt, q, k, v, bias)
     b, hq, sq, sk = _check_qkv(q, k, v, layout)
     if empty_dims(b, hq, sq, sk):  # nothing to compute; the library refuses zero sizes
         o_shape, lse_shape = _ffi.out_shapes(opt, q, v)
         o, lse = jnp.zeros(o_shape, q.dtype), jnp.full(lse_shape, -jnp.inf, jnp.float32)
+        if sinks is not None:  # rows without keys: lse = sink
+            lse = jnp.broadcast_to(sinks[None, :, None], lse_shape)
     else:
-        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg)
+        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks)
     return (o, lse) if return_lse else o
 
 
@@ -232,7 +244,8 @@ def _check_plan(opt, q, k, v, bias):
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
-              q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, mask=None, threads=0):
+              q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, mask=None, threads=0,
+              sinks=None):
     """Exact attention through the flashattn C library, as an XLA custom call.
 
     q [B, Sq, Hq, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv] for layout="bshd" (the default,
@@ -249,10 +262,13 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     and lse = -inf; a zero B, H, Sq or Sk gives empty (or o = 0, lse = -inf) results
     without a call. threads: CPU threads for this call (0: the library's default).
     Integers that do not fit int64 (segment ids: int32, when concrete) raise ValueError.
+    sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds
+    nothing to o (docs/semantics.md, "Attention sinks"); lse includes it, a row with no
+    visible key gets lse = sink; differentiable (the custom_vjp gives dsink).
 
-    Differentiable for q, k, v and bias (jax.custom_vjp through the library's backward);
+    Differentiable for q, k, v, bias and sinks (jax.custom_vjp through the library's backward);
     works under jax.jit, jax.grad and jax.vmap (vmapped dims fold into the batch).
     """
     return call(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                 alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                layout=layout, return_lse=return_lse, mask=mask, threads=threads)
+                layout=layout, return_lse=return_lse, mask=mask, threads=threads, sinks=sinks)

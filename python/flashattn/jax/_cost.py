@@ -31,16 +31,17 @@ def _shaped(x):
 
 def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
          q_segment_ids=None, kv_segment_ids=None, layout="bshd", bias_grad=False, backend=None,
-         diag_offset=None, bias_scale=None, mask=None, threads=0):
+         diag_offset=None, bias_scale=None, mask=None, threads=0, sinks=None):
     """The flashattn.Plan for a call of flashattn.jax.attention with these arguments
     (arrays or ShapeDtypeStructs; the optional tensors may also be given as True). With a
     mask the plan is not exact: flops_useful counts the keys it hides (an upper bound)."""
-    q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask = map(
-        _shaped, (q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask))
+    q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask, sinks = map(
+        _shaped, (q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask, sinks))
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                                    alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids,
                                    kv_segment_ids=kv_segment_ids, layout=layout, diag_offset=diag_offset,
-                                   bias_scale=bias_scale, shapes_only=True, mask=mask, threads=threads)
+                                   bias_scale=bias_scale, shapes_only=True, mask=mask, threads=threads,
+                                   sinks=sinks)
     with_bias = bias is not None
     bias = None if bias_shape is None else _Shape(bias_shape)
     return plan_for(opt, q, k, v, bias, backend=backend, bias_grad=bias_grad and with_bias,
@@ -49,13 +50,13 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
 
 def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
                   q_segment_ids=None, kv_segment_ids=None, layout="bshd", pass_="forward", bias_grad=False,
-                  backend=None, mask=None):
+                  backend=None, mask=None, sinks=None):
     """A jax.experimental.pallas.CostEstimate (flops, transcendentals, bytes_accessed) of
     flashattn's kernel for this call, from the library's plan: exact for masks known from
     shapes (an upper bound with segment ids), in microseconds, from shapes alone.
 
     Arguments as flashattn.jax.attention, as arrays or jax.ShapeDtypeStructs (alibi_slopes
-    and segment ids may be True). pass_: "forward" or "backward" (bias_grad: the backward
+    and segment ids, sinks may be True). pass_: "forward" or "backward" (bias_grad: the backward
     also computes dbias). backend: the library's tile schedule to count ("cpu", "cuda");
     default: "cpu" when JAX's default backend is the CPU, else "cuda".
     """
@@ -65,7 +66,7 @@ def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=Non
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
     p = plan(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
              alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-             layout=layout, bias_grad=bias_grad, backend=backend, mask=mask)
+             layout=layout, bias_grad=bias_grad, backend=backend, mask=mask, sinks=sinks)
     c = p.forward if pass_ == "forward" else p.backward
     return pl.CostEstimate(flops=int(c["flops"]), transcendentals=int(c["transcendentals"]),
                            bytes_accessed=int(c["bytes_accessed"]))

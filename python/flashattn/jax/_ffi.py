@@ -41,6 +41,7 @@ class Options(NamedTuple):
     has_alibi: bool
     has_segment_ids: bool
     threads: int = 0  # fa_options.threads for this call; 0: the library's default
+    has_sinks: bool = False  # attention sinks [Hq] (docs/semantics.md)
 
 
 def _find_library() -> str:
@@ -99,11 +100,12 @@ def _attributes(opt: Options) -> dict:
         has_alibi=i64(opt.has_alibi),
         has_segment_ids=i64(opt.has_segment_ids),
         threads=i64(opt.threads),
+        has_sinks=i64(opt.has_sinks),
     )
 
 
-def _extras(bias, slopes, q_seg, kv_seg) -> list:
-    return [x for x in (bias, slopes, q_seg, kv_seg) if x is not None]
+def _extras(bias, slopes, q_seg, kv_seg, sinks=None) -> list:
+    return [x for x in (bias, slopes, q_seg, kv_seg, sinks) if x is not None]
 
 
 def out_shapes(opt: Options, q, v):
@@ -117,7 +119,7 @@ def out_shapes(opt: Options, q, v):
     return o, (b, h, s)
 
 
-def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg):
+def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None):
     """(o, lse) from the forward handler."""
     register()
     o_shape, lse_shape = out_shapes(opt, q, v)
@@ -126,16 +128,18 @@ def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg):
         (jax.ShapeDtypeStruct(o_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
         vmap_method="expand_dims",
     )
-    return call(q, k, v, *_extras(bias, slopes, q_seg, kv_seg), **_attributes(opt))
+    return call(q, k, v, *_extras(bias, slopes, q_seg, kv_seg, sinks), **_attributes(opt))
 
 
-def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg):
-    """(dq, dk, dv, dbias or None) from the backward handler."""
+def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, sinks=None):
+    """(dq, dk, dv, dbias or None, dsink or None) from the backward handler."""
     register()
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
     if bias_grad:
         shapes.append(jax.ShapeDtypeStruct(bias.shape, jnp.float32))
+    if sinks is not None:
+        shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
     call = jax.ffi.ffi_call(BACKWARD_TARGET, tuple(shapes), vmap_method="expand_dims")
-    outs = call(q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg), bias_grad=np.int64(bias_grad),
+    outs = call(q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg, sinks), bias_grad=np.int64(bias_grad),
                 **_attributes(opt))
-    return (*outs[:3], outs[3] if bias_grad else None)
+    return (*outs[:3], outs[3] if bias_grad else None, outs[-1] if sinks is not None else None)

@@ -78,51 +78,70 @@ def _slopes(alibi_slopes, hq):
     return jax.lax.stop_gradient(s.astype(jnp.float32))
 
 
-def _attributes(causal, window, softcap, scale, has_alibi, threads=0):
+def _sinks(sinks, hq):
+    """sinks [Hq] as the op's f32 operand (None stays None); differentiable."""
+    if sinks is None:
+        return None
+    s = jnp.asarray(sinks)
+    if tuple(s.shape) != (hq,):
+        raise ValueError(f"sinks must have shape ({hq},) (one per query head), got {tuple(s.shape)}")
+    return s.astype(jnp.float32)
+
+
+def _attributes(causal, window, softcap, scale, has_alibi, threads=0, has_sinks=False):
     i64, f32 = np.int64, np.float32
     softcap = _finite("softcap", softcap) or 0.0
     scale = _finite("scale", scale)
     left, right = _window(window)
     return dict(causal=i64(bool(causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
                 has_scale=i64(scale is not None), scale=f32(0.0 if scale is None else scale),
-                has_alibi=i64(has_alibi), threads=i64(_int("threads", threads, 32)))
+                has_alibi=i64(has_alibi), threads=i64(_int("threads", threads, 32)), has_sinks=i64(has_sinks))
 
 
 # ---- packed variable-length batches ---------------------------------------------------
 
-def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes):
+def _optional(*xs):
+    return [x for x in xs if x is not None]
+
+
+def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks):
     _ffi.register()
     call = jax.ffi.ffi_call(VARLEN_FORWARD_TARGET,
                             (jax.ShapeDtypeStruct(q.shape[:2] + v.shape[2:], q.dtype),
                              jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
                             vmap_method="sequential")
-    return call(q, k, v, cu_q, cu_k, *([] if slopes is None else [slopes]), **dict(attrs))
+    return call(q, k, v, cu_q, cu_k, *_optional(slopes, sinks), **dict(attrs))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _varlen_op(attrs, q, k, v, cu_q, cu_k, slopes):
-    return _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes)
+def _varlen_op(attrs, q, k, v, cu_q, cu_k, slopes, sinks):
+    return _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks)
 
 
-def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes):
-    q, k, v, cu_q, cu_k, slopes = (None if x is None else x.value for x in (q, k, v, cu_q, cu_k, slopes))
-    o, lse = _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes)
-    return (o, lse), (q, k, v, o, lse, cu_q, cu_k, slopes)
+def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes, sinks):
+    q, k, v, cu_q, cu_k, slopes, sinks = (None if x is None else x.value for x in (q, k, v, cu_q, cu_k, slopes, sinks))
+    o, lse = _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks)
+    return (o, lse), (q, k, v, o, lse, cu_q, cu_k, slopes, sinks)
 
 
 def _varlen_op_bwd(attrs, res, cotangents):
-    q, k, v, o, lse, cu_q, cu_k, slopes = res
+    q, k, v, o, lse, cu_q, cu_k, slopes, sinks = res
     do, dlse = cotangents
     with_lse = not isinstance(dlse, SymbolicZero)
     v, o, do = _cotangents_as_values(v, o, do, dlse.T if with_lse else None)  # lse [Hq, total_q]
     _ffi.register()
-    call = jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET,
-                            tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)),
-                            vmap_method="sequential")
-    dq, dk, dv = call(q, k, v, o, lse, do, cu_q, cu_k, *([] if slopes is None else [slopes]), **dict(attrs))
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    if sinks is not None:
+        shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
+    outs = jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="sequential")(
+        q, k, v, o, lse, do, cu_q, cu_k, *_optional(slopes, sinks), **dict(attrs))
+    dq, dk, dv = outs[:3]
+    dsink = outs[3] if sinks is not None else None
     if with_lse:
         dv = dv[..., :-1]
-    return dq, dk, dv, None, None, None
+        if sinks is not None:  # lse's cotangent reaches the sink directly (as in _attention.py)
+            dsink = dsink + jnp.sum(jnp.exp(sinks[:, None] - lse) * dlse, axis=1)
+    return dq, dk, dv, None, None, None, dsink
 
 
 _varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
@@ -130,9 +149,10 @@ _varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False, threads=0):
+                     diag_offset=None, return_lse=False, threads=0, sinks=None):
     """Attention over a packed batch of sequences of different lengths (as
-    flash_attn_varlen_func), differentiable in q, k and v (jax.custom_vjp).
+    flash_attn_varlen_func), differentiable in q, k, v and sinks (jax.custom_vjp; sinks [Hq]
+    as in attention).
 
     q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv]; cu_seqlens_q/k int
     [batch + 1] prefix sums (sequence b: rows cu[b]:cu[b+1]), int32 operands of the call.
@@ -151,7 +171,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     if diag_offset is not None and (isinstance(diag_offset, bool) or not hasattr(diag_offset, "__index__")):
         raise ValueError(f"diag_offset must be an integer, got {diag_offset!r}")
     slopes = _slopes(alibi_slopes, q.shape[1])
-    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads)
+    sinks = _sinks(sinks, q.shape[1])
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads, sinks is not None)
     attrs.update(has_diag_offset=np.int64(diag_offset is not None),
                  diag_offset=np.int64(0 if diag_offset is None else _int("diag_offset", diag_offset)))
     host_q, host_k = _concrete(cu_q), _concrete(cu_k)
@@ -162,13 +183,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                            k_stride=_dense(k.shape), v_stride=_dense(v.shape),
                            o_stride=_dense(q.shape[:2] + v.shape[2:]), dtype=dtype, cu_seqlens_q=host_q,
                            cu_seqlens_k=host_k, causal=causal, window=_window(window), softcap=softcap,
-                           scale=scale, alibi=slopes is not None, diag_offset=diag_offset)
+                           scale=scale, alibi=slopes is not None, diag_offset=diag_offset, sinks=sinks is not None)
         _native.cached_plan(p, _library_options("cpu"))
     if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads; the library refuses zero sizes
         o = jnp.zeros(q.shape[:2] + v.shape[2:], q.dtype)
         lse = jnp.full((q.shape[1], q.shape[0]), -jnp.inf, jnp.float32)
+        if sinks is not None:  # rows without keys: lse = sink
+            lse = jnp.broadcast_to(sinks[:, None], lse.shape)
     else:
-        o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes)
+        o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes, sinks)
     return (o, lse) if return_lse else o
 
 
@@ -176,7 +199,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, threads=0):
+                      return_lse=False, threads=0, sinks=None):
     """One decoding step against a kv cache (as flash_attn_with_kvcache), functional: returns
     (o, k_cache, v_cache) with the new tokens written into the returned caches, or
     (o, lse, k_cache, v_cache) with return_lse. Not differentiable.
@@ -188,6 +211,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     [B, Sq_new, Hq, Dv], lse [B, Hq, Sq_new] f32. With new tokens the caches alias the
     results: under jax.jit with the caches donated the update is in place; otherwise XLA
     copies them. Without, the caches come back as given. threads: CPU threads (0: default).
+    sinks [Hq]: as in attention (the split-KV chunks merge without them; they join once).
 
     Donated caches and bad lengths: lengths known at trace time (Python ints, numpy or
     concrete arrays, even under jit) are judged then, before anything runs, so a bad one
@@ -231,7 +255,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     slopes = _slopes(alibi_slopes, q.shape[2])
-    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads)
+    sinks = _sinks(sinks, q.shape[2])
+    attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads, sinks is not None)
     if host is not None:  # the library's verdict on the lengths now, as ValueError
         o_shape = q.shape[:3] + v_cache.shape[3:]
         p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
@@ -239,7 +264,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                            vc_stride=_dense(v_cache.shape), o_stride=_dense(o_shape), dtype=dtype,
                            cache_seqlens=host, has_new_kv=k is not None,
                            max_pages=None if table is None else table.shape[1], causal=causal,
-                           window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None)
+                           window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None,
+                           sinks=sinks is not None)
         _native.cached_plan(p, _library_options("cpu"))
     _ffi.register()
     results = [jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
@@ -255,6 +281,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         operands.append(table)
     if slopes is not None:
         operands.append(slopes)
+    if sinks is not None:
+        operands.append(jax.lax.stop_gradient(sinks))
     outs = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged), **attrs)
     o, lse = outs[:2]
     kc, vc = outs[2:] if k is not None else (k_cache, v_cache)  # read only: the caches as given

@@ -33,6 +33,7 @@ def plan_for(opt, q, k, v, bias, *, backend=None, bias_grad=False, masked=False)
                  kv_heads=kb[1], dtype=dtype, causal=opt.causal, window=opt.window, softcap=opt.softcap,
                  scale=opt.scale, bias_shape=None if bias is None else tuple(bias.shape), alibi=opt.has_alibi,
                  segment_ids=opt.has_segment_ids, backend=platform_backend(backend),
-                 diag_offset=opt.diag_offset, bias_scale=opt.bias_scale, bias_grad=bias_grad, threads=opt.threads)
+                 diag_offset=opt.diag_offset, bias_scale=opt.bias_scale, bias_grad=bias_grad, threads=opt.threads,
+                 sinks=opt.has_sinks)
     p.exact = p.exact and not masked
     return p
