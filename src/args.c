@@ -28,7 +28,7 @@ static fa_status check_workspace(const void *ws, size_t size, int64_t need, cons
 fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, int64_t workspace, int host,
                                 const char *fn) {
     if (!a) return fa_error(FA_ERR_NULL, "%s: args is NULL", fn);
-    const int decode = p->cache_seqlens != NULL;
+    const int decode = fa_problem_decode(p);
     const required r[] = {
         {a->q, "q", 1},
         {a->k, decode ? "k (the key cache)" : "k", 1},

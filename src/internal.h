@@ -34,6 +34,15 @@ enum { FA_SHAPE_DENSE = 0, FA_SHAPE_VARLEN = 1, FA_SHAPE_DECODE = 2 };
 /* Validates cu_seqlens / cache_seqlens / pages, fills the packed or cache layouts' default
  * strides and copies the length arrays into pl->lens. Called before the strides resolve. */
 fa_status fa_validate_inference(struct fa_plan *pl);
+/* The length checks of plans and calls (plan_inference.c): cache_seqlens against the
+ * capacity, cu_seqlens as prefix sums ending at (exact) or within the packed rows. */
+fa_status fa_check_cache_seqlens(const fa_problem *p, const int32_t *lens);
+fa_status fa_check_cu_seqlens(const fa_problem *p, const int32_t *cu_q, const int32_t *cu_k, int exact);
+/* The plan a call runs (lengths.c): for a lengths-per-call plan, *view = pl with the call's
+ * lengths (checked; its cost recomputed for them) and *use = view; for a plan made with
+ * lengths, given lengths must equal its own, and *use = pl. fn names the entry. */
+fa_status fa_call_plan(const struct fa_plan *pl, const int32_t *cache_seqlens, const int32_t *cu_q,
+                       const int32_t *cu_k, const char *fn, struct fa_plan *view, const struct fa_plan **use);
 /* The dense plan of packed sequence b: batch 1, its own lengths and mask offset, the
  * parent's strides, tiles and lse layout (pointers are offset by the caller). */
 void fa_varlen_subplan(const struct fa_plan *pl, int64_t b, struct fa_plan *sub);

@@ -10,7 +10,8 @@ import os
 c_int64 = ctypes.c_int64
 c_void_p = ctypes.c_void_p
 
-# fa_dtype, fa_backend, fa_pass, fa_status values
+# fa_dtype, fa_backend, fa_pass, fa_status values; fa_problem.lengths_per_call values
+LENGTHS_AT_PLAN, LENGTHS_CACHE, LENGTHS_PACKED = 0, 1, 2
 F32, F16, BF16 = 0, 1, 2
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 FORWARD, BACKWARD = 0, 1
@@ -46,6 +47,7 @@ class Problem(ctypes.Structure):
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
+        ("lengths_per_call", ctypes.c_int),
     ]
 
 
@@ -79,6 +81,8 @@ class ForwardArgs(ctypes.Structure):
         ("counts", ctypes.POINTER(Counts)),
         ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
         ("k_new", c_void_p), ("v_new", c_void_p), ("block_table", c_void_p),
+        # the lengths of this call (plans with lengths_per_call)
+        ("cache_seqlens", c_void_p), ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
     ]
 
 
