@@ -135,6 +135,10 @@ def _declare(lib):
         "fa_plan_create": (ctypes.c_int, [P(Problem), P(Options), P(c_void_p)]),
         "fa_plan_destroy": (None, [c_void_p]),
         "fa_plan_cost": (ctypes.c_int, [c_void_p, ctypes.c_int, P(Cost)]),
+        "fa_plan_cost_lengths": (ctypes.c_int, [c_void_p, ctypes.c_int, c_void_p, c_void_p, c_void_p, P(Cost)]),
+        "fa_merge_states": (ctypes.c_int, [ctypes.c_int, c_int64, c_int64, c_int64, c_void_p, P(ctypes.c_float),
+                                            c_void_p, P(ctypes.c_float), P(ctypes.c_float), c_void_p,
+                                            P(ctypes.c_float)]),
         "fa_plan_exact": (ctypes.c_int, [c_void_p]),
         "fa_plan_backend": (ctypes.c_int, [c_void_p]),
         "fa_plan_blocks": (None, [c_void_p, ctypes.c_int, P(c_int64), P(c_int64)]),
@@ -227,6 +231,14 @@ class PlanHandle:
     def cost(self, which):
         c = Cost()
         check(lib.fa_plan_cost(self.ptr, which, ctypes.byref(c)), "plan")
+        return {name: getattr(c, name) for name in COST_FIELDS}
+
+    def cost_lengths(self, which, cache_seqlens=None, cu_seqlens_q=None, cu_seqlens_k=None):
+        """fa_plan_cost_lengths: the exact cost of one call with these lengths (int32 arrays)."""
+        c = Cost()
+        ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+        check(lib.fa_plan_cost_lengths(self.ptr, which, ptr(cache_seqlens), ptr(cu_seqlens_q), ptr(cu_seqlens_k),
+                                       ctypes.byref(c)), "plan")
         return {name: getattr(c, name) for name in COST_FIELDS}
 
     def blocks(self, which):

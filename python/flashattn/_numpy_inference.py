@@ -202,10 +202,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                        vc_stride=_elem_strides(v_cache), o_stride=_elem_strides(o), dtype=dtype,
                        cache_seqlens=lens, has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=window, softcap=softcap, scale=scale,
-                       alibi=slopes is not None)
+                       alibi=slopes is not None, lengths_per_call=True)
+    # one plan for every step of a decode loop: made from capacities, the lengths go with the call
     handle = _native.cached_plan(p, make_options("cpu"))
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     handle.forward(_native.ForwardArgs(q=ptr(q), k=ptr(k_cache), v=ptr(v_cache), o=ptr(o),
                                        lse=ptr(lse), alibi_slopes=ptr(slopes), k_new=ptr(k),
-                                       v_new=ptr(v), block_table=ptr(table)))
+                                       v_new=ptr(v), block_table=ptr(table), cache_seqlens=ptr(lens)))
     return (o, lse) if return_lse else o
