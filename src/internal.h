@@ -26,6 +26,7 @@ struct fa_plan {
     int64_t lse_rows;       /* lse elements between heads; 0: seq_q (a varlen sequence: the packed total) */
     int shape;              /* FA_SHAPE_DENSE, _VARLEN or _DECODE */
     int32_t *lens;          /* the plan's copies: cu_seqlens_q, cu_seqlens_k (varlen) or cache_seqlens */
+    int64_t opt_bq, opt_bk; /* the options' block sizes (0: the library's): a packed sequence's own tiles */
 };
 
 /* ---- inference shapes (plan_inference.c, cost_inference.c, cpu/varlen.c, cpu/decode.c) */
@@ -47,6 +48,10 @@ fa_status fa_call_plan(const struct fa_plan *pl, const int32_t *cache_seqlens, c
  * parent's strides, tiles and lse layout (pointers are offset by the caller). */
 void fa_varlen_subplan(const struct fa_plan *pl, int64_t b, struct fa_plan *sub);
 fa_status fa_cost_inference(struct fa_plan *pl);
+/* A packed sequence's tiles and backward schedule, chosen by the CPU's rules from its own
+ * lengths (never the batch's totals or its other sequences: batch invariance, docs/semantics.md),
+ * except block sizes the options fixed (cpu/backend_cpu.c). */
+void fa_cpu_sequence_blocks(struct fa_plan *sub);
 
 /* Decoding splits each sequence's keys into chunks of FA_DECODE_CHUNK (one work item per
  * (sequence, kv head, chunk), merged in chunk order) and chunks into tiles; both from
