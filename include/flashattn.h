@@ -127,6 +127,12 @@ typedef struct {
      * 0 (FA_LENGTHS_AT_PLAN): the problem's lengths, copied at plan time; a call may pass
      * them again, and then they must be equal. */
     int lengths_per_call;
+    /* Shared prefix (cascade; docs/semantics.md, "Shared prefixes"): with kv-cache decoding,
+     * every sequence first attends to the same shared_prefix_len keys, fa_forward_args
+     * k_prefix [P, Hk, D] and v_prefix [P, Hk, Dv] (contiguous, the dtype), at positions
+     * 0 .. P - 1, then to its own cache at positions P + t. One call reads the prefix once
+     * for all sequences (each prefix tile against the query heads of every sequence). 0: none. */
+    int64_t shared_prefix_len;
 } fa_problem;
 
 /* fa_problem.lengths_per_call */
@@ -197,6 +203,8 @@ typedef struct {
      * equal to them (FA_ERR_INVALID names the first that differs). */
     const int32_t *cache_seqlens;
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    /* The shared prefix's keys and values (fa_problem.shared_prefix_len > 0). */
+    const void *k_prefix, *v_prefix;
 } fa_forward_args;
 
 /* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */

@@ -59,6 +59,13 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
             return fa_error(FA_ERR_INVALID, "segment ids (has_segment_ids) do not combine with %s", what);
         if (p->bias_grad) return fa_error(FA_ERR_INVALID, "dbias (bias_grad) does not combine with %s", what);
     }
+    if (p->shared_prefix_len && !decode)
+        return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) needs kv-cache decoding (cache_seqlens or "
+                                        "lengths_per_call FA_LENGTHS_CACHE)%s",
+                        varlen ? "; it does not combine with packed variable-length batches (cu_seqlens)" : "");
+    if (p->shared_prefix_len && p->has_diag_offset)
+        return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) does not combine with a diagonal offset "
+                                        "(has_diag_offset): its masks align bottom-right over prefix and cache");
     if (p->lengths_per_call && pass == FA_BACKWARD)
         return fa_error(FA_ERR_INVALID, "lengths per call (lengths_per_call) does not combine with the backward pass: "
                                         "plan the backward with its lengths (cu_seqlens)");

@@ -123,6 +123,10 @@ fa_status fa_check_cache_seqlens(const fa_problem *p, const int32_t *lens) {
 static fa_status validate_decode(fa_plan *pl) {
     fa_problem *p = &pl->p;
     const int64_t B = p->batch;
+    if (p->shared_prefix_len < 0 || p->shared_prefix_len > INT32_MAX - p->seq_k)
+        return fa_error(FA_ERR_INVALID, "shared_prefix_len must be in [0, %lld] (prefix and cache positions fit int32), "
+                                        "got %lld",
+                        (long long)(INT32_MAX - p->seq_k), (long long)p->shared_prefix_len);
     if (p->page_size) {
         if (p->page_size < 0 || p->page_size % 16)
             return fa_error(FA_ERR_INVALID, "page_size must be a positive multiple of 16, got %lld",
@@ -159,6 +163,8 @@ fa_status fa_validate_inference(fa_plan *pl) {
     const int varlen = p->cu_seqlens_q || p->cu_seqlens_k || p->lengths_per_call == FA_LENGTHS_PACKED;
     const int decode = p->cache_seqlens || p->lengths_per_call == FA_LENGTHS_CACHE;
     if (!varlen && !decode) {
+        if (p->shared_prefix_len) /* refused by the backend's supports; also a bad value */
+            return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) needs kv-cache decoding");
         if (p->has_new_kv || p->page_size || p->num_pages || p->max_pages)
             return fa_error(FA_ERR_INVALID, "has_new_kv and pages need cache_seqlens (kv-cache decoding)");
         return FA_OK;

@@ -48,6 +48,7 @@ class Problem(ctypes.Structure):
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
         ("lengths_per_call", ctypes.c_int),
+        ("shared_prefix_len", c_int64),
     ]
 
 
@@ -83,6 +84,7 @@ class ForwardArgs(ctypes.Structure):
         ("k_new", c_void_p), ("v_new", c_void_p), ("block_table", c_void_p),
         # the lengths of this call (plans with lengths_per_call)
         ("cache_seqlens", c_void_p), ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+        ("k_prefix", c_void_p), ("v_prefix", c_void_p),  # a shared prefix (shared_prefix_len)
     ]
 
 
