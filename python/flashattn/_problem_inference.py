@@ -108,7 +108,8 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
 
 def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_stride, o_stride,
                    dtype, cache_seqlens, has_new_kv, max_pages=None, causal=False,
-                   window=None, softcap=None, scale=None, alibi=False, lengths_per_call=False):
+                   window=None, softcap=None, scale=None, alibi=False, lengths_per_call=False,
+                   shared_prefix_len=0):
     """The problem of one decoding step; cache_seqlens an int32 numpy array [B] kept alive by
     the caller until the plan exists. lengths_per_call (or cache_seqlens None): a plan from
     capacities that takes the lengths with each call (cache_seqlens, if given, is only
@@ -128,6 +129,7 @@ def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_strid
     else:
         p.cache_seqlens = cache_seqlens.ctypes.data
     p.has_new_kv = int(bool(has_new_kv))
+    p.shared_prefix_len = shared_prefix_len
     if paged:
         p.page_size, p.num_pages, p.max_pages = kc_shape[1], kc_shape[0], max_pages
     return p

@@ -81,3 +81,25 @@ def test_merge_states_empty_and_bad_input():
         flashattn.merge_states(good, la, good, lb[:1])
     with pytest.raises(ValueError, match=r"sinks\[0\] is nan"):
         flashattn.merge_states(good, la, good, lb, sinks=np.array([np.nan], np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_shared_prefix_equals_the_unshared_batch(rng, dtype):
+    """kvcache_attention with k_prefix/v_prefix equals the prefix copied in front of every
+    cache, and the float64 reference."""
+    B, P, S, Hq, Hk, D = 4, 600, 48, 8, 2, 32
+    kp, vp = randn(rng, (P, Hk, D), dtype), randn(rng, (P, Hk, D), dtype)
+    kc, vc = randn(rng, (B, S, Hk, D), dtype), randn(rng, (B, S, Hk, D), dtype)
+    q, kn, vn = randn(rng, (B, 1, Hq, D), dtype), randn(rng, (B, 1, Hk, D), dtype), randn(rng, (B, 1, Hk, D), dtype)
+    lens = np.array([0, 5, 20, 47], np.int32)
+    uk = np.concatenate([np.broadcast_to(kp, (B, P, Hk, D)), kc], 1).copy()
+    uv = np.concatenate([np.broadcast_to(vp, (B, P, Hk, D)), vc], 1).copy()
+    o_u = flashattn.kvcache_attention(q, uk, uv, kn, vn, cache_seqlens=lens + P, causal=True)
+    o = flashattn.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True, k_prefix=kp, v_prefix=vp)
+    tol = {"f32": 1e-5, "bf16": 2e-2}[dtype]
+    check("o vs unshared", o, o_u.astype(np.float32), tol)
+    n = lens + 1
+    o_ref, _ = ref.decode(q, [uk[b, :P + n[b]] for b in range(B)], [uv[b, :P + n[b]] for b in range(B)], causal=True)
+    check("o", o, o_ref, tol)
+    with pytest.raises(ValueError, match="k_prefix and v_prefix"):
+        flashattn.kvcache_attention(q, kc, vc, cache_seqlens=lens, k_prefix=kp)
