@@ -62,6 +62,7 @@ typedef struct {
     int64_t cache_len;            /* bench --cache-len */
     const char *varlen_lens;      /* bench --varlen 128,4096,... */
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
+    const char *k_prefix, *v_prefix; /* a shared prefix [P, Hk, D] (plan reads its header) */
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };
