@@ -265,7 +265,12 @@ static void misuse(void) {
     both.cache_seqlens = L.lens;
     CHECK(fa_plan_create(&both, &opt, &bad) == FA_ERR_INVALID && strstr(fa_last_error(), "must be NULL"),
           "misuse: lengths_per_call with the problem's lengths: %s", fa_last_error());
-    both = L.p, both.lengths_per_call = 3;
+    both = L.p;
+    fa_options cuda = opt;
+    cuda.backend = FA_BACKEND_CUDA;
+    CHECK(fa_plan_create(&both, &cuda, &bad) == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "lengths per call"),
+          "misuse: lengths per call on cuda: %s", fa_last_error());
+    both.lengths_per_call = 3;
     CHECK(fa_plan_create(&both, &opt, &bad) == FA_ERR_INVALID && strstr(fa_last_error(), "lengths_per_call"),
           "misuse: lengths_per_call 3: %s", fa_last_error());
 done:

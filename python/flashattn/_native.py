@@ -298,7 +298,7 @@ class EmptyPlanHandle:
         p.bias_batch, p.bias_heads = min(max(p.bias_batch, 1), p.batch), min(max(p.bias_heads, 1), p.heads_q)
         for name in _LENGTH_ARRAYS:
             setattr(p, name, None)
-        p.page_size = p.num_pages = p.max_pages = p.has_new_kv = 0
+        p.page_size = p.num_pages = p.max_pages = p.has_new_kv = p.lengths_per_call = p.shared_prefix_len = 0
         self._inner = PlanHandle(p, options)
         es = 4 if problem.dtype == F32 else 2
         B, Hq, Hk, Sq, Sk = (problem.batch, problem.heads_q, problem.heads_kv, problem.seq_q, problem.seq_k)
