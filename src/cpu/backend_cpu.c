@@ -70,7 +70,7 @@ int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
     }
     const wide partial = (wide)(p->heads_q / p->heads_kv) * p->seq_q * (p->head_dim_v + 2) * 4;
     return narrow(items * partial + ((wide)p->batch + 1) * 8 + (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl) +
-                  fa_cascade_workspace_bytes(pl));
+                  fa_cascade_workspace_bytes(pl)); /* INT64_MAX when it overflows: narrowed to -1 here */
 }
 
 /* Dense: threads x the driver's per-thread scratch (the backward adds delta, 4 B per query

@@ -58,9 +58,22 @@ int64_t fa_cascade_partial_floats(const struct fa_plan *pl) {
     return fa_cascade_chunks(pl) * p->heads_kv * cas_rows(p) * (p->head_dim_v + 2);
 }
 
+/* In 128 bits and clamped, so that a plan too large to run reports the overflow (the cost
+ * model's narrowing) instead of wrapping; the same sum as cas_scratch_bytes' carve-up. */
 int64_t fa_cascade_workspace_bytes(const struct fa_plan *pl) {
-    if (!pl->p.shared_prefix_len) return 0;
-    return fa_cascade_partial_floats(pl) * (int64_t)sizeof(float) + (int64_t)pl->threads * cas_scratch_bytes(pl);
+    const fa_problem *p = &pl->p;
+    if (!p->shared_prefix_len) return 0;
+    typedef __int128 wide;
+    const fa_isa *isa = cas_isa(pl);
+    const wide R = (wide)p->batch * (p->heads_q / p->heads_kv) * p->seq_q, blocks = (R + CASCADE_ROWS - 1) / CASCADE_ROWS;
+    const int64_t T = fa_decode_tile(p);
+    const wide scratch = CASCADE_ALIGN + cas_align(CASCADE_ROWS * p->head_dim * (int64_t)fa_dtype_size(p->dtype)) +
+                         (wide)p->heads_kv * blocks * cas_align(isa->packed_bytes(CASCADE_ROWS, p->head_dim, p->dtype)) +
+                         cas_align(isa->packed_bytes(T, p->head_dim, p->dtype)) +
+                         cas_align(isa->packed_bytes(T, p->head_dim_v, p->dtype)) + cas_align(CASCADE_ROWS * T * 4);
+    const wide partials = (wide)fa_cascade_chunks(pl) * p->heads_kv * R * (p->head_dim_v + 2) * 4;
+    const wide total = partials + (wide)pl->threads * scratch;
+    return total > INT64_MAX ? INT64_MAX : (int64_t)total;
 }
 
 typedef struct {
