@@ -103,3 +103,18 @@ def test_shared_prefix_equals_the_unshared_batch(rng, dtype):
     check("o", o, o_ref, tol)
     with pytest.raises(ValueError, match="k_prefix and v_prefix"):
         flashattn.kvcache_attention(q, kc, vc, cache_seqlens=lens, k_prefix=kp)
+
+
+def test_torch_merge_states_equals_numpy(rng):
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    oa, ob = rng.standard_normal((2, 5, 3, 8)).astype(np.float32)
+    la, lb = (rng.standard_normal((2, 5, 3)) * 4).astype(np.float32)
+    la[0, 0] = -np.inf
+    sinks = rng.standard_normal(3).astype(np.float32)
+    o, lse = flashattn.merge_states(oa, la, ob, lb, sinks=sinks)
+    to, tl = ft.merge_states(*(torch.from_numpy(x) for x in (oa, la, ob, lb)), sinks=torch.from_numpy(sinks))
+    assert np.array_equal(to.numpy(), o) and np.array_equal(tl.numpy(), lse)
+    tb, _ = ft.merge_states(torch.from_numpy(oa).bfloat16(), torch.from_numpy(la), torch.from_numpy(ob).bfloat16(),
+                            torch.from_numpy(lb))
+    assert tb.dtype == torch.bfloat16
