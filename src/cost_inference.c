@@ -103,7 +103,8 @@ static wide decode_partial_bytes(const fa_problem *p) {
  * (the point of sharing), q read again, the partials written and read by the merge. Useful
  * pairs: sequence b's visible pairs over prefix plus cache less those over its cache (masks
  * are translation-invariant: the cache's own view). Returns the prefix's bytes; adds the
- * needed prefix keys (the hull of the sequences' visible spans) to *needed. */
+ * needed prefix keys (the hull of the sequences' visible spans) and the q rows that see only
+ * prefix keys to *needed. */
 static wide shared_prefix_cost(const fa_plan *pl, wide *flops, wide *trans, wide *bytes, wide *useful, wide *needed) {
     const fa_problem *p = &pl->p;
     const wide es = (wide)fa_dtype_size(p->dtype), Hq = p->heads_q, Hk = p->heads_kv, P = p->shared_prefix_len;
@@ -119,7 +120,10 @@ static wide shared_prefix_cost(const fa_plan *pl, wide *flops, wide *trans, wide
         const fa_sched all = fa_sched_make(p->seq_q, P + sk, 0, 0, p->causal, p->window_left, p->window_right);
         const fa_sched own = fa_decode_sched(pl, b);
         *useful += Hq * (fa_sched_pairs(&all, 0, p->seq_q) - fa_sched_pairs(&own, 0, p->seq_q)) * 2 * (D + Dv);
-        int64_t lo, hi;
+        int64_t a0, a1, o0, o1, lo, hi; /* q rows that see a prefix key but none of their own */
+        fa_sched_live_rows(&all, &a0, &a1);
+        fa_sched_live_rows(&own, &o0, &o1);
+        *needed += Hq * (wide)((a1 - a0) - (o1 - o0)) * D * es;
         if (fa_sched_span(&all, 0, p->seq_q, &lo, &hi) && lo < P) {
             lo_all = lo < lo_all ? lo : lo_all;
             hi = hi < P - 1 ? hi : P - 1;
