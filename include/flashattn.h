@@ -122,7 +122,26 @@ typedef struct {
      * adds nothing to o; lse includes it. The backward takes the same sinks and writes
      * their gradient (fa_backward_args.dsink). CPU backend only. */
     int has_sinks;
+    /* Lengths per call (docs/semantics.md, "Lengths per call"): FA_LENGTHS_CACHE makes a
+     * kv-cache decoding plan from capacities alone (cache_seqlens NULL; batch, heads, seq_k =
+     * S_cache_max, the pages), and each fa_forward passes its lengths in
+     * fa_forward_args.cache_seqlens; FA_LENGTHS_PACKED likewise for packed batches
+     * (cu_seqlens NULL; seq_q and seq_k the packed tensors' rows, the most a call may use;
+     * fa_forward_args.cu_seqlens_q/k; forward only). fa_plan_cost is then the cost at full
+     * capacity (an upper bound) and fa_plan_cost_lengths the exact cost of given lengths.
+     * 0 (FA_LENGTHS_AT_PLAN): the problem's lengths, copied at plan time; a call may pass
+     * them again, and then they must be equal. */
+    int lengths_per_call;
+    /* Shared prefix (cascade; docs/semantics.md, "Shared prefixes"): with kv-cache decoding,
+     * every sequence first attends to the same shared_prefix_len keys, fa_forward_args
+     * k_prefix [P, Hk, D] and v_prefix [P, Hk, Dv] (contiguous, the dtype), at positions
+     * 0 .. P - 1, then to its own cache at positions P + t. One call reads the prefix once
+     * for all sequences (each prefix tile against the query heads of every sequence). 0: none. */
+    int64_t shared_prefix_len;
 } fa_problem;
+
+/* fa_problem.lengths_per_call */
+enum { FA_LENGTHS_AT_PLAN = 0, FA_LENGTHS_CACHE = 1, FA_LENGTHS_PACKED = 2 };
 
 /* The most CPU threads a plan may ask for (fa_options.threads, or OpenMP's default when
  * that is 0); more is FA_ERR_INVALID. OpenMP runtimes fail or crash far above it. */
@@ -183,6 +202,15 @@ typedef struct {
     const void *k_new, *v_new;
     const int32_t *block_table;
     const float *sinks;          /* when has_sinks: [Hq] f32, finite */
+    /* The lengths of this call, host int32 (the layouts of fa_problem's): required by a plan
+     * with lengths_per_call (cache_seqlens [batch] for FA_LENGTHS_CACHE, cu_seqlens_q/k
+     * [batch + 1] for FA_LENGTHS_PACKED, the last entries at most seq_q and seq_k), checked
+     * before anything is written; optional for a plan made with lengths, which must then be
+     * equal to them (FA_ERR_INVALID names the first that differs). */
+    const int32_t *cache_seqlens;
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    /* The shared prefix's keys and values (fa_problem.shared_prefix_len > 0). */
+    const void *k_prefix, *v_prefix;
 } fa_forward_args;
 
 /* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */
@@ -219,6 +247,11 @@ FA_API void fa_plan_destroy(fa_plan *plan);
 /* ---- query the plan --------------------------------------------------------------- */
 
 FA_API fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out);
+/* The exact cost of one call with these lengths (those the plan's kind takes, the others
+ * NULL; checked as fa_forward checks them): what that call's counts report. O(batch). For
+ * a plan made with lengths, they must be its own (or all NULL: fa_plan_cost's figures). */
+FA_API fa_status fa_plan_cost_lengths(const fa_plan *plan, fa_pass pass, const int32_t *cache_seqlens,
+                                      const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k, fa_cost *out);
 /* 1 when the cost figures are exact; 0 when they are an upper bound (segment ids). */
 FA_API int fa_plan_exact(const fa_plan *plan);
 FA_API fa_backend fa_plan_backend(const fa_plan *plan);
@@ -232,6 +265,21 @@ FA_API float fa_plan_scale(const fa_plan *plan);
 
 FA_API fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args);
 FA_API fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args);
+
+/* ---- compose attention states ------------------------------------------------------ */
+
+/* Merges two attention states over disjoint key sets into the state over their union
+ * (FlashInfer's merge_state; docs/semantics.md, "Merging attention states"): per row r and
+ * head h, lse = logaddexp(lse_a, lse_b) and o = (e^(lse_a - lse) o_a + e^(lse_b - lse) o_b),
+ * computed in double and rounded once to dtype. o_* [rows, heads, head_dim_v] of dtype and
+ * lse_* [rows, heads] f32, contiguous; an empty state (lse = -inf) contributes nothing, and
+ * two empty ones give o = 0, lse = -inf. sinks (NULL: none) are attention-sink logits
+ * [heads] f32: the inputs then exclude the sink and the merge adds it once, to the
+ * denominator only (lse = logaddexp(lse_a, lse_b, sink)). o and lse may be o_a / o_b and
+ * lse_a / lse_b (in place); other overlaps are not allowed. */
+FA_API fa_status fa_merge_states(fa_dtype dtype, int64_t rows, int64_t heads, int64_t head_dim_v, const void *o_a,
+                                 const float *lse_a, const void *o_b, const float *lse_b, const float *sinks, void *o,
+                                 float *lse);
 
 /* ---- errors and environment ------------------------------------------------------- */
 

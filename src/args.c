@@ -39,7 +39,7 @@ static fa_status check_sinks(const fa_problem *p, const float *sinks, const char
 fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, int64_t workspace, int host,
                                 const char *fn) {
     if (!a) return fa_error(FA_ERR_NULL, "%s: args is NULL", fn);
-    const int decode = p->cache_seqlens != NULL;
+    const int decode = fa_problem_decode(p);
     const required r[] = {
         {a->q, "q", 1},
         {a->k, decode ? "k (the key cache)" : "k", 1},
@@ -53,6 +53,8 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
         {a->v_new, "v_new (the problem has_new_kv)", decode && p->has_new_kv},
         {a->block_table, "block_table (the problem has page_size)", decode && p->page_size},
         {a->sinks, "sinks (the problem has_sinks)", p->has_sinks},
+        {a->k_prefix, "k_prefix (the problem has shared_prefix_len)", decode && p->shared_prefix_len > 0},
+        {a->v_prefix, "v_prefix (the problem has shared_prefix_len)", decode && p->shared_prefix_len > 0},
     };
     fa_status s;
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||

@@ -23,16 +23,21 @@ const fa_backend_entry *const *fa_backend_order(int *n) {
     return order;
 }
 
+int fa_problem_varlen(const fa_problem *p) {
+    return p->cu_seqlens_q || p->cu_seqlens_k || p->lengths_per_call == FA_LENGTHS_PACKED;
+}
+int fa_problem_decode(const fa_problem *p) { return p->cache_seqlens || p->lengths_per_call == FA_LENGTHS_CACHE; }
+
 const char *fa_inference_feature(const fa_problem *p) {
-    if (p->cu_seqlens_q || p->cu_seqlens_k) return "packed variable-length batches (cu_seqlens)";
-    if (p->cache_seqlens) return "kv-cache decoding (cache_seqlens)";
+    if (fa_problem_varlen(p)) return "packed variable-length batches (cu_seqlens)";
+    if (fa_problem_decode(p)) return "kv-cache decoding (cache_seqlens)";
     if (p->has_new_kv) return "new keys and values for the cache (has_new_kv)";
     if (p->page_size || p->num_pages || p->max_pages) return "a paged kv cache (page_size, num_pages, max_pages)";
     return NULL;
 }
 
 fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
-    const int varlen = p->cu_seqlens_q || p->cu_seqlens_k, decode = p->cache_seqlens != NULL;
+    const int varlen = fa_problem_varlen(p), decode = fa_problem_decode(p);
     const char *shape = fa_inference_feature(p);
     if (varlen && decode)
         return fa_error(FA_ERR_INVALID, "packed variable-length batches (cu_seqlens) do not combine with kv-cache "
@@ -54,6 +59,16 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
             return fa_error(FA_ERR_INVALID, "segment ids (has_segment_ids) do not combine with %s", what);
         if (p->bias_grad) return fa_error(FA_ERR_INVALID, "dbias (bias_grad) does not combine with %s", what);
     }
+    if (p->shared_prefix_len && !decode)
+        return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) needs kv-cache decoding (cache_seqlens or "
+                                        "lengths_per_call FA_LENGTHS_CACHE)%s",
+                        varlen ? "; it does not combine with packed variable-length batches (cu_seqlens)" : "");
+    if (p->shared_prefix_len && p->has_diag_offset)
+        return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) does not combine with a diagonal offset "
+                                        "(has_diag_offset): its masks align bottom-right over prefix and cache");
+    if (p->lengths_per_call && pass == FA_BACKWARD)
+        return fa_error(FA_ERR_INVALID, "lengths per call (lengths_per_call) does not combine with the backward pass: "
+                                        "plan the backward with its lengths (cu_seqlens)");
     if (decode && pass == FA_BACKWARD)
         return fa_error(FA_ERR_INVALID, "kv-cache decoding (cache_seqlens) does not combine with the backward pass: "
                                         "decoding has no backward");

@@ -51,6 +51,10 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses);
 /* The inference shape p asks for, in words ("packed variable-length batches (cu_seqlens)"),
  * or NULL for a dense problem. */
 const char *fa_inference_feature(const fa_problem *p);
+/* Whether p is a packed batch (cu_seqlens or FA_LENGTHS_PACKED) or kv-cache decoding
+ * (cache_seqlens or FA_LENGTHS_CACHE), whether its lengths come with the plan or per call. */
+int fa_problem_varlen(const fa_problem *p);
+int fa_problem_decode(const fa_problem *p);
 
 /* The public entries' argument checks (args.c): every pointer problem p needs (decode's
  * new rows and block table too), the caller's workspace against workspace bytes (when it

@@ -100,6 +100,43 @@ static wide decode_partial_bytes(const fa_problem *p) {
     return (wide)(p->heads_q / p->heads_kv) * p->seq_q * (p->head_dim_v + 2) * 4;
 }
 
+/* The shared prefix's pass (cpu/cascade.c): per prefix tile of n keys and kv head, the
+ * R = B x M rows of every sequence computed (flops 2 R n (D + Dv), trans R n (+ R n tanh) + R);
+ * per (b, query head, row) one merge exp per prefix chunk. Bytes: the prefix's K and V once
+ * (the point of sharing), q read again, the partials written and read by the merge. Useful
+ * pairs: sequence b's visible pairs over prefix plus cache less those over its cache (masks
+ * are translation-invariant: the cache's own view). Returns the prefix's bytes; adds the
+ * needed prefix keys (the hull of the sequences' visible spans) and the q rows that see only
+ * prefix keys to *needed. */
+static wide shared_prefix_cost(const fa_plan *pl, wide *flops, wide *trans, wide *bytes, wide *useful, wide *needed) {
+    const fa_problem *p = &pl->p;
+    const wide es = (wide)fa_dtype_size(p->dtype), Hq = p->heads_q, Hk = p->heads_kv, P = p->shared_prefix_len;
+    const wide D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, R = (wide)p->batch * (Hq / Hk) * Sq;
+    const int64_t T = fa_decode_tile(p);
+    const wide tiles = (P + T - 1) / T, chunks = fa_cascade_chunks(pl), pbytes = P * Hk * (D + Dv) * es;
+    *flops += Hk * 2 * R * P * (D + Dv);
+    *trans += Hk * (R * P * (1 + (p->softcap > 0)) + R * tiles) + (wide)p->batch * Hq * Sq * chunks;
+    *bytes += pbytes + (wide)p->batch * Sq * Hq * D * es + 2 * chunks * Hk * R * (Dv + 2) * 4;
+    int64_t lo_all = P, hi_all = -1;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int64_t sk = fa_decode_keys(pl, b);
+        const fa_sched all = fa_sched_make(p->seq_q, P + sk, 0, 0, p->causal, p->window_left, p->window_right);
+        const fa_sched own = fa_decode_sched(pl, b);
+        *useful += Hq * (fa_sched_pairs(&all, 0, p->seq_q) - fa_sched_pairs(&own, 0, p->seq_q)) * 2 * (D + Dv);
+        int64_t a0, a1, o0, o1, lo, hi; /* q rows that see a prefix key but none of their own */
+        fa_sched_live_rows(&all, &a0, &a1);
+        fa_sched_live_rows(&own, &o0, &o1);
+        *needed += Hq * (wide)((a1 - a0) - (o1 - o0)) * D * es;
+        if (fa_sched_span(&all, 0, p->seq_q, &lo, &hi) && lo < P) {
+            lo_all = lo < lo_all ? lo : lo_all;
+            hi = hi < P - 1 ? hi : P - 1;
+            hi_all = hi > hi_all ? hi : hi_all;
+        }
+    }
+    if (hi_all >= lo_all) *needed += (wide)(hi_all - lo_all + 1) * Hk * (D + Dv) * es;
+    return pbytes;
+}
+
 static fa_status decode_cost(fa_plan *pl) {
     const fa_problem *p = &pl->p;
     const wide es = (wide)fa_dtype_size(p->dtype), B = p->batch, Hq = p->heads_q, Hk = p->heads_kv;
@@ -122,6 +159,7 @@ static fa_status decode_cost(fa_plan *pl) {
         needed += Hq * (wide)(r1 - r0) * D * es;
         if (fa_sched_span(&masks, 0, p->seq_q, &lo, &hi)) needed += Hk * (wide)(hi - lo + 1) * (D + Dv) * es;
     }
+    const wide prefix = p->shared_prefix_len ? shared_prefix_cost(pl, &flops, &trans, &bytes, &useful, &needed) : 0;
     const wide q = B * Sq * Hq * D * es, o = B * Sq * Hq * Dv * es, lse = B * Hq * Sq * 4;
     const wide knew = p->has_new_kv ? B * Sq * Hk * (D + Dv) * es : 0, slopes = p->has_alibi ? Hq * 4 : 0;
     const wide sinks = p->has_sinks ? Hq * 4 : 0; /* read once, by the merge */
@@ -131,8 +169,9 @@ static fa_status decode_cost(fa_plan *pl) {
     const wide cache = cache_rows * Hk * (D + Dv) * es, table = p->page_size ? B * p->max_pages * 4 : 0;
     const wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
     const wide min = needed + 2 * knew + o + lse + (items ? slopes : 0) + sinks; /* k_new, v_new read, stored */
-    const wide in = q + cache + knew + table + slopes + sinks + B * 4, out = o + lse;
-    const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * p->seq_k * 4};
+    const wide in = q + cache + knew + table + slopes + sinks + B * 4 + prefix, out = o + lse;
+    const wide sk_all = p->seq_k + p->shared_prefix_len; /* the naive score matrix: prefix keys too */
+    const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * sk_all * 4};
     fa_status s = store_cost(&pl->fwd, f, "decode");
     if (s) return s;
     const fa_cost none = {0};

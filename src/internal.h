@@ -26,6 +26,7 @@ struct fa_plan {
     int64_t lse_rows;       /* lse elements between heads; 0: seq_q (a varlen sequence: the packed total) */
     int shape;              /* FA_SHAPE_DENSE, _VARLEN or _DECODE */
     int32_t *lens;          /* the plan's copies: cu_seqlens_q, cu_seqlens_k (varlen) or cache_seqlens */
+    int64_t opt_bq, opt_bk; /* the options' block sizes (0: the library's): a packed sequence's own tiles */
 };
 
 /* ---- inference shapes (plan_inference.c, cost_inference.c, cpu/varlen.c, cpu/decode.c) */
@@ -34,10 +35,23 @@ enum { FA_SHAPE_DENSE = 0, FA_SHAPE_VARLEN = 1, FA_SHAPE_DECODE = 2 };
 /* Validates cu_seqlens / cache_seqlens / pages, fills the packed or cache layouts' default
  * strides and copies the length arrays into pl->lens. Called before the strides resolve. */
 fa_status fa_validate_inference(struct fa_plan *pl);
+/* The length checks of plans and calls (plan_inference.c): cache_seqlens against the
+ * capacity, cu_seqlens as prefix sums ending at (exact) or within the packed rows. */
+fa_status fa_check_cache_seqlens(const fa_problem *p, const int32_t *lens);
+fa_status fa_check_cu_seqlens(const fa_problem *p, const int32_t *cu_q, const int32_t *cu_k, int exact);
+/* The plan a call runs (lengths.c): for a lengths-per-call plan, *view = pl with the call's
+ * lengths (checked; its cost recomputed for them) and *use = view; for a plan made with
+ * lengths, given lengths must equal its own, and *use = pl. fn names the entry. */
+fa_status fa_call_plan(const struct fa_plan *pl, const int32_t *cache_seqlens, const int32_t *cu_q,
+                       const int32_t *cu_k, const char *fn, struct fa_plan *view, const struct fa_plan **use);
 /* The dense plan of packed sequence b: batch 1, its own lengths and mask offset, the
  * parent's strides, tiles and lse layout (pointers are offset by the caller). */
 void fa_varlen_subplan(const struct fa_plan *pl, int64_t b, struct fa_plan *sub);
 fa_status fa_cost_inference(struct fa_plan *pl);
+/* A packed sequence's tiles and backward schedule, chosen by the CPU's rules from its own
+ * lengths (never the batch's totals or its other sequences: batch invariance, docs/semantics.md),
+ * except block sizes the options fixed (cpu/backend_cpu.c). */
+void fa_cpu_sequence_blocks(struct fa_plan *sub);
 
 /* Decoding splits each sequence's keys into chunks of FA_DECODE_CHUNK (one work item per
  * (sequence, kv head, chunk), merged in chunk order) and chunks into tiles; both from
@@ -75,6 +89,15 @@ int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl);
 fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a);
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a);
 fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a);
+/* A shared prefix (cpu/cascade.c): its chunks of FA_DECODE_CHUNK keys; its partials, per
+ * (chunk, kv head) R = B x (Hq / Hk) x seq_q rows of Dv accumulators, then R maxima, then
+ * R sums (row b x M + r: sequence b's decode row r); its workspace (partials, then threads x
+ * scratch: the decode workspace's last part); and the pass, which fills the partials and
+ * adds its counts to cnt. */
+int64_t fa_cascade_chunks(const struct fa_plan *pl);
+int64_t fa_cascade_partial_floats(const struct fa_plan *pl);
+int64_t fa_cascade_workspace_bytes(const struct fa_plan *pl);
+fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args *a, char *ws, fa_counts *cnt);
 
 /* The threads a call runs on: the plan's, or 1 in a process forked after this library was
  * used (fork.c: libgomp's workers do not survive fork); fa_fork_guard registers the fork

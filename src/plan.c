@@ -107,6 +107,9 @@ static fa_status validate_scalars(fa_plan *pl) {
                         (long long)p->diag_offset);
     if (p->has_bias_scale && !isfinite(p->bias_scale))
         return fa_error(FA_ERR_INVALID, "bias_scale must be finite, got %g", (double)p->bias_scale);
+    if (p->lengths_per_call < FA_LENGTHS_AT_PLAN || p->lengths_per_call > FA_LENGTHS_PACKED)
+        return fa_error(FA_ERR_INVALID, "lengths_per_call must be 0, FA_LENGTHS_CACHE (1) or FA_LENGTHS_PACKED (2), got %d",
+                        p->lengths_per_call);
     if (p->bias_grad && !p->has_bias)
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
     return FA_OK;
@@ -244,9 +247,13 @@ fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
     fa_clear_error();
     if (!plan) return fa_error(FA_ERR_NULL, "fa_forward: plan is NULL");
     fa_status s = plan->be->supports(&plan->p, FA_FORWARD, FA_USE_RUN);
-    if (!s) s = fa_check_forward_args(&plan->p, args, plan->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
+    fa_plan view; /* the plan with this call's lengths (lengths.c) */
+    const fa_plan *use = plan;
+    if (!s && args)
+        s = fa_call_plan(plan, args->cache_seqlens, args->cu_seqlens_q, args->cu_seqlens_k, "fa_forward", &view, &use);
+    if (!s) s = fa_check_forward_args(&use->p, args, use->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
                                       "fa_forward");
-    return s ? s : plan->be->forward(plan, args);
+    return s ? s : plan->be->forward(use, args);
 }
 
 fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {

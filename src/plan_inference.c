@@ -18,7 +18,9 @@ static void default_layout(fa_strides *st, int64_t item_stride, int64_t heads, i
     st->s[3] = 1;
 }
 
-static fa_status check_cu(const char *name, const int32_t *cu, int64_t batch, int64_t total) {
+/* exact: the last entry must be total (the plan's packed rows); else at most total (a call
+ * of a lengths-per-call plan: seq_q and seq_k are its capacities). */
+static fa_status check_cu(const char *name, const int32_t *cu, int64_t batch, int64_t total, int exact) {
     if (cu[0] != 0) return fa_error(FA_ERR_INVALID, "%s[0] must be 0, got %d", name, cu[0]);
     for (int64_t b = 1; b <= batch; b++)
         if (cu[b] < cu[b - 1])
@@ -27,7 +29,7 @@ static fa_status check_cu(const char *name, const int32_t *cu, int64_t batch, in
     if (cu[batch] > total)
         return fa_error(FA_ERR_INVALID, "%s[%lld] = %d reaches past the packed tensor's %lld rows", name,
                         (long long)batch, cu[batch], (long long)total);
-    if (cu[batch] != total)
+    if (exact && cu[batch] != total)
         return fa_error(FA_ERR_INVALID, "%s[%lld] = %d must equal the packed tensor's %lld rows", name,
                         (long long)batch, cu[batch], (long long)total);
     return FA_OK;
@@ -41,15 +43,44 @@ static fa_status copy_lens(fa_plan *pl, const int32_t *a, int64_t na, const int3
     return FA_OK;
 }
 
+fa_status fa_check_cu_seqlens(const fa_problem *p, const int32_t *cu_q, const int32_t *cu_k, int exact) {
+    fa_status s = check_cu("cu_seqlens_q", cu_q, p->batch, p->seq_q, exact);
+    return s ? s : check_cu("cu_seqlens_k", cu_k, p->batch, p->seq_k, exact);
+}
+
+/* A lengths-per-call plan's stand-in lengths, its capacities: every row and key in the
+ * first sequence (the largest workspace and cost any call can have), or every cache full. */
+static fa_status capacity_lens(fa_plan *pl) {
+    fa_problem *p = &pl->p;
+    const int varlen = p->lengths_per_call == FA_LENGTHS_PACKED;
+    const int64_t n = varlen ? 2 * (p->batch + 1) : p->batch, newk = p->has_new_kv ? p->seq_q : 0;
+    if (varlen ? p->cu_seqlens_q || p->cu_seqlens_k : p->cache_seqlens != NULL)
+        return fa_error(FA_ERR_INVALID, "lengths_per_call takes the lengths with each call (fa_forward_args): the "
+                                        "problem's %s must be NULL",
+                        varlen ? "cu_seqlens_q and cu_seqlens_k" : "cache_seqlens");
+    if (!varlen && p->seq_k < newk)
+        return fa_error(FA_ERR_INVALID, "seq_k (%lld, the cache capacity) is below the %lld new tokens of a call",
+                        (long long)p->seq_k, (long long)newk);
+    int32_t *cap = fa_malloc(sizeof(int32_t) * (size_t)n);
+    if (!cap) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate %lld lengths", (long long)n);
+    for (int64_t b = 0; b < (varlen ? p->batch + 1 : p->batch); b++) {
+        if (varlen) cap[b] = b ? (int32_t)p->seq_q : 0, cap[p->batch + 1 + b] = b ? (int32_t)p->seq_k : 0;
+        else cap[b] = (int32_t)(p->seq_k - newk);
+    }
+    pl->lens = cap;
+    if (varlen) p->cu_seqlens_q = cap, p->cu_seqlens_k = cap + p->batch + 1;
+    else p->cache_seqlens = cap;
+    return FA_OK;
+}
+
 static fa_status validate_varlen(fa_plan *pl) {
     fa_problem *p = &pl->p;
     if (!p->cu_seqlens_q || !p->cu_seqlens_k)
         return fa_error(FA_ERR_NULL, "cu_seqlens_q and cu_seqlens_k go together, but %s is NULL",
                         p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
     fa_status s;
-    if ((s = check_cu("cu_seqlens_q", p->cu_seqlens_q, p->batch, p->seq_q)) ||
-        (s = check_cu("cu_seqlens_k", p->cu_seqlens_k, p->batch, p->seq_k)) ||
-        (s = copy_lens(pl, p->cu_seqlens_q, p->batch + 1, p->cu_seqlens_k, p->batch + 1)))
+    if ((s = fa_check_cu_seqlens(p, p->cu_seqlens_q, p->cu_seqlens_k, 1)) ||
+        (!pl->lens && (s = copy_lens(pl, p->cu_seqlens_q, p->batch + 1, p->cu_seqlens_k, p->batch + 1))))
         return s;
     p->cu_seqlens_q = pl->lens;
     p->cu_seqlens_k = pl->lens + p->batch + 1;
@@ -74,9 +105,28 @@ static fa_status check_pages_reach(const char *name, const fa_strides *st, const
     return FA_OK;
 }
 
+fa_status fa_check_cache_seqlens(const fa_problem *p, const int32_t *lens) {
+    const int64_t newk = p->has_new_kv ? p->seq_q : 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        const int32_t n = lens[b];
+        if (n < 0)
+            return fa_error(FA_ERR_INVALID, "cache_seqlens[%lld] = %d is negative", (long long)b, n);
+        if (n + newk > p->seq_k)
+            return fa_error(FA_ERR_INVALID,
+                            "cache_seqlens[%lld] = %d plus %lld new tokens exceeds the cache capacity %lld%s",
+                            (long long)b, n, (long long)newk, (long long)p->seq_k,
+                            p->page_size ? " (max_pages x page_size)" : " (S_cache_max)");
+    }
+    return FA_OK;
+}
+
 static fa_status validate_decode(fa_plan *pl) {
     fa_problem *p = &pl->p;
-    const int64_t B = p->batch, newk = p->has_new_kv ? p->seq_q : 0;
+    const int64_t B = p->batch;
+    if (p->shared_prefix_len < 0 || p->shared_prefix_len > INT32_MAX - p->seq_k)
+        return fa_error(FA_ERR_INVALID, "shared_prefix_len must be in [0, %lld] (prefix and cache positions fit int32), "
+                                        "got %lld",
+                        (long long)(INT32_MAX - p->seq_k), (long long)p->shared_prefix_len);
     if (p->page_size) {
         if (p->page_size < 0 || p->page_size % 16)
             return fa_error(FA_ERR_INVALID, "page_size must be a positive multiple of 16, got %lld",
@@ -91,18 +141,8 @@ static fa_status validate_decode(fa_plan *pl) {
     } else if (p->num_pages || p->max_pages) {
         return fa_error(FA_ERR_INVALID, "num_pages and max_pages need a page_size");
     }
-    for (int64_t b = 0; b < B; b++) {
-        const int32_t n = p->cache_seqlens[b];
-        if (n < 0)
-            return fa_error(FA_ERR_INVALID, "cache_seqlens[%lld] = %d is negative", (long long)b, n);
-        if (n + newk > p->seq_k)
-            return fa_error(FA_ERR_INVALID,
-                            "cache_seqlens[%lld] = %d plus %lld new tokens exceeds the cache capacity %lld%s",
-                            (long long)b, n, (long long)newk, (long long)p->seq_k,
-                            p->page_size ? " (max_pages x page_size)" : " (S_cache_max)");
-    }
-    fa_status s = copy_lens(pl, p->cache_seqlens, B, NULL, 0);
-    if (s) return s;
+    fa_status s = fa_check_cache_seqlens(p, p->cache_seqlens);
+    if (s || (!pl->lens && (s = copy_lens(pl, p->cache_seqlens, B, NULL, 0)))) return s;
     p->cache_seqlens = pl->lens;
     const int64_t Hq = p->heads_q, Hk = p->heads_kv, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q;
     const int64_t rows = p->page_size ? p->page_size : p->seq_k;
@@ -120,8 +160,11 @@ static fa_status validate_decode(fa_plan *pl) {
 
 fa_status fa_validate_inference(fa_plan *pl) {
     fa_problem *p = &pl->p;
-    const int varlen = p->cu_seqlens_q || p->cu_seqlens_k, decode = p->cache_seqlens != NULL;
+    const int varlen = p->cu_seqlens_q || p->cu_seqlens_k || p->lengths_per_call == FA_LENGTHS_PACKED;
+    const int decode = p->cache_seqlens || p->lengths_per_call == FA_LENGTHS_CACHE;
     if (!varlen && !decode) {
+        if (p->shared_prefix_len) /* refused by the backend's supports; also a bad value */
+            return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) needs kv-cache decoding");
         if (p->has_new_kv || p->page_size || p->num_pages || p->max_pages)
             return fa_error(FA_ERR_INVALID, "has_new_kv and pages need cache_seqlens (kv-cache decoding)");
         return FA_OK;
@@ -129,6 +172,8 @@ fa_status fa_validate_inference(fa_plan *pl) {
     /* combinations with other features were refused by the backend's supports (backend.h) */
     const char *what = varlen ? "cu_seqlens" : "cache_seqlens";
     if (p->batch > INT32_MAX) return fa_error(FA_ERR_INVALID, "batch %lld is too large for %s", (long long)p->batch, what);
+    fa_status s;
+    if (p->lengths_per_call && (s = capacity_lens(pl))) return s;
     return varlen ? validate_varlen(pl) : validate_decode(pl);
 }
 
@@ -143,6 +188,7 @@ void fa_varlen_subplan(const fa_plan *pl, int64_t b, fa_plan *sub) {
     sub->lens = NULL;
     sub->off = fa_sched_off(sub->p.seq_q, sub->p.seq_k, pl->p.has_diag_offset, pl->p.diag_offset);
     sub->lse_rows = pl->p.seq_q;
+    if (pl->backend == FA_BACKEND_CPU) fa_cpu_sequence_blocks(sub); /* its own tiles: batch invariance */
 }
 
 void fa_decode_key_span(const fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi) {

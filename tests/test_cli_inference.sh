@@ -181,6 +181,22 @@ else no "refused decode" "a cache file changed"; fi
 expect_bad "decode: --update-cache without new tokens" "update-cache" run $DEC --update-cache --out "$OUT/o.npy"
 expect_bad "decode: --k-new without --v-new" "go together" run $DEC --k-new "$I/kn.npy" --out "$OUT/o.npy"
 
+# a shared prefix of 600 keys (two chunks) before every cache: counts == plan, bad prefixes refused
+gen kp.npy '<f4' 600 1 16 --seed $((S0 + 16))
+gen vp.npy '<f4' 600 1 16 --seed $((S0 + 17))
+gen kp8.npy '<f4' 600 1 8 --seed $((S0 + 18))
+fa run $DEC --k-new "$I/kn.npy" --v-new "$I/vn.npy" --k-prefix "$I/kp.npy" --v-prefix "$I/vp.npy" --out "$OUT/o.npy" --count
+flops=$(json_int flops) trans=$(json_int transcendentals)
+fa plan --heads 8 --kv-heads 1 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" \
+  --k-prefix "$I/kp.npy" --v-prefix "$I/vp.npy" --causal --json
+pf=$(sed -n 's/.*"forward": {"flops": \([0-9]*\), [^}]*"transcendentals": \([0-9]*\),.*/\1 \2/p' "$W/so")
+if [ $rc -eq 0 ] && [ -n "$flops" ] && [ "$pf" = "$flops $trans" ]; then ok "decode with a shared prefix: counts == plan ($pf)"
+else no "shared prefix counts" "run counted '$flops $trans', plan says '$pf' (exit $rc: $(cat "$W/se"))"; fi
+rm -f "$OUT"/*
+cp "$W/kc0.npy" "$I/kc.npy"; cp "$W/vc0.npy" "$I/vc.npy"
+expect_bad "decode: --k-prefix without --v-prefix" "go together" run $DEC --k-prefix "$I/kp.npy" --out "$OUT/o.npy"
+expect_bad "decode: a prefix of another head dim" "k-prefix" run $DEC --k-prefix "$I/kp8.npy" --v-prefix "$I/vp.npy" --out "$OUT/o.npy"
+
 # paged: 10 pages of 16 rows, Hk=2; tables [3, 4] in shuffled order; sequences 0 and 1 share page 7
 gen pq.npy '<f4' 3 1 4 16 --seed $((S0 + 21))
 gen pk.npy '<f4' 10 16 2 16 --seed $((S0 + 22))

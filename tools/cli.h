@@ -64,6 +64,7 @@ typedef struct {
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
 
     const char *sinks, *dsink;    /* attention sinks float32 [Hq]; grad: their gradient out */
+    const char *k_prefix, *v_prefix; /* a shared prefix [P, Hk, D] (plan reads its header) */
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };

@@ -22,7 +22,8 @@ typedef enum {
     F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_BIAS_SCALE, F_DIAG_OFFSET, F_TOP_LEFT, F_DBIAS,
     F_SEQ_PARALLEL, F_ZIGZAG,
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
-    F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_COUNT_OF_FLAGS
+    F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
+    F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -78,6 +79,8 @@ static const struct {
     [F_VARLEN] = FILE_ARG("--varlen", varlen_lens, CMD_BENCH),
     [F_HUGE_PAGES] = ON("--huge-pages", huge_pages, CMD_BENCH),
     [F_SINKS] = FILE_ARG("--sinks", sinks, ALL), [F_DSINK] = FILE_ARG("--dsink", dsink, CMD_GRAD),
+    [F_K_PREFIX] = FILE_ARG("--k-prefix", k_prefix, CMD_PLAN | CMD_RUN),
+    [F_V_PREFIX] = FILE_ARG("--v-prefix", v_prefix, CMD_PLAN | CMD_RUN),
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -303,6 +306,11 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     if (!a->cache_seqlens && (a->k_new || a->block_table || a->update_cache))
         return cli_fail(2, "%s: %s needs --cache-seqlens", name,
                         a->k_new ? "--k-new" : a->block_table ? "--block-table" : "--update-cache");
+    if (!!a->k_prefix != !!a->v_prefix)
+        return cli_fail(2, "%s: --k-prefix and --v-prefix (a shared prefix) go together; %s is missing", name,
+                        a->k_prefix ? "--v-prefix" : "--k-prefix");
+    if (a->k_prefix && !a->cache_seqlens)
+        return cli_fail(2, "%s: --k-prefix (a shared prefix) needs --cache-seqlens (kv-cache decoding)", name);
     if (a->update_cache && !a->k_new)
         return cli_fail(2, "%s: --update-cache needs --k-new and --v-new (nothing to append)", name);
     if (cmd == CMD_PLAN && (a->page_size || a->num_pages) && !a->block_table)

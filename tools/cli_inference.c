@@ -91,6 +91,10 @@ int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
         return cli_fail(2, "--batch %" PRId64 " does not match the %" PRId64 " entries of --cache-seqlens", a->batch,
                         p->batch);
     p->seq_q = a->seq_q ? a->seq_q : a->seq ? a->seq : 1; /* new tokens per sequence */
+    if (a->k_prefix) { /* a shared prefix: its rows from the header */
+        if ((rc = float_header("--k-prefix", a->k_prefix, 3, &h2))) return rc;
+        p->shared_prefix_len = h2.shape[0];
+    }
     if (a->k_new) {
         if ((rc = float_header("--k-new", a->k_new, 4, &h2)) ||
             (rc = dim_is("--k-new", a->k_new, "batch", h2.shape[0], "--cache-seqlens", p->batch)))
@@ -132,9 +136,9 @@ typedef struct {
 
 /* Everything a run holds, freed in one place. */
 typedef struct {
-    npy_header hq, hk, hv, hkn, hvn, h1, h2, hb, hdo;
+    npy_header hq, hk, hv, hkn, hvn, h1, h2, hb, hdo, hkp, hvp;
     int32_t *lens_q, *lens_k, *table;
-    void *q, *k, *v, *kn, *vn, *o, *d_o, *dq, *dk, *dv;
+    void *q, *k, *v, *kn, *vn, *o, *d_o, *dq, *dk, *dv, *kp, *vp;
     float *lse;
     out_file outs[5];
     int nout, opened;
@@ -145,7 +149,7 @@ typedef struct {
 static void release(run_state *s) {
     for (int i = 0; i < s->opened; i++) npy_out_abort(&s->outs[i].file);
     void *bufs[] = {s->lens_q, s->lens_k, s->table, s->q, s->k, s->v, s->kn, s->vn, s->o, s->lse,
-                    s->d_o, s->dq, s->dk, s->dv};
+                    s->d_o, s->dq, s->dk, s->dv, s->kp, s->vp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fa_free(bufs[i]);
     cli_extras_free(&s->x);
     fa_plan_destroy(s->plan);
@@ -220,6 +224,17 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
                 if ((rc = dim_is(nf[i], np[i], "a dimension", nh[i]->shape[d], "[B, Sq_new, Hk, D]", want[d]))) return rc;
         }
         p->has_new_kv = 1;
+    }
+    if (a->k_prefix) { /* the shared prefix: [P, Hk, D] and [P, Hk, Dv] */
+        if ((rc = float_header("--k-prefix", a->k_prefix, 3, &s->hkp)) ||
+            (rc = float_header("--v-prefix", a->v_prefix, 3, &s->hvp)))
+            return rc;
+        const int64_t P = s->hkp.shape[0], want[2][3] = {{P, Hk, p->head_dim}, {P, Hk, p->head_dim_v}};
+        for (int d = 0; d < 3; d++)
+            if ((rc = dim_is("--k-prefix", a->k_prefix, "a dimension", s->hkp.shape[d], "[P, Hk, D]", want[0][d])) ||
+                (rc = dim_is("--v-prefix", a->v_prefix, "a dimension", s->hvp.shape[d], "[P, Hk, Dv]", want[1][d])))
+                return rc;
+        p->shared_prefix_len = P;
     }
     return 0;
 }
@@ -305,6 +320,8 @@ int cli_run_inference(const cli_args *a) {
         (rc = cli_read_tensor("--v", a->v, p.dtype, &s.hv, &s.v)) ||
         (a->k_new && (rc = cli_read_tensor("--k-new", a->k_new, p.dtype, &s.hkn, &s.kn))) ||
         (a->v_new && (rc = cli_read_tensor("--v-new", a->v_new, p.dtype, &s.hvn, &s.vn))) ||
+        (a->k_prefix && (rc = cli_read_tensor("--k-prefix", a->k_prefix, p.dtype, &s.hkp, &s.kp))) ||
+        (a->v_prefix && (rc = cli_read_tensor("--v-prefix", a->v_prefix, p.dtype, &s.hvp, &s.vp))) ||
         (grad && (rc = cli_read_tensor("--do", a->d_o, p.dtype, &s.hdo, &s.d_o))) ||
         (rc = cli_extras_load(a, &p, 1, &s.x)))
         return release(&s), rc;
@@ -318,6 +335,7 @@ int cli_run_inference(const cli_args *a) {
     fw.q = s.q, fw.k = s.k, fw.v = s.v, fw.o = s.o, fw.lse = s.lse, fw.alibi_slopes = s.x.slopes;
     fw.sinks = s.x.sinks;
     fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = grad ? NULL : &counts;
+    fw.k_prefix = s.kp, fw.v_prefix = s.vp;
     fa_status st = fa_forward(s.plan, &fw); /* checks every argument before it writes the caches */
     if (st != FA_OK) return release(&s), cli_fail_status(st, "forward");
     if (grad && (rc = backward(&s, &p, &counts))) return release(&s), rc; /* --count: the backward's */

@@ -29,7 +29,9 @@ static const char inference_help[] =
     "  --block-table bt.npy       int32 [B,max_pages]; caches [num_pages,page_size,Hk,D]\n"
     "                             (plan: with --page-size P --num-pages N)\n"
     "  --k-new kn.npy --v-new vn.npy [--update-cache]   append [B,Sq_new,Hk,D] at lens[b];\n"
-    "                             --update-cache rewrites the cache files (float32) on success\n";
+    "                             --update-cache rewrites the cache files (float32) on success\n"
+    "  --k-prefix kp.npy --v-prefix vp.npy   a shared prefix [P,Hk,D] every sequence attends to\n"
+    "                             first (read once per call; plan reads its header)\n";
 
 void cli_usage(const char *name) {
     if (!name) {

@@ -6,6 +6,7 @@
     flashattn.varlen_attention(...)      packed variable-length batches (+ _backward)
     flashattn.kvcache_attention(...)     kv-cache decoding, paged caches too
     flashattn.plan_varlen(...), plan_kvcache(...)   their costs, from lengths and shapes
+    flashattn.merge_states(...)          merges two attention states (o, lse) exactly
     import flashattn.torch               PyTorch tensors (autograd, torch.compile)
     import flashattn.jax                 JAX arrays (jit, grad, vmap)
 
@@ -15,11 +16,12 @@ submodules imported explicitly.
 from . import _native
 from ._numpy import attention, attention_backward
 from ._numpy_inference import kvcache_attention, varlen_attention, varlen_attention_backward
+from ._merge import merge_states
 from ._plan import Plan, plan
 from ._plan_inference import plan_kvcache, plan_varlen
 
 __all__ = ["plan", "Plan", "attention", "attention_backward", "varlen_attention",
-           "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache",
+           "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache", "merge_states",
            "cuda_available", "cpu_isa"]
 
 

@@ -10,7 +10,8 @@ import os
 c_int64 = ctypes.c_int64
 c_void_p = ctypes.c_void_p
 
-# fa_dtype, fa_backend, fa_pass, fa_status values
+# fa_dtype, fa_backend, fa_pass, fa_status values; fa_problem.lengths_per_call values
+LENGTHS_AT_PLAN, LENGTHS_CACHE, LENGTHS_PACKED = 0, 1, 2
 F32, F16, BF16 = 0, 1, 2
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 FORWARD, BACKWARD = 0, 1
@@ -47,6 +48,8 @@ class Problem(ctypes.Structure):
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
         ("has_sinks", ctypes.c_int),  # attention sinks (docs/semantics.md)
+        ("lengths_per_call", ctypes.c_int),
+        ("shared_prefix_len", c_int64),
     ]
 
 
@@ -81,6 +84,9 @@ class ForwardArgs(ctypes.Structure):
         ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
         ("k_new", c_void_p), ("v_new", c_void_p), ("block_table", c_void_p),
         ("sinks", c_void_p),
+        # the lengths of this call (plans with lengths_per_call)
+        ("cache_seqlens", c_void_p), ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
+        ("k_prefix", c_void_p), ("v_prefix", c_void_p),  # a shared prefix (shared_prefix_len)
     ]
 
 
@@ -134,6 +140,10 @@ def _declare(lib):
         "fa_plan_create": (ctypes.c_int, [P(Problem), P(Options), P(c_void_p)]),
         "fa_plan_destroy": (None, [c_void_p]),
         "fa_plan_cost": (ctypes.c_int, [c_void_p, ctypes.c_int, P(Cost)]),
+        "fa_plan_cost_lengths": (ctypes.c_int, [c_void_p, ctypes.c_int, c_void_p, c_void_p, c_void_p, P(Cost)]),
+        "fa_merge_states": (ctypes.c_int, [ctypes.c_int, c_int64, c_int64, c_int64, c_void_p, P(ctypes.c_float),
+                                            c_void_p, P(ctypes.c_float), P(ctypes.c_float), c_void_p,
+                                            P(ctypes.c_float)]),
         "fa_plan_exact": (ctypes.c_int, [c_void_p]),
         "fa_plan_backend": (ctypes.c_int, [c_void_p]),
         "fa_plan_blocks": (None, [c_void_p, ctypes.c_int, P(c_int64), P(c_int64)]),
@@ -228,6 +238,14 @@ class PlanHandle:
         check(lib.fa_plan_cost(self.ptr, which, ctypes.byref(c)), "plan")
         return {name: getattr(c, name) for name in COST_FIELDS}
 
+    def cost_lengths(self, which, cache_seqlens=None, cu_seqlens_q=None, cu_seqlens_k=None):
+        """fa_plan_cost_lengths: the exact cost of one call with these lengths (int32 arrays)."""
+        c = Cost()
+        ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+        check(lib.fa_plan_cost_lengths(self.ptr, which, ptr(cache_seqlens), ptr(cu_seqlens_q), ptr(cu_seqlens_k),
+                                       ctypes.byref(c)), "plan")
+        return {name: getattr(c, name) for name in COST_FIELDS}
+
     def blocks(self, which):
         bq, bk = c_int64(), c_int64()
         lib.fa_plan_blocks(self.ptr, which, ctypes.byref(bq), ctypes.byref(bk))
@@ -283,7 +301,7 @@ class EmptyPlanHandle:
         p.bias_batch, p.bias_heads = min(max(p.bias_batch, 1), p.batch), min(max(p.bias_heads, 1), p.heads_q)
         for name in _LENGTH_ARRAYS:
             setattr(p, name, None)
-        p.page_size = p.num_pages = p.max_pages = p.has_new_kv = 0
+        p.page_size = p.num_pages = p.max_pages = p.has_new_kv = p.lengths_per_call = p.shared_prefix_len = 0
         self._inner = PlanHandle(p, options)
         es = 4 if problem.dtype == F32 else 2
         B, Hq, Hk, Sq, Sk = (problem.batch, problem.heads_q, problem.heads_kv, problem.seq_q, problem.seq_k)

@@ -160,9 +160,25 @@ def _writable_cache(name, a):
     return a
 
 
+def _prefix(k_prefix, v_prefix, k_cache, v_cache, dtype):
+    """The shared prefix's k and v [P, Hk, D] / [P, Hk, Dv], contiguous, or (None, None)."""
+    if (k_prefix is None) != (v_prefix is None):
+        raise ValueError("k_prefix and v_prefix (the shared prefix) go together: pass both or neither")
+    if k_prefix is None:
+        return None, None
+    kp, vp = (np.ascontiguousarray(_readable(n, a, 3)) for n, a in (("k_prefix", k_prefix), ("v_prefix", v_prefix)))
+    if kp.dtype != dtype or vp.dtype != dtype:
+        raise ValueError(f"k_prefix and v_prefix must have the caches' dtype {dtype}, got {kp.dtype} and {vp.dtype}")
+    want_k, want_v = (kp.shape[0],) + tuple(k_cache.shape[2:]), (kp.shape[0],) + tuple(v_cache.shape[2:])
+    if kp.shape != want_k or vp.shape != want_v:
+        raise ValueError(f"k_prefix and v_prefix must be [P, Hk, D] = {want_k} and {want_v} (the caches' heads and "
+                         f"head dims), got {kp.shape} and {vp.shape}")
+    return kp, vp
+
+
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, out=None, sinks=None):
+                      return_lse=False, out=None, sinks=None, k_prefix=None, v_prefix=None):
     """One decoding step against a kv cache, in the manner of flash_attn_with_kvcache.
 
     q [B, Sq_new, Hq, D]; k_cache [B, S_cache_max, Hk, D] and v_cache [.., Dv], or with
@@ -177,7 +193,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     sequence (causal: new token i sees positions <= cache_seqlens[b] + i). Cache rows past a
     sequence's length are never read. Returns o [B, Sq_new, Hq, Dv] (into out if given) and
     lse [B, Hq, Sq_new] f32 with return_lse. sinks [Hq]: as in attention (the split-KV
-    chunks merge without it; it joins once). Forward only."""
+    chunks merge without it; it joins once). Forward only.
+
+    k_prefix, v_prefix [P, Hk, D] / [.., Dv] (a shared prefix, cascade): every sequence first
+    attends to these P keys (positions 0 .. P - 1), then to its own cache at positions P + t;
+    the call reads the prefix once for all sequences. Masks align bottom-right over both."""
     q = _readable("q", q)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -208,15 +228,19 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     lse = _empty((B, q.shape[2], q.shape[1]), np.float32)
     slopes = _slopes(alibi_slopes, q.shape[2])
     sink_arr = head_floats("sinks", sinks, q.shape[2])
+    kp, vp = _prefix(k_prefix, v_prefix, k_cache, v_cache, q.dtype)
     p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
                        q_stride=_elem_strides(q), kc_stride=_elem_strides(k_cache),
                        vc_stride=_elem_strides(v_cache), o_stride=_elem_strides(o), dtype=dtype,
                        cache_seqlens=lens, has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=window, softcap=softcap, scale=scale,
-                       alibi=slopes is not None, sinks=sink_arr is not None)
+                       alibi=slopes is not None, sinks=sink_arr is not None, lengths_per_call=True,
+                       shared_prefix_len=0 if kp is None else kp.shape[0])
+    # one plan for every step of a decode loop: made from capacities, the lengths go with the call
     handle = _native.cached_plan(p, make_options("cpu"))
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     handle.forward(_native.ForwardArgs(q=ptr(q), k=ptr(k_cache), v=ptr(v_cache), o=ptr(o),
                                        lse=ptr(lse), alibi_slopes=ptr(slopes), k_new=ptr(k),
-                                       v_new=ptr(v), block_table=ptr(table), sinks=ptr(sink_arr)))
+                                       v_new=ptr(v), block_table=ptr(table), sinks=ptr(sink_arr),
+                                       cache_seqlens=ptr(lens), k_prefix=ptr(kp), v_prefix=ptr(vp)))
     return (o, lse) if return_lse else o

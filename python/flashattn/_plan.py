@@ -45,6 +45,15 @@ class Plan:
         self.threads = handle.threads
         self.scale = handle.scale
 
+    def cost_lengths(self, cache_seqlens=None, cu_seqlens_q=None, cu_seqlens_k=None, pass_="forward"):
+        """The exact cost (a dict like .forward) of one call of a lengths-per-call plan with
+        these lengths (fa_plan_cost_lengths); a plan made with lengths takes only its own."""
+        from ._problem_inference import int32_lengths
+        arrays = [None if a is None else int32_lengths(n, a, "[...]") for n, a in
+                  (("cache_seqlens", cache_seqlens), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))]
+        which = _native.FORWARD if pass_ == "forward" else _native.BACKWARD
+        return self._handle.cost_lengths(which, *arrays)
+
     def fits(self, budget_bytes, pass_="forward"):
         """Whether the flash kernel's peak memory for pass_ ("forward", "backward" or
         "both") is within budget_bytes (an int, or a string like "24G")."""

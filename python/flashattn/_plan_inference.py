@@ -32,13 +32,18 @@ def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, h
 def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_heads=None,
                  head_dim_v=None, new_kv=False, page_size=None, num_pages=None, max_pages=None,
                  dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi=False,
-                 backend="auto", threads=0):
-    """The Plan of one kvcache_attention step: cache_seqlens int [batch]; q [batch, seq_q,
+                 backend="auto", threads=0, batch=None):
+    """The Plan of one kvcache_attention step: cache_seqlens int [batch], or None with batch=
+    for a plan from capacities (lengths per call: its figures are those of full caches, and
+    plan.cost_lengths(cache_seqlens) gives a step's exact cost); q [batch, seq_q,
     heads, head_dim]; caches [batch, cache_len, kv_heads, head_dim] (head_dim_v for v), or
     paged: page_size, num_pages and max_pages (the block table's width) instead of
     cache_len; new_kv: seq_q new tokens are appended. Forward only (the backward's figures
     are zero). Its bytes are the cache bytes read: decoding is bound by them, not flops."""
-    lens = int32_lengths("cache_seqlens", cache_seqlens, "[batch]")
+    if (cache_seqlens is None) == (batch is None):
+        raise ValueError("give cache_seqlens (a plan of those lengths) or batch (lengths per call), not both")
+    lens = None if cache_seqlens is None else int32_lengths("cache_seqlens", cache_seqlens, "[batch]")
+    B = batch if lens is None else lens.size
     kv_heads = heads if kv_heads is None else kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     paged = page_size is not None
@@ -46,8 +51,8 @@ def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_he
         raise ValueError("give cache_len (dense caches) or page_size, num_pages and max_pages (paged), not both")
     if paged and (num_pages is None or max_pages is None):
         raise ValueError("paged caches need page_size, num_pages and max_pages")
-    rows = (num_pages, page_size) if paged else (lens.size, cache_len)
-    p = decode_problem(q_shape=(lens.size, seq_q, heads, head_dim), kc_shape=rows + (kv_heads, head_dim),
+    rows = (num_pages, page_size) if paged else (B, cache_len)
+    p = decode_problem(q_shape=(B, seq_q, heads, head_dim), kc_shape=rows + (kv_heads, head_dim),
                        vc_shape=rows + (kv_heads, head_dim_v), q_stride=_DENSE, kc_stride=_DENSE,
                        vc_stride=_DENSE, o_stride=_DENSE, dtype=dtype, cache_seqlens=lens,
                        has_new_kv=new_kv, max_pages=max_pages if paged else None, causal=causal,

@@ -10,6 +10,7 @@ name the argument.
 """
 import numpy as np
 
+from . import _native
 from ._problem import make_problem
 
 
@@ -107,12 +108,15 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
 
 def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_stride, o_stride,
                    dtype, cache_seqlens, has_new_kv, max_pages=None, causal=False,
-                   window=None, softcap=None, scale=None, alibi=False, sinks=False):
+                   window=None, softcap=None, scale=None, alibi=False, sinks=False, lengths_per_call=False,
+                   shared_prefix_len=0):
     """The problem of one decoding step; cache_seqlens an int32 numpy array [B] kept alive by
-    the caller until the plan exists. max_pages (the block table's width) makes it paged."""
+    the caller until the plan exists. lengths_per_call (or cache_seqlens None): a plan from
+    capacities that takes the lengths with each call (cache_seqlens, if given, is only
+    checked for its shape). max_pages (the block table's width) makes it paged."""
     paged = max_pages is not None
     B, Sq, Hq, D = q_shape
-    if cache_seqlens.shape != (B,):
+    if cache_seqlens is not None and cache_seqlens.shape != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {cache_seqlens.shape}")
     Hk, Dv = kc_shape[2], vc_shape[3]
     Sk = max_pages * kc_shape[1] if paged else kc_shape[1]
@@ -120,8 +124,12 @@ def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_strid
                      dtype=dtype, causal=causal, window=window, softcap=softcap, scale=scale,
                      alibi=alibi, sinks=sinks, q_stride=_bshd_strides(q_stride), k_stride=_bshd_strides(kc_stride),
                      v_stride=_bshd_strides(vc_stride), o_stride=_bshd_strides(o_stride))
-    p.cache_seqlens = cache_seqlens.ctypes.data
+    if cache_seqlens is None or lengths_per_call:
+        p.lengths_per_call = _native.LENGTHS_CACHE
+    else:
+        p.cache_seqlens = cache_seqlens.ctypes.data
     p.has_new_kv = int(bool(has_new_kv))
+    p.shared_prefix_len = shared_prefix_len
     if paged:
         p.page_size, p.num_pages, p.max_pages = kc_shape[1], kc_shape[0], max_pages
     return p

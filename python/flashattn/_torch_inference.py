@@ -286,14 +286,15 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        o_stride=_strides(o), dtype=DTYPES[q.dtype], cache_seqlens=lens,
                        has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=(window_left, window_right), softcap=softcap,
-                       scale=scale, alibi=alibi_slopes is not None, sinks=sinks is not None)
-    handle = _native.cached_plan(p, dev.options())
+                       scale=scale, alibi=alibi_slopes is not None, sinks=sinks is not None,
+                       lengths_per_call=True)
+    handle = _native.cached_plan(p, dev.options())  # one plan for every step: lengths go with the call
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     table_ptr = None if table is None else table.ctypes.data
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(kc), v=ptr(vc), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
         k_new=ptr(k_new), v_new=ptr(v_new), block_table=table_ptr, workspace=ptr(ws),
-        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks))))
+        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks), cache_seqlens=lens.ctypes.data)))
     return o, lse
 
 

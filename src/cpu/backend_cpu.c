@@ -42,15 +42,20 @@ static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {
                         pl->threads, FA_MAX_THREADS);
     fa_status s = fa_isa_select(&pl->isa);
     if (s) return s;
+    pl->opt_bq = o->block_q, pl->opt_bk = o->block_k;
+    fa_cpu_sequence_blocks(pl);
+    return FA_OK;
+}
+
+void fa_cpu_sequence_blocks(fa_plan *pl) {
     int64_t bq, bk;
     default_blocks(pl, FA_FORWARD, &bq, &bk);
-    pl->fwd_bq = o->block_q ? o->block_q : bq;
-    pl->fwd_bk = o->block_k ? o->block_k : bk;
+    pl->fwd_bq = pl->opt_bq ? pl->opt_bq : bq;
+    pl->fwd_bk = pl->opt_bk ? pl->opt_bk : bk;
     default_blocks(pl, FA_BACKWARD, &bq, &bk);
-    pl->bwd_bq = o->block_q ? o->block_q : bq;
-    pl->bwd_bk = o->block_k ? o->block_k : bk;
+    pl->bwd_bq = pl->opt_bq ? pl->opt_bq : bq;
+    pl->bwd_bk = pl->opt_bk ? pl->opt_bk : bk;
     pl->bwd_fused = fa_cpu_backward_fused_fits(pl);
-    return FA_OK;
 }
 
 /* Partials of every work item, each item's first partial index (batch + 1 int64), and
@@ -64,7 +69,8 @@ int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
         if (lo <= hi) items += p->heads_kv * (hi / FA_DECODE_CHUNK - lo / FA_DECODE_CHUNK + 1);
     }
     const wide partial = (wide)(p->heads_q / p->heads_kv) * p->seq_q * (p->head_dim_v + 2) * 4;
-    return narrow(items * partial + ((wide)p->batch + 1) * 8 + (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl));
+    return narrow(items * partial + ((wide)p->batch + 1) * 8 + (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl) +
+                  fa_cascade_workspace_bytes(pl)); /* INT64_MAX when it overflows: narrowed to -1 here */
 }
 
 /* Dense: threads x the driver's per-thread scratch (the backward adds delta, 4 B per query

@@ -71,6 +71,7 @@ typedef struct {
     int rows_whole;         /* K and V rows are Hk x D contiguous elements, equal in size */
     float *partials;        /* per item: acc M x Dv, then max M, then sum M */
     const int64_t *first;   /* first[b]: index of sequence b's first item */
+    float *prefix;          /* a shared prefix's partials (cascade.c), merged first; or NULL */
 } dec_ctx;
 
 /* Where cache row t of sequence b, kv head hk starts (paged or not). */
@@ -241,21 +242,34 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     const int64_t M = cx->M, Dv = p->head_dim_v, hk = h / cx->group, r = (h % cx->group) * p->seq_q + i;
     const int64_t stride = M * (Dv + 2) * p->heads_kv, item0 = cx->first[b]; /* item c's head hk: + c * stride */
     const float *head = cx->partials + hk * M * (Dv + 2);
+    /* a shared prefix's chunks come first (cascade.c's layout: R rows per (chunk, kv head)) */
+    const int64_t pc = cx->prefix ? fa_cascade_chunks(cx->pl) : 0, R = p->batch * M, pstride = R * (Dv + 2) * p->heads_kv;
+    float *pre = cx->prefix ? cx->prefix + hk * R * (Dv + 2) : NULL;
+    const int64_t pr = b * M + r; /* this row among the prefix's */
     float top = -INFINITY, l = 0.0f;
+    for (int64_t c = 0; c < pc; c++) top = pre[c * pstride + R * Dv + pr] > top ? pre[c * pstride + R * Dv + pr] : top;
     for (int64_t c = 0; c < chunks; c++) {
         const float m = head[(item0 + c) * stride + M * Dv + r];
         top = m > top ? m : top;
     }
     const float base = top == -INFINITY ? 0.0f : top;
     /* the sum accumulates in the first chunk's row (this row's alone) */
-    float *o = chunks ? (float *)head + item0 * stride + r * Dv : NULL;
+    float *o = pc ? pre + pr * Dv : chunks ? (float *)head + item0 * stride + r * Dv : NULL;
+    for (int64_t c = 0; c < pc; c++) {
+        const float *part = pre + c * pstride, w = fa_vexpf(part[R * Dv + pr] - base);
+        l += part[R * Dv + R + pr] * w;
+        if (c == 0)
+            for (int64_t x = 0; x < Dv; x++) o[x] *= w;
+        else
+            for (int64_t x = 0; x < Dv; x++) o[x] += part[pr * Dv + x] * w;
+    }
     for (int64_t c = 0; c < chunks; c++) {
         const float *part = head + (item0 + c) * stride;
         if (c + 4 < chunks) /* partials lie a whole item apart, past the hardware prefetchers' reach */
             for (int64_t x = 0; x < Dv; x += 16) __builtin_prefetch(part + 4 * stride + r * Dv + x, 0, 3);
         const float w = fa_vexpf(part[M * Dv + r] - base);
         l += part[M * Dv + M + r] * w;
-        if (c == 0)
+        if (c == 0 && !pc)
             for (int64_t x = 0; x < Dv; x++) o[x] *= w;
         else
             for (int64_t x = 0; x < Dv; x++) o[x] += part[r * Dv + x] * w;
@@ -268,7 +282,7 @@ static void dec_merge(const dec_ctx *cx, int64_t b, int64_t h, int64_t i, int64_
     /* -inf only for a row without visible keys (l = 0); a NaN score made l NaN: lse NaN too */
     if (cx->a->lse)
         cx->a->lse[(b * p->heads_q + h) * p->seq_q + i] = isnan(l) ? l : l > 0.0f ? top + logf(l) : -INFINITY;
-    cnt->transcendentals += chunks + 1 + p->has_sinks;
+    cnt->transcendentals += pc + chunks + 1 + p->has_sinks;
 }
 
 /* The rows [r0, r1] of a page that an append writes through block_table[b][j]. */
@@ -360,7 +374,15 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
-                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL};
+                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL};
+    fa_counts prefix_counts = {0, 0};
+    if (p->shared_prefix_len) { /* before the appends: it fails before anything is written */
+        cx.prefix = (float *)(ws + need - fa_cascade_workspace_bytes(pl)); /* the workspace's last part */
+        if ((st = fa_cpu_cascade_prefix(pl, a, (char *)cx.prefix, &prefix_counts))) {
+            fa_free(owned);
+            return st;
+        }
+    }
     cx.rows_whole = p->k_stride.s[3] == 1 && p->k_stride.s[1] == p->head_dim && p->k_stride.s[2] == p->heads_kv * p->head_dim &&
                     p->v_stride.s[3] == 1 && p->v_stride.s[1] == p->head_dim_v && p->v_stride.s[2] == p->heads_kv * p->head_dim_v &&
                     p->head_dim == p->head_dim_v && (!p->page_size || fa_decode_tile(p) <= p->page_size);
@@ -391,7 +413,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.first = first;
     char *scratch_base = (char *)(first + B + 1);
 
-    int64_t flops = 0, trans = 0;
+    int64_t flops = prefix_counts.flops, trans = prefix_counts.transcendentals;
 #pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
     {
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;

@@ -16,6 +16,12 @@ static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses)
     if (s) return s;
     if (uses & FA_USE_SEQ_PARALLEL)
         return fa_error(FA_ERR_UNSUPPORTED, "sequence parallel runs on the CPU backend (host memory), not on cuda");
+    if (p->shared_prefix_len)
+        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for a shared prefix (shared_prefix_len) "
+                                            "yet; use backend cpu");
+    if (p->lengths_per_call)
+        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for lengths per call (lengths_per_call) yet "
+                                            "(no device here to check them); use backend cpu");
     const char *shape = fa_inference_feature(p);
     if (shape) return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for %s yet; use backend cpu", shape);
     if (p->bias_grad)

@@ -73,6 +73,7 @@ static void decode(fuzz_bytes *b, fa_problem *p, fa_options *o, int *opt_null) {
         take_raw(b, p, sizeof *p);
         take_raw(b, o, sizeof *o);
         p->cu_seqlens_q = p->cu_seqlens_k = p->cache_seqlens = NULL;
+        if (p->batch < 1 || p->batch > MAX_LENS) p->lengths_per_call = 0; /* O(batch) capacities: bounded batches */
         return;
     }
     fa_problem_init(p);
@@ -105,6 +106,12 @@ static void decode(fuzz_bytes *b, fa_problem *p, fa_options *o, int *opt_null) {
         p->cache_seqlens = take_lens(b, lens_cache, p->batch, 0);
         if ((flags >> 14) & 1) p->page_size = take_i64(b), p->num_pages = take_i64(b), p->max_pages = take_i64(b);
     }
+    if ((flags >> 15) & 1 && p->batch >= 1 && p->batch <= MAX_LENS) { /* lengths per call: capacities only */
+        p->lengths_per_call = (int)take_range(b, -1, 3);
+        if (p->lengths_per_call == FA_LENGTHS_CACHE) p->cache_seqlens = NULL;
+        if (p->lengths_per_call == FA_LENGTHS_PACKED) p->cu_seqlens_q = p->cu_seqlens_k = NULL;
+    }
+    if ((flags >> 16) & 1) p->shared_prefix_len = take_i64(b);
     o->backend = (fa_backend)take_range(b, -1, 3);
     o->threads = (int)take_range(b, -2, 64);
     o->block_q = take_i64(b), o->block_k = take_i64(b);

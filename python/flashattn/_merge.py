@@ -1,0 +1,49 @@
+"""flashattn.merge_states: the state of attention over two disjoint key sets from each
+set's (o, lse), as FlashInfer's merge_state; the library's fa_merge_states does the math
+(docs/semantics.md, "Merging attention states")."""
+import ctypes
+
+import numpy as np
+
+from . import _native
+from ._numpy import _dtype_name, _empty, _floats, dtype_error
+
+_DTYPE_IDS = {"f32": _native.F32, "f16": _native.F16, "bf16": _native.BF16}
+
+
+def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
+    """Merges two attention states over disjoint key sets: o_a, o_b [..., H, Dv] of one
+    dtype (float32, float16, ml_dtypes.bfloat16), lse_a, lse_b [..., H] float32 (natural
+    log). Returns (o, lse) over the union: lse = logaddexp(lse_a, lse_b), o weighted by
+    exp(lse_x - lse), computed in double and rounded once. An empty state (lse = -inf)
+    contributes nothing (its o is not read). sinks [H] (attention-sink logits, finite or
+    -inf) are added once, to the denominator: pass them to the final merge only."""
+    o_a, o_b = np.ascontiguousarray(o_a), np.ascontiguousarray(o_b)
+    if o_a.shape != o_b.shape or o_a.dtype != o_b.dtype:
+        raise ValueError(f"o_a and o_b must have one shape and dtype, got {o_a.shape} {o_a.dtype} and "
+                         f"{o_b.shape} {o_b.dtype}")
+    if o_a.ndim < 2:
+        raise ValueError(f"o_a and o_b must be [..., H, Dv], got shape {o_a.shape}")
+    name = _dtype_name(o_a.dtype)
+    if name is None:
+        raise ValueError(dtype_error("o_a, o_b", o_a.dtype))
+    lse_a = np.ascontiguousarray(_floats("lse_a", lse_a, "[..., H]"))
+    lse_b = np.ascontiguousarray(_floats("lse_b", lse_b, "[..., H]"))
+    for n, l in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if l.shape != o_a.shape[:-1]:
+            raise ValueError(f"{n} must have shape {o_a.shape[:-1]} ([..., H] of o's [..., H, Dv]), got {l.shape}")
+    heads, dv = o_a.shape[-2], o_a.shape[-1]
+    if sinks is not None:
+        sinks = np.ascontiguousarray(_floats("sinks", sinks, "[H]"))
+        if sinks.shape != (heads,):
+            raise ValueError(f"sinks must have shape [H] = [{heads}], got {sinks.shape}")
+    rows = int(np.prod(o_a.shape[:-2], dtype=np.int64))
+    o, lse = _empty(o_a.shape, o_a.dtype), _empty(lse_a.shape, np.float32)
+    if o.size == 0:
+        return o, lse
+    fp = ctypes.POINTER(ctypes.c_float)
+    ptr = lambda a: None if a is None else a.ctypes.data_as(fp)  # noqa: E731
+    _native.check(_native.lib.fa_merge_states(_DTYPE_IDS[name], rows, heads, dv, o_a.ctypes.data, ptr(lse_a),
+                                              o_b.ctypes.data, ptr(lse_b), ptr(sinks), o.ctypes.data, ptr(lse)),
+                  "merge_states")
+    return o, lse

@@ -1,0 +1,43 @@
+"""flashattn.torch.merge_states: fa_merge_states on CPU tensors (docs/semantics.md, "Merging
+attention states"), as the numpy front's flashattn.merge_states. Not differentiable: it
+composes the forward states of attention that ran elsewhere (cascades, paged splits)."""
+import ctypes
+
+import torch
+
+from . import _native
+from ._merge import _DTYPE_IDS
+from ._torch_ops import DTYPES
+
+
+def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
+    """(o, lse) over the union of two disjoint key sets: o_a, o_b [..., H, Dv] of one dtype
+    (float32, float16, bfloat16), lse_a, lse_b [..., H] float32, CPU tensors; sinks [H]
+    float32 (attention-sink logits, added once: pass them to the final merge only)."""
+    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b), ("sinks", sinks)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.device.type != "cpu"):
+            raise ValueError(f"{name} must be a CPU tensor, got {type(t).__name__}"
+                             f"{'' if not isinstance(t, torch.Tensor) else ' on ' + str(t.device)}")
+    if o_a.shape != o_b.shape or o_a.dtype != o_b.dtype or o_a.dim() < 2:
+        raise ValueError(f"o_a and o_b must be [..., H, Dv] of one shape and dtype, got {tuple(o_a.shape)} "
+                         f"{o_a.dtype} and {tuple(o_b.shape)} {o_b.dtype}")
+    if o_a.dtype not in DTYPES:
+        raise ValueError(f"o_a and o_b must be float32, float16 or bfloat16, got {o_a.dtype}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if tuple(t.shape) != tuple(o_a.shape[:-1]) or t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32 of shape {tuple(o_a.shape[:-1])}, got {t.dtype} {tuple(t.shape)}")
+    heads, dv = o_a.shape[-2], o_a.shape[-1]
+    if sinks is not None and (tuple(sinks.shape) != (heads,) or sinks.dtype != torch.float32):
+        raise ValueError(f"sinks must be float32 of shape [H] = [{heads}], got {sinks.dtype} {tuple(sinks.shape)}")
+    o_a, o_b, lse_a, lse_b = (t.detach().contiguous() for t in (o_a, o_b, lse_a, lse_b))
+    sinks = None if sinks is None else sinks.detach().contiguous()
+    o, lse = torch.empty_like(o_a), torch.empty_like(lse_a)
+    if o.numel() == 0:
+        return o, lse
+    fp = ctypes.POINTER(ctypes.c_float)
+    f = lambda t: None if t is None else ctypes.cast(t.data_ptr(), fp)  # noqa: E731
+    rows = o_a.numel() // (heads * dv)
+    _native.check(_native.lib.fa_merge_states(_DTYPE_IDS[DTYPES[o_a.dtype]], rows, heads, dv, o_a.data_ptr(),
+                                              f(lse_a), o_b.data_ptr(), f(lse_b), f(sinks), o.data_ptr(), f(lse)),
+                  "merge_states")
+    return o, lse
