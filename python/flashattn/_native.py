@@ -46,6 +46,8 @@ class Problem(ctypes.Structure):
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
+        # dropout (docs/semantics.md, "Dropout")
+        ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
     ]
 
 

@@ -18,6 +18,7 @@
 #define FA_CPU_BACKWARD_TILE_H
 
 #include "../internal.h"
+#include "dropout.h"
 #include "guard.h"
 #include "isa.h"
 #include "scores.h"
@@ -34,6 +35,7 @@ typedef struct {
     const float *delta; /* [B, Hq, Sq] */
     size_t esz;         /* bytes per element of q, k, v, ... */
     fa_score_ctx sc;    /* what turns products into scores */
+    fa_dropout drop;    /* dropout's keep mask, regenerated (dropout.h) */
 } fa_bwd_ctx;
 
 /* One thread's buffers for the key side and the tile pair, bq x bk at most. */
@@ -148,6 +150,24 @@ static inline void fa_bwd_transpose(const fa_isa *isa, const float *restrict x, 
         }
 }
 
+/* Dropout's dP: dP z / (1 - p), z the keep mask the forward drew (0 where dropped, even
+ * where dP is inf or NaN), so that dS = p (z dP / (1 - p) - delta) below. P itself is
+ * zeroed where dropped before dV += P^T dO, whose 1 / (1 - p) the store applies (the dV
+ * scale, fa_bwd_dv_scale). */
+static inline void fa_bwd_dropout_dp(const fa_bwd_ctx *c, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
+                                     float *restrict dp) {
+    uint8_t keep[FA_DROPOUT_CHUNK];
+    const float scale = c->drop.scale;
+    for (int x = 0; x < n; x += FA_DROPOUT_CHUNK) {
+        const int w = n - x < FA_DROPOUT_CHUNK ? n - x : FA_DROPOUT_CHUNK;
+        fa_dropout_row(&c->drop, b, h, i, j0 + x, w, keep);
+        for (int j = 0; j < w; j++) dp[x + j] = keep[j] ? dp[x + j] * scale : 0.0f;
+    }
+}
+
+/* What dV's store multiplies by: 1 / (1 - p) under dropout, else 1. */
+static inline float fa_bwd_dv_scale(const fa_bwd_ctx *c) { return c->drop.on ? c->drop.scale : 1.0f; }
+
 /* The tile pair, with Q and dO packed as A (qa, ga) and K and V packed as B^T in w: leaves
  * dS = p (dP - delta) (softcap: times sech^2), rounded to the dtype, in w->dp, and with
  * want_p, p = exp(s - lse) rounded to the dtype in w->s (0 where masked or where the row
@@ -186,6 +206,7 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
         } else {
             pl->isa->exp_sum(s, n, lse);
         }
+        if (c->drop.on) fa_bwd_dropout_dp(c, pl->batch0 + b, h, row, c0, n, dp);
         /* dS = 0 where p = 0, even where dP is inf or NaN (v at a hidden key) */
         if (hide)
             for (int j = 0; j < n; j++) {
@@ -206,6 +227,7 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
         else if (cap)
             for (int j = 0; j < n; j++) dp[j] *= th[j];
         fa_round_row(pl->isa, p->dtype, dp, n);
+        if (want_p && c->drop.on) fa_dropout_zero_row(&c->drop, pl->batch0 + b, h, row, c0, n, s);
         if (want_p) fa_round_row(pl->isa, p->dtype, s, n);
     }
     cnt->flops += 2 * (p->head_dim + p->head_dim_v) * m * n;

@@ -16,6 +16,7 @@
  * write p once, as the pairs the PV product reads: the same bits as scaling, exp_sum,
  * round_row and gemm_pb, in two passes over S instead of four. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
+#include "dropout.h"
 #include "guard.h"
 #include "isa.h"
 #include "progress.h"
@@ -113,6 +114,7 @@ typedef struct {
     fa_score_ctx sc;       /* what turns products into scores */
     fa_sched sched;        /* which keys each row sees (schedule.h) */
     int pairs;             /* p goes to the PV product as the ISA's bf16 pairs (isa.h) */
+    fa_dropout drop;       /* dropout's keep mask (dropout.h) */
 } fwd_ctx;
 
 static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_strides *st, int64_t b, int64_t h,
@@ -203,6 +205,15 @@ static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt
         for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
 }
 
+/* Dropout of one row of p, after its sum went into l (so lse stays undropped): the
+ * dropped p zeroed, in f32 or as the bf16 pairs (pairs); o is scaled by 1 / (1 - p) when
+ * it is written. */
+static void fwd_dropout(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t j0, int n, float *srow,
+                        int pairs) {
+    if (pairs) fa_dropout_zero_pairs(&cx->drop, cx->pl->batch0 + b, h, i, j0, n, (uint32_t *)srow);
+    else fa_dropout_zero_row(&cx->drop, cx->pl->batch0 + b, h, i, j0, n, srow);
+}
+
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
 static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
@@ -276,6 +287,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
                     const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
                     softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
                 }
+                if (cx->drop.on) fwd_dropout(cx, b, h, r0 + r, j0, n, srow, pairs);
             }
             if (guarded) {
                 fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
@@ -302,7 +314,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
             const int64_t i = r0 + r;
             const float l = L[r];
             const float lse = M[r] + logf(l);
-            const float inv = l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : NAN;
+            const float inv = (l > 0.0f ? 1.0f / l : l == 0.0f ? 0.0f : NAN) * (cx->drop.on ? cx->drop.scale : 1.0f);
             const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
             store_row(p->dtype, a->o, ob, p->o_stride.s[3], acc + r * Dv, inv, Dv);
             if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : l == 0.0f ? -INFINITY : NAN;
@@ -339,6 +351,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.sc = fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids);
     cx.sched = fa_plan_sched(pl);
     cx.pairs = p->dtype == FA_BF16 && cx.isa->exp_pairs && cx.isa->max_row && cx.isa->gemm_pb_pairs;
+    cx.drop = fa_plan_dropout(pl);
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);
     const int64_t runs = (qtiles + run - 1) / run, items = p->batch * p->heads_q * runs;
