@@ -62,6 +62,10 @@ typedef struct {
     int64_t cache_len;            /* bench --cache-len */
     const char *varlen_lens;      /* bench --varlen 128,4096,... */
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
+    int has_dropout;              /* --dropout P [--seed S] (every subcommand) */
+    float dropout;
+    int has_seed;
+    uint64_t seed;
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };
