@@ -34,7 +34,7 @@ static inline void fa_philox4x32_10(uint32_t c[4], uint32_t k0, uint32_t k1) {
 }
 
 /* What the drivers need to regenerate a call's mask. on = 0: no dropout (p = 0). */
-typedef struct {
+typedef struct fa_dropout {
     int on;
     uint32_t k0, k1;    /* the call's key, derived from seed and offset */
     uint32_t threshold; /* keep iff byte < threshold, 0..256 */
@@ -52,33 +52,42 @@ static inline fa_dropout fa_dropout_make(float p, uint64_t seed, uint64_t offset
     return d;
 }
 
-/* keep[x] = 1 if element (b, h, i, j0 + x) is kept, else 0, x < n. Whole Philox blocks of
- * 16 keys at a time; the lanes of a block are independent, so the rounds vectorize. */
+/* Philox of counters (blk + l, i, h, b), l < FA_PHILOX_LANES, into the bytes of out
+ * (16 per lane: the masks' random bytes of keys 16 (blk + l) ..). The lanes are
+ * independent, so each round vectorizes across them. */
+#define FA_PHILOX_LANES 16
+static inline void fa_philox_lanes(uint32_t k0, uint32_t k1, uint64_t blk, uint32_t i, uint32_t h, uint32_t b,
+                                   uint8_t out[16 * FA_PHILOX_LANES]) {
+    uint32_t c0[FA_PHILOX_LANES], c1[FA_PHILOX_LANES], c2[FA_PHILOX_LANES], c3[FA_PHILOX_LANES];
+    for (int l = 0; l < FA_PHILOX_LANES; l++) c0[l] = (uint32_t)(blk + (uint64_t)l), c1[l] = i, c2[l] = h, c3[l] = b;
+    for (int r = 0; r < 10; r++) {
+        for (int l = 0; l < FA_PHILOX_LANES; l++) {
+            const uint64_t p0 = (uint64_t)FA_PHILOX_M0 * c0[l], p1 = (uint64_t)FA_PHILOX_M1 * c2[l];
+            const uint32_t x0 = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0, x2 = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
+            c1[l] = (uint32_t)p1, c3[l] = (uint32_t)p0, c0[l] = x0, c2[l] = x2;
+        }
+        k0 += FA_PHILOX_W0, k1 += FA_PHILOX_W1;
+    }
+    for (int l = 0; l < FA_PHILOX_LANES; l++) {
+        const uint32_t w[4] = {c0[l], c1[l], c2[l], c3[l]};
+        for (int e = 0; e < 16; e++) out[16 * l + e] = (uint8_t)(w[e >> 2] >> (8 * (e & 3)));
+    }
+}
+
+/* keep[x] = 1 if element (b, h, i, j0 + x) is kept, else 0, x < n. */
 static inline void fa_dropout_row(const fa_dropout *d, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
                                   uint8_t *restrict keep) {
-    enum { LANES = 8 };
-    const int64_t blk0 = j0 >> 4, blk1 = (j0 + n + 15) >> 4;
-    for (int64_t g = blk0; g < blk1; g += LANES) {
-        uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
-        for (int l = 0; l < LANES; l++) c0[l] = (uint32_t)(g + l), c1[l] = (uint32_t)i, c2[l] = (uint32_t)h,
-                                        c3[l] = (uint32_t)b;
-        uint32_t k0 = d->k0, k1 = d->k1;
-        for (int r = 0; r < 10; r++) {
-            for (int l = 0; l < LANES; l++) {
-                const uint64_t p0 = (uint64_t)FA_PHILOX_M0 * c0[l], p1 = (uint64_t)FA_PHILOX_M1 * c2[l];
-                const uint32_t x0 = (uint32_t)(p1 >> 32) ^ c1[l] ^ k0, x2 = (uint32_t)(p0 >> 32) ^ c3[l] ^ k1;
-                c1[l] = (uint32_t)p1, c3[l] = (uint32_t)p0, c0[l] = x0, c2[l] = x2;
-            }
-            k0 += FA_PHILOX_W0, k1 += FA_PHILOX_W1;
-        }
-        for (int l = 0; l < LANES && g + l < blk1; l++) {
-            const uint32_t w[4] = {c0[l], c1[l], c2[l], c3[l]};
-            for (int e = 0; e < 16; e++) {
-                const int64_t x = ((g + l) << 4) + e - j0;
-                if (x < 0 || x >= n) continue;
-                keep[x] = ((w[e >> 2] >> (8 * (e & 3))) & 0xFFu) < d->threshold;
-            }
-        }
+    enum { SPAN = 16 * FA_PHILOX_LANES };
+    uint8_t bytes[SPAN];
+    const uint32_t t = d->threshold, k0 = d->k0, k1 = d->k1;
+    int64_t j = j0;
+    while (j < j0 + n) {
+        const int64_t blk = j >> 4, first = j - (blk << 4); /* key 16 blk is byte 0 */
+        fa_philox_lanes(k0, k1, (uint64_t)blk, (uint32_t)i, (uint32_t)h, (uint32_t)b, bytes);
+        const int64_t w = j0 + n - j < SPAN - first ? j0 + n - j : SPAN - first;
+        uint8_t *restrict out = keep + (j - j0);
+        for (int64_t x = 0; x < w; x++) out[x] = bytes[first + x] < t;
+        j += w;
     }
 }
 

@@ -179,6 +179,11 @@ static void test_readback(void) {
             mask_readback(dts[d], 2, 3, 3, 37, 53, 0, NULL, NULL, 1 + t, tiles[t][0], tiles[t][1]);
             mask_readback(dts[d], 1, 4, 2, 21, 40, 0, NULL, NULL, 2, tiles[t][0], tiles[t][1]); /* GQA: o only */
         }
+    /* keys not starting on a Philox block (tiles of 20), and rows of more than one 256-key span */
+    mask_readback(FA_BF16, 1, 2, 2, 24, 90, 0, NULL, NULL, 2, 8, 20);
+    mask_readback(FA_F32, 1, 2, 2, 30, 70, 0, NULL, NULL, 1, 16, 20);
+    mask_readback(FA_BF16, 1, 1, 1, 40, 600, 0, NULL, NULL, 2, 16, 512);
+    mask_readback(FA_F16, 1, 1, 1, 40, 600, 0, NULL, NULL, 1, 16, 600);
     static const int32_t cq[] = {0, 13, 13, 50}, ck[] = {0, 29, 31, 70};
     for (int d = 0; d < 3; d++) mask_readback(dts[d], 0, 2, 2, 50, 70, 3, cq, ck, 1 + d, d ? 16 : 0, d ? 32 : 0);
 }

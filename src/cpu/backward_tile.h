@@ -150,21 +150,6 @@ static inline void fa_bwd_transpose(const fa_isa *isa, const float *restrict x, 
         }
 }
 
-/* Dropout's dP: dP z / (1 - p), z the keep mask the forward drew (0 where dropped, even
- * where dP is inf or NaN), so that dS = p (z dP / (1 - p) - delta) below. P itself is
- * zeroed where dropped before dV += P^T dO, whose 1 / (1 - p) the store applies (the dV
- * scale, fa_bwd_dv_scale). */
-static inline void fa_bwd_dropout_dp(const fa_bwd_ctx *c, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
-                                     float *restrict dp) {
-    uint8_t keep[FA_DROPOUT_CHUNK];
-    const float scale = c->drop.scale;
-    for (int x = 0; x < n; x += FA_DROPOUT_CHUNK) {
-        const int w = n - x < FA_DROPOUT_CHUNK ? n - x : FA_DROPOUT_CHUNK;
-        fa_dropout_row(&c->drop, b, h, i, j0 + x, w, keep);
-        for (int j = 0; j < w; j++) dp[x + j] = keep[j] ? dp[x + j] * scale : 0.0f;
-    }
-}
-
 /* What dV's store multiplies by: 1 / (1 - p) under dropout, else 1. */
 static inline float fa_bwd_dv_scale(const fa_bwd_ctx *c) { return c->drop.on ? c->drop.scale : 1.0f; }
 
@@ -188,6 +173,10 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
 
     pl->isa->gemm_abt(m, n, (int)p->head_dim, qa, w->kt, w->s, ld);
     pl->isa->gemm_abt(m, n, (int)p->head_dim_v, ga, w->vt, w->dp, ld);
+    /* dropout: dP z / (1 - p), z the forward's keep mask (0 where dropped, even where dP is inf
+     * or NaN), so that dS = p (z dP / (1 - p) - delta) below; P is zeroed where dropped after
+     * the loop, before dV += P^T dO, whose 1 / (1 - p) the store applies (fa_bwd_dv_scale) */
+    if (c->drop.on) fa_dropout_apply(pl->isa, &c->drop, pl->batch0 + b, h, r0, m, c0, n, w->dp, ld, c->drop.scale, 0);
 
     for (int i = 0; i < m; i++) {
         const int64_t row = r0 + i;
@@ -206,7 +195,6 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
         } else {
             pl->isa->exp_sum(s, n, lse);
         }
-        if (c->drop.on) fa_bwd_dropout_dp(c, pl->batch0 + b, h, row, c0, n, dp);
         /* dS = 0 where p = 0, even where dP is inf or NaN (v at a hidden key) */
         if (hide)
             for (int j = 0; j < n; j++) {
@@ -227,9 +215,9 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
         else if (cap)
             for (int j = 0; j < n; j++) dp[j] *= th[j];
         fa_round_row(pl->isa, p->dtype, dp, n);
-        if (want_p && c->drop.on) fa_dropout_zero_row(&c->drop, pl->batch0 + b, h, row, c0, n, s);
         if (want_p) fa_round_row(pl->isa, p->dtype, s, n);
     }
+    if (want_p && c->drop.on) fa_dropout_apply(pl->isa, &c->drop, pl->batch0 + b, h, r0, m, c0, n, w->s, ld, 1.0f, 0);
     cnt->flops += 2 * (p->head_dim + p->head_dim_v) * m * n;
     cnt->transcendentals += (cap ? 2 : 1) * (int64_t)m * n;
 }

@@ -205,15 +205,6 @@ static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt
         for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
 }
 
-/* Dropout of one row of p, after its sum went into l (so lse stays undropped): the
- * dropped p zeroed, in f32 or as the bf16 pairs (pairs); o is scaled by 1 / (1 - p) when
- * it is written. */
-static void fwd_dropout(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t j0, int n, float *srow,
-                        int pairs) {
-    if (pairs) fa_dropout_zero_pairs(&cx->drop, cx->pl->batch0 + b, h, i, j0, n, (uint32_t *)srow);
-    else fa_dropout_zero_row(&cx->drop, cx->pl->batch0 + b, h, i, j0, n, srow);
-}
-
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
 static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
@@ -287,8 +278,10 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
                     const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
                     softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
                 }
-                if (cx->drop.on) fwd_dropout(cx, b, h, r0 + r, j0, n, srow, pairs);
             }
+            /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);
+             * o gets its 1 / (1 - p) when it is written */
+            if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, j0, n, sc->s, lds, 1.0f, pairs);
             if (guarded) {
                 fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
                 vp_repack = 1; /* the guarded product packed runs of v into vp */
