@@ -146,6 +146,9 @@ def _declare(lib):
         "fa_cuda_available": (ctypes.c_int, []),
         "fa_cpu_isa": (ctypes.c_char_p, []),
         "fa_struct_size": (ctypes.c_size_t, [ctypes.c_int]),
+        "fa_dropout_keep_rate": (ctypes.c_double, [ctypes.c_float]),
+        "fa_dropout_keep_mask": (ctypes.c_int, [ctypes.c_float, ctypes.c_uint64, ctypes.c_uint64, c_int64, c_int64,
+                                                c_int64, c_int64, c_int64, c_int64, c_void_p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -12,7 +12,7 @@ from . import _layout
 from ._problem import check_shapes
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, int_in, refuse_bool_bias, threads_arg, window_sides)
-from ._torch_ops import attention_function
+from ._torch_ops import attention_function, dropout_seed
 
 
 def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
@@ -32,7 +32,7 @@ def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, mask=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False, bias_scale=None, diag_offset=None, threads=None):
+              return_lse=False, bias_scale=None, diag_offset=None, threads=None, dropout_p=0.0, seed=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v, differentiable in q, k, v
     and bias, through o and lse (autograd, torch.func.grad / vjp / vmap; not forward mode).
 
@@ -49,7 +49,12 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     zero-size B, H, Sq or Sk give empty outputs. Returns o in q's layout, and lse
     [B, Hq, Sq] f32 with return_lse. Beyond the issue's signature: bias_scale (s +=
     bias_scale * bias), diag_offset (query i sits at key position i + diag_offset; 0 aligns
-    masks top-left, as SDPA's is_causal) and threads (None or 0: the library's default)."""
+    masks top-left, as SDPA's is_causal) and threads (None or 0: the library's default).
+    dropout_p in [0, 1) drops each weight after the softmax, scaling the kept ones by
+    1 / (1 - dropout_p) (docs/semantics.md, "Dropout"); the mask is a function of seed (an
+    integer in 0 .. 2**63 - 1; None: dropout_seed(), drawn from torch's generator) and the
+    element's (b, h, i, j), and the backward regenerates it. lse stays undropped; its
+    gradient under dropout is not supported."""
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
@@ -70,10 +75,19 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     q_seg, kv_seg = _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, q.device)
     wl, wr = window_sides(window)
     q, k, v = distinct(q, k, v)
+    dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    if dropout_p > 0.0:
+        seed = dropout_seed() if seed is None else int_in("seed", seed)
+        if seed < 0:
+            raise ValueError(f"seed must be in 0 .. 2**63 - 1, got {seed}")
+    elif seed is not None:
+        raise ValueError("seed= needs dropout_p > 0")
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,
-                             threads_arg(threads))
+                             threads_arg(threads), dropout_p, seed or 0)
     return (o, lse) if return_lse else o
 
 
