@@ -4,8 +4,10 @@
  * from their outputs (o and dv as the mask itself, for dense and packed batches, any
  * thread count and tile); forward and gradients against the float64 reference with the
  * regenerated mask, every dtype, with causal, softcap and GQA; bit-identical results for 1,
- * 2 and 3 threads; p = 0 identical to no dropout; counts == plan; what refuses it.
+ * 2 and 3 threads; p = 0 identical to no dropout; counts == plan; what refuses it (decode,
+ * sequence parallel, CUDA).
  * FA_TEST_SEED reproduces a run; FA_ISA picks the kernels. */
+#include "backend.h"
 #include "philox.h"
 #include "ref/ref.h"
 #include "check.h"
@@ -363,6 +365,12 @@ static void test_refusals(void) {
               strstr(fa_last_error(), "cache_seqlens"),
           "decode with dropout: %s", fa_last_error());
     p.cache_seqlens = NULL;
+    CHECK(fa_supports_common(&p, FA_FORWARD, FA_USE_SEQ_PARALLEL) == FA_ERR_INVALID &&
+              strstr(fa_last_error(), "dropout") && strstr(fa_last_error(), "sequence parallel"),
+          "sequence parallel with dropout: %s", fa_last_error());
+    p.dropout_p = 0.0f;
+    CHECK(fa_supports_common(&p, FA_FORWARD, FA_USE_SEQ_PARALLEL) == FA_OK, "sequence parallel without dropout");
+    p.dropout_p = 0.1f;
     o.backend = FA_BACKEND_CUDA;
     CHECK(fa_plan_create(&p, &o, &pl) == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "dropout"),
           "cuda with dropout: %s", fa_last_error());
