@@ -30,11 +30,11 @@ static inline void to_key_order(__m512i c0, __m512i c1, __m512i c2, __m512i c3, 
     v[2] = _mm512_shuffle_i32x4(c, d, 0x88), v[3] = _mm512_shuffle_i32x4(c, d, 0xDD);
 }
 
-/* The keep bits of 32 lanes, counters (blk[l], row[l], h, b), 16 bits a lane in lane order. */
-static void lanes_bits(const fa_dropout *d, const uint32_t blk[32], const uint32_t row[32], uint32_t h, uint32_t b,
-                       uint64_t out[8]) {
-    __m512i a0 = _mm512_loadu_si512(blk), a1 = _mm512_loadu_si512(row), b0 = _mm512_loadu_si512(blk + 16);
-    __m512i b1 = _mm512_loadu_si512(row + 16), a2 = _mm512_set1_epi32((int)h), b2 = a2;
+/* The keep bits of 32 lanes, counters (blk, row, h, b) (lanes 0-15 from blk0, row0; 16-31
+ * from blk1, row1), 16 bits a lane in lane order. */
+static void lanes_bits(const fa_dropout *d, __m512i blk0, __m512i row0, __m512i blk1, __m512i row1, uint32_t h,
+                       uint32_t b, uint64_t out[8]) {
+    __m512i a0 = blk0, a1 = row0, b0 = blk1, b1 = row1, a2 = _mm512_set1_epi32((int)h), b2 = a2;
     __m512i a3 = _mm512_set1_epi32((int)b), b3 = a3;
     const __m512i m0 = _mm512_set1_epi64(FA_PHILOX_M0), m1 = _mm512_set1_epi64(FA_PHILOX_M1);
     uint32_t k0 = d->k0, k1 = d->k1;
@@ -87,17 +87,35 @@ void fa_dropout_tile_avx512(const fa_dropout *d, int64_t b, int64_t h, int64_t i
     const int rows_per_pass = LANE_CAP / nb;
     for (int r0 = 0; r0 < m; r0 += rows_per_pass) {
         const int rr = m - r0 < rows_per_pass ? m - r0 : rows_per_pass, lanes = rr * nb;
-        uint32_t blk[32], row[32];
-        int rl = 0, bl = 0; /* the next lane's row and block within the pass */
+        /* lane l of the pass is block l % nb of row l / nb: 16 lanes at a time, stepped by 16
+         * lanes (16 / nb rows and 16 % nb blocks, carrying a block overflow into the row) */
+        uint32_t bl[16], rl[16];
+        for (int l = 0; l < 16; l++) bl[l] = (uint32_t)(l % nb), rl[l] = (uint32_t)(l / nb);
+        __m512i blk = _mm512_loadu_si512(bl), row = _mm512_loadu_si512(rl);
+        const __m512i nbv = _mm512_set1_epi32(nb), step_b = _mm512_set1_epi32(16 % nb),
+                      step_r = _mm512_set1_epi32(16 / nb), one = _mm512_set1_epi32(1);
+        const __m512i base_b = _mm512_set1_epi32((int)(uint32_t)blk0), base_r = _mm512_set1_epi32((int)(uint32_t)(i0 + r0));
         for (int g = 0; g < lanes; g += 32) {
-            for (int l = 0; l < 32; l++) {
-                blk[l] = (uint32_t)(blk0 + bl), row[l] = (uint32_t)(i0 + r0 + rl);
-                if (++bl == nb) bl = 0, rl++;
+            __m512i lanes_b[2], lanes_r[2];
+            for (int half = 0; half < 2; half++) {
+                lanes_b[half] = _mm512_add_epi32(blk, base_b), lanes_r[half] = _mm512_add_epi32(row, base_r);
+                blk = _mm512_add_epi32(blk, step_b), row = _mm512_add_epi32(row, step_r);
+                const __mmask16 over = _mm512_cmpge_epi32_mask(blk, nbv);
+                blk = _mm512_mask_sub_epi32(blk, over, blk, nbv), row = _mm512_mask_add_epi32(row, over, row, one);
             }
-            lanes_bits(d, blk, row, (uint32_t)h, (uint32_t)b, bits + g / 4);
+            lanes_bits(d, lanes_b[0], lanes_r[0], lanes_b[1], lanes_r[1], (uint32_t)h, (uint32_t)b, bits + g / 4);
         }
         for (int r = 0; r < rr; r++) {
             const uint8_t *rb = (const uint8_t *)bits + (int64_t)r * nb * 2; /* 2 bytes a lane */
+            if (!pairs && first == 0 && ne == 16 * nb) { /* whole blocks: a lane's bits are 16 keys' */
+                float *f = (float *)x + (int64_t)(r0 + r) * ldx;
+                for (int e = 0; e < ne; e += 16) {
+                    uint16_t k;
+                    memcpy(&k, rb + e / 8, sizeof k);
+                    _mm512_storeu_ps(f + e, _mm512_maskz_mul_ps(k, _mm512_loadu_ps(f + e), sc));
+                }
+                continue;
+            }
             if (pairs) {
                 uint16_t *p = (uint16_t *)((float *)x + (int64_t)(r0 + r) * ldx);
                 for (int e = 0; e < ne; e += 32) {
