@@ -138,6 +138,16 @@ typedef struct {
      * 0 .. P - 1, then to its own cache at positions P + t. One call reads the prefix once
      * for all sequences (each prefix tile against the query heads of every sequence). 0: none. */
     int64_t shared_prefix_len;
+    /* Dropout for training (docs/semantics.md, "Dropout"): each p_ij after the softmax is
+     * kept with probability about 1 - dropout_p (exactly fa_dropout_keep_rate) and scaled by
+     * 1 / (1 - dropout_p), else zeroed; lse stays the undropped normalizer. dropout_p in
+     * [0, 1), 0: off. Which elements are kept is a function of (dropout_seed, dropout_offset,
+     * b, h, i, j) alone (Philox 4x32-10), the same in the forward and in the backward that
+     * regenerates it, for any thread count, tile or instruction set. Dense and packed
+     * (cu_seqlens) problems on the CPU; decoding, CUDA and sequence parallel refuse it. */
+    float dropout_p;
+    uint64_t dropout_seed;
+    uint64_t dropout_offset;
 } fa_problem;
 
 /* fa_problem.lengths_per_call */
@@ -280,6 +290,17 @@ FA_API fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args);
 FA_API fa_status fa_merge_states(fa_dtype dtype, int64_t rows, int64_t heads, int64_t head_dim_v, const void *o_a,
                                  const float *lse_a, const void *o_b, const float *lse_b, const float *sinks, void *o,
                                  float *lse);
+/* ---- dropout ---------------------------------------------------------------------- */
+
+/* The fraction of elements dropout keeps at dropout_p: T / 256 with T = round(256 (1 - p))
+ * (docs/semantics.md, "Dropout"); -1 if p is not in [0, 1). */
+FA_API double fa_dropout_keep_rate(float dropout_p);
+/* The keep mask the kernels use: out[r * n_cols + c] = 1 if element (b, h, i0 + r, j0 + c)
+ * of a problem with this dropout_p, seed and offset is kept, else 0 (for a packed batch, b
+ * is the sequence and i, j count within it). For tests and for users who recompute the
+ * dropped weights. FA_ERR_INVALID for a p outside [0, 1) or negative indices or counts. */
+FA_API fa_status fa_dropout_keep_mask(float dropout_p, uint64_t seed, uint64_t offset, int64_t b, int64_t h,
+                                      int64_t i0, int64_t n_rows, int64_t j0, int64_t n_cols, uint8_t *out);
 
 /* ---- errors and environment ------------------------------------------------------- */
 

@@ -51,7 +51,13 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
         if (p->has_bias)
             return fa_error(FA_ERR_INVALID, "an additive bias (has_bias) does not combine with sequence parallel "
                                             "(ring, ulysses): it is not supported there");
+        if (p->dropout_p > 0.0f) /* a rank's block would draw its mask at its own local indices */
+            return fa_error(FA_ERR_INVALID, "dropout (dropout_p > 0) does not combine with sequence parallel "
+                                            "(ring, ulysses): it is not supported there");
     }
+    if (decode && p->dropout_p > 0.0f)
+        return fa_error(FA_ERR_INVALID, "dropout (dropout_p > 0) does not combine with kv-cache decoding "
+                                        "(cache_seqlens): decoding is inference");
     if (varlen || decode) {
         const char *what = varlen ? "packed variable-length batches (cu_seqlens)" : "kv-cache decoding (cache_seqlens)";
         if (p->has_bias) return fa_error(FA_ERR_INVALID, "an additive bias (has_bias) does not combine with %s", what);

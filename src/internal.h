@@ -27,6 +27,7 @@ struct fa_plan {
     int shape;              /* FA_SHAPE_DENSE, _VARLEN or _DECODE */
     int32_t *lens;          /* the plan's copies: cu_seqlens_q, cu_seqlens_k (varlen) or cache_seqlens */
     int64_t opt_bq, opt_bk; /* the options' block sizes (0: the library's): a packed sequence's own tiles */
+    int64_t batch0;         /* dropout's b of batch 0: a packed sequence's index in its parent (varlen), else 0 */
 };
 
 /* ---- inference shapes (plan_inference.c, cost_inference.c, cpu/varlen.c, cpu/decode.c) */

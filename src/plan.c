@@ -112,6 +112,8 @@ static fa_status validate_scalars(fa_plan *pl) {
                         p->lengths_per_call);
     if (p->bias_grad && !p->has_bias)
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f)) /* NaN fails too */
+        return fa_error(FA_ERR_INVALID, "dropout_p must be in [0, 1) (0 = off), got %g", (double)p->dropout_p);
     return FA_OK;
 }
 

@@ -7,6 +7,7 @@
  *   tool_npy measure OUT CMD [ARGS...]                runs CMD, writes "wall_ms max_rss_kb"
  *                                                     to OUT, exits with CMD's status
  *   tool_npy refcheck Q K V O [--causal] [--window L R] [--do DO --dq DQ --dk DK --dv DV]
+ *                     [--dropout P --seed S]             (the keep mask from fa_dropout_keep_mask)
  *                                                     compares float32 outputs of the CLI with
  *                                                     the float64 reference (src/ref)
  *   tool_npy compare A B TOL                          float32 files of one shape agree within
@@ -269,6 +270,8 @@ static int cmd_refcheck(int argc, char **argv) {
         else if (i + 1 < argc && strcmp(argv[i], "--diag-offset") == 0)
             p.has_diag_offset = 1, p.diag_offset = atoll(argv[++i]);
         else if (strcmp(argv[i], "--top-left") == 0) p.has_diag_offset = 1, p.diag_offset = 0;
+        else if (i + 1 < argc && strcmp(argv[i], "--dropout") == 0) p.dropout_p = (float)atof(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--seed") == 0) p.dropout_seed = strtoull(argv[++i], NULL, 0);
         else return die("unknown refcheck option", argv[i]);
     }
     int64_t sq[4], sk[4], sv[4], so[4], sx[4];
@@ -296,7 +299,19 @@ static int cmd_refcheck(int argc, char **argv) {
     double *ro = malloc(sizeof(double) * (size_t)no), *rl = malloc(sizeof(double) * (size_t)no);
     fa_forward_args fa = {0};
     fa.q = q, fa.k = k, fa.v = v, fa.bias = bias, fa.sinks = sinks;
-    fa_ref_forward(&p, &fa, ro, rl);
+    uint8_t *keep = NULL; /* dropout's mask [B, Hq, Sq, Sk] */
+    if (p.dropout_p > 0) {
+        if (dbias_path) return die("refcheck takes --dropout or --dbias, not both", NULL);
+        if (sinks) return die("refcheck takes --dropout or --sinks, not both", NULL);
+        const int64_t per = p.seq_q * p.seq_k;
+        if (!(keep = malloc((size_t)(p.batch * p.heads_q * per)))) return die("out of memory", NULL);
+        for (int64_t b = 0; b < p.batch; b++)
+            for (int64_t h = 0; h < p.heads_q; h++)
+                if (fa_dropout_keep_mask(p.dropout_p, p.dropout_seed, 0, b, h, 0, p.seq_q, 0, p.seq_k,
+                                         keep + (b * p.heads_q + h) * per))
+                    return die("fa_dropout_keep_mask:", fa_last_error());
+    }
+    fa_ref_forward_dropout(&p, &fa, keep, ro, rl);
     int bad = compare("o", o, ro, no);
     if (grad[0]) {
         float *d_o = load_f32(grad[0], sx, &nd), *dq = load_f32(grad[1], sx, &nd);
@@ -307,7 +322,9 @@ static int cmd_refcheck(int argc, char **argv) {
         double *rb = dbias_path ? malloc(sizeof(double) * (size_t)(nb ? nb : 1)) : NULL;
         fa_backward_args ba = {0};
         ba.q = q, ba.k = k, ba.v = v, ba.d_o = d_o, ba.bias = bias, ba.sinks = sinks;
-        if (sinks) { /* sinks (with no dbias): their gradient too */
+        if (keep) {
+            fa_ref_backward_dropout(&p, &ba, keep, 0, 0, rq, rk, rv);
+        } else if (sinks) { /* sinks (with no dbias): their gradient too */
             double rs[1024];
             if (p.heads_q > 1024) return die("refcheck --sinks takes at most 1024 heads", sinks_path);
             fa_ref_backward_sinks(&p, &ba, 0, rq, rk, rv, rs);
@@ -328,7 +345,7 @@ static int cmd_refcheck(int argc, char **argv) {
         }
         free(d_o), free(dq), free(dk), free(dv), free(rq), free(rk), free(rv);
     }
-    free(q), free(k), free(v), free(o), free(ro), free(rl), free(bias), free(sinks);
+    free(q), free(k), free(v), free(o), free(ro), free(rl), free(bias), free(sinks), free(keep);
     if (!bad) printf("matches the reference\n");
     return bad;
 }

@@ -65,6 +65,10 @@ typedef struct {
 
     const char *sinks, *dsink;    /* attention sinks float32 [Hq]; grad: their gradient out */
     const char *k_prefix, *v_prefix; /* a shared prefix [P, Hk, D] (plan reads its header) */
+    int has_dropout;              /* --dropout P [--seed S] (every subcommand) */
+    float dropout;
+    int has_seed;
+    uint64_t seed;
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };

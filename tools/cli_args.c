@@ -23,7 +23,7 @@ typedef enum {
     F_SEQ_PARALLEL, F_ZIGZAG,
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
-    F_COUNT_OF_FLAGS
+    F_DROPOUT, F_SEED, F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -81,6 +81,7 @@ static const struct {
     [F_SINKS] = FILE_ARG("--sinks", sinks, ALL), [F_DSINK] = FILE_ARG("--dsink", dsink, CMD_GRAD),
     [F_K_PREFIX] = FILE_ARG("--k-prefix", k_prefix, CMD_PLAN | CMD_RUN),
     [F_V_PREFIX] = FILE_ARG("--v-prefix", v_prefix, CMD_PLAN | CMD_RUN),
+    [F_DROPOUT] = OWN("--dropout", 1, ALL), [F_SEED] = OWN("--seed", 1, ALL),
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -234,6 +235,20 @@ static int apply(cli_args *a, flag_id id, char **v) {
         a->has_diag_offset = 1;
         return parse_i64(f, v[0], -(int64_t)INT32_MAX, &a->diag_offset);
     case F_TOP_LEFT: a->has_diag_offset = 1, a->diag_offset = 0; return 0;
+    case F_DROPOUT:
+        a->has_dropout = 1;
+        if (parse_float(f, v[0], &a->dropout)) return 2;
+        if (!(a->dropout >= 0.0f && a->dropout < 1.0f)) return cli_fail(2, "--dropout: %s is not in [0, 1)", v[0]);
+        return 0;
+    case F_SEED: {
+        char *end;
+        errno = 0;
+        const unsigned long long x = strtoull(v[0], &end, 0);
+        if (!*v[0] || *end || v[0][0] == '-' || v[0][0] == ' ' || errno == ERANGE)
+            return cli_fail(2, "--seed: '%s' is not an integer in 0 .. 2^64-1", v[0]);
+        a->has_seed = 1, a->seed = (uint64_t)x;
+        return 0;
+    }
     case F_SEQ_PARALLEL:
         if (strcmp(v[0], "ring") == 0) a->seq_parallel = CLI_SP_RING;
         else if (strcmp(v[0], "ulysses") == 0) a->seq_parallel = CLI_SP_ULYSSES;
@@ -291,6 +306,7 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     if (seen[F_DIAG_OFFSET] && seen[F_TOP_LEFT])
         return cli_fail(2, "%s: give either --diag-offset or --top-left, not both", name);
     if (a->has_bias_scale && !a->bias) return cli_fail(2, "%s: --bias-scale needs --bias", name);
+    if (a->has_seed && !a->has_dropout) return cli_fail(2, "%s: --seed needs --dropout", name);
     if (a->dbias && !a->bias) return cli_fail(2, "%s: --dbias needs --bias", name);
     if (a->zigzag && !a->seq_parallel)
         return cli_fail(2, "%s: --zigzag needs --seq-parallel ring|ulysses", name);
@@ -354,6 +370,7 @@ void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o) {
     }
     if (a->has_bias_scale) p->has_bias_scale = 1, p->bias_scale = a->bias_scale;
     if (a->has_diag_offset) p->has_diag_offset = 1, p->diag_offset = a->diag_offset;
+    if (a->has_dropout) p->dropout_p = a->dropout, p->dropout_seed = a->seed; /* seed 0 unless given */
     p->bias_grad = a->dbias != NULL;
     memset(o, 0, sizeof *o);
     o->backend = a->backend;

@@ -20,7 +20,9 @@ static const char options_help[] =
     "  --sinks s.npy  float32 [Hq] attention sinks (grad: --dsink ds.npy writes their gradient)\n"
     "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
     "  --diag-offset N  masks and ALiBi align query i with key i + N (default Sk - Sq,\n"
-    "                 bottom-right); --top-left is --diag-offset 0\n";
+    "                 bottom-right); --top-left is --diag-offset 0\n"
+    "  --dropout P [--seed S]  dropout of the attention weights, P in [0, 1), Philox seed S\n"
+    "                 (default 0); docs/semantics.md, \"Dropout\"\n";
 
 static const char inference_help[] =
     "\ninference shapes (docs/cli.md; plan takes the same files):\n"

@@ -74,6 +74,11 @@ static XLA_FFI_Error *read_options(call *c) {
         (e = fj_attr_i64(f, "threads", &c->threads)) || (e = fj_attr_i64(f, "has_sinks", &has_sinks)) ||
         (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
         return e;
+    int64_t seed, offset; /* dropout's unsigned 64-bit seed and offset, as int64 attributes of the same bits */
+    if ((e = fj_attr_f32(f, "dropout_p", &p->dropout_p)) || (e = fj_attr_i64(f, "dropout_seed", &seed)) ||
+        (e = fj_attr_i64(f, "dropout_offset", &offset)))
+        return e;
+    p->dropout_seed = (uint64_t)seed, p->dropout_offset = (uint64_t)offset;
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (c->layout != 0 && c->layout != 1) return BAD(c, "layout must be 0 or 1, got %lld", (long long)c->layout);
     p->causal = causal != 0;

@@ -3,6 +3,7 @@
     flashattn.plan(...)                  the analytic cost of a problem, from shapes alone
     flashattn.attention(q, k, v, ...)    numpy arrays (f32, f16; bf16 through ml_dtypes)
     flashattn.attention_backward(...)    its gradients
+    flashattn.dropout_keep_mask(...)     the keep mask of dropout_p=, seed= (and its rate)
     flashattn.varlen_attention(...)      packed variable-length batches (+ _backward)
     flashattn.kvcache_attention(...)     kv-cache decoding, paged caches too
     flashattn.plan_varlen(...), plan_kvcache(...)   their costs, from lengths and shapes
@@ -14,7 +15,7 @@ Importing this package loads the C library and numpy only; the framework fronts 
 submodules imported explicitly.
 """
 from . import _native
-from ._numpy import attention, attention_backward
+from ._numpy import attention, attention_backward, dropout_keep_mask, dropout_keep_rate
 from ._numpy_inference import kvcache_attention, varlen_attention, varlen_attention_backward
 from ._merge import merge_states
 from ._plan import Plan, plan
@@ -22,7 +23,7 @@ from ._plan_inference import plan_kvcache, plan_varlen
 
 __all__ = ["plan", "Plan", "attention", "attention_backward", "varlen_attention",
            "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache", "merge_states",
-           "cuda_available", "cpu_isa"]
+           "cuda_available", "cpu_isa", "dropout_keep_mask", "dropout_keep_rate"]
 
 
 def cuda_available():

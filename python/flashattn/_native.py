@@ -50,6 +50,8 @@ class Problem(ctypes.Structure):
         ("has_sinks", ctypes.c_int),  # attention sinks (docs/semantics.md)
         ("lengths_per_call", ctypes.c_int),
         ("shared_prefix_len", c_int64),
+        # dropout (docs/semantics.md, "Dropout")
+        ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
     ]
 
 
@@ -157,6 +159,9 @@ def _declare(lib):
         "fa_cuda_available": (ctypes.c_int, []),
         "fa_cpu_isa": (ctypes.c_char_p, []),
         "fa_struct_size": (ctypes.c_size_t, [ctypes.c_int]),
+        "fa_dropout_keep_rate": (ctypes.c_double, [ctypes.c_float]),
+        "fa_dropout_keep_mask": (ctypes.c_int, [ctypes.c_float, ctypes.c_uint64, ctypes.c_uint64, c_int64, c_int64,
+                                                c_int64, c_int64, c_int64, c_int64, c_void_p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

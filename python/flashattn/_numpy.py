@@ -104,7 +104,7 @@ class _Call:
 
     def __init__(self, q, k, v, causal, window, softcap, scale, bias, alibi_slopes,
                  q_segment_ids, kv_segment_ids, layout, bias_scale=None, diag_offset=None, mask=None,
-                 threads=0, sinks=None):
+                 threads=0, sinks=None, dropout=(None, None, None)):
         self.layout = _layout.check_layout(layout)
         q, k, v = (_readable(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
         if not (q.dtype == k.dtype == v.dtype):
@@ -142,7 +142,8 @@ class _Call:
         self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
                          bias_shape=bias_shape, bias_stride=bias_stride,
                          alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None,
-                         bias_scale=bias_scale, diag_offset=diag_offset, sinks=sinks is not None)
+                         bias_scale=bias_scale, diag_offset=diag_offset, sinks=sinks is not None,
+                         dropout_p=dropout[0], seed=dropout[1], dropout_offset=dropout[2])
 
     def o_shape(self):
         B, H, Sq, _ = self.qd
@@ -196,7 +197,7 @@ def _check_out(name, out, shape, dtype, inputs=()):
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
               return_lse=False, out=None, bias_scale=None, diag_offset=None, mask=None, threads=0,
-              sinks=None):
+              sinks=None, dropout_p=None, seed=None, dropout_offset=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v on the CPU.
 
     q [B, Hq, Sq, D], k [B, Hk, Sk, D], v [B, Hk, Sk, Dv] (layout "bhsd"), or [B, S, H, D]
@@ -213,9 +214,14 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     lse [B, Hq, Sq] f32 with return_lse. A zero B, H, Sq or Sk returns at once: empty
     arrays, or o = 0 and lse = -inf where Sk is 0. Beyond the issue's signature:
     bias_scale (s += bias_scale * bias) and diag_offset (query i sits at key position
-    i + diag_offset; 0 aligns masks top-left)."""
+    i + diag_offset; 0 aligns masks top-left). dropout_p in [0, 1) with seed (an unsigned
+    64-bit integer; dropout_offset selects another stream of it) drops each weight after the
+    softmax with a keep mask that is a function of (seed, offset, b, h, i, j) alone
+    (docs/semantics.md, "Dropout"; dropout_keep_mask gives it), scaling the kept ones by
+    1 / (1 - dropout_p); lse stays the undropped normalizer. Pass the same values to
+    attention_backward."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks)
+              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks, (dropout_p, seed, dropout_offset))
     shape = c.o_shape()
     inputs = (("q", q), ("k", k), ("v", v), ("bias", bias), ("mask", mask), ("alibi_slopes", alibi_slopes),
               ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids), ("sinks", sinks))
@@ -274,14 +280,16 @@ def backward_inputs(o, do, lse, shape, dtype, lse_shape, lse_desc):
 def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softcap=None,
                        scale=None, bias=None, alibi_slopes=None, q_segment_ids=None,
                        kv_segment_ids=None, layout="bhsd", bias_grad=False, bias_scale=None,
-                       diag_offset=None, mask=None, threads=0, sinks=None):
+                       diag_offset=None, mask=None, threads=0, sinks=None, dropout_p=None, seed=None,
+                       dropout_offset=None):
     """Gradients of sum(o * do) for attention(q, k, v, ...) with the same options, from the
     forward's o and lse. Returns (dq, dk, dv) shaped and strided like q, k, v (dk, dv summed
     over the query heads that share them), then dbias (f32, the bias's own shape, summed over
     the dims it broadcasts; 0 where mask hides a key) with bias_grad, then dsink (f32 [Hq],
-    summed over batch and rows) with sinks. Zero-size problems give empty or zero gradients."""
+    summed over batch and rows) with sinks. Zero-size problems give empty or zero gradients.
+    dropout_p, seed, dropout_offset: the forward's, whose keep mask the backward regenerates."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
-              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks)
+              kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks, (dropout_p, seed, dropout_offset))
     shape = c.o_shape()
     o = _readable("o", o)
     do = _readable("do", do)
@@ -314,3 +322,26 @@ def _own_shape(dbias, own, bias):
     """dbias of the library's bias shape summed over the dims the caller's bias broadcast."""
     axes = tuple(i for i in range(4) if own[i] == 1 and dbias.shape[i] != 1)
     return dbias.sum(axis=axes, keepdims=True).reshape(np.shape(bias))
+
+
+def dropout_keep_rate(dropout_p):
+    """The fraction of weights dropout keeps at dropout_p: T / 256 with T = round(256 (1 - p))
+    (docs/semantics.md, "Dropout")."""
+    r = _native.lib.fa_dropout_keep_rate(float(dropout_p))
+    if r < 0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return r
+
+
+def dropout_keep_mask(dropout_p, seed, b, h, rows, cols, *, dropout_offset=0, row0=0, col0=0):
+    """The keep mask the kernels use: bool [rows, cols], True where weight (b, h, row0 + r,
+    col0 + c) of a call with this dropout_p, seed and dropout_offset is kept (for packed
+    batches b is the sequence, rows and columns count within it)."""
+    from ._problem import _uint64, _int
+    out = np.empty((_int("rows", rows), _int("cols", cols)), np.uint8)
+    st = _native.lib.fa_dropout_keep_mask(float(dropout_p), _uint64("seed", seed), _uint64("dropout_offset", dropout_offset),
+                                          _int("b", b), _int("h", h), _int("row0", row0), out.shape[0],
+                                          _int("col0", col0), out.shape[1], out.ctypes.data)
+    if st:
+        raise ValueError(_native.last_error())
+    return out.view(np.bool_)

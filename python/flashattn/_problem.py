@@ -115,7 +115,8 @@ def check_shapes(q_dims, k_dims, v_dims):
 def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, softcap=None,
                  scale=None, bias_shape=None, alibi=False, segment_ids=False,
                  q_stride=None, k_stride=None, v_stride=None, o_stride=None, bias_stride=None,
-                 diag_offset=None, bias_scale=None, bias_grad=False, sinks=False):
+                 diag_offset=None, bias_scale=None, bias_grad=False, sinks=False, dropout_p=None, seed=None,
+                 dropout_offset=None):
     """q_dims [B, Hq, Sq, D], k_dims [B, Hk, Sk, D], v_dims [B, Hk, Sk, Dv] (logical order);
     strides None for contiguous BHSD. The fronts check tensor shapes first (check_shapes),
     so that their messages name tensors; the rest is the library's to judge."""
@@ -149,7 +150,34 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
         p.has_bias_scale, p.bias_scale = 1, _float("bias_scale", bias_scale)
     p.bias_grad = int(bool(bias_grad))
     p.has_sinks = int(bool(sinks))
+    set_dropout(p, dropout_p, seed, dropout_offset)
     return p
+
+
+def _uint64(name, v):
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    v = int(v.__index__())
+    if not 0 <= v < 2 ** 64:
+        raise ValueError(f"{name} = {v} is not in 0 .. 2**64 - 1")
+    return v
+
+
+def set_dropout(p, dropout_p, seed, dropout_offset=None):
+    """Dropout's fields of problem p (docs/semantics.md, "Dropout"): dropout_p in [0, 1) (None
+    or 0: off; the library judges the range), seed and offset unsigned 64-bit integers. A
+    dropout_p > 0 needs a seed: the numpy and JAX fronts take it explicitly (the torch front
+    draws one from torch's generator before it gets here)."""
+    if dropout_p is None:
+        if seed is not None or dropout_offset is not None:
+            raise ValueError("seed= and dropout_offset= need dropout_p=")
+        return
+    p.dropout_p = _float("dropout_p", dropout_p)
+    if p.dropout_p > 0 and seed is None:
+        raise ValueError("dropout_p > 0 needs seed= (an integer in 0 .. 2**64 - 1): the keep mask is a function "
+                         "of the seed, so that the backward regenerates the forward's")
+    p.dropout_seed = _uint64("seed", 0 if seed is None else seed)
+    p.dropout_offset = _uint64("dropout_offset", 0 if dropout_offset is None else dropout_offset)
 
 
 def make_options(backend="auto", threads=0, block_q=0, block_k=0):

@@ -114,7 +114,7 @@ class Device:
 
 # ---- the dense problem ---------------------------------------------------------------
 
-def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False, sinks=False):
+def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False, sinks=False, dropout=(0.0, 0)):
     causal, wl, wr, softcap, scale, L, diag_offset, bias_scale = opts
     strides = {} if o_stride is None else dict(
         q_stride=_layout.to_bhsd(L, q.stride()), k_stride=_layout.to_bhsd(L, k.stride()),
@@ -126,7 +126,7 @@ def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False,
         window=(wl, wr), softcap=softcap, scale=scale,
         bias_shape=None if bias is None else tuple(bias.shape), alibi=alibi,
         segment_ids=segment_ids, diag_offset=diag_offset, bias_scale=bias_scale,
-        bias_grad=bias_grad, sinks=sinks, **strides)
+        bias_grad=bias_grad, sinks=sinks, dropout_p=dropout[0], seed=dropout[1], **strides)
 
 
 def _empty_sizes(q, k, layout):
@@ -165,7 +165,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
-                   threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                   threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                   seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
     if _empty_sizes(q, k, layout):
@@ -178,7 +179,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
     o = poisoned(torch.empty(o_shape(q, v, layout), dtype=q.dtype, device=q.device))
     lse = poisoned(torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, sinks=has_sinks),
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, sinks=has_sinks,
+                                          dropout=(dropout_p, seed)),
                                  dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
@@ -191,7 +193,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
                         window_left, window_right, softcap, scale, layout, diag_offset, bias_scale,
-                        threads=0, sinks=None):
+                        threads=0, sinks=None, dropout_p=0.0, seed=0):
     return q.new_empty(o_shape(q, v, layout)), q.new_empty(lse_shape(q, layout), dtype=torch.float32)
 
 
@@ -202,8 +204,8 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
-                   bias_grad: bool, threads: int = 0, sinks: Optional[torch.Tensor] = None
-                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   bias_grad: bool, threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                   seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dbias ((0,) without bias_grad) and dsink ((0,) without sinks)."""
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
@@ -221,8 +223,8 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dbias = poisoned(torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device))
     dsink = poisoned(torch.empty(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad, has_sinks),
-                                 dev.options())
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad, has_sinks,
+                                          (dropout_p, seed)), dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse),
@@ -236,7 +238,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 @_attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
                         causal, window_left, window_right, softcap, scale, layout, diag_offset,
-                        bias_scale, bias_grad, threads=0, sinks=None):
+                        bias_scale, bias_grad, threads=0, sinks=None, dropout_p=0.0, seed=0):
     dq, dk, dv = (grad_like(dense_for_grad(t)) for t in (q, k, v))
     return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32), q.new_empty(
         sinks.shape if sinks is not None else (0,), dtype=torch.float32)
@@ -284,42 +286,52 @@ class AttentionCompiled(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
-                diag_offset, bias_scale, threads, sinks=None):
+                diag_offset, bias_scale, threads, sinks=None, dropout_p=0.0, seed=0):
         with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
             return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
                                                      softcap, scale, layout, diag_offset, bias_scale, threads,
-                                                     sinks)
+                                                     sinks, dropout_p, seed)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
+        # inputs: q, k, v, bias, slopes, q_seg, kv_seg, 9 options (causal .. threads), then
+        # optionally sinks, dropout_p, seed
         sinks = inputs[16] if len(inputs) > 16 else None
         ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7], sinks)
-        ctx.options = inputs[7:16]
+        ctx.n_inputs = len(inputs)
+        ctx.options = tuple(inputs[7:16]) + (tuple(inputs[17:19]) + (0.0, 0))[:2]  # dropout_p, seed: 0 if not given
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, do, dlse):
         q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks = ctx.saved_tensors
-        nones = (None,) * (len(ctx.options) + 3)
+        nones = (None,) * (ctx.n_inputs - 4)
         if do is None and dlse is None:
-            return (None,) * 4 + nones + (None,)
+            return (None,) * 4 + nones
         do = torch.zeros_like(o) if do is None else do
-        layout, threads = ctx.options[5], ctx.options[8]
+        layout, threads, dropout_p, seed = ctx.options[5], ctx.options[8], ctx.options[9], ctx.options[10]
+        if dlse is not None and dropout_p > 0:
+            # lse's cotangent rides on dP (lse_as_value_column), which dropout scales
+            raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported: "
+                                      "use o alone, or dropout_p=0")
         if dlse is not None:
             to_rows = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
             v, o, do = lse_as_value_column(v, o, do, dlse, to_rows)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
         with torch.no_grad():  # no second derivative: the op's own autograd would refuse it anyway
             dq, dk, dv, dbias, dsink = torch.ops.flashattn.attention_bwd(
-                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads, sinks)
+                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads, sinks,
+                dropout_p, seed)
             if dlse is not None and sinks is not None:
                 # d lse_i / d sink_h = exp(sink_h - lse_i): lse's cotangent reaches the sink
                 # directly (the value column above carries it to the scores only)
                 dsink = dsink + (torch.exp(sinks.view(1, -1, 1) - lse) * dlse).sum((0, 2))
         if dlse is not None:
             dv = dv[..., :-1]
-        return (dq, dk, dv, dbias if bias_grad else None) + nones + (
-            dsink if sinks is not None and ctx.needs_input_grad[16] else None,)
+        grads = [dq, dk, dv, dbias if bias_grad else None, *nones]
+        if sinks is not None and ctx.needs_input_grad[16]:
+            grads[16] = dsink  # inputs[16] is sinks
+        return tuple(grads)
 
 
 
@@ -334,3 +346,10 @@ class Attention(AttentionCompiled):
 def attention_function():
     return AttentionCompiled if torch.compiler.is_compiling() else Attention
 
+
+
+def dropout_seed(generator=None):
+    """A dropout seed drawn from torch's generator (the default CPU one unless given), as
+    flashattn.torch.attention and scaled_dot_product_attention draw it when given none:
+    torch.randint(0, 2**62, ()), so torch.manual_seed reproduces a run's masks."""
+    return int(torch.randint(0, 2**62, (), generator=generator))

@@ -7,14 +7,17 @@ side has 1, and differ otherwise only with enable_gqa (Hq a multiple of Hk); is_
 top-left; a bool attn_mask is True = attend, a float one is added, either broadcastable to
 (..., Hq, L, S); a row with no visible key gives 0 (torch 2.x CPU, both for a bool mask and a
 -inf float one), which is flashattn's own rule. Errors SDPA raises as RuntimeError are raised
-as RuntimeError with its wording; dropout_p > 0 raises NotImplementedError (flashattn has no
-dropout) and dtypes the library does not compute in raise ValueError naming those it does."""
+as RuntimeError with its wording, and dtypes the library does not compute in raise ValueError
+naming those it does. dropout_p > 0 is flashattn's dropout (docs/semantics.md, "Dropout"),
+applied whenever it is given, as SDPA applies it: its seed is drawn from torch's default
+generator (flashattn.torch.dropout_seed), so torch.manual_seed reproduces it; the mask is
+not torch's own (SDPA's CPU dropout draws another one)."""
 import math
 
 import torch
 
 from ._torch_args import autocast, check_floats, expand_seq_dims, mask_to_bias
-from ._torch_ops import attention_function
+from ._torch_ops import attention_function, dropout_seed
 
 
 def _as_4d(t, batch, heads):
@@ -73,8 +76,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if not (query.dtype == key.dtype == value.dtype):
         raise RuntimeError("Expected query, key, and value to have the same dtype, but got query.dtype: "
                            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"flashattn has no dropout: dropout_p must be 0.0, got {dropout_p}")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     check_floats(("query", "key", "value"), (query, key, value))
@@ -91,6 +95,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q4, k4, v4 = _as_4d(q, batch, H), _as_4d(k, batch, Hkv), _as_4d(v, batch, Hkv)
     o, _ = attention_function().apply(q4, k4, v4, bias, None, None, None, bool(is_causal), -1, -1, 0.0,
                                       None if scale is None else float(scale), "bhsd",
-                                      0 if is_causal else None, None, 0)
+                                      0 if is_causal else None, None, 0, None, dropout_p,
+                                      dropout_seed() if dropout_p > 0 else 0)
     o = o.reshape(*batch, H, L, Ev)
     return o if ndim >= 3 else o.reshape(L, Ev)

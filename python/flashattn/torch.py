@@ -12,7 +12,7 @@ from . import _layout
 from ._problem import check_shapes
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
-from ._torch_ops import attention_function
+from ._torch_ops import attention_function, dropout_seed
 
 
 def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
@@ -32,7 +32,8 @@ def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, mask=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False, bias_scale=None, diag_offset=None, threads=None, sinks=None):
+              return_lse=False, bias_scale=None, diag_offset=None, threads=None, sinks=None, dropout_p=0.0,
+              seed=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v, differentiable in q, k, v
     and bias, through o and lse (autograd, torch.func.grad / vjp / vmap; not forward mode).
 
@@ -52,7 +53,12 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     masks top-left, as SDPA's is_causal) and threads (None or 0: the library's default).
     sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds nothing
     to o (gpt-oss's attention sinks; docs/semantics.md); lse includes it, a row with no
-    visible key gets lse = sink, and autograd gives the sinks' gradient."""
+    visible key gets lse = sink, and autograd gives the sinks' gradient.
+    dropout_p in [0, 1) drops each weight after the softmax, scaling the kept ones by
+    1 / (1 - dropout_p) (docs/semantics.md, "Dropout"); the mask is a function of seed (an
+    integer in 0 .. 2**63 - 1; None: dropout_seed(), drawn from torch's generator) and the
+    element's (b, h, i, j), and the backward regenerates it. lse stays undropped; its
+    gradient under dropout is not supported."""
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
@@ -73,10 +79,19 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     q_seg, kv_seg = _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, q.device)
     wl, wr = window_sides(window)
     q, k, v = distinct(q, k, v)
+    dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    if dropout_p > 0.0:
+        seed = dropout_seed() if seed is None else int_in("seed", seed)
+        if seed < 0:
+            raise ValueError(f"seed must be in 0 .. 2**63 - 1, got {seed}")
+    elif seed is not None:
+        raise ValueError("seed= needs dropout_p > 0")
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,
-                             threads_arg(threads), sinks_arg(sinks, H, q.device))
+                             threads_arg(threads), sinks_arg(sinks, H, q.device), dropout_p, seed or 0)
     return (o, lse) if return_lse else o
 
 

@@ -83,7 +83,7 @@ static void dkdv_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64
             fa_bwd_dkdv(c, &w->t, m, n, &qs, w->qb, q_bad, &gs, w->gb, g_bad, 0, w->acc, w->acc_v, cnt);
         }
     fa_bwd_store(c, a->dk, &p->k_stride, b, hk, c0, n, D, w->acc, pl->scale);
-    fa_bwd_store(c, a->dv, &p->v_stride, b, hk, c0, n, Dv, w->acc_v, 1.0f);
+    fa_bwd_store(c, a->dv, &p->v_stride, b, hk, c0, n, Dv, w->acc_v, fa_bwd_dv_scale(c));
 }
 
 /* (2) One (b, query head, query tile): dQ of rows [r0, r0 + m); with dbias (its rows

@@ -144,7 +144,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
         fa_bwd_store(c, a->dq, &p->q_stride, b, h, 0, Sq, D, w.dq, pl->scale);
     }
     fa_bwd_store(c, a->dk, &p->k_stride, b, hk, 0, Sk, D, w.dk, pl->scale);
-    fa_bwd_store(c, a->dv, &p->v_stride, b, hk, 0, Sk, Dv, w.dv, 1.0f);
+    fa_bwd_store(c, a->dv, &p->v_stride, b, hk, 0, Sk, Dv, w.dv, fa_bwd_dv_scale(c));
     return 1;
 }
 

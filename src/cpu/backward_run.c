@@ -62,7 +62,8 @@ fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int
     float *delta = (float *)start;
     char *scratch_base = start + fa_bwd_round_up(4 * rows);
     const fa_bwd_ctx c = {pl, a, delta, fa_dtype_size(p->dtype),
-                          fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids)};
+                          fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids),
+                          fa_plan_dropout(pl)};
     int64_t flops = 0, trans = 0;
     fa_progress progress;
     fa_progress_init(&progress, a->progress, a->progress_ctx, steps);

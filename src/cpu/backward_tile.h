@@ -18,6 +18,7 @@
 #define FA_CPU_BACKWARD_TILE_H
 
 #include "../internal.h"
+#include "dropout.h"
 #include "guard.h"
 #include "isa.h"
 #include "scores.h"
@@ -34,6 +35,7 @@ typedef struct {
     const float *delta; /* [B, Hq, Sq] */
     size_t esz;         /* bytes per element of q, k, v, ... */
     fa_score_ctx sc;    /* what turns products into scores */
+    fa_dropout drop;    /* dropout's keep mask, regenerated (dropout.h) */
 } fa_bwd_ctx;
 
 /* One thread's buffers for the key side and the tile pair, bq x bk at most. */
@@ -148,6 +150,9 @@ static inline void fa_bwd_transpose(const fa_isa *isa, const float *restrict x, 
         }
 }
 
+/* What dV's store multiplies by: 1 / (1 - p) under dropout, else 1. */
+static inline float fa_bwd_dv_scale(const fa_bwd_ctx *c) { return c->drop.on ? c->drop.scale : 1.0f; }
+
 /* The tile pair, with Q and dO packed as A (qa, ga) and K and V packed as B^T in w: leaves
  * dS = p (dP - delta) (softcap: times sech^2), rounded to the dtype, in w->dp, and with
  * want_p, p = exp(s - lse) rounded to the dtype in w->s (0 where masked or where the row
@@ -168,6 +173,10 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
 
     pl->isa->gemm_abt(m, n, (int)p->head_dim, qa, w->kt, w->s, ld);
     pl->isa->gemm_abt(m, n, (int)p->head_dim_v, ga, w->vt, w->dp, ld);
+    /* dropout: dP z / (1 - p), z the forward's keep mask (0 where dropped, even where dP is inf
+     * or NaN), so that dS = p (z dP / (1 - p) - delta) below; P is zeroed where dropped after
+     * the loop, before dV += P^T dO, whose 1 / (1 - p) the store applies (fa_bwd_dv_scale) */
+    if (c->drop.on) fa_dropout_apply(pl->isa, &c->drop, pl->batch0 + b, h, r0, m, c0, n, w->dp, ld, c->drop.scale, 0);
 
     for (int i = 0; i < m; i++) {
         const int64_t row = r0 + i;
@@ -208,6 +217,7 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
         fa_round_row(pl->isa, p->dtype, dp, n);
         if (want_p) fa_round_row(pl->isa, p->dtype, s, n);
     }
+    if (want_p && c->drop.on) fa_dropout_apply(pl->isa, &c->drop, pl->batch0 + b, h, r0, m, c0, n, w->s, ld, 1.0f, 0);
     cnt->flops += 2 * (p->head_dim + p->head_dim_v) * m * n;
     cnt->transcendentals += (cap ? 2 : 1) * (int64_t)m * n;
 }

@@ -17,6 +17,7 @@
  * write p once, as the pairs the PV product reads: the same bits as scaling, exp_sum,
  * round_row and gemm_pb, in two passes over S instead of four. Memory: threads x one tile's scratch,
  * never Sq x Sk. */
+#include "dropout.h"
 #include "guard.h"
 #include "isa.h"
 #include "progress.h"
@@ -115,6 +116,7 @@ typedef struct {
     fa_score_ctx sc;       /* what turns products into scores */
     fa_sched sched;        /* which keys each row sees (schedule.h) */
     int pairs;             /* p goes to the PV product as the ISA's bf16 pairs (isa.h) */
+    fa_dropout drop;       /* dropout's keep mask (dropout.h) */
 } fwd_ctx;
 
 static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_strides *st, int64_t b, int64_t h,
@@ -279,6 +281,9 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
                     softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
                 }
             }
+            /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);
+             * o gets its 1 / (1 - p) when it is written */
+            if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, j0, n, sc->s, lds, 1.0f, pairs);
             if (guarded) {
                 fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
                 vp_repack = 1; /* the guarded product packed runs of v into vp */
@@ -306,7 +311,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
             /* sinks.h: once per row, after every key; alpha rescales acc to the new max */
             const float alpha = p->has_sinks ? fa_sink_fold(a->sinks[h], &mx, &l) : 1.0f;
             const float lse = mx + logf(l);
-            const float inv = l > 0.0f ? alpha / l : l == 0.0f ? 0.0f : NAN;
+            const float inv = (l > 0.0f ? alpha / l : l == 0.0f ? 0.0f : NAN) * (cx->drop.on ? cx->drop.scale : 1.0f);
             const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
             store_row(p->dtype, a->o, ob, p->o_stride.s[3], acc + r * Dv, inv, Dv);
             if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : l == 0.0f ? -INFINITY : NAN;
@@ -343,6 +348,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.sc = fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids);
     cx.sched = fa_plan_sched(pl);
     cx.pairs = p->dtype == FA_BF16 && cx.isa->exp_pairs && cx.isa->max_row && cx.isa->gemm_pb_pairs;
+    cx.drop = fa_plan_dropout(pl);
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);
     const int64_t runs = (qtiles + run - 1) / run, items = p->batch * p->heads_q * runs;

@@ -10,6 +10,7 @@
 #define FA_CPU_ISA_H
 
 #include "../internal.h"
+#include "../philox.h"
 #include "decode_kernels.h"
 #include "vexp.h"
 
@@ -81,7 +82,17 @@ typedef struct fa_isa {
     const fa_isa_tiles *tiles;
     /* Optional (NULL: decode packs its tiles and takes gemm_abt / gemm_pb). */
     const fa_decode_kernels *decode;
+    /* Optional (NULL: dropout.h's portable pass, the same bits): dropout of rows i0 .. i0 + m - 1
+     * of (b, h), keys j0 .. j0 + n - 1 (philox.h's rule), row r at x + r * ldx floats: x[j] =
+     * kept ? x[j] * scale : 0 for f32 rows, or, with pairs, the 16-bit elements of a row's
+     * (n + 1) / 2 words (exp_pairs) zeroed where dropped. */
+    void (*dropout_tile)(const struct fa_dropout *d, int64_t b, int64_t h, int64_t i0, int m, int64_t j0, int n,
+                         void *x, int ldx, float scale, int pairs);
 } fa_isa;
+
+/* dropout_tile at AVX-512 width (dropout_avx512.c), for the tables of AVX-512 ISAs. */
+void fa_dropout_tile_avx512(const struct fa_dropout *d, int64_t b, int64_t h, int64_t i0, int m, int64_t j0, int n,
+                            void *x, int ldx, float scale, int pairs);
 
 /* The kernels every table names the same way (pre##_available, ...); a table adds its
  * name, packed_bytes, exp_sum, tiles and the optional entries. */

@@ -300,4 +300,5 @@ static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const v
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                             .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default,
-                            .decode = &fa_decode_bf16_kernels};
+                            .decode = &fa_decode_bf16_kernels,
+    .dropout_tile = fa_dropout_tile_avx512};

@@ -131,4 +131,5 @@ void fa_avx512_round_row(float *x, int n, fa_dtype t) {
 
 const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .packed_bytes = fa_avx512_packed_bytes,
                                .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
-                               .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default};
+                               .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default,
+    .dropout_tile = fa_dropout_tile_avx512};

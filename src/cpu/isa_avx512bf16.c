@@ -173,4 +173,5 @@ const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .p
                                    .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                                    .round_row = fa_avx512_round_row, .max_row = bf16_max_row,
                                    .exp_pairs = bf16_exp_pairs, .gemm_pb_pairs = bf16_gemm_pb_pairs,
-                                   .tiles = &fa_isa_tiles_bf16_pairs, .decode = &fa_decode_bf16_kernels};
+                                   .tiles = &fa_isa_tiles_bf16_pairs, .decode = &fa_decode_bf16_kernels,
+    .dropout_tile = fa_dropout_tile_avx512};

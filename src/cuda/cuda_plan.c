@@ -30,6 +30,8 @@ static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses)
     if (p->has_sinks)
         return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no attention sinks (has_sinks) yet: no device to "
                                             "check them on; plan it on the cpu backend");
+    if (p->dropout_p > 0.0f)
+        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no dropout (dropout_p > 0) yet; use backend cpu");
     if (!fa_cuda_hd_class(p->head_dim, p->head_dim_v) || p->head_dim % 8 || p->head_dim_v % 8)
         return fa_error(FA_ERR_UNSUPPORTED,
                         "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",

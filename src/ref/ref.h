@@ -7,6 +7,7 @@
 #include "flashattn.h"
 
 #include <math.h>
+#include <stdint.h>
 
 /* Non-finite values (docs/nonfinite.md): each step of a score (the dot product, the scale,
  * the softcap, the bias, ALiBi) keeps f32's range, beyond which it is +-inf as the kernels'
@@ -20,6 +21,17 @@ static inline double fa_ref_f32_range(double x) {
 /* o [B,Hq,Sq,Dv] and lse [B,Hq,Sq], contiguous doubles. Tensor pointers and strides as in
  * fa_forward_args / the problem (strides all zero = contiguous). */
 void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);
+
+/* Dropout (docs/semantics.md, "Dropout"): o with each p_ij replaced by
+ * p_ij keep[b, h, i, j] / (1 - dropout_p), lse undropped; keep [B, Hq, Sq, Sk] contiguous
+ * bytes, 1 = kept (the test takes it from fa_dropout_keep_mask). NULL keep: fa_ref_forward. */
+void fa_ref_forward_dropout(const fa_problem *p, const fa_forward_args *a, const uint8_t *keep, double *o,
+                            double *lse);
+/* Its gradients: dv_j += p_j z_j do / (1 - dropout_p), dS_j = p_j (z_j dp_j / (1 - dropout_p)
+ * - delta), z = keep; saved_o as fa_ref_backward_saved_o (delta from a->o), abs_terms as
+ * fa_ref_backward_abs_terms (the magnitudes of the terms instead). */
+void fa_ref_backward_dropout(const fa_problem *p, const fa_backward_args *a, const uint8_t *keep, int saved_o,
+                             int abs_terms, double *dq, double *dk, double *dv);
 
 /* dq [B,Hq,Sq,D], dk [B,Hk,Sk,D], dv [B,Hk,Sk,Dv], contiguous doubles: gradients of
  * sum(o * do). Uses a->q, k, v, d_o (and bias, slopes, segment ids); o and lse are

@@ -5,6 +5,7 @@
  *   lse = log(exp(sink_h) + sum_j exp(s_j)) (no sink: exp(sink_h) = 0)
  *   p = exp(s - lse) over visible keys, o = sum_j p_j v_j, L = sum(o * do)
  *   dv_j += p_j do,  dp_j = do . v_j,  ds_j = p_j (dp_j - do . o)
+ *   (dropout: p_j z_j in o and dv, ds_j = p_j (z_j dp_j - do . o), z_j = keep_j / (1 - p_drop))
  *   dbias_ij += bias_scale ds_j,  (softcap) ds_j *= 1 - tanh^2 (as sech^2),
  *   dq += scale ds_j k_j,  dk_j += scale ds_j q
  *   dsink_h += -exp(sink_h - lse) (do . o)   (d lse / d sink = exp(sink - lse), and o = sum p v
@@ -46,14 +47,16 @@ static double *ref_load(const fa_problem *p, const void *base, fa_strides st, in
 
 /* saved_o: delta = do . (the caller's a->o) instead of do . (this function's own o).
  * abs_terms: sums of the terms' magnitudes, |ds| |k|, |ds| |q|, p |do|, instead of the terms. */
-static void ref_backward(const fa_problem *p, const fa_backward_args *a, int saved_o, int abs_terms, double *dq,
-                         double *dk, double *dv, double *dbias, double *dsink) {
+static void ref_backward(const fa_problem *p, const fa_backward_args *a, const uint8_t *keep, int saved_o,
+                         int abs_terms, double *dq, double *dk, double *dv, double *dbias, double *dsink) {
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
                   Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
     const int64_t group = Hq / Hk;
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
     const double bias_scale = p->has_bias_scale ? (double)p->bias_scale : 1.0;
+    const double kept = keep ? 1.0 / (1.0 - (double)p->dropout_p) : 1.0; /* dropout: a kept weight's factor */
+    double *z = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1)); /* a row's dropout factors */
     double *Q = ref_load(p, a->q, p->q_stride, Hq, Sq, D);
     double *K = ref_load(p, a->k, p->k_stride, Hk, Sk, D);
     double *V = ref_load(p, a->v, p->v_stride, Hk, Sk, Dv);
@@ -70,7 +73,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
     double *s = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
     double *th = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
     double *o = malloc(sizeof(double) * (size_t)(Dv > 0 ? Dv : 1));
-    if (!s || !th || !o) abort(); /* tests only */
+    if (!s || !th || !o || !z) abort(); /* tests only */
 
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Hq; h++) {
@@ -124,10 +127,12 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                 for (int64_t j = 0; j < Sk; j++) /* now p; 0 if hidden */
                     s[j] = s[j] == -INFINITY ? 0.0 : exp(s[j] - lse);
 
+                for (int64_t j = 0; j < Sk; j++)
+                    z[j] = keep && !keep[((b * Hq + h) * Sq + i) * Sk + j] ? 0.0 : kept;
                 for (int64_t c = 0; c < Dv; c++) o[c] = 0.0;
                 for (int64_t j = 0; j < Sk; j++)
                     if (s[j] != 0.0)
-                        for (int64_t c = 0; c < Dv; c++) o[c] += s[j] * Vh[j * Dv + c];
+                        for (int64_t c = 0; c < Dv; c++) o[c] += s[j] * z[j] * Vh[j * Dv + c];
                 const double *oi = Os ? Os + ((b * Hq + h) * Sq + i) * Dv : o;
                 double delta = 0.0;
                 for (int64_t c = 0; c < Dv; c++) delta += gi[c] * oi[c];
@@ -138,9 +143,9 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                     double dp = 0.0;
                     for (int64_t c = 0; c < Dv; c++) {
                         dp += gi[c] * Vh[j * Dv + c];
-                        dVh[j * Dv + c] += s[j] * (abs_terms ? fabs(gi[c]) : gi[c]);
+                        dVh[j * Dv + c] += s[j] * z[j] * (abs_terms ? fabs(gi[c]) : gi[c]);
                     }
-                    double ds = s[j] * (dp - delta);
+                    double ds = s[j] * (z[j] * dp - delta);
                     if (dbias) {
                         const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
                         dbias[((bb * p->bias_heads + bh) * Sq + i) * Sk + j] += bias_scale * ds;
@@ -162,6 +167,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
             }
         }
     free(s);
+    free(z);
     free(th);
     free(o);
     free(Q);
@@ -173,24 +179,29 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
 
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv) {
-    ref_backward(p, a, 0, 0, dq, dk, dv, NULL, NULL);
+    ref_backward(p, a, NULL, 0, 0, dq, dk, dv, NULL, NULL);
 }
 
 void fa_ref_backward_dbias(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                            double *dv, double *dbias) {
-    ref_backward(p, a, 0, 0, dq, dk, dv, dbias, NULL);
+    ref_backward(p, a, NULL, 0, 0, dq, dk, dv, dbias, NULL);
 }
 
 void fa_ref_backward_saved_o(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                              double *dv, double *dbias) {
-    ref_backward(p, a, 1, 0, dq, dk, dv, dbias, NULL);
+    ref_backward(p, a, NULL, 1, 0, dq, dk, dv, dbias, NULL);
 }
 
 void fa_ref_backward_abs_terms(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk, double *dv) {
-    ref_backward(p, a, 1, 1, dq, dk, dv, NULL, NULL);
+    ref_backward(p, a, NULL, 1, 1, dq, dk, dv, NULL, NULL);
 }
 
 void fa_ref_backward_sinks(const fa_problem *p, const fa_backward_args *a, int saved_o, double *dq, double *dk,
                            double *dv, double *dsink) {
-    ref_backward(p, a, saved_o, 0, dq, dk, dv, NULL, dsink);
+    ref_backward(p, a, NULL, saved_o, 0, dq, dk, dv, NULL, dsink);
+}
+
+void fa_ref_backward_dropout(const fa_problem *p, const fa_backward_args *a, const uint8_t *keep, int saved_o,
+                             int abs_terms, double *dq, double *dk, double *dv) {
+    ref_backward(p, a, keep, saved_o, abs_terms, dq, dk, dv, NULL, NULL);
 }

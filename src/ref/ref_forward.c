@@ -32,13 +32,14 @@ static double *fwd_ref_load(const fa_problem *p, const void *base, const fa_stri
     return x;
 }
 
-void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse) {
+static void ref_forward(const fa_problem *p, const fa_forward_args *a, const uint8_t *keep, double *o, double *lse) {
     const int64_t B = p->batch, Hq = p->heads_q, Sq = p->seq_q, Sk = p->seq_k, D = p->head_dim;
     const int64_t Hk = p->heads_kv ? p->heads_kv : Hq, Dv = p->head_dim_v ? p->head_dim_v : D;
     const int64_t off = p->has_diag_offset ? p->diag_offset : Sk - Sq, group = Hq / Hk;
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
     const double bias_scale = p->has_bias_scale ? (double)p->bias_scale : 1.0;
+    const double kept = keep ? 1.0 / (1.0 - (double)p->dropout_p) : 1.0; /* a kept weight's factor */
     const fa_strides qs = fwd_ref_strides(p->q_stride, Hq, Sq, D);
     const fa_strides ks = fwd_ref_strides(p->k_stride, Hk, Sk, D);
     const fa_strides vs = fwd_ref_strides(p->v_stride, Hk, Sk, Dv);
@@ -103,7 +104,7 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
                 for (int64_t c = 0; c < Dv; c++) oi[c] = 0.0;
                 for (int64_t j = 0; j < Sk; j++) {
                     if (!vis[j]) continue;
-                    const double pj = exp(s[j] - l);
+                    const double pj = exp(s[j] - l) * (keep && !keep[((b * Hq + h) * Sq + i) * Sk + j] ? 0.0 : kept);
                     for (int64_t c = 0; c < Dv; c++) oi[c] += pj * Vh[j * Dv + c];
                 }
             }
@@ -113,4 +114,13 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
     free(V);
     free(s);
     free(vis);
+}
+
+void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse) {
+    ref_forward(p, a, NULL, o, lse);
+}
+
+void fa_ref_forward_dropout(const fa_problem *p, const fa_forward_args *a, const uint8_t *keep, double *o,
+                            double *lse) {
+    ref_forward(p, a, keep, o, lse);
 }

@@ -118,7 +118,7 @@ def _qkv(Hq=4, Hk=2):
 
 @pytest.mark.parametrize("kw, err, message", [
     ({}, RuntimeError, "must match the size"),                         # heads differ, no enable_gqa
-    ({"dropout_p": 0.1, "enable_gqa": True}, NotImplementedError, "dropout"),
+    ({"dropout_p": 1.0, "enable_gqa": True}, ValueError, "dropout_p"),  # (dropout_p > 0 runs: test_dropout.py)
     ({"is_causal": True, "attn_mask": torch.ones(5, 7, dtype=torch.bool), "enable_gqa": True},
      RuntimeError, "attn_mask should not be set when is_causal"),
     ({"attn_mask": torch.ones(5, 7, dtype=torch.int64), "enable_gqa": True}, RuntimeError, "attn_mask dtype"),

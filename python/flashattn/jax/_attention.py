@@ -132,7 +132,8 @@ def _check_extras(alibi_slopes, q_seg, kv_seg, b, hq, sq, sk, shapes_only):
 
 def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
                  q_segment_ids=None, kv_segment_ids=None, layout="bshd", diag_offset=None, bias_scale=None,
-                 shapes_only=False, mask=None, threads=0, sinks=None):
+                 shapes_only=False, mask=None, threads=0, sinks=None, dropout_p=None, seed=None,
+                 dropout_offset=None):
     """Checks a call's arguments from their shapes and dtypes; returns its Options and the
     shape of the bias the op gets, [1 or B, 1 or Hq, Sq, Sk] (None without a bias or mask)."""
     b, hq, sq, sk = _check_qkv(q, k, v, layout)
@@ -148,8 +149,30 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
                   diag_offset=None if diag_offset is None else _int("diag_offset", diag_offset),
                   bias_scale=_finite("bias_scale", bias_scale), has_bias=bias_shape is not None,
                   has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None,
-                  threads=_int("threads", threads, 32), has_sinks=sinks is not None)
+                  threads=_int("threads", threads, 32), has_sinks=sinks is not None,
+                  **_dropout(dropout_p, seed, dropout_offset))
     return opt, bias_shape
+
+
+def _dropout(dropout_p, seed, dropout_offset):
+    """Options' dropout fields: dropout_p in [0, 1) with an integer seed (static: a Python int)."""
+    if dropout_p is None or dropout_p == 0:
+        if seed is not None or dropout_offset is not None:
+            raise ValueError("seed= and dropout_offset= need dropout_p > 0")
+        return {}
+    p = _finite("dropout_p", dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    if seed is None:
+        raise ValueError("dropout_p > 0 needs seed= (a Python int in 0 .. 2**64 - 1)")
+    out = dict(dropout_p=p)
+    for name, x in (("seed", seed), ("dropout_offset", dropout_offset or 0)):
+        if isinstance(x, jax.core.Tracer) or isinstance(x, bool) or not hasattr(x, "__index__"):
+            raise ValueError(f"{name} must be a Python int (static: one compiled call per value), got {x!r}")
+        if not 0 <= int(x) < 2**64:
+            raise ValueError(f"{name} = {int(x)} is not in 0 .. 2**64 - 1")
+        out[name] = int(x)
+    return out
 
 
 def _unwrap(x):
@@ -177,6 +200,8 @@ def _op_bwd(opt, res, cotangents):
     q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, marker = res
     do, dlse = cotangents
     with_lse = not isinstance(dlse, SymbolicZero)
+    if with_lse and opt.dropout_p > 0:  # lse's cotangent rides on dP, which dropout scales
+        raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported")
     if with_lse:
         dlse = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
     v, o, do = _cotangents_as_values(v, o, do, dlse if with_lse else None)
@@ -207,7 +232,7 @@ def _ids_fit_int32(name, x):
 
 def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
          q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, diag_offset=None,
-         bias_scale=None, mask=None, threads=0, sinks=None):
+         bias_scale=None, mask=None, threads=0, sinks=None, dropout_p=None, seed=None, dropout_offset=None):
     """attention() with the two options the Pallas drop-in needs (diag_offset, bias_scale)."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _ids_fit_int32("q_segment_ids", q_segment_ids)
@@ -217,7 +242,8 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                                    alibi_slopes=slopes, q_segment_ids=q_seg, kv_segment_ids=kv_seg, layout=layout,
                                    diag_offset=diag_offset, bias_scale=bias_scale, mask=mask, threads=threads,
-                                   sinks=None if sinks is None else jnp.asarray(sinks))
+                                   sinks=None if sinks is None else jnp.asarray(sinks),
+                                   dropout_p=dropout_p, seed=seed, dropout_offset=dropout_offset)
     if bias_shape is not None:  # outside the custom_vjp: autodiff takes the cast and broadcast back
         bias = lower_bias(bias, mask, bias_shape)
     if slopes is not None:
@@ -245,7 +271,7 @@ def _check_plan(opt, q, k, v, bias):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
               q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, mask=None, threads=0,
-              sinks=None):
+              sinks=None, dropout_p=None, seed=None, dropout_offset=None):
     """Exact attention through the flashattn C library, as an XLA custom call.
 
     q [B, Sq, Hq, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv] for layout="bshd" (the default,
@@ -268,7 +294,14 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
 
     Differentiable for q, k, v, bias and sinks (jax.custom_vjp through the library's backward);
     works under jax.jit, jax.grad and jax.vmap (vmapped dims fold into the batch).
+
+    dropout_p in [0, 1) with seed (and dropout_offset), Python ints in 0 .. 2**64 - 1, drops
+    each weight after the softmax with flashattn's keep mask (docs/semantics.md, "Dropout"),
+    the kept ones scaled by 1 / (1 - dropout_p); the backward regenerates it. The seed is
+    static (one compiled call per seed under jit); lse stays undropped and its gradient
+    under dropout is not supported. Under vmap the mask's batch index is the folded one.
     """
     return call(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                 alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                layout=layout, return_lse=return_lse, mask=mask, threads=threads, sinks=sinks)
+                layout=layout, return_lse=return_lse, mask=mask, threads=threads, sinks=sinks, dropout_p=dropout_p,
+                seed=seed, dropout_offset=dropout_offset)

@@ -42,6 +42,9 @@ class Options(NamedTuple):
     has_segment_ids: bool
     threads: int = 0  # fa_options.threads for this call; 0: the library's default
     has_sinks: bool = False  # attention sinks [Hq] (docs/semantics.md)
+    dropout_p: float = 0.0  # docs/semantics.md, "Dropout"; 0: off
+    seed: int = 0  # dropout's seed and offset, unsigned 64-bit (static: part of the compiled call)
+    dropout_offset: int = 0
 
 
 def _find_library() -> str:
@@ -101,6 +104,10 @@ def _attributes(opt: Options) -> dict:
         has_segment_ids=i64(opt.has_segment_ids),
         threads=i64(opt.threads),
         has_sinks=i64(opt.has_sinks),
+        dropout_p=f32(opt.dropout_p),
+        # unsigned 64-bit values as int64 attributes of the same bits
+        dropout_seed=np.array(opt.seed, np.uint64).view(np.int64)[()],
+        dropout_offset=np.array(opt.dropout_offset, np.uint64).view(np.int64)[()],
     )
 
 

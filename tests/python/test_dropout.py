@@ -1,0 +1,125 @@
+"""Dropout (docs/semantics.md, "Dropout") through the Python fronts: forward and gradients
+against a float64 reference (torch autograd) that takes the keep mask from
+flashattn.dropout_keep_mask; the same seed giving the same bits, another seed another mask;
+torch's autograd regenerating the forward's mask; the SDPA drop-in with dropout_p > 0;
+JAX's attention with dropout_p=, seed=; bad values refused."""
+import numpy as np
+import pytest
+
+import flashattn
+from conftest import randn, rel_err, BWD_TOL, FWD_TOL
+
+torch = pytest.importorskip("torch")
+
+
+def keep_mask(p, seed, B, H, Sq, Sk, offset=0):
+    return np.stack([np.stack([flashattn.dropout_keep_mask(p, seed, b, h, Sq, Sk, dropout_offset=offset)
+                               for h in range(H)]) for b in range(B)])
+
+
+def reference(q, k, v, do, keep, p, causal=False):
+    """o and (dq, dk, dv) in float64, [B, H, S, D], dropout by keep, GQA by repeating k, v."""
+    t = [torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in (q, k, v)]
+    group = q.shape[1] // k.shape[1]
+    kk, vv = (x.repeat_interleave(group, dim=1) for x in t[1:])
+    s = t[0] @ kk.transpose(-1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        Sq, Sk = s.shape[-2:]
+        hide = torch.ones(Sq, Sk, dtype=torch.bool).triu(Sk - Sq + 1)
+        s = s.masked_fill(hide, -np.inf)
+    w = torch.softmax(s, -1) * torch.tensor(keep, dtype=torch.float64) / (1 - p)
+    o = w @ vv
+    o.backward(torch.tensor(np.asarray(do, np.float64)))
+    return o.detach().numpy(), [x.grad.numpy() for x in t]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_numpy_against_reference(rng, dtype, causal):
+    B, Hq, Hk, Sq, Sk, D = 2, 4, 2, 37, 45, 32
+    q, k, v = randn(rng, (B, Hq, Sq, D), dtype), randn(rng, (B, Hk, Sk, D), dtype), randn(rng, (B, Hk, Sk, D), dtype)
+    do = randn(rng, (B, Hq, Sq, D), dtype)
+    p, seed, off = 0.2, int(rng.integers(0, 2**63)), int(rng.integers(0, 5))
+    o, lse = flashattn.attention(q, k, v, causal=causal, dropout_p=p, seed=seed, dropout_offset=off, return_lse=True)
+    keep = keep_mask(p, seed, B, Hq, Sq, Sk, off)
+    ro, (rq, rk, rv) = reference(q, k, v, do, keep, p, causal)
+    assert rel_err(o, ro) < FWD_TOL[dtype]
+    plain, lse0 = flashattn.attention(q, k, v, causal=causal, return_lse=True)
+    np.testing.assert_array_equal(lse, lse0)  # lse is the undropped normalizer
+    dq, dk, dv = flashattn.attention_backward(q, k, v, o, lse, do, causal=causal, dropout_p=p, seed=seed,
+                                              dropout_offset=off)
+    for g, r in ((dq, rq), (dk, rk), (dv, rv)):
+        assert rel_err(g, r) < 2 * BWD_TOL[dtype]
+
+
+def test_numpy_seed_and_arguments(rng):
+    q, k, v = (randn(rng, (1, 2, 40, 16)) for _ in range(3))
+    a = flashattn.attention(q, k, v, dropout_p=0.3, seed=5)
+    np.testing.assert_array_equal(a, flashattn.attention(q, k, v, dropout_p=0.3, seed=5, threads=1))
+    assert not np.array_equal(a, flashattn.attention(q, k, v, dropout_p=0.3, seed=6))
+    assert not np.array_equal(a, flashattn.attention(q, k, v, dropout_p=0.3, seed=5, dropout_offset=1))
+    np.testing.assert_array_equal(flashattn.attention(q, k, v), flashattn.attention(q, k, v, dropout_p=0.0, seed=5))
+    with pytest.raises(ValueError, match="needs seed="):
+        flashattn.attention(q, k, v, dropout_p=0.3)
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="dropout_p"):
+            flashattn.attention(q, k, v, dropout_p=bad, seed=1)
+    with pytest.raises(ValueError, match="seed"):
+        flashattn.attention(q, k, v, dropout_p=0.1, seed=-1)
+    assert flashattn.dropout_keep_rate(0.1) == 230 / 256
+    m = flashattn.dropout_keep_mask(0.5, 9, 0, 1, 300, 300)
+    assert m.dtype == np.bool_ and abs(m.mean() - 0.5) < 4 * np.sqrt(0.25 / m.size)
+
+
+def test_torch_autograd_regenerates_the_mask(rng):
+    import flashattn.torch as ft
+    B, H, S, D = 1, 2, 33, 16
+    q, k, v, do = (torch.tensor(randn(rng, (B, H, S, D)), requires_grad=True) for _ in range(4))
+    torch.manual_seed(1234)
+    o = ft.attention(q, k, v, causal=True, dropout_p=0.25)
+    o.backward(do.detach())
+    torch.manual_seed(1234)
+    seed = ft.dropout_seed()  # the seed attention drew from torch's generator
+    keep = keep_mask(0.25, seed, B, H, S, S)
+    ro, refs = reference(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), do.detach().numpy(), keep,
+                         0.25, causal=True)
+    assert rel_err(o.detach().numpy(), ro) < FWD_TOL["f32"]
+    for t, r in zip((q, k, v), refs):
+        assert rel_err(t.grad.numpy(), r) < 2 * BWD_TOL["f32"]
+    o2 = ft.attention(q, k, v, causal=True, dropout_p=0.25, seed=seed)
+    torch.testing.assert_close(o2, o, rtol=0, atol=0)
+
+
+def test_sdpa_dropout(rng):
+    import flashattn.torch as ft
+    q, k, v = (torch.tensor(randn(rng, (2, 3, 24, 16))) for _ in range(3))
+    torch.manual_seed(7)
+    a = ft.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+    torch.manual_seed(7)
+    b = ft.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.manual_seed(7)
+    keep = keep_mask(0.2, ft.dropout_seed(), 2, 3, 24, 24)
+    hide = np.triu(np.ones((24, 24), bool), 1)  # is_causal: top-left
+    s = np.einsum("bhid,bhjd->bhij", q.double().numpy(), k.double().numpy()) / 4.0
+    s[..., hide] = -np.inf
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w = w / w.sum(-1, keepdims=True) * keep / 0.8
+    assert rel_err(a.numpy(), w @ v.double().numpy()) < FWD_TOL["f32"]
+
+
+def test_jax_dropout(rng):
+    jax = pytest.importorskip("jax")
+    import flashattn.jax as fj
+    q, k, v = (randn(rng, (1, 20, 2, 16)) for _ in range(3))  # [B, S, N, H]
+    try:
+        o = np.asarray(fj.attention(q, k, v, dropout_p=0.3, seed=11))
+    except NotImplementedError as e:
+        pytest.skip(str(e))
+    qb, kb, vb = (np.swapaxes(x, 1, 2) for x in (q, k, v))
+    np.testing.assert_array_equal(np.swapaxes(o, 1, 2), flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=11))
+    g = jax.grad(lambda q: (fj.attention(q, k, v, dropout_p=0.3, seed=11) ** 2).sum())(q)
+    do = 2 * np.swapaxes(o, 1, 2)
+    ob, lse = flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=11, return_lse=True)
+    dq, _, _ = flashattn.attention_backward(qb, kb, vb, ob, lse, do.astype(np.float32), dropout_p=0.3, seed=11)
+    np.testing.assert_allclose(np.swapaxes(np.asarray(g), 1, 2), dq, rtol=1e-5, atol=1e-6)

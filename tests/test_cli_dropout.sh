@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The command line's --dropout P --seed S (docs/cli.md): run and grad against the float64
+# reference with the keep mask regenerated (tool_npy refcheck), the same seed giving the
+# same o and another seed another one, plan showing it, and bad values refused (exit 2).
+# Usage: bash tests/test_cli_dropout.sh BUILD_DIR.
+set -u
+BUILD=${1:-build}
+FA=$(cd "$BUILD" && pwd)/flashattn
+NPY=$(cd "$BUILD" && pwd)/tool_npy
+for x in "$FA" "$NPY"; do
+  [ -x "$x" ] || { echo "missing $x (build first)"; echo "0 passed, 1 failed"; exit 1; }
+done
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+
+S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
+case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
+S0=$((10#${S0: -9}))
+echo "test_cli_dropout: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
+gen() { "$NPY" rand "$W/$1" '<f4' "${@:2}" >/dev/null || { echo "tool_npy failed on $1"; exit 1; }; }
+gen q.npy 2 4 33 16 --seed $((S0 + 1))
+gen k.npy 2 2 40 16 --seed $((S0 + 2))
+gen v.npy 2 2 40 8 --seed $((S0 + 3))
+gen do.npy 2 4 33 8 --seed $((S0 + 4))
+QKV="--q $W/q.npy --k $W/k.npy --v $W/v.npy"
+SEED=$((S0 * 7919))
+
+for opts in "" "--causal"; do
+  "$FA" run $QKV $opts --dropout 0.25 --seed $SEED --out "$W/o.npy" >/dev/null 2>"$W/se" || { no "run --dropout $opts" "$(cat "$W/se")"; continue; }
+  r=$("$NPY" refcheck "$W/q.npy" "$W/k.npy" "$W/v.npy" "$W/o.npy" $opts --dropout 0.25 --seed $SEED)
+  [ $? -eq 0 ] && ok "run --dropout 0.25 --seed $SEED $opts matches the reference" || no "run --dropout $opts" "$r"
+  "$FA" grad $QKV --do "$W/do.npy" $opts --dropout 0.25 --seed $SEED --out "$W/o.npy" \
+    --dq "$W/dq.npy" --dk "$W/dk.npy" --dv "$W/dv.npy" >/dev/null 2>"$W/se" || { no "grad --dropout $opts" "$(cat "$W/se")"; continue; }
+  r=$("$NPY" refcheck "$W/q.npy" "$W/k.npy" "$W/v.npy" "$W/o.npy" $opts --dropout 0.25 --seed $SEED \
+    --do "$W/do.npy" --dq "$W/dq.npy" --dk "$W/dk.npy" --dv "$W/dv.npy")
+  [ $? -eq 0 ] && ok "grad --dropout 0.25 $opts matches the reference" || no "grad --dropout $opts" "$r"
+done
+
+"$FA" run $QKV --dropout 0.25 --seed $SEED --out "$W/o1.npy" >/dev/null 2>&1
+"$FA" run $QKV --dropout 0.25 --seed $SEED --threads 1 --out "$W/o2.npy" >/dev/null 2>&1
+"$FA" run $QKV --dropout 0.25 --seed $((SEED + 1)) --out "$W/o3.npy" >/dev/null 2>&1
+cmp -s "$W/o1.npy" "$W/o2.npy" && ok "the same seed, the same o (any threads)" || no "same seed" "o differs"
+cmp -s "$W/o1.npy" "$W/o3.npy" && no "another seed" "the same o" || ok "another seed, another o"
+
+out=$("$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.1 --seed 5 2>&1)
+case $out in *"dropout 0.1 (keeps 0.898438, seed 5)"*) ok "plan shows the dropout and its keep rate" ;; *) no "plan" "$out" ;; esac
+out=$("$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.1 --json 2>&1)
+case $out in *'"dropout": 0.100000001'*) ok "plan --json has dropout" ;; *) no "plan --json" "$out" ;; esac
+
+for bad in "--dropout 1" "--dropout -0.1" "--dropout nan" "--dropout x" "--seed 3" "--dropout 0.1 --seed -1" \
+           "--dropout 0.1 --seed 18446744073709551616"; do
+  "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 $bad >/dev/null 2>"$W/se"
+  rc=$?
+  [ $rc -eq 2 ] && [ "$(wc -l <"$W/se")" -eq 1 ] && ok "$bad: exit 2 ($(cat "$W/se"))" || no "$bad" "exit $rc: $(cat "$W/se")"
+done
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
