@@ -215,7 +215,7 @@ typedef struct {
     int64_t batch;            /* 1 (the same for every batch item) or B */
     int64_t heads;            /* 1 (the same for every query head) or Hq */
     int64_t seq_q, seq_k;
-    int64_t block_q, block_k; /* block edges; 0: 128 each (a FlexAttention BlockMask's) */
+    int64_t block_q, block_k; /* block edges, 1..4096; 0: 128 each (a FlexAttention BlockMask's) */
 } fa_mask_shape;
 
 typedef enum { FA_BLOCK_EMPTY = 0, FA_BLOCK_PARTIAL = 1, FA_BLOCK_FULL = 2 } fa_block_kind;

@@ -26,8 +26,9 @@ static fa_status check_shape(const fa_mask_shape *s, const char *fn, fa_mask_sha
     if (r->seq_q < 1 || r->seq_k < 1)
         return fa_error(FA_ERR_INVALID, "%s: seq_q %lld and seq_k %lld must be >= 1", fn, (long long)r->seq_q,
                         (long long)r->seq_k);
-    if (r->block_q < 1 || r->block_k < 1 || r->block_q > 65536 || r->block_k > 65536)
-        return fa_error(FA_ERR_INVALID, "%s: block_q %lld and block_k %lld must be in [1, 65536] (0: 128)", fn,
+    /* a partial block's bitmap is block_q x block_k bytes: at most 16 MiB */
+    if (r->block_q < 1 || r->block_k < 1 || r->block_q > 4096 || r->block_k > 4096)
+        return fa_error(FA_ERR_INVALID, "%s: block_q %lld and block_k %lld must be in [1, 4096] (0: 128)", fn,
                         (long long)r->block_q, (long long)r->block_k);
     const wide nb = (wide)r->batch * r->heads * ((r->seq_q + r->block_q - 1) / r->block_q) *
                     ((r->seq_k + r->block_k - 1) / r->block_k);

@@ -78,11 +78,16 @@ static void print_json(const fa_plan *plan, const fa_cost *f, const fa_cost *b, 
            ", \"seq_q\": %" PRId64 ", \"seq_k\": %" PRId64 ", \"head_dim\": %" PRId64
            ", \"head_dim_v\": %" PRId64 ", \"dtype\": \"%s\", \"scale\": %.9g, \"causal\": %s"
            ", \"window\": [%" PRId64 ", %" PRId64 "], \"softcap\": %.9g, \"bias\": %s"
-           ", \"alibi\": %s, \"segment_ids\": %s}}\n",
+           ", \"alibi\": %s, \"segment_ids\": %s",
            p->batch, p->heads_q, p->heads_kv, p->seq_q, p->seq_k, p->head_dim, p->head_dim_v,
            fa_dtype_name(p->dtype), (double)fa_plan_scale(plan), tf(p->causal), p->window_left,
            p->window_right, (double)p->softcap, tf(p->has_bias), tf(p->has_alibi),
            tf(p->has_segment_ids));
+    int64_t vis = 0, full = 0, part = 0;
+    if (p->mask && fa_mask_stats(p->mask, &vis, &full, &part) == FA_OK)
+        printf(", \"mask\": {\"visible_pairs\": %" PRId64 ", \"full_blocks\": %" PRId64 ", \"partial_blocks\": %" PRId64
+               "}}}\n", vis, full, part);
+    else printf(", \"mask\": null}}\n");
 }
 
 static void human_row(const char *name, int64_t f, int64_t b, int bytes) {
@@ -115,6 +120,9 @@ static void print_human(const fa_plan *plan, const fa_cost *f, const fa_cost *b,
     if (p->has_bias) printf(", bias [%" PRId64 ", %" PRId64 ", Sq, Sk]", p->bias_batch, p->bias_heads);
     if (p->has_alibi) printf(", alibi");
     if (p->has_segment_ids) printf(", segment ids");
+    int64_t vis = 0, full = 0, part = 0;
+    if (p->mask && fa_mask_stats(p->mask, &vis, &full, &part) == FA_OK) /* over the mask's batch and heads */
+        printf(", mask (%" PRId64 " visible pairs; %" PRId64 " full and %" PRId64 " partial blocks)", vis, full, part);
     printf("\n");
     if (cuda) printf("backend   cuda\n");
     else printf("backend   cpu (%s kernels, %d threads)\n", fa_cpu_isa(), fa_plan_threads(plan));
