@@ -58,8 +58,15 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
     if (decode && p->dropout_p > 0.0f)
         return fa_error(FA_ERR_INVALID, "dropout (dropout_p > 0) does not combine with kv-cache decoding "
                                         "(cache_seqlens): decoding is inference");
+    if (p->mask && (uses & FA_USE_SEQ_PARALLEL))
+        return fa_error(FA_ERR_INVALID, "a block-sparse mask (mask) does not combine with sequence parallel (ring, "
+                                        "ulysses): it is not supported there");
     if (varlen || decode) {
         const char *what = varlen ? "packed variable-length batches (cu_seqlens)" : "kv-cache decoding (cache_seqlens)";
+        if (p->mask)
+            return fa_error(FA_ERR_INVALID, "a block-sparse mask (mask) does not combine with %s: a mask is laid out "
+                                            "for one dense [seq_q, seq_k] problem",
+                            what);
         if (p->has_bias) return fa_error(FA_ERR_INVALID, "an additive bias (has_bias) does not combine with %s", what);
         if (p->has_segment_ids)
             return fa_error(FA_ERR_INVALID, "segment ids (has_segment_ids) do not combine with %s", what);

@@ -3,7 +3,8 @@
 # forward and as many of the backward (default 10000 each) against the float64 reference,
 # drawn by the generators of test_forward.c and test_backward.c (every option on or off
 # independently: masks, windows, softcap, scale, bias, ALiBi, segment ids, diagonal offset,
-# GQA/MQA, Sq != Sk, odd sizes, strided layouts, f32/f16/bf16, block sizes, threads).
+# GQA/MQA, Sq != Sk, odd sizes, strided layouts, f32/f16/bf16, block sizes, threads), then a
+# tenth as many block-sparse mask cases (test_mask_attention.c: both passes and their counts).
 # One seed drives both programs; it is printed, and FA_TEST_SEED=<seed> reproduces the run;
 # FA_CHECK_ONLY=<n> with the same seed and count replays case #n alone (the others only draw).
 # make test runs two slices of 60: a fixed seed and a fresh one (CMakeLists.txt).
@@ -26,6 +27,13 @@ for t in test_forward test_backward; do
   FA_TEST_SEED=$SEED FA_CHECK_CASES=$N "$BUILD/$t" || rc=1
   echo "check-long: $t took $(($(date +%s) - t0)) s"
 done
+# block-sparse masks (docs/masks.md): a tenth as many, each runs both passes and their counts
+if [ -x "$BUILD/test_mask_attention" ]; then
+  t0=$(date +%s)
+  FA_TEST_SEED=$SEED FA_CHECK_CASES=$(((N + 9) / 10)) "$BUILD/test_mask_attention" | grep -v '^PASS'
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  echo "check-long: test_mask_attention took $(($(date +%s) - t0)) s"
+fi
 if [ $rc -eq 0 ]; then
   echo "check-long: PASSED $((2 * N)) configurations in $(($(date +%s) - start)) s (seed $SEED)"
 else

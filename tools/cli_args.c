@@ -23,7 +23,7 @@ typedef enum {
     F_SEQ_PARALLEL, F_ZIGZAG,
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
-    F_DROPOUT, F_SEED, F_COUNT_OF_FLAGS
+    F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -82,6 +82,9 @@ static const struct {
     [F_K_PREFIX] = FILE_ARG("--k-prefix", k_prefix, CMD_PLAN | CMD_RUN),
     [F_V_PREFIX] = FILE_ARG("--v-prefix", v_prefix, CMD_PLAN | CMD_RUN),
     [F_DROPOUT] = OWN("--dropout", 1, ALL), [F_SEED] = OWN("--seed", 1, ALL),
+    [F_MASK_CHUNK] = I64("--mask-chunk", mask_chunk, 1, ALL),
+    [F_PREFIX_LEN] = FILE_ARG("--prefix-len", prefix_len, ALL),
+    [F_DOCUMENTS] = FILE_ARG("--documents", documents, ALL), [F_MASK] = FILE_ARG("--mask", mask, ALL),
 };
 
 int cli_fail(int code, const char *fmt, ...) {

@@ -52,6 +52,7 @@ class Problem(ctypes.Structure):
         ("shared_prefix_len", c_int64),
         # dropout (docs/semantics.md, "Dropout")
         ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
+        ("mask", c_void_p),  # a block-sparse mask (docs/masks.md); the plan keeps a reference
     ]
 
 

@@ -1,0 +1,70 @@
+/* The block-sparse mask object (flashattn.h, "masks as data"; docs/masks.md): its layout,
+ * the builder every constructor goes through (mask.c) and the view the schedule reads
+ * (schedule_mask.h). */
+#ifndef FA_MASK_H
+#define FA_MASK_H
+
+#include "flashattn.h"
+#include "schedule_mask.h"
+
+#include <stdint.h>
+
+struct fa_mask {
+    int refs;            /* the caller's and each plan's (atomic builtins: plans may be made on many threads) */
+    fa_mask_shape s;     /* blocks resolved (never 0) */
+    int64_t nqb, nkb;    /* blocks per column and per row */
+    int8_t *kinds;       /* [batch, heads, nqb, nkb] fa_block_kind */
+    int64_t *bitmap_at;  /* same shape: a partial block's offset in bits, else -1 */
+    uint8_t *bits;       /* the partial blocks' bitmaps, block_q x block_k bytes each, 0 or 1,
+                            0 past seq_q / seq_k */
+    int64_t *pop;        /* same shape: visible pairs of each block (precomputed, so that a
+                            plan's cost takes time proportional to the blocks) */
+    int64_t visible, full, partial; /* totals over every block */
+};
+
+/* A plan's own reference (released by fa_mask_destroy). NULL is fine. */
+void fa_mask_retain(const fa_mask *m);
+/* FA_ERR_INVALID unless m (NULL: no mask) fits problem p: seq_q and seq_k equal, batch 1 or
+ * B, heads 1 or Hq. */
+fa_status fa_mask_check_problem(const fa_mask *m, const fa_problem *p);
+
+/* The view of batch item b, query head h (broadcast dims read index 0); NULL: no mask. */
+static inline fa_sched_mask fa_mask_view(const fa_mask *m, int64_t b, int64_t h) {
+    fa_sched_mask v = {1, 1, 0, 0, 0, 0, 0, 0};
+    if (!m) return v;
+    const int64_t bb = m->s.batch == 1 ? 0 : b, hh = m->s.heads == 1 ? 0 : h;
+    const int64_t base = (bb * m->s.heads + hh) * m->nqb * m->nkb;
+    v.bq = m->s.block_q, v.bk = m->s.block_k, v.nqb = m->nqb, v.nkb = m->nkb;
+    v.kinds = m->kinds + base, v.bitmap_at = m->bitmap_at + base, v.bits = m->bits, v.pop = m->pop + base;
+    return v;
+}
+
+/* Tiles that fit the mask's blocks (docs/masks.md): a tile edge that neither divides nor is
+ * a multiple of the block edge becomes the largest multiple of the block not above it, or,
+ * for a block larger than the edge, the block itself (up to 1024: the scratch grows with
+ * the tile). Any tiling is exact; fitted ones skip whole blocks and run full ones unmasked. */
+static inline void fa_mask_fit_edge(int64_t block, int64_t *edge) {
+    if (*edge % block == 0 || block % *edge == 0) return;
+    if (block < *edge) *edge = *edge / block * block;
+    else if (block <= 1024) *edge = block;
+}
+static inline void fa_mask_fit_tile(const fa_mask *m, int64_t *bq, int64_t *bk) {
+    if (!m) return;
+    fa_mask_fit_edge(m->s.block_q, bq);
+    fa_mask_fit_edge(m->s.block_k, bk);
+}
+
+/* The constructors' one builder. For every block, in row-major order of
+ * [batch, heads, nqb, nkb], block() names its kind over rows [r0, r1) x keys [c0, c1)
+ * (FA_BLOCK_*, or -1: not known, look at the elements); for a partial or unknown block
+ * elem() then gives each element (nonzero: attend), and the block is kept as partial when
+ * keep_partial, else classified by its elements (none: empty, all: full). */
+typedef struct {
+    int (*block)(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+    int (*elem)(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j);
+    void *ctx;
+    int keep_partial;
+} fa_mask_source;
+fa_status fa_mask_build(const fa_mask_shape *s, const fa_mask_source *src, const char *fn, fa_mask **out);
+
+#endif /* FA_MASK_H */
