@@ -73,7 +73,7 @@ static void decode(fuzz_bytes *b, fa_problem *p, fa_options *o, int *opt_null) {
         take_raw(b, p, sizeof *p);
         take_raw(b, o, sizeof *o);
         p->cu_seqlens_q = p->cu_seqlens_k = p->cache_seqlens = NULL;
-        p->mask = NULL; /* a mask is an object the library made (fuzz_forward builds masks) */
+        p->mask = NULL; /* a mask is an object the library's constructors made: bytes cannot be one */
         if (p->batch < 1 || p->batch > MAX_LENS) p->lengths_per_call = 0; /* O(batch) capacities: bounded batches */
         return;
     }
