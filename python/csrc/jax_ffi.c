@@ -60,7 +60,7 @@ typedef struct {
 static XLA_FFI_Error *read_options(call *c) {
     const XLA_FFI_CallFrame *f = c->frame;
     fa_problem *p = &c->p;
-    int64_t causal, has_scale, has_diag, has_bscale, has_bias, has_alibi, has_seg, bias_grad = 0;
+    int64_t causal, has_scale, has_diag, has_bscale, has_bias, has_alibi, has_seg, bias_grad = 0, mask = 0;
     XLA_FFI_Error *e;
     if ((e = fj_attr_i64(f, "layout", &c->layout)) || (e = fj_attr_i64(f, "causal", &causal)) ||
         (e = fj_attr_i64(f, "window_left", &p->window_left)) ||
@@ -71,7 +71,7 @@ static XLA_FFI_Error *read_options(call *c) {
         (e = fj_attr_i64(f, "has_bias_scale", &has_bscale)) ||
         (e = fj_attr_f32(f, "bias_scale", &p->bias_scale)) || (e = fj_attr_i64(f, "has_bias", &has_bias)) ||
         (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "has_segment_ids", &has_seg)) ||
-        (e = fj_attr_i64(f, "threads", &c->threads)) || (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
+        (e = fj_attr_i64(f, "threads", &c->threads)) || (e = fj_attr_i64(f, "mask", &mask)) || (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
         return e;
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (c->layout != 0 && c->layout != 1) return BAD(c, "layout must be 0 or 1, got %lld", (long long)c->layout);
@@ -83,6 +83,8 @@ static XLA_FFI_Error *read_options(call *c) {
     p->has_alibi = has_alibi != 0;
     p->has_segment_ids = has_seg != 0;
     p->bias_grad = bias_grad != 0;
+    /* a library-built fa_mask by address (flashattn.jax keeps it alive for the process), 0: none */
+    p->mask = (const fa_mask *)(uintptr_t)mask;
     return NULL;
 }
 

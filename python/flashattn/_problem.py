@@ -115,10 +115,11 @@ def check_shapes(q_dims, k_dims, v_dims):
 def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, softcap=None,
                  scale=None, bias_shape=None, alibi=False, segment_ids=False,
                  q_stride=None, k_stride=None, v_stride=None, o_stride=None, bias_stride=None,
-                 diag_offset=None, bias_scale=None, bias_grad=False):
+                 diag_offset=None, bias_scale=None, bias_grad=False, mask=None):
     """q_dims [B, Hq, Sq, D], k_dims [B, Hk, Sk, D], v_dims [B, Hk, Sk, Dv] (logical order);
     strides None for contiguous BHSD. The fronts check tensor shapes first (check_shapes),
-    so that their messages name tensors; the rest is the library's to judge."""
+    so that their messages name tensors; the rest is the library's to judge. mask: the
+    address of a library-built fa_mask (flashattn.masks), which the caller keeps alive."""
     B, Hq, Sq, D = q_dims
     _, Hk, Sk, _ = k_dims
     Dv = v_dims[3]
@@ -148,6 +149,8 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     if bias_scale is not None:
         p.has_bias_scale, p.bias_scale = 1, _float("bias_scale", bias_scale)
     p.bias_grad = int(bool(bias_grad))
+    if mask:
+        p.mask = mask
     return p
 
 

@@ -114,7 +114,7 @@ class Device:
 
 # ---- the dense problem ---------------------------------------------------------------
 
-def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False):
+def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False, mask=0):
     causal, wl, wr, softcap, scale, L, diag_offset, bias_scale = opts
     strides = {} if o_stride is None else dict(
         q_stride=_layout.to_bhsd(L, q.stride()), k_stride=_layout.to_bhsd(L, k.stride()),
@@ -126,7 +126,7 @@ def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False)
         window=(wl, wr), softcap=softcap, scale=scale,
         bias_shape=None if bias is None else tuple(bias.shape), alibi=alibi,
         segment_ids=segment_ids, diag_offset=diag_offset, bias_scale=bias_scale,
-        bias_grad=bias_grad, **strides)
+        bias_grad=bias_grad, mask=mask, **strides)
 
 
 def _empty_sizes(q, k, layout):
@@ -157,7 +157,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
-                   threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                   threads: int = 0, mask: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     alibi, segs = alibi_slopes is not None, q_segment_ids is not None
     if _empty_sizes(q, k, layout):
@@ -170,7 +170,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
     o = poisoned(torch.empty(o_shape(q, v, layout), dtype=q.dtype, device=q.device))
     lse = poisoned(torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts), dev.options())
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, mask=mask), dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), bias=ptr(bias),
@@ -182,7 +182,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
                         window_left, window_right, softcap, scale, layout, diag_offset, bias_scale,
-                        threads=0):
+                        threads=0, mask=0):
     return q.new_empty(o_shape(q, v, layout)), q.new_empty(lse_shape(q, layout), dtype=torch.float32)
 
 
@@ -193,7 +193,8 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    kv_segment_ids: Optional[torch.Tensor], causal: bool, window_left: int,
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
-                   bias_grad: bool, threads: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   bias_grad: bool, threads: int = 0,
+                   mask: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     alibi, segs = alibi_slopes is not None, q_segment_ids is not None
     if _empty_sizes(q, k, layout):  # nothing visible anywhere: every gradient is 0
@@ -208,7 +209,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     o, do = do_with_o_strides(readable(o), do)
     dbias = poisoned(torch.empty(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad),
+    handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad, mask),
                                  dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
@@ -222,7 +223,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 @_attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
                         causal, window_left, window_right, softcap, scale, layout, diag_offset,
-                        bias_scale, bias_grad, threads=0):
+                        bias_scale, bias_grad, threads=0, mask=0):
     dq, dk, dv = (grad_like(dense_for_grad(t)) for t in (q, k, v))
     return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32)
 
@@ -262,6 +263,10 @@ def forward_ad_refused(name):
                               "torch.autograd.forward_ad): use reverse mode (backward, grad, vjp)")
 
 
+def _mask_ptr(mask):
+    return 0 if mask is None else mask.ptr
+
+
 class AttentionCompiled(torch.autograd.Function):
     """attention_fwd, differentiable in q, k, v, bias, through o and lse. What torch.compile
     traces (Dynamo refuses an autograd.Function with a jvp); Attention adds the jvp."""
@@ -269,10 +274,13 @@ class AttentionCompiled(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
-                diag_offset, bias_scale, threads):
+                diag_offset, bias_scale, threads, mask=None):
+        # mask: a flashattn.masks NativeMask (None: none); the op gets its address, and
+        # setup_context keeps the object, so it outlives the backward that uses it too
         with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
             return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
-                                                     softcap, scale, layout, diag_offset, bias_scale, threads)
+                                                     softcap, scale, layout, diag_offset, bias_scale, threads,
+                                                     _mask_ptr(mask))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -288,13 +296,15 @@ class AttentionCompiled(torch.autograd.Function):
             return (None,) * 4 + nones
         do = torch.zeros_like(o) if do is None else do
         layout, threads = ctx.options[5], ctx.options[8]
+        mask = ctx.options[9] if len(ctx.options) > 9 else None
         if dlse is not None:
             to_rows = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
             v, o, do = lse_as_value_column(v, o, do, dlse, to_rows)
         bias_grad = bias is not None and ctx.needs_input_grad[3]
         with torch.no_grad():  # no second derivative: the op's own autograd would refuse it anyway
             dq, dk, dv, dbias = torch.ops.flashattn.attention_bwd(
-                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads)
+                q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads,
+                _mask_ptr(mask))
         if dlse is not None:
             dv = dv[..., :-1]
         return (dq, dk, dv, dbias if bias_grad else None) + nones

@@ -9,10 +9,11 @@ fake tensors give shapes only."""
 import torch
 
 from . import _layout
-from ._problem import check_shapes
+from ._problem import check_shapes, empty_dims
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, int_in, refuse_bool_bias, threads_arg, window_sides)
-from ._torch_ops import attention_function
+from ._torch_ops import DTYPES, attention_function
+from .masks import Mask
 
 
 def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
@@ -32,7 +33,7 @@ def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, mask=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
-              return_lse=False, bias_scale=None, diag_offset=None, threads=None):
+              return_lse=False, bias_scale=None, diag_offset=None, threads=None, block_mask=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v, differentiable in q, k, v
     and bias, through o and lse (autograd, torch.func.grad / vjp / vmap; not forward mode).
 
@@ -49,7 +50,13 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     zero-size B, H, Sq or Sk give empty outputs. Returns o in q's layout, and lse
     [B, Hq, Sq] f32 with return_lse. Beyond the issue's signature: bias_scale (s +=
     bias_scale * bias), diag_offset (query i sits at key position i + diag_offset; 0 aligns
-    masks top-left, as SDPA's is_causal) and threads (None or 0: the library's default)."""
+    masks top-left, as SDPA's is_causal) and threads (None or 0: the library's default).
+    mask may also be a flashattn.masks mask (built by the library as a block-sparse mask:
+    empty blocks skipped, the plan exact). block_mask: a FlexAttention BlockMask
+    (torch.nn.attention.flex_attention.create_block_mask), taken as it is: the blocks it
+    lists visited and no others, its partial blocks masked by its mask_mod (evaluated on
+    those blocks only); the same results as flex_attention(q, k, v, block_mask=bm); ANDed
+    with every other mask (docs/masks.md)."""
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
@@ -59,6 +66,12 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     B, H, Sq, _ = qd
     Sk = kd[2]
     refuse_bool_bias(bias)
+    native_mask = None
+    if isinstance(mask, Mask) or block_mask is not None:
+        native_mask = _native_mask(mask if isinstance(mask, Mask) else None, block_mask, B, H, Sq, Sk,
+                                   kd[1], diag_offset)
+        if isinstance(mask, Mask):
+            mask = None
     for name, t in (("bias", bias), ("mask", mask)):
         if t is not None:
             check_tensor(name, t)
@@ -73,8 +86,38 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,
-                             threads_arg(threads))
+                             threads_arg(threads), native_mask)
     return (o, lse) if return_lse else o
+
+
+def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset):
+    """The library's fa_mask for a flashattn.masks mask and a BlockMask (ANDed); None for a
+    zero-size call, which computes nothing."""
+    from ._torch_flex import from_block_mask
+    if block_mask is not None:
+        bm = from_block_mask(block_mask)
+        mask = bm if mask is None else mask & bm
+    if empty_dims(B, H, Hk, Sq, Sk):
+        return None
+    return mask.build(B, H, Sq, Sk, diag_offset=int_in("diag_offset", diag_offset, optional=True))
+
+
+def flex_cost(block_mask, q, k, v, *, scale=None, softcap=None, layout="bhsd", threads=None):
+    """flashattn's own exact cost of attention(q, k, v, block_mask=block_mask): the plan's
+    figures (every fa_cost field) for "forward" and "backward", from q, k, v's shapes and
+    dtype (tensors, meta tensors included), planned for their device's backend."""
+    import flashattn
+    from ._torch_flex import from_block_mask
+    L = _layout.check_layout(layout)
+    q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
+    check_floats(("q", "k", "v"), (q, k, v))
+    qd, kd, vd = (_layout.to_bhsd(L, tuple(t.shape)) for t in (q, k, v))
+    check_shapes(qd, kd, vd)
+    p = flashattn.plan(batch=qd[0], heads=qd[1], seq_q=qd[2], head_dim=qd[3], seq_k=kd[2], head_dim_v=vd[3],
+                       kv_heads=kd[1], dtype=DTYPES[q.dtype], scale=float_or_none("scale", scale),
+                       softcap=float_or_none("softcap", softcap) or 0.0, mask=from_block_mask(block_mask),
+                       backend="cuda" if q.device.type == "cuda" else "cpu", threads=threads_arg(threads))
+    return {"forward": dict(p.forward), "backward": dict(p.backward)}
 
 
 # the SDPA drop-in and the inference shapes (packed batches, kv-cache decoding)

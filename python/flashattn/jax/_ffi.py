@@ -41,6 +41,7 @@ class Options(NamedTuple):
     has_alibi: bool
     has_segment_ids: bool
     threads: int = 0  # fa_options.threads for this call; 0: the library's default
+    mask: int = 0  # the address of a library-built fa_mask (flashattn.masks), 0: none; kept alive by _attention
 
 
 def _find_library() -> str:
@@ -99,6 +100,7 @@ def _attributes(opt: Options) -> dict:
         has_alibi=i64(opt.has_alibi),
         has_segment_ids=i64(opt.has_segment_ids),
         threads=i64(opt.threads),
+        mask=i64(opt.mask),
     )
 
 
