@@ -48,6 +48,9 @@ typedef struct {
     int64_t s[4];
 } fa_strides;
 
+/* A block-sparse mask (section "masks as data" below, docs/masks.md). */
+typedef struct fa_mask fa_mask;
+
 /* The problem: shapes, dtype, options. Make one with fa_problem_init, then set fields. */
 typedef struct {
     int64_t batch;      /* B */
@@ -195,6 +198,66 @@ typedef struct {
     fa_progress_fn progress;     /* optional (CPU backend) */
     void *progress_ctx;
 } fa_backward_args;
+
+/* ---- masks as data (docs/masks.md) ------------------------------------------------
+ * A block-sparse mask: at a granularity of block_q x block_k, per (batch or 1, head or 1)
+ * each block is empty (skipped), full (run without per-element masking) or partial (a
+ * bitmap of its (i, j) elements). Immutable and reference counted: plans hold a reference,
+ * so fa_mask_destroy right after fa_plan_create is fine. A problem's mask (fa_problem.mask)
+ * combines by AND with causal, window and segment ids. Constructors set *out to NULL on
+ * error and fa_last_error names the problem. */
+
+typedef struct {
+    int64_t batch;            /* 1 (the same for every batch item) or B */
+    int64_t heads;            /* 1 (the same for every query head) or Hq */
+    int64_t seq_q, seq_k;
+    int64_t block_q, block_k; /* block edges; 0: 128 each (a FlexAttention BlockMask's) */
+} fa_mask_shape;
+
+typedef enum { FA_BLOCK_EMPTY = 0, FA_BLOCK_PARTIAL = 1, FA_BLOCK_FULL = 2 } fa_block_kind;
+
+/* Query row i sits at key position d = i + diag_offset (seq_k - seq_q: bottom-right; 0:
+ * top-left). Built in time linear in the number of blocks (plus the partial blocks' bitmaps). */
+FA_API fa_status fa_mask_causal(const fa_mask_shape *s, int64_t diag_offset, fa_mask **out); /* j <= d */
+/* d - left <= j <= d + right; a side of -1 is unbounded */
+FA_API fa_status fa_mask_window(const fa_mask_shape *s, int64_t diag_offset, int64_t left, int64_t right,
+                                fa_mask **out);
+/* chunked causal (Llama 4's attention_chunk): j <= d and floor(j / chunk) == floor(d / chunk) */
+FA_API fa_status fa_mask_chunked(const fa_mask_shape *s, int64_t diag_offset, int64_t chunk, fa_mask **out);
+/* prefix-LM: prefix_len[batch] (the mask's batch); j < prefix_len[b] or j <= d */
+FA_API fa_status fa_mask_prefix_lm(const fa_mask_shape *s, int64_t diag_offset, const int64_t *prefix_len,
+                                   fa_mask **out);
+/* documents packed in a sequence: doc_counts[batch]; doc_lengths concatenated, each batch
+ * item's summing to seq_q == seq_k; key j visible to row i iff they lie in the same document */
+FA_API fa_status fa_mask_documents(const fa_mask_shape *s, const int64_t *doc_counts, const int64_t *doc_lengths,
+                                   fa_mask **out);
+/* attend [batch, heads, seq_q, seq_k] contiguous, nonzero = attend (time: every element) */
+FA_API fa_status fa_mask_from_dense(const fa_mask_shape *s, const uint8_t *attend, fa_mask **out);
+/* a predicate, called once per element, nonzero = attend */
+typedef int (*fa_mask_fn)(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j);
+FA_API fa_status fa_mask_from_fn(const fa_mask_shape *s, fa_mask_fn fn, void *ctx, fa_mask **out);
+/* From block kinds (a FlexAttention BlockMask, a splash MaskInfo): kinds [batch, heads, nqb,
+ * nkb] of fa_block_kind (int8, nqb = ceil(seq_q / block_q), nkb likewise); bitmaps: for each
+ * PARTIAL block in row-major order of kinds, block_q * block_k bytes (nonzero = attend; rows
+ * and keys past seq_q / seq_k ignored); NULL when there is no partial block. The kinds are
+ * kept as given: every listed block is visited, and no other. */
+FA_API fa_status fa_mask_from_blocks(const fa_mask_shape *s, const int8_t *kinds, const uint8_t *bitmaps,
+                                     fa_mask **out);
+/* Element-wise AND and OR. The shapes must agree: seq_q, seq_k and blocks equal; batch and
+ * heads equal or one of them 1 (broadcast). */
+FA_API fa_status fa_mask_and(const fa_mask *a, const fa_mask *b, fa_mask **out);
+FA_API fa_status fa_mask_or(const fa_mask *a, const fa_mask *b, fa_mask **out);
+/* Drops the caller's reference (plans keep their own); NULL is fine. */
+FA_API void fa_mask_destroy(fa_mask *m);
+
+/* Queries: the shape (blocks resolved), one block's kind (fa_block_kind; -1 for an index out
+ * of range), the dense array [batch, heads, seq_q, seq_k] (1 = attend), and the visible
+ * (i, j) pairs, full and partial blocks, summed over the mask's batch and heads. */
+FA_API fa_status fa_mask_get_shape(const fa_mask *m, fa_mask_shape *out);
+FA_API int fa_mask_block(const fa_mask *m, int64_t b, int64_t h, int64_t qb, int64_t kb);
+FA_API fa_status fa_mask_to_dense(const fa_mask *m, uint8_t *attend);
+FA_API fa_status fa_mask_stats(const fa_mask *m, int64_t *visible_pairs, int64_t *full_blocks,
+                               int64_t *partial_blocks);
 
 /* ---- describe a problem ----------------------------------------------------------- */
 

@@ -1,0 +1,301 @@
+/* The block-sparse mask object: its builder, its life (reference counts), its queries, and
+ * the constructors that read elements (a dense array, a predicate, given blocks, AND and
+ * OR). The constructors from row intervals (causal, window, chunked, prefix-LM, documents)
+ * are in mask_build.c. docs/masks.md describes the layout. */
+#include "mask.h"
+
+#include "internal.h"
+
+#include <string.h>
+
+_Static_assert((int)FA_BLOCK_EMPTY == (int)FA_TILE_EMPTY && (int)FA_BLOCK_PARTIAL == (int)FA_TILE_PARTIAL &&
+                   (int)FA_BLOCK_FULL == (int)FA_TILE_FULL,
+               "schedule_mask.h reads block kinds as tile kinds");
+
+typedef __int128 wide;
+
+/* Checks a shape and resolves its default blocks (0: 128). */
+static fa_status check_shape(const fa_mask_shape *s, const char *fn, fa_mask_shape *r) {
+    if (!s) return fa_error(FA_ERR_NULL, "%s: the shape is NULL", fn);
+    *r = *s;
+    if (r->block_q == 0) r->block_q = 128;
+    if (r->block_k == 0) r->block_k = 128;
+    if (r->batch < 1 || r->heads < 1)
+        return fa_error(FA_ERR_INVALID, "%s: batch %lld and heads %lld must be >= 1", fn, (long long)r->batch,
+                        (long long)r->heads);
+    if (r->seq_q < 1 || r->seq_k < 1)
+        return fa_error(FA_ERR_INVALID, "%s: seq_q %lld and seq_k %lld must be >= 1", fn, (long long)r->seq_q,
+                        (long long)r->seq_k);
+    if (r->block_q < 1 || r->block_k < 1 || r->block_q > 65536 || r->block_k > 65536)
+        return fa_error(FA_ERR_INVALID, "%s: block_q %lld and block_k %lld must be in [1, 65536] (0: 128)", fn,
+                        (long long)r->block_q, (long long)r->block_k);
+    const wide nb = (wide)r->batch * r->heads * ((r->seq_q + r->block_q - 1) / r->block_q) *
+                    ((r->seq_k + r->block_k - 1) / r->block_k);
+    if (nb > ((wide)1 << 40))
+        return fa_error(FA_ERR_OVERFLOW, "%s: %lld x %lld x %lld x %lld elements in blocks of %lld x %lld are too many "
+                                         "blocks", fn, (long long)r->batch, (long long)r->heads, (long long)r->seq_q,
+                        (long long)r->seq_k, (long long)r->block_q, (long long)r->block_k);
+    return FA_OK;
+}
+
+void fa_mask_retain(const fa_mask *m) {
+    if (m) atomic_fetch_add(&((fa_mask *)m)->refs, 1);
+}
+
+void fa_mask_destroy(fa_mask *m) {
+    if (!m || atomic_fetch_sub(&m->refs, 1) != 1) return;
+    fa_free(m->kinds);
+    fa_free(m->bitmap_at);
+    fa_free(m->pop);
+    fa_free(m->bits);
+    fa_free(m);
+}
+
+/* Appends one block's bitmap to the growing bits buffer (doubling). */
+static int append_bits(fa_mask *m, int64_t *cap, const uint8_t *block, int64_t area) {
+    const int64_t used = m->partial * area;
+    if (used + area > *cap) {
+        const int64_t want = *cap ? 2 * *cap : 16 * area;
+        uint8_t *b = fa_malloc((size_t)want);
+        if (!b) return 0;
+        if (used) memcpy(b, m->bits, (size_t)used);
+        fa_free(m->bits);
+        m->bits = b, *cap = want;
+    }
+    memcpy(m->bits + used, block, (size_t)area);
+    return 1;
+}
+
+fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, const char *fn, fa_mask **out) {
+    fa_mask_shape s;
+    fa_status st = check_shape(shape, fn, &s);
+    if (st) return st;
+    fa_mask *m = fa_calloc(1, sizeof *m);
+    if (!m) return fa_error(FA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    atomic_init(&m->refs, 1);
+    m->s = s;
+    m->nqb = (s.seq_q + s.block_q - 1) / s.block_q, m->nkb = (s.seq_k + s.block_k - 1) / s.block_k;
+    const int64_t n = s.batch * s.heads * m->nqb * m->nkb, area = s.block_q * s.block_k;
+    m->kinds = fa_malloc((size_t)n);
+    m->bitmap_at = fa_malloc((size_t)n * sizeof(int64_t));
+    m->pop = fa_malloc((size_t)n * sizeof(int64_t));
+    uint8_t *block = fa_malloc((size_t)area);
+    int64_t cap = 0, at = 0;
+    if (!m->kinds || !m->bitmap_at || !m->pop || !block) goto no_memory;
+    for (int64_t b = 0; b < s.batch; b++)
+        for (int64_t h = 0; h < s.heads; h++)
+            for (int64_t qb = 0; qb < m->nqb; qb++)
+                for (int64_t kb = 0; kb < m->nkb; kb++, at++) {
+                    const int64_t r0 = qb * s.block_q, c0 = kb * s.block_k;
+                    const int64_t r1 = r0 + s.block_q < s.seq_q ? r0 + s.block_q : s.seq_q;
+                    const int64_t c1 = c0 + s.block_k < s.seq_k ? c0 + s.block_k : s.seq_k;
+                    const int64_t inside = (r1 - r0) * (c1 - c0);
+                    int kind = src->block(src->ctx, b, h, r0, r1, c0, c1);
+                    int64_t pop = kind == FA_BLOCK_FULL ? inside : 0;
+                    if (kind != FA_BLOCK_EMPTY && kind != FA_BLOCK_FULL) {
+                        memset(block, 0, (size_t)area);
+                        for (int64_t i = r0; i < r1; i++)
+                            for (int64_t j = c0; j < c1; j++) {
+                                const int e = src->elem(src->ctx, b, h, i, j) != 0;
+                                block[(i - r0) * s.block_k + (j - c0)] = (uint8_t)e;
+                                pop += e;
+                            }
+                        if (kind != FA_BLOCK_PARTIAL || !src->keep_partial)
+                            kind = pop == 0 ? FA_BLOCK_EMPTY : pop == inside ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL;
+                    }
+                    m->kinds[at] = (int8_t)kind;
+                    m->pop[at] = pop;
+                    m->bitmap_at[at] = -1;
+                    m->visible += pop;
+                    if (kind == FA_BLOCK_FULL) m->full++;
+                    if (kind == FA_BLOCK_PARTIAL) {
+                        if (!append_bits(m, &cap, block, area)) goto no_memory;
+                        m->bitmap_at[at] = m->partial * area;
+                        m->partial++;
+                    }
+                }
+    fa_free(block);
+    *out = m;
+    return FA_OK;
+no_memory:
+    fa_free(block);
+    fa_mask_destroy(m);
+    return fa_error(FA_ERR_NO_MEMORY, "%s: out of memory for the mask's %lld blocks", fn, (long long)n);
+}
+
+/* ---- queries ---------------------------------------------------------------------- */
+
+fa_status fa_mask_get_shape(const fa_mask *m, fa_mask_shape *out) {
+    if (!m || !out) return fa_error(FA_ERR_NULL, "fa_mask_get_shape: %s is NULL", m ? "out" : "the mask");
+    *out = m->s;
+    return FA_OK;
+}
+
+int fa_mask_block(const fa_mask *m, int64_t b, int64_t h, int64_t qb, int64_t kb) {
+    if (!m || b < 0 || b >= m->s.batch || h < 0 || h >= m->s.heads || qb < 0 || qb >= m->nqb || kb < 0 ||
+        kb >= m->nkb)
+        return -1;
+    return m->kinds[((b * m->s.heads + h) * m->nqb + qb) * m->nkb + kb];
+}
+
+fa_status fa_mask_to_dense(const fa_mask *m, uint8_t *attend) {
+    if (!m || !attend) return fa_error(FA_ERR_NULL, "fa_mask_to_dense: %s is NULL", m ? "attend" : "the mask");
+    for (int64_t b = 0; b < m->s.batch; b++)
+        for (int64_t h = 0; h < m->s.heads; h++) {
+            const fa_sched_mask v = fa_mask_view(m, b, h);
+            uint8_t *o = attend + (b * m->s.heads + h) * m->s.seq_q * m->s.seq_k;
+            for (int64_t i = 0; i < m->s.seq_q; i++)
+                for (int64_t j = 0; j < m->s.seq_k; j++) o[i * m->s.seq_k + j] = (uint8_t)fa_sched_mask_visible(&v, i, j);
+        }
+    return FA_OK;
+}
+
+fa_status fa_mask_stats(const fa_mask *m, int64_t *visible_pairs, int64_t *full_blocks, int64_t *partial_blocks) {
+    if (!m) return fa_error(FA_ERR_NULL, "fa_mask_stats: the mask is NULL");
+    if (visible_pairs) *visible_pairs = m->visible;
+    if (full_blocks) *full_blocks = m->full;
+    if (partial_blocks) *partial_blocks = m->partial;
+    return FA_OK;
+}
+
+/* ---- constructors that read elements ------------------------------------------------ */
+
+static int unknown_block(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    (void)ctx, (void)b, (void)h, (void)r0, (void)r1, (void)c0, (void)c1;
+    return -1;
+}
+
+typedef struct {
+    const uint8_t *attend;
+    int64_t heads, sq, sk;
+} dense_ctx;
+
+static int dense_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const dense_ctx *c = ctx;
+    return c->attend[((b * c->heads + h) * c->sq + i) * c->sk + j] != 0;
+}
+
+fa_status fa_mask_from_dense(const fa_mask_shape *s, const uint8_t *attend, fa_mask **out) {
+    if (!out) return fa_error(FA_ERR_NULL, "fa_mask_from_dense: out is NULL");
+    *out = NULL;
+    if (!s || !attend) return fa_error(FA_ERR_NULL, "fa_mask_from_dense: %s is NULL", s ? "attend" : "the shape");
+    dense_ctx c = {attend, s->heads, s->seq_q, s->seq_k};
+    const fa_mask_source src = {unknown_block, dense_elem, &c, 0};
+    return fa_mask_build(s, &src, "fa_mask_from_dense", out);
+}
+
+typedef struct {
+    fa_mask_fn fn;
+    void *ctx;
+} fn_ctx;
+
+static int fn_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const fn_ctx *c = ctx;
+    return c->fn(c->ctx, b, h, i, j) != 0;
+}
+
+fa_status fa_mask_from_fn(const fa_mask_shape *s, fa_mask_fn fn, void *ctx, fa_mask **out) {
+    if (!out) return fa_error(FA_ERR_NULL, "fa_mask_from_fn: out is NULL");
+    *out = NULL;
+    if (!s || !fn) return fa_error(FA_ERR_NULL, "fa_mask_from_fn: %s is NULL", s ? "fn" : "the shape");
+    fn_ctx c = {fn, ctx};
+    const fa_mask_source src = {unknown_block, fn_elem, &c, 0};
+    return fa_mask_build(s, &src, "fa_mask_from_fn", out);
+}
+
+/* Given blocks: the builder visits them in the order the bitmaps are listed. */
+typedef struct {
+    const int8_t *kinds;
+    const uint8_t *bitmaps, *cur; /* cur: the bitmap of the partial block being built */
+    int64_t heads, nqb, nkb, bq, bk;
+    int64_t next; /* partial blocks seen */
+} blocks_ctx;
+
+static int blocks_block(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    blocks_ctx *c = ctx;
+    (void)r1, (void)c1;
+    const int k = c->kinds[((b * c->heads + h) * c->nqb + r0 / c->bq) * c->nkb + c0 / c->bk];
+    if (k == FA_BLOCK_PARTIAL) c->cur = c->bitmaps + c->next++ * c->bq * c->bk;
+    return k;
+}
+
+static int blocks_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const blocks_ctx *c = ctx;
+    (void)b, (void)h;
+    return c->cur[(i % c->bq) * c->bk + j % c->bk] != 0;
+}
+
+fa_status fa_mask_from_blocks(const fa_mask_shape *s, const int8_t *kinds, const uint8_t *bitmaps, fa_mask **out) {
+    static const char fn[] = "fa_mask_from_blocks";
+    if (!out) return fa_error(FA_ERR_NULL, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!kinds) return fa_error(FA_ERR_NULL, "%s: kinds is NULL", fn);
+    fa_mask_shape r;
+    fa_status st = check_shape(s, fn, &r);
+    if (st) return st;
+    const int64_t nqb = (r.seq_q + r.block_q - 1) / r.block_q, nkb = (r.seq_k + r.block_k - 1) / r.block_k;
+    const int64_t n = r.batch * r.heads * nqb * nkb;
+    int64_t partial = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (kinds[i] != FA_BLOCK_EMPTY && kinds[i] != FA_BLOCK_PARTIAL && kinds[i] != FA_BLOCK_FULL)
+            return fa_error(FA_ERR_INVALID, "%s: kinds[%lld] is %d; a block is empty (0), partial (1) or full (2)", fn,
+                            (long long)i, kinds[i]);
+        partial += kinds[i] == FA_BLOCK_PARTIAL;
+    }
+    if (partial && !bitmaps)
+        return fa_error(FA_ERR_NULL, "%s: bitmaps is NULL but %lld blocks are partial", fn, (long long)partial);
+    blocks_ctx c = {kinds, bitmaps, NULL, r.heads, nqb, nkb, r.block_q, r.block_k, 0};
+    const fa_mask_source src = {blocks_block, blocks_elem, &c, 1};
+    return fa_mask_build(&r, &src, fn, out);
+}
+
+/* AND and OR, block by block: decided by the kinds where they decide, by the elements
+ * (through the schedule's view) where both are needed. */
+typedef struct {
+    const fa_mask *a, *b;
+    int is_or;
+} combine_ctx;
+
+static int combine_block(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const combine_ctx *c = ctx;
+    (void)r1, (void)c1;
+    const fa_sched_mask va = fa_mask_view(c->a, b, h), vb = fa_mask_view(c->b, b, h);
+    const int64_t qb = r0 / va.bq, kb = c0 / va.bk;
+    const int ka = fa_sched_mask_block(&va, qb, kb), kb2 = fa_sched_mask_block(&vb, qb, kb);
+    const int absorb = c->is_or ? FA_BLOCK_FULL : FA_BLOCK_EMPTY, unit = c->is_or ? FA_BLOCK_EMPTY : FA_BLOCK_FULL;
+    if (ka == absorb || kb2 == absorb) return absorb;
+    if (ka == unit && kb2 == unit) return unit;
+    return -1;
+}
+
+static int combine_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const combine_ctx *c = ctx;
+    const fa_sched_mask va = fa_mask_view(c->a, b, h), vb = fa_mask_view(c->b, b, h);
+    const int x = fa_sched_mask_visible(&va, i, j), y = fa_sched_mask_visible(&vb, i, j);
+    return c->is_or ? x || y : x && y;
+}
+
+static fa_status combine(const fa_mask *a, const fa_mask *b, int is_or, fa_mask **out) {
+    const char *fn = is_or ? "fa_mask_or" : "fa_mask_and";
+    if (!out) return fa_error(FA_ERR_NULL, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!a || !b) return fa_error(FA_ERR_NULL, "%s: mask %s is NULL", fn, a ? "b" : "a");
+    const fa_mask_shape *x = &a->s, *y = &b->s;
+    if (x->seq_q != y->seq_q || x->seq_k != y->seq_k || x->block_q != y->block_q || x->block_k != y->block_k)
+        return fa_error(FA_ERR_INVALID, "%s: masks of %lld x %lld in blocks of %lld x %lld and %lld x %lld in blocks of "
+                                        "%lld x %lld do not combine (sequences and blocks must be equal)", fn,
+                        (long long)x->seq_q, (long long)x->seq_k, (long long)x->block_q, (long long)x->block_k,
+                        (long long)y->seq_q, (long long)y->seq_k, (long long)y->block_q, (long long)y->block_k);
+    if ((x->batch != y->batch && x->batch != 1 && y->batch != 1) || (x->heads != y->heads && x->heads != 1 && y->heads != 1))
+        return fa_error(FA_ERR_INVALID, "%s: batch %lld vs %lld and heads %lld vs %lld: each must be equal or 1", fn,
+                        (long long)x->batch, (long long)y->batch, (long long)x->heads, (long long)y->heads);
+    fa_mask_shape s = *x;
+    s.batch = x->batch > y->batch ? x->batch : y->batch;
+    s.heads = x->heads > y->heads ? x->heads : y->heads;
+    combine_ctx c = {a, b, is_or};
+    const fa_mask_source src = {combine_block, combine_elem, &c, 0};
+    return fa_mask_build(&s, &src, fn, out);
+}
+
+fa_status fa_mask_and(const fa_mask *a, const fa_mask *b, fa_mask **out) { return combine(a, b, 0, out); }
+fa_status fa_mask_or(const fa_mask *a, const fa_mask *b, fa_mask **out) { return combine(a, b, 1, out); }

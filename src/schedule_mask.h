@@ -1,0 +1,121 @@
+/* A block-sparse mask's part of the tile schedule (docs/masks.md): schedule.h's visibility
+ * ANDed with the blocks of one (batch, head) of a mask. Plain C on a plain view of the mask
+ * (src/mask.h makes one), so that the plan, the cost model and every CPU driver read the
+ * same blocks through the same functions:
+ *   fa_sched_mask_tile_kind   the kind of a (query tile, key tile) pair: the mask blocks it
+ *                             covers combined, then combined with fa_sched_tile_kind
+ *   fa_sched_mask_visible     one (row, key) pair
+ *   fa_sched_mask_pairs       visible pairs of a rectangle (the cost model's flops_useful)
+ * A tile may cover several mask blocks, or part of one: any alignment is exact; tiles whose
+ * edges fall on block edges are simply the ones that skip and run unmasked the most. */
+#ifndef FA_SCHEDULE_MASK_H
+#define FA_SCHEDULE_MASK_H
+
+#include "schedule.h"
+
+#include <stdint.h>
+
+/* One (batch, head) of a mask; kinds NULL: no mask (every pair visible). */
+typedef struct fa_sched_mask {
+    int64_t bq, bk, nqb, nkb;  /* block edges, blocks per column and per row */
+    const int8_t *kinds;       /* [nqb, nkb] of FA_BLOCK_* (flashattn.h: EMPTY 0, PARTIAL 1, FULL 2) */
+    const int64_t *bitmap_at;  /* [nqb, nkb]: a partial block's offset in bits (else -1) */
+    const uint8_t *bits;       /* each partial block's bq x bk bytes, row-major, nonzero = visible */
+    const int64_t *pop;        /* [nqb, nkb]: visible pairs of each block */
+} fa_sched_mask;
+
+/* The block kinds and the tile kinds share their values (checked in mask.c). */
+static inline int fa_sched_mask_block(const fa_sched_mask *v, int64_t qb, int64_t kb) {
+    return v->kinds[qb * v->nkb + kb];
+}
+
+/* The mask blocks that rows [r0, r1) x keys [c0, c1) cover, combined: empty when all are,
+ * full when all are, else partial. */
+static inline int fa_sched_mask_only_kind(const fa_sched_mask *v, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (!v->kinds) return FA_TILE_FULL;
+    if (r1 <= r0 || c1 <= c0) return FA_TILE_EMPTY;
+    int any_other = 0, all_full = 1;
+    for (int64_t qb = r0 / v->bq; qb <= (r1 - 1) / v->bq; qb++)
+        for (int64_t kb = c0 / v->bk; kb <= (c1 - 1) / v->bk; kb++) {
+            const int k = fa_sched_mask_block(v, qb, kb);
+            if (k != FA_TILE_EMPTY) any_other = 1;
+            if (k != FA_TILE_FULL) all_full = 0;
+        }
+    if (!any_other) return FA_TILE_EMPTY;
+    return all_full ? FA_TILE_FULL : FA_TILE_PARTIAL;
+}
+
+/* The kind of the pair rows [r0, r1) x keys [c0, c1): the mask's and the problem's masks'
+ * (fa_sched_tile_kind) combined by AND. */
+static inline int fa_sched_mask_tile_kind(const fa_sched *s, const fa_sched_mask *v, int64_t r0, int64_t r1,
+                                          int64_t c0, int64_t c1) {
+    const int k = fa_sched_tile_kind(s, r0, r1, c0, c1);
+    if (k == FA_TILE_EMPTY || !v->kinds) return k;
+    const int m = fa_sched_mask_only_kind(v, r0, r1, c0, c1);
+    if (m == FA_TILE_EMPTY) return FA_TILE_EMPTY;
+    return k == FA_TILE_FULL && m == FA_TILE_FULL ? FA_TILE_FULL : FA_TILE_PARTIAL;
+}
+
+/* Does the mask let row i see key j (0 <= i < Sq, 0 <= j < Sk)? */
+static inline int fa_sched_mask_visible(const fa_sched_mask *v, int64_t i, int64_t j) {
+    if (!v->kinds) return 1;
+    const int64_t qb = i / v->bq, kb = j / v->bk;
+    const int k = fa_sched_mask_block(v, qb, kb);
+    if (k != FA_TILE_PARTIAL) return k == FA_TILE_FULL;
+    return v->bits[v->bitmap_at[qb * v->nkb + kb] + (i - qb * v->bq) * v->bk + (j - kb * v->bk)] != 0;
+}
+
+/* The bitmap row of row i in key block kb when that block is partial (else NULL): bytes for
+ * keys kb * bk .. kb * bk + bk - 1. */
+static inline const uint8_t *fa_sched_mask_row(const fa_sched_mask *v, int64_t i, int64_t kb) {
+    const int64_t qb = i / v->bq, at = v->bitmap_at[qb * v->nkb + kb];
+    return at < 0 ? (const uint8_t *)0 : v->bits + at + (i - qb * v->bq) * v->bk;
+}
+
+#if !defined(__CUDACC__)
+/* Pairs of rows [r0, r1) x keys [c0, c1) that the problem's masks show, in closed form: for
+ * each row, clamp(hi + 1, c0, c1) - clamp(lo, c0, c1), each end a clamped line
+ * (fa_sched_pairs' rule on a window of keys). */
+static inline __int128 fa_sched_rect_pairs(const fa_sched *s, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (r1 <= r0 || c1 <= c0) return 0;
+    const __int128 n = (__int128)r1 - r0, w = c1 - c0, d0 = (__int128)s->off + r0 - c0;
+    __int128 hi_sum = n * w, lo_sum = 0;
+    if (s->causal || s->window_right >= 0)
+        hi_sum = fa_sched_sum_clamped(d0 + (s->causal ? 0 : s->window_right) + 1, n, w);
+    if (s->window_left >= 0) lo_sum = fa_sched_sum_clamped(d0 - s->window_left, n, w);
+    return hi_sum - lo_sum;
+}
+
+/* Visible pairs of rows [r0, r1) x keys [c0, c1) under the problem's masks AND the mask:
+ * per mask block, its popcount where the problem's masks show all of it, the closed form
+ * where the mask shows all of it, element by element only where both are partial (blocks
+ * along the problem masks' edges). */
+static inline __int128 fa_sched_mask_pairs(const fa_sched *s, const fa_sched_mask *v, int64_t r0, int64_t r1,
+                                           int64_t c0, int64_t c1) {
+    if (!v->kinds) return fa_sched_rect_pairs(s, r0, r1, c0, c1);
+    if (r1 <= r0 || c1 <= c0) return 0;
+    __int128 total = 0;
+    for (int64_t qb = r0 / v->bq; qb <= (r1 - 1) / v->bq; qb++)
+        for (int64_t kb = c0 / v->bk; kb <= (c1 - 1) / v->bk; kb++) {
+            const int m = fa_sched_mask_block(v, qb, kb);
+            if (m == FA_TILE_EMPTY) continue;
+            const int64_t a0 = qb * v->bq > r0 ? qb * v->bq : r0, a1 = qb * v->bq + v->bq < r1 ? qb * v->bq + v->bq : r1;
+            const int64_t b0 = kb * v->bk > c0 ? kb * v->bk : c0, b1 = kb * v->bk + v->bk < c1 ? kb * v->bk + v->bk : c1;
+            const int k = fa_sched_tile_kind(s, a0, a1, b0, b1);
+            if (k == FA_TILE_EMPTY) continue;
+            const int64_t qe = (qb + 1) * v->bq < s->seq_q ? (qb + 1) * v->bq : s->seq_q;
+            const int64_t ke = (kb + 1) * v->bk < s->seq_k ? (kb + 1) * v->bk : s->seq_k;
+            const int whole = a0 == qb * v->bq && a1 == qe && b0 == kb * v->bk && b1 == ke;
+            if (m == FA_TILE_FULL) total += fa_sched_rect_pairs(s, a0, a1, b0, b1);
+            else if (k == FA_TILE_FULL && whole) total += v->pop[qb * v->nkb + kb];
+            else
+                for (int64_t i = a0; i < a1; i++) {
+                    const uint8_t *row = fa_sched_mask_row(v, i, kb);
+                    for (int64_t j = b0; j < b1; j++) total += row[j - kb * v->bk] != 0 && fa_sched_visible(s, i, j);
+                }
+        }
+    return total;
+}
+#endif
+
+#endif /* FA_SCHEDULE_MASK_H */
