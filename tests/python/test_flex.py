@@ -1,0 +1,115 @@
+"""FlexAttention's BlockMask in flashattn.torch: the mask the library builds from it (its listed
+blocks, mask_mod on the partial ones) against create_mask restricted to those blocks;
+attention(block_mask=bm) against flex_attention(q, k, v, block_mask=bm) in eager mode on the
+CPU, forward and gradients; flex_cost's flops_useful against the popcount of the mask.
+Random cases draw from the run's seed (FA_TEST_SEED)."""
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+import flashattn.torch as ft  # noqa: E402
+from conftest import SEED  # noqa: E402
+from flashattn._torch_flex import from_block_mask  # noqa: E402
+
+
+def _mods(rng, S):
+    cut = sorted(rng.choice(np.arange(1, S), 3, replace=False).tolist())
+    doc = torch.from_numpy(np.repeat(np.arange(4), np.diff([0] + cut + [S])))
+    w = int(rng.integers(8, 64))
+    prefix = torch.tensor([int(rng.integers(0, S)), int(rng.integers(0, S))])
+    return {
+        "causal": lambda b, h, q, kv: q >= kv,
+        "sliding": lambda b, h, q, kv: (q >= kv) & (q - kv <= w),
+        "documents": lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv),
+        "prefix_per_batch": lambda b, h, q, kv: (kv < prefix[b]) | (q >= kv),
+        "per_head": lambda b, h, q, kv: ((q + h) % 3 != kv % 2) & (kv <= q + 40 * h),
+    }
+
+
+def _block_mask(fn, B, H, Sq, Sk, block, separate=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flex.create_block_mask(fn, B, H, Sq, Sk, device="cpu", BLOCK_SIZE=block,
+                                      separate_full_blocks=separate)
+
+
+def _listed(bm, B, H, Sq, Sk):
+    """[B, H, Sq, Sk] bool: the elements of the blocks the BlockMask lists (full or partial)."""
+    bq, bk = bm.BLOCK_SIZE
+    out = np.zeros((B, H, Sq, Sk), bool)
+    for num, idx in ((bm.kv_num_blocks, bm.kv_indices), (bm.full_kv_num_blocks, bm.full_kv_indices)):
+        if num is None:
+            continue
+        num = num.expand(B, H, -1).numpy()
+        idx = idx.expand(B, H, -1, -1).numpy()
+        for b, h, qb in np.ndindex(*num.shape):
+            for kb in idx[b, h, qb, :num[b, h, qb]]:
+                out[b, h, qb * bq:(qb + 1) * bq, kb * bk:(kb + 1) * bk] = True
+    return out
+
+
+@pytest.mark.parametrize("Sq,Sk,block", [(200, 200, 64), (150, 200, (32, 64))])
+def test_block_mask_as_built(rng, Sq, Sk, block):
+    print(f"seed {SEED}")
+    B, H = 2, 3
+    for name, fn in _mods(rng, max(Sq, Sk)).items():
+        for bB, bH in ((B, H), (1, 1)):
+            if name not in ("causal", "documents") and (bB, bH) == (1, 1):
+                continue  # shared over batch and heads: two cases are enough (and the others depend on b or h)
+            bm = _block_mask(fn, bB, bH, Sq, Sk, block)
+            want = flex.create_mask(fn, bB, bH, Sq, Sk, device="cpu").numpy() & _listed(bm, bB, bH, Sq, Sk)
+            got = from_block_mask(bm).build(B, H, Sq, Sk).to_dense()
+            assert np.array_equal(got, want), name
+    # listed blocks only: a BlockMask whose full blocks were dropped visits the partial ones alone
+    bm = _block_mask(lambda b, h, q, kv: q >= kv, 1, 1, Sq, Sk, block)
+    bm.full_kv_num_blocks.zero_()
+    want = (np.arange(Sq)[:, None] >= np.arange(Sk)[None, :]) & _listed(bm, 1, 1, Sq, Sk)[0, 0]
+    got = from_block_mask(bm).build(1, 1, Sq, Sk).to_dense()[0, 0]
+    assert np.array_equal(got, want) and got.sum() < want.size
+    # separate_full_blocks=False: every listed block is partial (mask_mod everywhere)
+    bm = _block_mask(lambda b, h, q, kv: q >= kv, 1, 1, Sq, Sk, block, separate=False)
+    _, full, partial = from_block_mask(bm).build(1, 1, Sq, Sk).stats()
+    assert full == 0 and partial > 0
+
+
+def _flex(q, k, v, bm, scale=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flex.flex_attention(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+@pytest.mark.parametrize("name", ["causal", "documents", "per_head", "prefix_per_batch"])
+def test_attention_matches_flex(rng, name):
+    B, Hq, Hk, S, D = 2, 4, 2, 192, 16
+    fn = _mods(rng, S)[name]
+    bm = _block_mask(fn, B, Hq, S, S, 64)
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(B, h, S, D, generator=g, dtype=torch.float64) for h in (Hq, Hk, Hk))
+    do = torch.randn(B, Hq, S, D, generator=g, dtype=torch.float64)
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    o_ref = _flex(*ref, bm)
+    o_ref.backward(do)
+    mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
+    o = ft.attention(*mine, block_mask=bm)
+    o.backward(do.to(torch.float32))
+    scale = o_ref.abs().max().item()
+    assert (o.double() - o_ref).abs().max().item() <= 1e-5 * scale
+    for got, want in zip(mine, ref):
+        err = (got.grad.double() - want.grad).abs().max().item()
+        assert err <= 5e-5 * want.grad.abs().max().item(), name
+
+
+def test_flex_cost_is_exact(rng):
+    B, H, S, D = 2, 2, 256, 32
+    for name, fn in _mods(rng, S).items():
+        bm = _block_mask(fn, B, H, S, S, 64)
+        q = torch.empty(B, H, S, D, device="meta")
+        c = ft.flex_cost(bm, q, q, q)
+        pairs = int(flex.create_mask(fn, B, H, S, S, device="cpu").sum())
+        assert c["forward"]["flops_useful"] == 4 * D * pairs, name
+        assert c["forward"]["flops"] < 4 * D * B * H * S * S, name
+        assert set(c) == {"forward", "backward"}
