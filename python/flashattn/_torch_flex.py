@@ -1,5 +1,6 @@
 """FlexAttention's BlockMask as a flashattn mask (flashattn.torch.attention(block_mask=),
-flashattn.torch.flex_cost): its blocks as they are, at its own block size (docs/masks.md).
+flashattn.torch.flex_cost): its blocks as they are, at its own block size (docs/python.md,
+"FlexAttention's BlockMask").
 
 A BlockMask (torch.nn.attention.flex_attention.create_block_mask) lists, per (batch, head,
 query block), the key blocks that need mask_mod (kv_indices, kv_num_blocks) and, kept apart,

@@ -1,5 +1,6 @@
 """Splash attention's masks (jax.experimental.pallas.ops.tpu.splash_attention) as flashattn
-masks, and splash_cost_estimate: the cost of the splash kernel itself (docs/masks.md).
+masks, and splash_cost_estimate: the cost of the splash kernel itself (docs/python.md,
+"Splash attention's masks").
 
 Analytic masks map to the library's constructors (CausalMask(offset) -> causal at diag
 offset `offset`, LocalMask(window_size=(l, r), offset) -> window, ChunkedCausalMask ->
@@ -10,9 +11,15 @@ align top-left (query i at key position i + offset), whatever the call's alignme
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import masks
+
+# splash masks converted, by identity (a NumpyMask's hash reads its whole array): id -> (weak
+# reference, flashattn mask), so a mask passed again is not converted (and built) again
+_CONVERTED = {}
 
 NUM_LANES = 128  # the TPU vector width splash's kernel keeps its row statistics in
 
@@ -62,7 +69,20 @@ def _convert_2d(m, sm):
 
 
 def from_splash(m):
-    """(flashattn mask, (heads or None, seq_q, seq_k)) for a splash mask."""
+    """(flashattn mask, (heads or None, seq_q, seq_k)) for a splash mask (cached per object)."""
+    hit = _CONVERTED.get(id(m))
+    if hit is not None and hit[0]() is m:
+        return hit[1]
+    out = _from_splash(m)
+    try:
+        ref = weakref.ref(m, lambda _, key=id(m): _CONVERTED.pop(key, None))
+    except TypeError:  # not weakly referenceable: not cached
+        return out
+    _CONVERTED[id(m)] = (ref, out)
+    return out
+
+
+def _from_splash(m):
     sm = _splash_module()
     if isinstance(m, sm.MultiHeadMask):
         seen = {}
@@ -145,9 +165,10 @@ def splash_cost_estimate(mask, q, k, v, *, block_sizes=None, attn_logits_soft_ca
     flops 2 * block_q * block_kv * (D + Dv) (its two matmuls); transcendentals
     block_q * block_kv (exp of the scores, plus as many tanh with a soft cap) and
     block_q * 128 per block_kv_compute step (the rescale exp, kept lane-wide). Bytes are a
-    model of its block reads (docs/masks.md): q read and o written once per query block,
-    k and v once per visited block, a partial block's bitmap (block_q * block_kv bytes) for
-    masks splash does not compute in the kernel; scalar-prefetched block tables ignored."""
+    model of its block reads (docs/python.md, "Splash attention's masks"): q read and o
+    written once per query block, k and v once per visited block, a partial block's bitmap
+    (block_q * block_kv bytes) for masks splash does not compute in the kernel;
+    scalar-prefetched block tables ignored."""
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk_
