@@ -113,3 +113,32 @@ def test_flex_cost_is_exact(rng):
         assert c["forward"]["flops_useful"] == 4 * D * pairs, name
         assert c["forward"]["flops"] < 4 * D * B * H * S * S, name
         assert set(c) == {"forward", "backward"}
+
+
+def test_attention_with_flashattn_masks(rng):
+    """mask= a flashattn.masks mask in the torch front (with a BlockMask too: ANDed), forward
+    and gradients, against flex_attention with the combined mask_mod."""
+    from flashattn import masks
+    B, H, S, D = 1, 2, 160, 16
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(B, H, S, D, generator=g, dtype=torch.float64) for _ in range(3))
+    C = int(rng.integers(10, 70))
+
+    def chunked(b, h, qi, kv):
+        return (kv <= qi) & (kv // C == qi // C)
+
+    def window(b, h, qi, kv):
+        return qi - kv <= 30
+
+    for m, bm, fn in ((masks.chunked(C), None, chunked),
+                      (masks.chunked(C), _block_mask(window, 1, 1, S, S, 64),
+                       lambda b, h, qi, kv: chunked(b, h, qi, kv) & window(b, h, qi, kv))):
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        o_ref = _flex(*ref, _block_mask(fn, 1, 1, S, S, 64))
+        o_ref.sum().backward()
+        mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
+        o = ft.attention(*mine, mask=m, block_mask=bm)
+        o.sum().backward()
+        assert (o.double() - o_ref).abs().max().item() <= 1e-5 * o_ref.abs().max().item()
+        for got, want in zip(mine, ref):
+            assert (got.grad.double() - want.grad).abs().max().item() <= 5e-5 * want.grad.abs().max().item()

@@ -166,3 +166,73 @@ def test_bad_arguments():
         masks.window(1.5, 0)
     with pytest.raises(ValueError):
         masks.prefix_lm([1, 2, 3]).build(2, 1, 8, 8)
+
+
+def _cases(rng, B, H, Sq, Sk):
+    """(mask, its per-element definition [B or 1, H or 1, Sq, Sk]) for the attention tests;
+    bottom-right alignment (the fronts' default) unless a mask sets its own."""
+    a = rng.random((B, 1, Sq, Sk)) < 0.4
+    a[0, 0, 1] = False  # a row with no visible key
+    C = int(rng.integers(3, 12))
+    P = rng.integers(0, Sk + 1, B)
+    b, h, i, j = _grid(1, H, Sq, Sk)
+    per_head = (i + h) % 3 != j % 2
+    return [
+        (masks.causal() & masks.chunked(C), want_causal(Sq, Sk, None) & want_chunked(Sq, Sk, None, C)),
+        (masks.window(5, 2) | masks.causal(0), want_window(Sq, Sk, None, 5, 2) | want_causal(Sq, Sk, 0)),
+        (masks.prefix_lm(P), want_prefix(Sq, Sk, None, P)),
+        (masks.from_array(a), a),
+        (masks.from_fn(lambda b, h, i, j: (i + h) % 3 != j % 2), per_head),
+    ]
+
+
+@pytest.mark.parametrize("Sq,Sk", [(40, 40), (24, 70)])
+def test_attention_with_masks(rng, Sq, Sk):
+    """numpy forward and backward with masks, GQA and softcap, against the float64 reference
+    with the per-element definition as a -inf bias; the plan exact (flops_useful the popcount)."""
+    B, Hq, Hk, D = 2, 4, 2, 16
+    q, k, v = randn(rng, (B, Hq, Sq, D)), randn(rng, (B, Hk, Sk, D)), randn(rng, (B, Hk, Sk, D))
+    do = randn(rng, (B, Hq, Sq, D))
+    cases = _cases(rng, B, Hq, Sq, Sk)
+    if Sq == Sk:
+        rows = [[7, 20, 13], [40]]
+        cases.append((masks.documents(rows) & masks.causal(), want_documents(Sq, rows) & want_causal(Sq, Sk, 0)))
+    for m, want in cases:
+        bias = np.where(np.broadcast_to(want, (B, Hq, Sq, Sk)), 0.0, -np.inf)
+        o, lse = flashattn.attention(q, k, v, mask=m, softcap=8.0, return_lse=True)
+        o_ref, lse_ref, _ = ref.forward(q, k, v, bias=bias, softcap=8.0)
+        assert rel_err(o, o_ref) <= FWD_TOL["f32"], m
+        assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref)), m
+        fin = np.isfinite(lse_ref)
+        assert np.abs(lse[fin] - lse_ref[fin]).max() <= 1e-5 * (1 + np.abs(lse_ref[fin]).max()), m
+        grads = flashattn.attention_backward(q, k, v, o, lse, do, mask=m, softcap=8.0)
+        for g, w in zip(grads, ref.backward(q, k, v, do, bias=bias, softcap=8.0)[:3]):
+            assert rel_err(g, w) <= BWD_TOL["f32"], m
+        p = flashattn.plan(batch=B, heads=Hq, kv_heads=Hk, seq_q=Sq, seq_k=Sk, head_dim=D, mask=m)
+        assert p.exact
+        assert p.forward["flops_useful"] == 4 * D * int(np.broadcast_to(want, (B, Hq, Sq, Sk)).sum()), m
+    # a mask combines by AND with causal= and window=
+    m, want = cases[3]
+    o = flashattn.attention(q, k, v, mask=m, causal=True, window=(6, None))
+    vis = np.broadcast_to(want, (B, Hq, Sq, Sk)) & want_window(Sq, Sk, None, 6, 0)
+    o_ref, _, _ = ref.forward(q, k, v, bias=np.where(vis, 0.0, -np.inf))
+    assert rel_err(o, o_ref) <= FWD_TOL["f32"]
+
+
+def test_plan_skips_blocks():
+    """A mask's empty blocks are not run: fewer flops than dense, and a from_array mask that
+    hides whole tiles costs what the same mask from a constructor costs."""
+    S, D = 512, 32
+    dense = flashattn.plan(batch=1, heads=2, seq_q=S, head_dim=D)
+    c = flashattn.plan(batch=1, heads=2, seq_q=S, head_dim=D, mask=masks.chunked(128))
+    a = flashattn.plan(batch=1, heads=2, seq_q=S, head_dim=D,
+                       mask=masks.chunked(128).to_array(1, 2, S, S))
+    assert c.forward["flops"] < dense.forward["flops"] / 2
+    assert (a.forward, a.backward) == (c.forward, c.backward)
+
+
+def test_zero_sizes_with_a_mask():
+    q = np.zeros((1, 2, 0, 8), np.float32)
+    k = np.zeros((1, 2, 5, 8), np.float32)
+    o = flashattn.attention(q, k, k, mask=masks.causal())
+    assert o.shape == (1, 2, 0, 8)

@@ -137,3 +137,22 @@ def test_cost_estimate_with_splash_mask():
     assert p.exact
     assert p.forward["flops_useful"] == 4 * H * D * int(_dense(m).sum())
     assert fj.cost_estimate(q, q, q, mask=m, backend="cpu").flops < fj.cost_estimate(q, q, q, backend="cpu").flops
+
+
+def test_attention_with_flashattn_masks(rng):
+    """mask= a flashattn.masks mask in flashattn.jax.attention, under jit and grad."""
+    from flashattn import masks
+    B, S, H, D = 2, 40, 2, 8
+    q, k, v = (rng.standard_normal((B, S, H, D)).astype(np.float32) for _ in range(3))
+    lens = [[13, 27], [40]]
+    m = masks.documents(lens) & masks.causal()
+    doc = [np.repeat(np.arange(len(r)), r) for r in lens]
+    want = np.stack([d[:, None] == d[None, :] for d in doc])[:, None] & np.tril(np.ones((S, S), bool))
+    t = lambda x: np.swapaxes(np.asarray(x, np.float64), 1, 2)  # noqa: E731
+    bias = np.where(want, 0.0, -np.inf)
+    o_ref, _, _ = ref.forward(t(q), t(k), t(v), bias=bias)
+    o = jax.jit(lambda q, k, v: fj.attention(q, k, v, mask=m))(q, k, v)
+    assert rel_err(np.swapaxes(np.asarray(o), 1, 2), o_ref) <= FWD_TOL["f32"]
+    g = jax.grad(lambda q: fj.attention(q, k, v, mask=m).sum())(q)
+    g_ref = ref.backward(t(q), t(k), t(v), np.ones((B, H, S, D)), bias=bias)[0]
+    assert rel_err(np.swapaxes(np.asarray(g), 1, 2), g_ref) <= BWD_TOL["f32"]
