@@ -120,6 +120,10 @@ typedef struct {
     int64_t page_size;
     int64_t num_pages;
     int64_t max_pages;
+    /* A block-sparse mask (docs/masks.md), NULL: none. Its seq_q and seq_k must be the
+     * problem's, its batch 1 or B, its heads 1 or Hq; it combines by AND with causal, window
+     * and segment ids. The plan keeps its own reference. Dense problems on the CPU backend. */
+    const fa_mask *mask;
 } fa_problem;
 
 /* The most CPU threads a plan may ask for (fa_options.threads, or OpenMP's default when

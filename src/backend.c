@@ -47,8 +47,15 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
             return fa_error(FA_ERR_INVALID, "an additive bias (has_bias) does not combine with sequence parallel "
                                             "(ring, ulysses): it is not supported there");
     }
+    if (p->mask && (uses & FA_USE_SEQ_PARALLEL))
+        return fa_error(FA_ERR_INVALID, "a block-sparse mask (mask) does not combine with sequence parallel (ring, "
+                                        "ulysses): it is not supported there");
     if (varlen || decode) {
         const char *what = varlen ? "packed variable-length batches (cu_seqlens)" : "kv-cache decoding (cache_seqlens)";
+        if (p->mask)
+            return fa_error(FA_ERR_INVALID, "a block-sparse mask (mask) does not combine with %s: a mask is laid out "
+                                            "for one dense [seq_q, seq_k] problem",
+                            what);
         if (p->has_bias) return fa_error(FA_ERR_INVALID, "an additive bias (has_bias) does not combine with %s", what);
         if (p->has_segment_ids)
             return fa_error(FA_ERR_INVALID, "segment ids (has_segment_ids) do not combine with %s", what);

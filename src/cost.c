@@ -1,6 +1,7 @@
 /* The analytic cost model (docs/semantics.md, "The plan and what its figures mean"). It
  * sums the kernels' own tile schedule (schedule.h), the same for every (batch, head), in
- * closed form (fa_tile_walk_sums: O(log) in the number of query tiles, cost_walk.c) and applies the
+ * closed form (fa_tile_walk_sums: O(log) in the number of query tiles, cost_walk.c), or under
+ * a mask per (batch, head) of the mask (cost_mask.c), and applies the
  * counting rules written beside it; no allocation. Sums run in 128 bits and must fit int64
  * at the end. */
 #include "backend.h"
@@ -8,11 +9,8 @@
 typedef __int128 wide;
 typedef fa_tile_walk tile_walk;
 
-/* (query, key) pairs visible under causal and window, for one (batch, head). */
-static wide visible_pairs(const struct fa_plan *pl) {
-    const fa_sched s = fa_plan_sched(pl);
-    return fa_sched_pairs(&s, 0, pl->p.seq_q);
-}
+/* (query, key) pairs visible under causal, window and the mask, over every (batch, head). */
+static wide visible_pairs(const struct fa_plan *pl) { return fa_visible_pairs_all(pl); }
 
 /* The inputs an ideal kernel must read, each once (min_bytes, docs/semantics.md): the q
  * rows (the backward: also o, dO and lse) of the rows that see a key, the k and v rows of
@@ -25,14 +23,19 @@ static wide needed_inputs(const struct fa_plan *pl, int backward) {
     fa_sched_live_rows(&s, &r0, &r1);
     const wide rows = r1 - r0, keys = fa_sched_span(&s, 0, p->seq_q, &lo, &hi) ? hi - lo + 1 : 0;
     const wide es = (wide)fa_dtype_size(p->dtype), b = p->batch, D = p->head_dim, Dv = p->head_dim_v;
-    wide need = b * p->heads_q * rows * (backward ? (D + 2 * Dv) * es + 4 : D * es) + b * p->heads_kv * keys * (D + Dv) * es;
-    if (p->has_bias) need += (wide)p->bias_batch * p->bias_heads * visible_pairs(pl) * 4;
+    /* with a mask: the keys of the mask blocks some row may see (cost_mask.c) */
+    const wide kv_rows = p->mask ? fa_mask_needed_kv_rows(pl) : b * p->heads_kv * keys;
+    const wide q_rows = p->mask ? fa_mask_needed_q_rows(pl) : b * p->heads_q * rows;
+    wide need = q_rows * (backward ? (D + 2 * Dv) * es + 4 : D * es) + kv_rows * (D + Dv) * es;
+    /* the bias at the visible pairs (with a mask: their mean over the heads that share a slice) */
+    if (p->has_bias) need += visible_pairs(pl) / (b * p->heads_q / ((wide)p->bias_batch * p->bias_heads)) * 4;
     if (p->has_segment_ids) need += b * (rows + keys) * 4;
     if (p->has_alibi) need += (wide)p->heads_q * 4;
     return need;
 }
 
-static tile_walk walk_tiles(const struct fa_plan *pl, int64_t bq, int64_t bk) { return fa_tile_walk_sums(pl, bq, bk); }
+/* The tile sums over every (batch, query head) (cost_mask.c). */
+static tile_walk walk_tiles(const struct fa_plan *pl, int64_t bq, int64_t bk) { return fa_tile_walk_all(pl, bq, bk); }
 
 static int store(wide v, int64_t *out) {
     if (v < 0 || v > (wide)INT64_MAX) return 0;
@@ -68,22 +71,22 @@ static fa_status forward_cost(struct fa_plan *pl) {
     tile_walk w = walk_tiles(pl, pl->fwd_bq, pl->fwd_bk);
     tensor_bytes t = sizes(p);
 
-    wide flops = heads * w.rows_keys * 2 * (D + Dv);
-    wide trans = heads * (w.rows_keys * (1 + softcap) + w.rows_tiles + p->seq_q);
+    wide flops = w.rows_keys * 2 * (D + Dv);
+    wide trans = w.rows_keys * (1 + softcap) + w.rows_tiles + heads * p->seq_q;
     /* per (b, h): q read once, each visited k/v tile once per query tile, o and lse written
      * once; bias read per computed element; kv segment ids per visited key, q's once;
-     * the head's slope once per query tile */
-    wide per_head = (wide)p->seq_q * (D * es + Dv * es + 4) + w.keys * (D + Dv) * es;
-    if (p->has_bias) per_head += w.rows_keys * 4;
-    if (p->has_segment_ids) per_head += (wide)p->seq_q * 4 + w.keys * 4;
-    if (p->has_alibi) per_head += w.qtiles * 4;
+     * the head's slope once per query tile (w sums over every (b, h)) */
+    wide all_heads = heads * (wide)p->seq_q * (D * es + Dv * es + 4) + w.keys * (D + Dv) * es;
+    if (p->has_bias) all_heads += w.rows_keys * 4;
+    if (p->has_segment_ids) all_heads += heads * (wide)p->seq_q * 4 + w.keys * 4;
+    if (p->has_alibi) all_heads += w.qtiles * 4;
     wide inputs = t.q + t.k + t.v + t.bias + t.slopes + t.segments, outputs = t.o + t.lse;
     wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
     wide score = heads * p->seq_q * p->seq_k * 4;
 
     fa_cost *c = &pl->fwd;
-    if (!store(flops, &c->flops) || !store(heads * visible_pairs(pl) * 2 * (D + Dv), &c->flops_useful) ||
-        !store(trans, &c->transcendentals) || !store(heads * per_head, &c->bytes_accessed) ||
+    if (!store(flops, &c->flops) || !store(visible_pairs(pl) * 2 * (D + Dv), &c->flops_useful) ||
+        !store(trans, &c->transcendentals) || !store(all_heads, &c->bytes_accessed) ||
         !store(needed_inputs(pl, 0) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
         !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
         return fa_error(FA_ERR_OVERFLOW, "the forward cost of this problem overflows int64");
@@ -96,14 +99,15 @@ static fa_status forward_cost(struct fa_plan *pl) {
 static wide backward_fused_bytes(const struct fa_plan *pl, const tile_walk *w, wide *kv_once) {
     const fa_problem *p = &pl->p;
     const wide D = p->head_dim, Dv = p->head_dim_v, es = (wide)fa_dtype_size(p->dtype), sq = p->seq_q;
-    wide per_head = sq * (2 * Dv * es + 4) + w->rows_tiles * ((D + Dv) * es + 8) + sq * D * es;
-    if (p->has_bias) per_head += w->rows_keys * 4;
-    if (p->has_segment_ids) per_head += w->rows_tiles * 4 + w->keys * 4;
-    if (p->has_alibi) per_head += w->qtiles * 4;
-    if (p->bias_grad) per_head += w->rows_keys * 8; /* dbias read and written per element */
+    const wide heads = (wide)p->batch * p->heads_q; /* w sums over every (b, h) */
+    wide all_heads = heads * sq * (2 * Dv * es + 4) + w->rows_tiles * ((D + Dv) * es + 8) + heads * sq * D * es;
+    if (p->has_bias) all_heads += w->rows_keys * 4;
+    if (p->has_segment_ids) all_heads += w->rows_tiles * 4 + w->keys * 4;
+    if (p->has_alibi) all_heads += w->qtiles * 4;
+    if (p->bias_grad) all_heads += w->rows_keys * 8; /* dbias read and written per element */
     tensor_bytes t = sizes(p);
     *kv_once = 2 * (t.k + t.v) + t.dbias;           /* dbias zeroed once */
-    return per_head;
+    return all_heads;
 }
 
 /* The backward: Delta = rowsum(dO o); a dk/dv pass over (b, kv head, key tile) visiting
@@ -118,23 +122,23 @@ static fa_status backward_cost(struct fa_plan *pl) {
     tensor_bytes t = sizes(p);
 
     const int fused = pl->backend == FA_BACKEND_CPU && pl->bwd_fused;
-    wide flops = heads * w.rows_keys * 2 * (fused ? 3 * D + 2 * Dv : (2 * D + 2 * Dv) + (2 * D + Dv));
-    wide trans = heads * (fused ? 1 : 2) * w.rows_keys * (1 + softcap);
+    wide flops = w.rows_keys * 2 * (fused ? 3 * D + 2 * Dv : (2 * D + 2 * Dv) + (2 * D + Dv));
+    wide trans = (fused ? 1 : 2) * w.rows_keys * (1 + softcap);
     /* bytes per query head: Delta reads o and dO and writes Delta; the dk/dv pass reads,
      * per computed pair, the q and dO tiles and the rows' lse and Delta; the dq pass reads
      * q, dO, lse, Delta once per query tile and k, v per computed pair, and writes dq. */
-    wide rows_pairs = w.rows_tiles; /* sum over pairs of m */
-    wide per_head = sq * (2 * Dv * es + 4);
-    per_head += rows_pairs * ((D + Dv) * es + 8);
-    per_head += sq * ((D + Dv) * es + 8) + w.keys * (D + Dv) * es + sq * D * es;
-    if (p->has_bias) per_head += 2 * w.rows_keys * 4;
-    if (p->has_segment_ids) per_head += 2 * (rows_pairs * 4 + w.keys * 4);
-    if (p->has_alibi) per_head += 2 * w.qtiles * 4;
+    wide rows_pairs = w.rows_tiles; /* sum over pairs of m (w sums over every (b, h)) */
+    wide all_heads = heads * sq * (2 * Dv * es + 4);
+    all_heads += rows_pairs * ((D + Dv) * es + 8);
+    all_heads += heads * sq * ((D + Dv) * es + 8) + w.keys * (D + Dv) * es + heads * sq * D * es;
+    if (p->has_bias) all_heads += 2 * w.rows_keys * 4;
+    if (p->has_segment_ids) all_heads += 2 * (rows_pairs * 4 + w.keys * 4);
+    if (p->has_alibi) all_heads += 2 * w.qtiles * 4;
     /* dbias: the dq pass zeroes it once, then reads and writes it per computed element */
-    if (p->bias_grad) per_head += w.rows_keys * 8;
+    if (p->bias_grad) all_heads += w.rows_keys * 8;
     /* per kv head: k and v read once, dk and dv written once, by the dk/dv pass */
     wide kv_once = 2 * (t.k + t.v) + t.dbias;
-    if (fused) per_head = backward_fused_bytes(pl, &w, &kv_once);
+    if (fused) all_heads = backward_fused_bytes(pl, &w, &kv_once);
 
     wide inputs = t.q + t.k + t.v + 2 * t.o + t.lse + t.bias + t.slopes + t.segments; /* o and dO */
     wide outputs = t.q + t.k + t.v + t.dbias;                                           /* dq, dk, dv, dbias */
@@ -142,8 +146,8 @@ static fa_status backward_cost(struct fa_plan *pl) {
     wide score = heads * sq * p->seq_k * 4;
 
     fa_cost *c = &pl->bwd;
-    if (!store(flops, &c->flops) || !store(heads * visible_pairs(pl) * 2 * (3 * D + 2 * Dv), &c->flops_useful) ||
-        !store(trans, &c->transcendentals) || !store(heads * per_head + kv_once, &c->bytes_accessed) ||
+    if (!store(flops, &c->flops) || !store(visible_pairs(pl) * 2 * (3 * D + 2 * Dv), &c->flops_useful) ||
+        !store(trans, &c->transcendentals) || !store(all_heads + kv_once, &c->bytes_accessed) ||
         !store(needed_inputs(pl, 1) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
         !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
         return fa_error(FA_ERR_OVERFLOW, "the backward cost of this problem overflows int64");

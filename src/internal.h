@@ -5,6 +5,7 @@
 #include "alloc.h" /* fa_malloc, fa_calloc, fa_free: every allocation goes through them */
 #include "dtype.h" /* f32 <-> bf16 / f16, fa_load, fa_store */
 #include "flashattn.h"
+#include "mask.h"     /* block-sparse masks: the object and its schedule view (schedule_mask.h) */
 #include "schedule.h" /* which keys a row sees, the tile schedule */
 
 #include <math.h>
@@ -26,6 +27,7 @@ struct fa_plan {
     int64_t lse_rows;       /* lse elements between heads; 0: seq_q (a varlen sequence: the packed total) */
     int shape;              /* FA_SHAPE_DENSE, _VARLEN or _DECODE */
     int32_t *lens;          /* the plan's copies: cu_seqlens_q, cu_seqlens_k (varlen) or cache_seqlens */
+    /* p.mask, when set, is the plan's own reference (fa_mask_retain; released by fa_plan_destroy) */
 };
 
 /* ---- inference shapes (plan_inference.c, cost_inference.c, cpu/varlen.c, cpu/decode.c) */
@@ -103,6 +105,14 @@ typedef struct {
     __int128 qtiles;     /* query tiles */
 } fa_tile_walk;
 fa_tile_walk fa_tile_walk_sums(const struct fa_plan *pl, int64_t bq, int64_t bk);
+/* The same sums over every (batch, query head), the problem's mask applied (cost_mask.c:
+ * without a mask, B * Hq times fa_tile_walk_sums); the visible pairs over every (b, h); and,
+ * with a mask, the k/v rows (over every (b, kv head)) and the query rows an ideal kernel
+ * reads: those of the mask blocks that hold a pair causal and window may show. */
+fa_tile_walk fa_tile_walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk);
+__int128 fa_visible_pairs_all(const struct fa_plan *pl);
+__int128 fa_mask_needed_kv_rows(const struct fa_plan *pl);
+__int128 fa_mask_needed_q_rows(const struct fa_plan *pl); /* over every (b, query head) */
 
 /* Per-thread scratch the CPU drivers carve their workspace from (bytes). The cost model
  * reports threads x these (plus the backward's O(B*Hq*Sq) row terms), and the drivers
@@ -150,6 +160,16 @@ static inline void fa_key_tile_range(const struct fa_plan *pl, int64_t r0, int64
                                      int64_t *kt1) {
     const fa_sched s = fa_plan_sched(pl);
     fa_sched_key_tiles(&s, r0, r1, bk, kt0, kt1);
+}
+
+/* The kind of the tile pair rows [r0, r1) x keys [c0, c1) of (batch b, query head h):
+ * causal and window (schedule.h) ANDed with the problem's mask (schedule_mask.h). The
+ * drivers skip an empty pair; the cost model counts the others. */
+static inline int fa_plan_tile_kind(const struct fa_plan *pl, int64_t b, int64_t h, int64_t r0, int64_t r1, int64_t c0,
+                                    int64_t c1) {
+    const fa_sched s = fa_plan_sched(pl);
+    const fa_sched_mask v = fa_mask_view(pl->p.mask, b, h);
+    return fa_sched_mask_tile_kind(&s, &v, r0, r1, c0, c1);
 }
 
 /* FA_ERR_INVALID unless every ALiBi slope (Hq of them, in host memory) is finite: a

@@ -39,11 +39,26 @@ static fa_status check_shape(const fa_mask_shape *s, const char *fn, fa_mask_sha
 }
 
 void fa_mask_retain(const fa_mask *m) {
-    if (m) atomic_fetch_add(&((fa_mask *)m)->refs, 1);
+    if (m) __atomic_fetch_add(&((fa_mask *)m)->refs, 1, __ATOMIC_RELAXED);
+}
+
+fa_status fa_mask_check_problem(const fa_mask *m, const fa_problem *p) {
+    if (!m) return FA_OK;
+    const fa_mask_shape *s = &m->s;
+    if (s->seq_q != p->seq_q || s->seq_k != p->seq_k)
+        return fa_error(FA_ERR_INVALID, "the mask is %lld x %lld (seq_q x seq_k) but the problem is %lld x %lld",
+                        (long long)s->seq_q, (long long)s->seq_k, (long long)p->seq_q, (long long)p->seq_k);
+    if (s->batch != 1 && s->batch != p->batch)
+        return fa_error(FA_ERR_INVALID, "the mask's batch is %lld but must be 1 or the problem's batch (%lld)",
+                        (long long)s->batch, (long long)p->batch);
+    if (s->heads != 1 && s->heads != p->heads_q)
+        return fa_error(FA_ERR_INVALID, "the mask's heads are %lld but must be 1 or the problem's heads_q (%lld)",
+                        (long long)s->heads, (long long)p->heads_q);
+    return FA_OK;
 }
 
 void fa_mask_destroy(fa_mask *m) {
-    if (!m || atomic_fetch_sub(&m->refs, 1) != 1) return;
+    if (!m || __atomic_fetch_sub(&m->refs, 1, __ATOMIC_ACQ_REL) != 1) return;
     fa_free(m->kinds);
     fa_free(m->bitmap_at);
     fa_free(m->pop);
@@ -72,7 +87,7 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
     if (st) return st;
     fa_mask *m = fa_calloc(1, sizeof *m);
     if (!m) return fa_error(FA_ERR_NO_MEMORY, "%s: out of memory", fn);
-    atomic_init(&m->refs, 1);
+    m->refs = 1;
     m->s = s;
     m->nqb = (s.seq_q + s.block_q - 1) / s.block_q, m->nkb = (s.seq_k + s.block_k - 1) / s.block_k;
     const int64_t n = s.batch * s.heads * m->nqb * m->nkb, area = s.block_q * s.block_k;

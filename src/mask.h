@@ -7,11 +7,10 @@
 #include "flashattn.h"
 #include "schedule_mask.h"
 
-#include <stdatomic.h>
 #include <stdint.h>
 
 struct fa_mask {
-    atomic_int refs;     /* the caller's and each plan's */
+    int refs;            /* the caller's and each plan's (atomic builtins: plans may be made on many threads) */
     fa_mask_shape s;     /* blocks resolved (never 0) */
     int64_t nqb, nkb;    /* blocks per column and per row */
     int8_t *kinds;       /* [batch, heads, nqb, nkb] fa_block_kind */
@@ -23,8 +22,11 @@ struct fa_mask {
     int64_t visible, full, partial; /* totals over every block */
 };
 
-/* A plan's own reference (released by fa_mask_destroy). */
+/* A plan's own reference (released by fa_mask_destroy). NULL is fine. */
 void fa_mask_retain(const fa_mask *m);
+/* FA_ERR_INVALID unless m (NULL: no mask) fits problem p: seq_q and seq_k equal, batch 1 or
+ * B, heads 1 or Hq. */
+fa_status fa_mask_check_problem(const fa_mask *m, const fa_problem *p);
 
 /* The view of batch item b, query head h (broadcast dims read index 0); NULL: no mask. */
 static inline fa_sched_mask fa_mask_view(const fa_mask *m, int64_t b, int64_t h) {
@@ -35,6 +37,21 @@ static inline fa_sched_mask fa_mask_view(const fa_mask *m, int64_t b, int64_t h)
     v.bq = m->s.block_q, v.bk = m->s.block_k, v.nqb = m->nqb, v.nkb = m->nkb;
     v.kinds = m->kinds + base, v.bitmap_at = m->bitmap_at + base, v.bits = m->bits, v.pop = m->pop + base;
     return v;
+}
+
+/* Tiles that fit the mask's blocks (docs/masks.md): a tile edge that neither divides nor is
+ * a multiple of the block edge becomes the largest multiple of the block not above it, or,
+ * for a block larger than the edge, the block itself (up to 1024: the scratch grows with
+ * the tile). Any tiling is exact; fitted ones skip whole blocks and run full ones unmasked. */
+static inline void fa_mask_fit_edge(int64_t block, int64_t *edge) {
+    if (*edge % block == 0 || block % *edge == 0) return;
+    if (block < *edge) *edge = *edge / block * block;
+    else if (block <= 1024) *edge = block;
+}
+static inline void fa_mask_fit_tile(const fa_mask *m, int64_t *bq, int64_t *bk) {
+    if (!m) return;
+    fa_mask_fit_edge(m->s.block_q, bq);
+    fa_mask_fit_edge(m->s.block_k, bk);
 }
 
 /* The constructors' one builder. For every block, in row-major order of

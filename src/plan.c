@@ -197,6 +197,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     fa_status s = validate_scalars(pl);
     if (!s) s = choose_backend(pl, opt);
     if (!s) s = validate_layout(pl);
+    if (!s) s = fa_mask_check_problem(pl->p.mask, &pl->p); /* mask.c */
     if (!s) s = pl->be->choose_blocks(pl, opt);
     if (!s) {
         pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
@@ -210,12 +211,13 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         fa_free(pl);
         return s;
     }
+    fa_mask_retain(pl->p.mask);
     *out = pl;
     return FA_OK;
 }
 
 void fa_plan_destroy(fa_plan *plan) {
-    if (plan) fa_free(plan->lens);
+    if (plan) fa_free(plan->lens), fa_mask_destroy((fa_mask *)plan->p.mask);
     fa_free(plan);
 }
 

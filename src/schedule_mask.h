@@ -72,6 +72,15 @@ static inline const uint8_t *fa_sched_mask_row(const fa_sched_mask *v, int64_t i
     return at < 0 ? (const uint8_t *)0 : v->bits + at + (i - qb * v->bq) * v->bk;
 }
 
+/* 1 when the mask shows row i every key of [j0, j0 + n): its blocks there are all full. */
+static inline int fa_sched_mask_row_full(const fa_sched_mask *v, int64_t i, int64_t j0, int64_t n) {
+    if (!v->kinds) return 1;
+    const int64_t qb = i / v->bq;
+    for (int64_t kb = j0 / v->bk; kb <= (j0 + n - 1) / v->bk; kb++)
+        if (fa_sched_mask_block(v, qb, kb) != FA_TILE_FULL) return 0;
+    return 1;
+}
+
 #if !defined(__CUDACC__)
 /* Pairs of rows [r0, r1) x keys [c0, c1) that the problem's masks show, in closed form: for
  * each row, clamp(hi + 1, c0, c1) - clamp(lo, c0, c1), each end a clamped line

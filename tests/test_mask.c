@@ -5,39 +5,7 @@
  * statistics (fa_mask_stats) must all agree with the definition. Then AND / OR with
  * broadcasting, and the errors. */
 #include "check.h"
-
-typedef struct {
-    int kind; /* 0 causal, 1 window, 2 chunked, 3 prefix, 4 documents */
-    int64_t off, left, right, chunk;
-    const int64_t *prefix, *counts, *lens;
-} def;
-
-/* The definitions, per element. */
-static int defined(const def *d, int64_t b, int64_t i, int64_t j) {
-    const int64_t pos = i + d->off;
-    switch (d->kind) {
-    case 0: return j <= pos;
-    case 1: return (d->left < 0 || pos - d->left <= j) && (d->right < 0 || j <= pos + d->right);
-    case 2: {
-        if (j > pos) return 0;
-        /* floor division (pos may be negative only where j > pos already failed) */
-        return j / d->chunk == pos / d->chunk;
-    }
-    case 3: return j < d->prefix[b] || j <= pos;
-    default: {
-        int64_t at = 0;
-        for (int64_t x = 0; x < b; x++) at += d->counts[x];
-        int64_t start = 0, di = -1, dj = -1;
-        for (int64_t k = 0; k < d->counts[b]; k++) {
-            const int64_t end = start + d->lens[at + k];
-            if (i >= start && i < end) di = k;
-            if (j >= start && j < end) dj = k;
-            start = end;
-        }
-        return di == dj;
-    }
-    }
-}
+#include "mask_defs.h"
 
 /* Checks m (batch and heads of s) against expect[b][h][i][j]; keep: from_blocks' kinds. */
 static void check_against(const char *what, const fa_mask *m, const fa_mask_shape *s, const uint8_t *expect,
@@ -84,13 +52,13 @@ static void check_against(const char *what, const fa_mask *m, const fa_mask_shap
     free(got);
 }
 
-static uint8_t *dense_of(const def *d, const fa_mask_shape *s) {
+static uint8_t *dense_of(const mask_def *d, const fa_mask_shape *s) {
     uint8_t *e = tu_alloc((size_t)(s->batch * s->heads * s->seq_q * s->seq_k));
     for (int64_t b = 0; b < s->batch; b++)
         for (int64_t h = 0; h < s->heads; h++)
             for (int64_t i = 0; i < s->seq_q; i++)
                 for (int64_t j = 0; j < s->seq_k; j++)
-                    e[((b * s->heads + h) * s->seq_q + i) * s->seq_k + j] = (uint8_t)defined(d, b, i, j);
+                    e[((b * s->heads + h) * s->seq_q + i) * s->seq_k + j] = (uint8_t)mask_def_attends(d, b, i, j);
     return e;
 }
 
@@ -111,7 +79,7 @@ static int fn_pred(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
 static void constructors(uint64_t *r) {
     for (int round = 0; round < 60; round++) {
         fa_mask_shape s = {tu_int(r, 1, 2), tu_int(r, 1, 2), tu_int(r, 1, 70), tu_int(r, 1, 70), pick_block(r), pick_block(r)};
-        def d = {(int)(round % 5), tu_int(r, -40, 40), tu_int(r, -1, 20), tu_int(r, -1, 20), tu_int(r, 1, 20), 0, 0, 0};
+        mask_def d = {(int)(round % 5), tu_int(r, -40, 40), tu_int(r, -1, 20), tu_int(r, -1, 20), tu_int(r, 1, 20), 0, 0, 0};
         int64_t prefix[2] = {tu_int(r, 0, 80), tu_int(r, 0, 80)}, counts[2], lens[140];
         if (d.kind == 4) {
             s.seq_k = s.seq_q;

@@ -33,6 +33,7 @@ static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t
         *bk = t->bwd_long_bk;
     const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
     while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
+    fa_mask_fit_tile(p->mask, bq, bk);
 }
 
 static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {

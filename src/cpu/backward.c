@@ -70,6 +70,7 @@ static void dkdv_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64
         for (int64_t qt = q0; qt < q1; qt++) {
             const int64_t r0 = qt * bq;
             const int m = fa_bwd_rows(pl, r0);
+            if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
             fa_tile_src qs, gs;
             fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, w->qa, w->ga);
             /* a NaN row must not reach keys it cannot see through 0 * q or 0 * do (guard.h);
@@ -109,6 +110,7 @@ static void dq_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64_t
     for (int64_t kt = k0; kt < k1; kt++) {
         const int64_t c0 = kt * bk;
         const int n = fa_bwd_keys(pl, c0);
+        if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
         const fa_tile_src ks = fa_bwd_pack_keys(c, &w->t, b, hk, c0, n);
         const int k_bad = fa_tile_may_hide(pl, r0, r0 + m, c0, n) && fa_tile_nonfinite(&ks, n, D); /* guard.h */
         if (!k_bad) isa->pack_b(&ks, n, D, w->t.kb);

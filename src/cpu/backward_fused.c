@@ -125,6 +125,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
             for (int64_t qt = q0; qt < q1; qt++) {
                 const int64_t r0 = qt * bq;
                 const int m = fa_bwd_rows(pl, r0);
+                if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
                 float *db = fa_bwd_dbias_row(c, b, h, r0);
                 fa_bwd_tile(c, &w.t, b, h, r0, m, c0, n, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g,
                             1, db ? db + c0 : NULL, Sk, cnt);

@@ -162,6 +162,7 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
     const int ld = (int)pl->bwd_bk;
     const int cap = p->softcap > 0.0f;
     const float bias_scale = c->sc.bias_scale;
+    const fa_score_ctx sc = fa_score_ctx_at(&c->sc, b, h); /* with (b, h)'s view of the mask */
 
     /* where no key can be hidden, p = 0 only by underflow: no guard needed (guard.h) */
     const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
@@ -173,10 +174,10 @@ static inline void fa_bwd_tile(const fa_bwd_ctx *c, const fa_bwd_tile_buf *w, in
         const int64_t row = r0 + i;
         float *restrict s = w->s + (int64_t)i * ld, *restrict dp = w->dp + (int64_t)i * ld;
         const float *restrict th = w->th + (int64_t)i * ld;
-        if (fa_score_plain(&c->sc, row, c0, n))
-            for (int j = 0; j < n; j++) s[j] *= c->sc.scale;
+        if (fa_score_plain(&sc, row, c0, n))
+            for (int j = 0; j < n; j++) s[j] *= sc.scale;
         else
-            fa_score_row(&c->sc, b, h, row, c0, n, s, w->th + (int64_t)i * ld);
+            fa_score_row(&sc, b, h, row, c0, n, s, w->th + (int64_t)i * ld);
         const int64_t r = (b * p->heads_q + h) * p->seq_q + row;
         const float lse = c->a->lse[fa_lse_index(pl, b, h, row)], delta = c->delta[r];
         if (lse == -INFINITY) { /* the row sees no key */

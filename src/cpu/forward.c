@@ -220,8 +220,11 @@ static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *
 }
 
 /* One work item: the query tiles [qt0, qt1) of (b, h). */
-static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, int64_t h, int64_t qt0, int64_t qt1,
+static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, int64_t h, int64_t qt0, int64_t qt1,
                          fa_counts *cnt) {
+    fwd_ctx item = *call; /* the scores with this (b, h)'s view of the mask (scores.h) */
+    item.sc = fa_score_ctx_at(&call->sc, b, h);
+    const fwd_ctx *cx = &item;
     const struct fa_plan *pl = cx->pl;
     const fa_problem *p = cx->p;
     const fa_isa *isa = cx->isa;
@@ -250,6 +253,16 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
     for (int64_t kt = lo; kt < hi; kt++) {
         const int64_t j0 = kt * cx->bk;
         const int n = (int)(p->seq_k - j0 < cx->bk ? p->seq_k - j0 : cx->bk);
+        /* the run's tiles that compute this key tile: in their key tiles, and not emptied by
+         * the mask (schedule_mask.h) */
+        int run_tile[FWD_RUN], any = 0;
+        for (int64_t t = 0; t < qt1 - qt0; t++) {
+            const int64_t r0 = (qt0 + t) * cx->bq, r1 = r0 + cx->bq < p->seq_q ? r0 + cx->bq : p->seq_q;
+            run_tile[t] = kt >= k0[t] && kt < k1[t] &&
+                          (!p->mask || fa_plan_tile_kind(pl, b, h, r0, r1, j0, j0 + n) != FA_TILE_EMPTY);
+            any |= run_tile[t];
+        }
+        if (!any) continue;
         fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, j0);
         fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
         isa->pack_bt(&ks, n, (int)D, sc->kp);
@@ -258,7 +271,7 @@ static void forward_item(const fwd_ctx *cx, const fwd_scratch *sc, int64_t b, in
          * per key tile, and only if a query tile here can hide a key (-1: not yet) */
         int v_nonfinite = -1, vp_repack = 0;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
-            if (kt < k0[t] || kt >= k1[t]) continue;
+            if (!run_tile[t]) continue;
             const int64_t r0 = (qt0 + t) * cx->bq;
             const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
             float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;

@@ -25,7 +25,7 @@
  * form [lo(i), hi(i)], both growing with i (internal.h): the last row's lo and the first
  * row's hi bound the tile. */
 static inline int fa_tile_may_hide(const struct fa_plan *pl, int64_t r0, int64_t r1, int64_t j0, int n) {
-    if (pl->p.has_bias || pl->p.has_segment_ids) return 1;
+    if (pl->p.has_bias || pl->p.has_segment_ids || pl->p.mask) return 1; /* a mask: any tile may hide keys */
     return fa_key_lo(pl, r1 - 1) > j0 || fa_key_hi(pl, r0) < j0 + n - 1;
 }
 

@@ -2,7 +2,7 @@
  * "The score of a query row and a key"):
  *
  *   s = scale * (q . k)  ->  softcap: cap * tanh(s / cap)  ->  + bias_scale * bias
- *     ->  - slope_h * |i + off - j|  ->  -inf where causal/window or segment ids hide key j
+ *     ->  - slope_h * |i + off - j|  ->  -inf where causal/window, the mask or segment ids hide key j
  *
  * A bias term of -inf hides its key like a mask: the score is -inf even where the product
  * is NaN (docs/nonfinite.md: a hidden key never influences a row). *
@@ -27,6 +27,8 @@ typedef struct {
     const float *bias;           /* when has_bias */
     const float *slopes;         /* when has_alibi */
     const int32_t *q_seg, *kv_seg; /* when has_segment_ids */
+    fa_sched_mask mask;          /* one (b, h)'s view of the problem's mask, set by fa_score_ctx_at
+                                    (only fa_score_plain reads it: unset, rows are never plain) */
 } fa_score_ctx;
 
 static inline fa_score_ctx fa_score_ctx_make(const struct fa_plan *pl, const float *bias, const float *slopes,
@@ -40,7 +42,29 @@ static inline fa_score_ctx fa_score_ctx_make(const struct fa_plan *pl, const flo
     c.slopes = slopes;
     c.q_seg = q_seg;
     c.kv_seg = kv_seg;
+    c.mask = fa_mask_view(NULL, 0, 0);
     return c;
+}
+
+/* c for the rows of batch item b, query head h: with the mask's view of them, so that
+ * fa_score_plain can tell full blocks (skipping the per-element mask) from partial ones. */
+static inline fa_score_ctx fa_score_ctx_at(const fa_score_ctx *c, int64_t b, int64_t h) {
+    fa_score_ctx r = *c;
+    r.mask = fa_mask_view(c->pl->p.mask, b, h);
+    return r;
+}
+
+/* -inf at the keys j0 .. j0 + n - 1 that the mask hides from row i: none in a full block,
+ * all in an empty one, the bitmap's zeros in a partial one. */
+static inline void fa_score_apply_mask(const fa_sched_mask *v, int64_t i, int64_t j0, int n, float *restrict s) {
+    for (int64_t kb = j0 / v->bk; kb * v->bk < j0 + n; kb++) {
+        const int64_t a = kb * v->bk > j0 ? kb * v->bk : j0, e = (kb + 1) * v->bk < j0 + n ? (kb + 1) * v->bk : j0 + n;
+        const int k = fa_sched_mask_block(v, i / v->bq, kb);
+        if (k == FA_TILE_FULL) continue;
+        const uint8_t *bits = fa_sched_mask_row(v, i, kb);
+        for (int64_t j = a; j < e; j++)
+            if (!bits || !bits[j - kb * v->bk]) s[j - j0] = -INFINITY;
+    }
 }
 
 /* 1 when the scores of row i against keys [j0, j0 + n) are the scaled products and
@@ -49,6 +73,7 @@ static inline fa_score_ctx fa_score_ctx_make(const struct fa_plan *pl, const flo
 static inline int fa_score_plain(const fa_score_ctx *c, int64_t i, int64_t j0, int n) {
     const fa_problem *p = &c->pl->p;
     if (c->softcap > 0.0f || p->has_bias || p->has_alibi || p->has_segment_ids) return 0;
+    if (p->mask && !(c->mask.kinds && fa_sched_mask_row_full(&c->mask, i, j0, n))) return 0; /* a partial block */
     return fa_key_lo(c->pl, i) <= j0 && fa_key_hi(c->pl, i) >= j0 + n - 1;
 }
 
@@ -117,6 +142,10 @@ static inline void fa_score_row(const fa_score_ctx *c, int64_t b, int64_t h, int
     const int64_t lo = fa_key_lo(pl, i) - j0, hi = fa_key_hi(pl, i) - j0;
     for (int64_t j = 0; j < n && j < lo; j++) s[j] = -INFINITY;
     for (int64_t j = hi + 1 > 0 ? hi + 1 : 0; j < n; j++) s[j] = -INFINITY;
+    if (p->mask) { /* the block-sparse mask (docs/masks.md), ANDed with the masks above */
+        const fa_sched_mask v = fa_mask_view(p->mask, b, h);
+        fa_score_apply_mask(&v, i, j0, n, s);
+    }
     if (p->has_segment_ids) {
         const int32_t qs = c->q_seg[b * p->seq_q + i];
         const int32_t *ks = c->kv_seg + b * p->seq_k + j0;

@@ -17,6 +17,13 @@ static inline double fa_ref_f32_range(double x) {
     return x >= edge ? INFINITY : x <= -edge ? -INFINITY : x;
 }
 
+/* A dense mask for every reference call that follows (NULL: none): attend [B, Hq, Sq, Sk]
+ * contiguous, 0 hides key j from row i of (b, h), ANDed with causal, window and segment ids.
+ * The references never read fa_problem.mask: a test states its mask here, per element, from
+ * its own definition (docs/masks.md). Tests only (one global, not thread-safe). */
+void fa_ref_attend(const unsigned char *attend);
+const unsigned char *fa_ref_attend_get(void);
+
 /* o [B,Hq,Sq,Dv] and lse [B,Hq,Sq], contiguous doubles. Tensor pointers and strides as in
  * fa_forward_args / the problem (strides all zero = contiguous). */
 void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse);

@@ -48,6 +48,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
                   Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
     const int64_t group = Hq / Hk;
+    const unsigned char *attend = fa_ref_attend_get(); /* ref.h */
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
     const double bias_scale = p->has_bias_scale ? (double)p->bias_scale : 1.0;
@@ -88,6 +89,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, int sav
                     if (p->has_segment_ids &&
                         a->q_segment_ids[b * Sq + i] != a->kv_segment_ids[b * Sk + j])
                         vis = 0;
+                    if (attend && !attend[((b * Hq + h) * Sq + i) * Sk + j]) vis = 0;
                     s[j] = -INFINITY;
                     th[j] = 0.0;
                     if (!vis) continue;

@@ -32,6 +32,10 @@ static double *fwd_ref_load(const fa_problem *p, const void *base, const fa_stri
     return x;
 }
 
+static const unsigned char *ref_attend;
+void fa_ref_attend(const unsigned char *attend) { ref_attend = attend; }
+const unsigned char *fa_ref_attend_get(void) { return ref_attend; }
+
 void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, double *lse) {
     const int64_t B = p->batch, Hq = p->heads_q, Sq = p->seq_q, Sk = p->seq_k, D = p->head_dim;
     const int64_t Hk = p->heads_kv ? p->heads_kv : Hq, Dv = p->head_dim_v ? p->head_dim_v : D;
@@ -68,6 +72,7 @@ void fa_ref_forward(const fa_problem *p, const fa_forward_args *a, double *o, do
                     if (p->window_right >= 0 && j - (i + off) > p->window_right) v = 0;
                     if (p->has_segment_ids && a->q_segment_ids[b * Sq + i] != a->kv_segment_ids[b * Sk + j])
                         v = 0;
+                    if (ref_attend && !ref_attend[((b * Hq + h) * Sq + i) * Sk + j]) v = 0;
                     /* the score */
                     double x = 0.0;
                     for (int64_t d = 0; d < D; d++) x += qi[d] * Kh[j * D + d];
