@@ -73,6 +73,7 @@ class _BlockMask(Mask):
         self.block = tuple(int(n) for n in bm.BLOCK_SIZE)
         self.kinds = _block_kinds(bm)
         self.bitmaps = _bitmaps(bm, self.kinds)
+        self.fixed_block = self.block
 
     def _build(self, dims, diag, block):
         B, H, Sq, Sk = dims

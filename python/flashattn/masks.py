@@ -31,6 +31,9 @@ _CACHE_SIZE = 8
 class Mask:
     """A mask description; combine with & and |. Bound and built by the fronts."""
 
+    # the block size a mask is given at (a FlexAttention BlockMask's); None: any
+    fixed_block = None
+
     def __init__(self):
         self._built = {}
         self._lock = threading.Lock()
@@ -89,7 +92,12 @@ class _Combined(Mask):
         super().__init__()
         self.op, self.a, self.b = op, a, b
 
+    @property
+    def fixed_block(self):
+        return self.a.fixed_block or self.b.fixed_block
+
     def _build(self, dims, diag, block):
+        block = self.fixed_block or block  # both sides at the block size one of them is given at
         return native.combine(self.op, self.a.build(*dims, diag_offset=diag, block=block),
                               self.b.build(*dims, diag_offset=diag, block=block))
 

@@ -1,7 +1,9 @@
 """FlexAttention's BlockMask in flashattn.torch: the mask the library builds from it (its listed
 blocks, mask_mod on the partial ones) against create_mask restricted to those blocks;
 attention(block_mask=bm) against flex_attention(q, k, v, block_mask=bm) in eager mode on the
-CPU, forward and gradients; flex_cost's flops_useful against the popcount of the mask.
+CPU (forward; FlexAttention has no CPU backward, so the gradients are checked against
+autograd through softmax over flex's own create_mask, in float64); flex_cost's flops_useful
+against the popcount of the mask.
 Random cases draw from the run's seed (FA_TEST_SEED)."""
 import warnings
 
@@ -79,7 +81,23 @@ def test_block_mask_as_built(rng, Sq, Sk, block):
 def _flex(q, k, v, bm, scale=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return flex.flex_attention(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        with torch.no_grad():
+            return flex.flex_attention(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _dense_flex(q, k, v, bm):
+    """Differentiable float64 attention over flex's own mask (create_mask of bm.mask_mod on
+    the blocks bm lists); a row with no visible key gives 0, as flex_attention does."""
+    B, Hq, S, D = q.shape
+    Sk = k.shape[2]
+    attend = torch.from_numpy(flex.create_mask(bm.mask_mod, B, Hq, S, Sk, device="cpu").numpy()
+                              & _listed(bm, B, Hq, S, Sk))
+    rep = Hq // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) / D ** 0.5
+    s = s.masked_fill(~attend, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
 
 
 @pytest.mark.parametrize("name", ["causal", "documents", "per_head", "prefix_per_batch"])
@@ -91,13 +109,15 @@ def test_attention_matches_flex(rng, name):
     q, k, v = (torch.randn(B, h, S, D, generator=g, dtype=torch.float64) for h in (Hq, Hk, Hk))
     do = torch.randn(B, Hq, S, D, generator=g, dtype=torch.float64)
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
-    o_ref = _flex(*ref, bm)
+    o_flex = _flex(q, k, v, bm)
+    o_ref = _dense_flex(*ref, bm)
     o_ref.backward(do)
+    assert (o_ref.detach() - o_flex).abs().max().item() <= 1e-10  # the dense reference is flex's
     mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
     o = ft.attention(*mine, block_mask=bm)
     o.backward(do.to(torch.float32))
-    scale = o_ref.abs().max().item()
-    assert (o.double() - o_ref).abs().max().item() <= 1e-5 * scale
+    scale = o_flex.abs().max().item()
+    assert (o.double() - o_flex).abs().max().item() <= 1e-5 * scale
     for got, want in zip(mine, ref):
         err = (got.grad.double() - want.grad).abs().max().item()
         assert err <= 5e-5 * want.grad.abs().max().item(), name
@@ -134,8 +154,10 @@ def test_attention_with_flashattn_masks(rng):
                       (masks.chunked(C), _block_mask(window, 1, 1, S, S, 64),
                        lambda b, h, qi, kv: chunked(b, h, qi, kv) & window(b, h, qi, kv))):
         ref = [t.clone().requires_grad_() for t in (q, k, v)]
-        o_ref = _flex(*ref, _block_mask(fn, 1, 1, S, S, 64))
+        full = _block_mask(fn, 1, 1, S, S, 64)
+        o_ref = _dense_flex(*ref, full)
         o_ref.sum().backward()
+        assert (o_ref.detach() - _flex(q, k, v, full)).abs().max().item() <= 1e-10
         mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
         o = ft.attention(*mine, mask=m, block_mask=bm)
         o.sum().backward()
