@@ -1,7 +1,8 @@
 """The PyTorch front: flashattn.torch.attention, differentiable (autograd and torch.func),
 opaque to torch.compile; scaled_dot_product_attention, the drop-in for SDPA
 (python/flashattn/_torch_sdpa.py); varlen_attention and kvcache_attention, the inference
-shapes (python/flashattn/_torch_inference.py).
+shapes (python/flashattn/_torch_inference.py); flex_cost, the exact cost of a call with a
+FlexAttention BlockMask (python/flashattn/_torch_flex.py converts it).
 
 The custom ops and their autograd live in python/flashattn/_torch_ops.py: CPU tensors
 always; CUDA tensors on the current stream where the library was built with CUDA; meta and
