@@ -29,7 +29,8 @@ static wide needed_inputs(const struct fa_plan *pl, int backward) {
     wide need = q_rows * (backward ? (D + 2 * Dv) * es + 4 : D * es) + kv_rows * (D + Dv) * es;
     /* the bias at the visible pairs (with a mask: their mean over the heads that share a slice) */
     if (p->has_bias) need += visible_pairs(pl) / (b * p->heads_q / ((wide)p->bias_batch * p->bias_heads)) * 4;
-    if (p->has_segment_ids) need += b * (rows + keys) * 4;
+    /* segment ids of those rows and keys (with a mask: their mean over the heads) */
+    if (p->has_segment_ids) need += (p->mask ? q_rows / p->heads_q + kv_rows / p->heads_kv : b * (rows + keys)) * 4;
     if (p->has_alibi) need += (wide)p->heads_q * 4;
     return need;
 }

@@ -1,7 +1,8 @@
 /* Block-sparse masks (docs/masks.md) in the forward and the backward: random masks (every
  * constructor, dense bitmaps with empty rows, single elements and all-full blocks, given
  * blocks, AND and OR), broadcast or not over batch and heads, combined with the problem's
- * causal, window and softcap, GQA, Sq != Sk, every dtype, default and odd tiles. Each case
+ * causal, window, segment ids, bias (and dbias), ALiBi and softcap, GQA, Sq != Sk, every
+ * dtype, default and odd tiles; then the same bits for every thread count. Each case
  * compares o, lse and the gradients with the float64 reference, which is told the mask per
  * element (fa_ref_attend) from the test's own definitions (mask_defs.h), and the kernels'
  * counts with the plan to the unit (flops, transcendentals, both passes), and flops_useful
@@ -140,7 +141,8 @@ static int run_case(uint64_t *r, int idx) {
     p.head_dim = dims[tu_int(r, 0, 2)], p.head_dim_v = tu_int(r, 0, 3) ? p.head_dim : 24;
     p.dtype = dts[tu_int(r, 0, 2)];
     const int flags = (tu_int(r, 0, 2) == 0 ? M_CAUSAL : 0) | (tu_int(r, 0, 4) == 0 ? M_WINDOW : 0) |
-                      (tu_int(r, 0, 3) == 0 ? M_SOFTCAP : 0);
+                      (tu_int(r, 0, 3) == 0 ? M_SOFTCAP : 0) | (tu_int(r, 0, 5) == 0 ? M_SEG : 0) |
+                      (tu_int(r, 0, 5) == 0 ? M_ALIBI : 0) | (tu_int(r, 0, 7) == 0 ? M_BIAS : 0);
     fa_mask_shape ms = {tu_int(r, 0, 1) ? p.batch : 1, tu_int(r, 0, 1) ? p.heads_q : 1, p.seq_q, p.seq_k,
                         blocks[tu_int(r, 0, 5)], blocks[tu_int(r, 0, 5)]};
     const int64_t sq = p.seq_q, sk = p.seq_k, B = p.batch, Hq = p.heads_q;
@@ -167,11 +169,13 @@ static int run_case(uint64_t *r, int idx) {
     int64_t fbq = 0, fbk = 0, bbq = 0, bbk = 0;
     if (pl) fa_plan_blocks(pl, FA_FORWARD, &fbq, &fbk), fa_plan_blocks(pl, FA_BACKWARD, &bbq, &bbk);
     snprintf(label, sizeof label,
-             "#%d %s B%lld Hq%lld Hk%lld Sq%lld Sk%lld D%lld Dv%lld causal %d window (%lld, %lld) softcap %g off %s%lld; "
+             "#%d %s B%lld Hq%lld Hk%lld Sq%lld Sk%lld D%lld Dv%lld causal %d window (%lld, %lld) softcap %g seg %d "
+             "alibi %d bias %d off %s%lld; "
              "mask %s [%lld, %lld] blocks %lldx%lld; tiles fwd %lldx%lld bwd %lldx%lld",
              idx, fa_dtype_name(p.dtype), (long long)B, (long long)Hq, (long long)p.heads_kv, (long long)sq, (long long)sk,
              (long long)p.head_dim, (long long)p.head_dim_v, c.p.causal, (long long)c.p.window_left,
-             (long long)c.p.window_right, (double)c.p.softcap, c.p.has_diag_offset ? "" : "default ",
+             (long long)c.p.window_right, (double)c.p.softcap, c.p.has_segment_ids, c.p.has_alibi, c.p.has_bias,
+             c.p.has_diag_offset ? "" : "default ",
              (long long)c.p.diag_offset, what, (long long)ms.batch, (long long)ms.heads, (long long)ms.block_q,
              (long long)ms.block_k, (long long)fbq, (long long)fbk, (long long)bbq, (long long)bbk);
     CHECK(st == FA_OK, "%s: plan: %s", label, fa_last_error());
@@ -230,6 +234,45 @@ static int run_case(uint64_t *r, int idx) {
     return failures > bad;
 }
 
+/* The same bits from 1 and 3 threads, forward and backward (each output element is summed in
+ * a fixed order whatever the threads: docs/semantics.md), on a dense bitmap under causal. */
+static void thread_counts(uint64_t *r) {
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 2, p.heads_q = 4, p.heads_kv = 2, p.seq_q = 300, p.seq_k = 260, p.head_dim = 32, p.dtype = FA_BF16;
+    fa_mask_shape s = {1, 4, 300, 260, 64, 64};
+    uint8_t *att = tu_alloc((size_t)(4 * 300 * 260));
+    random_bitmap(r, att, 4, 300, 260, 64, 64);
+    fa_mask *m = NULL;
+    CHECK(fa_mask_from_dense(&s, att, &m) == FA_OK, "from_dense: %s", fa_last_error());
+    tcase c;
+    case_init(&c, &p, M_CAUSAL, r, 0);
+    c.p.mask = m;
+    void *o1 = tu_alloc((size_t)c.no * 2), *d1[3] = {tu_alloc((size_t)c.nq * 2), tu_alloc((size_t)c.nk * 2), tu_alloc((size_t)c.nv * 2)};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        fa_options opt = {FA_BACKEND_CPU, threads, 0, 0};
+        fa_plan *pl = NULL;
+        CHECK(fa_plan_create(&c.p, &opt, &pl) == FA_OK, "plan: %s", fa_last_error());
+        if (!pl) break;
+        fa_forward_args fa = case_fwd_args(&c);
+        CHECK(fa_forward(pl, &fa) == FA_OK, "forward: %s", fa_last_error());
+        fa_backward_args ba = case_bwd_args(&c);
+        CHECK(fa_backward(pl, &ba) == FA_OK, "backward: %s", fa_last_error());
+        if (threads == 1) {
+            memcpy(o1, c.o, (size_t)c.no * 2), memcpy(d1[0], c.dq, (size_t)c.nq * 2);
+            memcpy(d1[1], c.dk, (size_t)c.nk * 2), memcpy(d1[2], c.dv, (size_t)c.nv * 2);
+        } else {
+            CHECK(!memcmp(o1, c.o, (size_t)c.no * 2) && !memcmp(d1[0], c.dq, (size_t)c.nq * 2) &&
+                      !memcmp(d1[1], c.dk, (size_t)c.nk * 2) && !memcmp(d1[2], c.dv, (size_t)c.nv * 2),
+                  "1 and 3 threads give different bits under a mask");
+        }
+        fa_plan_destroy(pl);
+    }
+    fa_mask_destroy(m);
+    case_free(&c);
+    free(att), free(o1), free(d1[0]), free(d1[1]), free(d1[2]);
+}
+
 /* What a mask does not combine with, refused in words that name both. */
 static void refusals(void) {
     fa_problem p;
@@ -272,6 +315,7 @@ int main(void) {
     int failed = 0;
     for (int i = 0; i < n; i++) failed += run_case(&r, i);
     printf("test_mask_attention: %d of %d cases failed\n", failed, n);
+    thread_counts(&r);
     refusals();
     return check_finish("test_mask_attention");
 }

@@ -3,6 +3,9 @@
  *                                                     (segment ids 0, 0, 1, 1, 2 ... per row)
  *   tool_npy raw PATH [--magic S] [--major N] [--header TEXT] [--hlen N] [--data BYTES]
  *                                                     a hand-made file, for malformed cases
+ *   tool_npy write PATH DESCR D0 [D1 ...] -- V0 V1 ...  '<i4', '<i8' or '|b1' with the given values
+ *                                                     (the last one repeated to fill the shape);
+ *                                                     '|b1' with "tril": 1 where column <= row
  *   tool_npy info PATH                                prints "DESCR d0,d1,... finite|nonfinite"
  *   tool_npy measure OUT CMD [ARGS...]                runs CMD, writes "wall_ms max_rss_kb"
  *                                                     to OUT, exits with CMD's status
@@ -122,6 +125,35 @@ static int cmd_raw(int argc, char **argv) {
     fwrite(v, 1, major >= 2 ? 6 : 4, f);
     fwrite(dict, 1, len, f);
     for (long i = 0; i < data; i++) fputc(i & 1 ? 0x3f : 0, f);
+    return fclose(f) ? die("write failed", path) : 0;
+}
+
+static int cmd_write(int argc, char **argv) {
+    if (argc < 4) return die("usage: write PATH DESCR DIMS... -- VALUES...", NULL);
+    const char *path = argv[0], *descr = argv[1];
+    const int size = strcmp(descr, "<i4") == 0 ? 4 : strcmp(descr, "<i8") == 0 ? 8 : strcmp(descr, "|b1") == 0 ? 1 : 0;
+    if (!size) return die("write: DESCR must be <i4, <i8 or |b1, got", descr);
+    int i = 2, nd = 0;
+    long long dims[8], count = 1;
+    for (; i < argc && strcmp(argv[i], "--") != 0 && nd < 8; i++) dims[nd] = atoll(argv[i]), count *= dims[nd++];
+    if (i >= argc - 1) return die("write: no values after --", NULL);
+    char shape[160] = "", *s = shape;
+    for (int d = 0; d < nd; d++) s += sprintf(s, "%lld%s", dims[d], nd == 1 ? "," : d + 1 < nd ? ", " : "");
+    char dict[256];
+    int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", descr, shape);
+    while ((10 + len + 1) % 64) dict[len++] = ' ';
+    dict[len++] = '\n';
+    FILE *f = fopen(path, "wb");
+    if (!f) return die("cannot create", path);
+    const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 255), (unsigned char)(len >> 8)};
+    fwrite(pre, 1, 10, f);
+    fwrite(dict, 1, (size_t)len, f);
+    const int tril = strcmp(argv[i + 1], "tril") == 0, nv = argc - i - 1;
+    const long long cols = nd ? dims[nd - 1] : 1;
+    for (long long x = 0; x < count; x++) {
+        long long v = tril ? x % cols <= x / cols % (nd > 1 ? dims[nd - 2] : 1) : atoll(argv[i + 1 + (x < nv ? x : nv - 1)]);
+        for (int b = 0; b < size; b++) fputc((int)((unsigned long long)v >> (8 * b)) & 255, f);
+    }
     return fclose(f) ? die("write failed", path) : 0;
 }
 
@@ -341,6 +373,7 @@ int main(int argc, char **argv) {
     if (argc < 2) return die("usage: tool_npy rand|raw|info|measure ...", NULL);
     if (strcmp(argv[1], "rand") == 0) return cmd_rand(argc - 2, argv + 2);
     if (strcmp(argv[1], "raw") == 0) return cmd_raw(argc - 2, argv + 2);
+    if (strcmp(argv[1], "write") == 0) return cmd_write(argc - 2, argv + 2);
     if (strcmp(argv[1], "info") == 0 && argc == 3) return cmd_info(argv[2]);
     if (strcmp(argv[1], "measure") == 0) return cmd_measure(argc - 2, argv + 2);
     if (strcmp(argv[1], "refcheck") == 0) return cmd_refcheck(argc - 2, argv + 2);

@@ -62,6 +62,12 @@ typedef struct {
     int64_t cache_len;            /* bench --cache-len */
     const char *varlen_lens;      /* bench --varlen 128,4096,... */
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
+
+    /* block-sparse masks (docs/masks.md; cli_mask.c), ANDed together and with the others */
+    int64_t mask_chunk;           /* --mask-chunk C (0: not given) */
+    const char *prefix_len;       /* --prefix-len N or lens.npy */
+    const char *documents;        /* --documents lens.npy */
+    const char *mask;             /* --mask mask.npy (bool) */
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };
@@ -90,6 +96,9 @@ typedef struct {
     int32_t *q_seg, *kv_seg;
 } cli_extras;
 int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x);
+/* cli_mask.c: the mask flags' block-sparse mask, built once (a plan input: its files are read
+ * whole even by plan) and set as p->mask; the command line keeps it until exit. */
+int cli_mask_apply(const cli_args *a, fa_problem *p);
 void cli_extras_free(cli_extras *x);
 
 /* Reads the data of a q/k/v/do file whose header was already checked (expect; it must still

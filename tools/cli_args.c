@@ -22,7 +22,8 @@ typedef enum {
     F_LSE, F_DO, F_DQ, F_DK, F_DV, F_PASS, F_HELP, F_BIAS_SCALE, F_DIAG_OFFSET, F_TOP_LEFT, F_DBIAS,
     F_SEQ_PARALLEL, F_ZIGZAG,
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
-    F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_COUNT_OF_FLAGS
+    F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES,
+    F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -77,6 +78,9 @@ static const struct {
     [F_CACHE_LEN] = I64("--cache-len", cache_len, 0, CMD_BENCH),
     [F_VARLEN] = FILE_ARG("--varlen", varlen_lens, CMD_BENCH),
     [F_HUGE_PAGES] = ON("--huge-pages", huge_pages, CMD_BENCH),
+    [F_MASK_CHUNK] = I64("--mask-chunk", mask_chunk, 1, ALL),
+    [F_PREFIX_LEN] = FILE_ARG("--prefix-len", prefix_len, ALL),
+    [F_DOCUMENTS] = FILE_ARG("--documents", documents, ALL), [F_MASK] = FILE_ARG("--mask", mask, ALL),
 };
 
 int cli_fail(int code, const char *fmt, ...) {

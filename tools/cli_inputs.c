@@ -32,6 +32,7 @@ int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x) {
     memset(x, 0, sizeof *x);
     npy_header h;
     int rc;
+    if ((rc = cli_mask_apply(a, p))) return rc; /* cli_mask.c */
     if (a->alibi) {
         if ((rc = read_file("--alibi", a->alibi, NPY_F32, load, &h, (void **)&x->slopes))) return rc;
         int64_t want[1] = {p->heads_q};

@@ -19,7 +19,12 @@ static const char options_help[] =
     "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n"
     "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
     "  --diag-offset N  masks and ALiBi align query i with key i + N (default Sk - Sq,\n"
-    "                 bottom-right); --top-left is --diag-offset 0\n";
+    "                 bottom-right); --top-left is --diag-offset 0\n"
+    "  block-sparse masks (docs/masks.md), ANDed together and with the above:\n"
+    "  --mask-chunk C   chunked causal: j <= i+off and j/C == (i+off)/C\n"
+    "  --prefix-len N|p.npy  prefix-LM: j < N (or int [B]) or j <= i+off\n"
+    "  --documents d.npy  int [n] (every batch item) or [B, n] (0-padded) document lengths\n"
+    "  --mask m.npy     bool [Sq, Sk] or [B or 1, Hq or 1, Sq, Sk]; True = attend\n";
 
 static const char inference_help[] =
     "\ninference shapes (docs/cli.md; plan takes the same files):\n"

@@ -195,9 +195,11 @@ static int parse_header_dict(const char *path, const char *text, size_t len, int
         const char *name;
     } kinds[] = {{"<f4", NPY_F32, 4, "float32 '<f4'"},
                  {"<f2", NPY_F16, 2, "float16 '<f2'"},
-                 {"<i4", NPY_I32, 4, "int32 '<i4'"}};
+                 {"<i4", NPY_I32, 4, "int32 '<i4'"},
+                 {"<i8", NPY_I64, 8, "int64 '<i8'"},
+                 {"|b1", NPY_BOOL, 1, "bool '|b1'"}};
     h->kind = 0;
-    char want[96] = "";
+    char want[160] = "";
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         if (accepted & kinds[i].kind) {
             size_t n = strlen(want);

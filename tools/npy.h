@@ -16,10 +16,10 @@
 #define NPY_ERR_LEN 512
 
 /* Element types a caller may accept, as a bit mask. */
-enum { NPY_F32 = 1, NPY_F16 = 2, NPY_I32 = 4 };
+enum { NPY_F32 = 1, NPY_F16 = 2, NPY_I32 = 4, NPY_I64 = 8, NPY_BOOL = 16 };
 
 typedef struct {
-    int kind;        /* one of NPY_F32, NPY_F16, NPY_I32 */
+    int kind;        /* one of NPY_F32, NPY_F16, NPY_I32, NPY_I64, NPY_BOOL */
     int ndim;
     int64_t shape[NPY_MAX_DIMS];
     int64_t count;   /* product of shape */

@@ -15,13 +15,14 @@ static fa_status cpu_supports(const fa_problem *p, fa_pass pass, unsigned uses) 
 }
 
 /* The ISA's tiles (dispatch.c says why each exists), then fewer rows per tile while there
- * are under 4 work items per thread, so threads stay busy. The backward's tiles set the
+ * are under 4 work items per thread, so threads stay busy, then edges fitted to a mask's
+ * blocks (mask.h, fa_mask_fit_tile). The backward's tiles set the
  * order of its sums, so there the rule looks at the shapes alone (under 16 query tiles in
  * all), keeping its bits the same for every thread count. */
 static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t *bk) {
     const fa_problem *p = &pl->p;
     const fa_isa_tiles *t = pl->isa->tiles;
-    const int masked = p->causal || p->window_left >= 0 || p->window_right >= 0;
+    const int masked = p->causal || p->window_left >= 0 || p->window_right >= 0 || p->mask; /* skips tiles */
     *bq = t->bq, *bk = t->bk;
     if (pass == FA_FORWARD && !masked) {
         if (p->dtype == FA_BF16) *bq = t->bf16_open_bq, *bk = t->bf16_open_bk;
