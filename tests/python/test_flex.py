@@ -131,7 +131,8 @@ def test_flex_cost_is_exact(rng):
         c = ft.flex_cost(bm, q, q, q)
         pairs = int(flex.create_mask(fn, B, H, S, S, device="cpu").sum())
         assert c["forward"]["flops_useful"] == 4 * D * pairs, name
-        assert c["forward"]["flops"] < 4 * D * B * H * S * S, name
+        dense = 4 * D * B * H * S * S
+        assert c["forward"]["flops"] < dense if name == "causal" else c["forward"]["flops"] <= dense, name
         assert set(c) == {"forward", "backward"}
 
 
