@@ -10,6 +10,8 @@
  *            rets o, lse
  *   backward args q, k, v, o, lse, do, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids]
  *            rets dq, dk, dv, [dbias]
+ * Attribute "mask": the address of a library-built fa_mask (flashattn.masks; the Python front
+ * keeps it alive for the process), 0 for none.
  * q, k, v, o, do are [B, S, H, D] (layout 1) or [B, H, S, D] (layout 0), row-major; lse is
  * [B, H, Sq]. Under jax.vmap (vmap_method="expand_dims") every buffer gains leading dims,
  * each the vmapped size or 1 where that input was not mapped. Where all tensors carry them
@@ -71,7 +73,8 @@ static XLA_FFI_Error *read_options(call *c) {
         (e = fj_attr_i64(f, "has_bias_scale", &has_bscale)) ||
         (e = fj_attr_f32(f, "bias_scale", &p->bias_scale)) || (e = fj_attr_i64(f, "has_bias", &has_bias)) ||
         (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "has_segment_ids", &has_seg)) ||
-        (e = fj_attr_i64(f, "threads", &c->threads)) || (e = fj_attr_i64(f, "mask", &mask)) || (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
+        (e = fj_attr_i64(f, "threads", &c->threads)) || (e = fj_attr_i64(f, "mask", &mask)) ||
+        (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
         return e;
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (c->layout != 0 && c->layout != 1) return BAD(c, "layout must be 0 or 1, got %lld", (long long)c->layout);
