@@ -156,3 +156,20 @@ def test_attention_with_flashattn_masks(rng):
     g = jax.grad(lambda q: fj.attention(q, k, v, mask=m).sum())(q)
     g_ref = ref.backward(t(q), t(k), t(v), np.ones((B, H, S, D)), bias=bias)[0]
     assert rel_err(np.swapaxes(np.asarray(g), 1, 2), g_ref) <= BWD_TOL["f32"]
+
+
+def test_readme_figures():
+    """README.md's splash_cost_estimate rows on the seed's shape are what it returns today."""
+    import os
+    import re
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    S = 16384
+    q = jax.ShapeDtypeStruct((18, 32, S, 256), jnp.bfloat16)
+    for name, m in (("causal", sm.CausalMask((S, S))), ("local(1024)", sm.LocalMask((S, S), (1024, 0), offset=0)),
+                    ("chunked(8192)", sm.ChunkedCausalMask((S, S), chunk_size=8192))):
+        row = re.search(rf"^\| {re.escape(name)} \| `splash_cost_estimate` \| [^|]+ \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$",
+                        readme, re.M)
+        assert row, f"README.md: the splash_cost_estimate row for {name} is gone or reworded"
+        c = fj.splash_cost_estimate(m, q, q, q)
+        assert [x.strip() for x in row.groups()] == [f"{c.flops:.4g}", f"{c.transcendentals:.4g}",
+                                                     f"{c.bytes_accessed:.4g}"], name
