@@ -21,8 +21,6 @@ class MaskShape(ctypes.Structure):
                 ("block_q", c_int64), ("block_k", c_int64)]
 
 
-MASK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_int64, c_int64, c_int64, c_int64)
-
 _SIG = {
     "fa_mask_causal": [P(MaskShape), c_int64, P(ctypes.c_void_p)],
     "fa_mask_window": [P(MaskShape), c_int64, c_int64, c_int64, P(ctypes.c_void_p)],
@@ -41,8 +39,6 @@ lib = _native.lib
 for _name, _args in _SIG.items():
     _fn = getattr(lib, _name)
     _fn.restype, _fn.argtypes = ctypes.c_int, _args
-lib.fa_mask_block.restype = ctypes.c_int
-lib.fa_mask_block.argtypes = [ctypes.c_void_p, c_int64, c_int64, c_int64, c_int64]
 lib.fa_mask_destroy.restype = None
 lib.fa_mask_destroy.argtypes = [ctypes.c_void_p]
 
@@ -52,8 +48,8 @@ def shape(batch, heads, seq_q, seq_k, block_q=0, block_k=0):
 
 
 def _i64(values):
-    a = np.ascontiguousarray(values, dtype=np.int64)
-    return a, a.ctypes.data_as(P(c_int64))
+    """An int64 array's pointer (which keeps the array alive)."""
+    return np.ascontiguousarray(values, dtype=np.int64).ctypes.data_as(P(c_int64))
 
 
 class NativeMask:
@@ -82,10 +78,6 @@ class NativeMask:
         s = self.shape
         return (s.batch, s.heads, s.seq_q, s.seq_k)
 
-    def blocks(self):
-        s = self.shape
-        return (s.block_q, s.block_k)
-
     def to_dense(self):
         """[batch, heads, seq_q, seq_k] bool, the mask's own batch and heads (1 or full)."""
         out = np.empty(self.dims(), np.uint8)
@@ -97,9 +89,6 @@ class NativeMask:
         n, full, part = c_int64(), c_int64(), c_int64()
         _native.check(lib.fa_mask_stats(self.ptr, ctypes.byref(n), ctypes.byref(full), ctypes.byref(part)), "mask")
         return n.value, full.value, part.value
-
-    def block(self, b, h, qb, kb):
-        return lib.fa_mask_block(self.ptr, b, h, qb, kb)
 
 
 def causal(s, diag_offset):
@@ -116,13 +105,12 @@ def chunked(s, diag_offset, chunk):
 
 
 def prefix_lm(s, diag_offset, prefix_lengths):
-    keep, p = _i64(prefix_lengths)
+    p = _i64(prefix_lengths)
     return NativeMask(lambda out: lib.fa_mask_prefix_lm(ctypes.byref(s), diag_offset, p, out), "masks.prefix_lm")
 
 
 def documents(s, counts, lengths):
-    keep_c, c = _i64(counts)
-    keep_l, n = _i64(lengths)
+    c, n = _i64(counts), _i64(lengths)
     return NativeMask(lambda out: lib.fa_mask_documents(ctypes.byref(s), c, n, out), "masks.documents")
 
 

@@ -23,8 +23,7 @@ _CONVERTED = weakref.WeakKeyDictionary()
 def _block_kinds(bm):
     """[B', H', nq, nk] int8 fa_block_kind from the BlockMask's index lists."""
     nq = bm.kv_num_blocks.shape[-1]
-    Qlen, Klen = bm.seq_lengths
-    nk = -(-Klen // bm.BLOCK_SIZE[1])
+    nk = -(-bm.seq_lengths[1] // bm.BLOCK_SIZE[1])
     Bm, Hm = bm.kv_num_blocks.shape[:2]
     kinds = np.zeros((Bm, Hm, nq, nk), np.int8)
 
