@@ -117,10 +117,14 @@ static inline __int128 fa_sched_mask_pairs(const fa_sched *s, const fa_sched_mas
             const int whole = a0 == qb * v->bq && a1 == qe && b0 == kb * v->bk && b1 == ke;
             if (m == FA_TILE_FULL) total += fa_sched_rect_pairs(s, a0, a1, b0, b1);
             else if (k == FA_TILE_FULL && whole) total += v->pop[qb * v->nkb + kb];
-            else
+            else /* per row, the bitmap's ones over the keys [lo, hi] the row sees (bytes are 0 or 1) */
                 for (int64_t i = a0; i < a1; i++) {
-                    const uint8_t *row = fa_sched_mask_row(v, i, kb);
-                    for (int64_t j = b0; j < b1; j++) total += row[j - kb * v->bk] != 0 && fa_sched_visible(s, i, j);
+                    const uint8_t *row = fa_sched_mask_row(v, i, kb) - kb * v->bk;
+                    const int64_t lo = fa_sched_lo(s, i), hi = fa_sched_hi(s, i);
+                    const int64_t j0 = lo > b0 ? lo : b0, j1 = hi + 1 < b1 ? hi + 1 : b1;
+                    int64_t ones = 0;
+                    for (int64_t j = j0; j < j1; j++) ones += row[j];
+                    total += ones;
                 }
         }
     return total;

@@ -1,0 +1,152 @@
+/* bench_masks: the speed targets of block-sparse masks (docs/masks.md; issue "masks as
+ * data"), B = 1, H heads, D = 128, bf16 by default, through the public API only:
+ *
+ *   dense causal            the reference rate
+ *   documents               --docs N documents packed into S, causal within each document;
+ *                           cut points from bench/masks.sh (numpy default_rng(0)), or evenly
+ *                           spaced without --cuts
+ *   chunked                 chunked causal, --chunk C (default 2048)
+ *   dense-array chunked     the same mask from a dense boolean array (it hides whole tiles):
+ *                           must run no slower than the constructor's
+ *
+ * For each: the plan's time (fa_plan_create, median), the forward (and with --backward the
+ * backward) time, the rate of executed flops (plan flops / s) and of useful flops
+ * (flops_useful / s), and the ratios the targets name: executed rate vs dense causal's,
+ * useful / executed, useful rate vs dense causal's.
+ *
+ *   bench_masks [--seq S] [--heads H] [--head-dim D] [--dtype bf16] [--threads N]
+ *               [--reps R] [--docs N] [--chunk C] [--backward] [--cuts c1,c2,...] */
+#include "flashattn.h"
+#include "measure.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    fa_mask *mask; /* NULL: dense causal */
+    int causal;
+} bench_case;
+
+/* The median wall time of reps calls after a warm-up, and in *cpu their median CPU seconds
+ * (all threads): on a shared machine the rate per CPU second is the steadier figure. */
+static double time_call(const fa_plan *pl, const fa_forward_args *fa, const fa_backward_args *ba, int reps, double *cpu) {
+    double t[32], c[32];
+    if (reps > 32) reps = 32;
+    for (int r = 0; r <= reps; r++) { /* the first is a warm-up */
+        const double t0 = measure_now(), c0 = measure_cpu_now();
+        if (ba ? fa_backward(pl, ba) : fa_forward(pl, fa)) {
+            fprintf(stderr, "bench_masks: %s\n", fa_last_error());
+            exit(1);
+        }
+        if (r) t[r - 1] = measure_now() - t0, c[r - 1] = measure_cpu_now() - c0;
+    }
+    *cpu = measure_median(c, reps);
+    return measure_median(t, reps);
+}
+
+int main(int argc, char **argv) {
+    int64_t S = 16384, H = 8, D = 128, threads = 0, reps = 3, docs = 16, chunk = 2048;
+    int backward = 0;
+    const char *cuts = NULL;
+    for (int i = 1; i < argc; i++) /* --cuts takes a list: pull it out before measure_parse */
+        if (strcmp(argv[i], "--cuts") == 0 && i + 1 < argc) {
+            cuts = argv[i + 1];
+            memmove(argv + i, argv + i + 2, (size_t)(argc - i - 2) * sizeof *argv);
+            argc -= 2;
+            break;
+        }
+    fa_dtype dt = FA_BF16;
+    const measure_opt opts[] = {{"--seq", &S, NULL},     {"--heads", &H, NULL},  {"--head-dim", &D, NULL},
+                                {"--threads", &threads, NULL}, {"--reps", &reps, NULL}, {"--docs", &docs, NULL},
+                                {"--chunk", &chunk, NULL}, {"--backward", NULL, &backward}, {NULL, NULL, NULL}};
+    if (measure_parse("bench_masks", argc, argv, opts, &dt)) return 2;
+
+    /* document lengths from the cut points */
+    int64_t *lens = malloc(sizeof(int64_t) * (size_t)(docs + 1)), n_docs = 0, prev = 0;
+    if (cuts) {
+        for (const char *c = cuts; *c;) {
+            char *end;
+            const int64_t x = strtoll(c, &end, 10);
+            if (x > prev && x < S) lens[n_docs++] = x - prev, prev = x;
+            c = *end ? end + 1 : end;
+        }
+    } else {
+        for (int64_t d = 1; d < docs; d++) lens[n_docs++] = S * d / docs - prev, prev = S * d / docs;
+    }
+    lens[n_docs++] = S - prev;
+
+    fa_mask_shape ms = {1, 1, S, S, 0, 0};
+    fa_mask *mdoc = NULL, *mchunk = NULL, *mdense = NULL;
+    if (fa_mask_documents(&ms, &n_docs, lens, &mdoc) || fa_mask_chunked(&ms, 0, chunk, &mchunk)) {
+        fprintf(stderr, "bench_masks: %s\n", fa_last_error());
+        return 1;
+    }
+    uint8_t *att = malloc((size_t)(S * S));
+    fa_mask_to_dense(mchunk, att);
+    double t0 = measure_now();
+    if (fa_mask_from_dense(&ms, att, &mdense)) return fprintf(stderr, "bench_masks: %s\n", fa_last_error()), 1;
+    const double dense_build = measure_now() - t0;
+    free(att);
+
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 1, p.heads_q = H, p.seq_q = p.seq_k = S, p.head_dim = D, p.dtype = dt, p.causal = 1;
+    const int64_t n = H * S * D;
+    const size_t es = fa_dtype_size(dt);
+    void *q = malloc((size_t)n * es), *k = malloc((size_t)n * es), *v = malloc((size_t)n * es), *o = malloc((size_t)n * es);
+    void *g = malloc((size_t)n * es), *dq = malloc((size_t)n * es), *dk = malloc((size_t)n * es), *dv = malloc((size_t)n * es);
+    float *lse = malloc(sizeof(float) * (size_t)(H * S));
+    uint64_t st = 1;
+    measure_fill(&st, dt, q, n), measure_fill(&st, dt, k, n), measure_fill(&st, dt, v, n), measure_fill(&st, dt, g, n);
+
+    bench_case cases[] = {{"dense causal", NULL, 1},
+                          {"documents (causal within)", mdoc, 1},
+                          {"chunked causal", mchunk, 0},
+                          {"chunked, from a dense array", mdense, 0}};
+    printf("bench_masks: B=1 H=%lld S=%lld D=%lld %s, isa %s, %d documents, chunk %lld, reps %lld "
+           "(dense array built in %.1f ms)\n",
+           (long long)H, (long long)S, (long long)D, fa_dtype_name(dt), fa_cpu_isa(), (int)n_docs, (long long)chunk,
+           (long long)reps, dense_build * 1e3);
+    printf("%-28s %9s %9s %11s %11s %11s %9s %11s %11s\n", "case", "plan us", "fwd s", "exec GF/s", "useful GF/s",
+           "exec GF/cpu-s",
+           backward ? "bwd s" : "", backward ? "exec GF/s" : "", backward ? "useful GF/s" : "");
+    double ref_exec = 0, ref_useful = 0, ref_cpu = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        p.mask = cases[c].mask, p.causal = cases[c].causal;
+        fa_options opt = {FA_BACKEND_CPU, (int)threads, 0, 0};
+        fa_plan *pl = NULL;
+        double pt[5];
+        for (int r = 0; r < 5; r++) {
+            t0 = measure_now();
+            if (fa_plan_create(&p, &opt, &pl)) return fprintf(stderr, "bench_masks: %s\n", fa_last_error()), 1;
+            pt[r] = measure_now() - t0;
+            if (r < 4) fa_plan_destroy(pl);
+        }
+        fa_cost cf, cb;
+        fa_plan_cost(pl, FA_FORWARD, &cf), fa_plan_cost(pl, FA_BACKWARD, &cb);
+        fa_forward_args fa = {0};
+        fa.q = q, fa.k = k, fa.v = v, fa.o = o, fa.lse = lse;
+        double cpu_f, cpu_b = 0;
+        const double tf = time_call(pl, &fa, NULL, (int)reps, &cpu_f);
+        double tb = 0;
+        if (backward) {
+            fa_backward_args ba = {0};
+            ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = g, ba.lse = lse, ba.dq = dq, ba.dk = dk, ba.dv = dv;
+            tb = time_call(pl, NULL, &ba, (int)reps, &cpu_b);
+        }
+        const double exec = cf.flops / tf * 1e-9, useful = cf.flops_useful / tf * 1e-9;
+        const double exec_cpu = cf.flops / cpu_f * 1e-9;
+        if (c == 0) ref_exec = exec, ref_useful = useful, ref_cpu = exec_cpu;
+        printf("%-28s %9.0f %9.3f %11.1f %11.1f %11.1f", cases[c].name, measure_median(pt, 5) * 1e6, tf, exec, useful,
+               exec_cpu);
+        if (backward) printf(" %9.3f %11.1f %11.1f", tb, cb.flops / tb * 1e-9, cb.flops_useful / tb * 1e-9);
+        printf("   exec/causal %.2f (per cpu-s %.2f)  useful/exec %.2f  useful/causal-useful %.2f\n", exec / ref_exec,
+               exec_cpu / ref_cpu, (double)cf.flops_useful / (double)cf.flops, useful / ref_useful);
+        fa_plan_destroy(pl);
+    }
+    fa_mask_destroy(mdoc), fa_mask_destroy(mchunk), fa_mask_destroy(mdense);
+    free(q), free(k), free(v), free(o), free(g), free(dq), free(dk), free(dv), free(lse), free(lens);
+    return 0;
+}
