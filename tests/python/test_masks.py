@@ -236,3 +236,14 @@ def test_zero_sizes_with_a_mask():
     k = np.zeros((1, 2, 5, 8), np.float32)
     o = flashattn.attention(q, k, k, mask=masks.causal())
     assert o.shape == (1, 2, 0, 8)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_attention_with_a_mask_in_half_precision(rng, dtype):
+    B, H, S, D = 1, 2, 70, 16
+    q, k, v = (randn(rng, (B, H, S, D), dtype) for _ in range(3))
+    m = masks.chunked(int(rng.integers(5, 30))) | masks.window(3, 3)
+    want = want_chunked(S, S, None, m.a.size) | want_window(S, S, None, 3, 3)
+    bias = np.where(np.broadcast_to(want, (B, H, S, S)), 0.0, -np.inf)
+    o = flashattn.attention(q, k, v, mask=m)
+    assert rel_err(o, ref.forward(q, k, v, bias=bias)[0]) <= FWD_TOL[dtype]
