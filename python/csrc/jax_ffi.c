@@ -10,6 +10,8 @@
  *            rets o, lse
  *   backward args q, k, v, o, lse, do, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids], [sinks]
  *            rets dq, dk, dv, [dbias], [dsink]
+ * Attribute "mask": the address of a library-built fa_mask (flashattn.masks; the Python front
+ * keeps it alive for the process), 0 for none.
  * q, k, v, o, do are [B, S, H, D] (layout 1) or [B, H, S, D] (layout 0), row-major; lse is
  * [B, H, Sq]. Under jax.vmap (vmap_method="expand_dims") every buffer gains leading dims,
  * each the vmapped size or 1 where that input was not mapped. Where all tensors carry them
@@ -60,7 +62,7 @@ typedef struct {
 static XLA_FFI_Error *read_options(call *c) {
     const XLA_FFI_CallFrame *f = c->frame;
     fa_problem *p = &c->p;
-    int64_t causal, has_scale, has_diag, has_bscale, has_bias, has_alibi, has_seg, has_sinks, bias_grad = 0;
+    int64_t causal, has_scale, has_diag, has_bscale, has_bias, has_alibi, has_seg, has_sinks, bias_grad = 0, mask = 0;
     XLA_FFI_Error *e;
     if ((e = fj_attr_i64(f, "layout", &c->layout)) || (e = fj_attr_i64(f, "causal", &causal)) ||
         (e = fj_attr_i64(f, "window_left", &p->window_left)) ||
@@ -72,6 +74,7 @@ static XLA_FFI_Error *read_options(call *c) {
         (e = fj_attr_f32(f, "bias_scale", &p->bias_scale)) || (e = fj_attr_i64(f, "has_bias", &has_bias)) ||
         (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "has_segment_ids", &has_seg)) ||
         (e = fj_attr_i64(f, "threads", &c->threads)) || (e = fj_attr_i64(f, "has_sinks", &has_sinks)) ||
+        (e = fj_attr_i64(f, "mask", &mask)) ||
         (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
         return e;
     int64_t seed, offset; /* dropout's unsigned 64-bit seed and offset, as int64 attributes of the same bits */
@@ -90,6 +93,8 @@ static XLA_FFI_Error *read_options(call *c) {
     p->has_segment_ids = has_seg != 0;
     p->bias_grad = bias_grad != 0;
     p->has_sinks = has_sinks != 0;
+    /* a library-built fa_mask by address (flashattn.jax keeps it alive for the process), 0: none */
+    p->mask = (const fa_mask *)(uintptr_t)mask;
     return NULL;
 }
 

@@ -8,20 +8,22 @@
     flashattn.kvcache_attention(...)     kv-cache decoding, paged caches too
     flashattn.plan_varlen(...), plan_kvcache(...)   their costs, from lengths and shapes
     flashattn.merge_states(...)          merges two attention states (o, lse) exactly
+    flashattn.masks                      masks as data: causal, window, chunked, prefix_lm,
+                                         documents, from_array, from_fn, & and | (mask=)
     import flashattn.torch               PyTorch tensors (autograd, torch.compile)
     import flashattn.jax                 JAX arrays (jit, grad, vmap)
 
 Importing this package loads the C library and numpy only; the framework fronts are
 submodules imported explicitly.
 """
-from . import _native
+from . import _native, masks
 from ._numpy import attention, attention_backward, dropout_keep_mask, dropout_keep_rate
 from ._numpy_inference import kvcache_attention, varlen_attention, varlen_attention_backward
 from ._merge import merge_states
 from ._plan import Plan, plan
 from ._plan_inference import plan_kvcache, plan_varlen
 
-__all__ = ["plan", "Plan", "attention", "attention_backward", "varlen_attention",
+__all__ = ["masks", "plan", "Plan", "attention", "attention_backward", "varlen_attention",
            "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache", "merge_states",
            "cuda_available", "cpu_isa", "dropout_keep_mask", "dropout_keep_rate"]
 

@@ -5,6 +5,7 @@ strides describe them; outputs come back in the inputs' layout, lse always [B, H
 import numpy as np
 
 from . import _layout, _native
+from .masks import Mask
 from ._problem import broadcast_dims, check_shapes, combined_bias_dims, empty_dims, make_options, make_problem
 from ._problem_inference import int32_lengths
 
@@ -121,6 +122,13 @@ class _Call:
         Sk = kd[2]
         self.bias = self.bias_own = None
         bias_shape = bias_stride = None
+        # a flashattn.masks mask goes to the library as a built fa_mask, kept alive by the call
+        # (a zero-size call computes nothing: its mask is not built)
+        self.mask = None
+        if isinstance(mask, Mask):
+            if not empty_dims(B, H, kd[1], Sq, Sk):
+                self.mask = mask.build(B, H, Sq, Sk, diag_offset=diag_offset)
+            mask = None
         if bias is not None or mask is not None:
             b, self.bias_own = _bias_and_mask(bias, mask, (B, H, Sq, Sk))
             self.bias, bias_shape, bias_stride = b, b.shape, _elem_strides(b)
@@ -143,7 +151,8 @@ class _Call:
                          bias_shape=bias_shape, bias_stride=bias_stride,
                          alibi=alibi_slopes is not None, segment_ids=q_segment_ids is not None,
                          bias_scale=bias_scale, diag_offset=diag_offset, sinks=sinks is not None,
-                         dropout_p=dropout[0], seed=dropout[1], dropout_offset=dropout[2])
+                         dropout_p=dropout[0], seed=dropout[1], dropout_offset=dropout[2],
+                         mask=None if self.mask is None else self.mask.ptr)
 
     def o_shape(self):
         B, H, Sq, _ = self.qd
@@ -206,7 +215,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     right), -1 unbounded; softcap > 0: cap * tanh(s / cap); bias f32, broadcastable to
     [B or 1, Hq or 1, Sq or 1, Sk or 1] (a boolean bias raises TypeError: see mask);
     mask: boolean, broadcastable the same way, True = attend, combined by AND with causal,
-    window and segment ids (passed as a 0 / -inf bias); alibi_slopes [Hq]; segment ids
+    window and segment ids (passed as a 0 / -inf bias), or a flashattn.masks mask (built by
+    the library as a block-sparse mask: empty blocks skipped, the plan exact); alibi_slopes [Hq]; segment ids
     [B, Sq] and [B, Sk]. threads: CPU threads for this call (0: the library's default).
     sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds
     nothing to o (docs/semantics.md, "Attention sinks"); lse then includes it.
@@ -223,7 +233,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
               kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks, (dropout_p, seed, dropout_offset))
     shape = c.o_shape()
-    inputs = (("q", q), ("k", k), ("v", v), ("bias", bias), ("mask", mask), ("alibi_slopes", alibi_slopes),
+    inputs = (("q", q), ("k", k), ("v", v), ("bias", bias), ("mask", None if isinstance(mask, Mask) else mask),
+              ("alibi_slopes", alibi_slopes),
               ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids), ("sinks", sinks))
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     B, H, Sq, _ = c.qd

@@ -1,6 +1,7 @@
 """flashattn.plan: the analytic cost of a problem from its shapes alone (no arrays)."""
 from . import _native
-from ._problem import combined_bias_dims, make_options, make_problem
+from ._problem import combined_bias_dims, empty_dims, make_options, make_problem
+from .masks import Mask, from_array
 
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -34,8 +35,9 @@ class Plan:
     backend: "cpu" or "cuda". blocks: {"forward": (block_q, block_k), "backward": (...)}.
     """
 
-    def __init__(self, handle, masked=False):
+    def __init__(self, handle, masked=False, mask=None):
         self._handle = handle
+        self.mask = mask  # the flashattn.masks mask's library object (the plan holds its own reference too)
         self.forward = handle.cost(_native.FORWARD)
         self.backward = handle.cost(_native.BACKWARD)
         self.exact = handle.exact and not masked
@@ -82,7 +84,7 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
          dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None,
          bias_shape=None, alibi=False, segment_ids=False, backend="auto",
          threads=0, block_q=0, block_k=0, diag_offset=None, bias_scale=None, bias_grad=False,
-         mask_shape=None, sinks=False):
+         mask_shape=None, sinks=False, mask=None):
     """Plans attention for q [batch, heads, seq_q, head_dim], k [batch, kv_heads, seq_k,
     head_dim], v [batch, kv_heads, seq_k, head_dim_v] from shapes alone: microseconds, no
     allocation of the problem's size. Bad arguments raise ValueError with the library's
@@ -91,16 +93,27 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
     bias_grad (the backward writes dbias). bias_shape and mask_shape (a boolean mask=,
     which the fronts pass as a 0 / -inf bias): broadcastable to [batch, heads, seq_q, seq_k];
     with a mask the plan is not exact (see Plan). sinks: the problem has attention sinks
-    (one more exp per row in the forward, and per row for dsink in the backward)."""
+    (one more exp per row in the forward, and per row for dsink in the backward). mask: a
+    flashattn.masks mask, or a boolean array (taken as masks.from_array): built by the library
+    as a block-sparse mask, so the plan stays exact (flops count the blocks that run,
+    flops_useful the visible pairs)."""
     seq_k = seq_q if seq_k is None else seq_k
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     kv_heads = heads if kv_heads is None else kv_heads
     if bias_shape is not None or mask_shape is not None:
         bias_shape = combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k)
+    built = None
+    if mask is not None:
+        if mask_shape is not None:
+            raise ValueError("pass mask= or mask_shape=, not both")
+        m = mask if isinstance(mask, Mask) else from_array(mask)
+        if not empty_dims(batch, heads, kv_heads, seq_q, seq_k):
+            built = m.build(batch, heads, seq_q, seq_k, diag_offset=diag_offset)
     p = make_problem(q_dims=(batch, heads, seq_q, head_dim), k_dims=(batch, kv_heads, seq_k, head_dim),
                      v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=dtype, causal=causal,
                      window=window, softcap=softcap, scale=scale, bias_shape=bias_shape,
                      alibi=alibi, segment_ids=segment_ids, diag_offset=diag_offset,
-                     bias_scale=bias_scale, bias_grad=bias_grad, sinks=sinks)
+                     bias_scale=bias_scale, bias_grad=bias_grad, sinks=sinks,
+                     mask=None if built is None else built.ptr)
     options = make_options(backend, threads, block_q, block_k)
-    return Plan(_native.plan_handle(p, options), masked=mask_shape is not None)
+    return Plan(_native.plan_handle(p, options), masked=mask_shape is not None, mask=built)

@@ -116,10 +116,11 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
                  scale=None, bias_shape=None, alibi=False, segment_ids=False,
                  q_stride=None, k_stride=None, v_stride=None, o_stride=None, bias_stride=None,
                  diag_offset=None, bias_scale=None, bias_grad=False, sinks=False, dropout_p=None, seed=None,
-                 dropout_offset=None):
+                 dropout_offset=None, mask=None):
     """q_dims [B, Hq, Sq, D], k_dims [B, Hk, Sk, D], v_dims [B, Hk, Sk, Dv] (logical order);
     strides None for contiguous BHSD. The fronts check tensor shapes first (check_shapes),
-    so that their messages name tensors; the rest is the library's to judge."""
+    so that their messages name tensors; the rest is the library's to judge. mask: the
+    address of a library-built fa_mask (flashattn.masks), which the caller keeps alive."""
     B, Hq, Sq, D = q_dims
     _, Hk, Sk, _ = k_dims
     Dv = v_dims[3]
@@ -151,6 +152,8 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     p.bias_grad = int(bool(bias_grad))
     p.has_sinks = int(bool(sinks))
     set_dropout(p, dropout_p, seed, dropout_offset)
+    if mask:
+        p.mask = mask
     return p
 
 

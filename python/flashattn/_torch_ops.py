@@ -114,7 +114,8 @@ class Device:
 
 # ---- the dense problem ---------------------------------------------------------------
 
-def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False, sinks=False, dropout=(0.0, 0)):
+def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False, sinks=False, dropout=(0.0, 0),
+             mask=0):
     causal, wl, wr, softcap, scale, L, diag_offset, bias_scale = opts
     strides = {} if o_stride is None else dict(
         q_stride=_layout.to_bhsd(L, q.stride()), k_stride=_layout.to_bhsd(L, k.stride()),
@@ -126,7 +127,7 @@ def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False,
         window=(wl, wr), softcap=softcap, scale=scale,
         bias_shape=None if bias is None else tuple(bias.shape), alibi=alibi,
         segment_ids=segment_ids, diag_offset=diag_offset, bias_scale=bias_scale,
-        bias_grad=bias_grad, sinks=sinks, dropout_p=dropout[0], seed=dropout[1], **strides)
+        bias_grad=bias_grad, sinks=sinks, dropout_p=dropout[0], seed=dropout[1], mask=mask, **strides)
 
 
 def _empty_sizes(q, k, layout):
@@ -166,7 +167,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
                    threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                   seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                   seed: int = 0, mask: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
     if _empty_sizes(q, k, layout):
@@ -180,7 +181,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
     lse = poisoned(torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, sinks=has_sinks,
-                                          dropout=(dropout_p, seed)),
+                                          dropout=(dropout_p, seed), mask=mask),
                                  dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
@@ -193,7 +194,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
                         window_left, window_right, softcap, scale, layout, diag_offset, bias_scale,
-                        threads=0, sinks=None, dropout_p=0.0, seed=0):
+                        threads=0, sinks=None, dropout_p=0.0, seed=0, mask=0):
     return q.new_empty(o_shape(q, v, layout)), q.new_empty(lse_shape(q, layout), dtype=torch.float32)
 
 
@@ -205,7 +206,8 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
                    bias_grad: bool, threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                   seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   seed: int = 0, mask: int = 0
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dbias ((0,) without bias_grad) and dsink ((0,) without sinks)."""
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
@@ -224,7 +226,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dsink = poisoned(torch.empty(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad, has_sinks,
-                                          (dropout_p, seed)), dev.options())
+                                          (dropout_p, seed), mask), dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse),
@@ -238,7 +240,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 @_attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
                         causal, window_left, window_right, softcap, scale, layout, diag_offset,
-                        bias_scale, bias_grad, threads=0, sinks=None, dropout_p=0.0, seed=0):
+                        bias_scale, bias_grad, threads=0, sinks=None, dropout_p=0.0, seed=0, mask=0):
     dq, dk, dv = (grad_like(dense_for_grad(t)) for t in (q, k, v))
     return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32), q.new_empty(
         sinks.shape if sinks is not None else (0,), dtype=torch.float32)
@@ -279,6 +281,10 @@ def forward_ad_refused(name):
                               "torch.autograd.forward_ad): use reverse mode (backward, grad, vjp)")
 
 
+def _mask_ptr(mask):
+    return 0 if mask is None else mask.ptr
+
+
 class AttentionCompiled(torch.autograd.Function):
     """attention_fwd, differentiable in q, k, v, bias, through o and lse. What torch.compile
     traces (Dynamo refuses an autograd.Function with a jvp); Attention adds the jvp."""
@@ -286,20 +292,23 @@ class AttentionCompiled(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
-                diag_offset, bias_scale, threads, sinks=None, dropout_p=0.0, seed=0):
+                diag_offset, bias_scale, threads, sinks=None, dropout_p=0.0, seed=0, mask=None):
+        # mask: a flashattn.masks NativeMask (None: none); the op gets its address, and
+        # setup_context keeps the object, so it outlives the backward that uses it too
         with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
             return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
                                                      softcap, scale, layout, diag_offset, bias_scale, threads,
-                                                     sinks, dropout_p, seed)
+                                                     sinks, dropout_p, seed, _mask_ptr(mask))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         # inputs: q, k, v, bias, slopes, q_seg, kv_seg, 9 options (causal .. threads), then
-        # optionally sinks, dropout_p, seed
+        # optionally sinks, dropout_p, seed, mask
         sinks = inputs[16] if len(inputs) > 16 else None
         ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7], sinks)
         ctx.n_inputs = len(inputs)
         ctx.options = tuple(inputs[7:16]) + (tuple(inputs[17:19]) + (0.0, 0))[:2]  # dropout_p, seed: 0 if not given
+        ctx.mask = inputs[19] if len(inputs) > 19 else None  # kept alive for the backward
         ctx.set_materialize_grads(False)
 
     @staticmethod
@@ -310,6 +319,7 @@ class AttentionCompiled(torch.autograd.Function):
             return (None,) * 4 + nones
         do = torch.zeros_like(o) if do is None else do
         layout, threads, dropout_p, seed = ctx.options[5], ctx.options[8], ctx.options[9], ctx.options[10]
+        mask = ctx.mask
         if dlse is not None and dropout_p > 0:
             # lse's cotangent rides on dP (lse_as_value_column), which dropout scales
             raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported: "
@@ -321,7 +331,7 @@ class AttentionCompiled(torch.autograd.Function):
         with torch.no_grad():  # no second derivative: the op's own autograd would refuse it anyway
             dq, dk, dv, dbias, dsink = torch.ops.flashattn.attention_bwd(
                 q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads, sinks,
-                dropout_p, seed)
+                dropout_p, seed, _mask_ptr(mask))
             if dlse is not None and sinks is not None:
                 # d lse_i / d sink_h = exp(sink_h - lse_i): lse's cotangent reaches the sink
                 # directly (the value column above carries it to the scores only)

@@ -1,7 +1,8 @@
 """The PyTorch front: flashattn.torch.attention, differentiable (autograd and torch.func),
 opaque to torch.compile; scaled_dot_product_attention, the drop-in for SDPA
 (python/flashattn/_torch_sdpa.py); varlen_attention and kvcache_attention, the inference
-shapes (python/flashattn/_torch_inference.py).
+shapes (python/flashattn/_torch_inference.py); flex_cost, the exact cost of a call with a
+FlexAttention BlockMask (python/flashattn/_torch_flex.py converts it).
 
 The custom ops and their autograd live in python/flashattn/_torch_ops.py: CPU tensors
 always; CUDA tensors on the current stream where the library was built with CUDA; meta and
@@ -9,10 +10,11 @@ fake tensors give shapes only."""
 import torch
 
 from . import _layout
-from ._problem import check_shapes
+from ._problem import check_shapes, empty_dims
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
-from ._torch_ops import attention_function, dropout_seed
+from ._torch_ops import DTYPES, attention_function, dropout_seed
+from .masks import Mask
 
 
 def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
@@ -33,7 +35,7 @@ def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, mask=None,
               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None, layout="bhsd",
               return_lse=False, bias_scale=None, diag_offset=None, threads=None, sinks=None, dropout_p=0.0,
-              seed=None):
+              seed=None, block_mask=None):
     """Exact attention softmax(scale * q k^T [+ bias, masks]) v, differentiable in q, k, v
     and bias, through o and lse (autograd, torch.func.grad / vjp / vmap; not forward mode).
 
@@ -58,7 +60,13 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     1 / (1 - dropout_p) (docs/semantics.md, "Dropout"); the mask is a function of seed (an
     integer in 0 .. 2**63 - 1; None: dropout_seed(), drawn from torch's generator) and the
     element's (b, h, i, j), and the backward regenerates it. lse stays undropped; its
-    gradient under dropout is not supported."""
+    gradient under dropout is not supported.
+    mask may also be a flashattn.masks mask (built by the library as a block-sparse mask:
+    empty blocks skipped, the plan exact). block_mask: a FlexAttention BlockMask
+    (torch.nn.attention.flex_attention.create_block_mask), taken as it is: the blocks it
+    lists visited and no others, its partial blocks masked by its mask_mod (evaluated on
+    those blocks only); the same results as flex_attention(q, k, v, block_mask=bm); ANDed
+    with every other mask (docs/python.md, "Masks as data")."""
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
@@ -68,6 +76,12 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     B, H, Sq, _ = qd
     Sk = kd[2]
     refuse_bool_bias(bias)
+    native_mask = None
+    if isinstance(mask, Mask) or block_mask is not None:
+        native_mask = _native_mask(mask if isinstance(mask, Mask) else None, block_mask, B, H, Sq, Sk,
+                                   kd[1], diag_offset)
+        if isinstance(mask, Mask):
+            mask = None
     for name, t in (("bias", bias), ("mask", mask)):
         if t is not None:
             check_tensor(name, t)
@@ -91,8 +105,38 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,
-                             threads_arg(threads), sinks_arg(sinks, H, q.device), dropout_p, seed or 0)
+                             threads_arg(threads), sinks_arg(sinks, H, q.device), dropout_p, seed or 0, native_mask)
     return (o, lse) if return_lse else o
+
+
+def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset):
+    """The library's fa_mask for a flashattn.masks mask and a BlockMask (ANDed); None for a
+    zero-size call, which computes nothing."""
+    from ._torch_flex import from_block_mask
+    if block_mask is not None:
+        bm = from_block_mask(block_mask)
+        mask = bm if mask is None else mask & bm
+    if empty_dims(B, H, Hk, Sq, Sk):
+        return None
+    return mask.build(B, H, Sq, Sk, diag_offset=int_in("diag_offset", diag_offset, optional=True))
+
+
+def flex_cost(block_mask, q, k, v, *, scale=None, softcap=None, layout="bhsd", threads=None):
+    """flashattn's own exact cost of attention(q, k, v, block_mask=block_mask): the plan's
+    figures (every fa_cost field) for "forward" and "backward", from q, k, v's shapes and
+    dtype (tensors, meta tensors included), planned for their device's backend."""
+    import flashattn
+    from ._torch_flex import from_block_mask
+    L = _layout.check_layout(layout)
+    q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
+    check_floats(("q", "k", "v"), (q, k, v))
+    qd, kd, vd = (_layout.to_bhsd(L, tuple(t.shape)) for t in (q, k, v))
+    check_shapes(qd, kd, vd)
+    p = flashattn.plan(batch=qd[0], heads=qd[1], seq_q=qd[2], head_dim=qd[3], seq_k=kd[2], head_dim_v=vd[3],
+                       kv_heads=kd[1], dtype=DTYPES[q.dtype], scale=float_or_none("scale", scale),
+                       softcap=float_or_none("softcap", softcap) or 0.0, mask=from_block_mask(block_mask),
+                       backend="cuda" if q.device.type == "cuda" else "cpu", threads=threads_arg(threads))
+    return {"forward": dict(p.forward), "backward": dict(p.backward)}
 
 
 # the SDPA drop-in and the inference shapes (packed batches, kv-cache decoding)

@@ -5,6 +5,7 @@
     varlen_attention(...)          packed variable-length batches (differentiable)
     kvcache_attention(...)         kv-cache decoding, paged too (returns the updated caches)
     cost_estimate(q, k, v, ...)    a Pallas CostEstimate from the analytic plan (shapes only)
+    splash_cost_estimate(mask, q, k, v)   the CostEstimate of splash attention's own kernel
     flash_attention(q, k, v, ...)  drop-in for the Pallas TPU kernel of the same name
     SegmentIds                     its segment-id pair
 
@@ -18,8 +19,10 @@ from ._ffi import register as _register
 from ._inference import kvcache_attention, varlen_attention
 from ._nn import dot_product_attention
 from ._pallas import SegmentIds, flash_attention
+from ._splash import splash_cost_estimate
 
 _register()
 
 __all__ = ["attention", "dot_product_attention", "cost_estimate", "plan", "flash_attention", "SegmentIds", "varlen_attention",
+           "splash_cost_estimate",
            "kvcache_attention"]

@@ -21,6 +21,11 @@ from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
 from ._plan import plan_for
+from ._splash import as_mask
+
+# The library masks flashattn.jax.attention has passed to XLA by address: a compiled call may
+# run at any later time, so each stays alive for the process (one per mask and shape).
+_PINNED = {}
 
 _FLOAT_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.float16, jnp.bfloat16))
 
@@ -237,6 +242,14 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _ids_fit_int32("q_segment_ids", q_segment_ids)
     _ids_fit_int32("kv_segment_ids", kv_segment_ids)
+    fmask = None
+    if mask is not None and not hasattr(mask, "dtype"):  # a flashattn mask or a splash mask, not an array
+        b, hq, sq, sk = _check_qkv(q, k, v, layout)
+        fmask = as_mask(mask, hq, sq, sk)
+        if fmask is None:
+            raise TypeError(f"mask must be a boolean array, a flashattn.masks mask or a splash attention mask, "
+                            f"got {type(mask).__name__}")
+        mask = None
     bias, mask, slopes, q_seg, kv_seg = (None if x is None else jnp.asarray(x)
                                          for x in (bias, mask, alibi_slopes, q_segment_ids, kv_segment_ids))
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
@@ -251,8 +264,12 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     if q_seg is not None:
         q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
     sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32)  # differentiable
-    _check_plan(opt, q, k, v, bias)
     b, hq, sq, sk = _check_qkv(q, k, v, layout)
+    if fmask is not None and not empty_dims(b, hq, sq, sk):
+        built = fmask.build(b, hq, sq, sk, diag_offset=opt.diag_offset)
+        _PINNED.setdefault(built.ptr, built)
+        opt = opt._replace(mask=built.ptr)
+    _check_plan(opt, q, k, v, bias, fmask)
     if empty_dims(b, hq, sq, sk):  # nothing to compute; the library refuses zero sizes
         o_shape, lse_shape = _ffi.out_shapes(opt, q, v)
         o, lse = jnp.zeros(o_shape, q.dtype), jnp.full(lse_shape, -jnp.inf, jnp.float32)
@@ -263,10 +280,10 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     return (o, lse) if return_lse else o
 
 
-def _check_plan(opt, q, k, v, bias):
+def _check_plan(opt, q, k, v, bias, mask=None):
     """Plans the problem at trace time (microseconds, shapes only) so that whatever the
     library rejects raises ValueError here, naming the problem, before anything runs."""
-    plan_for(opt, q, k, v, bias)
+    plan_for(opt, q, k, v, bias, mask=mask)
 
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
@@ -284,8 +301,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     TypeError: see mask), - slope[h]*|i+Sk-Sq-j| (ALiBi); masks (causal, window=(left,
     right), segment ids) align bottom-right as in FlashAttention-2 (for Sq == Sk the usual
     lower triangle). mask: boolean, broadcastable to [B, Hq, Sq, Sk], True = attend, ANDed
-    with the other masks (passed as a 0 / -inf bias). A row with no visible key gives o = 0
-    and lse = -inf; a zero B, H, Sq or Sk gives empty (or o = 0, lse = -inf) results
+    with the other masks (passed as a 0 / -inf bias); or a flashattn.masks mask, or a splash
+    attention mask (CausalMask, LocalMask, ChunkedCausalMask, NumpyMask, FullMask,
+    MultiHeadMask, & and |; aligned top-left as splash has them), built by the library as a
+    block-sparse mask (empty blocks skipped; the plan exact; docs/python.md, "Masks as
+    data"). A row with no visible key gives o = 0 and lse = -inf; a zero B, H, Sq or Sk gives empty (or o = 0, lse = -inf) results
     without a call. threads: CPU threads for this call (0: the library's default).
     Integers that do not fit int64 (segment ids: int32, when concrete) raise ValueError.
     sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds

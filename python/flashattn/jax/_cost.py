@@ -8,8 +8,9 @@ traces the naive attention and counts a causal problem as if it were dense.
 
 from __future__ import annotations
 
-from ._attention import make_options
+from ._attention import _check_qkv, make_options
 from ._plan import plan_for
+from ._splash import as_mask
 
 
 class _Shape:
@@ -34,7 +35,16 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
          diag_offset=None, bias_scale=None, mask=None, threads=0, sinks=None):
     """The flashattn.Plan for a call of flashattn.jax.attention with these arguments
     (arrays or ShapeDtypeStructs; the optional tensors may also be given as True). With a
-    mask the plan is not exact: flops_useful counts the keys it hides (an upper bound)."""
+    boolean mask the plan is not exact: flops_useful counts the keys it hides (an upper
+    bound); with a flashattn.masks or splash attention mask it is exact."""
+    fmask = None
+    if mask is not None and not hasattr(mask, "dtype"):  # a flashattn mask or a splash mask
+        _, hq, sq, sk = _check_qkv(_shaped(q), _shaped(k), _shaped(v), layout)
+        fmask = as_mask(mask, hq, sq, sk)
+        if fmask is None:
+            raise TypeError(f"mask must be a boolean array, a flashattn.masks mask or a splash attention mask, "
+                            f"got {type(mask).__name__}")
+        mask = None
     q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask, sinks = map(
         _shaped, (q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask, sinks))
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
@@ -45,7 +55,7 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     with_bias = bias is not None
     bias = None if bias_shape is None else _Shape(bias_shape)
     return plan_for(opt, q, k, v, bias, backend=backend, bias_grad=bias_grad and with_bias,
-                    masked=mask is not None)
+                    masked=mask is not None, mask=fmask)
 
 
 def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
@@ -58,7 +68,10 @@ def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=Non
     Arguments as flashattn.jax.attention, as arrays or jax.ShapeDtypeStructs (alibi_slopes
     and segment ids, sinks may be True). pass_: "forward" or "backward" (bias_grad: the backward
     also computes dbias). backend: the library's tile schedule to count ("cpu", "cuda");
-    default: "cpu" when JAX's default backend is the CPU, else "cuda".
+    default: "cpu" when JAX's default backend is the CPU, else "cuda". mask: a boolean
+    array (its shape: an upper bound), a flashattn.masks mask or a splash attention mask
+    (exact: the blocks that run). The cost of the splash kernel itself for a splash mask is
+    splash_cost_estimate's.
     """
     from jax.experimental import pallas as pl  # imported here: flashattn.jax needs it nowhere else
 

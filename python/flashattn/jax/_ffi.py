@@ -45,6 +45,7 @@ class Options(NamedTuple):
     dropout_p: float = 0.0  # docs/semantics.md, "Dropout"; 0: off
     seed: int = 0  # dropout's seed and offset, unsigned 64-bit (static: part of the compiled call)
     dropout_offset: int = 0
+    mask: int = 0  # the address of a library-built fa_mask (flashattn.masks), 0: none; kept alive by _attention
 
 
 def _find_library() -> str:
@@ -108,6 +109,7 @@ def _attributes(opt: Options) -> dict:
         # unsigned 64-bit values as int64 attributes of the same bits
         dropout_seed=np.array(opt.seed, np.uint64).view(np.int64)[()],
         dropout_offset=np.array(opt.dropout_offset, np.uint64).view(np.int64)[()],
+        mask=i64(opt.mask),
     )
 
 

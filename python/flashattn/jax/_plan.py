@@ -20,10 +20,11 @@ def platform_backend(backend=None):
     return "cpu" if jax.default_backend() == "cpu" else "cuda"
 
 
-def plan_for(opt, q, k, v, bias, *, backend=None, bias_grad=False, masked=False):
+def plan_for(opt, q, k, v, bias, *, backend=None, bias_grad=False, masked=False, mask=None):
     """The library's plan for one call of the op (opt: _ffi.Options; bias: the op's bias,
-    a mask included; masked: a mask is part of it, so the plan is not exact); ValueError
-    with the library's message if it rejects the problem."""
+    a boolean mask included; masked: a boolean mask is part of it, so the plan is not exact;
+    mask: a flashattn.masks mask, planned exactly); ValueError with the library's message
+    if it rejects the problem."""
     qb, kb, vb = (to_bhsd(opt.layout, tuple(x.shape)) for x in (q, k, v))
     try:
         dtype = _DTYPE_NAMES[jnp.dtype(q.dtype)]
@@ -34,6 +35,6 @@ def plan_for(opt, q, k, v, bias, *, backend=None, bias_grad=False, masked=False)
                  scale=opt.scale, bias_shape=None if bias is None else tuple(bias.shape), alibi=opt.has_alibi,
                  segment_ids=opt.has_segment_ids, backend=platform_backend(backend),
                  diag_offset=opt.diag_offset, bias_scale=opt.bias_scale, bias_grad=bias_grad, threads=opt.threads,
-                 sinks=opt.has_sinks)
+                 sinks=opt.has_sinks, mask=mask)
     p.exact = p.exact and not masked
     return p

@@ -1,0 +1,167 @@
+"""FlexAttention's BlockMask in flashattn.torch: the mask the library builds from it (its listed
+blocks, mask_mod on the partial ones) against create_mask restricted to those blocks;
+attention(block_mask=bm) against flex_attention(q, k, v, block_mask=bm) in eager mode on the
+CPU (forward; FlexAttention has no CPU backward, so the gradients are checked against
+autograd through softmax over flex's own create_mask, in float64); flex_cost's flops_useful
+against the popcount of the mask.
+Random cases draw from the run's seed (FA_TEST_SEED)."""
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+import flashattn.torch as ft  # noqa: E402
+from conftest import SEED  # noqa: E402
+from flashattn._torch_flex import from_block_mask  # noqa: E402
+
+
+def _mods(rng, S):
+    cut = sorted(rng.choice(np.arange(1, S), 3, replace=False).tolist())
+    doc = torch.from_numpy(np.repeat(np.arange(4), np.diff([0] + cut + [S])))
+    w = int(rng.integers(8, 64))
+    prefix = torch.tensor([int(rng.integers(0, S)), int(rng.integers(0, S))])
+    return {
+        "causal": lambda b, h, q, kv: q >= kv,
+        "sliding": lambda b, h, q, kv: (q >= kv) & (q - kv <= w),
+        "documents": lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv),
+        "prefix_per_batch": lambda b, h, q, kv: (kv < prefix[b]) | (q >= kv),
+        "per_head": lambda b, h, q, kv: ((q + h) % 3 != kv % 2) & (kv <= q + 40 * h),
+    }
+
+
+def _block_mask(fn, B, H, Sq, Sk, block, separate=True):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return flex.create_block_mask(fn, B, H, Sq, Sk, device="cpu", BLOCK_SIZE=block,
+                                      separate_full_blocks=separate)
+
+
+def _listed(bm, B, H, Sq, Sk):
+    """[B, H, Sq, Sk] bool: the elements of the blocks the BlockMask lists (full or partial)."""
+    bq, bk = bm.BLOCK_SIZE
+    out = np.zeros((B, H, Sq, Sk), bool)
+    for num, idx in ((bm.kv_num_blocks, bm.kv_indices), (bm.full_kv_num_blocks, bm.full_kv_indices)):
+        if num is None:
+            continue
+        num = num.expand(B, H, -1).numpy()
+        idx = idx.expand(B, H, -1, -1).numpy()
+        for b, h, qb in np.ndindex(*num.shape):
+            for kb in idx[b, h, qb, :num[b, h, qb]]:
+                out[b, h, qb * bq:(qb + 1) * bq, kb * bk:(kb + 1) * bk] = True
+    return out
+
+
+@pytest.mark.parametrize("Sq,Sk,block", [(200, 200, 64), (150, 200, (32, 64))])
+def test_block_mask_as_built(rng, Sq, Sk, block):
+    print(f"seed {SEED}")
+    B, H = 2, 3
+    for name, fn in _mods(rng, max(Sq, Sk)).items():
+        for bB, bH in ((B, H), (1, 1)):
+            if name not in ("causal", "documents") and (bB, bH) == (1, 1):
+                continue  # shared over batch and heads: two cases are enough (and the others depend on b or h)
+            bm = _block_mask(fn, bB, bH, Sq, Sk, block)
+            want = flex.create_mask(fn, bB, bH, Sq, Sk, device="cpu").numpy() & _listed(bm, bB, bH, Sq, Sk)
+            got = from_block_mask(bm).build(B, H, Sq, Sk).to_dense()
+            assert np.array_equal(got, want), name
+    # listed blocks only: a BlockMask whose full blocks were dropped visits the partial ones alone
+    bm = _block_mask(lambda b, h, q, kv: q >= kv, 1, 1, Sq, Sk, block)
+    bm.full_kv_num_blocks.zero_()
+    want = (np.arange(Sq)[:, None] >= np.arange(Sk)[None, :]) & _listed(bm, 1, 1, Sq, Sk)[0, 0]
+    got = from_block_mask(bm).build(1, 1, Sq, Sk).to_dense()[0, 0]
+    assert np.array_equal(got, want) and got.sum() < want.size
+    # separate_full_blocks=False: every listed block is partial (mask_mod everywhere)
+    bm = _block_mask(lambda b, h, q, kv: q >= kv, 1, 1, Sq, Sk, block, separate=False)
+    _, full, partial = from_block_mask(bm).build(1, 1, Sq, Sk).stats()
+    assert full == 0 and partial > 0
+
+
+def _flex(q, k, v, bm, scale=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            return flex.flex_attention(q, k, v, block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _dense_flex(q, k, v, bm):
+    """Differentiable float64 attention over flex's own mask (create_mask of bm.mask_mod on
+    the blocks bm lists); a row with no visible key gives 0, as flex_attention does."""
+    B, Hq, S, D = q.shape
+    Sk = k.shape[2]
+    attend = torch.from_numpy(flex.create_mask(bm.mask_mod, B, Hq, S, Sk, device="cpu").numpy()
+                              & _listed(bm, B, Hq, S, Sk))
+    rep = Hq // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) / D ** 0.5
+    s = s.masked_fill(~attend, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
+
+
+@pytest.mark.parametrize("name", ["causal", "documents", "per_head", "prefix_per_batch"])
+def test_attention_matches_flex(rng, name):
+    B, Hq, Hk, S, D = 2, 4, 2, 192, 16
+    fn = _mods(rng, S)[name]
+    bm = _block_mask(fn, B, Hq, S, S, 64)
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(B, h, S, D, generator=g, dtype=torch.float64) for h in (Hq, Hk, Hk))
+    do = torch.randn(B, Hq, S, D, generator=g, dtype=torch.float64)
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    o_flex = _flex(q, k, v, bm)
+    o_ref = _dense_flex(*ref, bm)
+    o_ref.backward(do)
+    assert (o_ref.detach() - o_flex).abs().max().item() <= 1e-10  # the dense reference is flex's
+    mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
+    o = ft.attention(*mine, block_mask=bm)
+    o.backward(do.to(torch.float32))
+    scale = o_flex.abs().max().item()
+    assert (o.double() - o_flex).abs().max().item() <= 1e-5 * scale
+    for got, want in zip(mine, ref):
+        err = (got.grad.double() - want.grad).abs().max().item()
+        assert err <= 5e-5 * want.grad.abs().max().item(), name
+
+
+def test_flex_cost_is_exact(rng):
+    B, H, S, D = 2, 2, 256, 32
+    for name, fn in _mods(rng, S).items():
+        bm = _block_mask(fn, B, H, S, S, 64)
+        q = torch.empty(B, H, S, D, device="meta")
+        c = ft.flex_cost(bm, q, q, q)
+        pairs = int(flex.create_mask(fn, B, H, S, S, device="cpu").sum())
+        assert c["forward"]["flops_useful"] == 4 * D * pairs, name
+        dense = 4 * D * B * H * S * S
+        assert c["forward"]["flops"] < dense if name == "causal" else c["forward"]["flops"] <= dense, name
+        assert set(c) == {"forward", "backward"}
+
+
+def test_attention_with_flashattn_masks(rng):
+    """mask= a flashattn.masks mask in the torch front (with a BlockMask too: ANDed), forward
+    and gradients, against flex_attention with the combined mask_mod."""
+    from flashattn import masks
+    B, H, S, D = 1, 2, 160, 16
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(B, H, S, D, generator=g, dtype=torch.float64) for _ in range(3))
+    C = int(rng.integers(10, 70))
+
+    def chunked(b, h, qi, kv):
+        return (kv <= qi) & (kv // C == qi // C)
+
+    def window(b, h, qi, kv):
+        return qi - kv <= 30
+
+    for m, bm, fn in ((masks.chunked(C), None, chunked),
+                      (masks.chunked(C), _block_mask(window, 1, 1, S, S, 64),
+                       lambda b, h, qi, kv: chunked(b, h, qi, kv) & window(b, h, qi, kv))):
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        full = _block_mask(fn, 1, 1, S, S, 64)
+        o_ref = _dense_flex(*ref, full)
+        o_ref.sum().backward()
+        assert (o_ref.detach() - _flex(q, k, v, full)).abs().max().item() <= 1e-10
+        mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
+        o = ft.attention(*mine, mask=m, block_mask=bm)
+        o.sum().backward()
+        assert (o.double() - o_ref).abs().max().item() <= 1e-5 * o_ref.abs().max().item()
+        for got, want in zip(mine, ref):
+            assert (got.grad.double() - want.grad).abs().max().item() <= 5e-5 * want.grad.abs().max().item()
