@@ -26,7 +26,8 @@ static wide needed_inputs(const struct fa_plan *pl, int backward) {
     const wide rows = r1 - r0, keys = fa_sched_span(&s, 0, p->seq_q, &lo, &hi) ? hi - lo + 1 : 0;
     const wide es = (wide)fa_dtype_size(p->dtype), b = p->batch, D = p->head_dim, Dv = p->head_dim_v;
     wide need = b * p->heads_q * rows * (backward ? (D + 2 * Dv) * es + 4 : D * es) + b * p->heads_kv * keys * (D + Dv) * es;
-    if (p->has_bias) need += (wide)p->bias_batch * p->bias_heads * visible_pairs(pl) * 4;
+    /* a bias row shared by every query row (bias_seq_q 1) is needed at the keys some row sees */
+    if (p->has_bias) need += (wide)p->bias_batch * p->bias_heads * (p->bias_seq_q == 1 ? keys : visible_pairs(pl)) * 4;
     if (p->has_segment_ids) need += b * (rows + keys) * 4;
     if (p->has_alibi) need += (wide)p->heads_q * 4;
     return need;
@@ -53,7 +54,7 @@ static tensor_bytes sizes(const fa_problem *p) {
     t.v = b * p->heads_kv * p->seq_k * p->head_dim_v * es;
     t.o = b * p->heads_q * p->seq_q * p->head_dim_v * es;
     t.lse = b * p->heads_q * p->seq_q * 4;
-    t.bias = p->has_bias ? (wide)p->bias_batch * p->bias_heads * p->seq_q * p->seq_k * 4 : 0;
+    t.bias = p->has_bias ? (wide)p->bias_batch * p->bias_heads * p->bias_seq_q * p->seq_k * 4 : 0;
     t.slopes = p->has_alibi ? (wide)p->heads_q * 4 : 0;
     t.segments = p->has_segment_ids ? b * (p->seq_q + p->seq_k) * 4 : 0;
     t.dbias = p->bias_grad ? t.bias : 0; /* f32, the bias's shape */

@@ -132,11 +132,16 @@ static fa_status validate_layout(fa_plan *pl) {
         if (p->bias_heads != 1 && p->bias_heads != p->heads_q)
             return fa_error(FA_ERR_INVALID, "bias heads dim is %lld but must be 1 or heads_q (%lld)",
                             (long long)p->bias_heads, (long long)p->heads_q);
-        int64_t bd[4] = {p->bias_batch, p->bias_heads, p->seq_q, p->seq_k};
+        if (p->bias_seq_q == 0) p->bias_seq_q = p->seq_q;
+        if (p->bias_seq_q != 1 && p->bias_seq_q != p->seq_q)
+            return fa_error(FA_ERR_INVALID, "bias seq_q dim is %lld but must be 1 or seq_q (%lld) (0 = seq_q)",
+                            (long long)p->bias_seq_q, (long long)p->seq_q);
+        int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, p->seq_k};
         if ((s = resolve_strides("bias", &p->bias_stride, bd))) return s;
         /* broadcast dims read the same slice whatever their stride says */
         if (p->bias_batch == 1) p->bias_stride.s[0] = 0;
         if (p->bias_heads == 1) p->bias_stride.s[1] = 0;
+        if (p->bias_seq_q == 1) p->bias_stride.s[2] = 0;
     }
     if (!p->has_bias_scale) p->bias_scale = 1.0f;
     p->has_bias_scale = 1;
