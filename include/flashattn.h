@@ -120,7 +120,7 @@ typedef struct {
     /* The bias's query dim (has_bias): 0 or seq_q, a bias row per query row; 1, one row
      * [bias_batch, bias_heads, 1, Sk] broadcast over every query row (its s[2] stride is
      * ignored), as a key-padding bias is; dbias then has that shape too, summed over the
-     * query rows in a fixed order. CPU backend only (cuda refuses 1 where seq_q > 1). */
+     * query rows in a fixed order (dbias itself is CPU-only, as bias_grad is). */
     int64_t bias_seq_q;
 } fa_problem;
 

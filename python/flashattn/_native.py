@@ -46,6 +46,7 @@ class Problem(ctypes.Structure):
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
+        ("bias_seq_q", c_int64),  # 1: one bias row for every query row; 0 or seq_q: one per row
     ]
 
 

@@ -21,9 +21,6 @@ static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses)
     if (p->bias_grad)
         return fa_error(FA_ERR_UNSUPPORTED,
                         "the cuda backend does not compute dbias (bias_grad); plan it on the cpu backend");
-    if (p->has_bias && p->bias_seq_q == 1 && p->seq_q != 1)
-        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for a bias broadcast over the query rows "
-                                            "(bias_seq_q 1); plan it on the cpu backend");
     if (!fa_cuda_hd_class(p->head_dim, p->head_dim_v) || p->head_dim % 8 || p->head_dim_v % 8)
         return fa_error(FA_ERR_UNSUPPORTED,
                         "the cuda backend needs head dims <= 256 and multiples of 8, got D=%lld Dv=%lld",
