@@ -107,7 +107,8 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
         const int64_t rows = mask & M_BROW ? 1 : Sq;
         int64_t n = c->nbias = q->bias_batch * q->bias_heads * rows * Sk;
         c->bias = tu_alloc(sizeof(float) * (size_t)n);
-        c->dbias = tu_alloc(sizeof(float) * (size_t)n);
+        c->dbias = tu_alloc(sizeof(float) * (size_t)(n + 64)); /* 64 poisoned past the end: no write may reach them */
+        tu_poison(FA_F32, c->dbias + n, 64);
         for (int64_t i = 0; i < n; i++) c->bias[i] = (float)tu_uniform(rng);
         if (mask & M_NEGINF) { /* some -inf scores, and a whole row of them */
             for (int64_t i = 0; i < n; i++)

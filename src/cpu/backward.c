@@ -144,7 +144,7 @@ static int64_t two_pass_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_c
     const int64_t nt = dq_item_tiles(pl, nq); /* query tiles per dq item */
     const int64_t items = nq / nt, qt0 = t % items * nt, sb = t / items / (Hq / nh), sh = t / items % (Hq / nh);
     float *db = fa_bwd_dbias_row(c, sb, sh, qt0 * bq); /* the item's rows of its slice */
-    if (db) memset(db, 0, sizeof(float) * (size_t)(nt == 1 ? fa_bwd_rows(pl, qt0 * bq) : 1) * (size_t)p->seq_k);
+    if (db) memset(db, 0, sizeof(float) * (size_t)(p->bias_seq_q == 1 ? 1 : fa_bwd_rows(pl, qt0 * bq)) * (size_t)p->seq_k);
     for (int64_t bi = 0; bi < nb; bi++)
         for (int64_t hi = 0; hi < nh; hi++)
             for (int64_t qt = qt0; qt < qt0 + nt; qt++) dq_item(c, &w, nb == 1 ? sb : bi, nh == 1 ? sh : hi, qt, db, cnt);
