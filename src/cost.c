@@ -151,7 +151,37 @@ static fa_status backward_cost(struct fa_plan *pl) {
     return FA_OK;
 }
 
+/* A dense or decode problem with nothing to compute (fa_problem_empty; packed batches sum
+ * their sequences in cost_inference.c, by the same rules): no flops; the forward writes o
+ * and lse (rows exist only when seq_k is 0: one log each, as cpu/empty.c counts), the
+ * backward zeros dq, dk, dv and dbias; nothing is read, no workspace. */
+static fa_status empty_cost(struct fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    const int decode = pl->shape == FA_SHAPE_DECODE;
+    tensor_bytes t = sizes(p);
+    const wide es = (wide)fa_dtype_size(p->dtype), B = p->batch, Hk = p->heads_kv, D = p->head_dim;
+    const wide cache_rows = decode && p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
+    t.k = cache_rows * Hk * D * es, t.v = cache_rows * Hk * p->head_dim_v * es;
+    wide extra = 0; /* decode's own inputs: lengths, new rows, the block table */
+    if (decode) extra = B * 4 + (p->has_new_kv ? B * p->seq_q * Hk * (D + p->head_dim_v) * es : 0) +
+                        (p->page_size ? B * p->max_pages * 4 : 0);
+    const wide in = t.q + t.k + t.v + t.bias + t.slopes + t.segments + extra, out = t.o + t.lse;
+    const wide fwd[8] = {0, 0, B * p->heads_q * p->seq_q, out, out, 0, in + out, in + out};
+    const wide bin = in + 2 * t.o + t.lse, bout = t.q + (decode ? 0 : t.k + t.v) + t.dbias; /* (no decode backward) */
+    const wide bwd[8] = {0, 0, 0, bout, bout, 0, bin + bout, bin + bout};
+    fa_cost *c[2] = {&pl->fwd, &pl->bwd};
+    const wide *f[2] = {fwd, bwd};
+    for (int k = 0; k < 2; k++)
+        if (!store(f[k][0], &c[k]->flops) || !store(f[k][1], &c[k]->flops_useful) ||
+            !store(f[k][2], &c[k]->transcendentals) || !store(f[k][3], &c[k]->bytes_accessed) ||
+            !store(f[k][4], &c[k]->min_bytes) || !store(f[k][5], &c[k]->workspace_bytes) ||
+            !store(f[k][6], &c[k]->peak_bytes) || !store(f[k][7], &c[k]->naive_peak_bytes))
+            return fa_error(FA_ERR_OVERFLOW, "the cost of this problem overflows int64");
+    return FA_OK;
+}
+
 fa_status fa_cost_compute(struct fa_plan *pl) {
+    if (fa_problem_empty(&pl->p) && pl->shape != FA_SHAPE_VARLEN) return empty_cost(pl);
     if (pl->shape != FA_SHAPE_DENSE) return fa_cost_inference(pl); /* cost_inference.c */
     fa_status s = forward_cost(pl);
     return s ? s : backward_cost(pl);

@@ -38,12 +38,12 @@ static void test_validation(void) {
         p.field = value;                                                                   \
         expect_bad(#field " = " #value, p, NULL, status, word);                            \
     } while (0)
-    BAD(batch, 0, FA_ERR_INVALID, "batch");
+    /* (zero sizes are valid, empty problems: tests/test_empty.c) */
     BAD(batch, -3, FA_ERR_INVALID, "batch");
-    BAD(heads_q, 0, FA_ERR_INVALID, "heads_q");
+    BAD(heads_q, -1, FA_ERR_INVALID, "heads_q");
     BAD(heads_kv, -1, FA_ERR_INVALID, "heads_kv");
     BAD(heads_kv, 3, FA_ERR_INVALID, "multiple");
-    BAD(seq_q, 0, FA_ERR_INVALID, "seq_q");
+    BAD(seq_q, -1, FA_ERR_INVALID, "seq_q");
     BAD(seq_k, -5, FA_ERR_INVALID, "seq_k");
     BAD(head_dim, 0, FA_ERR_INVALID, "head_dim");
     BAD(head_dim_v, -2, FA_ERR_INVALID, "head_dim_v");
