@@ -5,7 +5,7 @@ strides describe them; outputs come back in the inputs' layout, lse always [B, H
 import numpy as np
 
 from . import _layout, _native
-from ._problem import broadcast_dims, check_shapes, combined_bias_dims, empty_dims, make_options, make_problem
+from ._problem import broadcast_dims, check_shapes, combined_bias_dims, make_options, make_problem
 from ._problem_inference import int32_lengths
 
 
@@ -114,7 +114,6 @@ class _Call:
         if bias is not None or mask is not None:
             b, self.bias_own = _bias_and_mask(bias, mask, (B, H, Sq, Sk))
             self.bias, bias_shape, bias_stride = b, b.shape, _elem_strides(b)
-        self.empty = empty_dims(B, H, kd[1], Sq, Sk)
         self.threads = threads
         self.slopes = None
         if alibi_slopes is not None:
@@ -192,8 +191,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     window and segment ids (passed as a 0 / -inf bias); alibi_slopes [Hq]; segment ids
     [B, Sq] and [B, Sk]. threads: CPU threads for this call (0: the library's default).
     Returns o in q's layout (written into out if given; out must not overlap an input), and
-    lse [B, Hq, Sq] f32 with return_lse. A zero B, H, Sq or Sk returns at once: empty
-    arrays, or o = 0 and lse = -inf where Sk is 0. Beyond the issue's signature:
+    lse [B, Hq, Sq] f32 with return_lse. A zero B, H, Sq or Sk gives empty arrays, or
+    o = 0 and lse = -inf where Sk is 0 (the library's empty problems). Beyond the issue's signature:
     bias_scale (s += bias_scale * bias) and diag_offset (query i sits at key position
     i + diag_offset; 0 aligns masks top-left)."""
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
@@ -205,9 +204,6 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     B, H, Sq, _ = c.qd
     lse = _empty((B, H, Sq), np.float32)
     handle = c.plan(_elem_strides(o))
-    if c.empty:  # planned above all the same: every other argument is checked
-        o[...], lse[...] = 0, -np.inf
-        return (o, lse) if return_lse else o
     args = _native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                o=o.ctypes.data, lse=lse.ctypes.data, **c.common_ptrs())
     handle.forward(args)
@@ -275,10 +271,6 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
         raise ValueError("bias_grad needs a bias")
     dbias = _empty(c.bias.shape, np.float32) if bias_grad else None
     handle = c.plan(_elem_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
-    if c.empty:
-        for g in (dq, dk, dv) + (() if dbias is None else (dbias,)):
-            g[...] = 0
-        return (dq, dk, dv, _own_shape(dbias, c.bias_own, bias)) if bias_grad else (dq, dk, dv)
     args = _native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                 o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                 dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,

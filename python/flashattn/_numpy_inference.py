@@ -90,9 +90,6 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     lse = _empty((c.q.shape[1], c.q.shape[0]), np.float32)
     handle = c.plan(_elem_strides(o))
-    if isinstance(handle, _native.EmptyPlanHandle):  # no rows, keys or heads: nothing to compute
-        o[...], lse[...] = 0, -np.inf
-        return (o, lse) if return_lse else o
     handle.forward(_native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                        o=o.ctypes.data, lse=lse.ctypes.data,
                                        alibi_slopes=c.slopes_ptr()))
@@ -114,10 +111,6 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
     k, dk = _grad_buffer(c.k)
     v, dv = _grad_buffer(c.v)
     handle = c.plan(_elem_strides(o), q=q, k=k, v=v)
-    if isinstance(handle, _native.EmptyPlanHandle):
-        for g in (dq, dk, dv):
-            g[...] = 0
-        return dq, dk, dv
     handle.backward(_native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                          o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                          dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
