@@ -117,7 +117,7 @@ def expand_seq_dims(bias, seq_q, seq_k):
 
 
 def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
-    """bias (float, 2 to 4 dims) and mask (bool) as one f32 bias [B or 1, H or 1, Sq, Sk]
+    """bias (float, 2 to 4 dims) and mask (bool) as one f32 bias [B or 1, H or 1, Sq or 1, Sk]
     and the bias_scale to pass with it. With a mask the scale is applied here, so that a
     negative or zero scale cannot turn a hidden key's -inf into +inf or NaN."""
     def four(t, what):
