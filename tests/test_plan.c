@@ -293,8 +293,10 @@ static void test_min_bytes(uint64_t *rs, uint64_t first_seed) {
             if (tu_int(rs, 0, 2) == 0) {
                 p.has_bias = 1, p.bias_batch = tu_int(rs, 0, 1) ? p.batch : 1;
                 p.bias_heads = tu_int(rs, 0, 1) ? p.heads_q : 1;
+                p.bias_seq_q = tu_int(rs, 0, 1); /* 1: one row for every query row; 0: Sq rows */
             }
             p.has_segment_ids = tu_int(rs, 0, 3) == 0;
+            if (tu_int(rs, 0, 9) == 0) *(tu_int(rs, 0, 1) ? &p.seq_q : &p.seq_k) = 0; /* an empty problem */
         } else if (shape == 1) {
             for (int64_t b = 0; b < p.batch; b++) {
                 cq[b + 1] = cq[b] + (int32_t)(tu_int(rs, 0, 2) ? tu_int(rs, 0, 40) : 0);
