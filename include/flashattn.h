@@ -71,7 +71,7 @@ typedef struct {
     int64_t window_right;  /* -1 unbounded (the default) */
     float softcap;         /* 0: off; > 0: s = cap * tanh(s / cap) */
     int has_alibi;         /* slopes [Hq] f32, finite (checked by each call) */
-    int has_bias;          /* additive f32 bias [bias_batch, bias_heads, Sq, Sk] */
+    int has_bias;          /* additive f32 bias [bias_batch, bias_heads, bias_seq_q, Sk] */
     int64_t bias_batch;    /* 1 or B */
     int64_t bias_heads;    /* 1 or Hq */
     fa_strides bias_stride; /* all zeros: contiguous; a stride of a size-1 dim is ignored */
@@ -89,7 +89,7 @@ typedef struct {
     int has_bias_scale;
     float bias_scale;
     /* The backward also writes dbias (fa_backward_args.dbias, f32, contiguous, the bias's
-     * shape [bias_batch, bias_heads, Sq, Sk], summed over broadcast dims in a fixed order).
+     * shape [bias_batch, bias_heads, bias_seq_q, Sk], summed over broadcast dims in a fixed order).
      * A plan-time flag so that the backward's cost includes it. Needs has_bias. CPU backend
      * only: a CUDA plan refuses it (FA_ERR_UNSUPPORTED) and AUTO picks the CPU. */
     int bias_grad;
@@ -155,6 +155,11 @@ typedef struct {
      * problem's, its batch 1 or B, its heads 1 or Hq; it combines by AND with causal, window
      * and segment ids. The plan keeps its own reference. Dense problems on the CPU backend. */
     const fa_mask *mask;
+    /* The bias's query dim (has_bias): 0 or seq_q, a bias row per query row; 1, one row
+     * [bias_batch, bias_heads, 1, Sk] broadcast over every query row (its s[2] stride is
+     * ignored), as a key-padding bias is; dbias then has that shape too, summed over the
+     * query rows in a fixed order (dbias itself is CPU-only, as bias_grad is). */
+    int64_t bias_seq_q;
 } fa_problem;
 
 /* fa_problem.lengths_per_call */
@@ -235,7 +240,7 @@ typedef struct {
     const void *q, *k, *v, *o, *d_o;
     const float *lse;            /* [B, Hq, Sq] contiguous, required */
     void *dq, *dk, *dv;          /* strided like q, k, v */
-    float *dbias;                /* when the problem has bias_grad: [bias_batch, bias_heads, Sq, Sk] */
+    float *dbias;                /* when the problem has bias_grad: [bias_batch, bias_heads, bias_seq_q, Sk] */
     const float *bias;
     const float *alibi_slopes;
     const int32_t *q_segment_ids, *kv_segment_ids;

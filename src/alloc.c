@@ -32,8 +32,11 @@ static int injected_failure(void) {
 static int injected_failure(void) { return 0; }
 #endif
 
-void *fa_malloc(size_t bytes) { return injected_failure() ? NULL : malloc(bytes); }
+/* malloc(0) may return NULL, which every caller reads as no memory: ask for 1 byte instead. */
+void *fa_malloc(size_t bytes) { return injected_failure() ? NULL : malloc(bytes ? bytes : 1); }
 
-void *fa_calloc(size_t count, size_t size) { return injected_failure() ? NULL : calloc(count, size); }
+void *fa_calloc(size_t count, size_t size) {
+    return injected_failure() ? NULL : count && size ? calloc(count, size) : calloc(1, 1);
+}
 
 void fa_free(void *p) { free(p); }

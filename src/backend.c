@@ -48,6 +48,9 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
                         p->has_new_kv ? "new keys and values (has_new_kv)" : "pages (page_size, num_pages, max_pages)");
     if (uses & FA_USE_SEQ_PARALLEL) {
         if (shape) return fa_error(FA_ERR_INVALID, "sequence parallel (ring, ulysses) does not combine with %s", shape);
+        if (fa_problem_empty(p))
+            return fa_error(FA_ERR_INVALID, "sequence parallel (ring, ulysses) does not combine with zero sizes "
+                                            "(batch, heads_q, seq_q or seq_k 0): run the empty problem on one rank");
         if (p->has_bias)
             return fa_error(FA_ERR_INVALID, "an additive bias (has_bias) does not combine with sequence parallel "
                                             "(ring, ulysses): it is not supported there");

@@ -27,8 +27,13 @@ static wide needed_inputs(const struct fa_plan *pl, int backward) {
     const wide kv_rows = p->mask ? fa_mask_needed_kv_rows(pl) : b * p->heads_kv * keys;
     const wide q_rows = p->mask ? fa_mask_needed_q_rows(pl) : b * p->heads_q * rows;
     wide need = q_rows * (backward ? (D + 2 * Dv) * es + 4 : D * es) + kv_rows * (D + Dv) * es;
-    /* the bias at the visible pairs (with a mask: their mean over the heads that share a slice) */
-    if (p->has_bias) need += visible_pairs(pl) / (b * p->heads_q / ((wide)p->bias_batch * p->bias_heads)) * 4;
+    /* the bias at the visible pairs (with a mask: their mean over the heads that share a
+     * slice); a bias row shared by every query row (bias_seq_q 1) at the keys some row sees
+     * (with a mask: their mean over the kv heads) */
+    if (p->has_bias && p->bias_seq_q == 1)
+        need += (wide)p->bias_batch * p->bias_heads * (p->mask ? kv_rows / (b * p->heads_kv) : keys) * 4;
+    else if (p->has_bias)
+        need += visible_pairs(pl) / (b * p->heads_q / ((wide)p->bias_batch * p->bias_heads)) * 4;
     /* segment ids of those rows and keys (with a mask: their mean over the heads) */
     if (p->has_segment_ids) need += (p->mask ? q_rows / p->heads_q + kv_rows / p->heads_kv : b * (rows + keys)) * 4;
     if (p->has_alibi) need += (wide)p->heads_q * 4;
@@ -58,7 +63,7 @@ static tensor_bytes sizes(const fa_problem *p) {
     t.v = b * p->heads_kv * p->seq_k * p->head_dim_v * es;
     t.o = b * p->heads_q * p->seq_q * p->head_dim_v * es;
     t.lse = b * p->heads_q * p->seq_q * 4;
-    t.bias = p->has_bias ? (wide)p->bias_batch * p->bias_heads * p->seq_q * p->seq_k * 4 : 0;
+    t.bias = p->has_bias ? (wide)p->bias_batch * p->bias_heads * p->bias_seq_q * p->seq_k * 4 : 0;
     t.slopes = p->has_alibi ? (wide)p->heads_q * 4 : 0;
     t.segments = p->has_segment_ids ? b * (p->seq_q + p->seq_k) * 4 : 0;
     t.dbias = p->bias_grad ? t.bias : 0; /* f32, the bias's shape */
@@ -160,7 +165,37 @@ static fa_status backward_cost(struct fa_plan *pl) {
     return FA_OK;
 }
 
+/* A dense or decode problem with nothing to compute (fa_problem_empty; packed batches sum
+ * their sequences in cost_inference.c, by the same rules): no flops; the forward writes o
+ * and lse (rows exist only when seq_k is 0: one log each, as cpu/empty.c counts), the
+ * backward zeros dq, dk, dv and dbias; nothing is read, no workspace. */
+static fa_status empty_cost(struct fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    const int decode = pl->shape == FA_SHAPE_DECODE;
+    tensor_bytes t = sizes(p);
+    const wide es = (wide)fa_dtype_size(p->dtype), B = p->batch, Hk = p->heads_kv, D = p->head_dim;
+    const wide cache_rows = decode && p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
+    t.k = cache_rows * Hk * D * es, t.v = cache_rows * Hk * p->head_dim_v * es;
+    wide extra = 0; /* decode's own inputs: lengths, new rows, the block table */
+    if (decode) extra = B * 4 + (p->has_new_kv ? B * p->seq_q * Hk * (D + p->head_dim_v) * es : 0) +
+                        (p->page_size ? B * p->max_pages * 4 : 0);
+    const wide in = t.q + t.k + t.v + t.bias + t.slopes + t.segments + t.sinks + extra, out = t.o + t.lse;
+    const wide fwd[8] = {0, 0, B * p->heads_q * p->seq_q, out, out, 0, in + out, in + out};
+    const wide bin = in + 2 * t.o + t.lse, bout = t.q + (decode ? 0 : t.k + t.v) + t.dbias + t.sinks; /* dsink; (no decode backward) */
+    const wide bwd[8] = {0, 0, 0, bout, bout, 0, bin + bout, bin + bout};
+    fa_cost *c[2] = {&pl->fwd, &pl->bwd};
+    const wide *f[2] = {fwd, bwd};
+    for (int k = 0; k < 2; k++)
+        if (!store(f[k][0], &c[k]->flops) || !store(f[k][1], &c[k]->flops_useful) ||
+            !store(f[k][2], &c[k]->transcendentals) || !store(f[k][3], &c[k]->bytes_accessed) ||
+            !store(f[k][4], &c[k]->min_bytes) || !store(f[k][5], &c[k]->workspace_bytes) ||
+            !store(f[k][6], &c[k]->peak_bytes) || !store(f[k][7], &c[k]->naive_peak_bytes))
+            return fa_error(FA_ERR_OVERFLOW, "the cost of this problem overflows int64");
+    return FA_OK;
+}
+
 fa_status fa_cost_compute(struct fa_plan *pl) {
+    if (fa_problem_empty(&pl->p) && pl->shape != FA_SHAPE_VARLEN) return empty_cost(pl);
     if (pl->shape != FA_SHAPE_DENSE) return fa_cost_inference(pl); /* cost_inference.c */
     fa_status s = forward_cost(pl);
     return s ? s : backward_cost(pl);

@@ -102,6 +102,15 @@ int64_t fa_cascade_partial_floats(const struct fa_plan *pl);
 int64_t fa_cascade_workspace_bytes(const struct fa_plan *pl);
 fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args *a, char *ws, fa_counts *cnt);
 
+/* A problem with nothing to compute: a zero batch, query heads, seq_q or seq_k (packed:
+ * totals; decode: seq_k is the cache's capacity). Its plan is valid; cpu/empty.c writes its
+ * outputs (o = 0 and lse = -inf on rows without keys, zero gradients) and cost.c its figures. */
+static inline int fa_problem_empty(const fa_problem *p) {
+    return p->batch == 0 || p->heads_q == 0 || p->seq_q == 0 || p->seq_k == 0;
+}
+fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *a);
+fa_status fa_cpu_empty_backward(const struct fa_plan *pl, const fa_backward_args *a);
+
 /* The threads a call runs on: the plan's, or 1 in a process forked after this library was
  * used (fork.c: libgomp's workers do not survive fork); fa_fork_guard registers the fork
  * handler (once, from fa_plan_create). */

@@ -26,6 +26,12 @@ static fa_status check_positive(const char *name, int64_t v) {
     return FA_OK;
 }
 
+/* Sizes that may be 0 (an empty problem: fa_problem_empty); head dims may not. */
+static fa_status check_size(const char *name, int64_t v) {
+    if (v < 0) return fa_error(FA_ERR_INVALID, "%s must be >= 0, got %lld", name, (long long)v);
+    return FA_OK;
+}
+
 /* Fills all-zero strides with contiguous ones, rejects negative strides, and checks that
  * the largest element offset fits int64. dims: the tensor's [B, H, S, D]. */
 static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t dims[4]) {
@@ -80,16 +86,16 @@ static fa_status validate_scalars(fa_plan *pl) {
     fa_status s;
     if (p->heads_kv == 0) p->heads_kv = p->heads_q;
     if (p->head_dim_v == 0) p->head_dim_v = p->head_dim;
-    if ((s = check_positive("batch", p->batch)) || (s = check_positive("heads_q", p->heads_q)) ||
-        (s = check_positive("heads_kv", p->heads_kv)) || (s = check_positive("seq_q", p->seq_q)) ||
-        (s = check_positive("seq_k", p->seq_k)) || (s = check_positive("head_dim", p->head_dim)) ||
+    if ((s = check_size("batch", p->batch)) || (s = check_size("heads_q", p->heads_q)) ||
+        (s = check_size("heads_kv", p->heads_kv)) || (s = check_size("seq_q", p->seq_q)) ||
+        (s = check_size("seq_k", p->seq_k)) || (s = check_positive("head_dim", p->head_dim)) ||
         (s = check_positive("head_dim_v", p->head_dim_v)))
         return s;
     /* segment ids index with int32 (and the schedule's arithmetic assumes lengths < 2^31) */
     if (p->seq_q > INT32_MAX || p->seq_k > INT32_MAX)
         return fa_error(FA_ERR_INVALID, "sequence lengths are limited to %d, got seq_q %lld, seq_k %lld", INT32_MAX,
                         (long long)p->seq_q, (long long)p->seq_k);
-    if (p->heads_q % p->heads_kv != 0)
+    if (p->heads_kv > 0 && p->heads_q % p->heads_kv != 0) /* (heads_kv is 0 only with heads_q 0) */
         return fa_error(FA_ERR_INVALID, "heads_q (%lld) is not a multiple of heads_kv (%lld)",
                         (long long)p->heads_q, (long long)p->heads_kv);
     if (p->dtype != FA_F32 && p->dtype != FA_F16 && p->dtype != FA_BF16)
@@ -137,11 +143,16 @@ static fa_status validate_layout(fa_plan *pl) {
         if (p->bias_heads != 1 && p->bias_heads != p->heads_q)
             return fa_error(FA_ERR_INVALID, "bias heads dim is %lld but must be 1 or heads_q (%lld)",
                             (long long)p->bias_heads, (long long)p->heads_q);
-        int64_t bd[4] = {p->bias_batch, p->bias_heads, p->seq_q, p->seq_k};
+        if (p->bias_seq_q == 0) p->bias_seq_q = p->seq_q;
+        if (p->bias_seq_q != 1 && p->bias_seq_q != p->seq_q)
+            return fa_error(FA_ERR_INVALID, "bias seq_q dim is %lld but must be 1 or seq_q (%lld) (0 = seq_q)",
+                            (long long)p->bias_seq_q, (long long)p->seq_q);
+        int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, p->seq_k};
         if ((s = resolve_strides("bias", &p->bias_stride, bd))) return s;
         /* broadcast dims read the same slice whatever their stride says */
         if (p->bias_batch == 1) p->bias_stride.s[0] = 0;
         if (p->bias_heads == 1) p->bias_stride.s[1] = 0;
+        if (p->bias_seq_q == 1) p->bias_stride.s[2] = 0;
     }
     if (!p->has_bias_scale) p->bias_scale = 1.0f;
     p->has_bias_scale = 1;

@@ -20,6 +20,8 @@ enum { M_SCALE = 256 };
 /* The problem's own options as given (a row of cases.h): no diag offset, window, softcap,
  * scale, bias dims or bias_scale drawn at random; the other bits say which tensors to make. */
 enum { M_ASIS = 512 };
+/* One bias row for every query row (bias_seq_q 1): the bias [bias_batch, bias_heads, 1, Sk]. */
+enum { M_BROW = 1024 };
 
 typedef struct {
     fa_problem p;
@@ -101,14 +103,17 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
         q->bias_grad = 1;
         /* (negative only without -inf entries: -inf times a negative scale is +inf) */
         if (!(mask & M_ASIS) && tu_int(rng, 0, 1)) q->has_bias_scale = 1, q->bias_scale = tu_int(rng, 0, 1) || (mask & M_NEGINF) ? 0.75f : -1.5f;
-        int64_t n = c->nbias = q->bias_batch * q->bias_heads * Sq * Sk;
+        if (mask & M_BROW) q->bias_seq_q = 1;
+        const int64_t rows = mask & M_BROW ? 1 : Sq;
+        int64_t n = c->nbias = q->bias_batch * q->bias_heads * rows * Sk;
         c->bias = tu_alloc(sizeof(float) * (size_t)n);
-        c->dbias = tu_alloc(sizeof(float) * (size_t)n);
+        c->dbias = tu_alloc(sizeof(float) * (size_t)(n + 64)); /* 64 poisoned past the end: no write may reach them */
+        tu_poison(FA_F32, c->dbias + n, 64);
         for (int64_t i = 0; i < n; i++) c->bias[i] = (float)tu_uniform(rng);
         if (mask & M_NEGINF) { /* some -inf scores, and a whole row of them */
             for (int64_t i = 0; i < n; i++)
                 if (tu_int(rng, 0, 9) == 0) c->bias[i] = -INFINITY;
-            for (int64_t j = 0; j < Sk; j++) c->bias[(Sq / 2) * Sk + j] = -INFINITY;
+            for (int64_t j = 0; j < Sk; j++) c->bias[(rows / 2) * Sk + j] = -INFINITY;
         }
     }
     if (mask & M_SEG) {
@@ -266,11 +271,12 @@ static void dbias_check(const tcase *c, const fa_plan *pl, const double *ref, ch
     const fa_problem *rp = fa_plan_problem(pl);
     const double vmax = max_row_norm(p->dtype, c->v, &rp->v_stride, B, Hk, Sk, p->head_dim_v, 1);
     const double gmax = max_row_norm(p->dtype, c->g, &rp->o_stride, B, Hq, Sq, p->head_dim_v, 1);
-    const double share = (double)(B / p->bias_batch * (Hq / p->bias_heads));
+    const int64_t rows = p->bias_seq_q == 1 ? 1 : Sq; /* a shared row sums every query row's term */
+    const double share = (double)(B / p->bias_batch * (Hq / p->bias_heads) * (Sq / rows));
     const double w = p->has_bias_scale ? fabs((double)p->bias_scale) : 1.0;
     const double floor = w * share * (saved_o_error_max(c, pl) + 8.0 * 0x1p-24 * 2.0 * gmax * vmax);
     double *allow = check_allow_const(c->nbias, floor);
-    const int64_t dims[4] = {p->bias_batch, p->bias_heads, Sq, Sk};
+    const int64_t dims[4] = {p->bias_batch, p->bias_heads, rows, Sk};
     const check_result r =
         check_tensor("dbias", FA_F32, c->dbias, &(fa_strides){{0, 0, 0, 0}}, ref, dims, check_tol_of(FA_F32), allow, 0);
     free(allow);

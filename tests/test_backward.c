@@ -47,7 +47,8 @@ static void test_reference_gradients(uint64_t *rng) {
         {0, "plain"}, {M_SOFTCAP, "softcap"}, {M_BIAS, "bias"}, {M_ALIBI, "alibi"}, {M_CAUSAL, "causal"},
         {M_WINDOW, "window"}, {M_SEG, "segments"}, {M_CAUSAL | M_WINDOW | M_BIAS | M_ALIBI | M_SOFTCAP, "all"},
         {M_SCALE, "scale"}, {M_SCALE | M_SOFTCAP | M_ALIBI | M_BIAS, "scale+softcap+alibi+bias"},
-        {M_BIAS | M_BCAST, "bias broadcast"},
+        {M_BIAS | M_BCAST, "bias broadcast"}, {M_BIAS | M_BROW, "bias row broadcast"},
+        {M_BIAS | M_BCAST | M_BROW | M_CAUSAL, "bias [1, 1, 1, Sk] causal"},
     };
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         fa_problem p;
@@ -72,8 +73,8 @@ static void test_reference_gradients(uint64_t *rng) {
         const int ok = eq <= 1e-6 && ek <= 1e-6 && ev <= 1e-6 && eb <= 1e-6;
         printf("%s reference vs central differences, %s: dq %.1e dk %.1e dv %.1e", ok ? "PASS" : "FAIL",
                cfg[k].name, eq, ek, ev);
-        if (rb) printf(" dbias %.1e (bias [%lld, %lld, Sq, Sk], bias_scale 0.75)", eb, (long long)c.p.bias_batch,
-                       (long long)c.p.bias_heads);
+        if (rb) printf(" dbias %.1e (bias [%lld, %lld, %s, Sk], bias_scale 0.75)", eb, (long long)c.p.bias_batch,
+                       (long long)c.p.bias_heads, c.p.bias_seq_q == 1 ? "1" : "Sq");
         printf("\n");
         failures += !ok;
         free(rb);
@@ -329,6 +330,81 @@ static void test_determinism(uint64_t *rng) {
     case_free(&c);
 }
 
+/* ---- (d2) a bias row shared by every query row (bias_seq_q 1) ---------------------------- */
+
+/* o against the reference's o_exact (case_forward_ref), within the dtype's bound. */
+static void forward_check(tcase *c, const fa_plan *pl) {
+    const fa_problem *p = &c->p;
+    fa_forward_args a = case_fwd_args(c);
+    tu_poison(p->dtype, c->o, c->no);
+    const fa_status st = fa_forward(pl, &a);
+    CHECK(st == FA_OK, "fa_forward: %s", fa_last_error());
+    const int64_t dims[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim_v};
+    check_tensor("o", p->dtype, c->o, &fa_plan_problem(pl)->o_stride, c->o_exact, dims, check_tol_of(p->dtype), NULL, 0);
+}
+
+/* Forward and backward (dbias summed over the query rows) against the reference, for
+ * bias [B, Hq, 1, Sk], [1, Hq, 1, Sk] and [1, 1, 1, Sk], several query tiles, both
+ * schedules; then bit-identical gradients across 1, 2 and 3 threads. */
+static void test_bias_row(uint64_t *rng) {
+    static const struct { int64_t bb, bh, sq; int mask; fa_dtype t; } cfg[] = {
+        {2, 4, 100, M_CAUSAL, FA_F32}, {1, 4, 100, 0, FA_BF16}, {1, 1, 100, M_CAUSAL | M_SOFTCAP, FA_F16},
+        {2, 1, 100, M_ALIBI, FA_F32}, {1, 1, 20, 0, FA_F32}, /* (the last: one query tile) */
+    };
+    const int before = failures;
+    for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        p.dtype = cfg[k].t;
+        p.batch = 2, p.heads_q = 4, p.heads_kv = 2, p.seq_q = cfg[k].sq, p.seq_k = 70, p.head_dim = 32, p.head_dim_v = 24;
+        p.bias_batch = cfg[k].bb, p.bias_heads = cfg[k].bh;
+        tcase c;
+        case_init(&c, &p, M_ASIS | M_BIAS | M_BROW | cfg[k].mask, rng, 1);
+        unsigned char *first[4] = {NULL, NULL, NULL, NULL};
+        static const int threads[] = {2, 1, 3};
+        for (int r = 0; r < 3; r++) {
+            fa_plan *pl = check_plan(&c.p, threads[r], 32, 32);
+            if (!pl) break;
+            if (r == 0) {
+                case_forward_ref(&c, pl);
+                forward_check(&c, pl);
+                case_forward_ref(&c, pl);
+                char label[96];
+                snprintf(label, sizeof label, "bias [%lld, %lld, 1, Sk] %s", (long long)cfg[k].bb, (long long)cfg[k].bh,
+                         fa_dtype_name(p.dtype));
+                run_and_compare(&c, pl, label);
+            } else {
+                tu_poison(FA_F32, c.dbias, c.nbias);
+                tu_poison(p.dtype, c.dq, c.nq);
+                fa_backward_args a = case_bwd_args(&c);
+                CHECK(fa_backward(pl, &a) == FA_OK, "fa_backward: %s", fa_last_error());
+            }
+            int64_t past = 0;
+            for (int64_t x = c.nbias; x < c.nbias + 64; x++) past += !isnan(c.dbias[x]);
+            CHECK(past == 0, "bias row: %lld floats past dbias's end were written", (long long)past);
+            const size_t es = fa_dtype_size(p.dtype);
+            void *outs[4] = {c.dq, c.dk, c.dv, c.dbias};
+            const size_t bytes[4] = {(size_t)c.nq * es, (size_t)c.nk * es, (size_t)c.nv * es, (size_t)c.nbias * 4};
+            for (int g = 0; g < 4; g++) {
+                if (r == 0) first[g] = memcpy(tu_alloc(bytes[g]), outs[g], bytes[g]);
+                else CHECK(memcmp(first[g], outs[g], bytes[g]) == 0, "bias row: output %d differs on %d threads", g, threads[r]);
+            }
+            fa_plan_destroy(pl);
+        }
+        for (int g = 0; g < 4; g++) free(first[g]);
+        case_free(&c);
+    }
+    fa_problem bad;
+    fa_problem_init(&bad);
+    bad.batch = 1, bad.heads_q = 1, bad.seq_q = 4, bad.seq_k = 4, bad.head_dim = 8, bad.has_bias = 1, bad.bias_seq_q = 2;
+    fa_plan *none = NULL;
+    const fa_status st = fa_plan_create(&bad, NULL, &none);
+    CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "bias seq_q"), "bias_seq_q 2 of seq_q 4: got %s \"%s\"",
+          fa_status_string(st), fa_last_error());
+    printf("%s bias broadcast over the query rows (bias_seq_q 1): o, dq, dk, dv, dbias vs the reference; "
+           "bit-identical on 1, 2, 3 threads\n", failures > before ? "FAIL" : "PASS");
+}
+
 /* ---- (e) bad arguments; the caller's workspace ---------------------------------------------- */
 
 static void test_bad_args(uint64_t *rng) {
@@ -432,6 +508,7 @@ int main(void) {
     test_dead_rows(&rng);
     test_softcap_saturated(&rng);
     test_determinism(&rng);
+    test_bias_row(&rng);
     test_bad_args(&rng);
     return check_finish("test_backward");
 }

@@ -85,6 +85,7 @@ static void random_case(uint64_t *rng, int n) {
         p.bias_heads = tu_int(rng, 0, 1) ? p.heads_q : 1;
         p.bias_grad = tu_int(rng, 0, 1);
         p.has_bias_scale = 1, p.bias_scale = 0.75f;
+        if (tu_int(rng, 0, 2) == 0) p.bias_seq_q = 1; /* one row for every query row */
     }
     const int64_t bq = tu_int(rng, 0, 2) == 0 ? 0 : tu_int(rng, 1, 40);
     const int64_t bk = tu_int(rng, 0, 2) == 0 ? 0 : tu_int(rng, 1, 40);
@@ -95,7 +96,8 @@ static void random_case(uint64_t *rng, int n) {
     }
     const fa_problem *rp = fa_plan_problem(two);
     const int64_t B = p.batch, Hq = p.heads_q, Hk = p.heads_kv, D = p.head_dim, Dv = rp->head_dim_v;
-    const int64_t nq = B * Hq * p.seq_q, nk = B * Hk * p.seq_k, nb = p.bias_batch * p.bias_heads * p.seq_q * p.seq_k;
+    const int64_t nq = B * Hq * p.seq_q, nk = B * Hk * p.seq_k;
+    const int64_t nb = p.bias_batch * p.bias_heads * (p.has_bias ? rp->bias_seq_q : p.seq_q) * p.seq_k;
     const size_t es = fa_dtype_size(p.dtype);
     void *q = tu_alloc((size_t)(nq * D) * es), *k = tu_alloc((size_t)(nk * D) * es);
     void *v = tu_alloc((size_t)(nk * Dv) * es), *o = tu_alloc((size_t)(nq * Dv) * es);

@@ -36,7 +36,7 @@ json_field() {
 # Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
 S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
 case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
-[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0)) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 8
+[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0)) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 9
 echo "test_cli: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 I=$W/in
 mkdir -p "$I"
@@ -52,6 +52,7 @@ gen v16.npy '<f2' 2 2 40 8 --seed $((S0 + 3))
 gen bias.npy '<f4' 2 4 33 40 --seed $((S0 + 5))
 gen bias1.npy '<f4' 1 4 33 40 --seed $((S0 + 6))
 gen biash.npy '<f4' 2 1 33 40 --seed $((S0 + 7))
+gen biasr.npy '<f4' 2 4 1 40 --seed $((S0 + 9))
 gen slopes.npy '<f4' 4 --seed $((S0 + 8))
 gen qseg.npy '<i4' 2 33
 gen kvseg.npy '<i4' 2 40
@@ -172,9 +173,9 @@ for opts in "" "--causal --window 9 0"; do
     no "grad ${opts:-plain} vs reference" "$r"
 done
 
-# dbias: [B,Hq,...], [1,Hq,...] and [B,1,...] (GQA: Hq=4 on Hk=2), against the reference;
-# the backward's counts with dbias equal the plan's
-for b in bias bias1 biash; do
+# dbias: [B,Hq,...], [1,Hq,...], [B,1,...] and [B,Hq,1,Sk] (one row for every query row; GQA:
+# Hq=4 on Hk=2), against the reference; the backward's counts with dbias equal the plan's
+for b in bias bias1 biash biasr; do
   rm -f "$OUT"/*
   opts="--bias $I/$b.npy --bias-scale 0.5 --causal"
   fa grad $QKV $CPU --do "$I/do.npy" $opts $G --dbias "$OUT/db.npy" --out "$OUT/o.npy" --count

@@ -38,12 +38,12 @@ static void test_validation(void) {
         p.field = value;                                                                   \
         expect_bad(#field " = " #value, p, NULL, status, word);                            \
     } while (0)
-    BAD(batch, 0, FA_ERR_INVALID, "batch");
+    /* (zero sizes are valid, empty problems: tests/test_empty.c) */
     BAD(batch, -3, FA_ERR_INVALID, "batch");
-    BAD(heads_q, 0, FA_ERR_INVALID, "heads_q");
+    BAD(heads_q, -1, FA_ERR_INVALID, "heads_q");
     BAD(heads_kv, -1, FA_ERR_INVALID, "heads_kv");
     BAD(heads_kv, 3, FA_ERR_INVALID, "multiple");
-    BAD(seq_q, 0, FA_ERR_INVALID, "seq_q");
+    BAD(seq_q, -1, FA_ERR_INVALID, "seq_q");
     BAD(seq_k, -5, FA_ERR_INVALID, "seq_k");
     BAD(head_dim, 0, FA_ERR_INVALID, "head_dim");
     BAD(head_dim_v, -2, FA_ERR_INVALID, "head_dim_v");
@@ -293,8 +293,10 @@ static void test_min_bytes(uint64_t *rs, uint64_t first_seed) {
             if (tu_int(rs, 0, 2) == 0) {
                 p.has_bias = 1, p.bias_batch = tu_int(rs, 0, 1) ? p.batch : 1;
                 p.bias_heads = tu_int(rs, 0, 1) ? p.heads_q : 1;
+                p.bias_seq_q = tu_int(rs, 0, 1); /* 1: one row for every query row; 0: Sq rows */
             }
             p.has_segment_ids = tu_int(rs, 0, 3) == 0;
+            if (tu_int(rs, 0, 9) == 0) *(tu_int(rs, 0, 1) ? &p.seq_q : &p.seq_k) = 0; /* an empty problem */
         } else if (shape == 1) {
             for (int64_t b = 0; b < p.batch; b++) {
                 cq[b + 1] = cq[b] + (int32_t)(tu_int(rs, 0, 2) ? tu_int(rs, 0, 40) : 0);

@@ -319,7 +319,7 @@ static int cmd_refcheck(int argc, char **argv) {
     float *bias = NULL;
     if (bias_path) {
         if (!(bias = load_f32(bias_path, sb, &nd)) || nd != 4) return die("cannot read a 4-D float32 bias", bias_path);
-        p.has_bias = 1, p.bias_batch = sb[0], p.bias_heads = sb[1];
+        p.has_bias = 1, p.bias_batch = sb[0], p.bias_heads = sb[1], p.bias_seq_q = sb[2];
         nb = sb[0] * sb[1] * sb[2] * sb[3];
     }
     float *sinks = NULL;

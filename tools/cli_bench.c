@@ -89,7 +89,7 @@ int cli_bench(const cli_args *a) {
                         nv * es, 0, 0, 0, 0};
     void *h[13] = {0}, *d[13] = {0};
     h[9] = x.bias, h[10] = x.slopes, h[11] = x.q_seg, h[12] = x.kv_seg;
-    if (x.bias) bytes[9] = (size_t)(p.bias_batch * p.bias_heads * p.seq_q * p.seq_k) * 4;
+    if (x.bias) bytes[9] = (size_t)(p.bias_batch * p.bias_heads * (p.bias_seq_q == 1 ? 1 : p.seq_q) * p.seq_k) * 4;
     if (x.slopes) bytes[10] = (size_t)p.heads_q * 4;
     if (x.q_seg) bytes[11] = nl / (size_t)p.heads_q * 4, bytes[12] = (size_t)(p.batch * p.seq_k) * 4;
     /* Only what the timed passes touch: a forward-only run needs no do, dq, dk or dv (on the

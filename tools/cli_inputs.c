@@ -45,12 +45,14 @@ int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x) {
         int64_t want[4] = {p->batch, p->heads_q, p->seq_q, p->seq_k};
         if (h.ndim == 4 && h.shape[0] == 1) want[0] = 1;
         if (h.ndim == 4 && h.shape[1] == 1) want[1] = 1;
+        if (h.ndim == 4 && h.shape[2] == 1) want[2] = 1; /* one row for every query row */
         if ((rc = check_shape("--bias", a->bias, &h, 4, want,
-                              " ([B or 1, Hq or 1, Sq, Sk], float32)")))
+                              " ([B or 1, Hq or 1, Sq or 1, Sk], float32)")))
             return rc;
         p->has_bias = 1;
         p->bias_batch = h.shape[0];
         p->bias_heads = h.shape[1];
+        p->bias_seq_q = h.shape[2];
     }
     if (a->q_segments) {
         if ((rc = read_file("--q-segments", a->q_segments, NPY_I32, load, &h, (void **)&x->q_seg)))

@@ -117,7 +117,9 @@ static void print_human(const fa_plan *plan, const fa_cost *f, const fa_cost *b,
     if (p->window_left >= 0 || p->window_right >= 0)
         printf(", window (%" PRId64 ", %" PRId64 ")", p->window_left, p->window_right);
     if (p->softcap > 0) printf(", softcap %.6g", (double)p->softcap);
-    if (p->has_bias) printf(", bias [%" PRId64 ", %" PRId64 ", Sq, Sk]", p->bias_batch, p->bias_heads);
+    if (p->has_bias)
+        printf(", bias [%" PRId64 ", %" PRId64 ", %s, Sk]", p->bias_batch, p->bias_heads,
+               p->bias_seq_q == 1 && p->seq_q != 1 ? "1" : "Sq");
     if (p->has_alibi) printf(", alibi");
     if (p->has_segment_ids) printf(", segment ids");
     if (p->dropout_p > 0)

@@ -160,7 +160,7 @@ int cli_run(const cli_args *a) {
     }
 
     int64_t oshape[4] = {p.batch, p.heads_q, p.seq_q, p.head_dim_v};
-    int64_t bshape[4] = {p.bias_batch, p.bias_heads, p.seq_q, p.seq_k};
+    int64_t bshape[4] = {p.bias_batch, p.bias_heads, p.bias_seq_q == 1 ? 1 : p.seq_q, p.seq_k};
     output outs[8];
     int nout = 0;
     if ((rc = add_output(outs, &nout, "--out", a->out, 4, 4, oshape)) ||
@@ -186,7 +186,7 @@ int cli_run(const cli_args *a) {
     size_t nq = (size_t)hq.count, nk = (size_t)hk.count, nv = (size_t)hv.count;
     size_t no = (size_t)(p.batch * p.heads_q * p.seq_q * p.head_dim_v);
     size_t nl = (size_t)(p.batch * p.heads_q * p.seq_q);
-    size_t nb = a->dbias ? (size_t)(p.bias_batch * p.bias_heads * p.seq_q * p.seq_k) : 0;
+    size_t nb = a->dbias ? (size_t)(p.bias_batch * p.bias_heads * bshape[2] * p.seq_k) : 0;
     void *h[10] = {0}, *d[10] = {0}; /* q k v do o lse dq dk dv dbias */
     size_t bytes[10] = {nq * es, nk * es, nv * es, no * es, no * es, nl * 4, nq * es, nk * es, nv * es, nb * 4};
     const int nbuf = grad ? (a->dbias ? 10 : 9) : 6;
@@ -207,7 +207,7 @@ int cli_run(const cli_args *a) {
         if (h[i] && (rc = cli_mem_put(&mem, h[i], bytes[i], i < 4, &d[i]))) goto done;
     void *dx[4] = {x.bias, x.slopes, x.q_seg, x.kv_seg}, *ddx[4] = {0};
     size_t xb[4] = {0};
-    if (x.bias) xb[0] = (size_t)(p.bias_batch * p.bias_heads * p.seq_q * p.seq_k) * 4;
+    if (x.bias) xb[0] = (size_t)(p.bias_batch * p.bias_heads * bshape[2] * p.seq_k) * 4;
     if (x.slopes) xb[1] = (size_t)p.heads_q * 4;
     if (x.q_seg) xb[2] = (size_t)(p.batch * p.seq_q) * 4, xb[3] = (size_t)(p.batch * p.seq_k) * 4;
     for (int i = 0; i < 4; i++)

@@ -254,10 +254,11 @@ static XLA_FFI_Error *build_problem(call *c) {
     }
     if (p->has_bias) {
         const int64_t *bd = tail(c, T_BIAS);
-        int64_t want[4] = {bd[0], bd[1], Sq, Sk};
+        int64_t want[4] = {bd[0], bd[1], bd[2] == 1 ? 1 : Sq, Sk}; /* a size-1 Sq: one row for all (bias_seq_q) */
         if ((e = expect_dims(c, T_BIAS, want, 4))) return e;
         p->bias_batch = bd[0];
         p->bias_heads = bd[1];
+        p->bias_seq_q = bd[2];
         if (p->bias_grad && (e = expect_dims(c, T_DBIAS, bd, 4))) return e;
     }
     if (p->has_alibi && (e = expect_dims(c, T_SLOPES, slopes, 1))) return e;

@@ -53,6 +53,7 @@ class Problem(ctypes.Structure):
         # dropout (docs/semantics.md, "Dropout")
         ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
         ("mask", c_void_p),  # a block-sparse mask (docs/masks.md); the plan keeps a reference
+        ("bias_seq_q", c_int64),  # 1: one bias row for every query row; 0 or seq_q: one per row
     ]
 
 
@@ -287,57 +288,8 @@ class PlanHandle:
         check(lib.fa_backward(self.ptr, ctypes.byref(args)), "backward")
 
 
-class EmptyPlanHandle:
-    """The plan of a problem with a zero batch, heads, seq_q or seq_k, which the library
-    refuses (a C-side answer is future work): the problem with each zero size made 1 (and
-    without length arrays) is planned, so every other argument is checked as usual, and the
-    figures are those of computing nothing: no flops or transcendentals; bytes the outputs
-    the fronts fill (o and lse forward, dq, dk and dv backward), no workspace. The fronts
-    never run it: they fill those outputs themselves (o = 0, lse = -inf, zero gradients)."""
-
-    __slots__ = ("_inner", "_costs", "__weakref__")
-
-    def __init__(self, problem, options=None):
-        p = Problem.from_buffer_copy(problem)
-        for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k"):
-            if getattr(p, name) == 0:
-                setattr(p, name, 1)
-        if p.heads_q % p.heads_kv:
-            p.heads_q = p.heads_kv
-        p.bias_batch, p.bias_heads = min(max(p.bias_batch, 1), p.batch), min(max(p.bias_heads, 1), p.heads_q)
-        for name in _LENGTH_ARRAYS:
-            setattr(p, name, None)
-        p.page_size = p.num_pages = p.max_pages = p.has_new_kv = p.lengths_per_call = p.shared_prefix_len = 0
-        self._inner = PlanHandle(p, options)
-        es = 4 if problem.dtype == F32 else 2
-        B, Hq, Hk, Sq, Sk = (problem.batch, problem.heads_q, problem.heads_kv, problem.seq_q, problem.seq_k)
-        D, Dv = problem.head_dim, problem.head_dim_v
-        fwd = B * Hq * Sq * (Dv * es + 4)
-        bwd = B * Hq * Sq * D * es + B * Hk * Sk * (D + Dv) * es
-        self._costs = {}
-        for which, n in ((FORWARD, fwd), (BACKWARD, bwd)):
-            self._costs[which] = dict.fromkeys(COST_FIELDS, 0)
-            self._costs[which].update(bytes_accessed=n, min_bytes=n, peak_bytes=n, naive_peak_bytes=n)
-
-    def cost(self, which):
-        return dict(self._costs[which])
-
-    def blocks(self, which):
-        return self._inner.blocks(which)
-
-    backend = property(lambda self: self._inner.backend)
-    exact = property(lambda self: True)
-    threads = property(lambda self: self._inner.threads)
-    scale = property(lambda self: self._inner.scale)
-
-
-def is_empty(problem):
-    """A zero batch, heads, seq_q or seq_k: nothing to compute (head_dim 0 stays an error)."""
-    return any(getattr(problem, n) == 0 for n in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k"))
-
-
 def plan_handle(problem, options=None):
-    return (EmptyPlanHandle if is_empty(problem) else PlanHandle)(problem, options)
+    return PlanHandle(problem, options)  # zero sizes too: the library plans empty problems
 
 
 _LENGTH_ARRAYS = ("cu_seqlens_q", "cu_seqlens_k", "cache_seqlens")

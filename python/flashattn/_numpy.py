@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _layout, _native
 from .masks import Mask
-from ._problem import broadcast_dims, check_shapes, combined_bias_dims, empty_dims, make_options, make_problem
+from ._problem import broadcast_dims, check_shapes, combined_bias_dims, make_options, make_problem
 from ._problem_inference import int32_lengths
 
 
@@ -132,7 +132,6 @@ class _Call:
         if bias is not None or mask is not None:
             b, self.bias_own = _bias_and_mask(bias, mask, (B, H, Sq, Sk))
             self.bias, bias_shape, bias_stride = b, b.shape, _elem_strides(b)
-        self.empty = empty_dims(B, H, kd[1], Sq, Sk)
         self.threads = threads
         self.slopes = None
         if alibi_slopes is not None:
@@ -221,8 +220,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds
     nothing to o (docs/semantics.md, "Attention sinks"); lse then includes it.
     Returns o in q's layout (written into out if given; out must not overlap an input), and
-    lse [B, Hq, Sq] f32 with return_lse. A zero B, H, Sq or Sk returns at once: empty
-    arrays, or o = 0 and lse = -inf where Sk is 0. Beyond the issue's signature:
+    lse [B, Hq, Sq] f32 with return_lse. A zero B, H, Sq or Sk gives empty arrays, or
+    o = 0 and lse = -inf where Sk is 0 (the library's empty problems). Beyond the issue's signature:
     bias_scale (s += bias_scale * bias) and diag_offset (query i sits at key position
     i + diag_offset; 0 aligns masks top-left). dropout_p in [0, 1) with seed (an unsigned
     64-bit integer; dropout_offset selects another stream of it) drops each weight after the
@@ -240,10 +239,6 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     B, H, Sq, _ = c.qd
     lse = _empty((B, H, Sq), np.float32)
     handle = c.plan(_elem_strides(o))
-    if c.empty:  # planned above all the same: every other argument is checked
-        o[...] = 0
-        c.empty_lse(lse)
-        return (o, lse) if return_lse else o
     args = _native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                o=o.ctypes.data, lse=lse.ctypes.data, **c.common_ptrs())
     handle.forward(args)
@@ -314,12 +309,6 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
     dbias = _empty(c.bias.shape, np.float32) if bias_grad else None
     dsink = None if c.sinks is None else _empty((H,), np.float32)
     handle = c.plan(_elem_strides(o), bias_grad=bias_grad, q=q, k=k, v=v)
-    extra = lambda: ((_own_shape(dbias, c.bias_own, bias),) if bias_grad else ()) + (  # noqa: E731
-        () if dsink is None else (dsink,))
-    if c.empty:
-        for g in (dq, dk, dv) + tuple(x for x in (dbias, dsink) if x is not None):
-            g[...] = 0
-        return (dq, dk, dv) + extra()
     args = _native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                 o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                 dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,

@@ -96,10 +96,6 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     lse = _empty((c.q.shape[1], c.q.shape[0]), np.float32)
     handle = c.plan(_elem_strides(o))
-    if isinstance(handle, _native.EmptyPlanHandle):  # no rows, keys or heads: nothing to compute
-        o[...] = 0
-        lse[...] = -np.inf if c.sinks is None else c.sinks[:, None]
-        return (o, lse) if return_lse else o
     handle.forward(_native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
                                        o=o.ctypes.data, lse=lse.ctypes.data, **c.head_ptrs()))
     return (o, lse) if return_lse else o
@@ -123,10 +119,6 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
     dsink = None if c.sinks is None else _empty(c.sinks.shape, np.float32)
     grads = (dq, dk, dv) + (() if dsink is None else (dsink,))
     handle = c.plan(_elem_strides(o), q=q, k=k, v=v)
-    if isinstance(handle, _native.EmptyPlanHandle):
-        for g in grads:
-            g[...] = 0
-        return grads
     handle.backward(_native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                          o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                          dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,

@@ -52,13 +52,14 @@ def _float(name, v):
 
 def bias_dims(shape, batch, heads, seq_q, seq_k):
     """A bias shape, left-padded with ones to 4 dims as numpy broadcasting would, checked
-    against [B or 1, Hq or 1, Sq, Sk]; returns the 4-tuple."""
+    against [B or 1, Hq or 1, Sq or 1, Sk] (the library broadcasts size-1 B, H and Sq
+    itself); returns the 4-tuple."""
     shape = tuple(int(n) for n in shape)
     if not 2 <= len(shape) <= 4:
         raise ValueError(f"bias must have 2 to 4 dims ([B or 1, Hq or 1, Sq, Sk]), got shape {shape}")
     shape = (1,) * (4 - len(shape)) + shape
-    if shape[2:] != (seq_q, seq_k):
-        raise ValueError(f"bias shape {shape} must end in (seq_q, seq_k) = ({seq_q}, {seq_k})")
+    if shape[2] not in (1, seq_q) or shape[3] != seq_k:
+        raise ValueError(f"bias shape {shape} must end in (seq_q or 1, seq_k) = ({seq_q}, {seq_k})")
     if shape[0] not in (1, batch) or shape[1] not in (1, heads):
         raise ValueError(f"bias shape {shape} must be [1 or batch ({batch}), 1 or heads ({heads}), "
                          f"{seq_q}, {seq_k}]")
@@ -77,15 +78,16 @@ def broadcast_dims(name, shape, batch, heads, seq_q, seq_k):
 
 
 def combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k):
-    """The [1 or B, 1 or Hq, Sq, Sk] shape of the bias the library gets for a bias and a mask
-    (a mask goes as a 0 / -inf bias, added to the bias): B and H stay 1 where both are 1
-    (the library broadcasts them); Sq and Sk are always full, since the library's bias has
-    no size-1 query or key dim (the fronts broadcast those, without a copy where they can)."""
+    """The [1 or B, 1 or Hq, 1 or Sq, Sk] shape of the bias the library gets for a bias and a mask
+    (a mask goes as a 0 / -inf bias, added to the bias): B, H and Sq stay 1 where both are 1
+    (the library broadcasts them: bias_batch, bias_heads, bias_seq_q); Sk is always full,
+    since the library's bias has no size-1 key dim (the fronts broadcast it, without a copy
+    where they can)."""
     dims = [broadcast_dims(n, s, batch, heads, seq_q, seq_k)
             for n, s in (("bias", bias_shape), ("mask", mask_shape)) if s is not None]
     if not dims:
         return None
-    return (max(d[0] for d in dims), max(d[1] for d in dims), seq_q, seq_k)
+    return tuple(max(d[i] for d in dims) for i in range(3)) + (seq_k,)
 
 
 def empty_dims(*dims):
@@ -141,8 +143,8 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     if softcap is not None:
         p.softcap = _float("softcap", softcap)
     if bias_shape is not None:
-        bb, bh, _, _ = bias_dims(bias_shape, B, Hq, Sq, Sk)
-        p.has_bias, p.bias_batch, p.bias_heads = 1, bb, bh
+        bb, bh, bq, _ = bias_dims(bias_shape, B, Hq, Sq, Sk)
+        p.has_bias, p.bias_batch, p.bias_heads, p.bias_seq_q = 1, bb, bh, bq
     p.has_alibi = int(bool(alibi))
     p.has_segment_ids = int(bool(segment_ids))
     if diag_offset is not None:

@@ -120,13 +120,16 @@ def mask_to_bias(mask, name="mask"):
 
 
 def expand_seq_dims(bias, seq_q, seq_k):
-    """A 4-dim bias with size-1 Sq or Sk dims expanded to (seq_q, seq_k) as stride-0 views
-    (the library reads a bias through its strides; batch and heads it broadcasts itself)."""
-    return bias.expand(bias.shape[0], bias.shape[1], seq_q, seq_k)
+    """A 4-dim bias with a size-1 Sk dim expanded to seq_k as a stride-0 view (the library
+    reads a bias through its strides; batch, heads and a size-1 Sq it broadcasts itself, so
+    that dbias comes back in that shape: bias_seq_q). seq_q: checked, never expanded to."""
+    if bias.shape[2] not in (1, seq_q):
+        raise ValueError(f"bias has {bias.shape[2]} query rows, not 1 or seq_q = {seq_q}")
+    return bias.expand(bias.shape[0], bias.shape[1], bias.shape[2], seq_k)
 
 
 def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
-    """bias (float, 2 to 4 dims) and mask (bool) as one f32 bias [B or 1, H or 1, Sq, Sk]
+    """bias (float, 2 to 4 dims) and mask (bool) as one f32 bias [B or 1, H or 1, Sq or 1, Sk]
     and the bias_scale to pass with it. With a mask the scale is applied here, so that a
     negative or zero scale cannot turn a hidden key's -inf into +inf or NaN."""
     def four(t, what):
@@ -144,7 +147,7 @@ def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
             raise ValueError(f"bias must be real, got {bias.dtype}")
         bias = four(bias, "bias").to(torch.float32)
         if mask is None:
-            if bias.shape[2:] != (Sq, Sk):  # the library's bias covers Sq and Sk itself
+            if bias.shape[3] != Sk:  # the library's bias covers Sk itself
                 bias = expand_seq_dims(bias, Sq, Sk)
             return bias, bias_scale
     m = four(mask_to_bias(mask), "mask")

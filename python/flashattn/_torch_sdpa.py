@@ -42,7 +42,7 @@ def _heads(hq, hk, hv, enable_gqa):
 
 
 def _mask_bias(attn_mask, query, out_batch, H, L, S):
-    """attn_mask as the library's bias [B or 1, H or 1, L, S] (f32), broadcast dims kept as
+    """attn_mask as the library's bias [B or 1, H or 1, L or 1, S] (f32), broadcast dims kept as
     size 1 or stride-0 views, as SDPA broadcasts it against its output."""
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point() or (
             attn_mask.is_floating_point() and attn_mask.dtype not in (torch.float32, query.dtype)):

@@ -97,12 +97,14 @@ static int64_t cpu_workspace_bytes(const fa_plan *pl, fa_pass pass) {
 }
 
 static fa_status cpu_forward(const fa_plan *pl, const fa_forward_args *a) {
+    if (fa_problem_empty(&pl->p)) return fa_cpu_empty_forward(pl, a);
     if (pl->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_forward(pl, a);
     if (pl->shape == FA_SHAPE_DECODE) return fa_cpu_decode_forward(pl, a);
     return fa_cpu_forward(pl, a);
 }
 
 static fa_status cpu_backward(const fa_plan *pl, const fa_backward_args *a) {
+    if (fa_problem_empty(&pl->p)) return fa_cpu_empty_backward(pl, a);
     if (pl->shape == FA_SHAPE_VARLEN) return fa_cpu_varlen_backward(pl, a);
     return fa_cpu_backward(pl, a); /* decode: refused by supports before this */
 }

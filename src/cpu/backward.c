@@ -11,7 +11,8 @@
  *       once. With dbias, one item per (bias slice, query tile) instead: it zeroes its rows
  *       of the slice and visits the (b, query head) pairs that read the slice, b then h
  *       ascending, each adding bias_scale * p (dP - delta) to them. No scratch, no extra
- *       products.
+ *       products. A bias row shared by all query rows (bias_seq_q 1): one item per slice,
+ *       its query tiles ascending within each (b, h).
  *
  * Every output element is owned by one item and summed in a fixed order, so results are
  * bit-identical across runs and thread counts. Counting follows the COUNTING RULES in
@@ -114,10 +115,17 @@ static void dq_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64_t
         const fa_tile_src ks = fa_bwd_pack_keys(c, &w->t, b, hk, c0, n);
         const int k_bad = fa_tile_may_hide(pl, r0, r0 + m, c0, n) && fa_tile_nonfinite(&ks, n, D); /* guard.h */
         if (!k_bad) isa->pack_b(&ks, n, D, w->t.kb);
-        fa_bwd_tile(c, &w->t, b, h, r0, m, c0, n, w->qa, w->ga, 0, dbias ? dbias + c0 : NULL, p->seq_k, cnt);
+        fa_bwd_tile(c, &w->t, b, h, r0, m, c0, n, w->qa, w->ga, 0, dbias ? dbias + c0 : NULL, fa_bwd_dbias_ld(pl),
+                    cnt);
         fa_bwd_dq(c, &w->t, m, n, &ks, k_bad, 0, w->acc, cnt);
     }
     fa_bwd_store(c, a->dq, &p->q_stride, b, h, r0, m, D, w->acc, pl->scale);
+}
+
+/* Query tiles per dQ item: 1, or all nq where every query row adds to one dbias row
+ * (bias_seq_q 1), so that the item sums them in a fixed order (no two threads share it). */
+static int64_t dq_item_tiles(const fa_plan *pl, int64_t nq) {
+    return pl->p.bias_grad && pl->p.bias_seq_q == 1 ? nq : 1;
 }
 
 /* Item t: the dK/dV items first, then the dQ items (fa_bwd_item_fn). */
@@ -135,13 +143,14 @@ static int64_t two_pass_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_c
     t -= B * Hk * nk;
     /* (b, h) pairs per dq item: those that share a dbias slice (1 x 1 without dbias) */
     const int64_t nb = p->bias_grad ? B / p->bias_batch : 1, nh = p->bias_grad ? Hq / p->bias_heads : 1;
-    const int64_t qt = t % nq, sb = t / nq / (Hq / nh), sh = t / nq % (Hq / nh);
-    float *db = fa_bwd_dbias_row(c, sb, sh, qt * bq); /* the item's rows of its slice */
-    if (db) memset(db, 0, sizeof(float) * (size_t)fa_bwd_rows(pl, qt * bq) * (size_t)p->seq_k);
+    const int64_t nt = dq_item_tiles(pl, nq); /* query tiles per dq item */
+    const int64_t items = nq / nt, qt0 = t % items * nt, sb = t / items / (Hq / nh), sh = t / items % (Hq / nh);
+    float *db = fa_bwd_dbias_row(c, sb, sh, qt0 * bq); /* the item's rows of its slice */
+    if (db) memset(db, 0, sizeof(float) * (size_t)(p->bias_seq_q == 1 ? 1 : fa_bwd_rows(pl, qt0 * bq)) * (size_t)p->seq_k);
     for (int64_t bi = 0; bi < nb; bi++)
         for (int64_t hi = 0; hi < nh; hi++)
-            dq_item(c, &w, nb == 1 ? sb : bi, nh == 1 ? sh : hi, qt, db, cnt);
-    return nb * nh;
+            for (int64_t qt = qt0; qt < qt0 + nt; qt++) dq_item(c, &w, nb == 1 ? sb : bi, nh == 1 ? sh : hi, qt, db, cnt);
+    return nb * nh * nt;
 }
 
 fa_status fa_cpu_backward_two_pass(const fa_plan *plan, const fa_backward_args *a, char *ws) {
@@ -149,7 +158,7 @@ fa_status fa_cpu_backward_two_pass(const fa_plan *plan, const fa_backward_args *
     const int64_t B = p->batch, Hq = p->heads_q, bq = plan->bwd_bq, bk = plan->bwd_bk;
     const int64_t nq = (p->seq_q + bq - 1) / bq, nk = (p->seq_k + bk - 1) / bk;
     const int64_t nb = p->bias_grad ? B / p->bias_batch : 1, nh = p->bias_grad ? Hq / p->bias_heads : 1;
-    const int64_t dkdv_items = B * p->heads_kv * nk, dq_items = B / nb * (Hq / nh) * nq;
+    const int64_t dkdv_items = B * p->heads_kv * nk, dq_items = B / nb * (Hq / nh) * (nq / dq_item_tiles(plan, nq));
     return fa_bwd_run(plan, a, ws, fa_cpu_backward_two_pass_scratch_bytes(plan), dkdv_items + dq_items,
                       dkdv_items + B * Hq * nq, two_pass_item);
 }

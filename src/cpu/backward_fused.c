@@ -102,7 +102,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
     memset(w.dv, 0, sizeof(float) * (size_t)(Sk * Dv));
     if (p->bias_grad) /* the item's slices (one when the heads share it) */
         for (int64_t h = h0; h < h0 + group && (h == h0 || p->bias_heads != 1); h++)
-            memset(fa_bwd_dbias_row(c, b, h, 0), 0, sizeof(float) * (size_t)(Sq * Sk));
+            memset(fa_bwd_dbias_row(c, b, h, 0), 0, sizeof(float) * (size_t)(p->bias_seq_q * Sk));
     for (int64_t h = h0; h < h0 + group; h++) {
         for (int64_t qt = 0; qt < nq; qt++) {
             const int64_t r0 = qt * bq;
@@ -128,7 +128,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
                 if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
                 float *db = fa_bwd_dbias_row(c, b, h, r0);
                 fa_bwd_tile(c, &w.t, b, h, r0, m, c0, n, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g,
-                            1, db ? db + c0 : NULL, Sk, cnt);
+                            1, db ? db + c0 : NULL, fa_bwd_dbias_ld(pl), cnt);
                 /* inf or NaN in q, dO (a NaN row) or k must not cross a zero weight into keys or
                  * rows that cannot see each other: guarded products, each packed head kept */
                 const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);

@@ -93,13 +93,17 @@ static inline fa_tile_src fa_bwd_src(const fa_bwd_ctx *c, const void *base, cons
 }
 
 /* Row `row` of the dbias slice that (b, h) adds to (a broadcast bias: one slice for all b or
- * all h), at key 0; NULL without dbias. */
+ * all h; with bias_seq_q 1, row 0 for every query row), at key 0; NULL without dbias. */
 static inline float *fa_bwd_dbias_row(const fa_bwd_ctx *c, int64_t b, int64_t h, int64_t row) {
     const fa_problem *p = &c->pl->p;
     if (!p->bias_grad) return NULL;
     const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-    return c->a->dbias + ((bb * p->bias_heads + bh) * p->seq_q + row) * p->seq_k;
+    const int64_t br = p->bias_seq_q == 1 ? 0 : row;
+    return c->a->dbias + ((bb * p->bias_heads + bh) * p->bias_seq_q + br) * p->seq_k;
 }
+
+/* The distance between the dbias rows of consecutive query rows: 0 where one row is shared. */
+static inline int64_t fa_bwd_dbias_ld(const fa_plan *pl) { return pl->p.bias_seq_q == 1 ? 0 : pl->p.seq_k; }
 
 /* The rows in query tile r0 (bq of them, fewer in the last), the keys in key tile c0. */
 static inline int fa_bwd_rows(const fa_plan *pl, int64_t r0) {

@@ -54,6 +54,7 @@ static void fill_params(const fa_plan *pl, fa_cuda_params *k) {
     copy_strides(k->bs, &p->bias_stride);
     if (p->bias_batch == 1) k->bs[0] = 0;
     if (p->bias_heads == 1) k->bs[1] = 0;
+    if (p->bias_seq_q == 1) k->bs[2] = 0; /* one row for every query row: a stride-0 view, as before bias_seq_q */
     k->B = (int)p->batch;
     k->Hq = (int)p->heads_q;
     k->Hk = (int)p->heads_kv;

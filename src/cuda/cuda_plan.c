@@ -24,6 +24,9 @@ static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses)
                                             "(no device here to check them); use backend cpu");
     const char *shape = fa_inference_feature(p);
     if (shape) return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for %s yet; use backend cpu", shape);
+    if (fa_problem_empty(p))
+        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend does not run zero sizes (batch, heads_q, seq_q or seq_k 0); "
+                                            "use backend cpu with host memory");
     if (p->bias_grad)
         return fa_error(FA_ERR_UNSUPPORTED,
                         "the cuda backend does not compute dbias (bias_grad); plan it on the cpu backend");

@@ -45,9 +45,9 @@ void fa_ref_backward_dropout(const fa_problem *p, const fa_backward_args *a, con
  * recomputed in double, not taken from a. */
 void fa_ref_backward(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                      double *dv);
-/* The same, and (when dbias is not NULL) dbias [bias_batch, bias_heads, Sq, Sk], contiguous
- * doubles: bias_scale times the gradient of each final score, summed over the (b, h) that
- * read the bias entry. */
+/* The same, and (when dbias is not NULL) dbias [bias_batch, bias_heads, bias_seq_q, Sk]
+ * (bias_seq_q 1, or Sq), contiguous doubles: bias_scale times the gradient of each final
+ * score, summed over the (b, h, i) that read the bias entry. */
 void fa_ref_backward_dbias(const fa_problem *p, const fa_backward_args *a, double *dq, double *dk,
                            double *dv, double *dbias);
 

@@ -51,7 +51,7 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, const u
                          int abs_terms, double *dq, double *dk, double *dv, double *dbias, double *dsink) {
     const int64_t B = p->batch, Hq = p->heads_q, Hk = p->heads_kv, Sq = p->seq_q,
                   Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, off = p->has_diag_offset ? p->diag_offset : Sk - Sq;
-    const int64_t group = Hq / Hk;
+    const int64_t group = Hk ? Hq / Hk : 1;
     const unsigned char *attend = fa_ref_attend_get(); /* ref.h */
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
@@ -63,12 +63,13 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, const u
     double *V = ref_load(p, a->v, p->v_stride, Hk, Sk, Dv);
     double *dO = ref_load(p, a->d_o, p->o_stride, Hq, Sq, Dv);
     double *Os = saved_o ? ref_load(p, a->o, p->o_stride, Hq, Sq, Dv) : NULL;
-    fa_strides bs = ref_strides(p->bias_stride, p->bias_heads, Sq, Sk);
+    const int64_t bias_rows = p->bias_seq_q == 1 ? 1 : Sq; /* 1: one row for every query row */
+    fa_strides bs = ref_strides(p->bias_stride, p->bias_heads, bias_rows, Sk);
 
     memset(dq, 0, sizeof(double) * (size_t)(B * Hq * Sq * D));
     memset(dk, 0, sizeof(double) * (size_t)(B * Hk * Sk * D));
     memset(dv, 0, sizeof(double) * (size_t)(B * Hk * Sk * Dv));
-    if (dbias) memset(dbias, 0, sizeof(double) * (size_t)(p->bias_batch * p->bias_heads * Sq * Sk));
+    if (dbias) memset(dbias, 0, sizeof(double) * (size_t)(p->bias_batch * p->bias_heads * bias_rows * Sk));
     if (dsink) memset(dsink, 0, sizeof(double) * (size_t)Hq);
 
     double *s = malloc(sizeof(double) * (size_t)(Sk > 0 ? Sk : 1));
@@ -110,8 +111,9 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, const u
                     }
                     if (p->has_bias) {
                         int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
+                        const int64_t bi = bias_rows == 1 ? 0 : i;
                         const double t = fa_ref_f32_range(
-                            bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]]);
+                            bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + bi * bs.s[2] + j * bs.s[3]]);
                         x = t == -INFINITY ? t : fa_ref_f32_range(x + t);
                     }
                     if (p->has_alibi) x = fa_ref_f32_range(x - (double)a->alibi_slopes[h] * fabs((double)(i + off - j)));
@@ -150,7 +152,8 @@ static void ref_backward(const fa_problem *p, const fa_backward_args *a, const u
                     double ds = s[j] * (z[j] * dp - delta);
                     if (dbias) {
                         const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
-                        dbias[((bb * p->bias_heads + bh) * Sq + i) * Sk + j] += bias_scale * ds;
+                        const int64_t bi = bias_rows == 1 ? 0 : i; /* a broadcast row sums every i */
+                        dbias[((bb * p->bias_heads + bh) * bias_rows + bi) * Sk + j] += bias_scale * ds;
                     }
                     if (cap > 0.0) ds *= th[j];
                     ds *= scale;

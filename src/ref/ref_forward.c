@@ -39,7 +39,7 @@ const unsigned char *fa_ref_attend_get(void) { return ref_attend; }
 static void ref_forward(const fa_problem *p, const fa_forward_args *a, const uint8_t *keep, double *o, double *lse) {
     const int64_t B = p->batch, Hq = p->heads_q, Sq = p->seq_q, Sk = p->seq_k, D = p->head_dim;
     const int64_t Hk = p->heads_kv ? p->heads_kv : Hq, Dv = p->head_dim_v ? p->head_dim_v : D;
-    const int64_t off = p->has_diag_offset ? p->diag_offset : Sk - Sq, group = Hq / Hk;
+    const int64_t off = p->has_diag_offset ? p->diag_offset : Sk - Sq, group = Hk ? Hq / Hk : 1;
     const double scale = p->has_scale ? (double)p->scale : 1.0 / sqrt((double)D);
     const double cap = (double)p->softcap;
     const double bias_scale = p->has_bias_scale ? (double)p->bias_scale : 1.0;
@@ -47,7 +47,8 @@ static void ref_forward(const fa_problem *p, const fa_forward_args *a, const uin
     const fa_strides qs = fwd_ref_strides(p->q_stride, Hq, Sq, D);
     const fa_strides ks = fwd_ref_strides(p->k_stride, Hk, Sk, D);
     const fa_strides vs = fwd_ref_strides(p->v_stride, Hk, Sk, Dv);
-    const fa_strides bs = fwd_ref_strides(p->bias_stride, p->bias_heads, Sq, Sk);
+    const int64_t bias_rows = p->bias_seq_q == 1 ? 1 : Sq; /* 1: one row for every query row */
+    const fa_strides bs = fwd_ref_strides(p->bias_stride, p->bias_heads, bias_rows, Sk);
 
     double *Q = fwd_ref_load(p, a->q, &qs, Hq, Sq, D);
     double *K = fwd_ref_load(p, a->k, &ks, Hk, Sk, D);
@@ -81,8 +82,9 @@ static void ref_forward(const fa_problem *p, const fa_forward_args *a, const uin
                     if (cap > 0) x = cap * tanh(x / cap);
                     if (p->has_bias) {
                         const int64_t bb = p->bias_batch == 1 ? 0 : b, bh = p->bias_heads == 1 ? 0 : h;
+                        const int64_t bi = bias_rows == 1 ? 0 : i;
                         const double t = fa_ref_f32_range(
-                            bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + i * bs.s[2] + j * bs.s[3]]);
+                            bias_scale * (double)a->bias[bb * bs.s[0] + bh * bs.s[1] + bi * bs.s[2] + j * bs.s[3]]);
                         x = t == -INFINITY ? t : fa_ref_f32_range(x + t);
                     }
                     if (p->has_alibi) x = fa_ref_f32_range(x - (double)a->alibi_slopes[h] * fabs((double)(i + off - j)));

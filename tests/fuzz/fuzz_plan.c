@@ -161,10 +161,12 @@ static void check_cost(const fa_plan *pl, fa_pass pass) {
 
 static void check_plan(const fa_plan *pl, const fa_problem *in) {
     const fa_problem *p = fa_plan_problem(pl);
-    FUZZ_CHECK(p->batch > 0 && p->heads_q > 0 && p->heads_kv > 0 && p->seq_q > 0 && p->seq_k > 0 && p->head_dim > 0 &&
-                   p->head_dim_v > 0,
-               "a non-positive dimension was accepted");
-    FUZZ_CHECK(p->heads_q % p->heads_kv == 0, "heads %lld / %lld", (long long)p->heads_q, (long long)p->heads_kv);
+    /* zero sizes make an empty problem (docs/semantics.md); head dims stay positive */
+    FUZZ_CHECK(p->batch >= 0 && p->heads_q >= 0 && p->heads_kv >= 0 && p->seq_q >= 0 && p->seq_k >= 0 &&
+                   p->head_dim > 0 && p->head_dim_v > 0,
+               "a negative or zero head dimension was accepted");
+    FUZZ_CHECK(p->heads_kv ? p->heads_q % p->heads_kv == 0 : p->heads_q == 0, "heads %lld / %lld",
+               (long long)p->heads_q, (long long)p->heads_kv);
     FUZZ_CHECK(p->batch == in->batch && p->heads_q == in->heads_q && p->seq_q == in->seq_q && p->seq_k == in->seq_k &&
                    p->head_dim == in->head_dim,
                "the plan changed the problem's shape");

@@ -1,7 +1,7 @@
 """Zero-size problems (a zero B, H, Sq or Sk; packed batches with no rows or no keys): empty
 results, or o = 0 and lse = -inf where there are no keys, zero gradients, a plan with no
-flops; the fronts answer without calling the library, which refuses zero sizes. A zero
-head_dim stays an error."""
+flops; the library plans and runs them (numpy), the torch and JAX fronts answer them
+themselves (device memory, meta tensors, XLA). A zero head_dim stays an error."""
 import numpy as np
 import pytest
 
@@ -24,7 +24,9 @@ def test_numpy_dense(rng, B, H, Sq, Sk):
     *_, dbias = flashattn.attention_backward(q, k, v, o, lse, o, bias=bias, bias_grad=True)
     assert dbias.shape == bias.shape and not dbias.any()
     p = flashattn.plan(batch=B, heads=H, seq_q=Sq, seq_k=Sk, head_dim=8, head_dim_v=6)
-    assert p.forward["flops"] == p.backward["flops"] == p.forward["transcendentals"] == 0
+    assert p.forward["flops"] == p.backward["flops"] == p.backward["transcendentals"] == 0
+    # rows without keys (Sk = 0) count the log of their lse, as every row does (docs/semantics.md)
+    assert p.forward["transcendentals"] == (B * H * Sq if Sk == 0 else 0)
     assert p.forward["bytes_accessed"] == B * H * Sq * (6 * 4 + 4)  # the o and lse filled
 
 

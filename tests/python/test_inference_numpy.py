@@ -244,8 +244,8 @@ def test_varlen_random_configurations(rng, draw):
     B = int(rng.integers(1, 6))
     lq = [int(rng.integers(0, 40)) if rng.random() > 0.2 else 0 for _ in range(B)]
     lk = [int(rng.integers(0, 40)) if rng.random() > 0.2 else 0 for _ in range(B)]
-    # the library wants at least one packed row of each (a batch of only empty sequences is
-    # refused: "seq_q must be positive"); sequence 0 carries it
+    # at least one packed row of each, so that the comparisons below have elements (a batch
+    # of only empty sequences is test_empty.py's); sequence 0 carries it
     lq[0], lk[0] = max(lq[0], 1), max(lk[0], 1)
     Hk, g, D = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.choice([8, 16, 32]))
     cq, ck = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lq, lk))

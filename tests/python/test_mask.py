@@ -68,7 +68,7 @@ def test_plan_with_mask_is_not_exact():
     assert flashattn.plan(**base).exact
     p = flashattn.plan(mask_shape=(2, 1, 1, 64), **base)
     assert not p.exact
-    same = flashattn.plan(bias_shape=(2, 1, 64, 64), **base)
+    same = flashattn.plan(bias_shape=(2, 1, 1, 64), **base)  # one bias row for all query rows (bias_seq_q)
     assert p.forward == same.forward  # the work is the biased problem's: only "exact" differs
 
 

@@ -83,7 +83,7 @@ def test_plan_is_keyword_only():
 
 @pytest.mark.parametrize("kw, message", [
     ({"heads": 6, "kv_heads": 4}, r"heads_q \(6\) is not a multiple of heads_kv \(4\)"),
-    ({"seq_q": -1}, "seq_q must be positive"),  # 0 is an empty problem (test_empty.py)
+    ({"seq_q": -1}, "seq_q must be >= 0"),  # 0 is an empty problem (test_empty.py)
     ({"head_dim": 0}, "head_dim must be positive"),
     ({"window": (-2, 3)}, "window"),
     ({"softcap": -1.0}, "softcap"),

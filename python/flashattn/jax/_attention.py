@@ -92,7 +92,7 @@ def _finite(name, x):
 
 
 def _bias_shape(bias, mask, b, hq, sq, sk):
-    """The [1 or B, 1 or Hq, Sq, Sk] shape of the bias the op gets for a bias and a boolean
+    """The [1 or B, 1 or Hq, 1 or Sq, Sk] shape of the bias the op gets for a bias and a boolean
     mask (None without either); TypeError for a boolean bias or a non-boolean mask."""
     if bias is not None and bias.dtype is not None and jnp.dtype(bias.dtype) == jnp.bool_:
         raise TypeError("bias is boolean: bias= is added to the scores; pass a boolean mask as mask= "
@@ -106,8 +106,8 @@ def _bias_shape(bias, mask, b, hq, sq, sk):
 def lower_bias(bias, mask, full):
     """The bias the op gets: bias (f32) plus 0 where mask is True and -inf where it hides a
     key (docs/nonfinite.md: a -inf bias entry hides its key exactly as a mask does),
-    broadcast to full. XLA buffers have no strides, so size-1 Sq or Sk dims are
-    materialized (the numpy front broadcasts them without a copy)."""
+    broadcast to full. XLA buffers have no strides, so a size-1 Sk dim is materialized
+    (the numpy front broadcasts it without a copy); a size-1 Sq stays 1 (bias_seq_q)."""
     dims = (full[0], full[1], full[2], full[3])
     b = None
     if bias is not None:
@@ -140,7 +140,7 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
                  shapes_only=False, mask=None, threads=0, sinks=None, dropout_p=None, seed=None,
                  dropout_offset=None):
     """Checks a call's arguments from their shapes and dtypes; returns its Options and the
-    shape of the bias the op gets, [1 or B, 1 or Hq, Sq, Sk] (None without a bias or mask)."""
+    shape of the bias the op gets, [1 or B, 1 or Hq, 1 or Sq, Sk] (None without a bias or mask)."""
     b, hq, sq, sk = _check_qkv(q, k, v, layout)
     softcap = _finite("softcap", softcap)
     if softcap is not None and softcap < 0:
