@@ -41,6 +41,8 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
         {a->k_new, "k_new (the problem has_new_kv)", decode && p->has_new_kv},
         {a->v_new, "v_new (the problem has_new_kv)", decode && p->has_new_kv},
         {a->block_table, "block_table (the problem has page_size)", decode && p->page_size},
+        {a->k_scale, "k_scale (the problem has a quantized cache_dtype)", fa_dtype_quantized(fa_cache_dtype(p))},
+        {a->v_scale, "v_scale (the problem has a quantized cache_dtype)", fa_dtype_quantized(fa_cache_dtype(p))},
     };
     fa_status s;
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||

@@ -54,6 +54,11 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
             return fa_error(FA_ERR_INVALID, "segment ids (has_segment_ids) do not combine with %s", what);
         if (p->bias_grad) return fa_error(FA_ERR_INVALID, "dbias (bias_grad) does not combine with %s", what);
     }
+    if (fa_dtype_quantized(fa_cache_dtype(p)) && !decode) /* varlen, dense: decoding's caches only */
+        return fa_error(FA_ERR_INVALID, "a quantized kv cache (cache_dtype %s) does not combine with %s: it is a cache of "
+                                        "kv-cache decoding (cache_seqlens)",
+                        fa_dtype_name(p->cache_dtype), varlen ? "packed variable-length batches (cu_seqlens)" :
+                                                       pass == FA_BACKWARD ? "the backward pass" : "dense attention");
     if (decode && pass == FA_BACKWARD)
         return fa_error(FA_ERR_INVALID, "kv-cache decoding (cache_seqlens) does not combine with the backward pass: "
                                         "decoding has no backward");
