@@ -62,6 +62,8 @@ typedef struct {
     int64_t cache_len;            /* bench --cache-len */
     const char *varlen_lens;      /* bench --varlen 128,4096,... */
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
+    int has_cache_dtype;          /* plan, bench --decode --cache-dtype int8|fp8: a quantized cache */
+    fa_dtype cache_dtype;
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };

@@ -15,7 +15,10 @@
 
 /* 16 elements (mask: the live ones) of row x as f32: the value (f16), the code (int8), or
  * 2^-8 of it (fp8: unit() undoes it in the scale). */
-static inline __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
+#define INLINE static inline __attribute__((always_inline))
+/* The kernels below are instantiated once per element type (the type a constant: no
+ * branch or size lookup in the loops). */
+INLINE __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
     if (t == FA_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, x));
     const __m128i b = _mm_maskz_loadu_epi8(mask, x);
     if (t == FA_INT8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
@@ -26,10 +29,8 @@ static inline __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
     h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7e00));
     return _mm512_cvtph_ps(h);
 }
-static inline float unit(fa_dtype t) { return t == FA_FP8_E4M3 ? 256.0f : 1.0f; }
-static inline const void *at(fa_dtype t, const void *base, int64_t i) {
-    return (const char *)base + i * (int64_t)fa_dtype_size(t);
-}
+INLINE float unit(fa_dtype t) { return t == FA_FP8_E4M3 ? 256.0f : 1.0f; }
+INLINE const void *at(fa_dtype t, const void *base, int64_t i) { return (const char *)base + i * (t == FA_F16 ? 2 : 1); }
 
 /* Lane 4 g + j: the sum of lanes 4 g .. 4 g + 3 of a_j, within each 128-bit lane. */
 static inline __m512 pair_sum(__m512 a, __m512 b) {
@@ -50,8 +51,7 @@ static inline __m512 sum16(__m512 acc[4][4]) {
 
 /* Scores of rows r0.. (mr <= 4) against keys j0.. (nj <= 4; missing ones repeat the first):
  * lane 4 r + j, scaled. */
-static inline __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, int j0, int nj) {
-    const fa_dtype ty = t->t;
+INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, int j0, int nj, const fa_dtype ty) {
     const int d = t->d;
     const void *k[4];
     for (int j = 0; j < 4; j++) k[j] = at(ty, t->k, (int64_t)(j0 + (j < nj ? j : 0)) * t->kstride);
@@ -79,13 +79,13 @@ static inline __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int
     return _mm512_mul_ps(sum16(acc), _mm512_broadcast_f32x4(_mm_loadu_ps(sc)));
 }
 
-void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds) {
+INLINE void qk_all(const fa_decode_cache_tile *t, float *s, int lds, const fa_dtype ty) {
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         for (int j0 = 0; j0 < t->n; j0 += 4) {
             const int nj = t->n - j0 < 4 ? t->n - j0 : 4;
             float out[16];
-            _mm512_storeu_ps(out, qk_block(t, t->q + (int64_t)r0 * t->d, mr, j0, nj));
+            _mm512_storeu_ps(out, qk_block(t, t->q + (int64_t)r0 * t->d, mr, j0, nj, ty));
             for (int r = 0; r < mr; r++)
                 for (int j = 0; j < nj; j++) s[(int64_t)(r0 + r) * lds + j0 + j] = out[4 * r + j];
         }
@@ -93,9 +93,8 @@ void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds)
 }
 
 /* o rows r0.. (mr <= 4) += sum_j w[r][j] v_j over columns [c0, c0 + 64) (cols of them). */
-static void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_MAX_TILE], int mr, int c0, float *o,
-                     int ldo) {
-    const fa_dtype ty = t->t;
+INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_MAX_TILE], int mr, int c0, float *o,
+                     int ldo, const fa_dtype ty) {
     const int cols = t->dv - c0 < 64 ? t->dv - c0 : 64;
     __mmask16 mk[4];
     for (int q = 0; q < 4; q++) {
@@ -127,15 +126,28 @@ static void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
             if (r < mr) _mm512_mask_storeu_ps(o + (int64_t)r * ldo + c0 + 16 * q, mk[q], acc[r][q]);
 }
 
-void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo) {
+INLINE void pv_all(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo, const fa_dtype ty) {
     float w[4][FA_DECODE_MAX_TILE]; /* p times the value row's scale (and fp8's 2^8); rows past m: 0 */
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         for (int r = 0; r < 4; r++)
             for (int j = 0; j < t->n; j++)
                 w[r][j] = r < mr ? p[(int64_t)(r0 + r) * ldp + j] * (t->vscale ? t->vscale[(int64_t)j * t->sstride] : 1.0f) *
-                                       unit(t->t)
+                                       unit(ty)
                                  : 0.0f;
-        for (int c0 = 0; c0 < t->dv; c0 += 64) pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o + (int64_t)r0 * ldo, ldo);
+        for (int c0 = 0; c0 < t->dv; c0 += 64)
+            pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o + (int64_t)r0 * ldo, ldo, ty);
     }
+}
+
+void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds) {
+    if (t->t == FA_F16) qk_all(t, s, lds, FA_F16);
+    else if (t->t == FA_INT8) qk_all(t, s, lds, FA_INT8);
+    else qk_all(t, s, lds, FA_FP8_E4M3);
+}
+
+void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo) {
+    if (t->t == FA_F16) pv_all(t, p, ldp, o, ldo, FA_F16);
+    else if (t->t == FA_INT8) pv_all(t, p, ldp, o, ldo, FA_INT8);
+    else pv_all(t, p, ldp, o, ldo, FA_FP8_E4M3);
 }
