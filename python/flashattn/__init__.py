@@ -6,6 +6,7 @@
     flashattn.varlen_attention(...)      packed variable-length batches (+ _backward)
     flashattn.kvcache_attention(...)     kv-cache decoding, paged caches too
     flashattn.plan_varlen(...), plan_kvcache(...)   their costs, from lengths and shapes
+    flashattn.quantize_cache(k, v, dtype)          int8 / fp8 kv caches and their scales
     import flashattn.torch               PyTorch tensors (autograd, torch.compile)
     import flashattn.jax                 JAX arrays (jit, grad, vmap)
 
@@ -17,9 +18,10 @@ from ._numpy import attention, attention_backward
 from ._numpy_inference import kvcache_attention, varlen_attention, varlen_attention_backward
 from ._plan import Plan, plan
 from ._plan_inference import plan_kvcache, plan_varlen
+from ._quant import quantize_cache
 
 __all__ = ["plan", "Plan", "attention", "attention_backward", "varlen_attention",
-           "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache",
+           "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache", "quantize_cache",
            "cuda_available", "cpu_isa"]
 
 

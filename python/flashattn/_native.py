@@ -12,6 +12,7 @@ c_void_p = ctypes.c_void_p
 
 # fa_dtype, fa_backend, fa_pass, fa_status values
 F32, F16, BF16 = 0, 1, 2
+INT8, FP8_E4M3 = 3, 4  # kv-cache element types only (docs/caches.md)
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 FORWARD, BACKWARD = 0, 1
 OK, ERR_INVALID, ERR_NULL, ERR_OVERFLOW = 0, 1, 2, 3
@@ -46,6 +47,8 @@ class Problem(ctypes.Structure):
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("cache_seqlens", c_void_p), ("has_new_kv", ctypes.c_int),
         ("page_size", c_int64), ("num_pages", c_int64), ("max_pages", c_int64),
+        # quantized kv caches (docs/caches.md)
+        ("has_cache_dtype", ctypes.c_int), ("cache_dtype", ctypes.c_int),
     ]
 
 
@@ -79,6 +82,7 @@ class ForwardArgs(ctypes.Structure):
         ("counts", ctypes.POINTER(Counts)),
         ("progress", PROGRESS_FN), ("progress_ctx", c_void_p),
         ("k_new", c_void_p), ("v_new", c_void_p), ("block_table", c_void_p),
+        ("k_scale", c_void_p), ("v_scale", c_void_p),
     ]
 
 
@@ -144,6 +148,8 @@ def _declare(lib):
         "fa_cuda_available": (ctypes.c_int, []),
         "fa_cpu_isa": (ctypes.c_char_p, []),
         "fa_struct_size": (ctypes.c_size_t, [ctypes.c_int]),
+        "fa_quantize_rows": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_void_p, c_int64, c_int64, c_void_p,
+                                            c_void_p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -12,7 +12,8 @@ from . import _native
 from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable,
                      backward_inputs, dtype_error)
 from ._problem import make_options
-from ._problem_inference import (check_decode_shapes, check_max_seqlen, decode_problem,
+from ._quant import cache_dtype_code
+from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, decode_problem,
                                  int32_lengths, varlen_problem)
 from . import _layout
 
@@ -151,9 +152,26 @@ def _writable_cache(name, a):
     return a
 
 
+def _cache_scales(name, s, shape, written):
+    """A quantized cache's scales: float32 [rows..., Hk] dense; written in place on append."""
+    if s is None:
+        raise ValueError(f"{name} is required with a quantized cache_dtype (one float32 per cache row and kv head, "
+                         f"shape {shape})")
+    if not isinstance(s, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(s).__name__}")
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (the cache's rows and kv heads), got {tuple(s.shape)}")
+    if written:
+        if s.dtype != np.float32 or not s.flags.c_contiguous or not s.flags.writeable:
+            raise ValueError(f"{name} is written in place (new k and v given), so it must be a writable, "
+                             f"C-contiguous float32 array, got {s.dtype} with strides {s.strides}")
+        return s
+    return np.ascontiguousarray(s, dtype=np.float32)
+
+
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, out=None):
+                      return_lse=False, out=None, cache_dtype=None, k_scale=None, v_scale=None):
     """One decoding step against a kv cache, in the manner of flash_attn_with_kvcache.
 
     q [B, Sq_new, Hq, D]; k_cache [B, S_cache_max, Hk, D] and v_cache [.., Dv], or with
@@ -167,7 +185,13 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     cache_seqlens[b] + Sq_new positions, else to cache_seqlens[b]. Masks align bottom-right per
     sequence (causal: new token i sees positions <= cache_seqlens[b] + i). Cache rows past a
     sequence's length are never read. Returns o [B, Sq_new, Hq, Dv] (into out if given) and
-    lse [B, Hq, Sq_new] f32 with return_lse. Forward only."""
+    lse [B, Hq, Sq_new] f32 with return_lse. Forward only.
+
+    cache_dtype "int8" or "fp8" (docs/caches.md): the caches hold 1-byte codes (int8, or
+    fp8 e4m3fn as ml_dtypes.float8_e4m3fn or its uint8 bits; flashattn.quantize_cache
+    makes them) and k_scale, v_scale (float32, the caches' shape without head_dim) one scale
+    per row and kv head; new k and v (in q's dtype) are quantized on append, their scales
+    written into k_scale and v_scale."""
     q = _readable("q", q)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -180,6 +204,17 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         k, v = _readable("k", k), _readable("v", v)
         arrays.update(k=k, v=v)
         k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)  # the library reads them dense
+    code = cache_dtype_code(cache_dtype)
+    if code is not None:
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if c.dtype.itemsize != 1:
+                raise ValueError(f"{name} must hold 1-byte codes with cache_dtype={cache_dtype!r}, got {c.dtype}")
+        del arrays["k_cache"], arrays["v_cache"]
+        shp = cache_scale_shape(k_cache.shape)
+        k_scale = _cache_scales("k_scale", k_scale, shp, has_new)
+        v_scale = _cache_scales("v_scale", v_scale, shp, has_new)
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError("k_scale and v_scale belong to a quantized cache: pass cache_dtype='int8' or 'fp8'")
     dtype = _one_dtype(**arrays)
     paged = block_table is not None
     check_decode_shapes(q.shape, k_cache.shape, v_cache.shape, (k.shape, v.shape) if has_new else None, paged)
@@ -202,10 +237,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                        vc_stride=_elem_strides(v_cache), o_stride=_elem_strides(o), dtype=dtype,
                        cache_seqlens=lens, has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=window, softcap=softcap, scale=scale,
-                       alibi=slopes is not None)
+                       alibi=slopes is not None, cache_dtype=code)
     handle = _native.cached_plan(p, make_options("cpu"))
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     handle.forward(_native.ForwardArgs(q=ptr(q), k=ptr(k_cache), v=ptr(v_cache), o=ptr(o),
                                        lse=ptr(lse), alibi_slopes=ptr(slopes), k_new=ptr(k),
-                                       v_new=ptr(v), block_table=ptr(table)))
+                                       v_new=ptr(v), block_table=ptr(table), k_scale=ptr(k_scale),
+                                       v_scale=ptr(v_scale)))
     return (o, lse) if return_lse else o
