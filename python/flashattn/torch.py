@@ -79,4 +79,4 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
 
 # the SDPA drop-in and the inference shapes (packed batches, kv-cache decoding)
 from ._torch_sdpa import scaled_dot_product_attention  # noqa: E402,F401
-from ._torch_inference import kvcache_attention, varlen_attention  # noqa: E402,F401
+from ._torch_inference import kvcache_attention, quantize_cache, varlen_attention  # noqa: E402,F401

@@ -156,3 +156,28 @@ def test_quantized_cache_elsewhere_is_refused(rng):
                                     k_scale=np.ones((1, 32, 4), np.float32), v_scale=np.ones((1, 32, 4), np.float32))
     with pytest.raises(ValueError, match="cache_dtype"):
         flashattn.kvcache_attention(q, kq, kq, cache_seqlens=4, k_scale=np.ones((1, 32, 4), np.float32))
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_torch_front_matches_numpy(rng, kind):
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    q, kq, vq, ks, vs, kn, vn, lens, table = _case(rng, "f32", kind, True, 2)
+    tk, tks, tv, tvs = (torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()) for a in (kq, ks, vq, vs))
+    tk = tk.view(torch.int8 if kind == "int8" else torch.float8_e4m3fn)
+    tv = tv.view(torch.int8 if kind == "int8" else torch.float8_e4m3fn)
+    tks, tvs = tks.view(torch.float32).reshape(ks.shape), tvs.view(torch.float32).reshape(vs.shape)
+    o_t = ft.kvcache_attention(torch.from_numpy(q), tk, tv, torch.from_numpy(kn), torch.from_numpy(vn),
+                               cache_seqlens=torch.from_numpy(lens), block_table=torch.from_numpy(table),
+                               causal=True, cache_dtype=kind, k_scale=tks, v_scale=tvs)
+    o_n = flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens, block_table=table, causal=True,
+                                      cache_dtype=kind, k_scale=ks, v_scale=vs)
+    assert np.array_equal(o_t.numpy(), o_n), "the torch and numpy fronts differ"
+    assert np.array_equal(tk.view(torch.uint8).numpy(), bits(kq).reshape(kq.shape))
+    assert np.array_equal(bits(tks.numpy()), bits(ks))
+    # quantize_cache for tensors: the same codes as numpy's
+    kf = randn(rng, (2, 5, 2, 16), "f32")
+    a = ft.quantize_cache(torch.from_numpy(kf), torch.from_numpy(kf), kind)
+    b = flashattn.quantize_cache(kf, kf, kind)
+    assert np.array_equal(a[0].view(torch.uint8).numpy(), bits(b[0]).reshape(kf.shape))
+    assert np.array_equal(a[1].numpy(), b[1])
