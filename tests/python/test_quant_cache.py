@@ -181,3 +181,28 @@ def test_torch_front_matches_numpy(rng, kind):
     b = flashattn.quantize_cache(kf, kf, kind)
     assert np.array_equal(a[0].view(torch.uint8).numpy(), bits(b[0]).reshape(kf.shape))
     assert np.array_equal(a[1].numpy(), b[1])
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_jax_front_matches_numpy(rng, kind, paged):
+    pytest.importorskip("jax")
+    try:
+        import flashattn.jax as fj
+    except ImportError as e:  # a build without the FFI handler
+        pytest.skip(str(e))
+    import jax.numpy as jnp
+    q, kq, vq, ks, vs, kn, vn, lens, table = _case(rng, "f32", kind, paged, 2)
+    code = jnp.int8 if kind == "int8" else jnp.float8_e4m3fn
+    jk, jv = (jnp.asarray(bits(a).reshape(a.shape)).view(code) for a in (kq, vq))
+    o_j, kc, vc, ksj, vsj = fj.kvcache_attention(jnp.asarray(q), jk, jv, jnp.asarray(kn), jnp.asarray(vn),
+                                                  cache_seqlens=lens, block_table=table, causal=True,
+                                                  cache_dtype=kind, k_scale=jnp.asarray(ks), v_scale=jnp.asarray(vs))
+    o_n = flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens, block_table=table, causal=True,
+                                      cache_dtype=kind, k_scale=ks, v_scale=vs)
+    assert np.array_equal(np.asarray(o_j), o_n), "the jax and numpy fronts differ"
+    assert np.array_equal(np.asarray(kc.view(jnp.uint8)), bits(kq).reshape(kq.shape))
+    assert np.array_equal(bits(np.asarray(ksj)), bits(ks)) and np.array_equal(bits(np.asarray(vsj)), bits(vs))
+    a = fj.quantize_cache(jnp.asarray(kn), jnp.asarray(vn), kind)
+    b = flashattn.quantize_cache(kn, vn, kind)
+    assert a[0].dtype == code and np.array_equal(np.asarray(a[0].view(jnp.uint8)), bits(b[0]).reshape(kn.shape))
