@@ -181,6 +181,12 @@ static void dec_conv_tile(const dec_ctx *cx, const fa_score_ctx *sc, const struc
                                     (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v};
     const fa_decode_kernels *dk = cx->isa->decode;
     const int vec = dk && dk->cache_qk && ks->col_stride == 1 && vs->col_stride == 1;
+    int plain = vec && dk->cache_step; /* every row's scores are the scaled products, every key visible */
+    for (int64_t i = 0; plain && i < p->seq_q; i++) plain = fa_score_plain(sc, i, j0, n);
+    if (plain) { /* the whole online-softmax step in the vector kernel */
+        dk->cache_step(&t, sc->scale, p->dtype, mx, sum, acc, (int)p->head_dim_v);
+        return;
+    }
     if (vec) dk->cache_qk(&t, s, (int)cx->T);
     else fa_decode_cache_qk(&t, s, (int)cx->T);
     for (int64_t r = 0; r < cx->M; r++)

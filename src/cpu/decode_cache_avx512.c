@@ -10,8 +10,11 @@
 #include "decode_kernels.h"
 
 #include "isa_avx512.h"
+#include "vexp.h"
 
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 /* 16 elements (mask: the live ones) of row x as f32: the value (f16), the code (int8), or
  * 2^-8 of it (fp8: unit() undoes it in the scale). */
@@ -138,6 +141,83 @@ INLINE void pv_all(const fa_decode_cache_tile *t, const float *p, int ldp, float
         for (int c0 = 0; c0 < t->dv; c0 += 64)
             pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o + (int64_t)r0 * ldo, ldo, ty);
     }
+}
+
+/* Lanes 4 r + j of x reduced over j (max or sum), in every lane of their group. */
+INLINE __m512 group_max(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
+    return _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
+}
+INLINE __m512 group_sum(__m512 x) {
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
+    return _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
+}
+/* x rounded to dtype t and back, nearest even (vexp.h's rule; x is finite here, in [0, 1]). */
+INLINE __m512 round_to(__m512 x, fa_dtype t) {
+    if (t == FA_F16) return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (t != FA_BF16) return x;
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* The online-softmax step of dec_row (decode.c) for a tile every row sees whole, 4 rows at
+ * a time, in registers: scores (the key's scale applied), the row max (a NaN never wins),
+ * base = the new max (0 while it is -inf), alpha = exp(old max - base), p = exp(score -
+ * base) summed unrounded and rounded to the problem's dtype pd, then p V with the value
+ * rows' scales. */
+INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
+                     int ldacc, const fa_dtype ty) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    static const __mmask16 keys_live[4] = {0xffff, 0x1111, 0x3333, 0x7777}; /* by n % 4 */
+    const int nb = (t->n + 3) / 4;
+    for (int r0 = 0; r0 < t->m; r0 += 4) {
+        const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
+        __m512 S[FA_DECODE_MAX_TILE / 4], top = neg_inf;
+        for (int b = 0; b < nb; b++) {
+            const int nj = t->n - 4 * b < 4 ? t->n - 4 * b : 4;
+            S[b] = _mm512_mul_ps(qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ty), vscale);
+            if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
+            top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
+        }
+        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
+        _mm512_storeu_ps(tops, group_max(top));
+        for (int r = 0; r < mr; r++) {
+            const float m_old = mx[r0 + r], m_new = m_old > tops[4 * r] ? m_old : tops[4 * r];
+            base[r] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = fa_vexpf(m_old - base[r]);
+            mx[r0 + r] = m_new;
+        }
+        const __m512 vbase = _mm512_permutexvar_ps(to_group, _mm512_castps128_ps512(_mm_loadu_ps(base)));
+        __m512 total = _mm512_setzero_ps();
+        float w[4][FA_DECODE_MAX_TILE]; /* p rounded, times the value row's scale (and fp8's 2^8) */
+        for (int b = 0; b < nb; b++) {
+            const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase));
+            total = _mm512_add_ps(total, e);
+            float vs[4], out[16];
+            for (int j = 0; j < 4; j++)
+                vs[j] = (t->vscale && 4 * b + j < t->n ? t->vscale[(int64_t)(4 * b + j) * t->sstride] : 1.0f) * unit(ty);
+            _mm512_storeu_ps(out, _mm512_mul_ps(round_to(e, pd), _mm512_broadcast_f32x4(_mm_loadu_ps(vs))));
+            for (int r = 0; r < 4; r++) memcpy(&w[r][4 * b], &out[4 * r], 16);
+        }
+        float sums[16];
+        _mm512_storeu_ps(sums, group_sum(total));
+        for (int r = 0; r < mr; r++) sum[r0 + r] = sum[r0 + r] * alpha[r] + sums[4 * r];
+        float *o = acc + (int64_t)r0 * ldacc;
+        for (int r = 0; r < mr; r++)
+            if (alpha[r] != 1.0f)
+                for (int c = 0; c < t->dv; c++) o[(int64_t)r * ldacc + c] *= alpha[r];
+        for (int c0 = 0; c0 < t->dv; c0 += 64) pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o, ldacc, ty);
+    }
+}
+
+void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                                 float *acc, int ldacc) {
+    if (t->t == FA_F16) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_F16);
+    else if (t->t == FA_INT8) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_INT8);
+    else step_all(t, scale, pd, mx, sum, acc, ldacc, FA_FP8_E4M3);
 }
 
 void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds) {

@@ -52,6 +52,11 @@ void fa_decode_cache_pv(const fa_decode_cache_tile *t, const float *p, int ldp, 
 /* The AVX-512 forms (contiguous rows: kcol = vcol = 1; pv never guarded). */
 void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds);
 void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo);
+/* A whole online-softmax step where the scores are the scaled products and every key is
+ * visible to every row (as fa_decode_step_bf16): running max mx, sum and accumulators acc
+ * (ldacc apart) of the m rows; p rounded to pd (the problem's dtype) before p V. */
+void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                                 float *acc, int ldacc);
 
 /* Scores of m query rows against n keys. */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);

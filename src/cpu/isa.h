@@ -43,6 +43,8 @@ typedef struct fa_decode_kernels {
      * contiguous rows (decode_kernels.h, fa_decode_cache_tile). */
     void (*cache_qk)(const fa_decode_cache_tile *t, float *s, int lds);
     void (*cache_pv)(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo);
+    void (*cache_step)(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
+                       int ldacc);
 } fa_decode_kernels;
 extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
 extern const fa_decode_kernels fa_decode_avx512_kernels; /* isa_avx512.c: the cache kernels alone */
