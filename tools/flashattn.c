@@ -28,7 +28,8 @@ static const char inference_help[] =
     "  --block-table bt.npy       int32 [B,max_pages]; caches [num_pages,page_size,Hk,D]\n"
     "                             (plan: with --page-size P --num-pages N)\n"
     "  --k-new kn.npy --v-new vn.npy [--update-cache]   append [B,Sq_new,Hk,D] at lens[b];\n"
-    "                             --update-cache rewrites the cache files (float32) on success\n";
+    "                             --update-cache rewrites the cache files (float32) on success\n"
+    "  --cache-dtype int8|fp8     a quantized kv cache (plan, bench --decode; docs/caches.md)\n";
 
 void cli_usage(const char *name) {
     if (!name) {
@@ -74,7 +75,8 @@ void cli_usage(const char *name) {
                "             \"backward\": {...}, \"peak_rss_bytes\": N}\n",
                shape_help, options_help);
         printf("\ninference shapes: flashattn bench --decode --batch B --heads Hq [--kv-heads Hk] --head-dim D\n"
-               "                    --cache-len N [--seq-q Sq_new] [--page-size P]   (bf16 by default)\n"
+               "                    --cache-len N [--seq-q Sq_new] [--page-size P] [--cache-dtype int8|fp8]\n"
+               "                    (bf16 by default)\n"
                "                  flashattn bench --varlen 128,4096,... --heads H --head-dim D [--causal]\n");
     }
 }
