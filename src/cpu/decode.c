@@ -13,7 +13,8 @@
  * lines in cache. The tile math is the ISA table's pack and product kernels,
  * or for bf16 caches with AVX512_BF16 kernels that read the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
- * the tile; an online softmax leaves a partial (acc, max, sum) per (item, kv head, row) in
+ * the tile; f16, int8 and fp8 caches take decode_cache*.c's kernels alike (q staged as f32,
+ * codes dequantized in registers: docs/caches.md); an online softmax leaves a partial (acc, max, sum) per (item, kv head, row) in
  * the workspace, and a merge combines each row's chunks in chunk order. Chunks, tiles and
  * the merge order come from shapes alone, so results are bit-identical for any thread
  * count. Only rows below a sequence's length are ever read: stale or NaN cache rows beyond
