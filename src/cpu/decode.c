@@ -27,6 +27,7 @@
 #include "scores.h"
 #include "vexp.h"
 
+#include <float.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -374,24 +375,32 @@ static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_ar
 /* A quantized cache's scales of every row a call reads (finite, >= 0) and its new rows
  * (finite: an int8 or fp8 code cannot hold inf or NaN), before anything is written. The
  * scale layout follows the rows (dec_scale_at); block-table entries were checked. */
+/* 1 if a scale of x[0..n) is not finite and >= 0: one branch-free pass (it vectorizes), a
+ * cache's scales being read on every call. */
+static int dec_scales_bad(const float *restrict x, int64_t n) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= !(x[i] >= 0.0f && x[i] <= FLT_MAX); /* NaN fails both */
+    return bad;
+}
+
 static fa_status dec_check_quant(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    const int64_t Hk = p->heads_kv;
+    const int64_t Hk = p->heads_kv, run = p->page_size ? p->page_size : p->seq_k; /* rows a scale run holds */
     for (int x = 0; x < 2; x++) {
         const float *sc = x ? a->v_scale : a->k_scale;
         for (int64_t b = 0; b < p->batch; b++)
-            for (int64_t t = 0; t < pl->lens[b]; t++) {
-                const int64_t row = p->page_size ? (int64_t)a->block_table[b * p->max_pages + t / p->page_size] * p->page_size +
-                                                       t % p->page_size
-                                                 : b * p->seq_k + t;
-                for (int64_t hk = 0; hk < Hk; hk++) {
-                    const float v = sc[row * Hk + hk];
+            for (int64_t t0 = 0; t0 < pl->lens[b]; t0 += run) { /* a sequence (dense), or a page of it */
+                const int64_t n = pl->lens[b] - t0 < run ? pl->lens[b] - t0 : run;
+                const int64_t row0 = p->page_size ? (int64_t)a->block_table[b * p->max_pages + t0 / run] * run : b * run;
+                if (!dec_scales_bad(sc + row0 * Hk, n * Hk)) continue;
+                for (int64_t i = 0; i < n * Hk; i++) { /* the first bad one, for the message */
+                    const float v = sc[row0 * Hk + i];
                     if (!isfinite(v) || v < 0.0f)
                         return fa_error(FA_ERR_INVALID,
                                         "fa_forward: %s[%lld] (sequence %lld, cache row %lld, kv head %lld) is %g; the "
                                         "scales of a quantized cache must be finite and >= 0",
-                                        x ? "v_scale" : "k_scale", (long long)(row * Hk + hk), (long long)b, (long long)t,
-                                        (long long)hk, (double)v);
+                                        x ? "v_scale" : "k_scale", (long long)(row0 * Hk + i), (long long)b,
+                                        (long long)(t0 + i / Hk), (long long)(i % Hk), (double)v);
                 }
             }
     }
