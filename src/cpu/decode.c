@@ -174,13 +174,13 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
  * where a mask edge crosses the tile (an f16 or fp8 value row may hold inf or NaN). */
 static void dec_conv_tile(const dec_ctx *cx, const fa_score_ctx *sc, const struct fa_plan *one, const float *q,
                           const fa_tile_src *ks, const fa_tile_src *vs, int64_t b, int64_t hk, int64_t j0, int n,
-                          float *s, float *acc, float *mx, float *sum) {
+                          float *s, float *acc, float *mx, float *sum, fa_decode_prefetch *pf) {
     const fa_problem *p = cx->p;
     const int quant = fa_dtype_quantized(cx->ct);
     const fa_decode_cache_tile t = {q, ks->base, vs->base, cx->ct, ks->row_stride, vs->row_stride, ks->col_stride,
                                     vs->col_stride, quant ? dec_scale_at(cx, cx->a->k_scale, b, hk, j0) : NULL,
                                     quant ? dec_scale_at(cx, cx->a->v_scale, b, hk, j0) : NULL, p->heads_kv,
-                                    (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v};
+                                    (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v, pf};
     const fa_decode_kernels *dk = cx->isa->decode;
     const int vec = dk && dk->cache_qk && ks->col_stride == 1 && vs->col_stride == 1;
     int plain = vec && dk->cache_step; /* every row's scores are the scaled products, every key visible */
@@ -261,7 +261,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
             const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
             const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
             if (cx->conv) {
-                dec_conv_tile(cx, &sc, &one, (const float *)qh, &ks, &vs, b, hk, j0, n, s, acc, mx, sum);
+                dec_conv_tile(cx, &sc, &one, (const float *)qh, &ks, &vs, b, hk, j0, n, s, acc, mx, sum, pfp);
             } else if (plain) { /* the whole online-softmax step in the vector kernel */
                 const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
                                              (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc, pfp};

@@ -35,6 +35,22 @@ INLINE __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
 INLINE float unit(fa_dtype t) { return t == FA_FP8_E4M3 ? 256.0f : 1.0f; }
 INLINE const void *at(fa_dtype t, const void *base, int64_t i) { return (const char *)base + i * (t == FA_F16 ? 2 : 1); }
 
+/* Lines of the next tile prefetched per block of 4 keys in the scores and per key and 64
+ * columns in p V (decode_avx512bf16.c's scheme, at half its rate: these tiles hold twice
+ * the keys of bf16's for int8 and fp8, and compute longer per byte). */
+#define PF_QK 2
+#define PF_PV 1
+INLINE void prefetch_some(fa_decode_prefetch *pf, int lines) {
+    if (!pf) return;
+    for (int i = 0; i < lines; i++, pf->off += 64) {
+        if (pf->off >= pf->len) {
+            if (!pf->base2) return;
+            pf->base = pf->base2, pf->len = pf->len2, pf->off = 0, pf->base2 = NULL;
+        }
+        _mm_prefetch(pf->base + pf->off, _MM_HINT_T2);
+    }
+}
+
 /* Lane 4 g + j: the sum of lanes 4 g .. 4 g + 3 of a_j, within each 128-bit lane. */
 static inline __m512 pair_sum(__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
@@ -121,6 +137,7 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(p, x[q], acc[r][q]);
         }
+        prefetch_some(t->pf, PF_PV);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
@@ -181,6 +198,7 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
             S[b] = _mm512_mul_ps(qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ty), vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
+            prefetch_some(t->pf, PF_QK);
         }
         float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
         _mm512_storeu_ps(tops, group_max(top));

@@ -42,6 +42,7 @@ typedef struct {
     const float *kscale, *vscale;
     int64_t sstride;
     int m, d, n, dv;
+    fa_decode_prefetch *pf; /* or NULL: the next tile's lines, issued through the step */
 } fa_decode_cache_tile;
 
 /* s[r * lds + j] = q_r . k_j for r < m, j < n (the dequantized keys). */
