@@ -37,6 +37,7 @@ bench: build
 # The inference shapes (decode vs memory bandwidth and PyTorch, varlen vs padding).
 bench-inference: build
 	bash bench/inference.sh --record
+	bash bench/decode_caches.sh --record
 
 # libFuzzer on the .npy reader, the CLI parser, the plan and the forward vs the reference
 # (clang; FUZZ_SECONDS in all, default 240). See tests/fuzz/run.sh.

@@ -22,7 +22,9 @@ extern "C" {
 
 /* ---- types ------------------------------------------------------------------------ */
 
-typedef enum { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2 } fa_dtype;
+/* FA_INT8 and FA_FP8_E4M3 (OCP e4m3fn) are kv-cache element types only (fa_problem.cache_dtype,
+ * docs/caches.md): codes with one f32 scale per (token, kv head). */
+typedef enum { FA_F32 = 0, FA_F16 = 1, FA_BF16 = 2, FA_INT8 = 3, FA_FP8_E4M3 = 4 } fa_dtype;
 
 typedef enum { FA_BACKEND_AUTO = 0, FA_BACKEND_CPU = 1, FA_BACKEND_CUDA = 2 } fa_backend;
 
@@ -160,6 +162,13 @@ typedef struct {
      * ignored), as a key-padding bias is; dbias then has that shape too, summed over the
      * query rows in a fixed order (dbias itself is CPU-only, as bias_grad is). */
     int64_t bias_seq_q;
+    /* Quantized kv caches (with cache_seqlens; docs/caches.md): has_cache_dtype with
+     * cache_dtype FA_INT8 or FA_FP8_E4M3 makes k and v caches of 1-byte codes (strides in
+     * elements, as ever), dequantized as code x scale with fa_forward_args k_scale / v_scale;
+     * k_new / v_new stay in dtype and are quantized on append (fa_quantize_rows' rule).
+     * cache_dtype equal to dtype is the plain cache. Decoding only, CPU backend. */
+    int has_cache_dtype;
+    fa_dtype cache_dtype;
 } fa_problem;
 
 /* fa_problem.lengths_per_call */
@@ -233,6 +242,11 @@ typedef struct {
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
     /* The shared prefix's keys and values (fa_problem.shared_prefix_len > 0). */
     const void *k_prefix, *v_prefix;
+    /* Quantized caches (fa_problem.cache_dtype): one f32 scale per (cache row, kv head), laid
+     * out as the cache rows: [B, seq_k, Hk] dense or [num_pages, page_size, Hk] paged,
+     * contiguous; finite and >= 0. Appends write the new rows' scales, so they are writable
+     * then (cast away const, as the caches). */
+    const float *k_scale, *v_scale;
 } fa_forward_args;
 
 /* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */
@@ -391,12 +405,21 @@ FA_API double fa_cpu_exp_rate(int threads);
 /* ---- dtypes and host buffers ------------------------------------------------------ */
 
 FA_API const char *fa_dtype_name(fa_dtype t);
-/* Bytes per element: 4 for f32, 2 for f16 and bf16. */
+/* Bytes per element: 4 for f32, 2 for f16 and bf16, 1 for int8 and fp8_e4m3. */
 FA_API size_t fa_dtype_size(fa_dtype t);
 /* Converts n elements of dtype from at src into dtype to at dst, rounding as the kernels
  * round (to nearest, ties to even; NaN stays NaN: docs/semantics.md, "Rounding"); the same
- * dtype is a copy. f16 <-> bf16 goes through f32, which is exact. src and dst do not overlap. */
+ * dtype is a copy. f16 <-> bf16 goes through f32, which is exact. int8 and fp8_e4m3 convert
+ * as codes with scale 1 (fa_quantize_rows' rounding, clamped or saturated; NaN to int8 is 0).
+ * src and dst do not overlap. */
 FA_API void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n);
+/* Quantizes rows of a kv cache (docs/caches.md): rows x width elements of dtype from
+ * (f32, f16 or bf16; contiguous) into codes of dtype to (FA_INT8 or FA_FP8_E4M3; rows x width
+ * bytes) and scales[rows] (f32), each row with scale = amax / 127 (int8) or amax / 448
+ * (fp8), 1 where amax is 0, and codes x / scale rounded to nearest even, clamped to +-127 or
+ * saturated to +-448. A non-finite element is FA_ERR_INVALID, and nothing is written. */
+FA_API fa_status fa_quantize_rows(fa_dtype to, fa_dtype from, const void *src, int64_t rows, int64_t width,
+                                  void *codes, float *scales);
 /* malloc and free, the allocator of the library's own buffers. In a build with the test-only
  * allocation-failure injection (CMake FA_ALLOC_FAILURE_INJECTION, FA_ALLOC_FAIL_AT in
  * docs/environment.md) a program's allocations through these are counted with the library's,

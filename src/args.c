@@ -83,6 +83,8 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
         {a->sinks, "sinks (the problem has_sinks)", p->has_sinks && n.slopes},
         {a->k_prefix, "k_prefix (the problem has shared_prefix_len)", decode && p->shared_prefix_len > 0 && n.kv},
         {a->v_prefix, "v_prefix (the problem has shared_prefix_len)", decode && p->shared_prefix_len > 0 && n.kv},
+        {a->k_scale, "k_scale (the problem has a quantized cache_dtype)", fa_dtype_quantized(fa_cache_dtype(p)) && n.kv},
+        {a->v_scale, "v_scale (the problem has a quantized cache_dtype)", fa_dtype_quantized(fa_cache_dtype(p)) && n.kv},
     };
     fa_status s;
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||

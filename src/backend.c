@@ -85,6 +85,15 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
     if (p->lengths_per_call && pass == FA_BACKWARD)
         return fa_error(FA_ERR_INVALID, "lengths per call (lengths_per_call) does not combine with the backward pass: "
                                         "plan the backward with its lengths (cu_seqlens)");
+    if (fa_dtype_quantized(fa_cache_dtype(p)) && !decode) /* varlen, dense: decoding's caches only */
+        return fa_error(FA_ERR_INVALID, "a quantized kv cache (cache_dtype %s) does not combine with %s: it is a cache of "
+                                        "kv-cache decoding (cache_seqlens)",
+                        fa_dtype_name(p->cache_dtype), varlen ? "packed variable-length batches (cu_seqlens)" :
+                                                       pass == FA_BACKWARD ? "the backward pass" : "dense attention");
+    if (fa_dtype_quantized(fa_cache_dtype(p)) && p->shared_prefix_len)
+        return fa_error(FA_ERR_INVALID, "a quantized kv cache (cache_dtype %s) does not combine with a shared prefix "
+                                        "(shared_prefix_len): the prefix is kept in the problem's dtype",
+                        fa_dtype_name(p->cache_dtype));
     if (decode && pass == FA_BACKWARD)
         return fa_error(FA_ERR_INVALID, "kv-cache decoding (cache_seqlens) does not combine with the backward pass: "
                                         "decoding has no backward");

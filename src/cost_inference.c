@@ -15,7 +15,10 @@
  * + 1 with sinks (the sink's exp, added once by the merge).
  * Bytes: q, o, lse once; cache bytes of every computed tile once per kv head (the query
  * heads share them); k_new/v_new read and written into the cache; one block-table entry
- * per computed tile; the partial results written and read back by the merge. */
+ * per computed tile; the partial results written and read back by the merge. A quantized
+ * cache (cache_dtype int8, fp8) counts its 1-byte codes and an f32 scale per (row, kv head)
+ * for k and v each, wherever rows are read or written, and the call's check before anything
+ * is written reads the scales of the cached rows and k_new / v_new once more. */
 #include "backend.h"
 
 typedef __int128 wide;
@@ -141,6 +144,9 @@ static fa_status decode_cost(fa_plan *pl) {
     const fa_problem *p = &pl->p;
     const wide es = (wide)fa_dtype_size(p->dtype), B = p->batch, Hq = p->heads_q, Hk = p->heads_kv;
     const wide D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, M = Hq / Hk * Sq;
+    const int quant = fa_dtype_quantized(fa_cache_dtype(p));
+    const wide row = (D + Dv) * (wide)fa_dtype_size(fa_cache_dtype(p)) + (quant ? 8 : 0); /* k and v of one (row, head) */
+    wide checked = 0; /* the scales that the call's check reads */
     const int softcap = p->softcap > 0;
     wide flops = 0, useful = 0, trans = 0, bytes = 0, items = 0, needed = 0;
     for (int64_t b = 0; b < p->batch; b++) {
@@ -148,7 +154,8 @@ static fa_status decode_cost(fa_plan *pl) {
         decode_walk(pl, b, &chunks, &tiles, &keys);
         flops += Hk * 2 * M * keys * (D + Dv);
         trans += Hk * (M * keys * (1 + softcap) + M * tiles) + Hq * Sq * (chunks + 1 + p->has_sinks);
-        bytes += Hk * (keys * (D + Dv) * es + (p->page_size ? tiles * 4 : 0));
+        bytes += Hk * (keys * row + (p->page_size ? tiles * 4 : 0));
+        checked += quant ? Hk * (wide)pl->lens[b] * 8 : 0;
         items += Hk * chunks;
         /* visible pairs: the dense count of this sequence as its own Sq x Sk_b problem; the
          * inputs it needs (min_bytes): the q rows of rows that see a key, the visible keys */
@@ -157,18 +164,20 @@ static fa_status decode_cost(fa_plan *pl) {
         int64_t r0, r1, lo, hi;
         fa_sched_live_rows(&masks, &r0, &r1);
         needed += Hq * (wide)(r1 - r0) * D * es;
-        if (fa_sched_span(&masks, 0, p->seq_q, &lo, &hi)) needed += Hk * (wide)(hi - lo + 1) * (D + Dv) * es;
+        if (fa_sched_span(&masks, 0, p->seq_q, &lo, &hi)) needed += Hk * (wide)(hi - lo + 1) * row;
     }
     const wide prefix = p->shared_prefix_len ? shared_prefix_cost(pl, &flops, &trans, &bytes, &useful, &needed) : 0;
     const wide q = B * Sq * Hq * D * es, o = B * Sq * Hq * Dv * es, lse = B * Hq * Sq * 4;
     const wide knew = p->has_new_kv ? B * Sq * Hk * (D + Dv) * es : 0, slopes = p->has_alibi ? Hq * 4 : 0;
     const wide sinks = p->has_sinks ? Hq * 4 : 0; /* read once, by the merge */
+    const wide stored = p->has_new_kv ? B * Sq * Hk * row : 0; /* k_new, v_new as the cache holds them */
     const wide partial = items * decode_partial_bytes(p);
-    bytes += q + o + lse + 2 * knew + 2 * partial + (p->has_alibi ? items * (Hq / Hk) * 4 : 0) + sinks;
+    if (quant) checked += knew; /* the new rows checked finite */
+    bytes += q + o + lse + knew + stored + checked + 2 * partial + (p->has_alibi ? items * (Hq / Hk) * 4 : 0) + sinks;
     const wide cache_rows = p->page_size ? (wide)p->num_pages * p->page_size : B * p->seq_k;
-    const wide cache = cache_rows * Hk * (D + Dv) * es, table = p->page_size ? B * p->max_pages * 4 : 0;
+    const wide cache = cache_rows * Hk * row, table = p->page_size ? B * p->max_pages * 4 : 0;
     const wide work = pl->be->workspace_bytes(pl, FA_FORWARD); /* the backend's own figure (backend.h) */
-    const wide min = needed + 2 * knew + o + lse + (items ? slopes : 0) + sinks; /* k_new, v_new read, stored */
+    const wide min = needed + knew + stored + o + lse + (items ? slopes : 0) + sinks; /* k_new, v_new read, stored */
     const wide in = q + cache + knew + table + slopes + sinks + B * 4 + prefix, out = o + lse;
     const wide sk_all = p->seq_k + p->shared_prefix_len; /* the naive score matrix: prefix keys too */
     const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * sk_all * 4};

@@ -2,6 +2,8 @@
  * dtype names and sizes. */
 #include "dtype.h"
 
+#include "quantize.h"
+
 #include <string.h>
 
 float fa_f16_to_f32(uint16_t h) {
@@ -52,16 +54,23 @@ const char *fa_dtype_name(fa_dtype t) {
     case FA_F32: return "f32";
     case FA_F16: return "f16";
     case FA_BF16: return "bf16";
+    case FA_INT8: return "int8";
+    case FA_FP8_E4M3: return "fp8_e4m3";
     }
     return "unknown";
 }
 
-size_t fa_dtype_size(fa_dtype t) { return t == FA_F32 ? 4 : 2; }
+size_t fa_dtype_size(fa_dtype t) { return t == FA_F32 ? 4 : fa_dtype_quantized(t) ? 1 : 2; }
 
 void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n) {
     if (from == to) {
         if (n) memcpy(dst, src, n * fa_dtype_size(from));
         return;
     }
-    for (size_t i = 0; i < n; i++) fa_store(to, dst, (int64_t)i, fa_load(from, src, (int64_t)i));
+    for (size_t i = 0; i < n; i++) { /* codes convert with scale 1 */
+        const float x = fa_dtype_quantized(from) ? fa_code_to_f32(from, src, (int64_t)i) : fa_load(from, src, (int64_t)i);
+        if (to == FA_INT8) ((int8_t *)dst)[i] = fa_f32_to_int8(x);
+        else if (to == FA_FP8_E4M3) ((uint8_t *)dst)[i] = fa_f32_to_e4m3(x);
+        else fa_store(to, dst, (int64_t)i, x);
+    }
 }

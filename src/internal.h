@@ -4,6 +4,7 @@
 
 #include "alloc.h" /* fa_malloc, fa_calloc, fa_free: every allocation goes through them */
 #include "dtype.h" /* f32 <-> bf16 / f16, fa_load, fa_store */
+#include "quantize.h" /* the cache element types int8 and fp8 */
 #include "flashattn.h"
 #include "mask.h"     /* block-sparse masks: the object and its schedule view (schedule_mask.h) */
 #include "schedule.h" /* which keys a row sees, the tile schedule */
@@ -68,7 +69,7 @@ void fa_cpu_sequence_blocks(struct fa_plan *sub);
  * 64 keys measured 1-2% faster than 128, and 64 was 128's speed without the prefetch. */
 #define FA_DECODE_TILE_BYTES (256 * 1024)
 static inline int64_t fa_decode_tile(const fa_problem *p) {
-    const int64_t key_bytes = p->heads_kv * (p->head_dim + p->head_dim_v) * (int64_t)fa_dtype_size(p->dtype);
+    const int64_t key_bytes = p->heads_kv * (p->head_dim + p->head_dim_v) * (int64_t)fa_dtype_size(fa_cache_dtype(p));
     int64_t t = 128;
     while (t > 16 && (t * key_bytes > FA_DECODE_TILE_BYTES || (p->page_size > 0 && p->page_size % t))) t /= 2;
     return t;

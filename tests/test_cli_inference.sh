@@ -253,6 +253,20 @@ expect_bad "bench --huge-pages on a training bench" "--huge-pages" bench --batch
 fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json
 if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio"' "$W/so"; then ok "bench --varlen --json"; else no "bench --varlen" "exit $rc: $(cat "$W/se")"; fi
 expect_bad "bench --varlen: bad list" "--varlen" bench --varlen 16,x --heads 2 --head-dim 16
+# quantized caches (docs/caches.md): plan bytes of codes and scales, bench over them, bad names
+fwd_bytes() { grep -o '"bytes_accessed": [0-9]*' "$W/so" | head -1 | grep -o '[0-9]*$'; } # the forward's
+fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --dtype bf16 --json
+plain=$(fwd_bytes)
+fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --dtype bf16 --cache-dtype int8 --json
+quant=$(fwd_bytes)
+if [ $rc -eq 0 ] && [ -n "$quant" ] && [ "$quant" -lt "$plain" ]; then ok "plan --cache-dtype int8: fewer bytes ($quant < $plain)"
+else no "plan --cache-dtype int8" "bytes '$quant' vs '$plain' (exit $rc: $(cat "$W/se"))"; fi
+for cd in int8 fp8; do
+  fa bench --decode --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300 --page-size 32 --cache-dtype $cd --iters 2 --json
+  if [ $rc -eq 0 ] && grep -q '"decode": {"seconds"' "$W/so"; then ok "bench --decode --cache-dtype $cd"; else no "bench --decode --cache-dtype $cd" "exit $rc: $(cat "$W/se")"; fi
+done
+expect_bad "--cache-dtype: bad name" "--cache-dtype" bench --decode --batch 1 --heads 2 --head-dim 16 --cache-len 64 --cache-dtype int4
+expect_bad "--cache-dtype: dense attention refuses it" "quantized" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --cache-dtype fp8
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -353,7 +353,8 @@ int main(void) {
             for (int masks = 0; masks < 16; masks += 1 + (int)tu_int(&rng, 0, 2)) {
                 dcase c;
                 const int64_t *hh = heads[tu_int(&rng, 0, 4)], Sq = sqs[tu_int(&rng, 0, 4)];
-                const fa_dtype dt = tu_int(&rng, 0, 1) ? FA_BF16 : FA_F32;
+                const int64_t pick = tu_int(&rng, 0, 2);
+                const fa_dtype dt = pick == 2 ? FA_F16 : pick ? FA_BF16 : FA_F32; /* f16: decode_cache*.c */
                 const int m = append ? masks | 1 : masks; /* appended tokens are causal in practice; both tried */
                 make_case(&c, tu_int(&rng, 1, MAXB), hh[0], hh[1], tu_int(&rng, 0, 1) ? 64 : 32, Sq, dt, paged, append,
                           n % 3 == 0 ? masks : m);
@@ -392,6 +393,10 @@ int main(void) {
         run_case(paged ? "fixed: D=128, GQA 4:1, lengths 1001, 77, paged, bf16"
                        : "fixed: D=128, GQA 4:1, lengths 1001, 77, bf16", &c);
         free_case(&c);
+        make_case(&c, 2, 32, 8, 128, 1, FA_F16, paged, 1, 1);
+        run_case(paged ? "fixed: D=128, GQA 4:1, lengths 1001, 77, 1 new, paged, f16"
+                       : "fixed: D=128, GQA 4:1, lengths 1001, 77, 1 new, f16", &c);
+        free_case(&c);
         make_case(&c, 2, 6, 1, 72, 1, FA_BF16, paged, 1, 0);
         run_case(paged ? "fixed: D=72, 6 rows per kv head, 1 new, paged, bf16"
                        : "fixed: D=72, 6 rows per kv head, 1 new, bf16", &c);
@@ -405,7 +410,7 @@ int main(void) {
         free_case(&c);
     }
     fixed_lens = NULL;
-    n += 9;
+    n += 11;
     hand_counts();
     bad_inputs();
     overlapping_appends();

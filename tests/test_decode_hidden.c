@@ -5,7 +5,8 @@
  * that see them follow the NaN rule (the reference says which). The garbage sits in the
  * same key tiles as visible keys (next to the window's edge), where a product over the
  * whole tile would form 0 * NaN. bf16 at D = 128 takes the fused AVX512_BF16 kernels
- * where the CPU has them; f32 and D = 64 the ISA table's kernels. */
+ * where the CPU has them; f16 the cache kernels (decode_cache*.c); f32 and D = 64 the ISA
+ * table's kernels. */
 #include "ref/ref.h"
 #include "check.h"
 
@@ -65,7 +66,7 @@ static void run(const char *mask, fa_dtype dt, int64_t D, int kind, int64_t Sq, 
     fa_status st = fa_plan_create(&p, &opt, &pl);
     if (!st) st = fa_forward(pl, &a);
     char label[160];
-    snprintf(label, sizeof label, "%s, %s, %s D=%lld Sq=%lld%s", kinds[kind], mask, dt == FA_F32 ? "f32" : "bf16",
+    snprintf(label, sizeof label, "%s, %s, %s D=%lld Sq=%lld%s", kinds[kind], mask, fa_dtype_name(dt),
              (long long)D, (long long)Sq, append ? " appending" : "");
     if (st) {
         printf("FAIL (FA_TEST_SEED=%llu) %s: %s (%s)\n", (unsigned long long)seed, label, fa_status_string(st),
@@ -111,13 +112,13 @@ int main(void) {
     rng = seed;
     printf("test_decode_hidden: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
            (unsigned long long)seed, fa_cpu_isa());
-    static const fa_dtype types[] = {FA_BF16, FA_F32};
+    static const fa_dtype types[] = {FA_BF16, FA_F32, FA_F16}; /* f16: decode_cache*.c */
     static const int64_t dims[] = {128, 64};
     /* a window of 37 keys before the one new row (position len - 1): keys up to len - 39 are
      * hidden from it; the garbage sits just outside the window (in the tile of its first
      * keys) and far before it */
     static const int32_t wl[2] = {300, 131};
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < 3; t++)
         for (int dd = 0; dd < 2; dd++)
             for (int kind = 0; kind < 4; kind++) {
                 const int64_t bad[] = {-39, -40, -100};
@@ -126,7 +127,7 @@ int main(void) {
     /* causal with 4 new tokens: the new token at position len + 2 is hidden from the first
      * two new rows and seen by the last two */
     static const int32_t cl[2] = {200, 77};
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < 3; t++)
         for (int dd = 0; dd < 2; dd++)
             for (int kind = 0; kind < 4; kind++) {
                 const int64_t bad[] = {2};

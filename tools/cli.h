@@ -74,6 +74,8 @@ typedef struct {
     const char *prefix_len;       /* --prefix-len N or lens.npy */
     const char *documents;        /* --documents lens.npy */
     const char *mask;             /* --mask mask.npy (bool) */
+    int has_cache_dtype;          /* plan, bench --decode --cache-dtype int8|fp8: a quantized cache */
+    fa_dtype cache_dtype;
 } cli_args;
 
 enum { CLI_SP_RING = 1, CLI_SP_ULYSSES = 2 };

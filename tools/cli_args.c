@@ -23,7 +23,7 @@ typedef enum {
     F_SEQ_PARALLEL, F_ZIGZAG,
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
-    F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_COUNT_OF_FLAGS
+    F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_CACHE_DTYPE, F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -85,6 +85,7 @@ static const struct {
     [F_MASK_CHUNK] = I64("--mask-chunk", mask_chunk, 1, ALL),
     [F_PREFIX_LEN] = FILE_ARG("--prefix-len", prefix_len, ALL),
     [F_DOCUMENTS] = FILE_ARG("--documents", documents, ALL), [F_MASK] = FILE_ARG("--mask", mask, ALL),
+    [F_CACHE_DTYPE] = OWN("--cache-dtype", 1, CMD_PLAN | CMD_BENCH),
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -195,6 +196,12 @@ static int apply(cli_args *a, flag_id id, char **v) {
         else if (strcmp(v[0], "f16") == 0 || strcmp(v[0], "float16") == 0) a->dtype = FA_F16;
         else if (strcmp(v[0], "bf16") == 0 || strcmp(v[0], "bfloat16") == 0) a->dtype = FA_BF16;
         else return cli_fail(2, "--dtype: '%s' is not one of f32, f16, bf16", v[0]);
+        return 0;
+    case F_CACHE_DTYPE:
+        a->has_cache_dtype = 1;
+        if (strcmp(v[0], "int8") == 0) a->cache_dtype = FA_INT8;
+        else if (strcmp(v[0], "fp8") == 0 || strcmp(v[0], "fp8_e4m3") == 0) a->cache_dtype = FA_FP8_E4M3;
+        else return cli_fail(2, "--cache-dtype: '%s' is not one of int8, fp8", v[0]);
         return 0;
     case F_WINDOW:
         a->has_window = 1;
@@ -364,6 +371,7 @@ int cli_shape_from_flags(const cli_args *a, fa_problem *p) {
 
 void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o) {
     p->causal = a->causal;
+    if (a->has_cache_dtype) p->has_cache_dtype = 1, p->cache_dtype = a->cache_dtype;
     p->window_left = a->window_left;
     p->window_right = a->window_right;
     if (a->has_softcap) p->softcap = a->softcap;

@@ -108,33 +108,58 @@ static int bench_decode(const cli_args *a) {
     fa_plan *pl = NULL;
     int rc = cli_plan_create(&p, &opt, &pl);
     if (rc) return free(lens), free(table), rc;
-    const size_t es = fa_dtype_size(p.dtype);
+    const size_t es = fa_dtype_size(p.dtype), cs = fa_dtype_size(p.has_cache_dtype ? p.cache_dtype : p.dtype);
+    const int quant = p.has_cache_dtype && (p.cache_dtype == FA_INT8 || p.cache_dtype == FA_FP8_E4M3);
     const int64_t nq = B * p.seq_q * p.heads_q * p.head_dim, no = B * p.seq_q * p.heads_q * p.head_dim_v;
     int huge = a->huge_pages;
     void *q = zalloc(nq * es), *o = zalloc(no * es);
-    void *k = huge ? zalloc_huge(rows * p.heads_kv * p.head_dim * es, &huge) : zalloc(rows * p.heads_kv * p.head_dim * es);
-    void *v = huge ? zalloc_huge(rows * p.heads_kv * p.head_dim_v * es, &huge) : zalloc(rows * p.heads_kv * p.head_dim_v * es);
+    void *k = huge ? zalloc_huge(rows * p.heads_kv * p.head_dim * cs, &huge) : zalloc(rows * p.heads_kv * p.head_dim * cs);
+    void *v = huge ? zalloc_huge(rows * p.heads_kv * p.head_dim_v * cs, &huge) : zalloc(rows * p.heads_kv * p.head_dim_v * cs);
+    /* a quantized cache's scales ([rows, Hk] f32 each), on the caches' kind of pages */
+    float *ks = NULL, *vs = NULL;
+    if (quant) {
+        ks = huge ? zalloc_huge(rows * p.heads_kv * 4, &huge) : zalloc(rows * p.heads_kv * 4);
+        vs = huge ? zalloc_huge(rows * p.heads_kv * 4, &huge) : zalloc(rows * p.heads_kv * 4);
+    }
     const int64_t on_huge = huge_page_bytes(); /* after the caches' first touch */
     if (a->huge_pages && (!huge || on_huge < 0))
         fprintf(stderr, "flashattn: bench --huge-pages: %s\n",
                 !huge ? "madvise(MADV_HUGEPAGE) refused; 4 KiB pages" : "cannot read /proc/self/smaps_rollup to confirm");
     float *lse = zalloc(sizeof(float) * (size_t)(B * p.heads_q * p.seq_q));
     double t = 0, tc = 0;
-    if (!q || !k || !v || !o || !lse) {
+    if (!q || !k || !v || !o || !lse || (quant && (!ks || !vs))) {
         rc = cli_fail(1, "out of memory");
     } else {
         uint64_t st = 0x5eed;
-        measure_fill(&st, p.dtype, q, nq), measure_fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
-        measure_fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
+        measure_fill(&st, p.dtype, q, nq);
+        if (quant) { /* random codes, through the library's quantizer a row block at a time */
+            const int64_t chunk = 4096, nk = rows * p.heads_kv;
+            const int64_t wmax = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+            float *buf = malloc(sizeof(float) * (size_t)(chunk * wmax));
+            for (int x = 0; x < 2 && !rc; x++)
+                for (int64_t r = 0, w = x ? p.head_dim_v : p.head_dim; r < nk && buf && !rc; r += chunk) {
+                    const int64_t n = nk - r < chunk ? nk - r : chunk;
+                    measure_fill(&st, FA_F32, buf, n * w);
+                    if (fa_quantize_rows(p.cache_dtype, FA_F32, buf, n, w, (char *)(x ? v : k) + r * w, (x ? vs : ks) + r))
+                        rc = cli_fail(1, "bench --decode: %s", fa_last_error());
+                }
+            if (!buf) rc = cli_fail(1, "out of memory");
+            free(buf);
+        } else {
+            measure_fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
+            measure_fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
+        }
         fa_forward_args fw;
         memset(&fw, 0, sizeof fw);
-        fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse, fw.block_table = table;
+        fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse, fw.block_table = table, fw.k_scale = ks, fw.v_scale = vs;
+        if (!rc)
         rc = time_forward("decode", pl, &fw, a->iters ? a->iters : 20, &t, &tc);
     }
     if (!rc) {
         fa_cost c;
         fa_plan_cost(pl, FA_FORWARD, &c);
-        const double cache = (double)B * (double)p.heads_kv * (double)N * (double)(p.head_dim + p.head_dim_v) * (double)es;
+        const double cache = (double)B * (double)p.heads_kv * (double)N *
+                             ((double)(p.head_dim + p.head_dim_v) * (double)cs + (quant ? 8.0 : 0.0)); /* codes and scales */
         if (a->json)
             printf("{\"decode\": {\"seconds\": %.6g, \"cache_bytes\": %.0f, \"gbytes_per_s\": %.6g, \"cpu_seconds\": %.6g, "
                    "\"gbytes_per_cpu_s\": %.6g, \"bytes_accessed\": %" PRId64 ", \"flops\": %" PRId64
@@ -146,7 +171,7 @@ static int bench_decode(const cli_args *a) {
                    ", %.2f GFLOP/s; %.0f MiB of the process on huge pages)\n", t, cache / t * 1e-9, cache,
                    c.bytes_accessed, (double)c.flops / t * 1e-9, on_huge < 0 ? 0.0 : (double)on_huge / 1048576.0);
     }
-    free(q), free(k), free(v), free(o), free(lse), free(lens), free(table);
+    free(q), free(k), free(v), free(o), free(lse), free(lens), free(table), free(ks), free(vs);
     fa_plan_destroy(pl);
     return rc;
 }

@@ -38,7 +38,8 @@ static const char inference_help[] =
     "  --k-new kn.npy --v-new vn.npy [--update-cache]   append [B,Sq_new,Hk,D] at lens[b];\n"
     "                             --update-cache rewrites the cache files (float32) on success\n"
     "  --k-prefix kp.npy --v-prefix vp.npy   a shared prefix [P,Hk,D] every sequence attends to\n"
-    "                             first (read once per call; plan reads its header)\n";
+    "                             first (read once per call; plan reads its header)\n"
+    "  --cache-dtype int8|fp8     a quantized kv cache (plan, bench --decode; docs/caches.md)\n";
 
 void cli_usage(const char *name) {
     if (!name) {
@@ -84,7 +85,8 @@ void cli_usage(const char *name) {
                "             \"backward\": {...}, \"peak_rss_bytes\": N}\n",
                shape_help, options_help);
         printf("\ninference shapes: flashattn bench --decode --batch B --heads Hq [--kv-heads Hk] --head-dim D\n"
-               "                    --cache-len N [--seq-q Sq_new] [--page-size P]   (bf16 by default)\n"
+               "                    --cache-len N [--seq-q Sq_new] [--page-size P] [--cache-dtype int8|fp8]\n"
+               "                    (bf16 by default)\n"
                "                  flashattn bench --varlen 128,4096,... --heads H --head-dim D [--causal]\n");
     }
 }

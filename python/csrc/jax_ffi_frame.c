@@ -124,11 +124,14 @@ const char *fj_dtype_name(XLA_FFI_DataType t) {
     case XLA_FFI_DataType_F64: return "float64";
     case XLA_FFI_DataType_S32: return "int32";
     case XLA_FFI_DataType_S64: return "int64";
+    case XLA_FFI_DataType_S8: return "int8";
+    case XLA_FFI_DataType_F8E4M3FN: return "float8_e4m3fn";
     default: return "another type";
     }
 }
 
 size_t fj_elem_bytes(XLA_FFI_DataType t) {
+    if (t == XLA_FFI_DataType_S8 || t == XLA_FFI_DataType_U8 || t == XLA_FFI_DataType_F8E4M3FN) return 1;
     return t == XLA_FFI_DataType_F16 || t == XLA_FFI_DataType_BF16 ? 2 : 4;
 }
 

@@ -12,9 +12,11 @@
  *   kvcache          args q [B, Sq, Hq, D], k_cache, v_cache ([B, S, Hk, D] or paged
  *                         [num_pages, page_size, Hk, D]), cache_seqlens [B] (int32),
  *                         [k_new, v_new [B, Sq, Hk, D]], [block_table [B, max_pages] int32],
- *                         [alibi_slopes]
+ *                         [alibi_slopes], [k_scale, v_scale [B, S, Hk] or [num_pages, page_size,
+ *                         Hk] f32: a quantized cache, int8 or float8_e4m3fn (docs/caches.md)]
  *                    rets o [B, Sq, Hq, Dv], lse [B, Hq, Sq], and with k_new/v_new k_cache,
- *                         v_cache (aliased to the cache arguments: the updated caches)
+ *                         v_cache (aliased to the cache arguments: the updated caches) and for
+ *                         a quantized cache k_scale, v_scale (aliased likewise)
  * Every buffer is row-major and dense. No leading (vmapped) dims: the Python side calls
  * these with vmap_method="sequential". The library validates the lengths and page ids and
  * names the argument; the handlers check what only the buffers' shapes tell. */
@@ -37,6 +39,7 @@ typedef struct {
     const XLA_FFI_CallFrame *frame;
     fa_problem p;
     int64_t has_new_kv, paged;
+    int64_t cache_dtype; /* decode: 0, or FA_INT8 / FA_FP8_E4M3 (a quantized cache) */
     int64_t threads; /* fa_options.threads: 0 the library's default */
     fj_buffer arg[MAX_BUFFERS], ret[MAX_BUFFERS];
     int64_t n_args, n_rets;
@@ -57,7 +60,12 @@ static XLA_FFI_Error *read_options(icall *c, int decode) {
         return e;
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (decode) {
-        if ((e = fj_attr_i64(f, "has_new_kv", &c->has_new_kv)) || (e = fj_attr_i64(f, "paged", &c->paged))) return e;
+        if ((e = fj_attr_i64(f, "has_new_kv", &c->has_new_kv)) || (e = fj_attr_i64(f, "paged", &c->paged)) ||
+            (e = fj_attr_i64(f, "cache_dtype", &c->cache_dtype)))
+            return e;
+        if (c->cache_dtype && c->cache_dtype != FA_INT8 && c->cache_dtype != FA_FP8_E4M3)
+            return BAD(c, "cache_dtype %lld is not int8 (%d) or fp8_e4m3 (%d)", (long long)c->cache_dtype, FA_INT8,
+                       FA_FP8_E4M3);
     } else if ((e = fj_attr_i64(f, "has_diag_offset", &has_diag)) || (e = fj_attr_i64(f, "diag_offset", &p->diag_offset))) {
         return e;
     }
@@ -236,7 +244,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     icall c;
     XLA_FFI_Error *e = start(frame, 1, &c, &answered);
     if (e || answered) return e;
-    const char *args[10];
+    const char *args[12];
     int64_t n = 0;
     args[n++] = "q", args[n++] = "k_cache", args[n++] = "v_cache", args[n++] = "cache_seqlens";
     const int64_t i_new = n;
@@ -247,10 +255,14 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     if (c.p.has_alibi) args[n++] = "alibi_slopes";
     const int64_t i_sinks = n;
     if (c.p.has_sinks) args[n++] = "sinks";
+    const int64_t i_scale = n, quant = c.cache_dtype != 0;
+    if (quant) args[n++] = "k_scale", args[n++] = "v_scale";
     args[n] = NULL;
-    static const char *const rets[] = {"o", "lse", "k_cache (updated)", "v_cache (updated)", NULL};
+    static const char *const rets[] = {"o", "lse", "k_cache (updated)", "v_cache (updated)", "k_scale (updated)",
+                                       "v_scale (updated)", NULL};
+    static const char *const plain_rets[] = {"o", "lse", "k_cache (updated)", "v_cache (updated)", NULL};
     static const char *const read_only_rets[] = {"o", "lse", NULL};
-    if ((e = read_buffers(&c, args, c.has_new_kv ? rets : read_only_rets))) return e;
+    if ((e = read_buffers(&c, args, !c.has_new_kv ? read_only_rets : quant ? rets : plain_rets))) return e;
     const fj_buffer *a = c.arg, *r = c.ret;
     if (a[0].rank != 4 || a[1].rank != 4 || a[2].rank != 4)
         return BAD(&c, "q, k_cache and v_cache must have rank 4, got %lld, %lld and %lld", (long long)a[0].rank,
@@ -262,20 +274,28 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     const int64_t kc[4] = {c.paged ? -1 : B, rows, Hk, D}, vc[4] = {a[1].dims[0], rows, Hk, Dv};
     const int64_t lens[1] = {B}, o[4] = {B, Sq, Hq, Dv}, lse[3] = {B, Hq, Sq}, hq[1] = {Hq};
     const int64_t kn[4] = {B, Sq, Hk, D}, vn[4] = {B, Sq, Hk, Dv}, table[2] = {B, -1};
-    if ((e = expect(&c, &a[1], "k_cache", 4, kc, dt)) || (e = expect(&c, &a[2], "v_cache", 4, vc, dt)) ||
+    const XLA_FFI_DataType ct = !quant ? dt : c.cache_dtype == FA_INT8 ? XLA_FFI_DataType_S8 : XLA_FFI_DataType_F8E4M3FN;
+    const int64_t sc[3] = {a[1].dims[0], rows, Hk};
+    if (quant && ((e = expect(&c, &a[i_scale], "k_scale", 3, sc, XLA_FFI_DataType_F32)) ||
+                  (e = expect(&c, &a[i_scale + 1], "v_scale", 3, sc, XLA_FFI_DataType_F32)) ||
+                  (c.has_new_kv && ((e = expect(&c, &r[4], "k_scale (updated)", 3, sc, XLA_FFI_DataType_F32)) ||
+                                    (e = expect(&c, &r[5], "v_scale (updated)", 3, sc, XLA_FFI_DataType_F32))))))
+        return e;
+    if ((e = expect(&c, &a[1], "k_cache", 4, kc, ct)) || (e = expect(&c, &a[2], "v_cache", 4, vc, ct)) ||
         (e = expect(&c, &a[3], "cache_seqlens", 1, lens, XLA_FFI_DataType_S32)) ||
         (c.has_new_kv && ((e = expect(&c, &a[i_new], "k", 4, kn, dt)) || (e = expect(&c, &a[i_new + 1], "v", 4, vn, dt)))) ||
         (c.paged && (e = expect(&c, &a[i_table], "block_table", 2, table, XLA_FFI_DataType_S32))) ||
         (c.p.has_alibi && (e = expect(&c, &a[i_slopes], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) ||
         (c.p.has_sinks && (e = expect(&c, &a[i_sinks], "sinks", 1, hq, XLA_FFI_DataType_F32))) ||
         (e = expect(&c, &r[0], "o", 4, o, dt)) || (e = expect(&c, &r[1], "lse", 3, lse, XLA_FFI_DataType_F32)) ||
-        (c.has_new_kv && ((e = expect(&c, &r[2], "k_cache (updated)", 4, a[1].dims, dt)) ||
-                          (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, dt)))))
+        (c.has_new_kv && ((e = expect(&c, &r[2], "k_cache (updated)", 4, a[1].dims, ct)) ||
+                          (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, ct)))))
         return e;
     fa_problem *p = &c.p;
     set_sizes(p, B, Hq, Hk, Sq, rows, D, Dv);
     p->cache_seqlens = data(&a[3]);
     p->has_new_kv = c.has_new_kv != 0;
+    if (quant) p->has_cache_dtype = 1, p->cache_dtype = (fa_dtype)c.cache_dtype;
     if (c.paged) {
         p->page_size = rows;
         p->num_pages = a[1].dims[0];
@@ -290,10 +310,15 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
      * (input_output_aliases); where XLA gave separate buffers the caches are copied first,
      * so that the results are the whole updated caches. Without, the caches are only read. */
     void *k = data(&a[1]), *v = data(&a[2]);
+    float *ks = quant ? data(&a[i_scale]) : NULL, *vs = quant ? data(&a[i_scale + 1]) : NULL;
     if (c.has_new_kv) {
         for (int j = 1; j <= 2; j++)
             if (r[j + 1].data != a[j].data && buffer_bytes(&a[j])) memcpy(r[j + 1].data, a[j].data, buffer_bytes(&a[j]));
         k = data(&r[2]), v = data(&r[3]);
+        for (int j = 0; quant && j < 2; j++)
+            if (r[4 + j].data != a[i_scale + j].data && buffer_bytes(&a[i_scale + j]))
+                memcpy(r[4 + j].data, a[i_scale + j].data, buffer_bytes(&a[i_scale + j]));
+        if (quant) ks = data(&r[4]), vs = data(&r[5]);
     }
     fa_forward_args f;
     memset(&f, 0, sizeof f);
@@ -303,6 +328,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     f.block_table = c.paged ? data(&a[i_table]) : NULL;
     f.alibi_slopes = c.p.has_alibi ? a[i_slopes].data : NULL;
     f.sinks = c.p.has_sinks ? a[i_sinks].data : NULL;
+    f.k_scale = ks, f.v_scale = vs;
     s = fa_forward(plan, &f);
     fa_plan_destroy(plan);
     return s == FA_OK ? NULL : fj_library_error(c.frame->api, s);

@@ -13,6 +13,7 @@ c_void_p = ctypes.c_void_p
 # fa_dtype, fa_backend, fa_pass, fa_status values; fa_problem.lengths_per_call values
 LENGTHS_AT_PLAN, LENGTHS_CACHE, LENGTHS_PACKED = 0, 1, 2
 F32, F16, BF16 = 0, 1, 2
+INT8, FP8_E4M3 = 3, 4  # kv-cache element types only (docs/caches.md)
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 FORWARD, BACKWARD = 0, 1
 OK, ERR_INVALID, ERR_NULL, ERR_OVERFLOW = 0, 1, 2, 3
@@ -54,6 +55,8 @@ class Problem(ctypes.Structure):
         ("dropout_p", ctypes.c_float), ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
         ("mask", c_void_p),  # a block-sparse mask (docs/masks.md); the plan keeps a reference
         ("bias_seq_q", c_int64),  # 1: one bias row for every query row; 0 or seq_q: one per row
+        # quantized kv caches (docs/caches.md)
+        ("has_cache_dtype", ctypes.c_int), ("cache_dtype", ctypes.c_int),
     ]
 
 
@@ -91,6 +94,7 @@ class ForwardArgs(ctypes.Structure):
         # the lengths of this call (plans with lengths_per_call)
         ("cache_seqlens", c_void_p), ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("k_prefix", c_void_p), ("v_prefix", c_void_p),  # a shared prefix (shared_prefix_len)
+        ("k_scale", c_void_p), ("v_scale", c_void_p),
     ]
 
 
@@ -164,6 +168,8 @@ def _declare(lib):
         "fa_dropout_keep_rate": (ctypes.c_double, [ctypes.c_float]),
         "fa_dropout_keep_mask": (ctypes.c_int, [ctypes.c_float, ctypes.c_uint64, ctypes.c_uint64, c_int64, c_int64,
                                                 c_int64, c_int64, c_int64, c_int64, c_void_p]),
+        "fa_quantize_rows": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, c_void_p, c_int64, c_int64, c_void_p,
+                                            c_void_p]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

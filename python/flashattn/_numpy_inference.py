@@ -12,7 +12,8 @@ from . import _native
 from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable,
                      backward_inputs, dtype_error, head_floats)
 from ._problem import make_options
-from ._problem_inference import (check_decode_shapes, check_max_seqlen, decode_problem,
+from ._quant import cache_dtype_code
+from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, decode_problem,
                                  int32_lengths, varlen_problem)
 from . import _layout
 
@@ -168,9 +169,27 @@ def _prefix(k_prefix, v_prefix, k_cache, v_cache, dtype):
     return kp, vp
 
 
+def _cache_scales(name, s, shape, written):
+    """A quantized cache's scales: float32 [rows..., Hk] dense; written in place on append."""
+    if s is None:
+        raise ValueError(f"{name} is required with a quantized cache_dtype (one float32 per cache row and kv head, "
+                         f"shape {shape})")
+    if not isinstance(s, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(s).__name__}")
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (the cache's rows and kv heads), got {tuple(s.shape)}")
+    if written:
+        if s.dtype != np.float32 or not s.flags.c_contiguous or not s.flags.writeable:
+            raise ValueError(f"{name} is written in place (new k and v given), so it must be a writable, "
+                             f"C-contiguous float32 array, got {s.dtype} with strides {s.strides}")
+        return s
+    return np.ascontiguousarray(s, dtype=np.float32)
+
+
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, out=None, sinks=None, k_prefix=None, v_prefix=None):
+                      return_lse=False, out=None, sinks=None, k_prefix=None, v_prefix=None, cache_dtype=None,
+                      k_scale=None, v_scale=None):
     """One decoding step against a kv cache, in the manner of flash_attn_with_kvcache.
 
     q [B, Sq_new, Hq, D]; k_cache [B, S_cache_max, Hk, D] and v_cache [.., Dv], or with
@@ -189,7 +208,13 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
 
     k_prefix, v_prefix [P, Hk, D] / [.., Dv] (a shared prefix, cascade): every sequence first
     attends to these P keys (positions 0 .. P - 1), then to its own cache at positions P + t;
-    the call reads the prefix once for all sequences. Masks align bottom-right over both."""
+    the call reads the prefix once for all sequences. Masks align bottom-right over both.
+
+    cache_dtype "int8" or "fp8" (docs/caches.md): the caches hold 1-byte codes (int8, or
+    fp8 e4m3fn as ml_dtypes.float8_e4m3fn or its uint8 bits; flashattn.quantize_cache
+    makes them) and k_scale, v_scale (float32, the caches' shape without head_dim) one scale
+    per row and kv head; new k and v (in q's dtype) are quantized on append, their scales
+    written into k_scale and v_scale."""
     q = _readable("q", q)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -202,6 +227,17 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         k, v = _readable("k", k), _readable("v", v)
         arrays.update(k=k, v=v)
         k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)  # the library reads them dense
+    code = cache_dtype_code(cache_dtype)
+    if code is not None:
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if c.dtype.itemsize != 1:
+                raise ValueError(f"{name} must hold 1-byte codes with cache_dtype={cache_dtype!r}, got {c.dtype}")
+        del arrays["k_cache"], arrays["v_cache"]
+        shp = cache_scale_shape(k_cache.shape)
+        k_scale = _cache_scales("k_scale", k_scale, shp, has_new)
+        v_scale = _cache_scales("v_scale", v_scale, shp, has_new)
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError("k_scale and v_scale belong to a quantized cache: pass cache_dtype='int8' or 'fp8'")
     dtype = _one_dtype(**arrays)
     paged = block_table is not None
     check_decode_shapes(q.shape, k_cache.shape, v_cache.shape, (k.shape, v.shape) if has_new else None, paged)
@@ -227,12 +263,13 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                        cache_seqlens=lens, has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=window, softcap=softcap, scale=scale,
                        alibi=slopes is not None, sinks=sink_arr is not None, lengths_per_call=True,
-                       shared_prefix_len=0 if kp is None else kp.shape[0])
+                       shared_prefix_len=0 if kp is None else kp.shape[0], cache_dtype=code)
     # one plan for every step of a decode loop: made from capacities, the lengths go with the call
     handle = _native.cached_plan(p, make_options("cpu"))
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     handle.forward(_native.ForwardArgs(q=ptr(q), k=ptr(k_cache), v=ptr(v_cache), o=ptr(o),
                                        lse=ptr(lse), alibi_slopes=ptr(slopes), k_new=ptr(k),
                                        v_new=ptr(v), block_table=ptr(table), sinks=ptr(sink_arr),
-                                       cache_seqlens=ptr(lens), k_prefix=ptr(kp), v_prefix=ptr(vp)))
+                                       cache_seqlens=ptr(lens), k_prefix=ptr(kp), v_prefix=ptr(vp),
+                                       k_scale=ptr(k_scale), v_scale=ptr(v_scale)))
     return (o, lse) if return_lse else o

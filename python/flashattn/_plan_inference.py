@@ -5,6 +5,7 @@ from . import _native
 from ._plan import Plan
 from ._problem import make_options
 from ._problem_inference import decode_problem, int32_lengths, varlen_problem
+from ._quant import cache_dtype_code
 
 _DENSE = (0, 0, 0, 0)  # all-zero strides: the library's default packed / cache layouts
 
@@ -32,14 +33,16 @@ def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, h
 def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_heads=None,
                  head_dim_v=None, new_kv=False, page_size=None, num_pages=None, max_pages=None,
                  dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi=False,
-                 backend="auto", threads=0, batch=None):
+                 backend="auto", threads=0, batch=None, cache_dtype=None):
     """The Plan of one kvcache_attention step: cache_seqlens int [batch], or None with batch=
     for a plan from capacities (lengths per call: its figures are those of full caches, and
     plan.cost_lengths(cache_seqlens) gives a step's exact cost); q [batch, seq_q,
     heads, head_dim]; caches [batch, cache_len, kv_heads, head_dim] (head_dim_v for v), or
     paged: page_size, num_pages and max_pages (the block table's width) instead of
     cache_len; new_kv: seq_q new tokens are appended. Forward only (the backward's figures
-    are zero). Its bytes are the cache bytes read: decoding is bound by them, not flops."""
+    are zero). Its bytes are the cache bytes read: decoding is bound by them, not flops.
+    cache_dtype "int8" or "fp8": a quantized cache (1-byte codes and an f32 scale per row
+    and kv head, docs/caches.md)."""
     if (cache_seqlens is None) == (batch is None):
         raise ValueError("give cache_seqlens (a plan of those lengths) or batch (lengths per call), not both")
     lens = None if cache_seqlens is None else int32_lengths("cache_seqlens", cache_seqlens, "[batch]")
@@ -56,5 +59,6 @@ def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_he
                        vc_shape=rows + (kv_heads, head_dim_v), q_stride=_DENSE, kc_stride=_DENSE,
                        vc_stride=_DENSE, o_stride=_DENSE, dtype=dtype, cache_seqlens=lens,
                        has_new_kv=new_kv, max_pages=max_pages if paged else None, causal=causal,
-                       window=window, softcap=softcap, scale=scale, alibi=alibi)
+                       window=window, softcap=softcap, scale=scale, alibi=alibi,
+                       cache_dtype=cache_dtype_code(cache_dtype))
     return Plan(_native.plan_handle(p, make_options(backend, threads)))

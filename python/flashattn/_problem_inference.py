@@ -109,11 +109,12 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
 def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_stride, o_stride,
                    dtype, cache_seqlens, has_new_kv, max_pages=None, causal=False,
                    window=None, softcap=None, scale=None, alibi=False, sinks=False, lengths_per_call=False,
-                   shared_prefix_len=0):
+                   shared_prefix_len=0, cache_dtype=None):
     """The problem of one decoding step; cache_seqlens an int32 numpy array [B] kept alive by
     the caller until the plan exists. lengths_per_call (or cache_seqlens None): a plan from
     capacities that takes the lengths with each call (cache_seqlens, if given, is only
-    checked for its shape). max_pages (the block table's width) makes it paged."""
+    checked for its shape). max_pages (the block table's width) makes it paged;
+    cache_dtype (a fa_dtype code, _quant.cache_dtype_code) a quantized cache."""
     paged = max_pages is not None
     B, Sq, Hq, D = q_shape
     if cache_seqlens is not None and cache_seqlens.shape != (B,):
@@ -132,4 +133,12 @@ def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_strid
     p.shared_prefix_len = shared_prefix_len
     if paged:
         p.page_size, p.num_pages, p.max_pages = kc_shape[1], kc_shape[0], max_pages
+    if cache_dtype is not None:
+        p.has_cache_dtype, p.cache_dtype = 1, cache_dtype
     return p
+
+
+def cache_scale_shape(kc_shape):
+    """The scales of a quantized cache: one per (row, kv head), [B, S_cache, Hk] or
+    [num_pages, page_size, Hk]."""
+    return tuple(kc_shape[:3])

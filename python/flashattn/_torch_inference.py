@@ -12,6 +12,8 @@ from typing import Optional, Tuple
 import torch
 
 from . import _layout, _native
+from ._problem import dtype_code
+from ._quant import cache_dtype_code
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, sinks_arg,
@@ -256,16 +258,12 @@ def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, s
     return True
 
 
-@torch.library.custom_op("flashattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
-def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
-                 cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
-                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
-                 window_right: int, softcap: float, scale: Optional[float],
-                 threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes, causal,
+                 window_left, window_right, softcap, scale, threads, k_scale=None, v_scale=None, cache_code=None,
+                 sinks=None):
     B, Sq, Hq, _ = q.shape
-    if _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right, softcap, scale,
-                      threads, sinks is not None):
+    if cache_code is None and _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right,
+                                             softcap, scale, threads, sinks is not None):
         lse = torch.full((B, Hq, Sq), float("-inf"), device=q.device)
         if sinks is not None and lse.numel():
             lse.copy_(sinks.view(1, -1, 1).expand(B, Hq, Sq))
@@ -287,15 +285,47 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=(window_left, window_right), softcap=softcap,
                        scale=scale, alibi=alibi_slopes is not None, sinks=sinks is not None,
-                       lengths_per_call=True)
+                       lengths_per_call=True, cache_dtype=cache_code)
     handle = _native.cached_plan(p, dev.options())  # one plan for every step: lengths go with the call
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     table_ptr = None if table is None else table.ctypes.data
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(kc), v=ptr(vc), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
         k_new=ptr(k_new), v_new=ptr(v_new), block_table=table_ptr, workspace=ptr(ws),
-        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks), cache_seqlens=lens.ctypes.data)))
+        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks), cache_seqlens=lens.ctypes.data,
+        k_scale=ptr(k_scale), v_scale=ptr(v_scale))))
     return o, lse
+
+
+@torch.library.custom_op("flashattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
+def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
+                 cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
+                 window_right: int, softcap: float, scale: Optional[float],
+                 threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes, causal,
+                        window_left, window_right, softcap, scale, threads, sinks=sinks)
+
+
+# A quantized cache (docs/caches.md): its own op, as it also mutates the scales.
+@torch.library.custom_op("flashattn::kvcache_quant_fwd", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
+def _kvcache_quant_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                       v_scale: torch.Tensor, k_new: Optional[torch.Tensor], v_new: Optional[torch.Tensor],
+                       cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                       alibi_slopes: Optional[torch.Tensor], cache_code: int, causal: bool, window_left: int,
+                       window_right: int, softcap: float, scale: Optional[float],
+                       threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes, causal,
+                        window_left, window_right, softcap, scale, threads, k_scale, v_scale, cache_code, sinks)
+
+
+@_kvcache_quant_fwd.register_fake
+def _kvcache_quant_fwd_fake(q, k_cache, v_cache, k_scale, v_scale, k_new, v_new, cache_seqlens, block_table,
+                            alibi_slopes, cache_code, causal, window_left, window_right, softcap, scale, threads=0,
+                            sinks=None):
+    B, Sq, Hq, _ = q.shape
+    return q.new_empty((B, Sq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
 @_kvcache_fwd.register_fake
@@ -307,7 +337,8 @@ def _kvcache_fwd_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_ta
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, mask=None, threads=None, sinks=None):
+                      return_lse=False, mask=None, threads=None, sinks=None, cache_dtype=None, k_scale=None,
+                      v_scale=None):
     """One decoding step against a kv cache (flash_attn_with_kvcache's shapes); forward only.
     sinks [Hq]: as in attention (the split-KV chunks merge without them; they join once).
 
@@ -319,12 +350,30 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     bottom-right per sequence. Returns o [B, Sq_new, Hq, Dv], and lse [B, Hq, Sq_new] f32
     with return_lse. The op declares that it mutates the caches, so torch.compile keeps the
     update. threads: None or 0, the library's default; mask= is refused (the library has no
-    bias for decoding). Under torch.autocast nothing is cast: the caches are written in place."""
+    bias for decoding). Under torch.autocast nothing is cast: the caches are written in place.
+    cache_dtype "int8" or "fp8" (docs/caches.md): k_cache, v_cache hold torch.int8 or
+    torch.float8_e4m3fn codes (flashattn.torch.quantize_cache makes them), k_scale and
+    v_scale (float32, contiguous, the caches' shape without head_dim) a scale per row and
+    kv head; new k, v are quantized on append, their scales written in place."""
     _no_mask(mask, "kvcache_attention")
     q, k_cache, v_cache = (check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
-    names, tensors = ["q", "k_cache", "v_cache"], [q, k_cache, v_cache]
+    code = cache_dtype_code(cache_dtype)
+    if code is None and (k_scale is not None or v_scale is not None):
+        raise ValueError("k_scale and v_scale belong to a quantized cache: pass cache_dtype='int8' or 'fp8'")
+    names, tensors = (["q"], [q]) if code is not None else (["q", "k_cache", "v_cache"], [q, k_cache, v_cache])
+    if code is not None:
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if c.element_size() != 1:
+                raise ValueError(f"{name} must hold 1-byte codes with cache_dtype={cache_dtype!r}, got {c.dtype}")
+        shp = tuple(k_cache.shape[:3])
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is None:
+                raise ValueError(f"{name} is required with a quantized cache_dtype (float32, shape {shp})")
+            if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or tuple(s.shape) != shp or \
+                    not s.is_contiguous() or s.device != k_cache.device:
+                raise ValueError(f"{name} must be a contiguous float32 tensor of shape {shp} on the caches' device")
     if k is not None:
         names += ["k", "v"]
         tensors += [check_tensor("k", k, 4), check_tensor("v", v, 4)]
@@ -355,7 +404,34 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     sinks = sinks_arg(sinks, q.shape[2], q.device)
+    if code is not None:
+        o, lse = _kvcache_quant_fwd(q, k_cache, v_cache, k_scale, v_scale, k, v, lens, block_table,
+                                    alibi(alibi_slopes, q.shape[2], q.device), code, bool(causal),
+                                    *_options(window, softcap, scale, threads),
+                                    None if sinks is None else sinks.detach())
+        return (o, lse) if return_lse else o
     o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device),
                           bool(causal), *_options(window, softcap, scale, threads),
                           None if sinks is None else sinks.detach())
     return (o, lse) if return_lse else o
+
+
+def quantize_cache(k, v, dtype):
+    """flashattn.quantize_cache for tensors (on the CPU): (k_codes, k_scale, v_codes,
+    v_scale), codes torch.int8 or torch.float8_e4m3fn, scales float32 [...] (docs/caches.md)."""
+    code = cache_dtype_code(dtype)
+    if code is None:
+        raise ValueError("quantize_cache: dtype must be int8 or fp8")
+    out = []
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
+            raise ValueError(f"quantize_cache: {name} must be a float32, float16 or bfloat16 tensor")
+        t = t.detach().to("cpu").contiguous()
+        codes = torch.empty(t.shape, dtype=torch.int8 if code == _native.INT8 else torch.float8_e4m3fn)
+        scales = torch.empty(t.shape[:-1], dtype=torch.float32)
+        rows = int(t.numel() // t.shape[-1]) if t.ndim and t.shape[-1] else 0
+        _native.check(_native.lib.fa_quantize_rows(code, dtype_code(DTYPES[t.dtype]), t.data_ptr(), rows,
+                                                   t.shape[-1] if t.ndim else 0, codes.data_ptr(),
+                                                   scales.data_ptr()), "quantize_cache")
+        out += [codes, scales]
+    return tuple(out)

@@ -141,5 +141,5 @@ def flex_cost(block_mask, q, k, v, *, scale=None, softcap=None, layout="bhsd", t
 
 # the SDPA drop-in and the inference shapes (packed batches, kv-cache decoding)
 from ._torch_sdpa import scaled_dot_product_attention  # noqa: E402,F401
-from ._torch_inference import kvcache_attention, varlen_attention  # noqa: E402,F401
+from ._torch_inference import kvcache_attention, quantize_cache, varlen_attention  # noqa: E402,F401
 from ._torch_merge import merge_states  # noqa: E402,F401

@@ -13,7 +13,8 @@
  * lines in cache. The tile math is the ISA table's pack and product kernels,
  * or for bf16 caches with AVX512_BF16 kernels that read the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
- * the tile; an online softmax leaves a partial (acc, max, sum) per (item, kv head, row) in
+ * the tile; f16, int8 and fp8 caches take decode_cache*.c's kernels alike (q staged as f32,
+ * codes dequantized in registers: docs/caches.md); an online softmax leaves a partial (acc, max, sum) per (item, kv head, row) in
  * the workspace, and a merge combines each row's chunks in chunk order. Chunks, tiles and
  * the merge order come from shapes alone, so results are bit-identical for any thread
  * count. Only rows below a sequence's length are ever read: stale or NaN cache rows beyond
@@ -27,6 +28,7 @@
 #include "vexp.h"
 #include "../sinks.h"
 
+#include <float.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,13 +42,22 @@ static const fa_isa *dec_isa(const struct fa_plan *pl) { return pl->isa ? pl->is
 /* Rows of one item: query heads of a kv head x new tokens; row r is head r / seq_q, token r % seq_q. */
 static int64_t dec_rows(const fa_problem *p) { return p->heads_q / p->heads_kv * p->seq_q; }
 
+/* 1 if the tiles take decode_cache.c's kernels (q staged as f32): quantized caches always,
+ * f16 caches with contiguous rows where the ISA has the vector ones. */
+static int dec_conv(const struct fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    const fa_isa *isa = dec_isa(pl);
+    if (fa_dtype_quantized(fa_cache_dtype(p))) return 1;
+    return p->dtype == FA_F16 && isa->decode && isa->decode->cache_qk && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
+}
+
 /* Scratch pieces: q staging (Hq x seq_q rows of D, contiguous, the dtype), packed q (M x D),
  * k, v, scores M x T. */
 static void dec_sizes(const struct fa_plan *pl, int64_t sz[5]) {
     const fa_problem *p = &pl->p;
     const fa_isa *isa = dec_isa(pl);
     const int64_t M = dec_rows(p), T = fa_decode_tile(p);
-    sz[0] = p->heads_q * p->seq_q * p->head_dim * (int64_t)fa_dtype_size(p->dtype); /* every head's rows */
+    sz[0] = p->heads_q * p->seq_q * p->head_dim * (int64_t)(dec_conv(pl) ? 4 : fa_dtype_size(p->dtype)); /* every head's rows */
     sz[1] = isa->packed_bytes(M, p->head_dim, p->dtype);
     sz[2] = isa->packed_bytes(T, p->head_dim, p->dtype);
     sz[3] = isa->packed_bytes(T, p->head_dim_v, p->dtype);
@@ -72,6 +83,9 @@ typedef struct {
     float *partials;        /* per item: acc M x Dv, then max M, then sum M */
     const int64_t *first;   /* first[b]: index of sequence b's first item */
     float *prefix;          /* a shared prefix's partials (cascade.c), merged first; or NULL */
+    fa_dtype ct;            /* the cache's element type, csz bytes */
+    size_t csz;
+    int conv;               /* dec_conv: f16 / int8 / fp8 tiles, q staged as f32 */
 } dec_ctx;
 
 /* Where cache row t of sequence b, kv head hk starts (paged or not). */
@@ -83,9 +97,18 @@ static fa_tile_src dec_cache_row(const dec_ctx *cx, const void *base, const fa_s
         item = cx->a->block_table[b * p->max_pages + t / p->page_size];
         row = t % p->page_size;
     }
-    fa_tile_src src = {(const char *)base + fa_offset(st, item, hk, row, 0) * (int64_t)cx->esz, p->dtype, st->s[2],
+    fa_tile_src src = {(const char *)base + fa_offset(st, item, hk, row, 0) * (int64_t)cx->csz, cx->ct, st->s[2],
                        st->s[3]};
     return src;
+}
+
+/* The scale of cache row t of sequence b, kv head hk ([B, seq_k, Hk] or [pages, page_size, Hk]). */
+static const float *dec_scale_at(const dec_ctx *cx, const float *scales, int64_t b, int64_t hk, int64_t t) {
+    const fa_problem *p = cx->p;
+    if (p->page_size)
+        return scales + ((int64_t)cx->a->block_table[b * p->max_pages + t / p->page_size] * p->page_size +
+                         t % p->page_size) * p->heads_kv + hk;
+    return scales + (b * p->seq_k + t) * p->heads_kv + hk;
 }
 
 /* Scores of one row (scores.h: the forward's and the backward's definition, over the
@@ -132,20 +155,50 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
                 for (int64_t hk = 0; hk < p->heads_kv; hk++) {
                     const fa_tile_src row =
                         dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, hk, r);
-                    const int64_t bytes = (x ? p->head_dim_v : p->head_dim) * (int64_t)cx->esz;
+                    const int64_t bytes = (x ? p->head_dim_v : p->head_dim) * (int64_t)cx->csz;
                     for (int64_t off = 0; off < bytes; off += 64)
                         __builtin_prefetch((const char *)row.base + off, 0, 2);
                 }
         return;
     }
     unsigned char sink = 0;
-    const int64_t row_bytes = p->k_stride.s[2] * (int64_t)cx->esz;
+    const int64_t row_bytes = p->k_stride.s[2] * (int64_t)cx->csz;
     for (int x = 0; x < 2; x++) {
         const unsigned char *c = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, 0, r0).base;
         for (int64_t off = 0; off < (r1 - r0) * row_bytes; off += 64) sink ^= c[off];
     }
     volatile unsigned char keep = sink; /* the loads must happen */
     (void)keep;
+}
+
+/* One tile of kv head hk over an f16, int8 or fp8 cache (decode_cache.c's kernels, the
+ * ISA's vector forms for contiguous rows): scores, the softmax row by row, then p V, guarded
+ * where a mask edge crosses the tile (an f16 or fp8 value row may hold inf or NaN). */
+static void dec_conv_tile(const dec_ctx *cx, const fa_score_ctx *sc, const struct fa_plan *one, const float *q,
+                          const fa_tile_src *ks, const fa_tile_src *vs, int64_t b, int64_t hk, int64_t j0, int n,
+                          float *s, float *acc, float *mx, float *sum, fa_decode_prefetch *pf) {
+    const fa_problem *p = cx->p;
+    const int quant = fa_dtype_quantized(cx->ct);
+    const fa_decode_cache_tile t = {q, ks->base, vs->base, cx->ct, ks->row_stride, vs->row_stride, ks->col_stride,
+                                    vs->col_stride, quant ? dec_scale_at(cx, cx->a->k_scale, b, hk, j0) : NULL,
+                                    quant ? dec_scale_at(cx, cx->a->v_scale, b, hk, j0) : NULL, p->heads_kv,
+                                    (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v, pf};
+    const fa_decode_kernels *dk = cx->isa->decode;
+    const int vec = dk && dk->cache_qk && ks->col_stride == 1 && vs->col_stride == 1;
+    int plain = vec && dk->cache_step; /* every row's scores are the scaled products, every key visible */
+    for (int64_t i = 0; plain && i < p->seq_q; i++) plain = fa_score_plain(sc, i, j0, n);
+    if (plain) { /* the whole online-softmax step in the vector kernel */
+        dk->cache_step(&t, sc->scale, p->dtype, mx, sum, acc, (int)p->head_dim_v);
+        return;
+    }
+    if (vec) dk->cache_qk(&t, s, (int)cx->T);
+    else fa_decode_cache_qk(&t, s, (int)cx->T);
+    for (int64_t r = 0; r < cx->M; r++)
+        dec_row(cx, sc, s + r * cx->T, n, hk * cx->group + r / p->seq_q, r % p->seq_q, j0, &mx[r], &sum[r],
+                acc + r * p->head_dim_v);
+    const int guarded = cx->ct != FA_INT8 && fa_tile_may_hide(one, 0, p->seq_q, j0, n); /* int8 codes are finite */
+    if (vec && !guarded) dk->cache_pv(&t, s, (int)cx->T, acc, (int)p->head_dim_v);
+    else fa_decode_cache_pv(&t, s, (int)cx->T, acc, (int)p->head_dim_v, guarded);
 }
 
 /* Item (b, chunk): keys [k0, k1] of the chunk that some row may see, for every kv head
@@ -175,8 +228,10 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         for (int64_t r = 0; r < M; r++) {
             const int64_t h = hk * cx->group + r / Sq, i = r % Sq;
             const char *src = (const char *)cx->a->q + fa_offset(&p->q_stride, b, h, i, 0) * (int64_t)cx->esz;
-            char *dst = qs + (hk * M + r) * D * (int64_t)cx->esz;
-            if (p->q_stride.s[3] == 1) memcpy(dst, src, (size_t)D * cx->esz); /* one call per row, not per element */
+            char *dst = qs + (hk * M + r) * D * (int64_t)(cx->conv ? 4 : cx->esz);
+            if (cx->conv) /* exact: every dtype converts to f32 exactly */
+                for (int64_t d = 0; d < D; d++) ((float *)dst)[d] = fa_load(p->dtype, src, d * p->q_stride.s[3]);
+            else if (p->q_stride.s[3] == 1) memcpy(dst, src, (size_t)D * cx->esz); /* one call per row, not per element */
             else
                 for (int64_t d = 0; d < D; d++)
                     memcpy(dst + d * (int64_t)cx->esz, src + d * p->q_stride.s[3] * (int64_t)cx->esz, cx->esz);
@@ -197,17 +252,19 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0}, *pfp = NULL;
         if (touch && cx->rows_whole && j0 + T < sk) { /* rows_whole: K and V rows alike, tiles within pages */
             const int64_t nn = sk - j0 - T < T ? sk - j0 - T : T;
-            pf.len = pf.len2 = nn * p->k_stride.s[2] * (int64_t)cx->esz;
+            pf.len = pf.len2 = nn * p->k_stride.s[2] * (int64_t)cx->csz;
             pf.base = dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, j0 + T).base;
             pf.base2 = dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, j0 + T).base;
             pfp = &pf;
         }
         for (int64_t hk = 0; hk < Hk; hk++) {
             float *acc = part + hk * part_floats, *mx = acc + M * Dv, *sum = mx + M;
-            const char *qh = qs + hk * M * D * (int64_t)cx->esz;
+            const char *qh = qs + hk * M * D * (int64_t)(cx->conv ? 4 : cx->esz);
             const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
             const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
-            if (plain) { /* the whole online-softmax step in the vector kernel */
+            if (cx->conv) {
+                dec_conv_tile(cx, &sc, &one, (const float *)qh, &ks, &vs, b, hk, j0, n, s, acc, mx, sum, pfp);
+            } else if (plain) { /* the whole online-softmax step in the vector kernel */
                 const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
                                              (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc, pfp};
                 cx->isa->decode->step(&step);
@@ -332,11 +389,55 @@ static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_ar
     return s;
 }
 
+/* A quantized cache's scales of every row a call reads (finite, >= 0) and its new rows
+ * (finite: an int8 or fp8 code cannot hold inf or NaN), before anything is written. The
+ * scale layout follows the rows (dec_scale_at); block-table entries were checked. */
+/* 1 if a scale of x[0..n) is not finite and >= 0: one branch-free pass (it vectorizes), a
+ * cache's scales being read on every call. */
+static int dec_scales_bad(const float *restrict x, int64_t n) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= !(x[i] >= 0.0f && x[i] <= FLT_MAX); /* NaN fails both */
+    return bad;
+}
+
+static fa_status dec_check_quant(const struct fa_plan *pl, const fa_forward_args *a) {
+    const fa_problem *p = &pl->p;
+    const int64_t Hk = p->heads_kv, run = p->page_size ? p->page_size : p->seq_k; /* rows a scale run holds */
+    for (int x = 0; x < 2; x++) {
+        const float *sc = x ? a->v_scale : a->k_scale;
+        for (int64_t b = 0; b < p->batch; b++)
+            for (int64_t t0 = 0; t0 < pl->lens[b]; t0 += run) { /* a sequence (dense), or a page of it */
+                const int64_t n = pl->lens[b] - t0 < run ? pl->lens[b] - t0 : run;
+                const int64_t row0 = p->page_size ? (int64_t)a->block_table[b * p->max_pages + t0 / run] * run : b * run;
+                if (!dec_scales_bad(sc + row0 * Hk, n * Hk)) continue;
+                for (int64_t i = 0; i < n * Hk; i++) { /* the first bad one, for the message */
+                    const float v = sc[row0 * Hk + i];
+                    if (!isfinite(v) || v < 0.0f)
+                        return fa_error(FA_ERR_INVALID,
+                                        "fa_forward: %s[%lld] (sequence %lld, cache row %lld, kv head %lld) is %g; the "
+                                        "scales of a quantized cache must be finite and >= 0",
+                                        x ? "v_scale" : "k_scale", (long long)(row0 * Hk + i), (long long)b,
+                                        (long long)(t0 + i / Hk), (long long)(i % Hk), (double)v);
+                }
+            }
+    }
+    if (!p->has_new_kv) return FA_OK;
+    for (int x = 0; x < 2; x++) {
+        const int64_t n = p->batch * p->seq_q * Hk * (x ? p->head_dim_v : p->head_dim);
+        const void *src = x ? a->v_new : a->k_new;
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(fa_load(p->dtype, src, i)))
+                return fa_error(FA_ERR_INVALID, "fa_forward: %s element %lld is not finite; a %s cache cannot hold it",
+                                x ? "v_new" : "k_new", (long long)i, fa_dtype_name(p->cache_dtype));
+    }
+    return FA_OK;
+}
+
 /* Every block-table entry a call uses, before anything is written (the pointers were
  * checked at the entry, args.c). */
 static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    if (!p->page_size) return FA_OK;
+    if (!p->page_size) return fa_dtype_quantized(fa_cache_dtype(p)) ? dec_check_quant(pl, a) : FA_OK;
     for (int64_t b = 0; b < p->batch; b++) {
         const int64_t used = (fa_decode_keys(pl, b) + p->page_size - 1) / p->page_size;
         for (int64_t j = 0; j < used; j++) {
@@ -346,11 +447,14 @@ static fa_status dec_check(const struct fa_plan *pl, const fa_forward_args *a) {
                                 (long long)b, (long long)j, id, (long long)p->num_pages);
         }
     }
-    return p->has_new_kv ? dec_check_appends(pl, a) : FA_OK;
+    fa_status s = p->has_new_kv ? dec_check_appends(pl, a) : FA_OK;
+    return !s && fa_dtype_quantized(fa_cache_dtype(p)) ? dec_check_quant(pl, a) : s;
 }
 
-/* k_new/v_new rows into the caches at positions cache_seqlens[b] + t. */
-static void dec_append(const dec_ctx *cx, void *cache, const fa_strides *st, const void *src, int64_t width) {
+/* k_new/v_new rows into the caches at positions cache_seqlens[b] + t; a quantized cache
+ * takes each row's codes and its scale (quantize.h's rule). */
+static void dec_append(const dec_ctx *cx, void *cache, const fa_strides *st, const float *scales, const void *src,
+                       int64_t width) {
     const fa_problem *p = cx->p;
     const int64_t Hk = p->heads_kv, Sq = p->seq_q, es = (int64_t)cx->esz;
     for (int64_t b = 0; b < p->batch; b++)
@@ -358,6 +462,11 @@ static void dec_append(const dec_ctx *cx, void *cache, const fa_strides *st, con
             for (int64_t hk = 0; hk < Hk; hk++) {
                 const fa_tile_src dst = dec_cache_row(cx, cache, st, b, hk, cx->pl->lens[b] + t);
                 const char *from = (const char *)src + ((b * Sq + t) * Hk + hk) * width * es;
+                if (fa_dtype_quantized(cx->ct)) {
+                    float *sc = (float *)dec_scale_at(cx, scales, b, hk, cx->pl->lens[b] + t);
+                    *sc = fa_quantize_row(cx->ct, p->dtype, from, width, (uint8_t *)dst.base, st->s[3]);
+                    continue;
+                }
                 for (int64_t d = 0; d < width; d++)
                     memcpy((char *)dst.base + d * st->s[3] * es, from + d * es, (size_t)es);
             }
@@ -374,7 +483,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
-                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL};
+                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0};
     fa_counts prefix_counts = {0, 0};
     if (p->shared_prefix_len) { /* before the appends: it fails before anything is written */
         cx.prefix = (float *)(ws + need - fa_cascade_workspace_bytes(pl)); /* the workspace's last part */
@@ -386,11 +495,14 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.rows_whole = p->k_stride.s[3] == 1 && p->k_stride.s[1] == p->head_dim && p->k_stride.s[2] == p->heads_kv * p->head_dim &&
                     p->v_stride.s[3] == 1 && p->v_stride.s[1] == p->head_dim_v && p->v_stride.s[2] == p->heads_kv * p->head_dim_v &&
                     p->head_dim == p->head_dim_v && (!p->page_size || fa_decode_tile(p) <= p->page_size);
-    cx.direct = p->dtype == FA_BF16 && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1 &&
-                cx.isa->decode != NULL;
+    cx.direct = p->dtype == FA_BF16 && fa_cache_dtype(p) == FA_BF16 && p->k_stride.s[3] == 1 &&
+                p->v_stride.s[3] == 1 && cx.isa->decode != NULL && cx.isa->decode->step != NULL;
+    cx.ct = fa_cache_dtype(p);
+    cx.csz = fa_dtype_size(cx.ct);
+    cx.conv = dec_conv(pl);
     if (p->has_new_kv) {
-        dec_append(&cx, (void *)a->k, &p->k_stride, a->k_new, p->head_dim);
-        dec_append(&cx, (void *)a->v, &p->v_stride, a->v_new, p->head_dim_v);
+        dec_append(&cx, (void *)a->k, &p->k_stride, a->k_scale, a->k_new, p->head_dim);
+        dec_append(&cx, (void *)a->v, &p->v_stride, a->v_scale, a->v_new, p->head_dim_v);
     }
     /* items of sequence b: its chunks, numbered after those of sequences < b; each holds Hk partials */
     const int64_t B = p->batch, Hk = p->heads_kv, CH = FA_DECODE_CHUNK;

@@ -3,6 +3,8 @@
 #ifndef FA_CPU_DECODE_KERNELS_H
 #define FA_CPU_DECODE_KERNELS_H
 
+#include "flashattn.h"
+
 #include <stdint.h>
 
 /* Keys per tile at most (fa_decode_tile). */
@@ -27,6 +29,35 @@ typedef struct {
     float *mx, *sum, *acc;
     fa_decode_prefetch *pf; /* or NULL */
 } fa_decode_step;
+
+/* One tile of one kv head over a cache of f16, int8 or fp8 e4m3 elements (decode_cache.c,
+ * portable; decode_cache_avx512.c, AVX-512): m query rows of d floats (contiguous) against
+ * n key and value rows; the element of key j, column c is
+ * code(k[j * kstride + c * kcol]) * kscale[j * sstride] (scale NULL: 1), and likewise v. */
+typedef struct {
+    const float *q;
+    const void *k, *v;
+    fa_dtype t;
+    int64_t kstride, vstride, kcol, vcol;
+    const float *kscale, *vscale;
+    int64_t sstride;
+    int m, d, n, dv;
+    fa_decode_prefetch *pf; /* or NULL: the next tile's lines, issued through the step */
+} fa_decode_cache_tile;
+
+/* s[r * lds + j] = q_r . k_j for r < m, j < n (the dequantized keys). */
+void fa_decode_cache_qk(const fa_decode_cache_tile *t, float *s, int lds);
+/* o[r * ldo + c] += sum_j p[r * ldp + j] v_j[c] for r < m, c < dv; guarded: terms with
+ * p = 0 left out (a value row a row cannot see may hold inf or NaN: guard.h). */
+void fa_decode_cache_pv(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo, int guarded);
+/* The AVX-512 forms (contiguous rows: kcol = vcol = 1; pv never guarded). */
+void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds);
+void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo);
+/* A whole online-softmax step where the scores are the scaled products and every key is
+ * visible to every row (as fa_decode_step_bf16): running max mx, sum and accumulators acc
+ * (ldacc apart) of the m rows; p rounded to pd (the problem's dtype) before p V. */
+void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                                 float *acc, int ldacc);
 
 /* Scores of m query rows against n keys. */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);

@@ -34,13 +34,21 @@ typedef struct {
 /* The tiles of every ISA, and of those with the bf16-pair passes (exp_pairs below). */
 extern const fa_isa_tiles fa_isa_tiles_default, fa_isa_tiles_bf16_pairs;
 
-/* Optional decode kernels that read bf16 cache rows in place (decode_kernels.h). */
+/* Optional decode kernels that read cache rows in place (decode_kernels.h): bf16 (qk, pv,
+ * step; NULL where the ISA has no AVX512_BF16) and f16 / int8 / fp8 (cache_qk, cache_pv). */
 typedef struct fa_decode_kernels {
     void (*qk)(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);
     void (*pv)(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o, int ldo);
     void (*step)(const fa_decode_step *t);
+    /* Optional (NULL: decode_cache.c's portable loops): f16, int8 and fp8 caches with
+     * contiguous rows (decode_kernels.h, fa_decode_cache_tile). */
+    void (*cache_qk)(const fa_decode_cache_tile *t, float *s, int lds);
+    void (*cache_pv)(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo);
+    void (*cache_step)(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
+                       int ldacc);
 } fa_decode_kernels;
 extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
+extern const fa_decode_kernels fa_decode_avx512_kernels; /* isa_avx512.c: the cache kernels alone */
 
 typedef struct fa_isa {
     const char *name;   /* "scalar", "avx2", "avx512", "avx512bf16", "amx" */

@@ -129,7 +129,12 @@ void fa_avx512_round_row(float *x, int n, fa_dtype t) {
     }
 }
 
+/* The cache decode kernels of decode_cache_avx512.c (bf16 caches take the packing path here). */
+const fa_decode_kernels fa_decode_avx512_kernels = {NULL, NULL, NULL, fa_decode_cache_qk_avx512,
+                                                    fa_decode_cache_pv_avx512, fa_decode_cache_step_avx512};
+
 const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .packed_bytes = fa_avx512_packed_bytes,
                                .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                                .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default,
-    .dropout_tile = fa_dropout_tile_avx512};
+    .dropout_tile = fa_dropout_tile_avx512,
+                               .decode = &fa_decode_avx512_kernels};

@@ -40,6 +40,8 @@ static inline void fa_pack_f32(const fa_tile_src *src, int rows, int cols, float
             for (int c = 0; c < cols; c++) dst[r * drs + c * dcs] = fa_f16_to_f32(s[r * rs + c * cs]);
         break;
     }
+    default: /* cache codes (int8, fp8) are dequantized by decode_cache.c, never packed */
+        break;
     }
 }
 

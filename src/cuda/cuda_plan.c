@@ -22,6 +22,9 @@ static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses)
     if (p->lengths_per_call)
         return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for lengths per call (lengths_per_call) yet "
                                             "(no device here to check them); use backend cpu");
+    if (fa_dtype_quantized(fa_cache_dtype(p)))
+        return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for quantized kv caches (cache_dtype %s) "
+                                            "with kv-cache decoding yet; use backend cpu", fa_dtype_name(p->cache_dtype));
     const char *shape = fa_inference_feature(p);
     if (shape) return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend has no kernels for %s yet; use backend cpu", shape);
     if (fa_problem_empty(p))

@@ -19,8 +19,8 @@ def test_import_loads_neither_torch_nor_jax():
 
 
 def test_stale_mirror_is_an_import_error_naming_the_struct(monkeypatch):
-    class OldProblem(ctypes.Structure):  # as if a field had been added to the header
-        _fields_ = _native.Problem._fields_[:-1]
+    class OldProblem(ctypes.Structure):  # as if fields had been added to the header
+        _fields_ = _native.Problem._fields_[:-2]  # (the last two ints share 8 bytes: one alone hides in padding)
     mirrors = list(_native.MIRRORS)
     mirrors[0] = ("fa_problem", OldProblem)
     monkeypatch.setattr(_native, "MIRRORS", tuple(mirrors))

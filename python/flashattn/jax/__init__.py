@@ -16,7 +16,7 @@ The XLA FFI handler (python/csrc/jax_ffi.c) is registered for the "cpu" platform
 from ._attention import attention
 from ._cost import cost_estimate, plan
 from ._ffi import register as _register
-from ._inference import kvcache_attention, varlen_attention
+from ._inference import kvcache_attention, quantize_cache, varlen_attention
 from ._nn import dot_product_attention
 from ._pallas import SegmentIds, flash_attention
 from ._splash import splash_cost_estimate
@@ -25,4 +25,4 @@ _register()
 
 __all__ = ["attention", "dot_product_attention", "cost_estimate", "plan", "flash_attention", "SegmentIds", "varlen_attention",
            "splash_cost_estimate",
-           "kvcache_attention"]
+           "kvcache_attention", "quantize_cache"]

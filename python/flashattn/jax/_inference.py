@@ -28,6 +28,7 @@ from .._problem import _int, make_options as _library_options
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
                                   decode_problem, varlen_problem)
 from . import _ffi
+from .._quant import cache_dtype_code
 from ._attention import _cotangents_as_values, _finite, _window
 from ._plan import _DTYPE_NAMES
 
@@ -199,7 +200,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, threads=0, sinks=None):
+                      return_lse=False, threads=0, sinks=None, cache_dtype=None, k_scale=None, v_scale=None):
     """One decoding step against a kv cache (as flash_attn_with_kvcache), functional: returns
     (o, k_cache, v_cache) with the new tokens written into the returned caches, or
     (o, lse, k_cache, v_cache) with return_lse. Not differentiable.
@@ -219,8 +220,17 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     arguments) can only be judged when the call runs, after XLA has handed the donated
     buffers to it: the call then raises naming the argument, and the donated caches are
     gone (XLA deletes a donated argument whatever the outcome). Pass lengths you have not
-    checked as concrete values, or do not donate the caches."""
+    checked as concrete values, or do not donate the caches.
+
+    cache_dtype "int8" or "fp8" (docs/caches.md): k_cache, v_cache hold jnp.int8 or
+    jnp.float8_e4m3fn codes (flashattn.jax.quantize_cache makes them) and k_scale, v_scale
+    (float32, the caches' shape without head_dim) a scale per row and kv head; new k, v are
+    quantized on append, and the updated scales come back after the caches: (o, k_cache,
+    v_cache, k_scale, v_scale), or (o, lse, k_cache, v_cache, k_scale, v_scale)."""
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
+    code = cache_dtype_code(cache_dtype)
+    if code is None and (k_scale is not None or v_scale is not None):
+        raise ValueError("k_scale and v_scale belong to a quantized cache: pass cache_dtype='int8' or 'fp8'")
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
     arrays, names = [q, k_cache, v_cache], ["q", "k_cache", "v_cache"]
@@ -231,6 +241,19 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     for name, x in zip(names, arrays):
         if x.ndim != 4:
             raise ValueError(f"{name} must have rank 4, got shape {tuple(x.shape)}")
+    if code is not None:
+        want = jnp.dtype(jnp.int8 if code == _native.INT8 else jnp.float8_e4m3fn)
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if jnp.dtype(c.dtype) != want:
+                raise ValueError(f"{name} must hold {want} codes with cache_dtype={cache_dtype!r}, got {c.dtype}")
+        shp = tuple(k_cache.shape[:3])
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if s is None or tuple(jnp.shape(s)) != shp:
+                raise ValueError(f"{name} is required with a quantized cache_dtype: float32 of shape {shp}, "
+                                 f"got {None if s is None else tuple(jnp.shape(s))}")
+        k_scale, v_scale = jnp.asarray(k_scale, jnp.float32), jnp.asarray(v_scale, jnp.float32)
+        arrays, names = [a for a, n in zip(arrays, names) if n not in ("k_cache", "v_cache")], \
+            [n for n in names if n not in ("k_cache", "v_cache")]
     dtype = _dtype(*arrays, names=names)
     paged = block_table is not None
     check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
@@ -265,15 +288,20 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                            cache_seqlens=host, has_new_kv=k is not None,
                            max_pages=None if table is None else table.shape[1], causal=causal,
                            window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None,
-                           sinks=sinks is not None)
+                           sinks=sinks is not None, cache_dtype=code)
         _native.cached_plan(p, _library_options("cpu"))
     _ffi.register()
     results = [jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
                jax.ShapeDtypeStruct((B, q.shape[2], q.shape[1]), jnp.float32)]
+    aliases = None
     if k is not None:  # the updated caches, aliased to the cache arguments
         results += [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)]
-    call = jax.ffi.ffi_call(KVCACHE_TARGET, tuple(results), input_output_aliases={1: 2, 2: 3} if k is not None else None,
-                            vmap_method="sequential")
+        aliases = {1: 2, 2: 3}
+        if code is not None:  # and the scales, the last two arguments
+            n_args = 6 + (table is not None) + (slopes is not None) + (sinks is not None)
+            results += [jax.ShapeDtypeStruct(k_scale.shape, jnp.float32)] * 2
+            aliases.update({n_args: 4, n_args + 1: 5})
+    call = jax.ffi.ffi_call(KVCACHE_TARGET, tuple(results), input_output_aliases=aliases, vmap_method="sequential")
     operands = [jax.lax.stop_gradient(x) for x in (q, k_cache, v_cache)] + [lens]
     if k is not None:
         operands += [jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)]
@@ -283,7 +311,23 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         operands.append(slopes)
     if sinks is not None:
         operands.append(jax.lax.stop_gradient(sinks))
-    outs = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged), **attrs)
+    if code is not None:  # last, as the handler reads them (jax_ffi_inference.c)
+        operands += [jax.lax.stop_gradient(k_scale), jax.lax.stop_gradient(v_scale)]
+    outs = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged),
+                cache_dtype=np.int64(code or 0), **attrs)
     o, lse = outs[:2]
-    kc, vc = outs[2:] if k is not None else (k_cache, v_cache)  # read only: the caches as given
+    kc, vc = outs[2:4] if k is not None else (k_cache, v_cache)  # read only: the caches as given
+    if code is not None:
+        ks, vs = outs[4:6] if k is not None else (k_scale, v_scale)
+        return (o, lse, kc, vc, ks, vs) if return_lse else (o, kc, vc, ks, vs)
     return (o, lse, kc, vc) if return_lse else (o, kc, vc)
+
+
+def quantize_cache(k, v, dtype):
+    """flashattn.quantize_cache for JAX arrays (computed on the host): (k_codes, k_scale,
+    v_codes, v_scale), codes jnp.int8 or jnp.float8_e4m3fn, scales float32 (docs/caches.md)."""
+    from .._quant import quantize_cache as quantize
+    kq, ks, vq, vs = quantize(np.asarray(k), np.asarray(v), dtype)
+    code = jnp.int8 if cache_dtype_code(dtype) == _native.INT8 else jnp.float8_e4m3fn
+    return (jnp.asarray(kq.view(np.uint8)).view(code), jnp.asarray(ks), jnp.asarray(vq.view(np.uint8)).view(code),
+            jnp.asarray(vs))

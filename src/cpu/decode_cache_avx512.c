@@ -1,0 +1,251 @@
+/* Decode tile kernels for caches of f16, int8 or fp8 e4m3 elements with AVX-512F (and F16C's
+ * vcvtph2ps, part of AVX-512F): each row is read in place, 16 elements at a time, and
+ * converted in registers (f16: vcvtph2ps; int8: sign extension and vcvtdq2ps; fp8: its
+ * bits moved into an f16's, which is exact for every e4m3 value at 2^-8 of it, then
+ * vcvtph2ps), so a cache byte is read once and no packed copy is written. The math is f32
+ * (fused multiply-adds): the scores of a block of 4 rows x 4 keys in 16 accumulators,
+ * reduced together into one vector (lane 4 r + j), then the key's scale; p V over 4 rows x
+ * 64 columns in 16 accumulators, with p times the value row's scale broadcast.
+ * decode.c calls these for rows with contiguous elements. */
+#include "decode_kernels.h"
+
+#include "isa_avx512.h"
+#include "vexp.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+/* 16 elements (mask: the live ones) of row x as f32: the value (f16), the code (int8), or
+ * 2^-8 of it (fp8: unit() undoes it in the scale). */
+#define INLINE static inline __attribute__((always_inline))
+/* The kernels below are instantiated once per element type (the type a constant: no
+ * branch or size lookup in the loops). */
+INLINE __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
+    if (t == FA_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, x));
+    const __m128i b = _mm_maskz_loadu_epi8(mask, x);
+    if (t == FA_INT8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    const __m256i w = _mm256_cvtepu8_epi16(b);
+    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                _mm256_slli_epi16(mag, 7)); /* sign, then exponent and mantissa: e4m3 x 2^-8 as f16 */
+    h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7e00));
+    return _mm512_cvtph_ps(h);
+}
+INLINE float unit(fa_dtype t) { return t == FA_FP8_E4M3 ? 256.0f : 1.0f; }
+INLINE const void *at(fa_dtype t, const void *base, int64_t i) { return (const char *)base + i * (t == FA_F16 ? 2 : 1); }
+
+/* Lines of the next tile prefetched per block of 4 keys in the scores and per key and 64
+ * columns in p V (decode_avx512bf16.c's scheme, at half its rate: these tiles hold twice
+ * the keys of bf16's for int8 and fp8, and compute longer per byte). */
+#define PF_QK 2
+#define PF_PV 1
+INLINE void prefetch_some(fa_decode_prefetch *pf, int lines) {
+    if (!pf) return;
+    for (int i = 0; i < lines; i++, pf->off += 64) {
+        if (pf->off >= pf->len) {
+            if (!pf->base2) return;
+            pf->base = pf->base2, pf->len = pf->len2, pf->off = 0, pf->base2 = NULL;
+        }
+        _mm_prefetch(pf->base + pf->off, _MM_HINT_T2);
+    }
+}
+
+/* Lane 4 g + j: the sum of lanes 4 g .. 4 g + 3 of a_j, within each 128-bit lane. */
+static inline __m512 pair_sum(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+static inline __m512 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    const __m512d x = _mm512_castps_pd(pair_sum(a0, a1)), y = _mm512_castps_pd(pair_sum(a2, a3));
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+/* Lane 4 r + j: the sum of all 16 lanes of acc[r][j]. */
+static inline __m512 sum16(__m512 acc[4][4]) {
+    const __m512 x0 = sum4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]), x1 = sum4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+    const __m512 x2 = sum4(acc[2][0], acc[2][1], acc[2][2], acc[2][3]), x3 = sum4(acc[3][0], acc[3][1], acc[3][2], acc[3][3]);
+    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x44), _mm512_shuffle_f32x4(x0, x1, 0xee));
+    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(x2, x3, 0x44), _mm512_shuffle_f32x4(x2, x3, 0xee));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
+}
+
+/* Scores of rows r0.. (mr <= 4) against keys j0.. (nj <= 4; missing ones repeat the first):
+ * lane 4 r + j, scaled. */
+INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, int j0, int nj, const fa_dtype ty) {
+    const int d = t->d;
+    const void *k[4];
+    for (int j = 0; j < 4; j++) k[j] = at(ty, t->k, (int64_t)(j0 + (j < nj ? j : 0)) * t->kstride);
+    const float *qr[4];
+    for (int r = 0; r < 4; r++) qr[r] = q + (int64_t)(r < mr ? r : 0) * d;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+        const __mmask16 m = d - c >= 16 ? (__mmask16)0xffff : fa_mask16(d - c);
+        __m512 kv[4], qv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) kv[j] = load16(ty, at(ty, k[j], c), m);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) qv[r] = _mm512_maskz_loadu_ps(m, qr[r] + c);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(qv[r], kv[j], acc[r][j]);
+    }
+    float sc[4];
+    for (int j = 0; j < 4; j++) sc[j] = (t->kscale ? t->kscale[(int64_t)(j0 + (j < nj ? j : 0)) * t->sstride] : 1.0f) * unit(ty);
+    return _mm512_mul_ps(sum16(acc), _mm512_broadcast_f32x4(_mm_loadu_ps(sc)));
+}
+
+INLINE void qk_all(const fa_decode_cache_tile *t, float *s, int lds, const fa_dtype ty) {
+    for (int r0 = 0; r0 < t->m; r0 += 4) {
+        const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
+        for (int j0 = 0; j0 < t->n; j0 += 4) {
+            const int nj = t->n - j0 < 4 ? t->n - j0 : 4;
+            float out[16];
+            _mm512_storeu_ps(out, qk_block(t, t->q + (int64_t)r0 * t->d, mr, j0, nj, ty));
+            for (int r = 0; r < mr; r++)
+                for (int j = 0; j < nj; j++) s[(int64_t)(r0 + r) * lds + j0 + j] = out[4 * r + j];
+        }
+    }
+}
+
+/* o rows r0.. (mr <= 4) += sum_j w[r][j] v_j over columns [c0, c0 + 64) (cols of them). */
+INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_MAX_TILE], int mr, int c0, float *o,
+                     int ldo, const fa_dtype ty) {
+    const int cols = t->dv - c0 < 64 ? t->dv - c0 : 64;
+    __mmask16 mk[4];
+    for (int q = 0; q < 4; q++) {
+        const int left = cols - 16 * q;
+        mk[q] = left >= 16 ? (__mmask16)0xffff : left > 0 ? fa_mask16(left) : 0;
+    }
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            acc[r][q] = _mm512_maskz_loadu_ps(r < mr ? mk[q] : 0, o + (int64_t)(r < mr ? r : 0) * ldo + c0 + 16 * q);
+    for (int j = 0; j < t->n; j++) {
+        const void *vr = at(ty, t->v, (int64_t)j * t->vstride + c0);
+        __m512 x[4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) x[q] = mk[q] ? load16(ty, at(ty, vr, 16 * q), mk[q]) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512 p = _mm512_set1_ps(w[r][j]);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(p, x[q], acc[r][q]);
+        }
+        prefetch_some(t->pf, PF_PV);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            if (r < mr) _mm512_mask_storeu_ps(o + (int64_t)r * ldo + c0 + 16 * q, mk[q], acc[r][q]);
+}
+
+INLINE void pv_all(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo, const fa_dtype ty) {
+    float w[4][FA_DECODE_MAX_TILE]; /* p times the value row's scale (and fp8's 2^8); rows past m: 0 */
+    for (int r0 = 0; r0 < t->m; r0 += 4) {
+        const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
+        for (int r = 0; r < 4; r++)
+            for (int j = 0; j < t->n; j++)
+                w[r][j] = r < mr ? p[(int64_t)(r0 + r) * ldp + j] * (t->vscale ? t->vscale[(int64_t)j * t->sstride] : 1.0f) *
+                                       unit(ty)
+                                 : 0.0f;
+        for (int c0 = 0; c0 < t->dv; c0 += 64)
+            pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o + (int64_t)r0 * ldo, ldo, ty);
+    }
+}
+
+/* Lanes 4 r + j of x reduced over j (max or sum), in every lane of their group. */
+INLINE __m512 group_max(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
+    return _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
+}
+INLINE __m512 group_sum(__m512 x) {
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
+    return _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
+}
+/* x rounded to dtype t and back, nearest even (vexp.h's rule; x is finite here, in [0, 1]). */
+INLINE __m512 round_to(__m512 x, fa_dtype t) {
+    if (t == FA_F16) return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (t != FA_BF16) return x;
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* The online-softmax step of dec_row (decode.c) for a tile every row sees whole, 4 rows at
+ * a time, in registers: scores (the key's scale applied), the row max (a NaN never wins),
+ * base = the new max (0 while it is -inf), alpha = exp(old max - base), p = exp(score -
+ * base) summed unrounded and rounded to the problem's dtype pd, then p V with the value
+ * rows' scales. */
+INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
+                     int ldacc, const fa_dtype ty) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    static const __mmask16 keys_live[4] = {0xffff, 0x1111, 0x3333, 0x7777}; /* by n % 4 */
+    const int nb = (t->n + 3) / 4;
+    for (int r0 = 0; r0 < t->m; r0 += 4) {
+        const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
+        __m512 S[FA_DECODE_MAX_TILE / 4], top = neg_inf;
+        for (int b = 0; b < nb; b++) {
+            const int nj = t->n - 4 * b < 4 ? t->n - 4 * b : 4;
+            S[b] = _mm512_mul_ps(qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ty), vscale);
+            if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
+            top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
+            prefetch_some(t->pf, PF_QK);
+        }
+        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
+        _mm512_storeu_ps(tops, group_max(top));
+        for (int r = 0; r < mr; r++) {
+            const float m_old = mx[r0 + r], m_new = m_old > tops[4 * r] ? m_old : tops[4 * r];
+            base[r] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = fa_vexpf(m_old - base[r]);
+            mx[r0 + r] = m_new;
+        }
+        const __m512 vbase = _mm512_permutexvar_ps(to_group, _mm512_castps128_ps512(_mm_loadu_ps(base)));
+        __m512 total = _mm512_setzero_ps();
+        float w[4][FA_DECODE_MAX_TILE]; /* p rounded, times the value row's scale (and fp8's 2^8) */
+        for (int b = 0; b < nb; b++) {
+            const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase));
+            total = _mm512_add_ps(total, e);
+            float vs[4], out[16];
+            for (int j = 0; j < 4; j++)
+                vs[j] = (t->vscale && 4 * b + j < t->n ? t->vscale[(int64_t)(4 * b + j) * t->sstride] : 1.0f) * unit(ty);
+            _mm512_storeu_ps(out, _mm512_mul_ps(round_to(e, pd), _mm512_broadcast_f32x4(_mm_loadu_ps(vs))));
+            for (int r = 0; r < 4; r++) memcpy(&w[r][4 * b], &out[4 * r], 16);
+        }
+        float sums[16];
+        _mm512_storeu_ps(sums, group_sum(total));
+        for (int r = 0; r < mr; r++) sum[r0 + r] = sum[r0 + r] * alpha[r] + sums[4 * r];
+        float *o = acc + (int64_t)r0 * ldacc;
+        for (int r = 0; r < mr; r++)
+            if (alpha[r] != 1.0f)
+                for (int c = 0; c < t->dv; c++) o[(int64_t)r * ldacc + c] *= alpha[r];
+        for (int c0 = 0; c0 < t->dv; c0 += 64) pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o, ldacc, ty);
+    }
+}
+
+void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                                 float *acc, int ldacc) {
+    if (t->t == FA_F16) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_F16);
+    else if (t->t == FA_INT8) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_INT8);
+    else step_all(t, scale, pd, mx, sum, acc, ldacc, FA_FP8_E4M3);
+}
+
+void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds) {
+    if (t->t == FA_F16) qk_all(t, s, lds, FA_F16);
+    else if (t->t == FA_INT8) qk_all(t, s, lds, FA_INT8);
+    else qk_all(t, s, lds, FA_FP8_E4M3);
+}
+
+void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo) {
+    if (t->t == FA_F16) pv_all(t, p, ldp, o, ldo, FA_F16);
+    else if (t->t == FA_INT8) pv_all(t, p, ldp, o, ldo, FA_INT8);
+    else pv_all(t, p, ldp, o, ldo, FA_FP8_E4M3);
+}

@@ -1,0 +1,50 @@
+/* Quantization of kv-cache rows (quantize.h; docs/caches.md, "Quantized caches"). */
+#include "quantize.h"
+
+#include "dtype.h"
+#include "internal.h"
+
+float fa_quantize_row(fa_dtype t, fa_dtype from, const void *x, int64_t n, uint8_t *codes, int64_t stride) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float a = fabsf(fa_load(from, x, i));
+        amax = a > amax ? a : amax;
+    }
+    const float scale = amax > 0.0f ? amax / fa_quant_max(t) : 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float y = fa_load(from, x, i) / scale; /* a division, not a reciprocal's product: the documented rule */
+        codes[i * stride] = t == FA_INT8 ? (uint8_t)fa_f32_to_int8(y) : fa_f32_to_e4m3(y);
+    }
+    return scale;
+}
+
+fa_status fa_quantize_rows(fa_dtype to, fa_dtype from, const void *src, int64_t rows, int64_t width, void *codes,
+                           float *scales) {
+    if (!fa_dtype_quantized(to))
+        return fa_error(FA_ERR_INVALID, "fa_quantize_rows: the code type must be int8 or fp8_e4m3, got %s",
+                        fa_dtype_name(to));
+    if (from != FA_F32 && from != FA_F16 && from != FA_BF16)
+        return fa_error(FA_ERR_INVALID, "fa_quantize_rows: the source dtype must be f32, f16 or bf16, got %d", (int)from);
+    if (rows < 0 || width < 0)
+        return fa_error(FA_ERR_INVALID, "fa_quantize_rows: rows (%lld) and width (%lld) must be >= 0", (long long)rows,
+                        (long long)width);
+    if (!rows || !width) {
+        for (int64_t r = 0; scales && r < rows; r++) scales[r] = 1.0f;
+        return FA_OK;
+    }
+    if (!src || !codes || !scales)
+        return fa_error(FA_ERR_NULL, "fa_quantize_rows: %s is NULL", !src ? "src" : !codes ? "codes" : "scales");
+    int64_t total;
+    if (__builtin_mul_overflow(rows, width, &total))
+        return fa_error(FA_ERR_OVERFLOW, "fa_quantize_rows: %lld x %lld elements overflow int64", (long long)rows,
+                        (long long)width);
+    for (int64_t i = 0; i < total; i++) /* every element first: on error nothing is written */
+        if (!isfinite(fa_load(from, src, i)))
+            return fa_error(FA_ERR_INVALID,
+                            "fa_quantize_rows: element %lld (row %lld) is not finite; an %s cache cannot hold it",
+                            (long long)(i % width), (long long)(i / width), fa_dtype_name(to));
+    for (int64_t r = 0; r < rows; r++)
+        scales[r] = fa_quantize_row(to, from, (const char *)src + r * width * (int64_t)fa_dtype_size(from), width,
+                                    (uint8_t *)codes + r * width, 1);
+    return FA_OK;
+}

@@ -1,0 +1,208 @@
+"""Quantized kv caches (docs/caches.md) through the numpy front: flashattn.quantize_cache
+against an independent quantizer (numpy's round-half-even, ml_dtypes' float8_e4m3fn),
+kvcache_attention over int8 and fp8 caches (dense and paged with shuffled pages, one new
+token and chunked prefill) against the float64 reference on the dequantized values, the
+caches after appending (the new rows' codes and scales, untouched elsewhere), bad scales
+and missing scale arrays (ValueError, nothing written), and the plan's bytes."""
+import numpy as np
+import pytest
+
+import flashattn
+import reference_inference as ref
+from conftest import SEED, check, fwd_tol, np_dtype, randn
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+def independent_quantize(x, kind):
+    """Codes and scales per row of the last axis, from the rule in docs/caches.md."""
+    x = np.asarray(x, np.float32)
+    amax = np.abs(x).max(axis=-1)
+    top = np.float32(127 if kind == "int8" else 448)
+    scale = np.where(amax > 0, (amax / top).astype(np.float32), np.float32(1)).astype(np.float32)
+    y = (x / scale[..., None]).astype(np.float32)
+    if kind == "int8":
+        return np.clip(np.rint(y), -127, 127).astype(np.int8), scale
+    return np.clip(y, -448, 448).astype(FP8), scale
+
+
+def dequantize(codes, scale):
+    return codes.astype(np.float64) * scale[..., None].astype(np.float64)
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_quantize_cache_matches_independent_rule(rng, kind, dtype):
+    k = randn(rng, (3, 17, 2, 40), dtype, scale=3.0)
+    v = randn(rng, (3, 17, 2, 40), dtype)
+    k[0, 0, 0] = 0  # a zero row: scale 1, codes 0
+    if kind == "int8":  # ties at scale 1: amax 127 and halves
+        k[1, 0, 1] = np.arange(40, dtype=np.float32) - 19.5
+        k[1, 0, 1, 0] = 127
+    kq, ks, vq, vs = flashattn.quantize_cache(k, v, kind)
+    for got, gs, x in ((kq, ks, k), (vq, vs, v)):
+        want, ws = independent_quantize(x, kind)
+        assert got.dtype == want.dtype and got.shape == x.shape and gs.shape == x.shape[:-1]
+        assert np.array_equal(bits(got), bits(want)), f"codes differ (seed {SEED})"
+        assert np.array_equal(gs, ws), f"scales differ (seed {SEED})"
+    assert ks[0, 0, 0] == 1 and not bits(kq[0, 0, 0]).any()
+
+
+def test_quantize_cache_refuses_non_finite():
+    k = np.ones((2, 4, 1, 8), np.float32)
+    k[1, 2, 0, 3] = np.inf
+    with pytest.raises(ValueError, match="not finite"):
+        flashattn.quantize_cache(k, k, "int8")
+    with pytest.raises(ValueError, match="int8, fp8"):
+        flashattn.quantize_cache(k, k, "int4")
+
+
+def _case(rng, dtype, kind, paged, Sq):
+    B, Hq, Hk, D, cap = 2, 8, 2, 64, 96
+    lens = np.array([int(rng.integers(0, cap - Sq)), 0], np.int32)
+    kf = randn(rng, (B, cap, Hk, D), "f32", scale=2.0)
+    vf = randn(rng, (B, cap, Hk, D), "f32")
+    kq, ks, vq, vs = flashattn.quantize_cache(kf, vf, kind)
+    table = None
+    if paged:  # pages of 16 rows, in a shuffled order
+        ps, mp = 16, cap // 16
+        perm = rng.permutation(B * mp + 2).astype(np.int32)
+        table = perm[:B * mp].reshape(B, mp)
+        shape = (B * mp + 2, ps, Hk, D)
+        pk, pv = np.zeros(shape, kq.dtype), np.zeros(shape, vq.dtype)
+        pks, pvs = np.full(shape[:3], np.nan, np.float32), np.full(shape[:3], np.nan, np.float32)
+        for b in range(B):
+            for j in range(mp):
+                sl = slice(j * ps, (j + 1) * ps)
+                pk[table[b, j]], pv[table[b, j]] = kq[b, sl], vq[b, sl]
+                pks[table[b, j]], pvs[table[b, j]] = ks[b, sl], vs[b, sl]
+        kq, vq, ks, vs = pk, pv, pks, pvs
+    q = randn(rng, (B, Sq, Hq, D), dtype)
+    kn, vn = randn(rng, (B, Sq, Hk, D), dtype, scale=2.0), randn(rng, (B, Sq, Hk, D), dtype)
+    return q, kq, vq, ks, vs, kn, vn, lens, table
+
+
+def _row(table, b, t, ps=16):
+    return (b, t) if table is None else (table[b, t // ps], t % ps)
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("Sq", [1, 3])
+def test_quantized_decode_matches_reference(rng, kind, dtype, paged, Sq):
+    q, kq, vq, ks, vs, kn, vn, lens, table = _case(rng, dtype, kind, paged, Sq)
+    before = [a.copy() for a in (kq, vq, ks, vs)]
+    o = flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens, block_table=table, causal=Sq > 1,
+                                    cache_dtype=kind, k_scale=ks, v_scale=vs)
+    # the expected caches: the new rows quantized, every other row as it was
+    nkq, nks = independent_quantize(np.asarray(kn, np.float32), kind)
+    nvq, nvs = independent_quantize(np.asarray(vn, np.float32), kind)
+    want = [a.copy() for a in before]
+    for b in range(q.shape[0]):
+        for t in range(Sq):
+            r = _row(table, b, int(lens[b]) + t)
+            want[0][r], want[1][r], want[2][r], want[3][r] = nkq[b, t], nvq[b, t], nks[b, t], nvs[b, t]
+    for got, w in zip((kq, vq, ks, vs), want):
+        assert np.array_equal(bits(got), bits(w)), f"the caches after the call differ (seed {SEED})"
+    k_rows, v_rows = [], []
+    for b in range(q.shape[0]):
+        rows = [_row(table, b, t) for t in range(int(lens[b]) + Sq)]
+        k_rows.append(np.stack([dequantize(kq[r], ks[r]) for r in rows]))
+        v_rows.append(np.stack([dequantize(vq[r], vs[r]) for r in rows]))
+    o_ref, lse_ref = ref.decode(np.asarray(q, np.float64), k_rows, v_rows, causal=Sq > 1)
+    check("o", o, o_ref, fwd_tol(dtype, lse_ref))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -1.0, "missing"])
+def test_bad_scales_write_nothing(rng, bad):
+    q, kq, vq, ks, vs, kn, vn, lens, table = _case(rng, "f32", "int8", False, 1)
+    lens[0] = max(int(lens[0]), 1)
+    if bad == "missing":
+        vs = None
+    else:
+        ks[0, int(lens[0]) - 1, 1] = bad
+    before = [a.copy() for a in (kq, vq, ks)]
+    with pytest.raises(ValueError, match="v_scale" if bad == "missing" else "k_scale"):
+        flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens, cache_dtype="int8", k_scale=ks,
+                                    v_scale=vs)
+    for got, w in zip((kq, vq, ks), before):
+        assert np.array_equal(bits(got), bits(w)), "an error wrote into the caches"
+
+
+def test_plan_bytes_use_the_code_and_scale_sizes():
+    lens = np.array([4096], np.int32)
+    kw = dict(seq_q=1, heads=32, kv_heads=8, head_dim=128, cache_len=4096, dtype="bf16", backend="cpu")
+    plain = flashattn.plan_kvcache(lens, **kw).forward["bytes_accessed"]
+    quant = flashattn.plan_kvcache(lens, cache_dtype="int8", **kw).forward["bytes_accessed"]
+    cache = 4096 * 8 * 2 * 128
+    # codes and scales of every row read, and the call's check of the scales once more
+    assert plain - quant == cache - 4096 * 8 * 8 * 2, (plain, quant)
+    with pytest.raises(ValueError, match="int8, fp8"):
+        flashattn.plan_kvcache(lens, cache_dtype="int4", **kw)
+
+
+def test_quantized_cache_elsewhere_is_refused(rng):
+    np_dtype("f32")
+    q = randn(rng, (1, 1, 4, 32), "f32")
+    kq = np.zeros((1, 32, 4, 32), np.int8)
+    with pytest.raises(ValueError, match="1-byte codes"):
+        flashattn.kvcache_attention(q, q.repeat(32, 1), q.repeat(32, 1), cache_seqlens=4, cache_dtype="int8",
+                                    k_scale=np.ones((1, 32, 4), np.float32), v_scale=np.ones((1, 32, 4), np.float32))
+    with pytest.raises(ValueError, match="cache_dtype"):
+        flashattn.kvcache_attention(q, kq, kq, cache_seqlens=4, k_scale=np.ones((1, 32, 4), np.float32))
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_torch_front_matches_numpy(rng, kind):
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    q, kq, vq, ks, vs, kn, vn, lens, table = _case(rng, "f32", kind, True, 2)
+    tk, tks, tv, tvs = (torch.from_numpy(np.ascontiguousarray(a).view(np.uint8).copy()) for a in (kq, ks, vq, vs))
+    tk = tk.view(torch.int8 if kind == "int8" else torch.float8_e4m3fn)
+    tv = tv.view(torch.int8 if kind == "int8" else torch.float8_e4m3fn)
+    tks, tvs = tks.view(torch.float32).reshape(ks.shape), tvs.view(torch.float32).reshape(vs.shape)
+    o_t = ft.kvcache_attention(torch.from_numpy(q), tk, tv, torch.from_numpy(kn), torch.from_numpy(vn),
+                               cache_seqlens=torch.from_numpy(lens), block_table=torch.from_numpy(table),
+                               causal=True, cache_dtype=kind, k_scale=tks, v_scale=tvs)
+    o_n = flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens, block_table=table, causal=True,
+                                      cache_dtype=kind, k_scale=ks, v_scale=vs)
+    assert np.array_equal(o_t.numpy(), o_n), "the torch and numpy fronts differ"
+    assert np.array_equal(tk.view(torch.uint8).numpy(), bits(kq).reshape(kq.shape))
+    assert np.array_equal(bits(tks.numpy()), bits(ks))
+    # quantize_cache for tensors: the same codes as numpy's
+    kf = randn(rng, (2, 5, 2, 16), "f32")
+    a = ft.quantize_cache(torch.from_numpy(kf), torch.from_numpy(kf), kind)
+    b = flashattn.quantize_cache(kf, kf, kind)
+    assert np.array_equal(a[0].view(torch.uint8).numpy(), bits(b[0]).reshape(kf.shape))
+    assert np.array_equal(a[1].numpy(), b[1])
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_jax_front_matches_numpy(rng, kind, paged):
+    pytest.importorskip("jax")
+    try:
+        import flashattn.jax as fj
+    except ImportError as e:  # a build without the FFI handler
+        pytest.skip(str(e))
+    import jax.numpy as jnp
+    q, kq, vq, ks, vs, kn, vn, lens, table = _case(rng, "f32", kind, paged, 2)
+    code = jnp.int8 if kind == "int8" else jnp.float8_e4m3fn
+    jk, jv = (jnp.asarray(bits(a).reshape(a.shape)).view(code) for a in (kq, vq))
+    o_j, kc, vc, ksj, vsj = fj.kvcache_attention(jnp.asarray(q), jk, jv, jnp.asarray(kn), jnp.asarray(vn),
+                                                  cache_seqlens=lens, block_table=table, causal=True,
+                                                  cache_dtype=kind, k_scale=jnp.asarray(ks), v_scale=jnp.asarray(vs))
+    o_n = flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens, block_table=table, causal=True,
+                                      cache_dtype=kind, k_scale=ks, v_scale=vs)
+    assert np.array_equal(np.asarray(o_j), o_n), "the jax and numpy fronts differ"
+    assert np.array_equal(np.asarray(kc.view(jnp.uint8)), bits(kq).reshape(kq.shape))
+    assert np.array_equal(bits(np.asarray(ksj)), bits(ks)) and np.array_equal(bits(np.asarray(vsj)), bits(vs))
+    a = fj.quantize_cache(jnp.asarray(kn), jnp.asarray(vn), kind)
+    b = flashattn.quantize_cache(kn, vn, kind)
+    assert a[0].dtype == code and np.array_equal(np.asarray(a[0].view(jnp.uint8)), bits(b[0]).reshape(kn.shape))
