@@ -4,22 +4,8 @@
 # same o and another seed another one, plan showing it, and bad values refused (exit 2).
 # Usage: bash tests/test_cli_dropout.sh BUILD_DIR.
 set -u
-BUILD=${1:-build}
-FA=$(cd "$BUILD" && pwd)/flashattn
-NPY=$(cd "$BUILD" && pwd)/tool_npy
-for x in "$FA" "$NPY"; do
-  [ -x "$x" ] || { echo "missing $x (build first)"; echo "0 passed, 1 failed"; exit 1; }
-done
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+source "$(dirname "$0")/cli_harness.sh" test_cli_dropout "${1:-build}"
 
-S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
-case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
-S0=$((10#${S0: -9}))
-echo "test_cli_dropout: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 gen() { "$NPY" rand "$W/$1" '<f4' "${@:2}" >/dev/null || { echo "tool_npy failed on $1"; exit 1; }; }
 gen q.npy 2 4 33 16 --seed $((S0 + 1))
 gen k.npy 2 2 40 16 --seed $((S0 + 2))

@@ -5,27 +5,13 @@
 # document under --causal) gives the same o bit for bit; bad files exit 2 with one line.
 # Usage: bash tests/test_cli_mask.sh BUILD_DIR. Needs BUILD_DIR/flashattn and BUILD_DIR/tool_npy.
 set -u
-BUILD=${1:-build}
-FA=$(cd "$BUILD" && pwd)/flashattn
-NPY=$(cd "$BUILD" && pwd)/tool_npy
-for x in "$FA" "$NPY"; do
-  [ -x "$x" ] || { echo "missing $x (build first)"; echo "0 passed, 1 failed"; exit 1; }
-done
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+source "$(dirname "$0")/cli_harness.sh" test_cli_mask "${1:-build}"
 fa() { "$FA" "$@" >"$W/so" 2>"$W/se"; rc=$?; }
 json_field() {
   local t=$1
   [ -n "$2" ] && t=$(printf '%s' "$t" | sed -n "s/.*\"$2\": {\([^}]*\)}.*/\1/p")
   printf '%s' "$t" | sed -n "s/.*\"$3\": \([0-9a-z]*\).*/\1/p"
 }
-S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
-case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number"; echo "0 passed, 1 failed"; exit 1 ;; esac
-[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0))
-echo "test_cli_mask: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
 # B=2 Hq=2 Sq=Sk=200 D=16
 "$NPY" rand "$W/q.npy" '<f4' 2 2 200 16 --seed $((S0 + 1)) >/dev/null
 "$NPY" rand "$W/k.npy" '<f4' 2 2 200 16 --seed $((S0 + 2)) >/dev/null

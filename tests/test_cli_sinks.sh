@@ -4,21 +4,7 @@
 # sinks' exps, and bad sinks files refused (exit 2, one line naming the flag, no output).
 # Usage: bash tests/test_cli_sinks.sh BUILD_DIR. Needs BUILD_DIR/flashattn and BUILD_DIR/tool_npy.
 set -u
-BUILD=${1:-build}
-FA=$(cd "$BUILD" && pwd)/flashattn
-NPY=$(cd "$BUILD" && pwd)/tool_npy
-for x in "$FA" "$NPY"; do
-  [ -x "$x" ] || { echo "missing $x (build first)"; echo "0 passed, 1 failed"; exit 1; }
-done
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
-S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
-case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; exit 1 ;; esac
-[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0))
-echo "test_cli_sinks: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
+source "$(dirname "$0")/cli_harness.sh" test_cli_sinks "${1:-build}"
 gen() { "$NPY" rand "$W/$1" "$2" "${@:3}" >/dev/null || { echo "tool_npy failed on $1"; exit 1; }; }
 # B=2 Hq=4 Hk=2 Sq=30 Sk=20 D=16: causal, so the first 10 rows see no key
 gen q.npy '<f4' 2 4 30 16 --seed $((S0 + 1))

@@ -315,7 +315,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
                                 dbias=None if dbias is None else dbias.ctypes.data,
                                 dsink=None if dsink is None else dsink.ctypes.data, **c.common_ptrs())
     handle.backward(args)
-    return (dq, dk, dv) + extra()
+    extra = ((_own_shape(dbias, c.bias_own, bias),) if bias_grad else ()) + (() if dsink is None else (dsink,))
+    return (dq, dk, dv) + extra
 
 
 def _own_shape(dbias, own, bias):
