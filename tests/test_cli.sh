@@ -4,19 +4,10 @@
 # reference), and bad inputs (exit 2, one stderr line naming the problem, no output left).
 # Usage: bash tests/test_cli.sh BUILD_DIR. Needs BUILD_DIR/flashattn and BUILD_DIR/tool_npy.
 set -u
-BUILD=${1:-build}
-FA=$(cd "$BUILD" && pwd)/flashattn
-NPY=$(cd "$BUILD" && pwd)/tool_npy
-for x in "$FA" "$NPY"; do
-  [ -x "$x" ] || { echo "missing $x (build first)"; echo "0 passed, 1 failed"; exit 1; }
-done
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
+source "$(dirname "$0")/cli_harness.sh" test_cli "${1:-build}"
 OUT=$W/out # every output goes here; it must be empty after each failing case
 mkdir -p "$OUT"
-pass=0 fail=0 crashes=0 calls=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-no() { echo "FAIL $1: $2"; fail=$((fail + 1)); }
+crashes=0 calls=0
 
 # fa ARGS...: runs the CLI, stdout in $W/so, stderr in $W/se, status in $rc.
 fa() {
@@ -34,10 +25,7 @@ json_field() {
 
 # ---- inputs -----------------------------------------------------------------------------
 # Random data from a fresh seed per run (printed); FA_TEST_SEED=<seed> reproduces a run.
-S0=${FA_TEST_SEED:-$(($(date +%s%N) % 1000000000))}
-case $S0 in *[!0-9]*|'') echo "FA_TEST_SEED must be a decimal number, got '$S0'"; echo "0 passed, 1 failed"; exit 1 ;; esac
-[ ${#S0} -le 9 ] || S0=${S0: -9}; S0=$((10#$S0)) # its last 9 digits: the file seeds below are S0 + 1 ... S0 + 9
-echo "test_cli: seed $S0 (FA_TEST_SEED=$S0 reproduces)"
+# (S0, the run's seed, from cli_harness.sh: the file seeds below are S0 + 1 ... S0 + 9)
 I=$W/in
 mkdir -p "$I"
 gen() { "$NPY" rand "$I/$1" "$2" "${@:3}" >/dev/null || { echo "tool_npy failed on $1"; exit 1; }; }
