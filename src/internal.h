@@ -103,6 +103,11 @@ int64_t fa_cascade_partial_floats(const struct fa_plan *pl);
 int64_t fa_cascade_workspace_bytes(const struct fa_plan *pl);
 fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args *a, char *ws, fa_counts *cnt);
 
+/* Hands a pass's totals to the caller's fa_counts (NULL: not asked for). */
+static inline void fa_counts_report(fa_counts *c, int64_t flops, int64_t transcendentals) {
+    if (c) c->flops = flops, c->transcendentals = transcendentals;
+}
+
 /* A problem with nothing to compute: a zero batch, query heads, seq_q or seq_k (packed:
  * totals; decode: seq_k is the cache's capacity). Its plan is valid; cpu/empty.c writes its
  * outputs (o = 0 and lse = -inf on rows without keys, zero gradients) and cost.c its figures. */

@@ -89,9 +89,6 @@ fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int
         trans += cnt.transcendentals;
     }
     if (p->has_sinks) trans += rows; /* one exp per row for dsink */
-    if (a->counts) {
-        a->counts->flops = flops;
-        a->counts->transcendentals = trans;
-    }
+    fa_counts_report(a->counts, flops, trans);
     return FA_OK;
 }

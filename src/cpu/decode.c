@@ -557,9 +557,6 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         trans += cnt.transcendentals;
     }
     fa_free(owned);
-    if (a->counts) {
-        a->counts->flops = flops;
-        a->counts->transcendentals = trans;
-    }
+    fa_counts_report(a->counts, flops, trans);
     return FA_OK;
 }
