@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _layout, _native
 from .masks import Mask
-from ._problem import broadcast_dims, check_shapes, combined_bias_dims, make_options, make_problem
+from ._problem import broadcast_dims, check_shapes, combined_bias_dims, empty_dims, make_options, make_problem
 from ._problem_inference import int32_lengths
 
 
