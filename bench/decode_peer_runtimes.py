@@ -84,7 +84,7 @@ class OpenVINO:
         self.bytes = p.kv_bytes(elem, scales)
         self.tol = TOLERANCE["16bit" if precision == "bf16" else "8bit"]
         self.info = dict(version=ov.__version__, runtime_ops=[t for t in fused if t not in ("Parameter", "Result")],
-                         cache="plugin-held, " + str(prec))
+                         cache="plugin-held, " + prec.get_type_name())
 
     def reset(self):
         states = {s.name: s for s in self.req.query_state()}
@@ -118,11 +118,13 @@ class GGML:
         q = ggml.ggml_new_tensor_3d(self.ctx, ggml.GGML_TYPE_F32, D, 1, Hq)
         k = ggml.ggml_new_tensor_3d(self.ctx, qtype, D, S, Hk)
         v = ggml.ggml_new_tensor_3d(self.ctx, qtype, D, S, Hk)
-        ctypes.memmove(ggml.ggml_get_data(q), np.ascontiguousarray(p.q, np.float32).ctypes.data, Hq * D * 4)
+        q32 = np.ascontiguousarray(p.q, np.float32)
+        ctypes.memmove(ggml.ggml_get_data(q), q32.ctypes.data, q32.nbytes)
         for t, x in ((k, p.k), (v, p.v)):
             src = np.ascontiguousarray(x.transpose(1, 0, 2), np.float32)  # [Hk, S, D]
             if kind == "f16":
-                ctypes.memmove(ggml.ggml_get_data(t), src.astype(np.float16).ctypes.data, src.size * 2)
+                half = src.astype(np.float16)  # held: memmove reads it after .ctypes.data is taken
+                ctypes.memmove(ggml.ggml_get_data(t), half.ctypes.data, half.nbytes)
             else:
                 ggml.ggml_quantize_chunk(qtype, ctypes.cast(src.ctypes.data, ctypes.POINTER(ctypes.c_float)),
                                          ggml.ggml_get_data(t), 0, S * Hk, D, None)

@@ -181,6 +181,7 @@ def table(a, rows, bw, ref):
 
 def main():
     a = parse()
+    a.build = os.path.abspath(a.build)  # the workers' FLASHATTN_LIBDIR
     rows = []
     ref = None
     for cache, elem, scales in CLI:
