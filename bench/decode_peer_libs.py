@@ -25,7 +25,7 @@ from decode_data import TOLERANCE, Problem, huge_copy, log, serve, to_bf16_bits 
 class FlashAttn:
     """flashattn.kvcache_attention over full caches (cache_seqlens None: all S positions), no
     new tokens. int8 / fp8: the cache_dtype= argument with flashattn.quantize_cache, where the
-    build has them (a scale per token and kv head, f32: 4 bytes of scales per row)."""
+    build has them; the bytes are those of the arrays it returns (elements and scales)."""
 
     def __init__(self, p, dtype):
         import ml_dtypes
@@ -45,13 +45,18 @@ class FlashAttn:
             if "cache_dtype" not in sig or not hasattr(fa, "quantize_cache"):
                 raise LookupError("not available in this build (no cache_dtype= / flashattn.quantize_cache)")
             self.q = p.q.reshape(1, 1, Hq, D).astype(ml_dtypes.bfloat16)
-            # quantize_cache(x, cache_dtype) -> (data, scales): the cache's elements and its
-            # scales per (token, kv head); the script follows the API as docs/python.md gives it
-            self.kc, ks = fa.quantize_cache(p.k[None].astype(ml_dtypes.bfloat16), cache_dtype=dtype)
-            self.vc, vs = fa.quantize_cache(p.v[None].astype(ml_dtypes.bfloat16), cache_dtype=dtype)
-            self.kc, self.vc = huge_copy(self.kc), huge_copy(self.vc)
+            # quantize_cache(x, cache_dtype=) -> (data, scales): the cache's elements and its
+            # scales; the bytes a step reads are counted from the arrays themselves
+            try:
+                kc, ks = fa.quantize_cache(p.k[None].astype(ml_dtypes.bfloat16), cache_dtype=dtype)
+                vc, vs = fa.quantize_cache(p.v[None].astype(ml_dtypes.bfloat16), cache_dtype=dtype)
+            except (TypeError, ValueError) as e:
+                raise LookupError(f"cache_dtype= exists but flashattn.quantize_cache(x, cache_dtype=) -> (data, "
+                                  f"scales), which this script calls, failed: {e}") from e
+            self.kc, self.vc = huge_copy(np.asarray(kc)), huge_copy(np.asarray(vc))
             self.kwargs = dict(cache_dtype=dtype, k_scale=ks, v_scale=vs)
-            self.bytes, self.tol = p.kv_bytes(1, 4), TOLERANCE["8bit"]
+            self.bytes = float(sum(np.asarray(x).nbytes for x in (kc, ks, vc, vs)))
+            self.tol = TOLERANCE["8bit"]
         self.o = np.empty((1, 1, Hq, D), self.q.dtype)
         self.info = dict(version=getattr(fa, "__version__", "?"), cache=dtype)
 
