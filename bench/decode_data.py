@@ -101,8 +101,11 @@ class Problem:
 
 
 # Largest error (against float64, over max |reference|) a correct peer may show: a 16-bit
-# cache with 16-bit or f32 arithmetic; an 8-bit cache adds its quantization's error.
-TOLERANCE = {"16bit": 2e-2, "8bit": 8e-2}
+# cache with 16-bit or f32 arithmetic; an 8-bit cache adds its quantization's error, which
+# this data measures at 0.017 for int8 with a scale per row (at 2K and 32K tokens) and 0.056
+# (2K) to 0.11 (32K) for fp8 e4m3 (3 mantissa bits). A wrong layout or head mapping is off by
+# about max |reference| itself.
+TOLERANCE = {"16bit": 2e-2, "int8": 8e-2, "fp8": 0.25}
 
 
 def serve(make, argv=None):
@@ -134,6 +137,7 @@ def serve(make, argv=None):
     err = float(np.max(np.abs(out - ref))) if np.all(np.isfinite(out)) else float("inf")
     rel = err / float(np.max(np.abs(ref)))
     ok = rel <= impl.tol
+    impl.problem.k = impl.problem.v = None  # the peer holds its own cache now: memory back for the others
     print(json.dumps(dict(impl=a.impl, ok=bool(ok), max_abs_err=err, max_abs_ref=float(np.max(np.abs(ref))),
                           rel_err=rel, tol=impl.tol, cache_bytes=impl.bytes, huge_page_bytes=huge_page_bytes(),
                           **impl.info)), flush=True)

@@ -56,7 +56,7 @@ class FlashAttn:
             self.kc, self.vc = huge_copy(np.asarray(kc)), huge_copy(np.asarray(vc))
             self.kwargs = dict(cache_dtype=dtype, k_scale=ks, v_scale=vs)
             self.bytes = float(sum(np.asarray(x).nbytes for x in (kc, ks, vc, vs)))
-            self.tol = TOLERANCE["8bit"]
+            self.tol = TOLERANCE["int8" if dtype == "int8" else "fp8"]
         self.o = np.empty((1, 1, Hq, D), self.q.dtype)
         self.info = dict(version=getattr(fa, "__version__", "?"), cache=dtype)
 

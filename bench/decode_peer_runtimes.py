@@ -82,7 +82,7 @@ class OpenVINO:
         self.reset()
         elem, scales = (2, 0) if precision == "bf16" else (1, 8)
         self.bytes = p.kv_bytes(elem, scales)
-        self.tol = TOLERANCE["16bit" if precision == "bf16" else "8bit"]
+        self.tol = TOLERANCE["16bit" if precision == "bf16" else "int8"]
         self.info = dict(version=ov.__version__, runtime_ops=[t for t in fused if t not in ("Parameter", "Result")],
                          cache="plugin-held, " + prec.get_type_name())
 
@@ -133,7 +133,7 @@ class GGML:
         self.graph = ggml.ggml_new_graph(self.ctx)
         ggml.ggml_build_forward_expand(self.graph, self.out)
         self.bytes = p.kv_bytes(2, 0) if kind == "f16" else 2 * S * Hk * row
-        self.tol = TOLERANCE["16bit" if kind == "f16" else "8bit"]
+        self.tol = TOLERANCE["16bit" if kind == "f16" else "int8"]
         self.info = dict(version=getattr(ggml, "__version__", "?"), cache=kind, row_bytes=int(row))
 
     def step(self):
