@@ -208,6 +208,8 @@ def main():
         r.close()
     model = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
                   .stdout.splitlines() if ln.startswith("Model name")), platform.processor())
+    l3 = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
+               .stdout.splitlines() if ln.startswith("L3 cache")), "?")
     tree = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rounds = "; ".join(f"{r.name} " + " ".join(f"{t:.5f}" for t in r.times) for r in timed)
     section = f"""
@@ -230,6 +232,14 @@ the flashattn CLI bf16 step's seconds in the same round (above 1: slower than ou
 check runs each implementation's own first step on the benchmark's data (standard normal
 values rounded to bf16, q x 2) against float64 on the same values; 8-bit caches are checked
 against the unquantized values.
+Caches on 2 MiB pages: flashattn's CLI allocates its own (`--huge-pages`: aligned_alloc +
+madvise(MADV_HUGEPAGE)); every Python worker's cache is a buffer this script maps and
+madvises before the first touch (flashattn python, torch, ONNX Runtime through I/O binding,
+ggml as its context's memory). OpenVINO's plugin allocates its cache itself: its worker runs
+with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (malloc's mmapped chunks madvised), which is all
+that can be controlled from outside; the last column shows what each process got (its
+AnonHugePages, all allocations). L3: {l3} (a cache smaller than that can stay partly in it
+between steps; the streaming read's 1 GiB cannot).
 Rounds (seconds per step): {rounds}; streaming read {' '.join(f'{b:.2f}' for b in bw)} GB/s.
 """
     print(section)
