@@ -149,6 +149,11 @@ def bandwidth(a):
     return json.loads(r.stdout)["read_gbytes_per_s"]
 
 
+def lscpu(field):
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+    return next((ln.split(":", 1)[1].strip() for ln in out if ln.startswith(field + ":")), platform.processor() or "?")
+
+
 def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -201,15 +206,13 @@ def main():
     for k in range(a.rounds):
         bw.append(bandwidth(a))
         log(f"decode_peers: round {k + 1}: streaming read {bw[-1]:.2f} GB/s")
-        for r in timed[k % len(timed):] + timed[:k % len(timed)] if timed else []:
+        turn = k % len(timed) if timed else 0  # the order rotates by one each round
+        for r in timed[turn:] + timed[:turn]:
             r.times.append(r.time(a.iters))
             log(f"decode_peers: round {k + 1}: {r.name} {r.times[-1]:.5f} s")
     for r in rows:
         r.close()
-    model = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
-                  .stdout.splitlines() if ln.startswith("Model name")), platform.processor())
-    l3 = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
-               .stdout.splitlines() if ln.startswith("L3 cache")), "?")
+    model, l3 = lscpu("Model name"), lscpu("L3 cache")
     tree = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rounds = "; ".join(f"{r.name} " + " ".join(f"{t:.5f}" for t in r.times) for r in timed)
     section = f"""
