@@ -26,11 +26,13 @@ def log(*a):
 
 
 def huge_empty(shape, dtype):
-    """An uninitialised array on 2 MiB pages where the kernel grants them: an anonymous
-    mapping, 2 MiB-aligned, madvise(MADV_HUGEPAGE) before the first touch (transparent huge
+    """An uninitialised array on 2 MiB pages where the kernel grants them: a private
+    anonymous mapping, 2 MiB-aligned, madvise(MADV_HUGEPAGE) before the first touch (transparent huge
     pages in 'madvise' mode; in 'always' mode it changes nothing, in 'never' it is refused)."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    m = mmap.mmap(-1, nbytes + HUGE)
+    # private: mmap's default anonymous mapping is shared (shmem), which THP's madvise mode
+    # leaves on 4 KiB pages
+    m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = np.frombuffer(m, np.uint8)
     off = (-base.ctypes.data) % HUGE
     try:

@@ -180,6 +180,8 @@ def table(a, rows, bw, ref):
         rel = med([t / t0 for t, t0 in zip(r.times, ref.times)]) if ref and ref.timed() else float("nan")
         huge = r.huge if r.name.startswith("cli") else rd.get("huge_page_bytes")
         hp = f"{nbytes / 2**20:.0f} ({huge / 2**20:.0f})" if huge is not None and huge >= 0 else f"{nbytes / 2**20:.0f}"
+        if "cache_huge_page_bytes" in rd:  # what the plugin's own allocations of its cache got
+            hp = f"{nbytes / 2**20:.0f} (plugin's: {rd['cache_huge_page_bytes'] / 2**20:.0f})"
         out.append(f"| {r.label} | {chk} | {s:.5f} | {nbytes / s * 1e-9:.2f} | {frac:.2f} | {rel:.2f} | {hp} |")
     return "\n".join(out)
 
@@ -241,7 +243,8 @@ madvises before the first touch (flashattn python, torch, ONNX Runtime through I
 ggml as its context's memory). OpenVINO's plugin allocates its cache itself: its worker runs
 with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (malloc's mmapped chunks madvised), which is all
 that can be controlled from outside; the last column shows what each process got (its
-AnonHugePages, all allocations). L3: {l3} (a cache smaller than that can stay partly in it
+AnonHugePages, all its allocations; for OpenVINO the growth from setting the state and the
+first step, i.e. the plugin's cache, which it allocates with room to grow). L3: {l3} (a cache smaller than that can stay partly in it
 between steps; the streaming read's 1 GiB cannot).
 Rounds (seconds per step): {rounds}; streaming read {' '.join(f'{b:.2f}' for b in bw)} GB/s.
 """
