@@ -103,11 +103,13 @@ class Problem:
 
 
 # Largest error (against float64, over max |reference|) a correct peer may show: a 16-bit
-# cache with 16-bit or f32 arithmetic; an 8-bit cache adds its quantization's error, which
+# cache with 16-bit or f32 arithmetic (ggml's f16 path, which converts q to f16 and sums
+# p v in f16, shows 0.017 at 32K tokens, the others 0.003 or less); an 8-bit cache adds its
+# quantization's error, which
 # this data measures at 0.017 for int8 with a scale per row (at 2K and 32K tokens) and 0.056
 # (2K) to 0.11 (32K) for fp8 e4m3 (3 mantissa bits). A wrong layout or head mapping is off by
 # about max |reference| itself.
-TOLERANCE = {"16bit": 2e-2, "int8": 8e-2, "fp8": 0.25}
+TOLERANCE = {"16bit": 4e-2, "int8": 8e-2, "fp8": 0.25}
 
 
 def serve(make, argv=None):
