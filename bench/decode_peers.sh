@@ -11,5 +11,5 @@ cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build}"
 cmake -S . -B "$BUILD" >/dev/null  # Release unless the folder says otherwise (CMakeLists.txt)
 cmake --build "$BUILD" -j"$(nproc)" --target flashattn flashattn_cli bandwidth >&2
-bash bench/setup.sh
+bash bench/setup.sh --decode-peers
 exec python3 bench/decode_peers.py --build "$BUILD" "$@"
