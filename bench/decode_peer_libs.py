@@ -45,16 +45,16 @@ class FlashAttn:
             if "cache_dtype" not in sig or not hasattr(fa, "quantize_cache"):
                 raise LookupError("not available in this build (no cache_dtype= / flashattn.quantize_cache)")
             self.q = p.q.reshape(1, 1, Hq, D).astype(ml_dtypes.bfloat16)
-            # quantize_cache(x, cache_dtype=) -> (data, scales): the cache's elements and its
-            # scales; the bytes a step reads are counted from the arrays themselves
+            # quantize_cache(k, v, dtype) -> (k codes, k scales, v codes, v scales), a scale per
+            # row (token, kv head); the bytes a step reads are counted from these arrays
             try:
-                kc, ks = fa.quantize_cache(p.k[None].astype(ml_dtypes.bfloat16), cache_dtype=dtype)
-                vc, vs = fa.quantize_cache(p.v[None].astype(ml_dtypes.bfloat16), cache_dtype=dtype)
+                kc, ks, vc, vs = fa.quantize_cache(p.k[None].astype(ml_dtypes.bfloat16),
+                                                   p.v[None].astype(ml_dtypes.bfloat16), dtype)
             except (TypeError, ValueError) as e:
-                raise LookupError(f"cache_dtype= exists but flashattn.quantize_cache(x, cache_dtype=) -> (data, "
-                                  f"scales), which this script calls, failed: {e}") from e
+                raise LookupError(f"cache_dtype= exists but flashattn.quantize_cache(k, v, dtype) -> (k codes, "
+                                  f"k scales, v codes, v scales), which this script calls, failed: {e}") from e
             self.kc, self.vc = huge_copy(np.asarray(kc)), huge_copy(np.asarray(vc))
-            self.kwargs = dict(cache_dtype=dtype, k_scale=ks, v_scale=vs)
+            self.kwargs = dict(cache_dtype=dtype, k_scale=huge_copy(np.asarray(ks)), v_scale=huge_copy(np.asarray(vs)))
             self.bytes = float(sum(np.asarray(x).nbytes for x in (kc, ks, vc, vs)))
             self.tol = TOLERANCE["int8" if dtype == "int8" else "fp8"]
         self.o = np.empty((1, 1, Hq, D), self.q.dtype)
