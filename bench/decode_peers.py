@@ -215,7 +215,8 @@ def main():
     for r in rows:
         r.close()
     model, l3 = lscpu("Model name"), lscpu("L3 cache")
-    tree = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    tree = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "not a git checkout"
     rounds = "; ".join(f"{r.name} " + " ".join(f"{t:.5f}" for t in r.times) for r in timed)
     section = f"""
 ## Decode against its peers, {started} UTC
