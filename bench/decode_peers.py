@@ -243,7 +243,10 @@ streaming read); "time / flashattn bf16": the median over rounds of the step's s
 the flashattn CLI bf16 step's seconds in the same round (above 1: slower than our bf16). The
 check runs each implementation's own first step on the benchmark's data (standard normal
 values rounded to bf16, q x 2) against float64 on the same values; 8-bit caches are checked
-against the unquantized values.
+against the unquantized values. OpenVINO's and ONNX Runtime's steps also append the new
+token's k and v row (their ops take it as an input: OpenVINO's cache grows by a row a step
+and is set back to S - 1 rows before each round's steps); the others read a cache that holds
+it already.
 Caches on 2 MiB pages: flashattn's CLI allocates its own (`--huge-pages`: aligned_alloc +
 madvise(MADV_HUGEPAGE)); every Python worker's cache is a buffer this script maps and
 madvises before the first touch (flashattn python, torch, ONNX Runtime through I/O binding,
