@@ -254,8 +254,9 @@ ggml as its context's memory). OpenVINO's plugin allocates its cache itself: its
 with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (malloc's mmapped chunks madvised), which is all
 that can be controlled from outside; the last column shows what each process got (its
 AnonHugePages, all its allocations; for OpenVINO the growth from setting the state and the
-first step, i.e. the plugin's cache, which it allocates with room to grow). L3: {l3} (a cache smaller than that can stay partly in it
-between steps; the streaming read's 1 GiB cannot).
+first step, i.e. the plugin's cache, which it allocates with room to grow).
+L3: {l3}; a cache smaller than that can stay partly in it between steps, the streaming
+read's 1 GiB cannot.
 Rounds (seconds per step): {rounds}; streaming read {' '.join(f'{b:.2f}' for b in bw)} GB/s.
 """
     print(section)
