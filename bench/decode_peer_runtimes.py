@@ -159,7 +159,6 @@ class ORT:
     copy of the cache per step."""
 
     def __init__(self, p, threads, kind):
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper
 

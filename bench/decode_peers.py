@@ -120,9 +120,11 @@ class CliRow:
         self.name, self.label = f"cli-{cache}", f"flashattn CLI bench --decode, {cache} cache"
         self.times, self.a = [], a
         dtype = ["--dtype", cache] if cache in ("bf16", "f16") else ["--dtype", "bf16", "--cache-dtype", cache]
-        cmd = lambda n, iters, threads: [os.path.join(a.build, "flashattn"), "bench", "--decode", "--batch", "1",  # noqa: E731
-                                         "--heads", "32", "--kv-heads", "8", "--head-dim", "128", "--cache-len", str(n),
-                                         "--threads", str(threads), "--iters", str(iters), "--json", "--huge-pages"] + dtype
+        def cmd(n, iters, threads):
+            return [os.path.join(a.build, "flashattn"), "bench", "--decode", "--batch", "1", "--heads", "32",
+                    "--kv-heads", "8", "--head-dim", "128", "--cache-len", str(n), "--threads", str(threads),
+                    "--iters", str(iters), "--json", "--huge-pages"] + dtype
+
         self.cmd = cmd(a.cache_len, a.iters, a.threads)
         self.bytes = a.cache_len * 8 * 2 * (128 * elem + scales)
         probe = subprocess.run(cmd(64, 1, 1), capture_output=True, text=True)  # does this build have it?
