@@ -4,7 +4,7 @@ JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-deps bench bench-inference clean fuzz check-long
+.PHONY: all build run test test-deps bench bench-inference bench-decode-peers clean fuzz check-long
 
 all: build
 
@@ -38,6 +38,11 @@ bench: build
 bench-inference: build
 	bash bench/inference.sh --record
 	bash bench/decode_caches.sh --record
+
+# Decode against OpenVINO, ggml, ONNX Runtime and torch (bench/decode_peers.sh; the peers go
+# into their own venv, ~/.cache/flashattn/bench-venv).
+bench-decode-peers:
+	bash bench/decode_peers.sh --record
 
 # libFuzzer on the .npy reader, the CLI parser, the plan and the forward vs the reference
 # (clang; FUZZ_SECONDS in all, default 240). See tests/fuzz/run.sh.

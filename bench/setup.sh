@@ -2,12 +2,45 @@
 # Installs what the CPU benchmark's peers need, idempotently:
 #   - Debian's OpenBLAS (libopenblas-dev) for the naive attention peer (bench/naive_openblas.c)
 #   - a venv at bench/.venv with numpy, jax[cpu] and torch (for bench/peers.py)
+#   - the decode peers' venv at ~/.cache/flashattn/bench-venv (bench/decode_peers.py): numpy,
+#     ml_dtypes, OpenVINO, ONNX Runtime (+ onnx), ggml-python (built from its source
+#     distribution: cmake and a C compiler, for this CPU). Never the test venv.
+#     `bash bench/setup.sh --decode-peers` does this one alone.
 # Safe to run again: every step checks first. A step that fails is reported and the
 # benchmark skips that peer (it never stops the rest).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/.venv"
 log() { echo "[setup] $*" >&2; }
+
+# ---- decode peers (bench/decode_peers.py) ----------------------------------------------------
+decode_peers() {
+    local py="${PYTHON:-python3}"
+    # Versions pinned: the figures in bench/RESULTS.md name them. PEERS_UNPINNED=1 takes the newest.
+    bvenv="$HOME/.cache/flashattn/bench-venv"
+    if [ ! -x "$bvenv/bin/python" ]; then
+        log "creating $bvenv"
+        "$py" -m venv "$bvenv" || { log "could not create $bvenv: decode peers skipped"; return 0; }
+    fi
+    bpy="$bvenv/bin/python"
+    bhave() { "$bpy" -c "import $1" >/dev/null 2>&1; }
+    bpip() { "$bpy" -m pip install -q --disable-pip-version-check "$@" >&2; }
+    pin() { if [ "${PEERS_UNPINNED:-0}" = 1 ]; then echo "${1%%==*}"; else echo "$1"; fi; }
+    bhave numpy || bpip numpy || log "numpy install failed (bench venv)"
+    bhave ml_dtypes || bpip ml_dtypes || log "ml_dtypes install failed: flashattn's bf16 rows skipped"
+    bhave openvino || { log "installing openvino"; bpip "$(pin openvino==2026.4.1)" || log "openvino install failed: skipped"; }
+    bhave onnxruntime || { log "installing onnxruntime"; bpip "$(pin onnxruntime==1.32.0)" "$(pin onnx==1.23.2)" ||
+        log "onnxruntime install failed: skipped"; }
+    # ggml-python has no wheel: pip builds ggml for this CPU (GGML_NATIVE), a few minutes on 2 cores
+    bhave ggml || { log "building ggml-python"; CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" bpip "$(pin ggml-python==0.0.45)" ||
+        log "ggml-python install failed: ggml skipped"; }
+    for m in numpy ml_dtypes openvino onnxruntime ggml; do
+        if bhave $m; then log "bench venv $m: $("$bpy" -c "import $m; print($m.__version__)")"; else log "bench venv $m: missing"; fi
+    done
+}
+
+# --decode-peers: only the decode peers' venv (what bench/decode_peers.sh needs)
+if [ "${1:-}" = "--decode-peers" ]; then decode_peers; exit 0; fi
 
 # ---- OpenBLAS ------------------------------------------------------------------------
 if ! dpkg -s libopenblas-dev >/dev/null 2>&1; then
@@ -48,4 +81,6 @@ have torch || { log "installing torch (large download, first time only)"; pipi t
 for m in numpy jax torch; do
     if have $m; then log "$m: $("$vpy" -c "import $m; print($m.__version__)")"; else log "$m: missing"; fi
 done
+
+decode_peers
 exit 0
