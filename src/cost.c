@@ -181,9 +181,11 @@ static fa_status empty_cost(struct fa_plan *pl) {
                         (p->page_size ? B * p->max_pages * 4 : 0);
     const wide in = t.q + t.k + t.v + t.bias + t.slopes + t.segments + t.sinks + extra, out = t.o + t.lse;
     const wide fwd[8] = {0, 0, B * p->heads_q * p->seq_q, out, out, 0, in + out, in + out};
-    /* dq, dk, dv, dbias, dsink (decoding has no backward) */
-    const wide bin = in + 2 * t.o + t.lse, bout = t.q + (decode ? 0 : t.k + t.v) + t.dbias + t.sinks;
-    const wide bwd[8] = {0, 0, 0, bout, bout, 0, bin + bout, bin + bout};
+    /* dq, dk, dv, dbias, dsink */
+    const wide bin = in + 2 * t.o + t.lse, bout = t.q + t.k + t.v + t.dbias + t.sinks;
+    /* decoding has no backward: its figures are all 0, as a non-empty decode plan's are */
+    const wide bwd[8] = {0, 0, 0, decode ? 0 : bout, decode ? 0 : bout, 0, decode ? 0 : bin + bout,
+                         decode ? 0 : bin + bout};
     fa_cost *c[2] = {&pl->fwd, &pl->bwd};
     const wide *f[2] = {fwd, bwd};
     for (int k = 0; k < 2; k++)
