@@ -71,7 +71,8 @@ void fa_cpu_sequence_blocks(struct fa_plan *sub);
 static inline int64_t fa_decode_tile(const fa_problem *p) {
     const int64_t key_bytes = p->heads_kv * (p->head_dim + p->head_dim_v) * (int64_t)fa_dtype_size(fa_cache_dtype(p));
     int64_t t = 128;
-    while (t > 16 && (t * key_bytes > FA_DECODE_TILE_BYTES || (p->page_size > 0 && p->page_size % t))) t /= 2;
+    /* key_bytes > budget / t, not t * key_bytes > budget: that product can pass int64 */
+    while (t > 16 && (key_bytes > FA_DECODE_TILE_BYTES / t || (p->page_size > 0 && p->page_size % t))) t /= 2;
     return t;
 }
 /* Sequence b's keys (cache plus new). */
