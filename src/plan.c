@@ -60,7 +60,8 @@ static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t
 }
 
 static fa_status check_counts(const fa_problem *p) {
-    /* every tensor's element count must fit int64 (the score matrix too: the naive figure) */
+    /* every tensor's element count must fit int64 (the score matrix too: the naive figure),
+     * with a margin: 8 bytes an element, and 128 rows or keys (a tile's scratch) */
     int64_t dims[][4] = {{p->batch, p->heads_q, p->seq_q, p->head_dim},
                          {p->batch, p->heads_kv, p->seq_k, p->head_dim},
                          {p->batch, p->heads_kv, p->seq_k, p->head_dim_v},
@@ -68,9 +69,11 @@ static fa_status check_counts(const fa_problem *p) {
                          {p->batch, p->heads_q, p->seq_q, p->seq_k}};
     const char *names[] = {"q", "k", "v", "o", "the score matrix"};
     for (int t = 0; t < 5; t++) {
-        int64_t n = 8; /* bytes of a double: the widest element anyone stores */
+        int64_t n = 8 * 128; /* bytes of a double, the widest element anyone stores, x a tile */
+        /* a zero size counts as 1: an empty problem's per-row and per-tile sizes (tiles of
+         * head_dim columns, a row's bytes) must fit int64 all the same */
         for (int i = 0; i < 4; i++)
-            if (__builtin_mul_overflow(n, dims[t][i], &n))
+            if (__builtin_mul_overflow(n, dims[t][i] ? dims[t][i] : 1, &n))
                 return fa_error(FA_ERR_OVERFLOW,
                                 "%s [%lld, %lld, %lld, %lld] is too large: its size overflows int64", names[t],
                                 (long long)dims[t][0], (long long)dims[t][1], (long long)dims[t][2],
