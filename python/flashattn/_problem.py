@@ -92,7 +92,8 @@ def combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k):
 
 def empty_dims(*dims):
     """Whether a problem with these sizes has no element to compute (a zero B, H, Sq or Sk);
-    the library refuses zero sizes, so the fronts answer such calls themselves."""
+    the torch and JAX fronts fill such calls' outputs themselves (their tensors may live on a
+    GPU, be meta tensors or XLA buffers) after the library has planned the problem."""
     return any(int(d) == 0 for d in dims)
 
 

@@ -7,10 +7,10 @@ and generate_vmap_rule, so torch.func.grad, vjp and vmap compose with it; forwar
 raises NotImplementedError. The op has no autograd formula of its own: under torch.func the
 op's generated one (which lacks setup_context) would be reached instead. Tensors reach the
 library as pointers with their own strides; copies happen only where strides cannot
-describe them. Problems with a zero-size batch, head count or sequence never reach the
-library (it refuses them): they are planned once with those sizes at 1, so bad options
-still raise the library's message, and the outputs follow docs/nonfinite.md's rule for a
-row with no visible key (o = 0, lse = -inf)."""
+describe them. Problems with a zero-size batch, head count or sequence are not run by the
+library here (the outputs may be GPU or meta tensors): they are planned once with those
+sizes at 1, so bad options still raise the library's message, and the outputs follow
+docs/nonfinite.md's rule for a row with no visible key (o = 0, lse = -inf, or the sink)."""
 import contextlib
 from typing import Optional, Tuple
 

@@ -270,7 +270,7 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
         _PINNED.setdefault(built.ptr, built)
         opt = opt._replace(mask=built.ptr)
     _check_plan(opt, q, k, v, bias, fmask)
-    if empty_dims(b, hq, sq, sk):  # nothing to compute; the library refuses zero sizes
+    if empty_dims(b, hq, sq, sk):  # nothing to compute: filled here, outside the XLA call
         o_shape, lse_shape = _ffi.out_shapes(opt, q, v)
         o, lse = jnp.zeros(o_shape, q.dtype), jnp.full(lse_shape, -jnp.inf, jnp.float32)
         if sinks is not None:  # rows without keys: lse = sink

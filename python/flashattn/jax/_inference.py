@@ -186,7 +186,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                            cu_seqlens_k=host_k, causal=causal, window=_window(window), softcap=softcap,
                            scale=scale, alibi=slopes is not None, diag_offset=diag_offset, sinks=sinks is not None)
         _native.cached_plan(p, _library_options("cpu"))
-    if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads; the library refuses zero sizes
+    if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads: filled here, outside the XLA call
         o = jnp.zeros(q.shape[:2] + v.shape[2:], q.dtype)
         lse = jnp.full((q.shape[1], q.shape[0]), -jnp.inf, jnp.float32)
         if sinks is not None:  # rows without keys: lse = sink
