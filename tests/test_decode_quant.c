@@ -28,7 +28,7 @@ static uint8_t ind_e4m3(float y) {
         if (d < db || (d == db && !(c & 1))) best = c;
     }
     if (a >= 448.0) best = 0x7e;
-    return (uint8_t)((y < 0 ? 0x80 : 0) | best);
+    return (uint8_t)((signbit(y) ? 0x80 : 0) | best); /* -0 keeps its sign: 0x80, as ml_dtypes gives */
 }
 static int8_t ind_int8(float y) {
     double f = floor((double)y), r = (double)y - f;
