@@ -6,10 +6,13 @@
  * come back to Python as XLA errors carrying the library's message.
  *
  * Buffers, in order (the optional ones only when their attribute says so):
- *   forward  args q, k, v, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids], [sinks]
+ *   forward  args q, k, v, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids], [sinks], [seed]
  *            rets o, lse
- *   backward args q, k, v, o, lse, do, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids], [sinks]
+ *   backward args q, k, v, o, lse, do, [bias], [alibi_slopes], [q_segment_ids, kv_segment_ids], [sinks],
+ *            [seed]
  *            rets dq, dk, dv, [dbias], [dsink]
+ * seed (with dropout_p > 0): uint32 [4], dropout's seed and offset as (low, high) 32-bit
+ * words each, a buffer rather than an attribute so that a traced seed does not recompile.
  * Attribute "mask": the address of a library-built fa_mask (flashattn.masks; the Python front
  * keeps it alive for the process), 0 for none.
  * q, k, v, o, do are [B, S, H, D] (layout 1) or [B, H, S, D] (layout 0), row-major; lse is
@@ -32,14 +35,14 @@
 
 /* The tensors a call can carry, arguments then results. */
 enum {
-    T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_BIAS, T_SLOPES, T_QSEG, T_KVSEG, T_SINKS,
+    T_Q, T_K, T_V, T_O, T_LSE, T_DO, T_BIAS, T_SLOPES, T_QSEG, T_KVSEG, T_SINKS, T_SEED,
     T_OUT_O, T_OUT_LSE, T_DQ, T_DK, T_DV, T_DBIAS, T_DSINK, T_COUNT
 };
 static const char *const tensor_name[T_COUNT] = {
-    "q", "k", "v", "o", "lse", "do", "bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "sinks",
+    "q", "k", "v", "o", "lse", "do", "bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "sinks", "seed",
     "o", "lse", "dq", "dk", "dv", "dbias", "dsink"};
 /* Rank of each tensor without the leading (vmapped) dims. */
-static const int64_t base_rank[T_COUNT] = {4, 4, 4, 4, 3, 4, 4, 1, 2, 2, 1, 4, 3, 4, 4, 4, 4, 1};
+static const int64_t base_rank[T_COUNT] = {4, 4, 4, 4, 3, 4, 4, 1, 2, 2, 1, 1, 4, 3, 4, 4, 4, 4, 1};
 
 typedef struct {
     const XLA_FFI_CallFrame *frame;
@@ -77,11 +80,7 @@ static XLA_FFI_Error *read_options(call *c) {
         (e = fj_attr_i64(f, "mask", &mask)) ||
         (c->backward && (e = fj_attr_i64(f, "bias_grad", &bias_grad))))
         return e;
-    int64_t seed, offset; /* dropout's unsigned 64-bit seed and offset, as int64 attributes of the same bits */
-    if ((e = fj_attr_f32(f, "dropout_p", &p->dropout_p)) || (e = fj_attr_i64(f, "dropout_seed", &seed)) ||
-        (e = fj_attr_i64(f, "dropout_offset", &offset)))
-        return e;
-    p->dropout_seed = (uint64_t)seed, p->dropout_offset = (uint64_t)offset;
+    if ((e = fj_attr_f32(f, "dropout_p", &p->dropout_p))) return e; /* its seed: the seed buffer */
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (c->layout != 0 && c->layout != 1) return BAD(c, "layout must be 0 or 1, got %lld", (long long)c->layout);
     p->causal = causal != 0;
@@ -109,6 +108,7 @@ static XLA_FFI_Error *read_buffers(call *c) {
     want[T_SLOPES] = p->has_alibi;
     want[T_QSEG] = want[T_KVSEG] = p->has_segment_ids;
     want[T_SINKS] = p->has_sinks;
+    want[T_SEED] = p->dropout_p != 0.0f;
     want[T_OUT_O] = want[T_OUT_LSE] = !c->backward;
     want[T_DQ] = want[T_DK] = want[T_DV] = c->backward;
     want[T_DBIAS] = c->backward && p->bias_grad;
@@ -157,6 +157,7 @@ static XLA_FFI_Error *check_buffers(call *c) {
             r == T_DSINK)
             want = XLA_FFI_DataType_F32;
         if (r == T_QSEG || r == T_KVSEG) want = XLA_FFI_DataType_S32;
+        if (r == T_SEED) want = XLA_FFI_DataType_U32;
         if (b->dtype != want)
             return BAD(c, "%s must be %s, got %s", tensor_name[r], fj_dtype_name(want), fj_dtype_name(b->dtype));
     }
@@ -267,6 +268,8 @@ static XLA_FFI_Error *build_problem(call *c) {
         return e; /* sinks and dsink: [Hq], as the slopes */
     if (p->has_segment_ids && ((e = expect_dims(c, T_QSEG, qseg, 2)) || (e = expect_dims(c, T_KVSEG, kvseg, 2))))
         return e;
+    const int64_t seed[1] = {4};
+    if (c->has[T_SEED] && (e = expect_dims(c, T_SEED, seed, 1))) return e;
     return NULL;
 }
 
@@ -283,15 +286,16 @@ static int leading_is_ones(const call *c, int r) {
 }
 
 /* Whether the leading dims can fold into B: every tensor carries them, except ALiBi slopes,
- * sinks and a batch-1 bias that are shared by all (their dbias would not be; nor would
- * dsink, which the backward sums over B: per vmapped index it runs one call each). */
+ * sinks, dropout's seed and a batch-1 bias that are shared by all (their dbias would not be;
+ * nor would dsink, which the backward sums over B: per vmapped index it runs one call each;
+ * a seed per index is one plan each). */
 static int can_fold(const call *c) {
     if (c->n_lead == 1) return 1;
     if (c->has[T_DSINK]) return 0;
     for (int r = 0; r < T_OUT_O; r++) {
         if (!c->has[r]) continue;
         int full = leading_is_full(c, r), ones = leading_is_ones(c, r);
-        if (r == T_SLOPES || r == T_SINKS) {
+        if (r == T_SLOPES || r == T_SINKS || r == T_SEED) {
             if (!ones) return 0;
         } else if (r == T_BIAS) {
             int per_example = full && c->p.bias_batch == c->p.batch;
@@ -409,16 +413,30 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
     memset(&opt, 0, sizeof opt);
     opt.backend = backend;
     opt.threads = (int)c.threads;
+    /* the seed is part of the problem: one plan per vmapped index when each has its own */
+    const int plan_each = c.has[T_SEED] && !leading_is_ones(&c, T_SEED);
     fa_plan *plan = NULL;
-    fa_status s = fa_plan_create(&c.p, &opt, &plan);
-    if (s != FA_OK) return fj_library_error(c.frame->api, s);
+    fa_status s = FA_OK;
     device_ctx d;
     memset(&d, 0, sizeof d);
-    if (backend == FA_BACKEND_CUDA && (e = device_begin(&c, plan, &d))) {
+    for (int64_t i = 0; i < calls && s == FA_OK && !e; i++) {
+        if (plan && !plan_each) {
+            s = run_one(&c, plan, &d, i);
+            continue;
+        }
         fa_plan_destroy(plan);
-        return e;
+        plan = NULL;
+        /* host memory on the CPU platform; the CUDA backend refuses dropout when planning,
+         * before a seed would be needed (its buffer is device memory) */
+        if (c.has[T_SEED] && backend == FA_BACKEND_CPU) {
+            const uint32_t *w = slice_ptr(&c, T_SEED, i);
+            c.p.dropout_seed = (uint64_t)w[1] << 32 | w[0];
+            c.p.dropout_offset = (uint64_t)w[3] << 32 | w[2];
+        }
+        if ((s = fa_plan_create(&c.p, &opt, &plan)) != FA_OK) break;
+        if (backend == FA_BACKEND_CUDA && i == 0 && (e = device_begin(&c, plan, &d))) break;
+        s = run_one(&c, plan, &d, i);
     }
-    for (int64_t i = 0; i < calls && s == FA_OK; i++) s = run_one(&c, plan, &d, i);
     if (s != FA_OK) e = fj_library_error(c.frame->api, s);
     XLA_FFI_Error *e2 = device_end(&c, &d);
     fa_plan_destroy(plan);

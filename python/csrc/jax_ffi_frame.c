@@ -123,6 +123,7 @@ const char *fj_dtype_name(XLA_FFI_DataType t) {
     case XLA_FFI_DataType_BF16: return "bfloat16";
     case XLA_FFI_DataType_F64: return "float64";
     case XLA_FFI_DataType_S32: return "int32";
+    case XLA_FFI_DataType_U32: return "uint32";
     case XLA_FFI_DataType_S64: return "int64";
     case XLA_FFI_DataType_S8: return "int8";
     case XLA_FFI_DataType_F8E4M3FN: return "float8_e4m3fn";

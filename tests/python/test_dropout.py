@@ -123,3 +123,51 @@ def test_jax_dropout(rng):
     ob, lse = flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=11, return_lse=True)
     dq, _, _ = flashattn.attention_backward(qb, kb, vb, ob, lse, do.astype(np.float32), dropout_p=0.3, seed=11)
     np.testing.assert_allclose(np.swapaxes(np.asarray(g), 1, 2), dq, rtol=1e-5, atol=1e-6)
+
+
+def test_jax_traced_seed(rng):
+    """The seed is an operand: under jit a new seed (a traced int) runs the same compiled call
+    and gives that seed's mask; a jax.random key gives the seed of its two key-data words; a
+    vmapped seed gives each index its own; bad seeds are refused naming the argument."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as fj
+    q, k, v = (randn(rng, (1, 20, 2, 16)) for _ in range(3))  # [B, S, N, H]
+    qb, kb, vb = (np.swapaxes(x, 1, 2) for x in (q, k, v))
+    traces = []
+
+    @jax.jit
+    def f(q, seed, offset):
+        traces.append(1)
+        return fj.attention(q, k, v, dropout_p=0.3, seed=seed, dropout_offset=offset)
+
+    for seed, offset in ((11, 0), (12, 0), (2**31 + 5, 3)):
+        o = np.asarray(f(q, jnp.uint32(seed), jnp.uint32(offset)))
+        want = flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=seed, dropout_offset=offset)
+        np.testing.assert_array_equal(np.swapaxes(o, 1, 2), want)
+    assert len(traces) == 1, f"a new seed recompiled: {len(traces)} traces"
+    # a Python int seed past 32 bits: its high word counts
+    o = np.asarray(fj.attention(q, k, v, dropout_p=0.3, seed=2**40 + 5, dropout_offset=2**33))
+    want = flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=2**40 + 5, dropout_offset=2**33)
+    np.testing.assert_array_equal(np.swapaxes(o, 1, 2), want)
+    # gradients under jit with a traced seed equal the library's backward with that seed
+    g = jax.jit(jax.grad(lambda q, s: (fj.attention(q, k, v, dropout_p=0.3, seed=s) ** 2).sum()))(q, jnp.uint32(12))
+    ob, lse = flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=12, return_lse=True)
+    dq, _, _ = flashattn.attention_backward(qb, kb, vb, ob, lse, (2 * ob).astype(np.float32), dropout_p=0.3, seed=12)
+    np.testing.assert_allclose(np.swapaxes(np.asarray(g), 1, 2), dq, rtol=1e-5, atol=1e-6)
+    # keys: typed and raw, the seed = key data word 0 | word 1 << 32
+    key = jax.random.key(5)
+    w = np.asarray(jax.random.key_data(key), np.uint64)
+    want = flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=int(w[0] | w[1] << np.uint64(32)))
+    for kk in (key, jax.random.PRNGKey(5)):
+        o = np.asarray(jax.jit(lambda q, s: fj.attention(q, k, v, dropout_p=0.3, seed=s))(q, kk))
+        np.testing.assert_array_equal(np.swapaxes(o, 1, 2), want)
+    # a vmapped seed: index i runs with seed i (batch index 0 in each)
+    seeds = jnp.arange(3, dtype=jnp.uint32)
+    o = np.asarray(jax.vmap(lambda s: fj.attention(q, k, v, dropout_p=0.3, seed=s))(seeds))
+    for i in range(3):
+        np.testing.assert_array_equal(np.swapaxes(o[i], 1, 2), flashattn.attention(qb, kb, vb, dropout_p=0.3, seed=i))
+    for bad, what in ((-1, "seed = -1"), (2**64, "seed = 18446744073709551616"), (1.5, "seed must be an integer"),
+                      (jnp.zeros(3, jnp.int32), "seed must be an integer scalar"), (True, "seed must be an integer")):
+        with pytest.raises(ValueError, match=what):
+            fj.attention(q, k, v, dropout_p=0.3, seed=bad)

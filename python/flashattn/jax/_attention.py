@@ -160,7 +160,8 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
 
 
 def _dropout(dropout_p, seed, dropout_offset):
-    """Options' dropout fields: dropout_p in [0, 1) with an integer seed (static: a Python int)."""
+    """Options' dropout field: dropout_p in [0, 1) (static), which needs a seed; the seed
+    and offset themselves are checked and become an operand in seed_words."""
     if dropout_p is None or dropout_p == 0:
         if seed is not None or dropout_offset is not None:
             raise ValueError("seed= and dropout_offset= need dropout_p > 0")
@@ -169,15 +170,54 @@ def _dropout(dropout_p, seed, dropout_offset):
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
     if seed is None:
-        raise ValueError("dropout_p > 0 needs seed= (a Python int in 0 .. 2**64 - 1)")
-    out = dict(dropout_p=p)
-    for name, x in (("seed", seed), ("dropout_offset", dropout_offset or 0)):
-        if isinstance(x, jax.core.Tracer) or isinstance(x, bool) or not hasattr(x, "__index__"):
-            raise ValueError(f"{name} must be a Python int (static: one compiled call per value), got {x!r}")
-        if not 0 <= int(x) < 2**64:
-            raise ValueError(f"{name} = {int(x)} is not in 0 .. 2**64 - 1")
-        out[name] = int(x)
-    return out
+        raise ValueError("dropout_p > 0 needs seed= (an integer in 0 .. 2**64 - 1, an integer scalar array, "
+                         "or a jax.random key)")
+    return dict(dropout_p=p)
+
+
+def _u64_words(name, x, key_ok):
+    """x as two uint32 words (low, high): a Python int in 0 .. 2**64 - 1; an integer scalar
+    array (a concrete one checked as the int; a traced one's bits read as unsigned, a 32-bit
+    one with high word 0); with key_ok, a jax.random key, typed (jax.random.key) or raw
+    (jax.random.PRNGKey's uint32 [2]), whose two key-data words are the seed's (low, high)."""
+    if isinstance(x, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got {x!r}")
+    if hasattr(x, "dtype") and key_ok and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        if x.shape != ():
+            raise ValueError(f"{name} must be one key (shape ()), got a key array of shape {tuple(x.shape)}")
+        x = jax.random.key_data(x)
+        if x.shape != (2,) or x.dtype != jnp.uint32:
+            raise ValueError(f"{name}: a key of this PRNG implementation has key data {x.dtype}{list(x.shape)}, "
+                             "not uint32[2]; pass an integer seed instead")
+        return x
+    if hasattr(x, "dtype") and key_ok and tuple(x.shape) == (2,) and jnp.dtype(x.dtype) == jnp.uint32:
+        return jnp.asarray(x)  # a raw key: jax.random.PRNGKey(n)
+    if hasattr(x, "dtype") and (tuple(x.shape) != () or jnp.dtype(x.dtype) == jnp.bool_ or
+                                not jnp.issubdtype(x.dtype, jnp.integer)):
+        raise ValueError(f"{name} must be an integer scalar{' or a jax.random key' if key_ok else ''}, "
+                         f"got {x.dtype}{list(x.shape)}")
+    if not isinstance(x, jax.core.Tracer):  # a concrete value: checked, exactly, as a Python int
+        if not hasattr(x, "__index__") and not hasattr(x, "dtype"):
+            raise ValueError(f"{name} must be an integer, an integer scalar array"
+                             f"{' or a jax.random key' if key_ok else ''}, got {type(x).__name__}")
+        v = int(x)
+        if not 0 <= v < 2**64:
+            raise ValueError(f"{name} = {v} is not in 0 .. 2**64 - 1")
+        return jnp.asarray(np.array([v & 0xFFFFFFFF, v >> 32], np.uint32))
+    if jnp.dtype(x.dtype).itemsize <= 4:
+        return jnp.stack([x.astype(jnp.uint32), jnp.zeros((), jnp.uint32)])
+    u = x.astype(jnp.uint64)
+    return jnp.stack([(u & 0xFFFFFFFF).astype(jnp.uint32), (u >> 32).astype(jnp.uint32)])
+
+
+def seed_words(opt, seed, dropout_offset):
+    """The handler's seed operand (uint32 [4]: seed low, high, offset low, high), or None
+    without dropout. An operand, not an attribute: a new seed each training step runs the
+    compiled call again instead of compiling another (the bits are the same either way)."""
+    if opt.dropout_p == 0:
+        return None
+    return jax.lax.stop_gradient(jnp.concatenate([_u64_words("seed", seed, True),
+                                                  _u64_words("dropout_offset", 0 if dropout_offset is None else dropout_offset, False)]))
 
 
 def _unwrap(x):
@@ -185,24 +225,24 @@ def _unwrap(x):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks):
-    return _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks)
+def _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed):
+    return _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed)
 
 
-def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks):
+def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed):
     # symbolic_zeros: each argument comes as (value, perturbed); dbias is computed only
     # when the bias is being differentiated
     bias_grad = bias is not None and bias.perturbed
-    q, k, v, bias, slopes, q_seg, kv_seg, sinks = map(_unwrap, (q, k, v, bias, slopes, q_seg, kv_seg, sinks))
+    q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed = map(_unwrap, (q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed))
     if bias_grad:  # at trace time, so that a library without dbias says so before anything runs
         plan_for(opt, q, k, v, bias, bias_grad=True)
-    o, lse = _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks)
+    o, lse = _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed)
     marker = () if bias_grad else None  # static: the residuals' structure carries it
-    return (o, lse), (q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, marker)
+    return (o, lse), (q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, seed, marker)
 
 
 def _op_bwd(opt, res, cotangents):
-    q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, marker = res
+    q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, seed, marker = res
     do, dlse = cotangents
     with_lse = not isinstance(dlse, SymbolicZero)
     if with_lse and opt.dropout_p > 0:  # lse's cotangent rides on dP, which dropout scales
@@ -211,7 +251,7 @@ def _op_bwd(opt, res, cotangents):
         dlse = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
     v, o, do = _cotangents_as_values(v, o, do, dlse if with_lse else None)
     dq, dk, dv, dbias, dsink = _ffi.backward(opt, marker is not None, q, k, v, o, lse, do, bias, slopes, q_seg,
-                                             kv_seg, sinks)
+                                             kv_seg, sinks, seed)
     if with_lse:
         dv = dv[..., :-1]
         if sinks is not None:
@@ -219,7 +259,7 @@ def _op_bwd(opt, res, cotangents):
             # (the value column carries it to the scores only); lse is [B, H, Sq] in both layouts
             dlse_bhs = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
             dsink = dsink + jnp.sum(jnp.exp(sinks[None, :, None] - lse) * dlse_bhs, axis=(0, 2))
-    return dq, dk, dv, dbias, None, None, None, dsink
+    return dq, dk, dv, dbias, None, None, None, dsink, None
 
 
 _op.defvjp(_op_fwd, _op_bwd, symbolic_zeros=True)
@@ -276,7 +316,7 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
         if sinks is not None:  # rows without keys: lse = sink
             lse = jnp.broadcast_to(sinks[None, :, None], lse_shape)
     else:
-        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks)
+        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed_words(opt, seed, dropout_offset))
     return (o, lse) if return_lse else o
 
 
@@ -315,11 +355,14 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     Differentiable for q, k, v, bias and sinks (jax.custom_vjp through the library's backward);
     works under jax.jit, jax.grad and jax.vmap (vmapped dims fold into the batch).
 
-    dropout_p in [0, 1) with seed (and dropout_offset), Python ints in 0 .. 2**64 - 1, drops
-    each weight after the softmax with flashattn's keep mask (docs/semantics.md, "Dropout"),
-    the kept ones scaled by 1 / (1 - dropout_p); the backward regenerates it. The seed is
-    static (one compiled call per seed under jit); lse stays undropped and its gradient
-    under dropout is not supported. Under vmap the mask's batch index is the folded one.
+    dropout_p in [0, 1) (static) with seed (and dropout_offset) drops each weight after the
+    softmax with flashattn's keep mask (docs/semantics.md, "Dropout"), the kept ones scaled
+    by 1 / (1 - dropout_p); the backward regenerates it. seed: a Python int in 0 .. 2**64 -
+    1, an integer scalar array (traced under jit: a new seed each step does not recompile),
+    or a jax.random key (its two key-data words are the seed's low and high halves);
+    dropout_offset: an int or integer scalar array. lse stays undropped and its gradient
+    under dropout is not supported. Under vmap the mask's batch index is the folded one
+    (a vmapped seed: each index its own seed, at its own batch indices).
     """
     return call(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                 alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,

@@ -42,9 +42,7 @@ class Options(NamedTuple):
     has_segment_ids: bool
     threads: int = 0  # fa_options.threads for this call; 0: the library's default
     has_sinks: bool = False  # attention sinks [Hq] (docs/semantics.md)
-    dropout_p: float = 0.0  # docs/semantics.md, "Dropout"; 0: off
-    seed: int = 0  # dropout's seed and offset, unsigned 64-bit (static: part of the compiled call)
-    dropout_offset: int = 0
+    dropout_p: float = 0.0  # docs/semantics.md, "Dropout"; 0: off (its seed: an operand, seed_words)
     mask: int = 0  # the address of a library-built fa_mask (flashattn.masks), 0: none; kept alive by _attention
 
 
@@ -106,15 +104,14 @@ def _attributes(opt: Options) -> dict:
         threads=i64(opt.threads),
         has_sinks=i64(opt.has_sinks),
         dropout_p=f32(opt.dropout_p),
-        # unsigned 64-bit values as int64 attributes of the same bits
-        dropout_seed=np.array(opt.seed, np.uint64).view(np.int64)[()],
-        dropout_offset=np.array(opt.dropout_offset, np.uint64).view(np.int64)[()],
         mask=i64(opt.mask),
     )
 
 
-def _extras(bias, slopes, q_seg, kv_seg, sinks=None) -> list:
-    return [x for x in (bias, slopes, q_seg, kv_seg, sinks) if x is not None]
+def _extras(bias, slopes, q_seg, kv_seg, sinks=None, seed=None) -> list:
+    """The optional operands, in the handler's order; seed: uint32 [4] (seed_words), given
+    with dropout_p > 0."""
+    return [x for x in (bias, slopes, q_seg, kv_seg, sinks, seed) if x is not None]
 
 
 def out_shapes(opt: Options, q, v):
@@ -128,7 +125,7 @@ def out_shapes(opt: Options, q, v):
     return o, (b, h, s)
 
 
-def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None):
+def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
     """(o, lse) from the forward handler."""
     register()
     o_shape, lse_shape = out_shapes(opt, q, v)
@@ -137,10 +134,10 @@ def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None):
         (jax.ShapeDtypeStruct(o_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
         vmap_method="expand_dims",
     )
-    return call(q, k, v, *_extras(bias, slopes, q_seg, kv_seg, sinks), **_attributes(opt))
+    return call(q, k, v, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed), **_attributes(opt))
 
 
-def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, sinks=None):
+def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
     """(dq, dk, dv, dbias or None, dsink or None) from the backward handler."""
     register()
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
@@ -149,6 +146,6 @@ def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q
     if sinks is not None:
         shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
     call = jax.ffi.ffi_call(BACKWARD_TARGET, tuple(shapes), vmap_method="expand_dims")
-    outs = call(q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg, sinks), bias_grad=np.int64(bias_grad),
+    outs = call(q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed), bias_grad=np.int64(bias_grad),
                 **_attributes(opt))
     return (*outs[:3], outs[3] if bias_grad else None, outs[-1] if sinks is not None else None)
