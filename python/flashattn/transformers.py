@@ -20,7 +20,10 @@ the kv heads directly (no repeat_kv copy); softcap (Gemma 2) goes to the kernel.
 What differs from "sdpa": a query row that sees no key at all (the pad positions of a
 left-padded batch) gives o = 0 here; torch's SDPA gives 0 or NaN there depending on its
 version and kernel. Those rows are padding, which the model's loss and generate() ignore.
-Dropout is not implemented: a module in training mode with attention dropout > 0 raises.
+Attention dropout (a module in training mode with attention_dropout > 0) runs flashattn's
+dropout, its seed drawn from torch's generator (torch.manual_seed reproduces it; the keep
+mask is flashattn's own, docs/semantics.md, "Dropout"). Attention sinks (gpt-oss passes its
+per-head `sinks` parameter as `s_aux`) go to the kernel as sinks=, with their gradient.
 """
 import torch
 
@@ -33,16 +36,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                       is_causal=None, softcap=None, **kwargs):
     """transformers' attention-function signature: query [B, Hq, Sq, D], key and value
     [B, Hk, Sk, D]; returns (output [B, Sq, Hq, Dv], None)."""
-    if dropout and dropout > 0.0:
-        raise NotImplementedError(
-            f"{NAME}: attention dropout ({dropout}) is not implemented; use model.eval() or a config "
-            "with attention_dropout = 0")
     if kwargs.get("position_bias") is not None:
         raise NotImplementedError(f"{NAME}: position_bias (T5-style relative bias) is not supported")
     sq = query.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     opts = dict(scale=scaling, softcap=softcap, diag_offset=0)  # top-left, as SDPA's is_causal
+    if dropout:  # transformers passes 0.0 outside training
+        opts["dropout_p"] = float(dropout)
+    s_aux = kwargs.get("s_aux")
+    if s_aux is not None:  # gpt-oss: a logit per query head in each row's softmax denominator
+        opts["sinks"] = s_aux.to(torch.float32)
     if attention_mask is not None:
         # the mask already holds causality, padding and any sliding window
         if attention_mask.dtype == torch.bool:

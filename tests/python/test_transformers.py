@@ -101,10 +101,68 @@ def test_generate_matches_sdpa(arch, rng, counted):
     assert torch.equal(got, want), f"{arch}: tokens differ (seed {SEED})\n{got}\n{want}"
 
 
-def test_dropout_in_training_raises():
+def test_dropout_in_training(rng):
+    """A model in training mode with attention_dropout > 0 runs flashattn's dropout: the seed
+    from torch's generator (torch.manual_seed repeats the logits bit for bit, another seed
+    changes them), the same weights as flashattn.torch.attention with dropout_p, and a
+    backward that runs; eval() turns it off."""
     name = fhf.register()
     cfg = copy.deepcopy(_configs()["llama"])
     cfg.attention_dropout = 0.1
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=name).train()
-    with pytest.raises(NotImplementedError, match="dropout"):
-        model(input_ids=torch.ones((1, 4), dtype=torch.long))
+    ids = torch.from_numpy(rng.integers(1, VOCAB, (2, 10)))
+    runs = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        runs.append(model(input_ids=ids).logits)
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    runs[0].sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    with torch.no_grad():
+        a, b = model.eval()(input_ids=ids).logits, model(input_ids=ids).logits
+    assert torch.equal(a, b)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 4, 8, 16)).astype(np.float32)) for _ in range(3))
+    torch.manual_seed(9)
+    got, _ = fhf.attention_forward(model.model.layers[0].self_attn, q, k, v, None, dropout=0.2, scaling=0.25)
+    torch.manual_seed(9)
+    want = ft.attention(q, k, v, causal=True, scale=0.25, diag_offset=0, dropout_p=0.2).transpose(1, 2)
+    assert torch.equal(got, want)
+
+
+def _gpt_oss_config():
+    return transformers.GptOssConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+                                     layer_types=["sliding_attention", "full_attention"], max_position_embeddings=128,
+                                     attention_dropout=0.0, tie_word_embeddings=False)
+
+
+@pytest.mark.skipif(not hasattr(transformers, "GptOssConfig"), reason="this transformers has no gpt-oss")
+def test_gpt_oss_sinks_match_eager(rng, counted):
+    """gpt-oss passes its per-head sinks as s_aux: the logits and every gradient (the sinks'
+    included) agree with transformers' eager attention, which concatenates the sink logit to
+    each row's scores; a sliding-window layer and left padding included."""
+    name = fhf.register()
+    cfg = _gpt_oss_config()
+    torch.manual_seed(SEED % 2**31)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=name)
+    with torch.no_grad():  # sinks are initialised to zeros: make them matter
+        for layer in ref.model.layers:
+            layer.self_attn.sinks.copy_(torch.from_numpy(rng.standard_normal(4).astype(np.float32)))
+    ours.load_state_dict(ref.state_dict())
+    ids, mask = _batch(rng, [10, 6], 10)
+    want, got = ref(input_ids=ids, attention_mask=mask).logits, ours(input_ids=ids, attention_mask=mask).logits
+    assert counted, "flashattn did not run"
+    real = mask.bool()
+    err = (got - want)[real].abs().max().item() / want[real].abs().max().item()
+    assert err < 1e-5, f"gpt-oss: relative logit error {err:.3g} (seed {SEED})"
+    (got[real] ** 2).sum().backward()
+    (want[real] ** 2).sum().backward()
+    for (n, a), b in zip(ours.named_parameters(), ref.parameters()):
+        if b.grad is None:
+            assert a.grad is None or not a.grad.any(), n
+            continue
+        e = (a.grad - b.grad).abs().max().item() / max(b.grad.abs().max().item(), 1e-30)
+        assert e < 1e-4, f"gpt-oss: gradient of {n} off by {e:.3g} (seed {SEED})"
