@@ -167,8 +167,9 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
                    threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                   seed: int = 0, mask: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                   seed: Optional[torch.Tensor] = None, mask: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
+    seed = seed_value(seed)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
     if _empty_sizes(q, k, layout):
         _check_empty(q, k, v, bias, alibi, segs, opts, threads, sinks=has_sinks)
@@ -194,7 +195,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
                         window_left, window_right, softcap, scale, layout, diag_offset, bias_scale,
-                        threads=0, sinks=None, dropout_p=0.0, seed=0, mask=0):
+                        threads=0, sinks=None, dropout_p=0.0, seed=None, mask=0):
     return q.new_empty(o_shape(q, v, layout)), q.new_empty(lse_shape(q, layout), dtype=torch.float32)
 
 
@@ -206,10 +207,11 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
                    bias_grad: bool, threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                   seed: int = 0, mask: int = 0
+                   seed: Optional[torch.Tensor] = None, mask: int = 0
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv, dbias ((0,) without bias_grad) and dsink ((0,) without sinks)."""
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
+    seed = seed_value(seed)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
     if _empty_sizes(q, k, layout):  # nothing visible anywhere: every gradient is 0
         _check_empty(q, k, v, bias, alibi, segs, opts, threads, bias_grad, has_sinks)
@@ -240,7 +242,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 @_attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
                         causal, window_left, window_right, softcap, scale, layout, diag_offset,
-                        bias_scale, bias_grad, threads=0, sinks=None, dropout_p=0.0, seed=0, mask=0):
+                        bias_scale, bias_grad, threads=0, sinks=None, dropout_p=0.0, seed=None, mask=0):
     dq, dk, dv = (grad_like(dense_for_grad(t)) for t in (q, k, v))
     return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32), q.new_empty(
         sinks.shape if sinks is not None else (0,), dtype=torch.float32)
@@ -292,7 +294,7 @@ class AttentionCompiled(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
-                diag_offset, bias_scale, threads, sinks=None, dropout_p=0.0, seed=0, mask=None):
+                diag_offset, bias_scale, threads, sinks=None, dropout_p=0.0, seed=None, mask=None):
         # mask: a flashattn.masks NativeMask (None: none); the op gets its address, and
         # setup_context keeps the object, so it outlives the backward that uses it too
         with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
@@ -305,25 +307,32 @@ class AttentionCompiled(torch.autograd.Function):
         # inputs: q, k, v, bias, slopes, q_seg, kv_seg, 9 options (causal .. threads), then
         # optionally sinks, dropout_p, seed, mask
         sinks = inputs[16] if len(inputs) > 16 else None
-        ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7], sinks)
+        seed = inputs[18] if len(inputs) > 18 else None  # a tensor (seed_tensor): saved with the others
+        ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7], sinks, seed)
         ctx.n_inputs = len(inputs)
-        ctx.options = tuple(inputs[7:16]) + (tuple(inputs[17:19]) + (0.0, 0))[:2]  # dropout_p, seed: 0 if not given
+        ctx.options = tuple(inputs[7:16]) + (inputs[17] if len(inputs) > 17 else 0.0,)  # dropout_p: 0 if not given
         ctx.mask = inputs[19] if len(inputs) > 19 else None  # kept alive for the backward
+        if ctx.options[9] > 0:
+            # under dropout lse has no gradient here (refused_lse_grad refuses one where the
+            # caller returns lse), so the backward never sees a dlse; torch.compile then traces
+            # the backward whole instead of breaking its graph at the refusal below
+            ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks = ctx.saved_tensors
+        q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, seed = ctx.saved_tensors
         nones = (None,) * (ctx.n_inputs - 4)
         if do is None and dlse is None:
             return (None,) * 4 + nones
         do = torch.zeros_like(o) if do is None else do
-        layout, threads, dropout_p, seed = ctx.options[5], ctx.options[8], ctx.options[9], ctx.options[10]
+        layout, threads, dropout_p = ctx.options[5], ctx.options[8], ctx.options[9]
         mask = ctx.mask
-        if dlse is not None and dropout_p > 0:
-            # lse's cotangent rides on dP (lse_as_value_column), which dropout scales
-            raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported: "
-                                      "use o alone, or dropout_p=0")
+        if dropout_p > 0:
+            # lse is non-differentiable under dropout (setup_context): no dlse reaches here
+            # in eager mode, and the one torch.compile traces with is not a real gradient.
+            # (lse's cotangent would ride on dP, lse_as_value_column, which dropout scales.)
+            dlse = None
         if dlse is not None:
             to_rows = (lambda x: x) if layout == "bhsd" else (lambda x: x.transpose(1, 2))
             v, o, do = lse_as_value_column(v, o, do, dlse, to_rows)
@@ -345,6 +354,30 @@ class AttentionCompiled(torch.autograd.Function):
 
 
 
+class _RefusedLseGrad(torch.autograd.Function):
+    """lse as it is, whose gradient raises: lse under dropout, which the attention
+    Function leaves without one (a gradient through it would be silently missing)."""
+
+    @staticmethod
+    def forward(lse, *inputs):
+        return lse.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, dlse):
+        raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported: "
+                                  "use o alone, or dropout_p=0")
+
+
+def refused_lse_grad(lse, q, k, v):
+    """lse under dropout for the caller: it requires grad where q, k or v do, and a
+    gradient reaching it raises NotImplementedError."""
+    return _RefusedLseGrad.apply(lse, q, k, v)
+
+
 class Attention(AttentionCompiled):
     """AttentionCompiled with forward-mode AD refused by name (eager calls)."""
 
@@ -362,4 +395,32 @@ def dropout_seed(generator=None):
     """A dropout seed drawn from torch's generator (the default CPU one unless given), as
     flashattn.torch.attention and scaled_dot_product_attention draw it when given none:
     torch.randint(0, 2**62, ()), so torch.manual_seed reproduces a run's masks."""
-    return int(torch.randint(0, 2**62, (), generator=generator))
+    return int(seed_tensor(None, generator))
+
+
+def seed_tensor(seed=None, generator=None):
+    """The ops' seed operand: an int64 scalar tensor on the CPU. None draws it from torch's
+    generator, torch.randint(0, 2**62, ()) (a tensor, so torch.compile traces the draw
+    instead of breaking its graph at .item()); an int in 0 .. 2**63 - 1 or an integer
+    scalar tensor is taken as it is (a negative tensor value is refused when the op runs)."""
+    if seed is None:
+        return torch.randint(0, 2**62, (), generator=generator)
+    if isinstance(seed, torch.Tensor):
+        if seed.dim() != 0 or seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
+            raise ValueError(f"seed must be an integer scalar tensor, got {seed.dtype} of shape {tuple(seed.shape)}")
+        return seed.to(device="cpu", dtype=torch.int64)
+    from ._torch_args import int_in  # here: _torch_args imports this module
+    seed = int_in("seed", seed)
+    if seed < 0:
+        raise ValueError(f"seed must be in 0 .. 2**63 - 1, got {seed}")
+    return torch.tensor(seed, dtype=torch.int64)
+
+
+def seed_value(seed):
+    """The op's seed operand as the library's unsigned seed (0 without dropout)."""
+    if seed is None:
+        return 0
+    value = int(seed)
+    if value < 0:
+        raise ValueError(f"seed must be in 0 .. 2**63 - 1, got {value}")
+    return value

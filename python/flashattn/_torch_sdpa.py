@@ -17,7 +17,7 @@ import math
 import torch
 
 from ._torch_args import autocast, check_floats, expand_seq_dims, mask_to_bias
-from ._torch_ops import attention_function, dropout_seed
+from ._torch_ops import attention_function, seed_tensor
 
 
 def _as_4d(t, batch, heads):
@@ -96,6 +96,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     o, _ = attention_function().apply(q4, k4, v4, bias, None, None, None, bool(is_causal), -1, -1, 0.0,
                                       None if scale is None else float(scale), "bhsd",
                                       0 if is_causal else None, None, 0, None, dropout_p,
-                                      dropout_seed() if dropout_p > 0 else 0)
+                                      seed_tensor() if dropout_p > 0 else None)
     o = o.reshape(*batch, H, L, Ev)
     return o if ndim >= 3 else o.reshape(L, Ev)

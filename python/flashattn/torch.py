@@ -13,7 +13,7 @@ from . import _layout
 from ._problem import check_shapes, empty_dims
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
-from ._torch_ops import DTYPES, attention_function, dropout_seed
+from ._torch_ops import DTYPES, attention_function, dropout_seed, refused_lse_grad, seed_tensor
 from .masks import Mask
 
 
@@ -58,8 +58,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     visible key gets lse = sink, and autograd gives the sinks' gradient.
     dropout_p in [0, 1) drops each weight after the softmax, scaling the kept ones by
     1 / (1 - dropout_p) (docs/semantics.md, "Dropout"); the mask is a function of seed (an
-    integer in 0 .. 2**63 - 1; None: dropout_seed(), drawn from torch's generator) and the
-    element's (b, h, i, j), and the backward regenerates it. lse stays undropped; its
+    integer in 0 .. 2**63 - 1 or an integer scalar tensor; None: drawn from torch's
+    generator as dropout_seed() draws it, as a tensor, so that torch.compile keeps one
+    graph) and the element's (b, h, i, j), and the backward regenerates it. lse stays undropped; its
     gradient under dropout is not supported.
     mask may also be a flashattn.masks mask (built by the library as a block-sparse mask:
     empty blocks skipped, the plan exact). block_mask: a FlexAttention BlockMask
@@ -97,15 +98,15 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
     if dropout_p > 0.0:
-        seed = dropout_seed() if seed is None else int_in("seed", seed)
-        if seed < 0:
-            raise ValueError(f"seed must be in 0 .. 2**63 - 1, got {seed}")
+        seed = seed_tensor(seed)
     elif seed is not None:
         raise ValueError("seed= needs dropout_p > 0")
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,
-                             threads_arg(threads), sinks_arg(sinks, H, q.device), dropout_p, seed or 0, native_mask)
+                             threads_arg(threads), sinks_arg(sinks, H, q.device), dropout_p, seed, native_mask)
+    if return_lse and dropout_p > 0.0:
+        lse = refused_lse_grad(lse, q, k, v)
     return (o, lse) if return_lse else o
 
 

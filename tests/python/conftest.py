@@ -1,8 +1,11 @@
 """Shared fixtures: the seed (printed in the header; FA_TEST_SEED repeats a run), random
 inputs, dtype helpers and the error bounds of the C suite (tests/test_forward.c,
 tests/backward_check.h), stated relative to the largest reference value."""
+import atexit
 import os
 import random
+import shutil
+import tempfile
 import zlib
 
 import numpy as np
@@ -10,6 +13,13 @@ import pytest
 
 # every output a front allocates is NaN until the library writes it (python/flashattn/_native.py)
 os.environ["FLASHATTN_POISON"] = "1"
+
+# torch.compile's caches (inductor's, AOTAutograd's) in a folder of this run's own: they key a
+# compiled backward without the custom ops' Python code, so a cache another checkout wrote
+# can answer for this one (it did when the ops' seed argument changed type)
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="flashattn-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], True)
 
 SEED = int(os.environ.get("FA_TEST_SEED", random.SystemRandom().randrange(1, 2**31)))
 

@@ -171,3 +171,53 @@ def test_jax_traced_seed(rng):
                       (jnp.zeros(3, jnp.int32), "seed must be an integer scalar"), (True, "seed must be an integer")):
         with pytest.raises(ValueError, match=what):
             fj.attention(q, k, v, dropout_p=0.3, seed=bad)
+
+
+def test_torch_compile_keeps_one_graph(rng):
+    """Under torch.compile the seed is drawn as a tensor: one graph, no graph break, a new
+    mask each call, the same masks again after torch.manual_seed, and gradients that match
+    eager flashattn with the seed each call drew."""
+    import torch._dynamo as dynamo
+    import flashattn.torch as ft
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    f = torch.compile(lambda q, k, v: ft.attention(q, k, v, dropout_p=0.25, causal=True), backend=backend)
+    q, k, v = (torch.tensor(randn(rng, (1, 2, 16, 8)), requires_grad=True) for _ in range(3))
+    torch.manual_seed(5)
+    outs = [f(q, k, v) for _ in range(3)]
+    assert len(graphs) == 1 and not dynamo.utils.counters["graph_break"], dict(dynamo.utils.counters["graph_break"])
+    assert len({o.detach().sum().item() for o in outs}) == 3
+    torch.manual_seed(5)
+    again = f(q, k, v)
+    assert torch.equal(again, outs[0])
+    torch.manual_seed(5)
+    eager = ft.attention(q, k, v, dropout_p=0.25, causal=True)
+    assert torch.equal(eager, outs[0])
+    g = torch.autograd.grad(again.square().sum(), (q, k, v))
+    ge = torch.autograd.grad(eager.square().sum(), (q, k, v))
+    for a, b in zip(g, ge):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="integer scalar tensor"):
+        ft.attention(q, k, v, dropout_p=0.25, seed=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="seed must be in"):
+        ft.attention(q, k, v, dropout_p=0.25, seed=torch.tensor(-3))
+    t = ft.attention(q, k, v, dropout_p=0.25, seed=torch.tensor(77))
+    assert torch.equal(t, ft.attention(q, k, v, dropout_p=0.25, seed=77))
+    # lse under dropout has no gradient: one reaching it raises, alone or beside o's, in
+    # eager mode and compiled
+    g = torch.compile(lambda q: ft.attention(q, k, v, dropout_p=0.25, seed=3, return_lse=True), backend=backend)
+    for fn in (lambda q: ft.attention(q, k, v, dropout_p=0.25, seed=3, return_lse=True), g):
+        o, lse = fn(q)
+        with pytest.raises(NotImplementedError, match="through lse with dropout"):
+            (o.sum() + lse.sum()).backward()
+        o, lse = fn(q)
+        with pytest.raises(NotImplementedError, match="through lse with dropout"):
+            lse.sum().backward()
+        o, lse = fn(q)
+        o.sum().backward()  # o alone is fine
