@@ -13,8 +13,8 @@ from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _g
                      backward_inputs, dtype_error, head_floats)
 from ._problem import make_options
 from ._quant import cache_dtype_code
-from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, decode_problem,
-                                 int32_lengths, varlen_problem)
+from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, check_prefix,
+                                 decode_problem, int32_lengths, varlen_problem)
 from . import _layout
 
 
@@ -155,18 +155,12 @@ def _writable_cache(name, a):
 
 def _prefix(k_prefix, v_prefix, k_cache, v_cache, dtype):
     """The shared prefix's k and v [P, Hk, D] / [P, Hk, Dv], contiguous, or (None, None)."""
-    if (k_prefix is None) != (v_prefix is None):
-        raise ValueError("k_prefix and v_prefix (the shared prefix) go together: pass both or neither")
+    if k_prefix is not None and v_prefix is not None:
+        k_prefix, v_prefix = (_readable(n, a, 3) for n, a in (("k_prefix", k_prefix), ("v_prefix", v_prefix)))
+    check_prefix(k_prefix, v_prefix, k_cache.shape, v_cache.shape, dtype)
     if k_prefix is None:
         return None, None
-    kp, vp = (np.ascontiguousarray(_readable(n, a, 3)) for n, a in (("k_prefix", k_prefix), ("v_prefix", v_prefix)))
-    if kp.dtype != dtype or vp.dtype != dtype:
-        raise ValueError(f"k_prefix and v_prefix must have the caches' dtype {dtype}, got {kp.dtype} and {vp.dtype}")
-    want_k, want_v = (kp.shape[0],) + tuple(k_cache.shape[2:]), (kp.shape[0],) + tuple(v_cache.shape[2:])
-    if kp.shape != want_k or vp.shape != want_v:
-        raise ValueError(f"k_prefix and v_prefix must be [P, Hk, D] = {want_k} and {want_v} (the caches' heads and "
-                         f"head dims), got {kp.shape} and {vp.shape}")
-    return kp, vp
+    return np.ascontiguousarray(k_prefix), np.ascontiguousarray(v_prefix)
 
 
 def _cache_scales(name, s, shape, written):
