@@ -52,9 +52,11 @@ def check_varlen_shapes(q_shape, k_shape, v_shape):
 
 def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o_stride, dtype,
                    cu_seqlens_q, cu_seqlens_k, causal=False, window=None, softcap=None,
-                   scale=None, alibi=False, diag_offset=None, sinks=False):
+                   scale=None, alibi=False, diag_offset=None, sinks=False, lengths_per_call=False):
     """The problem of a packed batch; cu_seqlens_* int32 numpy arrays [B + 1] that the
-    caller keeps alive until the plan exists (the plan copies them)."""
+    caller keeps alive until the plan exists (the plan copies them). lengths_per_call: a
+    plan from capacities (the packed tensors' rows) that takes the prefix sums with each
+    forward call (fa_forward_args); cu_seqlens_* then only give the batch."""
     check_varlen_shapes(q_shape, k_shape, v_shape)
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.size < 1:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got shapes "
@@ -66,8 +68,11 @@ def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o
                      alibi=alibi, diag_offset=diag_offset, sinks=sinks,
                      q_stride=_packed_strides(q_stride), k_stride=_packed_strides(k_stride),
                      v_stride=_packed_strides(v_stride), o_stride=_packed_strides(o_stride))
-    p.cu_seqlens_q = cu_seqlens_q.ctypes.data
-    p.cu_seqlens_k = cu_seqlens_k.ctypes.data
+    if lengths_per_call:
+        p.lengths_per_call = _native.LENGTHS_PACKED
+    else:
+        p.cu_seqlens_q = cu_seqlens_q.ctypes.data
+        p.cu_seqlens_k = cu_seqlens_k.ctypes.data
     return p
 
 

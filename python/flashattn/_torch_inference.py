@@ -34,13 +34,21 @@ def _strides(t):
 # ---- packed variable-length batches ---------------------------------------------------
 
 def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, softcap, scale,
-                   diag_offset, dev, sinks=False):
+                   diag_offset, dev, sinks=False, per_call=False):
+    """per_call: the forward's plan from the packed tensors' rows, one for every call of those
+    shapes (the prefix sums go with each call); else a plan of these prefix sums."""
     p = varlen_problem(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
                        q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
                        o_stride=tuple(o_stride), dtype=DTYPES[q.dtype], cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=(wl, wr), softcap=softcap,
-                       scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks)
+                       scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks,
+                       lengths_per_call=per_call)
     return _native.cached_plan(p, dev.options())
+
+
+def _totals(cu):
+    """The rows (or keys) a packed batch's prefix sums reach: at most the tensors' rows."""
+    return int(cu[-1]) if cu.size else 0
 
 
 def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, diag_offset, threads, sinks=False):
@@ -86,11 +94,15 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     lse = poisoned(torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), cu_q, cu_k, alibi_slopes, causal, window_left,
-                            window_right, softcap, scale, diag_offset, dev, sinks is not None)
+                            window_right, softcap, scale, diag_offset, dev, sinks is not None, per_call=True)
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
-        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks))))
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks),
+        cu_seqlens_q=cu_q.ctypes.data, cu_seqlens_k=cu_k.ctypes.data)))
+    tq = _totals(cu_q)  # rows of no sequence, which the library does not touch
+    o[tq:] = 0
+    lse[:, tq:] = float("-inf")
     return o, lse
 
 
@@ -121,7 +133,14 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     o, do = do_with_o_strides(o, do)
     dsink = poisoned(torch.empty(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _varlen_handle(q, k, v, o.stride(), _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k),
+    cu_q, cu_k = _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k)
+    tq, tk = _totals(cu_q), _totals(cu_k)
+    for g, t in ((dq, tq), (dk, tk), (dv, tk)):  # rows past the sums' ends: zero gradients
+        g[t:] = 0
+    if tq < lse.shape[1]:
+        lse = lse[:, :tq].contiguous()
+    # the backward plans with these prefix sums, over the rows they reach (views: same data)
+    handle = _varlen_handle(q[:tq], k[:tk], v[:tk], o.stride(), cu_q, cu_k,
                             alibi_slopes, causal, window_left, window_right, softcap, scale,
                             diag_offset, dev, has_sinks)
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
@@ -216,7 +235,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b. max_seqlen_q/k
     optional bounds (checked when given). Returns o [total_q, Hq, Dv], and lse [Hq, total_q]
     f32 (differentiable too) with return_lse. threads: None or 0, the library's default;
-    mask= is refused (the library has no bias for packed batches)."""
+    mask= is refused (the library has no bias for packed batches). Lengths per call, as
+    numpy's varlen_attention: the rows are capacities (the prefix sums may end below them:
+    o = 0, lse = -inf and zero gradients past the ends), one forward plan per shapes."""
     _no_mask(mask, "varlen_attention")
     q, k, v = (check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
