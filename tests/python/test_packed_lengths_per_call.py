@@ -22,7 +22,7 @@ def prefix_sums(rng):
     lq = rng.integers(0, CAP_Q // B + 1, B)
     lk = lq + rng.integers(0, (CAP_K - CAP_Q) // B + 1, B)  # Sk >= Sq: causal rows see keys
     lq[rng.integers(0, B)] = 0
-    return (np.concatenate([[0], np.cumsum(lq)]).astype(np.int32), np.concatenate([[0], np.cumsum(lk)]).astype(np.int32))
+    return tuple(np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lq, lk))
 
 
 def test_numpy_steps_share_one_plan_and_equal_fresh_calls(rng):
