@@ -89,6 +89,19 @@ def test_torch_prefix_equals_unshared_and_reference(rng, dtype, with_sinks):
         np.testing.assert_array_equal(f(got), f(u)[:, P:], err_msg=f"{name} cache vs unshared")
 
 
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_numpy_prefix_with_sinks_matches_reference(rng, with_sinks):
+    """The numpy front (its own test: test_lengths_per_call.py) with sinks, the third front
+    of the combination prefix x sinks."""
+    d = inputs(rng)
+    kc, vc = d["kc"].copy(), d["vc"].copy()
+    o = flashattn.kvcache_attention(d["q"], kc, vc, d["kn"], d["vn"], LENS, causal=True,
+                                    sinks=d["sinks"] if with_sinks else None, k_prefix=d["kp"], v_prefix=d["vp"])
+    print(f"seed {SEED}")
+    check("o", o, reference(d, d["sinks"] if with_sinks else None), TOL["f32"])
+    np.testing.assert_array_equal(kc, appended(d, "k"))
+
+
 def test_torch_prefix_compiled_matches_eager(rng):
     torch = pytest.importorskip("torch")
     import flashattn.torch as ft
