@@ -57,6 +57,7 @@ typedef struct {
     /* inference shapes (docs/cli.md; cli_inference.c, cli_bench_inference.c) */
     const char *cu_seqlens_q, *cu_seqlens_k, *cache_seqlens, *block_table, *k_new, *v_new;
     int update_cache;
+    int lengths_per_call;         /* --lengths-per-call: a plan from capacities, the lengths with the call */
     int64_t page_size, num_pages; /* plan and bench of paged caches (0: not given) */
     int decode;                   /* bench --decode */
     int64_t cache_len;            /* bench --cache-len */

@@ -23,7 +23,8 @@ typedef enum {
     F_SEQ_PARALLEL, F_ZIGZAG,
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
-    F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_CACHE_DTYPE, F_COUNT_OF_FLAGS
+    F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_CACHE_DTYPE, F_LENGTHS_PER_CALL,
+    F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -86,6 +87,7 @@ static const struct {
     [F_PREFIX_LEN] = FILE_ARG("--prefix-len", prefix_len, ALL),
     [F_DOCUMENTS] = FILE_ARG("--documents", documents, ALL), [F_MASK] = FILE_ARG("--mask", mask, ALL),
     [F_CACHE_DTYPE] = OWN("--cache-dtype", 1, CMD_PLAN | CMD_BENCH),
+    [F_LENGTHS_PER_CALL] = ON("--lengths-per-call", lengths_per_call, CMD_PLAN | CMD_RUN),
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -337,6 +339,9 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
                         a->k_prefix ? "--v-prefix" : "--k-prefix");
     if (a->k_prefix && !a->cache_seqlens)
         return cli_fail(2, "%s: --k-prefix (a shared prefix) needs --cache-seqlens (kv-cache decoding)", name);
+    if (a->lengths_per_call && !a->cache_seqlens && !a->cu_seqlens_q)
+        return cli_fail(2, "%s: --lengths-per-call needs --cache-seqlens or --cu-seqlens-q/-k (the lengths a call "
+                           "passes)", name);
     if (a->update_cache && !a->k_new)
         return cli_fail(2, "%s: --update-cache needs --k-new and --v-new (nothing to append)", name);
     if (cmd == CMD_PLAN && (a->page_size || a->num_pages) && !a->block_table)

@@ -9,6 +9,7 @@
 #include "cli.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,12 +82,18 @@ int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
         p->batch = n - 1, p->seq_q = both[n - 1], p->seq_k = both[2 * n - 1];
         p->cu_seqlens_q = both, p->cu_seqlens_k = both + n;
         *lens = both;
+        if (a->lengths_per_call) { /* capacities: --seq-q / --seq-k, else the sums' ends */
+            p->lengths_per_call = FA_LENGTHS_PACKED, p->cu_seqlens_q = p->cu_seqlens_k = NULL;
+            if (a->seq_q) p->seq_q = a->seq_q;
+            if (a->seq_k) p->seq_k = a->seq_k;
+        }
         return 0;
     }
     if ((rc = read_i32("--cache-seqlens", a->cache_seqlens, 1, &h, &x))) return rc;
     p->batch = h.count;
     p->cache_seqlens = x;
     *lens = x;
+    if (a->lengths_per_call) p->lengths_per_call = FA_LENGTHS_CACHE, p->cache_seqlens = NULL; /* capacities only */
     if (a->batch && a->batch != p->batch)
         return cli_fail(2, "--batch %" PRId64 " does not match the %" PRId64 " entries of --cache-seqlens", a->batch,
                         p->batch);
@@ -281,6 +288,10 @@ int cli_run_inference(const cli_args *a) {
     fa_options opt;
     int rc = describe(a, &s, &p);
     if (!rc) rc = flags_agree(a, &p);
+    if (!rc && a->lengths_per_call) { /* the plan from the files' capacities; the lengths go with the call */
+        p.lengths_per_call = a->cu_seqlens_q ? FA_LENGTHS_PACKED : FA_LENGTHS_CACHE;
+        p.cu_seqlens_q = p.cu_seqlens_k = p.cache_seqlens = NULL;
+    }
     if (!rc) {
         cli_apply_options(a, &p, &opt);
         rc = cli_extras_load(a, &p, 0, &s.x);
@@ -328,6 +339,10 @@ int cli_run_inference(const cli_args *a) {
     s.o = fa_malloc((size_t)no * es + 1);
     s.lse = fa_malloc(sizeof(float) * (size_t)nl + 1);
     if (!s.o || !s.lse) return release(&s), cli_fail(1, "out of memory");
+    if (a->lengths_per_call && varlen) { /* rows past the sums' ends, which the call leaves: o = 0, lse = -inf */
+        memset(s.o, 0, (size_t)no * es);
+        for (int64_t i = 0; i < nl; i++) s.lse[i] = -INFINITY;
+    }
 
     fa_counts counts = {0, 0};
     fa_forward_args fw;
@@ -336,6 +351,10 @@ int cli_run_inference(const cli_args *a) {
     fw.sinks = s.x.sinks;
     fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = grad ? NULL : &counts;
     fw.k_prefix = s.kp, fw.v_prefix = s.vp;
+    if (a->lengths_per_call) {
+        if (varlen) fw.cu_seqlens_q = s.lens_q, fw.cu_seqlens_k = s.lens_k;
+        else fw.cache_seqlens = s.lens_q;
+    }
     fa_status st = fa_forward(s.plan, &fw); /* checks every argument before it writes the caches */
     if (st != FA_OK) return release(&s), cli_fail_status(st, "forward");
     if (grad && (rc = backward(&s, &p, &counts))) return release(&s), rc; /* --count: the backward's */

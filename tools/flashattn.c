@@ -39,7 +39,9 @@ static const char inference_help[] =
     "                             --update-cache rewrites the cache files (float32) on success\n"
     "  --k-prefix kp.npy --v-prefix vp.npy   a shared prefix [P,Hk,D] every sequence attends to\n"
     "                             first (read once per call; plan reads its header)\n"
-    "  --cache-dtype int8|fp8     a quantized kv cache (plan, bench --decode; docs/caches.md)\n";
+    "  --cache-dtype int8|fp8     a quantized kv cache (plan, bench --decode; docs/caches.md)\n"
+    "  --lengths-per-call         plan from capacities (caches, packed rows), the lengths passed\n"
+    "                             with the call (run; plan: the capacity plan's figures)\n";
 
 void cli_usage(const char *name) {
     if (!name) {

@@ -13,7 +13,8 @@
  *                         [num_pages, page_size, Hk, D]), cache_seqlens [B] (int32),
  *                         [k_new, v_new [B, Sq, Hk, D]], [block_table [B, max_pages] int32],
  *                         [alibi_slopes], [k_scale, v_scale [B, S, Hk] or [num_pages, page_size,
- *                         Hk] f32: a quantized cache, int8 or float8_e4m3fn (docs/caches.md)]
+ *                         Hk] f32: a quantized cache, int8 or float8_e4m3fn (docs/caches.md)],
+ *                         [k_prefix [P, Hk, D], v_prefix [P, Hk, Dv]: a shared prefix (has_prefix)]
  *                    rets o [B, Sq, Hq, Dv], lse [B, Hq, Sq], and with k_new/v_new k_cache,
  *                         v_cache (aliased to the cache arguments: the updated caches) and for
  *                         a quantized cache k_scale, v_scale (aliased likewise)
@@ -33,12 +34,13 @@
 #define FJ_EXPORT
 #endif
 
-#define MAX_BUFFERS 12
+#define MAX_BUFFERS 16
 
 typedef struct {
     const XLA_FFI_CallFrame *frame;
     fa_problem p;
     int64_t has_new_kv, paged;
+    int64_t has_prefix; /* decode: k_prefix and v_prefix follow the other arguments */
     int64_t cache_dtype; /* decode: 0, or FA_INT8 / FA_FP8_E4M3 (a quantized cache) */
     int64_t threads; /* fa_options.threads: 0 the library's default */
     fj_buffer arg[MAX_BUFFERS], ret[MAX_BUFFERS];
@@ -61,7 +63,7 @@ static XLA_FFI_Error *read_options(icall *c, int decode) {
     if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
     if (decode) {
         if ((e = fj_attr_i64(f, "has_new_kv", &c->has_new_kv)) || (e = fj_attr_i64(f, "paged", &c->paged)) ||
-            (e = fj_attr_i64(f, "cache_dtype", &c->cache_dtype)))
+            (e = fj_attr_i64(f, "cache_dtype", &c->cache_dtype)) || (e = fj_attr_i64(f, "has_prefix", &c->has_prefix)))
             return e;
         if (c->cache_dtype && c->cache_dtype != FA_INT8 && c->cache_dtype != FA_FP8_E4M3)
             return BAD(c, "cache_dtype %lld is not int8 (%d) or fp8_e4m3 (%d)", (long long)c->cache_dtype, FA_INT8,
@@ -244,7 +246,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     icall c;
     XLA_FFI_Error *e = start(frame, 1, &c, &answered);
     if (e || answered) return e;
-    const char *args[12];
+    const char *args[MAX_BUFFERS];
     int64_t n = 0;
     args[n++] = "q", args[n++] = "k_cache", args[n++] = "v_cache", args[n++] = "cache_seqlens";
     const int64_t i_new = n;
@@ -257,6 +259,8 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     if (c.p.has_sinks) args[n++] = "sinks";
     const int64_t i_scale = n, quant = c.cache_dtype != 0;
     if (quant) args[n++] = "k_scale", args[n++] = "v_scale";
+    const int64_t i_prefix = n;
+    if (c.has_prefix) args[n++] = "k_prefix", args[n++] = "v_prefix";
     args[n] = NULL;
     static const char *const rets[] = {"o", "lse", "k_cache (updated)", "v_cache (updated)", "k_scale (updated)",
                                        "v_scale (updated)", NULL};
@@ -287,6 +291,9 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
         (c.paged && (e = expect(&c, &a[i_table], "block_table", 2, table, XLA_FFI_DataType_S32))) ||
         (c.p.has_alibi && (e = expect(&c, &a[i_slopes], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) ||
         (c.p.has_sinks && (e = expect(&c, &a[i_sinks], "sinks", 1, hq, XLA_FFI_DataType_F32))) ||
+        (c.has_prefix && ((e = expect(&c, &a[i_prefix], "k_prefix", 3, (int64_t[3]){-1, Hk, D}, dt)) ||
+                          (e = expect(&c, &a[i_prefix + 1], "v_prefix", 3,
+                                      (int64_t[3]){a[i_prefix].dims[0], Hk, Dv}, dt)))) ||
         (e = expect(&c, &r[0], "o", 4, o, dt)) || (e = expect(&c, &r[1], "lse", 3, lse, XLA_FFI_DataType_F32)) ||
         (c.has_new_kv && ((e = expect(&c, &r[2], "k_cache (updated)", 4, a[1].dims, ct)) ||
                           (e = expect(&c, &r[3], "v_cache (updated)", 4, a[2].dims, ct)))))
@@ -296,6 +303,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     p->cache_seqlens = data(&a[3]);
     p->has_new_kv = c.has_new_kv != 0;
     if (quant) p->has_cache_dtype = 1, p->cache_dtype = (fa_dtype)c.cache_dtype;
+    if (c.has_prefix) p->shared_prefix_len = a[i_prefix].dims[0];
     if (c.paged) {
         p->page_size = rows;
         p->num_pages = a[1].dims[0];
@@ -329,6 +337,7 @@ static XLA_FFI_Error *kvcache(XLA_FFI_CallFrame *frame) {
     f.alibi_slopes = c.p.has_alibi ? a[i_slopes].data : NULL;
     f.sinks = c.p.has_sinks ? a[i_sinks].data : NULL;
     f.k_scale = ks, f.v_scale = vs;
+    if (c.has_prefix) f.k_prefix = data(&a[i_prefix]), f.v_prefix = data(&a[i_prefix + 1]);
     s = fa_forward(plan, &f);
     fa_plan_destroy(plan);
     return s == FA_OK ? NULL : fj_library_error(c.frame->api, s);

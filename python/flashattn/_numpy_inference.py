@@ -13,8 +13,8 @@ from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _g
                      backward_inputs, dtype_error, head_floats)
 from ._problem import make_options
 from ._quant import cache_dtype_code
-from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, decode_problem,
-                                 int32_lengths, varlen_problem)
+from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, check_prefix,
+                                 decode_problem, int32_lengths, varlen_problem)
 from . import _layout
 
 
@@ -58,15 +58,28 @@ class _Varlen:
     def o_shape(self):
         return self.q.shape[:2] + (self.v.shape[2],)
 
-    def plan(self, o_stride, q=None, k=None, v=None):
+    def totals(self):
+        """The rows and keys the prefix sums reach (at most the packed tensors' rows)."""
+        return tuple(int(cu[-1]) if cu.size else 0 for cu in (self.cu_q, self.cu_k))
+
+    def plan(self, o_stride, q=None, k=None, v=None, per_call=False):
+        """per_call: the forward's plan from the packed tensors' rows, reused for every call
+        of those shapes, the prefix sums passed with each (forward_args); else a plan of
+        these prefix sums (the backward's), over the rows they reach."""
         q = self.q if q is None else q
         k = self.k if k is None else k
         v = self.v if v is None else v
+        if not per_call:  # views of the rows the sums reach: same data, the plan's exact lengths
+            tq, tk = self.totals()
+            q, k, v = q[:tq], k[:tk], v[:tk]
         p = varlen_problem(q_shape=q.shape, k_shape=k.shape, v_shape=v.shape,
                            q_stride=_elem_strides(q), k_stride=_elem_strides(k),
                            v_stride=_elem_strides(v), o_stride=o_stride, dtype=self.dtype,
-                           cu_seqlens_q=self.cu_q, cu_seqlens_k=self.cu_k, **self.opts)
+                           cu_seqlens_q=self.cu_q, cu_seqlens_k=self.cu_k, lengths_per_call=per_call, **self.opts)
         return _native.cached_plan(p, make_options("cpu"))
+
+    def length_ptrs(self):
+        return dict(cu_seqlens_q=self.cu_q.ctypes.data, cu_seqlens_k=self.cu_k.ctypes.data)
 
     def slopes_ptr(self):
         return None if self.slopes is None else self.slopes.ctypes.data
@@ -89,16 +102,23 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     overrides, as in attention). max_seqlen_q/k (FlashAttention's) are optional; when given
     they must bound every length. Returns o [total_q, Hq, Dv] (into out if given), and lse
     [Hq, total_q] f32 with return_lse (FlashAttention's softmax_lse layout). sinks [Hq]: as
-    in attention."""
+    in attention.
+
+    Lengths per call: the rows of q, k and v are capacities. The prefix sums may end below
+    them (rows past cu_seqlens_q[-1] get o = 0 and lse = -inf; keys past cu_seqlens_k[-1]
+    are not read), and one plan, made from the tensors' shapes, serves every call of those
+    shapes whatever its lengths (the library checks each call's)."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
                 softcap, scale, alibi_slopes, diag_offset, sinks)
     shape = c.o_shape()
     inputs = (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes), ("sinks", sinks))
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
     lse = _empty((c.q.shape[1], c.q.shape[0]), np.float32)
-    handle = c.plan(_elem_strides(o))
+    handle = c.plan(_elem_strides(o), per_call=True)
     handle.forward(_native.ForwardArgs(q=c.q.ctypes.data, k=c.k.ctypes.data, v=c.v.ctypes.data,
-                                       o=o.ctypes.data, lse=lse.ctypes.data, **c.head_ptrs()))
+                                       o=o.ctypes.data, lse=lse.ctypes.data, **c.head_ptrs(), **c.length_ptrs()))
+    tq = c.totals()[0]  # rows of no sequence, which the library does not touch
+    o[tq:], lse[:, tq:] = 0, -np.inf
     return (o, lse) if return_lse else o
 
 
@@ -108,7 +128,8 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
     """Gradients of sum(o * do) for varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)
     with the same options, from its o and lse [Hq, total_q]. Returns (dq, dk, dv) shaped and
     strided like q, k, v (dk, dv summed over the query heads that share them), and dsink
-    (f32 [Hq], summed over every packed row) last with sinks."""
+    (f32 [Hq], summed over every packed row) last with sinks. Rows and keys past the prefix
+    sums' ends (see varlen_attention) get zero gradients."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
                 softcap, scale, alibi_slopes, diag_offset, sinks)
     shape = c.o_shape()
@@ -119,7 +140,12 @@ def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, m
     v, dv = _grad_buffer(c.v)
     dsink = None if c.sinks is None else _empty(c.sinks.shape, np.float32)
     grads = (dq, dk, dv) + (() if dsink is None else (dsink,))
+    tq, tk = c.totals()
+    if tq < lse.shape[1]:  # the plan's lse is [Hq, tq]
+        lse = np.ascontiguousarray(lse[:, :tq])
     handle = c.plan(_elem_strides(o), q=q, k=k, v=v)
+    for g, t in ((dq, tq), (dk, tk), (dv, tk)):
+        g[t:] = 0
     handle.backward(_native.BackwardArgs(q=q.ctypes.data, k=k.ctypes.data, v=v.ctypes.data,
                                          o=o.ctypes.data, d_o=do.ctypes.data, lse=lse.ctypes.data,
                                          dq=dq.ctypes.data, dk=dk.ctypes.data, dv=dv.ctypes.data,
@@ -155,18 +181,12 @@ def _writable_cache(name, a):
 
 def _prefix(k_prefix, v_prefix, k_cache, v_cache, dtype):
     """The shared prefix's k and v [P, Hk, D] / [P, Hk, Dv], contiguous, or (None, None)."""
-    if (k_prefix is None) != (v_prefix is None):
-        raise ValueError("k_prefix and v_prefix (the shared prefix) go together: pass both or neither")
+    if k_prefix is not None and v_prefix is not None:
+        k_prefix, v_prefix = (_readable(n, a, 3) for n, a in (("k_prefix", k_prefix), ("v_prefix", v_prefix)))
+    check_prefix(k_prefix, v_prefix, k_cache.shape, v_cache.shape, dtype)
     if k_prefix is None:
         return None, None
-    kp, vp = (np.ascontiguousarray(_readable(n, a, 3)) for n, a in (("k_prefix", k_prefix), ("v_prefix", v_prefix)))
-    if kp.dtype != dtype or vp.dtype != dtype:
-        raise ValueError(f"k_prefix and v_prefix must have the caches' dtype {dtype}, got {kp.dtype} and {vp.dtype}")
-    want_k, want_v = (kp.shape[0],) + tuple(k_cache.shape[2:]), (kp.shape[0],) + tuple(v_cache.shape[2:])
-    if kp.shape != want_k or vp.shape != want_v:
-        raise ValueError(f"k_prefix and v_prefix must be [P, Hk, D] = {want_k} and {want_v} (the caches' heads and "
-                         f"head dims), got {kp.shape} and {vp.shape}")
-    return kp, vp
+    return np.ascontiguousarray(k_prefix), np.ascontiguousarray(v_prefix)
 
 
 def _cache_scales(name, s, shape, written):

@@ -1,9 +1,11 @@
 """flashattn.plan_varlen and flashattn.plan_kvcache: the analytic cost of the inference
 shapes from their lengths and shapes (no tensors), as flashattn.plan gives the dense one.
 The lengths are plan inputs (docs/semantics.md): the plan reads them once, in O(batch)."""
+import numpy as np
+
 from . import _native
 from ._plan import Plan
-from ._problem import make_options
+from ._problem import _int, make_options
 from ._problem_inference import decode_problem, int32_lengths, varlen_problem
 from ._quant import cache_dtype_code
 
@@ -12,21 +14,43 @@ _DENSE = (0, 0, 0, 0)  # all-zero strides: the library's default packed / cache 
 
 def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, head_dim_v=None,
                 dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi=False,
-                diag_offset=None, backend="auto", threads=0, block_q=0, block_k=0):
+                diag_offset=None, backend="auto", threads=0, block_q=0, block_k=0, batch=None, total_q=None,
+                total_k=None):
     """The Plan of varlen_attention over a packed batch: cu_seqlens_q, cu_seqlens_k int
     [batch + 1] prefix sums; q [total_q, heads, head_dim], k [total_k, kv_heads, head_dim],
     v [total_k, kv_heads, head_dim_v]. The cost is the sum of the sequences' own costs, for
-    the forward and the backward. Bad lengths raise ValueError with the library's message."""
-    cu_q = int32_lengths("cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
-    cu_k = int32_lengths("cu_seqlens_k", cu_seqlens_k, "[batch + 1]")
+    the forward and the backward. Bad lengths raise ValueError with the library's message.
+
+    Or cu_seqlens_q and cu_seqlens_k None with batch, total_q and total_k (default total_q):
+    the plan from capacities that varlen_attention's forward reuses for every call of those
+    shapes (lengths per call). Its figures are the largest any call can have (every row and
+    key in one sequence); plan.cost_lengths(cu_seqlens_q=, cu_seqlens_k=) is one call's
+    exact cost (prefix sums ending at or below the capacities)."""
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both or neither")
+    per_call = cu_seqlens_q is None
+    capacities = (batch, total_q, total_k)
+    if (per_call and (batch is None or total_q is None)) or (not per_call and capacities != (None,) * 3):
+        raise ValueError("give cu_seqlens_q and cu_seqlens_k (a plan of those lengths) or batch, total_q and "
+                         "total_k (lengths per call), not both")
+    if per_call:
+        total_k = total_q if total_k is None else total_k
+        batch = _int("batch", batch)
+        if batch < 0:
+            raise ValueError(f"batch = {batch} is negative")
+        cu_q = cu_k = np.zeros(batch + 1, np.int32)  # only their size counts: the batch
+        tq, tk = total_q, total_k
+    else:
+        cu_q = int32_lengths("cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
+        cu_k = int32_lengths("cu_seqlens_k", cu_seqlens_k, "[batch + 1]")
+        tq, tk = (int(cu[-1]) if cu.size else 0 for cu in (cu_q, cu_k))
     kv_heads = heads if kv_heads is None else kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    tq, tk = (int(cu[-1]) if cu.size else 0 for cu in (cu_q, cu_k))
     p = varlen_problem(q_shape=(tq, heads, head_dim), k_shape=(tk, kv_heads, head_dim),
                        v_shape=(tk, kv_heads, head_dim_v), q_stride=(0, 0, 0), k_stride=(0, 0, 0),
                        v_stride=(0, 0, 0), o_stride=(0, 0, 0), dtype=dtype, cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=window, softcap=softcap, scale=scale,
-                       alibi=alibi, diag_offset=diag_offset)
+                       alibi=alibi, diag_offset=diag_offset, lengths_per_call=per_call)
     return Plan(_native.plan_handle(p, make_options(backend, threads, block_q, block_k)))
 
 

@@ -52,9 +52,11 @@ def check_varlen_shapes(q_shape, k_shape, v_shape):
 
 def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o_stride, dtype,
                    cu_seqlens_q, cu_seqlens_k, causal=False, window=None, softcap=None,
-                   scale=None, alibi=False, diag_offset=None, sinks=False):
+                   scale=None, alibi=False, diag_offset=None, sinks=False, lengths_per_call=False):
     """The problem of a packed batch; cu_seqlens_* int32 numpy arrays [B + 1] that the
-    caller keeps alive until the plan exists (the plan copies them)."""
+    caller keeps alive until the plan exists (the plan copies them). lengths_per_call: a
+    plan from capacities (the packed tensors' rows) that takes the prefix sums with each
+    forward call (fa_forward_args); cu_seqlens_* then only give the batch."""
     check_varlen_shapes(q_shape, k_shape, v_shape)
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.size < 1:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got shapes "
@@ -66,8 +68,11 @@ def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o
                      alibi=alibi, diag_offset=diag_offset, sinks=sinks,
                      q_stride=_packed_strides(q_stride), k_stride=_packed_strides(k_stride),
                      v_stride=_packed_strides(v_stride), o_stride=_packed_strides(o_stride))
-    p.cu_seqlens_q = cu_seqlens_q.ctypes.data
-    p.cu_seqlens_k = cu_seqlens_k.ctypes.data
+    if lengths_per_call:
+        p.lengths_per_call = _native.LENGTHS_PACKED
+    else:
+        p.cu_seqlens_q = cu_seqlens_q.ctypes.data
+        p.cu_seqlens_k = cu_seqlens_k.ctypes.data
     return p
 
 
@@ -104,6 +109,26 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
         for name, s, want in (("k", new_shapes[0], want_k), ("v", new_shapes[1], want_v)):
             if tuple(s) != want:
                 raise ValueError(f"new {name} must have shape [B, Sq, Hk, D] = {want}, got {tuple(s)}")
+
+
+def check_prefix(k_prefix, v_prefix, kc_shape, vc_shape, dtype):
+    """A shared prefix's length P (0: none), the one check of every front: k_prefix and
+    v_prefix (arrays or tensors of any framework: .shape, .dtype) go together, are
+    [P, Hk, D] / [P, Hk, Dv] (the caches' heads and head dims) and have the problem's dtype
+    (q's; a quantized cache's prefix too, which the library then refuses)."""
+    if (k_prefix is None) != (v_prefix is None):
+        raise ValueError("k_prefix and v_prefix (the shared prefix) go together: pass both or neither")
+    if k_prefix is None:
+        return 0
+    ks, vs = tuple(k_prefix.shape), tuple(v_prefix.shape)
+    want_k, want_v = (ks[:1] or (0,)) + tuple(kc_shape[2:]), (ks[:1] or (0,)) + tuple(vc_shape[2:])
+    if ks != want_k or vs != want_v:
+        raise ValueError(f"k_prefix and v_prefix must be [P, Hk, D] = {want_k} and {want_v} (the caches' heads and "
+                         f"head dims), got {ks} and {vs}")
+    if k_prefix.dtype != dtype or v_prefix.dtype != dtype:
+        raise ValueError(f"k_prefix and v_prefix must have q's dtype {dtype}, got {k_prefix.dtype} and "
+                         f"{v_prefix.dtype}")
+    return ks[0]
 
 
 def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_stride, o_stride,

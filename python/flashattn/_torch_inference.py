@@ -14,7 +14,7 @@ import torch
 from . import _layout, _native
 from ._problem import dtype_code
 from ._quant import cache_dtype_code
-from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
+from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, sinks_arg,
                           threads_arg, window_sides)
@@ -34,13 +34,21 @@ def _strides(t):
 # ---- packed variable-length batches ---------------------------------------------------
 
 def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, softcap, scale,
-                   diag_offset, dev, sinks=False):
+                   diag_offset, dev, sinks=False, per_call=False):
+    """per_call: the forward's plan from the packed tensors' rows, one for every call of those
+    shapes (the prefix sums go with each call); else a plan of these prefix sums."""
     p = varlen_problem(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
                        q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
                        o_stride=tuple(o_stride), dtype=DTYPES[q.dtype], cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=(wl, wr), softcap=softcap,
-                       scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks)
+                       scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks,
+                       lengths_per_call=per_call)
     return _native.cached_plan(p, dev.options())
+
+
+def _totals(cu):
+    """The rows (or keys) a packed batch's prefix sums reach: at most the tensors' rows."""
+    return int(cu[-1]) if cu.size else 0
 
 
 def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, diag_offset, threads, sinks=False):
@@ -86,11 +94,15 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     lse = poisoned(torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), cu_q, cu_k, alibi_slopes, causal, window_left,
-                            window_right, softcap, scale, diag_offset, dev, sinks is not None)
+                            window_right, softcap, scale, diag_offset, dev, sinks is not None, per_call=True)
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
-        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks))))
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks),
+        cu_seqlens_q=cu_q.ctypes.data, cu_seqlens_k=cu_k.ctypes.data)))
+    tq = _totals(cu_q)  # rows of no sequence, which the library does not touch
+    o[tq:] = 0
+    lse[:, tq:] = float("-inf")
     return o, lse
 
 
@@ -121,7 +133,14 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     o, do = do_with_o_strides(o, do)
     dsink = poisoned(torch.empty(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
-    handle = _varlen_handle(q, k, v, o.stride(), _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k),
+    cu_q, cu_k = _host_int32(cu_seqlens_q), _host_int32(cu_seqlens_k)
+    tq, tk = _totals(cu_q), _totals(cu_k)
+    for g, t in ((dq, tq), (dk, tk), (dv, tk)):  # rows past the sums' ends: zero gradients
+        g[t:] = 0
+    if tq < lse.shape[1]:
+        lse = lse[:, :tq].contiguous()
+    # the backward plans with these prefix sums, over the rows they reach (views: same data)
+    handle = _varlen_handle(q[:tq], k[:tk], v[:tk], o.stride(), cu_q, cu_k,
                             alibi_slopes, causal, window_left, window_right, softcap, scale,
                             diag_offset, dev, has_sinks)
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
@@ -216,7 +235,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b. max_seqlen_q/k
     optional bounds (checked when given). Returns o [total_q, Hq, Dv], and lse [Hq, total_q]
     f32 (differentiable too) with return_lse. threads: None or 0, the library's default;
-    mask= is refused (the library has no bias for packed batches)."""
+    mask= is refused (the library has no bias for packed batches). Lengths per call, as
+    numpy's varlen_attention: the rows are capacities (the prefix sums may end below them:
+    o = 0, lse = -inf and zero gradients past the ends), one forward plan per shapes."""
     _no_mask(mask, "varlen_attention")
     q, k, v = (check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
@@ -260,8 +281,9 @@ def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, s
 
 def _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes, causal,
                  window_left, window_right, softcap, scale, threads, k_scale=None, v_scale=None, cache_code=None,
-                 sinks=None):
+                 sinks=None, k_prefix=None, v_prefix=None):
     B, Sq, Hq, _ = q.shape
+    P = 0 if k_prefix is None else k_prefix.shape[0]
     if cache_code is None and _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right,
                                              softcap, scale, threads, sinks is not None):
         lse = torch.full((B, Hq, Sq), float("-inf"), device=q.device)
@@ -285,7 +307,7 @@ def _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, 
                        has_new_kv=has_new, max_pages=None if table is None else table.shape[1],
                        causal=causal, window=(window_left, window_right), softcap=softcap,
                        scale=scale, alibi=alibi_slopes is not None, sinks=sinks is not None,
-                       lengths_per_call=True, cache_dtype=cache_code)
+                       lengths_per_call=True, shared_prefix_len=P, cache_dtype=cache_code)
     handle = _native.cached_plan(p, dev.options())  # one plan for every step: lengths go with the call
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     table_ptr = None if table is None else table.ctypes.data
@@ -293,7 +315,7 @@ def _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, 
         q=ptr(q), k=ptr(kc), v=ptr(vc), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
         k_new=ptr(k_new), v_new=ptr(v_new), block_table=table_ptr, workspace=ptr(ws),
         workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks), cache_seqlens=lens.ctypes.data,
-        k_scale=ptr(k_scale), v_scale=ptr(v_scale))))
+        k_scale=ptr(k_scale), v_scale=ptr(v_scale), k_prefix=ptr(k_prefix), v_prefix=ptr(v_prefix))))
     return o, lse
 
 
@@ -303,9 +325,11 @@ def _kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
                  alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                  window_right: int, softcap: float, scale: Optional[float],
-                 threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 threads: int = 0, sinks: Optional[torch.Tensor] = None, k_prefix: Optional[torch.Tensor] = None,
+                 v_prefix: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     return _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes, causal,
-                        window_left, window_right, softcap, scale, threads, sinks=sinks)
+                        window_left, window_right, softcap, scale, threads, sinks=sinks, k_prefix=k_prefix,
+                        v_prefix=v_prefix)
 
 
 # A quantized cache (docs/caches.md): its own op, as it also mutates the scales.
@@ -315,22 +339,26 @@ def _kvcache_quant_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        cache_seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
                        alibi_slopes: Optional[torch.Tensor], cache_code: int, causal: bool, window_left: int,
                        window_right: int, softcap: float, scale: Optional[float],
-                       threads: int = 0, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                       threads: int = 0, sinks: Optional[torch.Tensor] = None,
+                       k_prefix: Optional[torch.Tensor] = None,
+                       v_prefix: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     return _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes, causal,
-                        window_left, window_right, softcap, scale, threads, k_scale, v_scale, cache_code, sinks)
+                        window_left, window_right, softcap, scale, threads, k_scale, v_scale, cache_code, sinks,
+                        k_prefix, v_prefix)
 
 
 @_kvcache_quant_fwd.register_fake
 def _kvcache_quant_fwd_fake(q, k_cache, v_cache, k_scale, v_scale, k_new, v_new, cache_seqlens, block_table,
                             alibi_slopes, cache_code, causal, window_left, window_right, softcap, scale, threads=0,
-                            sinks=None):
+                            sinks=None, k_prefix=None, v_prefix=None):
     B, Sq, Hq, _ = q.shape
     return q.new_empty((B, Sq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
 @_kvcache_fwd.register_fake
 def _kvcache_fwd_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes,
-                      causal, window_left, window_right, softcap, scale, threads=0, sinks=None):
+                      causal, window_left, window_right, softcap, scale, threads=0, sinks=None, k_prefix=None,
+                      v_prefix=None):
     B, Sq, Hq, _ = q.shape
     return q.new_empty((B, Sq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
@@ -338,7 +366,7 @@ def _kvcache_fwd_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_ta
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
                       return_lse=False, mask=None, threads=None, sinks=None, cache_dtype=None, k_scale=None,
-                      v_scale=None):
+                      v_scale=None, k_prefix=None, v_prefix=None):
     """One decoding step against a kv cache (flash_attn_with_kvcache's shapes); forward only.
     sinks [Hq]: as in attention (the split-KV chunks merge without them; they join once).
 
@@ -354,7 +382,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     cache_dtype "int8" or "fp8" (docs/caches.md): k_cache, v_cache hold torch.int8 or
     torch.float8_e4m3fn codes (flashattn.torch.quantize_cache makes them), k_scale and
     v_scale (float32, contiguous, the caches' shape without head_dim) a scale per row and
-    kv head; new k, v are quantized on append, their scales written in place."""
+    kv head; new k, v are quantized on append, their scales written in place.
+    k_prefix, v_prefix [P, Hk, D] / [.., Dv] (q's dtype): a shared prefix (cascade) that every
+    sequence attends to first (positions 0 .. P - 1, its own cache at P + t), read once per
+    call, as numpy's kvcache_attention."""
     _no_mask(mask, "kvcache_attention")
     q, k_cache, v_cache = (check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     if (k is None) != (v is None):
@@ -377,7 +408,12 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if k is not None:
         names += ["k", "v"]
         tensors += [check_tensor("k", k, 4), check_tensor("v", v, 4)]
+    if k_prefix is not None and v_prefix is not None:
+        names += ["k_prefix", "v_prefix"]
+        tensors += [check_tensor("k_prefix", k_prefix, 3), check_tensor("v_prefix", v_prefix, 3)]
+    check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
     check_floats(names, tensors)
+    prefix = () if k_prefix is None else (k_prefix.detach().contiguous(), v_prefix.detach().contiguous())
     if k is not None:
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
             if not _layout.writable_strides(tuple(c.shape), tuple(c.stride())):
@@ -408,11 +444,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         o, lse = _kvcache_quant_fwd(q, k_cache, v_cache, k_scale, v_scale, k, v, lens, block_table,
                                     alibi(alibi_slopes, q.shape[2], q.device), code, bool(causal),
                                     *_options(window, softcap, scale, threads),
-                                    None if sinks is None else sinks.detach())
+                                    None if sinks is None else sinks.detach(), *prefix)
         return (o, lse) if return_lse else o
     o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device),
                           bool(causal), *_options(window, softcap, scale, threads),
-                          None if sinks is None else sinks.detach())
+                          None if sinks is None else sinks.detach(), *prefix)
     return (o, lse) if return_lse else o
 
 

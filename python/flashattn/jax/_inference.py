@@ -25,7 +25,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
 from .._problem import _int, make_options as _library_options
-from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_varlen_shapes,
+from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                   decode_problem, varlen_problem)
 from . import _ffi
 from .._quant import cache_dtype_code
@@ -200,7 +200,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                      return_lse=False, threads=0, sinks=None, cache_dtype=None, k_scale=None, v_scale=None):
+                      return_lse=False, threads=0, sinks=None, cache_dtype=None, k_scale=None, v_scale=None,
+                      k_prefix=None, v_prefix=None):
     """One decoding step against a kv cache (as flash_attn_with_kvcache), functional: returns
     (o, k_cache, v_cache) with the new tokens written into the returned caches, or
     (o, lse, k_cache, v_cache) with return_lse. Not differentiable.
@@ -226,7 +227,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     jnp.float8_e4m3fn codes (flashattn.jax.quantize_cache makes them) and k_scale, v_scale
     (float32, the caches' shape without head_dim) a scale per row and kv head; new k, v are
     quantized on append, and the updated scales come back after the caches: (o, k_cache,
-    v_cache, k_scale, v_scale), or (o, lse, k_cache, v_cache, k_scale, v_scale)."""
+    v_cache, k_scale, v_scale), or (o, lse, k_cache, v_cache, k_scale, v_scale).
+
+    k_prefix, v_prefix [P, Hk, D] / [.., Dv] (q's dtype): a shared prefix (cascade) that every
+    sequence attends to first (positions 0 .. P - 1, its own cache at P + t), read once per
+    call, as numpy's kvcache_attention; operands of the call (traced arrays too)."""
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     code = cache_dtype_code(cache_dtype)
     if code is None and (k_scale is not None or v_scale is not None):
@@ -255,6 +260,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         arrays, names = [a for a, n in zip(arrays, names) if n not in ("k_cache", "v_cache")], \
             [n for n in names if n not in ("k_cache", "v_cache")]
     dtype = _dtype(*arrays, names=names)
+    if k_prefix is not None and v_prefix is not None:
+        k_prefix, v_prefix = jnp.asarray(k_prefix), jnp.asarray(v_prefix)
+    P = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
     paged = block_table is not None
     check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
                         None if k is None else (tuple(k.shape), tuple(v.shape)), paged)
@@ -288,7 +296,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                            cache_seqlens=host, has_new_kv=k is not None,
                            max_pages=None if table is None else table.shape[1], causal=causal,
                            window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None,
-                           sinks=sinks is not None, cache_dtype=code)
+                           sinks=sinks is not None, shared_prefix_len=P, cache_dtype=code)
         _native.cached_plan(p, _library_options("cpu"))
     _ffi.register()
     results = [jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
@@ -313,8 +321,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         operands.append(jax.lax.stop_gradient(sinks))
     if code is not None:  # last, as the handler reads them (jax_ffi_inference.c)
         operands += [jax.lax.stop_gradient(k_scale), jax.lax.stop_gradient(v_scale)]
+    if k_prefix is not None:  # after the scales (jax_ffi_inference.c)
+        operands += [jax.lax.stop_gradient(k_prefix), jax.lax.stop_gradient(v_prefix)]
     outs = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged),
-                cache_dtype=np.int64(code or 0), **attrs)
+                cache_dtype=np.int64(code or 0), has_prefix=np.int64(k_prefix is not None), **attrs)
     o, lse = outs[:2]
     kc, vc = outs[2:4] if k is not None else (k_cache, v_cache)  # read only: the caches as given
     if code is not None:
