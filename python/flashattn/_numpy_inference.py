@@ -42,7 +42,7 @@ class _Varlen:
     """What both passes of a packed batch share: checked q, k, v, lengths, options."""
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                 window, softcap, scale, alibi_slopes, diag_offset, sinks=None):
+                 window, softcap, scale, alibi_slopes, diag_offset, sinks=None, dropout=(None, None, None)):
         q, k, v = (_readable(n, a, 3) for n, a in (("q", q), ("k", k), ("v", v)))
         self.dtype = _one_dtype(q=q, k=k, v=v)
         self.cu_q = int32_lengths("cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
@@ -53,7 +53,8 @@ class _Varlen:
         self.slopes = _slopes(alibi_slopes, q.shape[1])
         self.sinks = head_floats("sinks", sinks, q.shape[1])
         self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
-                         alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks is not None)
+                         alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks is not None,
+                         dropout=dropout)
 
     def o_shape(self):
         return self.q.shape[:2] + (self.v.shape[2],)
@@ -91,7 +92,8 @@ class _Varlen:
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False, out=None, sinks=None):
+                     diag_offset=None, return_lse=False, out=None, sinks=None, dropout_p=None, seed=None,
+                     dropout_offset=None):
     """Attention over a packed batch of sequences of different lengths.
 
     q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv], one dtype (float32,
@@ -102,14 +104,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     overrides, as in attention). max_seqlen_q/k (FlashAttention's) are optional; when given
     they must bound every length. Returns o [total_q, Hq, Dv] (into out if given), and lse
     [Hq, total_q] f32 with return_lse (FlashAttention's softmax_lse layout). sinks [Hq]: as
-    in attention.
+    in attention. dropout_p, seed, dropout_offset: as in attention, b, i and j counting
+    within each sequence (varlen_attention_backward regenerates the mask).
 
     Lengths per call: the rows of q, k and v are capacities. The prefix sums may end below
     them (rows past cu_seqlens_q[-1] get o = 0 and lse = -inf; keys past cu_seqlens_k[-1]
     are not read), and one plan, made from the tensors' shapes, serves every call of those
     shapes whatever its lengths (the library checks each call's)."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                softcap, scale, alibi_slopes, diag_offset, sinks)
+                softcap, scale, alibi_slopes, diag_offset, sinks, (dropout_p, seed, dropout_offset))
     shape = c.o_shape()
     inputs = (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes), ("sinks", sinks))
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
@@ -124,14 +127,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                               max_seqlen_k=None, *, causal=False, window=None, softcap=None,
-                              scale=None, alibi_slopes=None, diag_offset=None, sinks=None):
+                              scale=None, alibi_slopes=None, diag_offset=None, sinks=None, dropout_p=None,
+                              seed=None, dropout_offset=None):
     """Gradients of sum(o * do) for varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)
     with the same options, from its o and lse [Hq, total_q]. Returns (dq, dk, dv) shaped and
     strided like q, k, v (dk, dv summed over the query heads that share them), and dsink
     (f32 [Hq], summed over every packed row) last with sinks. Rows and keys past the prefix
-    sums' ends (see varlen_attention) get zero gradients."""
+    sums' ends (see varlen_attention) get zero gradients. dropout_p, seed, dropout_offset:
+    the forward's, whose keep mask the backward regenerates."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                softcap, scale, alibi_slopes, diag_offset, sinks)
+                softcap, scale, alibi_slopes, diag_offset, sinks, (dropout_p, seed, dropout_offset))
     shape = c.o_shape()
     o, do = _readable("o", o, 3), _readable("do", do, 3)
     o, do, lse = backward_inputs(o, do, lse, shape, c.q.dtype, (c.q.shape[1], c.q.shape[0]), "[Hq, total_q]")

@@ -11,7 +11,7 @@ name the argument.
 import numpy as np
 
 from . import _native
-from ._problem import make_problem
+from ._problem import make_problem, set_dropout
 
 
 def int32_lengths(name, a, shape_desc, ndim=1):
@@ -52,11 +52,14 @@ def check_varlen_shapes(q_shape, k_shape, v_shape):
 
 def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o_stride, dtype,
                    cu_seqlens_q, cu_seqlens_k, causal=False, window=None, softcap=None,
-                   scale=None, alibi=False, diag_offset=None, sinks=False, lengths_per_call=False):
+                   scale=None, alibi=False, diag_offset=None, sinks=False, lengths_per_call=False,
+                   dropout=(None, None, None)):
     """The problem of a packed batch; cu_seqlens_* int32 numpy arrays [B + 1] that the
     caller keeps alive until the plan exists (the plan copies them). lengths_per_call: a
     plan from capacities (the packed tensors' rows) that takes the prefix sums with each
-    forward call (fa_forward_args); cu_seqlens_* then only give the batch."""
+    forward call (fa_forward_args); cu_seqlens_* then only give the batch. dropout:
+    (dropout_p, seed, dropout_offset) as set_dropout takes them (b, i, j count within each
+    sequence, docs/semantics.md, "Dropout", so the forward's plan and the backward's agree)."""
     check_varlen_shapes(q_shape, k_shape, v_shape)
     if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.size < 1:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both be [batch + 1], got shapes "
@@ -68,6 +71,7 @@ def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o
                      alibi=alibi, diag_offset=diag_offset, sinks=sinks,
                      q_stride=_packed_strides(q_stride), k_stride=_packed_strides(k_stride),
                      v_stride=_packed_strides(v_stride), o_stride=_packed_strides(o_stride))
+    set_dropout(p, *dropout)
     if lengths_per_call:
         p.lengths_per_call = _native.LENGTHS_PACKED
     else:

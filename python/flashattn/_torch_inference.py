@@ -19,7 +19,8 @@ from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_pr
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, sinks_arg,
                           threads_arg, window_sides)
 from ._torch_ops import (DTYPES, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
-                         int32_ids, lse_as_value_column, poisoned, ptr, readable)
+                         int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad, seed_tensor,
+                         seed_value)
 
 
 def _host_int32(t, name="lengths"):
@@ -34,15 +35,18 @@ def _strides(t):
 # ---- packed variable-length batches ---------------------------------------------------
 
 def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, softcap, scale,
-                   diag_offset, dev, sinks=False, per_call=False):
+                   diag_offset, dev, sinks=False, per_call=False, dropout=(0.0, None)):
     """per_call: the forward's plan from the packed tensors' rows, one for every call of those
-    shapes (the prefix sums go with each call); else a plan of these prefix sums."""
+    shapes (the prefix sums go with each call); else a plan of these prefix sums. dropout:
+    (dropout_p, the seed operand)."""
+    p_drop, seed = dropout
     p = varlen_problem(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
                        q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
                        o_stride=tuple(o_stride), dtype=DTYPES[q.dtype], cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=(wl, wr), softcap=softcap,
                        scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks,
-                       lengths_per_call=per_call)
+                       lengths_per_call=per_call,
+                       dropout=(p_drop, seed_value(seed), None) if p_drop > 0 else (None, None, None))
     return _native.cached_plan(p, dev.options())
 
 
@@ -81,7 +85,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
                 diag_offset: Optional[int], threads: int = 0,
-                sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                seed: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
                      diag_offset, threads, sinks is not None):
         return (torch.zeros(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device),
@@ -94,7 +99,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     lse = poisoned(torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), cu_q, cu_k, alibi_slopes, causal, window_left,
-                            window_right, softcap, scale, diag_offset, dev, sinks is not None, per_call=True)
+                            window_right, softcap, scale, diag_offset, dev, sinks is not None, per_call=True,
+                            dropout=(dropout_p, seed))
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
@@ -108,7 +114,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
 
 @_varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
-                     causal, window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None):
+                     causal, window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None,
+                     dropout_p=0.0, seed=None):
     return (q.new_empty(tuple(q.shape[:2]) + (v.shape[2],)),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
@@ -118,7 +125,8 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 do: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
-                diag_offset: Optional[int], threads: int = 0, sinks: Optional[torch.Tensor] = None
+                diag_offset: Optional[int], threads: int = 0, sinks: Optional[torch.Tensor] = None,
+                dropout_p: float = 0.0, seed: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsink ((0,) without sinks)."""
     has_sinks = sinks is not None
@@ -142,7 +150,7 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     # the backward plans with these prefix sums, over the rows they reach (views: same data)
     handle = _varlen_handle(q[:tq], k[:tk], v[:tk], o.stride(), cu_q, cu_k,
                             alibi_slopes, causal, window_left, window_right, softcap, scale,
-                            diag_offset, dev, has_sinks)
+                            diag_offset, dev, has_sinks, dropout=(dropout_p, seed))
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse), dq=ptr(dq),
@@ -153,7 +161,8 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
 
 @_varlen_bwd.register_fake
 def _varlen_bwd_fake(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal,
-                     window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None):
+                     window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None,
+                     dropout_p=0.0, seed=None):
     return tuple(grad_like(dense_for_grad(t)) for t in (q, k, v)) + (
         q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32),)
 
@@ -165,33 +174,43 @@ class _VarlenCompiled(torch.autograd.Function):
 
     @staticmethod
     def forward(q, k, v, cu_q, cu_k, max_q, max_k, slopes, causal, wl, wr, softcap, scale, diag_offset, threads,
-                sinks=None):
+                sinks=None, dropout_p=0.0, seed=None):
         return torch.ops.flashattn.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, slopes, causal, wl, wr,
-                                              softcap, scale, diag_offset, threads, sinks)
+                                              softcap, scale, diag_offset, threads, sinks, dropout_p, seed)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         q, k, v, cu_q, cu_k, _, _, slopes = inputs[:8]
         sinks = inputs[15] if len(inputs) > 15 else None
-        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, slopes, sinks)
+        seed = inputs[17] if len(inputs) > 17 else None
+        ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, slopes, sinks, seed)
         ctx.options = inputs[8:15]
+        ctx.dropout_p = inputs[16] if len(inputs) > 16 else 0.0
+        ctx.n_inputs = len(inputs)
+        if ctx.dropout_p > 0:  # as _torch_ops.AttentionCompiled: lse has no gradient under dropout
+            ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse, cu_q, cu_k, slopes, sinks = ctx.saved_tensors
+        q, k, v, o, lse, cu_q, cu_k, slopes, sinks, seed = ctx.saved_tensors
+        if ctx.dropout_p > 0:  # lse is non-differentiable then (setup_context)
+            dlse = None
         if do is None and dlse is None:
-            return (None,) * 16
+            return (None,) * ctx.n_inputs
         do = torch.zeros_like(o) if do is None else do
         if dlse is not None:  # lse [Hq, total_q], do's rows [total_q, Hq]
             v, o, do = lse_as_value_column(v, o, do, dlse, lambda x: x.t())
         dq, dk, dv, dsink = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, slopes, *ctx.options,
-                                                           sinks)
+                                                           sinks, ctx.dropout_p, seed)
         if dlse is not None:
             dv = dv[..., :-1]
             if sinks is not None:  # lse's cotangent reaches the sink directly (as in _torch_ops)
                 dsink = dsink + (torch.exp(sinks.view(-1, 1) - lse) * dlse).sum(1)
-        return (dq, dk, dv) + (None,) * 12 + (dsink if sinks is not None and ctx.needs_input_grad[15] else None,)
+        grads = [dq, dk, dv] + [None] * (ctx.n_inputs - 3)
+        if sinks is not None and ctx.needs_input_grad[15]:
+            grads[15] = dsink
+        return tuple(grads)
 
 
 
@@ -226,7 +245,8 @@ def _no_mask(mask, fn):
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False, mask=None, threads=None, sinks=None):
+                     diag_offset=None, return_lse=False, mask=None, threads=None, sinks=None, dropout_p=0.0,
+                     seed=None):
     """Attention over a packed batch of sequences of different lengths, differentiable in
     q, k, v and sinks (flash_attn_varlen_func's shapes; sinks [Hq] as in attention).
 
@@ -237,7 +257,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     f32 (differentiable too) with return_lse. threads: None or 0, the library's default;
     mask= is refused (the library has no bias for packed batches). Lengths per call, as
     numpy's varlen_attention: the rows are capacities (the prefix sums may end below them:
-    o = 0, lse = -inf and zero gradients past the ends), one forward plan per shapes."""
+    o = 0, lse = -inf and zero gradients past the ends), one forward plan per shapes.
+    dropout_p, seed: as in flashattn.torch.attention (the seed from torch's generator when
+    None; b, i, j count within each sequence; lse then has no gradient)."""
     _no_mask(mask, "varlen_attention")
     q, k, v = (check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
     check_floats(("q", "k", "v"), (q, k, v))
@@ -250,12 +272,21 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                          f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
     wl, wr, softcap, scale, threads = _options(window, softcap, scale, threads)
     q, k, v = distinct(q, k, v)
+    dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    if dropout_p > 0.0:
+        seed = seed_tensor(seed)
+    elif seed is not None:
+        raise ValueError("seed= needs dropout_p > 0")
     fn = _VarlenCompiled if torch.compiler.is_compiling() else _Varlen
     o, lse = fn.apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
                       int_in("max_seqlen_k", max_seqlen_k, optional=True),
                       alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,
                       int_in("diag_offset", diag_offset, optional=True), threads,
-                      sinks_arg(sinks, q.shape[1], q.device))
+                      sinks_arg(sinks, q.shape[1], q.device), dropout_p, seed)
+    if return_lse and dropout_p > 0.0:
+        lse = refused_lse_grad(lse, q, k, v)
     return (o, lse) if return_lse else o
 
 

@@ -221,3 +221,45 @@ def test_torch_compile_keeps_one_graph(rng):
             lse.sum().backward()
         o, lse = fn(q)
         o.sum().backward()  # o alone is fine
+
+
+def test_packed_dropout(rng):
+    """Packed batches (numpy and torch varlen_attention): each sequence's weights dropped by
+    the keep mask of its own (b, h, i, j), i and j counting within it; gradients against the
+    float64 reference with that mask; torch's seed from its generator."""
+    import flashattn.torch as ft
+    lens_q, lens_k, H, D, p = [5, 0, 9], [7, 3, 9], 2, 16, 0.3
+    cu_q, cu_k = np.cumsum([0] + lens_q).astype(np.int32), np.cumsum([0] + lens_k).astype(np.int32)
+    q, k, v = randn(rng, (cu_q[-1], H, D)), randn(rng, (cu_k[-1], H, D)), randn(rng, (cu_k[-1], H, D))
+    do = randn(rng, (cu_q[-1], H, D))
+    o = flashattn.varlen_attention(q, k, v, cu_q, cu_k, causal=True, dropout_p=p, seed=21)
+    dq, dk, dv = flashattn.varlen_attention_backward(q, k, v, o, flashattn.varlen_attention(
+        q, k, v, cu_q, cu_k, causal=True, dropout_p=p, seed=21, return_lse=True)[1], do, cu_q, cu_k, causal=True,
+        dropout_p=p, seed=21)
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        if sq == 0:
+            continue
+        rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        keep = np.stack([flashattn.dropout_keep_mask(p, 21, b, h, sq, sk) for h in range(H)])[None]
+        t = lambda x, r: np.swapaxes(x[r], 0, 1)[None]  # noqa: E731 - [1, H, S, D]
+        ro, (rdq, rdk, rdv) = reference(t(q, rq), t(k, rk), t(v, rk), t(do, rq), keep, p, causal=True)
+        assert rel_err(t(o, rq), ro) < FWD_TOL["f32"]
+        for got, want in ((dq, rdq), (dk, rdk), (dv, rdv)):
+            r = rq if got is dq else rk
+            assert rel_err(t(got, r), want) < BWD_TOL["f32"]
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    got = ft.varlen_attention(tq, tk, tv, torch.tensor(cu_q), torch.tensor(cu_k), causal=True, dropout_p=p, seed=21)
+    assert torch.equal(got.detach(), torch.tensor(o))
+    got.backward(torch.tensor(do))
+    for g, want in ((tq.grad, dq), (tk.grad, dk), (tv.grad, dv)):
+        np.testing.assert_array_equal(g.numpy(), want)
+    torch.manual_seed(4)
+    a = ft.varlen_attention(tq, tk, tv, torch.tensor(cu_q), torch.tensor(cu_k), dropout_p=p)
+    torch.manual_seed(4)
+    seed = ft.dropout_seed()
+    np.testing.assert_array_equal(a.detach().numpy(),
+                                  flashattn.varlen_attention(q, k, v, cu_q, cu_k, dropout_p=p, seed=seed))
+    with pytest.raises(ValueError, match="seed= needs dropout_p"):
+        ft.varlen_attention(tq, tk, tv, torch.tensor(cu_q), torch.tensor(cu_k), seed=3)
+    with pytest.raises(ValueError, match="needs seed="):
+        flashattn.varlen_attention(q, k, v, cu_q, cu_k, dropout_p=p)
