@@ -5,10 +5,13 @@
  *
  * Buffers, in order (the optional ones only when their attribute says so):
  *   varlen forward   args q [Tq, Hq, D], k [Tk, Hk, D], v [Tk, Hk, Dv], cu_seqlens_q [B+1],
- *                         cu_seqlens_k [B+1] (int32), [alibi_slopes [Hq]]
+ *                         cu_seqlens_k [B+1] (int32), [alibi_slopes [Hq]], [sinks [Hq]],
+ *                         [seed: uint32 [4], dropout's seed and offset as (low, high) words
+ *                         each, with attribute dropout_p > 0 (as jax_ffi.c's)]
  *                    rets o [Tq, Hq, Dv], lse [Hq, Tq]
- *   varlen backward  args q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, [alibi_slopes]
- *                    rets dq, dk, dv
+ *   varlen backward  args q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, [alibi_slopes], [sinks],
+ *                         [seed]
+ *                    rets dq, dk, dv, [dsink]
  *   kvcache          args q [B, Sq, Hq, D], k_cache, v_cache ([B, S, Hk, D] or paged
  *                         [num_pages, page_size, Hk, D]), cache_seqlens [B] (int32),
  *                         [k_new, v_new [B, Sq, Hk, D]], [block_table [B, max_pages] int32],
@@ -68,7 +71,8 @@ static XLA_FFI_Error *read_options(icall *c, int decode) {
         if (c->cache_dtype && c->cache_dtype != FA_INT8 && c->cache_dtype != FA_FP8_E4M3)
             return BAD(c, "cache_dtype %lld is not int8 (%d) or fp8_e4m3 (%d)", (long long)c->cache_dtype, FA_INT8,
                        FA_FP8_E4M3);
-    } else if ((e = fj_attr_i64(f, "has_diag_offset", &has_diag)) || (e = fj_attr_i64(f, "diag_offset", &p->diag_offset))) {
+    } else if ((e = fj_attr_i64(f, "has_diag_offset", &has_diag)) || (e = fj_attr_i64(f, "diag_offset", &p->diag_offset)) ||
+               (e = fj_attr_f32(f, "dropout_p", &p->dropout_p))) {
         return e;
     }
     p->causal = causal != 0;
@@ -165,13 +169,15 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     static const char *const bwd_args[] = {"q", "k", "v", "o", "lse", "do", "cu_seqlens_q", "cu_seqlens_k",
                                            "alibi_slopes", NULL};
     static const char *const fwd_rets[] = {"o", "lse", NULL}, *const bwd_rets[] = {"dq", "dk", "dv", "dsink", NULL};
-    const char *args[12], *rets[5];
+    const char *args[MAX_BUFFERS], *rets[5];
     const char *const *names = backward ? bwd_args : fwd_args;
     int64_t n = 0, m = 0;
     for (; names[n]; n++) args[n] = names[n];
     if (!c.p.has_alibi) n--; /* slopes last, then sinks */
     const int64_t i_sinks = n;
     if (c.p.has_sinks) args[n++] = "sinks";
+    const int64_t i_seed = n;
+    if (c.p.dropout_p != 0.0f) args[n++] = "seed";
     args[n] = NULL;
     for (const char *const *rn = backward ? bwd_rets : fwd_rets; rn[m]; m++) rets[m] = rn[m];
     if (backward && !c.p.has_sinks) m--; /* dsink last */
@@ -197,6 +203,13 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     if (c.p.has_sinks && ((e = expect(&c, &a[i_sinks], "sinks", 1, hq, XLA_FFI_DataType_F32)) ||
                           (backward && (e = expect(&c, &c.ret[3], "dsink", 1, hq, XLA_FFI_DataType_F32)))))
         return e;
+    const int64_t four[1] = {4};
+    if (c.p.dropout_p != 0.0f) {
+        if ((e = expect(&c, &a[i_seed], "seed", 1, four, XLA_FFI_DataType_U32))) return e;
+        const uint32_t *w = a[i_seed].data; /* host memory: the CPU platform */
+        c.p.dropout_seed = (uint64_t)w[1] << 32 | w[0];
+        c.p.dropout_offset = (uint64_t)w[3] << 32 | w[2];
+    }
     const fj_buffer *r = c.ret;
     if (backward) {
         if ((e = expect(&c, &a[V_O], "o", 3, od, dt)) || (e = expect(&c, &a[V_LSE], "lse", 2, lsed, XLA_FFI_DataType_F32)) ||

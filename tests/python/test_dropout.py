@@ -263,3 +263,25 @@ def test_packed_dropout(rng):
         ft.varlen_attention(tq, tk, tv, torch.tensor(cu_q), torch.tensor(cu_k), seed=3)
     with pytest.raises(ValueError, match="needs seed="):
         flashattn.varlen_attention(q, k, v, cu_q, cu_k, dropout_p=p)
+
+
+def test_jax_packed_dropout(rng):
+    """JAX's varlen_attention with dropout: the same bits as numpy's (a traced seed under jit
+    too), gradients equal numpy's backward with that seed, lse's gradient refused."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as fj
+    cu = np.array([0, 6, 6, 15], np.int32)
+    q, k, v = (randn(rng, (15, 2, 16)) for _ in range(3))
+    want, lse = flashattn.varlen_attention(q, k, v, cu, cu, causal=True, dropout_p=0.2, seed=8, return_lse=True)
+    f = jax.jit(lambda q, s: fj.varlen_attention(q, k, v, cu, cu, causal=True, dropout_p=0.2, seed=s))
+    np.testing.assert_array_equal(np.asarray(f(q, jnp.uint32(8))), want)
+    assert not np.array_equal(np.asarray(f(q, jnp.uint32(9))), want)
+    g = jax.grad(lambda q: (fj.varlen_attention(q, k, v, cu, cu, causal=True, dropout_p=0.2, seed=8) ** 2).sum())(q)
+    dq, _, _ = flashattn.varlen_attention_backward(q, k, v, want, lse, 2 * want, cu, cu, causal=True, dropout_p=0.2,
+                                                   seed=8)
+    np.testing.assert_allclose(np.asarray(g), dq, rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="through lse with dropout"):
+        jax.grad(lambda q: fj.varlen_attention(q, k, v, cu, cu, dropout_p=0.2, seed=8, return_lse=True)[1].sum())(q)
+    with pytest.raises(ValueError, match="needs seed="):
+        fj.varlen_attention(q, k, v, cu, cu, dropout_p=0.2)

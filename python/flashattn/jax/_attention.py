@@ -210,11 +210,11 @@ def _u64_words(name, x, key_ok):
     return jnp.stack([(u & 0xFFFFFFFF).astype(jnp.uint32), (u >> 32).astype(jnp.uint32)])
 
 
-def seed_words(opt, seed, dropout_offset):
+def seed_words(dropout_p, seed, dropout_offset):
     """The handler's seed operand (uint32 [4]: seed low, high, offset low, high), or None
     without dropout. An operand, not an attribute: a new seed each training step runs the
     compiled call again instead of compiling another (the bits are the same either way)."""
-    if opt.dropout_p == 0:
+    if dropout_p == 0:
         return None
     return jax.lax.stop_gradient(jnp.concatenate([_u64_words("seed", seed, True),
                                                   _u64_words("dropout_offset", 0 if dropout_offset is None else dropout_offset, False)]))
@@ -316,7 +316,7 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
         if sinks is not None:  # rows without keys: lse = sink
             lse = jnp.broadcast_to(sinks[None, :, None], lse_shape)
     else:
-        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed_words(opt, seed, dropout_offset))
+        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed_words(opt.dropout_p, seed, dropout_offset))
     return (o, lse) if return_lse else o
 
 

@@ -29,7 +29,7 @@ from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_p
                                   decode_problem, varlen_problem)
 from . import _ffi
 from .._quant import cache_dtype_code
-from ._attention import _cotangents_as_values, _finite, _window
+from ._attention import _cotangents_as_values, _dropout, _finite, _window, seed_words
 from ._plan import _DTYPE_NAMES
 
 VARLEN_FORWARD_TARGET, VARLEN_BACKWARD_TARGET, KVCACHE_TARGET = (t for t, _ in _ffi.INFERENCE_TARGETS)
@@ -105,44 +105,47 @@ def _optional(*xs):
     return [x for x in xs if x is not None]
 
 
-def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks):
+def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
     _ffi.register()
     call = jax.ffi.ffi_call(VARLEN_FORWARD_TARGET,
                             (jax.ShapeDtypeStruct(q.shape[:2] + v.shape[2:], q.dtype),
                              jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
                             vmap_method="sequential")
-    return call(q, k, v, cu_q, cu_k, *_optional(slopes, sinks), **dict(attrs))
+    return call(q, k, v, cu_q, cu_k, *_optional(slopes, sinks, seed), **dict(attrs))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _varlen_op(attrs, q, k, v, cu_q, cu_k, slopes, sinks):
-    return _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks)
+def _varlen_op(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
+    return _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed)
 
 
-def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes, sinks):
-    q, k, v, cu_q, cu_k, slopes, sinks = (None if x is None else x.value for x in (q, k, v, cu_q, cu_k, slopes, sinks))
-    o, lse = _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks)
-    return (o, lse), (q, k, v, o, lse, cu_q, cu_k, slopes, sinks)
+def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
+    q, k, v, cu_q, cu_k, slopes, sinks, seed = (None if x is None else x.value
+                                                for x in (q, k, v, cu_q, cu_k, slopes, sinks, seed))
+    o, lse = _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed)
+    return (o, lse), (q, k, v, o, lse, cu_q, cu_k, slopes, sinks, seed)
 
 
 def _varlen_op_bwd(attrs, res, cotangents):
-    q, k, v, o, lse, cu_q, cu_k, slopes, sinks = res
+    q, k, v, o, lse, cu_q, cu_k, slopes, sinks, seed = res
     do, dlse = cotangents
     with_lse = not isinstance(dlse, SymbolicZero)
+    if with_lse and seed is not None:  # lse's cotangent rides on dP, which dropout scales
+        raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported")
     v, o, do = _cotangents_as_values(v, o, do, dlse.T if with_lse else None)  # lse [Hq, total_q]
     _ffi.register()
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
     if sinks is not None:
         shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
     outs = jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="sequential")(
-        q, k, v, o, lse, do, cu_q, cu_k, *_optional(slopes, sinks), **dict(attrs))
+        q, k, v, o, lse, do, cu_q, cu_k, *_optional(slopes, sinks, seed), **dict(attrs))
     dq, dk, dv = outs[:3]
     dsink = outs[3] if sinks is not None else None
     if with_lse:
         dv = dv[..., :-1]
         if sinks is not None:  # lse's cotangent reaches the sink directly (as in _attention.py)
             dsink = dsink + jnp.sum(jnp.exp(sinks[:, None] - lse) * dlse, axis=1)
-    return dq, dk, dv, None, None, None, dsink
+    return dq, dk, dv, None, None, None, dsink, None
 
 
 _varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
@@ -150,7 +153,8 @@ _varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
-                     diag_offset=None, return_lse=False, threads=0, sinks=None):
+                     diag_offset=None, return_lse=False, threads=0, sinks=None, dropout_p=None, seed=None,
+                     dropout_offset=None):
     """Attention over a packed batch of sequences of different lengths (as
     flash_attn_varlen_func), differentiable in q, k, v and sinks (jax.custom_vjp; sinks [Hq]
     as in attention).
@@ -160,7 +164,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b (diag_offset
     overrides). max_seqlen_q/k optional (checked when given and the lengths are concrete).
     Returns o [total_q, Hq, Dv], and lse [Hq, total_q] f32 with return_lse. jit and grad;
-    vmap runs one call per mapped index."""
+    vmap runs one call per mapped index. dropout_p, seed, dropout_offset: as in attention
+    (b, i, j counting within each sequence)."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     dtype = _dtype(q, k, v, names=("q", "k", "v"))
@@ -176,6 +181,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads, sinks is not None)
     attrs.update(has_diag_offset=np.int64(diag_offset is not None),
                  diag_offset=np.int64(0 if diag_offset is None else _int("diag_offset", diag_offset)))
+    drop = _dropout(dropout_p, seed, dropout_offset).get("dropout_p", 0.0)
+    attrs.update(dropout_p=np.float32(drop))
+    seed_operand = seed_words(drop, seed, dropout_offset)
     host_q, host_k = _concrete(cu_q), _concrete(cu_k)
     if host_q is not None and host_k is not None:  # the library's verdict now, as ValueError
         check_max_seqlen("max_seqlen_q", max_seqlen_q, host_q)
@@ -184,7 +192,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                            k_stride=_dense(k.shape), v_stride=_dense(v.shape),
                            o_stride=_dense(q.shape[:2] + v.shape[2:]), dtype=dtype, cu_seqlens_q=host_q,
                            cu_seqlens_k=host_k, causal=causal, window=_window(window), softcap=softcap,
-                           scale=scale, alibi=slopes is not None, diag_offset=diag_offset, sinks=sinks is not None)
+                           scale=scale, alibi=slopes is not None, diag_offset=diag_offset, sinks=sinks is not None,
+                           dropout=(drop, 0, None) if drop else (None, None, None))  # the seed: no part of a verdict
         _native.cached_plan(p, _library_options("cpu"))
     if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads: filled here, outside the XLA call
         o = jnp.zeros(q.shape[:2] + v.shape[2:], q.dtype)
@@ -192,7 +201,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         if sinks is not None:  # rows without keys: lse = sink
             lse = jnp.broadcast_to(sinks[:, None], lse.shape)
     else:
-        o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes, sinks)
+        o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes, sinks, seed_operand)
     return (o, lse) if return_lse else o
 
 
