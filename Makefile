@@ -4,7 +4,7 @@ JOBS ?= 2
 BUILD ?= build
 CMAKE_FLAGS ?=
 
-.PHONY: all build run test test-deps bench bench-inference bench-decode-peers clean fuzz check-long
+.PHONY: all build run test test-deps bench bench-inference bench-decode-peers bench-targets clean fuzz check-long
 
 all: build
 
@@ -38,6 +38,10 @@ bench: build
 bench-inference: build
 	bash bench/inference.sh --record
 	bash bench/decode_caches.sh --record
+
+# Issues 20 and 21's speed targets (masks, sinks, dropout, decode caches, shared prefix).
+bench-targets: build
+	bash bench/targets.sh
 
 # Decode against OpenVINO, ggml, ONNX Runtime and torch (bench/decode_peers.sh; the peers go
 # into their own venv, ~/.cache/flashattn/bench-venv).
