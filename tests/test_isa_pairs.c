@@ -4,7 +4,8 @@
  * extremes mixed in (scores whose exp lands near FLT_MIN, underflows, -inf, NaN, +-0),
  *   max_row(x) * scale        == the max of x[j] * scale (scale > 0)
  *   exp_pairs(x, scale, base) == exp_sum(x * scale, base), the same sum bits
- *   gemm_pb_pairs(pairs, V)   == gemm_pb(round_row(p), V), the same o bits.
+ *   gemm_pb_pairs(pairs, V)   == gemm_pb(round_row(p), V), the same o bits (m up to 45:
+ *                              AMX reads whole 16-row, 32-key tiles in place and copies cut ones).
  * It tests an internal interface on purpose (the table of src/cpu that FA_ISA or this CPU
  * selects). Exits 77 where that table has no such passes. */
 #include "cpu/isa.h"
@@ -129,7 +130,7 @@ int main(void) {
     for (int si = 0; si < (int)(sizeof sizes / sizeof sizes[0]); si++)
         for (int ci = 0; ci < 4; ci++) {
             max_case(isa, sizes[si], scales[ci]);
-            const int m = (int)tu_int(&rng, 1, 13), cols = (int)(16 * tu_int(&rng, 1, 9) - tu_int(&rng, 0, 1));
+            const int m = (int)tu_int(&rng, 1, 45), cols = (int)(16 * tu_int(&rng, 1, 9) - tu_int(&rng, 0, 1));
             pairs_case(isa, m, sizes[si], cols, scales[ci]);
         }
     underflow_walk(isa);

@@ -19,7 +19,11 @@
  * x 32 columns), A = tiles 4, 5 and B = tiles 6, 7. Edge blocks use 1 x 2, 2 x 1 or 1 x 1
  * of them; a C tile that is cut by m, n or cols goes through a 1 KiB stack buffer, so only
  * the caller's m x n of s (m x cols of o) is ever read or written. gemm_pb converts up to
- * PB_KC keys of 32 rows of p to bf16 at a time (exact: p is already rounded to bf16).
+ * PB_KC keys of 32 rows of p to bf16 at a time (exact: p is already rounded to bf16);
+ * gemm_pb_pairs takes the forward's p already as bf16 pairs (isa.h, exp_pairs), which are
+ * A tiles as they lie, copying only the blocks cut by m or n (zero padded: a tile reads 16
+ * rows and 32 keys, and past n the words hold leftover scores). Both walk the same blocks
+ * in the same order, so they give the same bits.
  *
  * Tile state belongs to the thread: each product loads the configuration (all tiles 16
  * rows x 64 bytes) on entry and releases the tiles on exit. The configuration is loaded
@@ -297,8 +301,51 @@ static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const v
     tiles_end();
 }
 
+/* Rows [0, rows) of the pairs pp (row r at pp + r ldpp words), keys [k0, k0 + kn), as bf16
+ * rows of kc (kn rounded up to 32) values, zero padded to 16 mt rows and past kn. */
+static void pairs_to_tile_rows(const uint32_t *pp, int ldpp, int rows, int mt, int k0, int kn, int kc, uint16_t *dst) {
+    for (int r = 0; r < 16 * mt; r++) {
+        uint16_t *d = dst + (int64_t)r * kc;
+        const uint16_t *row = (const uint16_t *)(pp + (int64_t)r * ldpp) + k0;
+        for (int e = 0; e < kc; e += 32)
+            _mm512_storeu_si512(d + e, r < rows && e < kn ? _mm512_maskz_loadu_epi16(fa_mask32(kn - e), row + e)
+                                                         : _mm512_setzero_si512());
+    }
+}
+
+static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o,
+                              int ldo) {
+    const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
+    const int np2 = (int)fa_round_up(n, 32) / 2;
+    const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
+    uint16_t buf[32 * PB_KC] __attribute__((aligned(64)));
+    tiles_begin();
+    for (int i0 = 0; i0 < m; i0 += 32) {
+        const int mr = m - i0 < 32 ? m - i0 : 32, mt = mr > 16 ? 2 : 1;
+        for (int k0 = 0; k0 < n; k0 += PB_KC) {
+            const int kn = n - k0 < PB_KC ? n - k0 : PB_KC, kc = (int)fa_round_up(kn, 32);
+            const uint32_t *rows = pp + (int64_t)i0 * ldpp;
+            const uint16_t *a = (const uint16_t *)rows + k0;
+            int64_t lda = 2 * (int64_t)ldpp;
+            if (mr != 16 * mt || kn != kc) { /* a cut block: its rows and keys padded with zeros */
+                pairs_to_tile_rows(rows, ldpp, mr, mt, k0, kn, kc, buf);
+                a = buf, lda = kc;
+            }
+            for (int c0 = 0; c0 < cols; c0 += 32) {
+                const int nc = cols - c0 < 32 ? cols - c0 : 32;
+                const uint32_t *b0 = V + (int64_t)(c0 / 16) * panel + (int64_t)(k0 / 2) * 16;
+                block_any(mt, nc > 16 ? 2 : 1, kc / 32, a, lda, b0, b0 + panel, o + (int64_t)i0 * ldo + c0, ldo, mr,
+                          nc, 1);
+            }
+        }
+    }
+    tiles_end();
+}
+
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
-                            .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default,
+                            .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
+                            .exp_pairs = fa_bf16_exp_pairs, .gemm_pb_pairs = amx_gemm_pb_pairs,
+                            .tiles = &fa_isa_tiles_default,
                             .decode = &fa_decode_bf16_kernels,
     .dropout_tile = fa_dropout_tile_avx512};

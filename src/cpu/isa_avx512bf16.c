@@ -128,7 +128,7 @@ static void bf16_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int l
 
 /* ---- the forward's p as pairs --------------------------------------------------------- */
 
-static float bf16_max_row(const float *x, int n) {
+float fa_bf16_max_row(const float *x, int n) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
     int j = 0;
     for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(_mm512_loadu_ps(x + j), mx); /* NaN: keeps mx */
@@ -144,7 +144,7 @@ static inline __m512 exp_lanes(const float *x, __mmask16 t, __m512 vscale, __m51
 /* vcvtne2ps2bf16 rounds to nearest even as round_row does; it reads f32 subnormals as 0,
  * where round_row could carry one up to FLT_MIN, but fa_avx512_exp returns none (0 below
  * ln(FLT_MIN), normal numbers above: test_isa_pairs walks every float there). */
-static float bf16_exp_pairs(float *x, int n, float scale, float base) {
+float fa_bf16_exp_pairs(float *x, int n, float scale, float base) {
     const __m512 vscale = _mm512_set1_ps(scale), vbase = _mm512_set1_ps(base);
     uint32_t *out = (uint32_t *)x; /* words j/2 .. are written after floats j .. j+31 are read */
     __m512 sum = _mm512_setzero_ps();
@@ -173,7 +173,7 @@ const fa_decode_kernels fa_decode_bf16_kernels = {fa_decode_qk_bf16, fa_decode_p
 
 const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .packed_bytes = bf16_packed_bytes,
                                    .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
-                                   .round_row = fa_avx512_round_row, .max_row = bf16_max_row,
-                                   .exp_pairs = bf16_exp_pairs, .gemm_pb_pairs = bf16_gemm_pb_pairs,
+                                   .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
+                                   .exp_pairs = fa_bf16_exp_pairs, .gemm_pb_pairs = bf16_gemm_pb_pairs,
                                    .tiles = &fa_isa_tiles_bf16_pairs, .decode = &fa_decode_bf16_kernels,
     .dropout_tile = fa_dropout_tile_avx512};

@@ -38,6 +38,11 @@ static inline int fa_pack_f32_unless_bf16(void (*f32_pack)(const fa_tile_src *, 
     return 0;
 }
 
+/* isa.h's max_row and exp_pairs at AVX512_BF16 width (isa_avx512bf16.c), for both bf16
+ * tables: their pairs are row-major bf16 p, which either product reads as it is. */
+float fa_bf16_max_row(const float *x, int n);
+float fa_bf16_exp_pairs(float *x, int n, float scale, float base);
+
 /* The start of every product: operands packed as FA_PACK_F32 go to fa_isa_avx512's
  * product (1 is returned), others stay with the caller (0). */
 static inline int fa_gemm_abt_f32(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
