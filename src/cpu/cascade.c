@@ -49,11 +49,15 @@ static int64_t cas_block(const struct fa_plan *pl) {
     return pl->p.dtype == FA_BF16 ? t->bf16_open_bq : t->open_bq;
 }
 
-/* Keys per prefix tile: the forward's long-key tile (a prefix is a long key sequence: the
- * per-row work of a tile is spread over more keys), at most a chunk. */
+/* Keys per prefix tile: the most whose score block (block rows x keys, f32) stays within
+ * 256 KiB (the forward's open bf16 tile: its L2 budget), from the ISA's long-key tile (a
+ * prefix is a long key sequence) up to a chunk; more keys spread each row's per-tile work
+ * (its score rule, rescale, the kernels' calls) over more of them. */
 static int64_t cas_tile(const struct fa_plan *pl) {
-    const int64_t bk = cas_isa(pl)->tiles->long_bk;
-    return bk < cas_chunk(pl) ? bk : cas_chunk(pl);
+    const int64_t ch = cas_chunk(pl), rb = cas_block(pl);
+    int64_t t = cas_isa(pl)->tiles->long_bk;
+    while (2 * t <= ch && rb * 2 * t * (int64_t)sizeof(float) <= 256 * 1024) t *= 2;
+    return t < ch ? t : ch;
 }
 
 int64_t fa_cascade_chunks(const struct fa_plan *pl) {
