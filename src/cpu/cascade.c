@@ -4,14 +4,17 @@
  * read once per call. Work items are (chunk of prefix keys (cas_chunk), kv head): an
  * item packs the R = B x (Hq / Hk) x seq_q rows of every sequence's query heads on that
  * head once, in blocks of cas_block(pl) rows, then walks the chunk's tiles of
- * cas_tile(pl) keys (a dense attention of R rows over the prefix, at the forward's
- * long-key tile), each packed once and met by every block (so it stays in cache across them).
+ * cas_tile(pl) keys (a dense attention of R rows over the prefix), each packed once and
+ * met by every block (so it stays in cache across them), the next one prefetched.
  * The rows' scores and online-softmax step are the forward's (softmax_row.h), with the bf16
  * pairs where the ISA has them. Each row keeps an online-softmax partial (acc, max, sum) per
  * (chunk, kv head) in the workspace; the decode merge (decode.c) takes them as the first
  * chunks of the row, so prefix and cache combine as one softmax, in a fixed order: bits do
  * not depend on the thread count, and a sequence's do not depend on the others (its rows'
- * partials are its own; the products compute each element alone). Masks are each
+ * partials are its own; the products compute each element alone; one exception: a prefix
+ * v tile holding inf or NaN, where a mask may hide some of its keys from some sequence of
+ * a block, sends the whole block through the guarded product, whose sums run in another
+ * order, guard.h). Masks are each
  * sequence's over prefix plus cache (prefix key j at position j, row i at P + Sk_b - seq_q
  * + i), applied element by element by the score rule (scores.h); every prefix tile is
  * computed for every row. */
