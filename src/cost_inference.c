@@ -115,8 +115,8 @@ static wide shared_prefix_cost(const fa_plan *pl, wide *flops, wide *trans, wide
     const fa_problem *p = &pl->p;
     const wide es = (wide)fa_dtype_size(p->dtype), Hq = p->heads_q, Hk = p->heads_kv, P = p->shared_prefix_len;
     const wide D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, R = (wide)p->batch * (Hq / Hk) * Sq;
-    const int64_t T = fa_decode_tile(p);
-    const wide tiles = (P + T - 1) / T, chunks = fa_cascade_chunks(pl), pbytes = P * Hk * (D + Dv) * es;
+    const wide tiles = fa_cascade_tiles(pl), chunks = fa_cascade_chunks(pl);
+    const wide pbytes = P * Hk * (D + Dv) * es;
     *flops += Hk * 2 * R * P * (D + Dv);
     *trans += Hk * (R * P * (1 + (p->softcap > 0)) + R * tiles) + (wide)p->batch * Hq * Sq * chunks;
     *bytes += pbytes + (wide)p->batch * Sq * Hq * D * es + 2 * chunks * Hk * R * (Dv + 2) * 4;

@@ -94,12 +94,13 @@ int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl);
 fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a);
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a);
 fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a);
-/* A shared prefix (cpu/cascade.c): its chunks of FA_DECODE_CHUNK keys; its partials, per
+/* A shared prefix (cpu/cascade.c): its chunks (of a size from the shapes) and tiles; its partials, per
  * (chunk, kv head) R = B x (Hq / Hk) x seq_q rows of Dv accumulators, then R maxima, then
  * R sums (row b x M + r: sequence b's decode row r); its workspace (partials, then threads x
  * scratch: the decode workspace's last part); and the pass, which fills the partials and
  * adds its counts to cnt. */
 int64_t fa_cascade_chunks(const struct fa_plan *pl);
+int64_t fa_cascade_tiles(const struct fa_plan *pl); /* per kv head: each chunk starts its own tiles */
 int64_t fa_cascade_partial_floats(const struct fa_plan *pl);
 int64_t fa_cascade_workspace_bytes(const struct fa_plan *pl);
 fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args *a, char *ws, fa_counts *cnt);

@@ -25,6 +25,7 @@
 #include "guard.h"
 #include "isa.h"
 #include "scores.h"
+#include "softmax_row.h"
 #include "vexp.h"
 #include "../sinks.h"
 
@@ -115,32 +116,8 @@ static const float *dec_scale_at(const dec_ctx *cx, const float *scales, int64_t
  * sequence's dense view sc->pl), then its online-softmax step: updates M, L and acc. */
 static void dec_row(const dec_ctx *cx, const fa_score_ctx *sc, float *restrict srow, int n, int64_t h, int64_t i,
                     int64_t j0, float *M, float *L, float *restrict arow) {
-    const fa_problem *p = cx->p;
-    if (fa_score_plain(sc, i, j0, n))
-        for (int j = 0; j < n; j++) srow[j] *= sc->scale;
-    else
-        fa_score_row(sc, 0, h, i, j0, n, srow, NULL);
-    /* the row max with eight running maxima, so that it vectorizes (a NaN never wins) */
-    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int j8 = 0;
-    for (; j8 + 8 <= n; j8 += 8)
-#pragma GCC unroll 1
-        for (int c = 0; c < 8; c++) part[c] = srow[j8 + c] > part[c] ? srow[j8 + c] : part[c];
-    float mt = -INFINITY;
-    for (; j8 < n; j8++) mt = srow[j8] > mt ? srow[j8] : mt;
-    for (int c = 0; c < 8; c++) mt = part[c] > mt ? part[c] : mt;
-    const float m_old = *M, m_new = m_old > mt ? m_old : mt;
-    const float base = m_new == -INFINITY ? 0.0f : m_new; /* as the forward: never -inf + inf */
-    const float alpha = fa_vexpf(m_old - base);
-    const float rowsum = cx->isa->exp_sum(srow, n, base);
-    if (p->dtype == FA_BF16)
-        for (int j = 0; j < n; j++) srow[j] = fa_vround_bf16(srow[j]);
-    else if (p->dtype == FA_F16)
-        for (int j = 0; j < n; j++) srow[j] = fa_vround_f16(srow[j]);
-    *L = *L * alpha + rowsum;
-    *M = m_new;
-    if (alpha != 1.0f)
-        for (int64_t c = 0; c < p->head_dim_v; c++) arow[c] *= alpha;
+    const float mt = fa_score_row_max(sc, 0, h, i, j0, n, srow);
+    fa_softmax_row(cx->isa, cx->p->dtype, cx->p->head_dim_v, srow, n, mt, M, L, arow, 0.0f);
 }
 
 /* Reads cache rows [r0, r1) of sequence b, every kv head, K then V, in address order for

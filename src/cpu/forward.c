@@ -23,6 +23,7 @@
 #include "progress.h"
 #include "scores.h"
 #include "../sinks.h"
+#include "softmax_row.h"
 #include "vexp.h"
 
 #include <omp.h>
@@ -129,84 +130,6 @@ static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_stride
     return src;
 }
 
-/* max of x[0..n), -inf if n == 0. Eight running maxima so that it vectorizes: the inner
- * loop over them must stay a loop (GCC 12 vectorizes it as maxps, but fails on the eight
- * scalar reductions it becomes when unrolled). A NaN never wins a comparison, so it is
- * skipped, here and in scale_max. */
-static float row_max(const float *x, int n) {
-    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-#pragma GCC unroll 1
-        for (int c = 0; c < 8; c++) part[c] = x[j + c] > part[c] ? x[j + c] : part[c];
-    float mx = -INFINITY;
-    for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
-    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
-    return mx;
-}
-
-/* x[j] *= scale and returns the max of the results, in one pass: in the common case (no
- * softcap, bias, ALiBi or mask on the row) this is all that turns products into scores,
- * and scaling then taking the max in two passes would read the row twice. The same
- * products and comparisons as the two passes, so the same results. */
-static float scale_max(float *restrict x, int n, float scale) {
-    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-#pragma GCC unroll 1 /* as in row_max */
-        for (int c = 0; c < 8; c++) {
-            const float s = x[j + c] * scale;
-            x[j + c] = s;
-            part[c] = s > part[c] ? s : part[c];
-        }
-    float mx = -INFINITY;
-    for (; j < n; j++) {
-        x[j] *= scale;
-        mx = x[j] > mx ? x[j] : mx;
-    }
-    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
-    return mx;
-}
-
-/* The scores of query row i against keys j0 .. j0 + n - 1 (srow: their raw products, in
- * place; scores.h defines them), returning the row's max. Row by row, so that the row
- * stays in L1 from here through the exps and the rounding (a whole tile of S does not
- * fit). The common row (only a scale) takes scale_max, one pass. */
-static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
-                       float *restrict srow) {
-    if (fa_score_plain(&cx->sc, i, j0, n)) return scale_max(srow, n, cx->sc.scale);
-    fa_score_row(&cx->sc, b, h, i, j0, n, srow, NULL);
-    return row_max(srow, n);
-}
-
-/* Folds one row of scores (srow, whose max is mt) into the running softmax of its row:
- * srow becomes p (rounded to the dtype), *M and *L are updated and arow (Dv) is rescaled,
- * ready for acc += p V. pair_scale > 0: srow holds the raw products instead, whose scores
- * are the products times pair_scale, and p is written as the ISA's bf16 pairs (isa.h,
- * exp_pairs). */
-static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt, float *M, float *L,
-                        float *restrict arow, float pair_scale) {
-    const float m_old = *M, m_new = m_old > mt ? m_old : mt;
-    /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
-     * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
-    const float base = m_new == -INFINITY ? 0.0f : m_new;
-    /* an unchanged max (the common case) rescales by exp(0) = 1 exactly: skip the exp's
-     * dependency chain then (inf - inf is NaN, not 0, so an infinite max still takes it) */
-    const float dm = m_old - base, alpha = dm == 0.0f ? 1.0f : fa_vexpf(dm);
-    float rowsum;
-    if (pair_scale > 0.0f) {
-        rowsum = cx->isa->exp_pairs(srow, n, pair_scale, base);
-    } else {
-        rowsum = cx->isa->exp_sum(srow, n, base);
-        fa_round_row(cx->isa, cx->p->dtype, srow, n);
-    }
-    *L = *L * alpha + rowsum;
-    *M = m_new;
-    const int64_t dv = cx->p->head_dim_v;
-    if (alpha != 1.0f)
-        for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
-}
-
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
 static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
@@ -287,11 +210,11 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
                 float *srow = sc->s + (int64_t)r * lds;
                 if (pairs && cx->sc.scale > 0.0f && fa_score_plain(&cx->sc, r0 + r, j0, n)) {
                     /* the max of the scaled products is the max product, scaled (scale > 0) */
-                    softmax_row(cx, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r], acc + r * Dv,
-                                cx->sc.scale);
+                    fa_softmax_row(isa, p->dtype, Dv, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r],
+                                   acc + r * Dv, cx->sc.scale);
                 } else {
-                    const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
-                    softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
+                    const float mt = fa_score_row_max(&cx->sc, b, h, r0 + r, j0, n, srow);
+                    fa_softmax_row(isa, p->dtype, Dv, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
                 }
             }
             /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);

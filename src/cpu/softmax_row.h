@@ -1,0 +1,89 @@
+/* The online-softmax step of one row, shared by the forward (forward.c), decode (decode.c)
+ * and the shared prefix's pass (cascade.c): scores from raw products (scores.h), the row
+ * max, then the fold into the running (max, sum, accumulators). One home, so that the three
+ * paths give the same bits for the same row and tile. */
+#ifndef FA_CPU_SOFTMAX_ROW_H
+#define FA_CPU_SOFTMAX_ROW_H
+
+#include "isa.h"
+#include "scores.h"
+#include "vexp.h"
+
+/* max of x[0..n), -inf if n == 0. Eight running maxima so that it vectorizes: the inner
+ * loop over them must stay a loop (GCC 12 vectorizes it as maxps, but fails on the eight
+ * scalar reductions it becomes when unrolled). A NaN never wins a comparison, so it is
+ * skipped, here and in fa_scale_max. */
+static inline float fa_row_max(const float *x, int n) {
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+#pragma GCC unroll 1
+        for (int c = 0; c < 8; c++) part[c] = x[j + c] > part[c] ? x[j + c] : part[c];
+    float mx = -INFINITY;
+    for (; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
+    return mx;
+}
+
+/* x[j] *= scale and returns the max of the results, in one pass: in the common case (no
+ * softcap, bias, ALiBi or mask on the row) this is all that turns products into scores,
+ * and scaling then taking the max in two passes would read the row twice. The same
+ * products and comparisons as the two passes, so the same results. */
+static inline float fa_scale_max(float *restrict x, int n, float scale) {
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+#pragma GCC unroll 1 /* as in fa_row_max */
+        for (int c = 0; c < 8; c++) {
+            const float s = x[j + c] * scale;
+            x[j + c] = s;
+            part[c] = s > part[c] ? s : part[c];
+        }
+    float mx = -INFINITY;
+    for (; j < n; j++) {
+        x[j] *= scale;
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
+    return mx;
+}
+
+/* The scores of query row i of (b, h) against keys j0 .. j0 + n - 1 (srow: their raw
+ * products, in place; scores.h defines them), returning the row's max. Row by row, so that
+ * the row stays in L1 from here through the exps and the rounding (a whole tile of S does
+ * not fit). The common row (only a scale) takes fa_scale_max, one pass. */
+static inline float fa_score_row_max(const fa_score_ctx *sc, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
+                                     float *restrict srow) {
+    if (fa_score_plain(sc, i, j0, n)) return fa_scale_max(srow, n, sc->scale);
+    fa_score_row(sc, b, h, i, j0, n, srow, NULL);
+    return fa_row_max(srow, n);
+}
+
+/* Folds one row of scores (srow, whose max is mt) into the running softmax of its row:
+ * srow becomes p (rounded to the dtype t), *M and *L are updated and arow (dv floats) is
+ * rescaled, ready for acc += p V. pair_scale > 0: srow holds the raw products instead, whose
+ * scores are the products times pair_scale, and p is written as the ISA's bf16 pairs
+ * (isa.h, exp_pairs). */
+static inline void fa_softmax_row(const fa_isa *isa, fa_dtype t, int64_t dv, float *restrict srow, int n, float mt,
+                                  float *M, float *L, float *restrict arow, float pair_scale) {
+    const float m_old = *M, m_new = m_old > mt ? m_old : mt;
+    /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
+     * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    /* an unchanged max (the common case) rescales by exp(0) = 1 exactly: skip the exp's
+     * dependency chain then (inf - inf is NaN, not 0, so an infinite max still takes it) */
+    const float dm = m_old - base, alpha = dm == 0.0f ? 1.0f : fa_vexpf(dm);
+    float rowsum;
+    if (pair_scale > 0.0f) {
+        rowsum = isa->exp_pairs(srow, n, pair_scale, base);
+    } else {
+        rowsum = isa->exp_sum(srow, n, base);
+        fa_round_row(isa, t, srow, n);
+    }
+    *L = *L * alpha + rowsum;
+    *M = m_new;
+    if (alpha != 1.0f)
+        for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
+}
+
+#endif
