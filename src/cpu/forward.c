@@ -116,6 +116,7 @@ typedef struct {
     fa_score_ctx sc;       /* what turns products into scores */
     fa_sched sched;        /* which keys each row sees (schedule.h) */
     int pairs;             /* p goes to the PV product as the ISA's bf16 pairs (isa.h) */
+    int hide_only;         /* no softcap, bias, ALiBi or segment ids: scores are scaled or hidden */
     fa_dropout drop;       /* dropout's keep mask (dropout.h) */
 } fwd_ctx;
 
@@ -172,9 +173,63 @@ static float scale_max(float *restrict x, int n, float scale) {
  * place; scores.h defines them), returning the row's max. Row by row, so that the row
  * stays in L1 from here through the exps and the rounding (a whole tile of S does not
  * fit). The common row (only a scale) takes scale_max, one pass. */
+/* scale_max over the keys that vis shows (its nonzero bytes); -inf written at the others.
+ * Branch-free, so that it vectorizes: the select is one pass with the scaling and the max. */
+static float scale_max_shown(float *restrict x, const uint8_t *restrict vis, int n, float scale) {
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+#pragma GCC unroll 1 /* as in row_max */
+        for (int c = 0; c < 8; c++) {
+            const float s = vis[j + c] ? x[j + c] * scale : -INFINITY;
+            x[j + c] = s;
+            part[c] = s > part[c] ? s : part[c];
+        }
+    float mx = -INFINITY;
+    for (; j < n; j++) {
+        x[j] = vis[j] ? x[j] * scale : -INFINITY;
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
+    return mx;
+}
+
+static void fill_hidden(float *x, int64_t n) {
+    for (int64_t j = 0; j < n; j++) x[j] = -INFINITY;
+}
+
+/* score_row for a row whose only terms besides the scale hide keys (causal, window and the
+ * mask: cx->hide_only): the scaled product where the row sees the key, -inf elsewhere, and
+ * the max, in one pass over the row. fa_score_row's scores (scale, then -inf where hidden)
+ * and row_max's maximum (a max does not depend on the order it is taken in), so the same
+ * results as the general path at a fraction of its passes and per-element branches. */
+static float hidden_scale_max(const fwd_ctx *cx, int64_t i, int64_t j0, int n, float *restrict srow) {
+    const fa_sched_mask *v = &cx->sc.mask; /* this (b, h)'s view (fa_score_ctx_at) */
+    const float scale = cx->sc.scale;
+    int64_t lo = fa_sched_lo(&cx->sched, i) - j0, hi = fa_sched_hi(&cx->sched, i) + 1 - j0; /* keys [lo, hi) */
+    lo = lo < 0 ? 0 : lo > n ? n : lo;
+    hi = hi < lo ? lo : hi > n ? n : hi;
+    fill_hidden(srow, lo);
+    fill_hidden(srow + hi, n - hi);
+    if (!v->kinds) return lo < hi ? scale_max(srow + lo, (int)(hi - lo), scale) : -INFINITY;
+    float mx = -INFINITY;
+    for (int64_t a = lo, e; a < hi; a = e) {
+        const int64_t kb = (j0 + a) / v->bk;
+        e = (kb + 1) * v->bk - j0 < hi ? (kb + 1) * v->bk - j0 : hi;
+        const int kind = fa_sched_mask_block(v, i / v->bq, kb);
+        float m = -INFINITY;
+        if (kind == FA_TILE_FULL) m = scale_max(srow + a, (int)(e - a), scale);
+        else if (kind == FA_TILE_EMPTY) fill_hidden(srow + a, e - a);
+        else m = scale_max_shown(srow + a, fa_sched_mask_row(v, i, kb) + (j0 + a - kb * v->bk), (int)(e - a), scale);
+        mx = m > mx ? m : mx;
+    }
+    return mx;
+}
+
 static float score_row(const fwd_ctx *cx, int64_t b, int64_t h, int64_t i, int64_t j0, int n,
                        float *restrict srow) {
     if (fa_score_plain(&cx->sc, i, j0, n)) return scale_max(srow, n, cx->sc.scale);
+    if (cx->hide_only) return hidden_scale_max(cx, i, j0, n, srow);
     fa_score_row(&cx->sc, b, h, i, j0, n, srow, NULL);
     return row_max(srow, n);
 }
@@ -210,7 +265,15 @@ static void softmax_row(const fwd_ctx *cx, float *restrict srow, int n, float mt
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
 static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
-    if (t == FA_BF16) {
+    if (t == FA_BF16 && os == 1) { /* contiguous: the same loop, which then vectorizes */
+        uint16_t *restrict dst = (uint16_t *)o + ob;
+        for (int64_t c = 0; c < dv; c++) {
+            const float y = fa_vround_bf16(arow[c] * inv);
+            uint32_t u;
+            memcpy(&u, &y, sizeof u);
+            dst[c] = (uint16_t)(u >> 16);
+        }
+    } else if (t == FA_BF16) {
         uint16_t *dst = (uint16_t *)o + ob;
         for (int64_t c = 0; c < dv; c++) {
             const float y = fa_vround_bf16(arow[c] * inv);
@@ -362,6 +425,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.sched = fa_plan_sched(pl);
     cx.pairs = p->dtype == FA_BF16 && cx.isa->exp_pairs && cx.isa->max_row && cx.isa->gemm_pb_pairs;
     cx.drop = fa_plan_dropout(pl);
+    cx.hide_only = !(p->softcap > 0.0f) && !p->has_bias && !p->has_alibi && !p->has_segment_ids;
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);
     const int64_t runs = (qtiles + run - 1) / run, items = p->batch * p->heads_q * runs;
