@@ -322,11 +322,11 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         const int n = (int)(p->seq_k - j0 < cx->bk ? p->seq_k - j0 : cx->bk);
         /* the run's tiles that compute this key tile: in their key tiles, and not emptied by
          * the mask (schedule_mask.h) */
-        int run_tile[FWD_RUN], any = 0;
+        int run_tile[FWD_RUN], kind[FWD_RUN], any = 0;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             const int64_t r0 = (qt0 + t) * cx->bq, r1 = r0 + cx->bq < p->seq_q ? r0 + cx->bq : p->seq_q;
-            run_tile[t] = kt >= k0[t] && kt < k1[t] &&
-                          (!p->mask || fa_plan_tile_kind(pl, b, h, r0, r1, j0, j0 + n) != FA_TILE_EMPTY);
+            kind[t] = kt >= k0[t] && kt < k1[t] ? fa_plan_tile_kind(pl, b, h, r0, r1, j0, j0 + n) : FA_TILE_EMPTY;
+            run_tile[t] = kt >= k0[t] && kt < k1[t] && (!p->mask || kind[t] != FA_TILE_EMPTY);
             any |= run_tile[t];
         }
         if (!any) continue;
@@ -345,15 +345,21 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             const int guarded = fa_tile_may_hide(pl, r0, r0 + m, j0, n) &&
                                 (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite);
             const int pairs = cx->pairs && !guarded;
+            /* a full tile's rows are all plain (fa_score_plain): no per-row test then; a
+             * partial one's rows go to hidden_scale_max directly when the scores only hide */
+            const int tile_plain = cx->hide_only && kind[t] == FA_TILE_FULL;
             isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             for (int r = 0; r < m; r++) {
                 float *srow = sc->s + (int64_t)r * lds;
-                if (pairs && cx->sc.scale > 0.0f && fa_score_plain(&cx->sc, r0 + r, j0, n)) {
+                if (pairs && cx->sc.scale > 0.0f &&
+                    (tile_plain || (cx->hide_only && fa_score_plain(&cx->sc, r0 + r, j0, n)))) {
                     /* the max of the scaled products is the max product, scaled (scale > 0) */
                     softmax_row(cx, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r], acc + r * Dv,
                                 cx->sc.scale);
                 } else {
-                    const float mt = score_row(cx, b, h, r0 + r, j0, n, srow);
+                    const float mt = tile_plain     ? scale_max(srow, n, cx->sc.scale)
+                                     : cx->hide_only ? hidden_scale_max(cx, r0 + r, j0, n, srow)
+                                                     : score_row(cx, b, h, r0 + r, j0, n, srow);
                     softmax_row(cx, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
                 }
             }
