@@ -310,6 +310,7 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         }
         memset(sc->acc + t * sc->acc_pitch, 0, (size_t)m * (size_t)Dv * sizeof(float));
         fa_sched_key_tiles(&cx->sched, r0, r0 + m, cx->bk, &k0[t], &k1[t]);
+        fa_sched_mask_narrow_key_tiles(&cx->sc.mask, r0, r0 + m, cx->bk, &k0[t], &k1[t]); /* only empty pairs cut */
         if (k0[t] < k1[t]) {
             fa_tile_src qs = tile_src(cx, a->q, &p->q_stride, b, h, r0);
             isa->pack_a(&qs, m, (int)D, sc->qp + t * sc->qp_pitch);
@@ -325,7 +326,9 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         int run_tile[FWD_RUN], kind[FWD_RUN], any = 0;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             const int64_t r0 = (qt0 + t) * cx->bq, r1 = r0 + cx->bq < p->seq_q ? r0 + cx->bq : p->seq_q;
-            kind[t] = kt >= k0[t] && kt < k1[t] ? fa_plan_tile_kind(pl, b, h, r0, r1, j0, j0 + n) : FA_TILE_EMPTY;
+            /* fa_plan_tile_kind, with this call's schedule and this (b, h)'s mask view at hand */
+            kind[t] = kt >= k0[t] && kt < k1[t] ? fa_sched_mask_tile_kind(&cx->sched, &cx->sc.mask, r0, r1, j0, j0 + n)
+                                                : FA_TILE_EMPTY;
             run_tile[t] = kt >= k0[t] && kt < k1[t] && (!p->mask || kind[t] != FA_TILE_EMPTY);
             any |= run_tile[t];
         }
