@@ -56,6 +56,39 @@ static inline int fa_sched_mask_tile_kind(const fa_sched *s, const fa_sched_mask
     return k == FA_TILE_FULL && m == FA_TILE_FULL ? FA_TILE_FULL : FA_TILE_PARTIAL;
 }
 
+/* Narrows the key tiles [*kt0, *kt1) (bk keys each) of rows [r0, r1) to the span of key
+ * tiles that hold a mask block not empty for one of the rows' mask blocks ([*kt1, *kt1)
+ * when none does). Every tile cut off pairs with the rows as an empty tile (fa_sched_mask_tile_kind),
+ * so a driver that skips empty pairs runs the same pairs; it just does not ask each one's
+ * kind (a chunked mask without causal would otherwise ask every key tile). */
+static inline void fa_sched_mask_narrow_key_tiles(const fa_sched_mask *v, int64_t r0, int64_t r1, int64_t bk,
+                                                  int64_t *kt0, int64_t *kt1) {
+    if (!v->kinds || *kt0 >= *kt1 || r1 <= r0) return;
+    const int64_t kb0 = *kt0 * bk / v->bk, last = (*kt1 * bk - 1) / v->bk, kb1 = last < v->nkb - 1 ? last : v->nkb - 1;
+    int64_t lo = kb1 + 1, hi = kb0 - 1; /* the first and last key block not empty for some row */
+    for (int64_t qb = r0 / v->bq; qb <= (r1 - 1) / v->bq; qb++) {
+        const int8_t *row = v->kinds + qb * v->nkb;
+        for (int64_t kb = kb0; kb < lo; kb++)
+            if (row[kb] != FA_TILE_EMPTY) {
+                lo = kb;
+                break;
+            }
+        for (int64_t kb = kb1; kb > hi; kb--)
+            if (row[kb] != FA_TILE_EMPTY) {
+                hi = kb;
+                break;
+            }
+    }
+    if (hi < lo) {
+        *kt0 = *kt1;
+        return;
+    }
+    const int64_t t0 = lo * v->bk / bk, t1 = ((hi + 1) * v->bk - 1) / bk + 1;
+    if (t0 > *kt0) *kt0 = t0;
+    if (t1 < *kt1) *kt1 = t1;
+    if (*kt0 > *kt1) *kt0 = *kt1;
+}
+
 /* Does the mask let row i see key j (0 <= i < Sq, 0 <= j < Sk)? */
 static inline int fa_sched_mask_visible(const fa_sched_mask *v, int64_t i, int64_t j) {
     if (!v->kinds) return 1;

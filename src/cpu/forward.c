@@ -117,6 +117,7 @@ typedef struct {
     fa_score_ctx sc;       /* what turns products into scores */
     fa_sched sched;        /* which keys each row sees (schedule.h) */
     int pairs;             /* p goes to the PV product as the ISA's bf16 pairs (isa.h) */
+    int hide_only;         /* no softcap, bias, ALiBi or segment ids: scores are scaled or hidden */
     fa_dropout drop;       /* dropout's keep mask (dropout.h) */
 } fwd_ctx;
 
@@ -130,10 +131,71 @@ static fa_tile_src tile_src(const fwd_ctx *cx, const void *base, const fa_stride
     return src;
 }
 
+/* fa_scale_max over the keys that vis shows (its nonzero bytes); -inf written at the others.
+ * Branch-free, so that it vectorizes: the select is one pass with the scaling and the max. */
+static float scale_max_shown(float *restrict x, const uint8_t *restrict vis, int n, float scale) {
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+#pragma GCC unroll 1 /* as in fa_row_max (softmax_row.h) */
+        for (int c = 0; c < 8; c++) {
+            const float s = vis[j + c] ? x[j + c] * scale : -INFINITY;
+            x[j + c] = s;
+            part[c] = s > part[c] ? s : part[c];
+        }
+    float mx = -INFINITY;
+    for (; j < n; j++) {
+        x[j] = vis[j] ? x[j] * scale : -INFINITY;
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    for (int c = 0; c < 8; c++) mx = part[c] > mx ? part[c] : mx;
+    return mx;
+}
+
+static void fill_hidden(float *x, int64_t n) {
+    for (int64_t j = 0; j < n; j++) x[j] = -INFINITY;
+}
+
+/* fa_score_row_max for a row whose only terms besides the scale hide keys (causal, window and the
+ * mask: cx->hide_only): the scaled product where the row sees the key, -inf elsewhere, and
+ * the max, in one pass over the row. fa_score_row's scores (scale, then -inf where hidden)
+ * and fa_row_max's maximum (a max does not depend on the order it is taken in), so the same
+ * results as the general path at a fraction of its passes and per-element branches. */
+static float hidden_scale_max(const fwd_ctx *cx, int64_t i, int64_t j0, int n, float *restrict srow) {
+    const fa_sched_mask *v = &cx->sc.mask; /* this (b, h)'s view (fa_score_ctx_at) */
+    const float scale = cx->sc.scale;
+    int64_t lo = fa_sched_lo(&cx->sched, i) - j0, hi = fa_sched_hi(&cx->sched, i) + 1 - j0; /* keys [lo, hi) */
+    lo = lo < 0 ? 0 : lo > n ? n : lo;
+    hi = hi < lo ? lo : hi > n ? n : hi;
+    fill_hidden(srow, lo);
+    fill_hidden(srow + hi, n - hi);
+    if (!v->kinds) return lo < hi ? fa_scale_max(srow + lo, (int)(hi - lo), scale) : -INFINITY;
+    float mx = -INFINITY;
+    for (int64_t a = lo, e; a < hi; a = e) {
+        const int64_t kb = (j0 + a) / v->bk;
+        e = (kb + 1) * v->bk - j0 < hi ? (kb + 1) * v->bk - j0 : hi;
+        const int kind = fa_sched_mask_block(v, i / v->bq, kb);
+        float m = -INFINITY;
+        if (kind == FA_TILE_FULL) m = fa_scale_max(srow + a, (int)(e - a), scale);
+        else if (kind == FA_TILE_EMPTY) fill_hidden(srow + a, e - a);
+        else m = scale_max_shown(srow + a, fa_sched_mask_row(v, i, kb) + (j0 + a - kb * v->bk), (int)(e - a), scale);
+        mx = m > mx ? m : mx;
+    }
+    return mx;
+}
+
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
 static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
-    if (t == FA_BF16) {
+    if (t == FA_BF16 && os == 1) { /* contiguous: the same loop, which then vectorizes */
+        uint16_t *restrict dst = (uint16_t *)o + ob;
+        for (int64_t c = 0; c < dv; c++) {
+            const float y = fa_vround_bf16(arow[c] * inv);
+            uint32_t u;
+            memcpy(&u, &y, sizeof u);
+            dst[c] = (uint16_t)(u >> 16);
+        }
+    } else if (t == FA_BF16) {
         uint16_t *dst = (uint16_t *)o + ob;
         for (int64_t c = 0; c < dv; c++) {
             const float y = fa_vround_bf16(arow[c] * inv);
@@ -170,6 +232,7 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         }
         memset(sc->acc + t * sc->acc_pitch, 0, (size_t)m * (size_t)Dv * sizeof(float));
         fa_sched_key_tiles(&cx->sched, r0, r0 + m, cx->bk, &k0[t], &k1[t]);
+        fa_sched_mask_narrow_key_tiles(&cx->sc.mask, r0, r0 + m, cx->bk, &k0[t], &k1[t]); /* only empty pairs cut */
         if (k0[t] < k1[t]) {
             fa_tile_src qs = tile_src(cx, a->q, &p->q_stride, b, h, r0);
             isa->pack_a(&qs, m, (int)D, sc->qp + t * sc->qp_pitch);
@@ -182,11 +245,13 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         const int n = (int)(p->seq_k - j0 < cx->bk ? p->seq_k - j0 : cx->bk);
         /* the run's tiles that compute this key tile: in their key tiles, and not emptied by
          * the mask (schedule_mask.h) */
-        int run_tile[FWD_RUN], any = 0;
+        int run_tile[FWD_RUN], kind[FWD_RUN], any = 0;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             const int64_t r0 = (qt0 + t) * cx->bq, r1 = r0 + cx->bq < p->seq_q ? r0 + cx->bq : p->seq_q;
-            run_tile[t] = kt >= k0[t] && kt < k1[t] &&
-                          (!p->mask || fa_plan_tile_kind(pl, b, h, r0, r1, j0, j0 + n) != FA_TILE_EMPTY);
+            /* fa_plan_tile_kind, with this call's schedule and this (b, h)'s mask view at hand */
+            kind[t] = kt >= k0[t] && kt < k1[t] ? fa_sched_mask_tile_kind(&cx->sched, &cx->sc.mask, r0, r1, j0, j0 + n)
+                                                : FA_TILE_EMPTY;
+            run_tile[t] = kt >= k0[t] && kt < k1[t] && (!p->mask || kind[t] != FA_TILE_EMPTY);
             any |= run_tile[t];
         }
         if (!any) continue;
@@ -205,15 +270,21 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             const int guarded = fa_tile_may_hide(pl, r0, r0 + m, j0, n) &&
                                 (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite);
             const int pairs = cx->pairs && !guarded;
+            /* a full tile's rows are all plain (fa_score_plain): no per-row test then; a
+             * partial one's rows go to hidden_scale_max directly when the scores only hide */
+            const int tile_plain = cx->hide_only && kind[t] == FA_TILE_FULL;
             isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             for (int r = 0; r < m; r++) {
                 float *srow = sc->s + (int64_t)r * lds;
-                if (pairs && cx->sc.scale > 0.0f && fa_score_plain(&cx->sc, r0 + r, j0, n)) {
+                if (pairs && cx->sc.scale > 0.0f &&
+                    (tile_plain || (cx->hide_only && fa_score_plain(&cx->sc, r0 + r, j0, n)))) {
                     /* the max of the scaled products is the max product, scaled (scale > 0) */
                     fa_softmax_row(isa, p->dtype, Dv, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r],
                                    acc + r * Dv, cx->sc.scale);
                 } else {
-                    const float mt = fa_score_row_max(&cx->sc, b, h, r0 + r, j0, n, srow);
+                    const float mt = tile_plain     ? fa_scale_max(srow, n, cx->sc.scale)
+                                     : cx->hide_only ? hidden_scale_max(cx, r0 + r, j0, n, srow)
+                                                     : fa_score_row_max(&cx->sc, b, h, r0 + r, j0, n, srow);
                     fa_softmax_row(isa, p->dtype, Dv, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
                 }
             }
@@ -285,6 +356,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.sched = fa_plan_sched(pl);
     cx.pairs = p->dtype == FA_BF16 && cx.isa->exp_pairs && cx.isa->max_row && cx.isa->gemm_pb_pairs;
     cx.drop = fa_plan_dropout(pl);
+    cx.hide_only = !(p->softcap > 0.0f) && !p->has_bias && !p->has_alibi && !p->has_segment_ids;
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);
     const int64_t runs = (qtiles + run - 1) / run, items = p->batch * p->heads_q * runs;
