@@ -85,9 +85,26 @@ static inline __m512 sum16(__m512 acc[4][4]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
 }
 
+/* The scales of the tile's n rows (stride apart; NULL: 1) times unit, contiguous in out,
+ * padded with unit to a multiple of 16. Gathered in vectors and stored whole: a block's four
+ * read back from scalar stores would wait on store forwarding (measured: an eighth of the
+ * int8 tile's time). */
+INLINE void tile_scales(const float *sc, int64_t stride, int n, float u, float *out) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)stride));
+    const __m512 vu = _mm512_set1_ps(u);
+    for (int j = 0; j < n; j += 16) {
+        const __m512 x = sc ? _mm512_mask_i32gather_ps(_mm512_set1_ps(1.0f), fa_mask16(n - j), idx, sc + (int64_t)j * stride, 4)
+                            : _mm512_set1_ps(1.0f);
+        _mm512_storeu_ps(out + j, _mm512_mul_ps(x, vu));
+    }
+}
+#define SCALES_MAX (FA_DECODE_MAX_TILE + 16)
+
 /* Scores of rows r0.. (mr <= 4) against keys j0.. (nj <= 4; missing ones repeat the first):
- * lane 4 r + j, scaled. */
-INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, int j0, int nj, const fa_dtype ty) {
+ * lane 4 r + j, times ksc[j0 + j] (tile_scales). */
+INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, int j0, int nj, const float *ksc,
+                       const fa_dtype ty) {
     const int d = t->d;
     const void *k[4];
     for (int j = 0; j < 4; j++) k[j] = at(ty, t->k, (int64_t)(j0 + (j < nj ? j : 0)) * t->kstride);
@@ -124,18 +141,18 @@ INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, in
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(qv[r], kv[j], acc[r][j]);
     }
-    float sc[4];
-    for (int j = 0; j < 4; j++) sc[j] = (t->kscale ? t->kscale[(int64_t)(j0 + (j < nj ? j : 0)) * t->sstride] : 1.0f) * unit(ty);
-    return _mm512_mul_ps(sum16(acc), _mm512_broadcast_f32x4(_mm_loadu_ps(sc)));
+    return _mm512_mul_ps(sum16(acc), _mm512_broadcast_f32x4(_mm_loadu_ps(ksc + j0)));
 }
 
 INLINE void qk_all(const fa_decode_cache_tile *t, float *s, int lds, const fa_dtype ty) {
+    float ksc[SCALES_MAX];
+    tile_scales(t->kscale, t->sstride, t->n, unit(ty), ksc);
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         for (int j0 = 0; j0 < t->n; j0 += 4) {
             const int nj = t->n - j0 < 4 ? t->n - j0 : 4;
             float out[16];
-            _mm512_storeu_ps(out, qk_block(t, t->q + (int64_t)r0 * t->d, mr, j0, nj, ty));
+            _mm512_storeu_ps(out, qk_block(t, t->q + (int64_t)r0 * t->d, mr, j0, nj, ksc, ty));
             for (int r = 0; r < mr; r++)
                 for (int j = 0; j < nj; j++) s[(int64_t)(r0 + r) * lds + j0 + j] = out[4 * r + j];
         }
@@ -226,12 +243,15 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
     const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     static const __mmask16 keys_live[4] = {0xffff, 0x1111, 0x3333, 0x7777}; /* by n % 4 */
     const int nb = (t->n + 3) / 4;
+    float ksc[SCALES_MAX], vsc[SCALES_MAX]; /* padded with 1s: p = 0 for missing keys, 0 * 1 */
+    tile_scales(t->kscale, t->sstride, t->n, unit(ty), ksc);
+    tile_scales(t->vscale, t->sstride, t->n, unit(ty), vsc);
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         __m512 S[FA_DECODE_MAX_TILE / 4], top = neg_inf;
         for (int b = 0; b < nb; b++) {
             const int nj = t->n - 4 * b < 4 ? t->n - 4 * b : 4;
-            S[b] = _mm512_mul_ps(qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ty), vscale);
+            S[b] = _mm512_mul_ps(qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ksc, ty), vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
             prefetch_some(t->pf, PF_QK);
@@ -250,10 +270,8 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
         for (int b = 0; b < nb; b++) {
             const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase));
             total = _mm512_add_ps(total, e);
-            float vs[4], out[16];
-            for (int j = 0; j < 4; j++)
-                vs[j] = (t->vscale && 4 * b + j < t->n ? t->vscale[(int64_t)(4 * b + j) * t->sstride] : 1.0f) * unit(ty);
-            _mm512_storeu_ps(out, _mm512_mul_ps(round_to(e, pd), _mm512_broadcast_f32x4(_mm_loadu_ps(vs))));
+            float out[16];
+            _mm512_storeu_ps(out, _mm512_mul_ps(round_to(e, pd), _mm512_broadcast_f32x4(_mm_loadu_ps(vsc + 4 * b))));
             for (int r = 0; r < 4; r++) memcpy(&w[r][4 * b], &out[4 * r], 16);
         }
         float sums[16];
