@@ -45,9 +45,8 @@ INLINE void load32(fa_dtype t, const void *x, __m512 *lo, __m512 *hi) {
         return;
     }
     const __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)x)), 7);
-    __m512i f = _mm512_add_epi16(h, _mm512_and_si512(h, _mm512_set1_epi16(0x4000)));
-    f = _mm512_mask_mov_epi16(f, _mm512_cmpeq_epi16_mask(_mm512_or_si512(h, _mm512_set1_epi16(0x4000)), _mm512_set1_epi16(0x7f80)),
-                              _mm512_set1_epi16(0x7e00));
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_or_si512(h, _mm512_set1_epi16(0x4000)), _mm512_set1_epi16(0x7f80));
+    const __m512i f = _mm512_mask_add_epi16(_mm512_set1_epi16(0x7e00), ~nan, h, _mm512_and_si512(h, _mm512_set1_epi16(0x4000)));
     *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(f)), *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1));
 }
 INLINE float unit(fa_dtype t) { return t == FA_FP8_E4M3 ? 256.0f : 1.0f; }
