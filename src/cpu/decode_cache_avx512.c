@@ -45,8 +45,9 @@ INLINE void load32(fa_dtype t, const void *x, __m512 *lo, __m512 *hi) {
         return;
     }
     const __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)x)), 7);
-    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_or_si512(h, _mm512_set1_epi16(0x4000)), _mm512_set1_epi16(0x7f80));
-    const __m512i f = _mm512_mask_add_epi16(_mm512_set1_epi16(0x7e00), ~nan, h, _mm512_and_si512(h, _mm512_set1_epi16(0x4000)));
+    const __m512i bit14 = _mm512_set1_epi16(0x4000);
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_or_si512(h, bit14), _mm512_set1_epi16(0x7f80));
+    const __m512i f = _mm512_mask_add_epi16(_mm512_set1_epi16(0x7e00), ~nan, h, _mm512_and_si512(h, bit14));
     *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(f)), *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1));
 }
 INLINE float unit(fa_dtype t) { return t == FA_FP8_E4M3 ? 256.0f : 1.0f; }
@@ -97,8 +98,8 @@ INLINE void tile_scales(const float *sc, int64_t stride, int n, float u, float *
                                            _mm512_set1_epi32((int)stride));
     const __m512 vu = _mm512_set1_ps(u);
     for (int j = 0; j < n; j += 16) {
-        const __m512 x = sc ? _mm512_mask_i32gather_ps(_mm512_set1_ps(1.0f), fa_mask16(n - j), idx, sc + (int64_t)j * stride, 4)
-                            : _mm512_set1_ps(1.0f);
+        const __m512 one = _mm512_set1_ps(1.0f);
+        const __m512 x = sc ? _mm512_mask_i32gather_ps(one, fa_mask16(n - j), idx, sc + (int64_t)j * stride, 4) : one;
         _mm512_storeu_ps(out + j, _mm512_mul_ps(x, vu));
     }
 }
