@@ -4,7 +4,9 @@
 # caches of bf16, f16 (f16 compute), int8 and fp8 e4m3 (one f32 scale per token and kv head,
 # docs/caches.md). Per round, interleaved: the streaming read (bench/bandwidth, 1 GiB), then
 # each cache type; medians over the rounds of each type's bytes per second (codes and scales
-# it reads), its ratio to the same round's read, and its time over bf16's in the same round.
+# it reads), its ratio to the same round's read, and its time over bf16's in the same round
+# (wall seconds, and the threads' cpu seconds: on a shared machine the wall time of a step is
+# bound by the CPU share the run gets, the cpu time less so).
 # Targets (docs/caches.md): every type >= 0.8 of the read; int8 and fp8 time <= 0.6 of bf16's.
 # Prints a markdown section; with --record also appends it to bench/RESULTS.md.
 # Environment: BUILD (default build), THREADS (default 2), ROUNDS (default 3).
@@ -26,24 +28,26 @@ ratio() { awk "BEGIN {printf \"%.3f\", $1 / $2}"; }
 KINDS=(bf16 f16 int8 fp8)
 declare -A FLAGS=([bf16]="--dtype bf16" [f16]="--dtype f16" [int8]="--dtype bf16 --cache-dtype int8"
                   [fp8]="--dtype bf16 --cache-dtype fp8")
-declare -A GBS VSREAD VSBF16 SEC
+declare -A GBS VSREAD VSBF16 CPUVSBF16 SEC
 BWS=""
 for r in $(seq "$ROUNDS"); do
     bw=$("$BUILD/bandwidth" 1024 "$THREADS" 5 huge | json read_gbytes_per_s)
     BWS+=" $bw"
-    declare -A t=()
+    declare -A t=() c=()
     for kind in "${KINDS[@]}"; do
         out=$("$FA" bench --decode $SHAPE ${FLAGS[$kind]} 2>/dev/null)
         g=$(echo "$out" | json gbytes_per_s) s=$(echo "$out" | json seconds)
-        t[$kind]=$s
+        t[$kind]=$s c[$kind]=$(echo "$out" | json cpu_seconds)
         GBS[$kind]+=" $g" VSREAD[$kind]+=" $(ratio "$g" "$bw")" SEC[$kind]+=" $s"
     done
-    for kind in "${KINDS[@]}"; do VSBF16[$kind]+=" $(ratio "${t[$kind]}" "${t[bf16]}")"; done
+    for kind in "${KINDS[@]}"; do
+        VSBF16[$kind]+=" $(ratio "${t[$kind]}" "${t[bf16]}")" CPUVSBF16[$kind]+=" $(ratio "${c[$kind]}" "${c[bf16]}")"
+    done
     echo "bench: round $r: read $bw GB/s; $(for k in "${KINDS[@]}"; do printf '%s %s s ' "$k" "${t[$k]}"; done)" >&2
 done
 rows() {
     for kind in "${KINDS[@]}"; do
-        echo "| $kind | $(median ${SEC[$kind]}) | $(median ${GBS[$kind]}) | $(median ${VSREAD[$kind]}) | $(median ${VSBF16[$kind]}) |"
+        echo "| $kind | $(median ${SEC[$kind]}) | $(median ${GBS[$kind]}) | $(median ${VSREAD[$kind]}) | $(median ${VSBF16[$kind]}) | $(median ${CPUVSBF16[$kind]}) |"
     done
 }
 section=$(cat <<MD
@@ -55,8 +59,8 @@ $(cut -d' ' -f1-3 /proc/loadavg)). B=1, Hq=32, Hk=8, D=128, 32768 cached tokens,
 2 MiB pages; GB/s counts the bytes each cache type reads (int8 and fp8: codes and scales).
 Streaming read (same rounds): $(median $BWS) GB/s.
 
-| cache | seconds | GB/s | vs streaming read | time vs bf16 |
-| --- | --- | --- | --- | --- |
+| cache | seconds | GB/s | vs streaming read | time vs bf16 | cpu time vs bf16 |
+| --- | --- | --- | --- | --- | --- |
 $(rows)
 MD
 )
