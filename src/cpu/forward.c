@@ -184,6 +184,32 @@ static float hidden_scale_max(const fwd_ctx *cx, int64_t i, int64_t j0, int n, f
     return mx;
 }
 
+/* hidden_scale_max's walk for the bf16 pairs (isa.h): -inf written where the row cannot see
+ * the key, the raw products left where it can (full blocks untouched), so that the ISA's
+ * max_row and exp_pairs then scale them at their own width. The same scores and max as
+ * hidden_scale_max (scale > 0: rounding x * scale keeps the order of x), so the same bits. */
+static void hide_keys(const fwd_ctx *cx, int64_t i, int64_t j0, int n, float *restrict srow) {
+    const fa_sched_mask *v = &cx->sc.mask;
+    int64_t lo = fa_sched_lo(&cx->sched, i) - j0, hi = fa_sched_hi(&cx->sched, i) + 1 - j0; /* keys [lo, hi) */
+    lo = lo < 0 ? 0 : lo > n ? n : lo;
+    hi = hi < lo ? lo : hi > n ? n : hi;
+    fill_hidden(srow, lo);
+    fill_hidden(srow + hi, n - hi);
+    if (!v->kinds) return;
+    for (int64_t a = lo, e; a < hi; a = e) {
+        const int64_t kb = (j0 + a) / v->bk;
+        e = (kb + 1) * v->bk - j0 < hi ? (kb + 1) * v->bk - j0 : hi;
+        const int kind = fa_sched_mask_block(v, i / v->bq, kb);
+        if (kind == FA_TILE_EMPTY) {
+            fill_hidden(srow + a, e - a);
+        } else if (kind != FA_TILE_FULL) {
+            const uint8_t *restrict vis = fa_sched_mask_row(v, i, kb) + (j0 + a - kb * v->bk);
+            float *restrict x = srow + a;
+            for (int64_t j = 0; j < e - a; j++) x[j] = vis[j] ? x[j] : -INFINITY;
+        }
+    }
+}
+
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
 static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
@@ -276,8 +302,8 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             for (int r = 0; r < m; r++) {
                 float *srow = sc->s + (int64_t)r * lds;
-                if (pairs && cx->sc.scale > 0.0f &&
-                    (tile_plain || (cx->hide_only && fa_score_plain(&cx->sc, r0 + r, j0, n)))) {
+                if (pairs && cx->sc.scale > 0.0f && cx->hide_only) {
+                    if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, j0, n)) hide_keys(cx, r0 + r, j0, n, srow);
                     /* the max of the scaled products is the max product, scaled (scale > 0) */
                     fa_softmax_row(isa, p->dtype, Dv, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r],
                                    acc + r * Dv, cx->sc.scale);
