@@ -19,7 +19,7 @@ from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_pr
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, sinks_arg,
                           threads_arg, window_sides)
 from ._torch_ops import (DTYPES, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
-                         int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad, seed_tensor,
+                         int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad, dropout_args,
                          seed_value)
 
 
@@ -272,13 +272,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                          f"{tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
     wl, wr, softcap, scale, threads = _options(window, softcap, scale, threads)
     q, k, v = distinct(q, k, v)
-    dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
-    if dropout_p > 0.0:
-        seed = seed_tensor(seed)
-    elif seed is not None:
-        raise ValueError("seed= needs dropout_p > 0")
+    dropout_p, seed = dropout_args(dropout_p, seed)
     fn = _VarlenCompiled if torch.compiler.is_compiling() else _Varlen
     o, lse = fn.apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
                       int_in("max_seqlen_k", max_seqlen_k, optional=True),

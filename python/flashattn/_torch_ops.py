@@ -416,6 +416,20 @@ def seed_tensor(seed=None, generator=None):
     return torch.tensor(seed, dtype=torch.int64)
 
 
+def dropout_args(dropout_p, seed):
+    """A front's dropout_p (a float in [0, 1), None or 0: off) and seed as the ops take them:
+    (dropout_p, seed_tensor(seed)), or (0.0, None) without dropout (a seed then refused)."""
+    from ._torch_args import float_or_none  # here: _torch_args imports this module
+    dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    if dropout_p > 0.0:
+        return dropout_p, seed_tensor(seed)
+    if seed is not None:
+        raise ValueError("seed= needs dropout_p > 0")
+    return 0.0, None
+
+
 def seed_value(seed):
     """The op's seed operand as the library's unsigned seed (0 without dropout)."""
     if seed is None:

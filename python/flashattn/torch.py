@@ -13,7 +13,7 @@ from . import _layout
 from ._problem import check_shapes, empty_dims
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
-from ._torch_ops import DTYPES, attention_function, dropout_seed, refused_lse_grad, seed_tensor
+from ._torch_ops import DTYPES, attention_function, dropout_args, dropout_seed, refused_lse_grad
 from .masks import Mask
 
 
@@ -94,13 +94,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     q_seg, kv_seg = _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, q.device)
     wl, wr = window_sides(window)
     q, k, v = distinct(q, k, v)
-    dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
-    if dropout_p > 0.0:
-        seed = seed_tensor(seed)
-    elif seed is not None:
-        raise ValueError("seed= needs dropout_p > 0")
+    dropout_p, seed = dropout_args(dropout_p, seed)
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
                              wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,

@@ -278,29 +278,6 @@ static void p_to_bf16(const float *p, int ldp, int rows, int mt, int kn, int kc,
     }
 }
 
-static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
-    if (fa_gemm_pb_f32(m, n, cols, p, ldp, b, o, ldo)) return;
-    const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
-    const int np2 = (int)fa_round_up(n, 32) / 2;
-    const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
-    uint16_t pp[32 * PB_KC] __attribute__((aligned(64)));
-    tiles_begin();
-    for (int i0 = 0; i0 < m; i0 += 32) {
-        const int mr = m - i0 < 32 ? m - i0 : 32, mt = mr > 16 ? 2 : 1;
-        for (int k0 = 0; k0 < n; k0 += PB_KC) {
-            const int kn = n - k0 < PB_KC ? n - k0 : PB_KC, kc = (int)fa_round_up(kn, 32);
-            p_to_bf16(p + (int64_t)i0 * ldp + k0, ldp, mr, mt, kn, kc, pp);
-            for (int c0 = 0; c0 < cols; c0 += 32) {
-                const int nc = cols - c0 < 32 ? cols - c0 : 32;
-                const uint32_t *b0 = V + (int64_t)(c0 / 16) * panel + (int64_t)(k0 / 2) * 16;
-                block_any(mt, nc > 16 ? 2 : 1, kc / 32, pp, kc, b0, b0 + panel, o + (int64_t)i0 * ldo + c0, ldo, mr,
-                          nc, 1);
-            }
-        }
-    }
-    tiles_end();
-}
-
 /* Rows [0, rows) of the pairs pp (row r at pp + r ldpp words), keys [k0, k0 + kn), as bf16
  * rows of kc (kn rounded up to 32) values, zero padded to 16 mt rows and past kn. */
 static void pairs_to_tile_rows(const uint32_t *pp, int ldpp, int rows, int mt, int k0, int kn, int kc, uint16_t *dst) {
@@ -313,8 +290,11 @@ static void pairs_to_tile_rows(const uint32_t *pp, int ldpp, int rows, int mt, i
     }
 }
 
-static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o,
-                              int ldo) {
+/* O += P V for p given as f32 rows (p, ldp: converted to bf16 per block) or as the bf16
+ * pairs of exp_pairs (pp, ldpp words: A tiles in place, cut blocks copied): the same blocks
+ * in the same order either way, so the same bits. */
+static void pb_blocks(int m, int n, int cols, const float *p, int ldp, const uint32_t *pp, int ldpp, const void *b,
+                      float *o, int ldo) {
     const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
     const int np2 = (int)fa_round_up(n, 32) / 2;
     const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
@@ -324,12 +304,14 @@ static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ld
         const int mr = m - i0 < 32 ? m - i0 : 32, mt = mr > 16 ? 2 : 1;
         for (int k0 = 0; k0 < n; k0 += PB_KC) {
             const int kn = n - k0 < PB_KC ? n - k0 : PB_KC, kc = (int)fa_round_up(kn, 32);
-            const uint32_t *rows = pp + (int64_t)i0 * ldpp;
-            const uint16_t *a = (const uint16_t *)rows + k0;
-            int64_t lda = 2 * (int64_t)ldpp;
-            if (mr != 16 * mt || kn != kc) { /* a cut block: its rows and keys padded with zeros */
-                pairs_to_tile_rows(rows, ldpp, mr, mt, k0, kn, kc, buf);
-                a = buf, lda = kc;
+            const uint16_t *a = buf;
+            int64_t lda = kc;
+            if (p) {
+                p_to_bf16(p + (int64_t)i0 * ldp + k0, ldp, mr, mt, kn, kc, buf);
+            } else if (mr != 16 * mt || kn != kc) { /* a cut block: its rows and keys padded with zeros */
+                pairs_to_tile_rows(pp + (int64_t)i0 * ldpp, ldpp, mr, mt, k0, kn, kc, buf);
+            } else {
+                a = (const uint16_t *)(pp + (int64_t)i0 * ldpp) + k0, lda = 2 * (int64_t)ldpp;
             }
             for (int c0 = 0; c0 < cols; c0 += 32) {
                 const int nc = cols - c0 < 32 ? cols - c0 : 32;
@@ -340,6 +322,16 @@ static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ld
         }
     }
     tiles_end();
+}
+
+static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
+    if (fa_gemm_pb_f32(m, n, cols, p, ldp, b, o, ldo)) return;
+    pb_blocks(m, n, cols, p, ldp, NULL, 0, b, o, ldo);
+}
+
+static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o,
+                              int ldo) {
+    pb_blocks(m, n, cols, NULL, 0, pp, ldpp, b, o, ldo);
 }
 
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
