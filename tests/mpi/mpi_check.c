@@ -215,19 +215,32 @@ static void run_case(const tcase *tc, uint64_t seed) {
             double e = (isinf(r) && x == r) ? 0 : fabs(x - r) / (1 + fabs(r));
             if (!(e <= el)) el = isnan(e) ? INFINITY : e;
         }
-    double eds = 0, mds = 0; /* dsink: the same on every rank, against the reference */
+    /* dsink: the same on every rank, against the reference, relative to the sum of its terms'
+     * magnitudes |exp(sink_h - lse_i) delta_i| (as tests/test_sinks.c): the terms' signs
+     * differ, and in f16 or bf16 each carries the rounding of the o it is computed from, so a
+     * dsink that cancels to near 0 is good to TOL of that sum, not of itself */
+    double eds = 0;
     for (int64_t h = 0; SINKS && h < Hq; h++) {
-        const double e = fabs(dsink[0][h] - rds[h]);
+        double terms = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < Sq; i++) {
+                double delta = 0;
+                for (int64_t c = 0; c < Dv; c++) {
+                    const int64_t at = ((b * Hq + h) * Sq + i) * Dv + c;
+                    delta += ro[at] * fa_load(T, d_o, at);
+                }
+                terms += fabs(exp((double)sinks[h] - rl[(b * Hq + h) * Sq + i]) * delta);
+            }
+        const double e = fabs(dsink[0][h] - rds[h]) / (terms > 0 ? terms : 1);
         if (!(e <= eds)) eds = isnan(e) ? INFINITY : e;
-        mds = fabs(rds[h]) > mds ? fabs(rds[h]) : mds;
     }
-    double E[7] = {eo / mo, es / mo, el, eq / mq, ek / mk, ev / mv, eds / (mds > 0 ? mds : 1)};
+    double E[7] = {eo / mo, es / mo, el, eq / mq, ek / mk, ev / mv, eds};
     MPI_Allreduce(MPI_IN_PLACE, E, 7, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     snprintf(msg, sizeof msg,
              "(o %.1e, o vs 1 process %.1e, lse %.1e, dq %.1e, dk %.1e, dv %.1e, dsink %.1e; bound %.0e)", E[0],
              E[1], E[2], E[3], E[4], E[5], E[6], TOL);
     report(tc->name, "values", within(eo, mo) && within(es, mo) && el <= TOL && within(eq, mq) &&
-                                   within(ek, mk) && within(ev, mv) && within(eds, mds), msg);
+                                   within(ek, mk) && within(ev, mv) && eds <= TOL, msg);
     if (SINKS) { /* every rank holds the whole dsink: rank 0's, bit for bit */
         float d0[64];
         memcpy(d0, dsink[0], 4 * (size_t)Hq);
