@@ -34,28 +34,30 @@ def check_floats(names, tensors):
         raise ValueError(f"flashattn runs on cpu and cuda tensors (meta: shapes only), got device {q.device}")
 
 
+def _per_head(name, t, H, device, real=False):
+    """A per-head tensor [H] on q's device as the library's f32 (None stays None); real: it
+    must be floating point too."""
+    if t is None:
+        return None
+    check_tensor(name, t)
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+    if real and (tuple(t.shape) != (H,) or not t.is_floating_point()):
+        raise ValueError(f"{name} must be real numbers of shape [H] = [{H}], got {t.dtype} {tuple(t.shape)}")
+    if tuple(t.shape) != (H,):
+        raise ValueError(f"{name} must have shape [H] = [{H}], got {tuple(t.shape)}")
+    return t.to(torch.float32).contiguous()
+
+
 def alibi(alibi_slopes, H, device):
     """alibi_slopes [H] as the library's f32 (not differentiated)."""
-    if alibi_slopes is None:
-        return None
-    check_tensor("alibi_slopes", alibi_slopes)
-    if alibi_slopes.device != device:
-        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {device}")
-    if tuple(alibi_slopes.shape) != (H,):
-        raise ValueError(f"alibi_slopes must have shape [H] = [{H}], got {tuple(alibi_slopes.shape)}")
-    return alibi_slopes.detach().to(torch.float32).contiguous()
+    s = _per_head("alibi_slopes", alibi_slopes, H, device)
+    return None if s is None else s.detach()
 
 
 def sinks_arg(sinks, H, device):
     """sinks [H] as the library's f32, still differentiable (autograd gives their gradient)."""
-    if sinks is None:
-        return None
-    check_tensor("sinks", sinks)
-    if sinks.device != device:
-        raise ValueError(f"sinks is on {sinks.device} but q is on {device}")
-    if tuple(sinks.shape) != (H,) or not sinks.is_floating_point():
-        raise ValueError(f"sinks must be real numbers of shape [H] = [{H}], got {sinks.dtype} {tuple(sinks.shape)}")
-    return sinks.to(torch.float32).contiguous()
+    return _per_head("sinks", sinks, H, device, real=True)
 
 
 def int_in(name, v, bits=64, optional=False):

@@ -91,16 +91,6 @@ static inline __m512 qk_keys4(const __m512i *Q, int d, const uint16_t *k, int64_
  * flight are dropped, or wait inside the arithmetic and crowd the tile's own loads. */
 #define PF_QK 4
 #define PF_PV 2
-static inline void prefetch_some(fa_decode_prefetch *pf, int lines) {
-    if (!pf) return;
-    for (int i = 0; i < lines; i++, pf->off += 64) {
-        if (pf->off >= pf->len) {
-            if (!pf->base2) return;
-            pf->base = pf->base2, pf->len = pf->len2, pf->off = 0, pf->base2 = NULL;
-        }
-        _mm_prefetch(pf->base + pf->off, _MM_HINT_T2);
-    }
-}
 
 /* Scores of rows r0..r0+3 (mr of them present) against the key blocks of a tile: S[b]
  * lane 4 r + j = q_{r0+r} . k_{4b+j}. */
@@ -113,7 +103,7 @@ static int qk_rows4(const uint16_t *q, int r0, int mr, int d, const uint16_t *k,
     const int nb = (n + 3) / 4;
     for (int b = 0; b < nb; b++) {
         S[b] = qk_keys4(Q, d, k + 4 * b * kstride, kstride, n - 4 * b < 4 ? n - 4 * b : 4);
-        prefetch_some(pf, PF_QK);
+        fa_decode_prefetch_lines(pf, PF_QK);
     }
     return nb;
 }
@@ -189,7 +179,7 @@ static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstri
                 const uint16_t *va = v + 2 * jp * vstride + c0, *vb = va + vstride;
                 pv_pair(acc, P + (jp / 2) * 8 + (jp & 1), _mm512_loadu_si512(va), _mm512_loadu_si512(vb),
                         _mm512_loadu_si512(va + 32), _mm512_loadu_si512(vb + 32));
-                prefetch_some(pf, PF_PV);
+                fa_decode_prefetch_lines(pf, PF_PV);
             }
         for (; jp < np; jp++) { /* the rest: a last lone key, or a last block under 64 columns */
             const uint16_t *va = v + 2 * jp * vstride + c0;

@@ -21,6 +21,19 @@ typedef struct {
     int64_t off, len, len2;
 } fa_decode_prefetch;
 
+/* Issues the next `lines` 64-byte lines of pf (none if pf is NULL or spent), to the outer
+ * cache levels (prefetcht2: the tile is read once, later in the step). */
+static inline void fa_decode_prefetch_lines(fa_decode_prefetch *pf, int lines) {
+    if (!pf) return;
+    for (int i = 0; i < lines; i++, pf->off += 64) {
+        if (pf->off >= pf->len) {
+            if (!pf->base2) return;
+            pf->base = pf->base2, pf->len = pf->len2, pf->off = 0, pf->base2 = NULL;
+        }
+        __builtin_prefetch(pf->base + pf->off, 0, 1);
+    }
+}
+
 typedef struct {
     const uint16_t *q, *k, *v;
     int64_t kstride, vstride;
