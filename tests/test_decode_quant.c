@@ -8,7 +8,8 @@
  * documented bound of float64 attention over the original values; the caches afterwards
  * hold the new rows' codes and scales, untouched elsewhere (NaN scales past the lengths are
  * never read); counts == plan; bad scales (NaN, inf, negative) and missing scale arrays are
- * errors with nothing written; other shapes and backends refuse quantized caches. */
+ * errors with nothing written; a non-finite q element spoils its own row only; other shapes
+ * and backends refuse quantized caches. */
 #include "ref/ref.h"
 #include "check.h"
 
@@ -377,6 +378,49 @@ static void run(const char *label, qcase *c) {
     free(rd), free(ro), free(bnd), free(ld);
 }
 
+/* A q element that is not finite (NaN or inf) makes its own row's o not finite, as with a
+ * plain cache, and leaves the other sequence's bits as they were (amx's int8 step has no
+ * integer digits for it and leaves such a tile to the f32 step: docs/caches.md). */
+static void nonfinite_q(void) {
+    for (int kind = 0; kind < 2; kind++) {
+        qcase c;
+        make(&c, 2, 8, 2, 128, 1, FA_BF16, FA_INT8, 0);
+        const fa_problem *p = &c.p;
+        const int64_t D = p->head_dim, no = p->batch * p->heads_q * D, h = 5;
+        fa_options opt = {0};
+        opt.backend = FA_BACKEND_CPU, opt.threads = 2;
+        fa_plan *pl = NULL;
+        fa_status st = fa_plan_create(p, &opt, &pl);
+        CHECK(st == FA_OK, "non-finite q: plan: %s", fa_last_error());
+        if (st) {
+            release(&c);
+            continue;
+        }
+        fa_forward_args a = args_of(&c, NULL);
+        tu_poison(p->dtype, c.o, no);
+        st = fa_forward(pl, &a);
+        float *o1 = tu_alloc(sizeof(float) * (size_t)no);
+        for (int64_t i = 0; i < no; i++) o1[i] = chk_load(p->dtype, c.o, i);
+        chk_store(p->dtype, c.q, h * D + 7, kind ? INFINITY : NAN); /* sequence 0, head h */
+        tu_poison(p->dtype, c.o, no);
+        st |= fa_forward(pl, &a);
+        int row_bad = 1, others_finite = 1, seq1_same = 1;
+        for (int64_t i = 0; i < no; i++) {
+            const float g = chk_load(p->dtype, c.o, i);
+            if (i / D == h) row_bad &= !isfinite(g);
+            else if (i < p->heads_q * D) others_finite &= isfinite(g) != 0;
+            else seq1_same &= !memcmp(&g, &o1[i], 4);
+        }
+        CHECK(st == FA_OK && row_bad && others_finite && seq1_same,
+              "a q element %s: status %s, its row not finite %d, the other rows finite %d, the other sequence "
+              "unchanged %d",
+              kind ? "inf" : "NaN", fa_status_string(st), row_bad, others_finite, seq1_same);
+        free(o1);
+        fa_plan_destroy(pl);
+        release(&c);
+    }
+}
+
 /* Quantized caches elsewhere are refused, naming both features. */
 static void refusals(void) {
     fa_problem p;
@@ -419,6 +463,7 @@ int main(void) {
            (unsigned long long)seed, fa_cpu_isa());
     quantizer();
     refusals();
+    nonfinite_q();
     static const fa_dtype dts[3] = {FA_F32, FA_BF16, FA_F16}, cts[2] = {FA_INT8, FA_FP8_E4M3};
     static const int64_t shapes[][4] = {{8, 2, 128, 1}, {4, 1, 40, 5}, {6, 3, 64, 2}, {8, 8, 32, 16}}; /* Hq Hk D Sq */
     int n = 0;

@@ -7,50 +7,14 @@
  * (fused multiply-adds): the scores of a block of 4 rows x 4 keys in 16 accumulators,
  * reduced together into one vector (lane 4 r + j), then the key's scale; p V over 4 rows x
  * 64 columns in 16 accumulators, with p times the value row's scale broadcast.
- * decode.c calls these for rows with contiguous elements. */
-#include "decode_kernels.h"
-
-#include "isa_avx512.h"
+ * decode.c calls these for rows with contiguous elements. The conversions live in
+ * decode_cache_avx512.h; the amx table's int8 step is decode_cache_amx.c's. */
+#include "decode_cache_avx512.h"
 #include "vexp.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-/* 16 elements (mask: the live ones) of row x as f32: the value (f16), the code (int8), or
- * 2^-8 of it (fp8: unit() undoes it in the scale). */
-#define INLINE static inline __attribute__((always_inline))
-/* The kernels below are instantiated once per element type (the type a constant: no
- * branch or size lookup in the loops). */
-INLINE const void *at(fa_dtype t, const void *base, int64_t i) { return (const char *)base + i * (t == FA_F16 ? 2 : 1); }
-INLINE __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
-    if (t == FA_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, x));
-    const __m128i b = _mm_maskz_loadu_epi8(mask, x);
-    if (t == FA_INT8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-    const __m256i w = _mm256_cvtepu8_epi16(b);
-    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
-    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
-                                _mm256_slli_epi16(mag, 7)); /* sign, then exponent and mantissa: e4m3 x 2^-8 as f16 */
-    h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7e00));
-    return _mm512_cvtph_ps(h);
-}
-/* 32 whole elements of row x as two halves (as load16): fp8 converts all 32 at once, at
- * 512 bits: words w = code, h = w << 7 puts the sign at bit 14 and exponent and mantissa at
- * bits 7..13; h + (h & 0x4000) moves the sign to bit 15, which is sign << 15 | mag << 7,
- * the e4m3 value times 2^-8 as an f16 bit for bit (subnormals too); the NaN codes (mag
- * 0x7f) become an f16 NaN. */
-INLINE void load32(fa_dtype t, const void *x, __m512 *lo, __m512 *hi) {
-    if (t != FA_FP8_E4M3) {
-        *lo = load16(t, x, 0xffff), *hi = load16(t, at(t, x, 16), 0xffff);
-        return;
-    }
-    const __m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)x)), 7);
-    const __m512i bit14 = _mm512_set1_epi16(0x4000);
-    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_or_si512(h, bit14), _mm512_set1_epi16(0x7f80));
-    const __m512i f = _mm512_mask_add_epi16(_mm512_set1_epi16(0x7e00), ~nan, h, _mm512_and_si512(h, bit14));
-    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(f)), *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1));
-}
-INLINE float unit(fa_dtype t) { return t == FA_FP8_E4M3 ? 256.0f : 1.0f; }
 
 /* Lines of the next tile prefetched per block of 4 keys in the scores and per key and 64
  * columns in p V (decode_avx512bf16.c's scheme). f16: at half bf16's rate. int8 and fp8
@@ -79,21 +43,6 @@ static inline __m512 sum16(__m512 acc[4][4]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
 }
 
-/* The scales of the tile's n rows (stride apart; NULL: 1) times unit, contiguous in out,
- * padded with unit to a multiple of 16. Gathered in vectors and stored whole: a block's four
- * read back from scalar stores would wait on store forwarding (measured: an eighth of the
- * int8 tile's time). */
-INLINE void tile_scales(const float *sc, int64_t stride, int n, float u, float *out) {
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)stride));
-    const __m512 vu = _mm512_set1_ps(u);
-    for (int j = 0; j < n; j += 16) {
-        const __m512 one = _mm512_set1_ps(1.0f);
-        const __m512 x = sc ? _mm512_mask_i32gather_ps(one, fa_mask16(n - j), idx, sc + (int64_t)j * stride, 4) : one;
-        _mm512_storeu_ps(out + j, _mm512_mul_ps(x, vu));
-    }
-}
-#define SCALES_MAX (FA_DECODE_MAX_TILE + 16)
 
 /* Scores of rows r0.. (mr <= 4) against keys j0.. (nj <= 4; missing ones repeat the first):
  * lane 4 r + j, times ksc[j0 + j] (tile_scales). */
@@ -215,15 +164,6 @@ INLINE __m512 group_max(__m512 x) {
 INLINE __m512 group_sum(__m512 x) {
     x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
     return _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
-}
-/* x rounded to dtype t and back, nearest even (vexp.h's rule; x is finite here, in [0, 1]). */
-INLINE __m512 round_to(__m512 x, fa_dtype t) {
-    if (t == FA_F16) return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    if (t != FA_BF16) return x;
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* The online-softmax step of dec_row (decode.c) for a tile every row sees whole, 4 rows at

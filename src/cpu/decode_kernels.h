@@ -71,6 +71,10 @@ void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, in
  * (ldacc apart) of the m rows; p rounded to pd (the problem's dtype) before p V. */
 void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                                  float *acc, int ldacc);
+/* The same step with integer products in the AMX tile unit (decode_cache_amx.c): int8 caches
+ * with head dims up to 128 on CPUs with AMX-INT8; others take the AVX-512 step. */
+void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                              float *acc, int ldacc);
 
 /* Scores of m query rows against n keys. */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);

@@ -25,12 +25,10 @@
  * rows and 32 keys, and past n the words hold leftover scores). Both walk the same blocks
  * in the same order, so they give the same bits.
  *
- * Tile state belongs to the thread: each product loads the configuration (all tiles 16
- * rows x 64 bytes) on entry and releases the tiles on exit. The configuration is loaded
- * with our own ldtilecfg (GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes,
- * not 64), and tiles are loaded with our own tileloadd that clobbers memory (GCC's does
- * not, so stores into a buffer read only by a tile load could be dropped). */
+ * Tile state belongs to the thread (amx_tiles.h): each product loads the configuration
+ * (all tiles 16 rows x 64 bytes) on entry and releases the tiles on exit. */
 #define _DEFAULT_SOURCE /* syscall() */
+#include "amx_tiles.h"
 #include "isa_avx512bf16.h"
 #include "isa_pack.h"
 
@@ -47,33 +45,16 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an extended state component */
 #define XFEATURE_XTILEDATA 18      /* the AMX tile data */
 
-/* ---- the tile instructions -------------------------------------------------------- */
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16]; /* bytes per row of tile t */
-    uint8_t rows[16];
-} __attribute__((aligned(64))) tile_config;
-_Static_assert(sizeof(tile_config) == 64, "ldtilecfg reads 64 bytes");
+/* ---- the tile configuration ------------------------------------------------------ */
 
 /* Palette 1, tiles 0..7 all 16 rows x 64 bytes (16 f32, or 32 bf16 = 16 pairs). */
-static const tile_config amx_config = {
+static const fa_tile_config amx_config = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
-
-static inline __attribute__((always_inline)) void tiles_begin(void) {
-    __asm__ volatile("ldtilecfg %0" : : "m"(amx_config));
-}
-static inline __attribute__((always_inline)) void tiles_end(void) { __asm__ volatile("tilerelease" ::); }
-
-#define TILE_LOAD(t, base, stride)                                                                     \
-    __asm__ volatile("{tileloadd\t(%0,%1,1), %%tmm" #t "|tileloadd\t%%tmm" #t ", [%0+%1*1]}"             \
-                     : : "r"((const void *)(base)), "r"((long)(stride)) : "memory")
-#define TILE_STORE(t, base, stride) _tile_stored(t, base, stride)
-#define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
-#define TILE_ZERO(t) _tile_zero(t)
+static inline __attribute__((always_inline)) void tiles_begin(void) { fa_tiles_load(&amx_config); }
+static inline __attribute__((always_inline)) void tiles_end(void) { fa_tiles_release(); }
 
 /* ---- availability ------------------------------------------------------------------- */
 
@@ -334,10 +315,16 @@ static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ld
     pb_blocks(m, n, cols, NULL, 0, pp, ldpp, b, o, ldo);
 }
 
+/* decode: the bf16 kernels of avx512bf16, the f16 cache kernels of avx512, and the int8 and
+ * fp8 caches' step in the tile unit */
+static const fa_decode_kernels amx_decode = {fa_decode_qk_bf16,          fa_decode_pv_bf16,
+                                             fa_decode_step_bf16,        fa_decode_cache_qk_avx512,
+                                             fa_decode_cache_pv_avx512,  fa_decode_cache_step_amx};
+
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                             .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
                             .exp_pairs = fa_bf16_exp_pairs, .gemm_pb_pairs = amx_gemm_pb_pairs,
                             .tiles = &fa_isa_tiles_default,
-                            .decode = &fa_decode_bf16_kernels,
+                            .decode = &amx_decode,
     .dropout_tile = fa_dropout_tile_avx512};

@@ -1,0 +1,357 @@
+/* The decode step over int8 caches in the AMX tile unit, with integer products (the amx
+ * table's cache_step where the CPU has AMX-INT8; f16 and fp8 caches, head dims past 128 and
+ * a q with a non-finite element take decode_cache_avx512.c's f32 step). There, four f32
+ * multiply-adds per cache element (four query rows share a kv head) and the codes'
+ * conversions keep the vector ports busier than the memory is; here the codes are read by
+ * the tile unit as they lie in the cache, as int8, and the ports do little.
+ *
+ * Each of q and the weights w = p_j * vscale_j (p rounded to the problem's dtype first, the
+ * product an f32, as the f32 step has them) is written, per query row, as an integer
+ * X = round(x * 2^E) with |X| < 2^30 in four signed base-256 digits, X = sum_p x_p 256^p,
+ * x_p in [-128, 127]: the tiles' sums of digit times code are exact int32 (at most 128 x 127
+ * x 128 < 2^24 per sum, so their conversion to f32 is exact too) and a row's result is
+ * sum_p 2^(8 p - E) * sum_p, rounded in f32 as the f32 step's sums are. What rounding to
+ * X drops is at most 2^-31 of the row's largest |x| per element: a query element or a
+ * weight below that (2^-30 of the largest) counts as nearly 0 (docs/caches.md, "How a tile
+ * computes").
+ *
+ * Tiles (all 16 rows x 64 bytes): 0, 1 C (16 keys x 16 columns, column 4 p + r: digit p,
+ * row r; for p V, 16 rows 4 p + r x 16 value columns), 2, 3 B: q's digits for head dims
+ * 0..63 and 64..127 (16 quads of dims x 16 columns), 4, 5 A: 16 key rows x 64 dims as they
+ * lie in the cache, then the weights' digits for keys 0..63 and 64..127 (16 rows x 64 keys),
+ * 7 B: 64 keys (16 quads) x 16 value columns, interleaved from the cache rows (vb). */
+#include "amx_tiles.h"
+#include "decode_cache_avx512.h"
+#include "vexp.h"
+
+#include <cpuid.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#define KEYS FA_DECODE_MAX_TILE /* keys per step at most (128) */
+#define DIM 128                 /* head dims (and value columns) at most */
+/* Lines of the next tile prefetched per 16 keys of scores, per 4 value rows interleaved
+ * and per 16 columns of p V: 8 x 24 + 32 x 6 + 8 x 24 = 576 a head at D = 128 (the f32
+ * step issues 608), so that the next tile's touch (decode.c) finds it in cache. */
+#define PF_QK 24
+#define PF_QUAD 6
+#define PF_PV 24
+
+#define TILE_DPI(c, a, b) _tile_dpbssd(c, a, b)
+
+static const fa_tile_config int8_cfg = {.palette = 1,
+                                        .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                        .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+/* cpuid: AMX-INT8 (the amx table's probe has seen AMX-TILE and the OS's permission). */
+static int int8_tiles(void) {
+    static atomic_int state; /* 0: not asked yet, 1: yes, 2: no */
+    int s = atomic_load(&state);
+    if (!s) {
+        unsigned a, b, c, d;
+        s = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) ? 1 : 2;
+        atomic_store(&state, s);
+    }
+    return s == 1;
+}
+
+/* The four digits of X = round(x * 2^e) (|X| < 2^30) as bytes, digit p in dig[p]. */
+INLINE void digits(__m512 x, __m512 e, __m128i dig[4]) {
+    __m512i v = _mm512_cvt_roundps_epi32(_mm512_scalef_ps(x, e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int p = 0; p < 3; p++) {
+        const __m512i low = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
+        dig[p] = _mm512_cvtepi32_epi8(low);
+        v = _mm512_srai_epi32(_mm512_sub_epi32(v, low), 8);
+    }
+    dig[3] = _mm512_cvtepi32_epi8(v);
+}
+
+/* E for a row whose largest |x| is top: top * 2^E < 2^30 (0 for top 0). */
+INLINE int row_exponent(float top) { return top > 0.0f ? 29 - ilogbf(top) : 0; }
+
+/* Whether all m rows of q (d floats each) are finite. */
+static int q_finite(const float *q, int m, int d) {
+    __mmask16 bad = 0;
+    for (int r = 0; r < m; r++)
+        for (int c = 0; c < d; c += 16) {
+            const __m512 x = _mm512_maskz_loadu_ps(fa_mask16(d - c), q + (int64_t)r * d + c);
+            bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_NEQ_UQ); /* inf - inf, NaN */
+        }
+    return !bad;
+}
+
+/* q's digits of rows r0.. (mr <= 4; rows past mr zero; all finite) as B tiles
+ * qb[h][kk][16] (dword column 4 p + r: digit p of dims 64 h + 4 kk.. + 3 of row r), and cs:
+ * lane 4 p + r holds 2^(8 p - E_r). */
+static void q_digits(const float *q, int d, int mr, uint32_t *qb, __m512 *cs) {
+    uint8_t dig[16][DIM] __attribute__((aligned(64))); /* row 4 p + r */
+    float e[16];
+    memset(dig, 0, sizeof dig);
+    for (int r = 0; r < 4; r++) {
+        __m512 top = _mm512_setzero_ps();
+        if (r < mr)
+            for (int c = 0; c < d; c += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(fa_mask16(d - c), q + (int64_t)r * d + c)));
+        const int E = row_exponent(_mm512_reduce_max_ps(top));
+        for (int p = 0; p < 4; p++) e[4 * p + r] = ldexpf(1.0f, 8 * p - E);
+        for (int c = 0; r < mr && c < d; c += 16) {
+            __m128i x[4];
+            digits(_mm512_maskz_loadu_ps(fa_mask16(d - c), q + (int64_t)r * d + c), _mm512_set1_ps((float)E), x);
+            for (int p = 0; p < 4; p++) _mm_store_si128((__m128i *)&dig[4 * p + r][c], x[p]);
+        }
+    }
+    *cs = _mm512_loadu_ps(e);
+    for (int h = 0; h < (d + 63) / 64; h++) {
+        __m512 rows[16]; /* column 4 p + r: its 16 dwords (dim quads) of block h */
+        for (int c = 0; c < 16; c++) rows[c] = _mm512_load_ps((const float *)&dig[c][64 * h]);
+        fa_avx512_transpose16(rows);
+        for (int kk = 0; kk < 16; kk++) _mm512_storeu_ps((float *)(qb + (h * 16 + kk) * 16), rows[kk]);
+    }
+}
+
+/* Value rows [0, n) as B tiles vb[cb][kk][16] (dword c: the codes of keys 4 kk.. 4 kk + 3,
+ * column 16 cb + c), zero past n up to the 64-key block. */
+INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, fa_decode_prefetch *pf) {
+    const int quads = ((t->n + 63) & ~63) / 4, cbs = (t->dv + 15) / 16;
+    for (int kk = 0; kk < quads; kk++) {
+        for (int c0 = 0; c0 < t->dv; c0 += 64) {
+            const __mmask64 m = t->dv - c0 >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (t->dv - c0)) - 1;
+            __m512i x[4];
+            for (int i = 0; i < 4; i++) {
+                const int j = 4 * kk + i;
+                x[i] = j < t->n ? _mm512_maskz_loadu_epi8(m, (const int8_t *)t->v + (int64_t)j * t->vstride + c0)
+                                : _mm512_setzero_si512();
+            }
+            const __m512i ab0 = _mm512_unpacklo_epi8(x[0], x[1]), ab1 = _mm512_unpackhi_epi8(x[0], x[1]);
+            const __m512i cd0 = _mm512_unpacklo_epi8(x[2], x[3]), cd1 = _mm512_unpackhi_epi8(x[2], x[3]);
+            /* o[i] lane l: the quads of columns 16 l + 4 i.. + 3 */
+            const __m512i o0 = _mm512_unpacklo_epi16(ab0, cd0), o1 = _mm512_unpackhi_epi16(ab0, cd0);
+            const __m512i o2 = _mm512_unpacklo_epi16(ab1, cd1), o3 = _mm512_unpackhi_epi16(ab1, cd1);
+            const __m512i t0 = _mm512_shuffle_i32x4(o0, o1, 0x44), t1 = _mm512_shuffle_i32x4(o2, o3, 0x44);
+            const __m512i t2 = _mm512_shuffle_i32x4(o0, o1, 0xee), t3 = _mm512_shuffle_i32x4(o2, o3, 0xee);
+            const __m512i r[4] = {_mm512_shuffle_i32x4(t0, t1, 0x88), _mm512_shuffle_i32x4(t0, t1, 0xdd),
+                                  _mm512_shuffle_i32x4(t2, t3, 0x88), _mm512_shuffle_i32x4(t2, t3, 0xdd)};
+            for (int l = 0; l < 4 && c0 / 16 + l < cbs; l++)
+                _mm512_storeu_si512(vb + ((int64_t)(c0 / 16 + l) * (KEYS / 4) + kk) * 16, r[l]);
+        }
+        fa_decode_prefetch_lines(pf, PF_QUAD);
+    }
+}
+
+/* Lanes 4 j + r of x reduced over j: row r's result in lane r of every 128 bits. */
+INLINE __m512 rows_max(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
+    return _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+INLINE __m512 rows_sum(__m512 x) {
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
+    return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+/* Lane 4 k + r: the sum over p of lanes 4 p + r of y[k] (4 keys' C rows, scaled). */
+INLINE __m512 sum_digits(const __m512 y[4]) {
+    const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x44), _mm512_shuffle_f32x4(y[0], y[1], 0xee));
+    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x44), _mm512_shuffle_f32x4(y[2], y[3], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
+}
+
+/* The A tile of keys j0.. (16 rows; rows past n or dims past d from a zeroed copy, never
+ * read from the cache). */
+INLINE const int8_t *key_rows(const fa_decode_cache_tile *t, int j0, int8_t *staged, long *stride) {
+    const int rows = t->n - j0 < 16 ? t->n - j0 : 16;
+    const int8_t *a = (const int8_t *)t->k + (int64_t)j0 * t->kstride;
+    *stride = (long)t->kstride;
+    if (t->d % 64 == 0 && rows == 16) return a;
+    memset(staged, 0, 16 * DIM);
+    for (int j = 0; j < rows; j++) memcpy(staged + j * DIM, a + (int64_t)j * t->kstride, (size_t)t->d);
+    *stride = DIM;
+    return staged;
+}
+
+/* s[j][r] (lane 4 j + r) of keys j0.. j0 + 15 from their C tile c (column 4 p + r). */
+INLINE void score_rows(const int32_t *c, __m512 cs, int rows, float *s) {
+    for (int x = 0; x < 4 && 4 * x < rows; x++) {
+        __m512 y[4];
+        for (int k = 0; k < 4; k++) y[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * (4 * x + k))), cs);
+        _mm512_store_ps(s + 16 * x, sum_digits(y));
+    }
+}
+
+/* s[j][r] = q_r . code_j (rows r0.., all 4 lanes of a key) for keys [0, n rounded up to 4),
+ * 32 keys at a time in two independent chains (C tiles 0 and 1, A tiles 4, 5 and 6, 7), so
+ * that one's tile loads overlap the other's products. */
+static void scores(const fa_decode_cache_tile *t, const uint32_t *qb, __m512 cs, float *s) {
+    int32_t c[2][16 * 16] __attribute__((aligned(64)));
+    int8_t staged[2][16 * DIM] __attribute__((aligned(64)));
+    const int two = t->d > 64;
+    TILE_LOAD(2, qb, 64);
+    if (two) TILE_LOAD(3, qb + 256, 64);
+    for (int j0 = 0; j0 < t->n; j0 += 32) {
+        long sa, sb;
+        const int8_t *a = key_rows(t, j0, staged[0], &sa);
+        const int second = j0 + 16 < t->n;
+        TILE_ZERO(0);
+        TILE_LOAD(4, a, sa);
+        TILE_DPI(0, 4, 2);
+        if (second) {
+            const int8_t *b = key_rows(t, j0 + 16, staged[1], &sb);
+            TILE_ZERO(1);
+            TILE_LOAD(6, b, sb);
+            TILE_DPI(1, 6, 2);
+            if (two) {
+                TILE_LOAD(5, a + 64, sa);
+                TILE_LOAD(7, b + 64, sb);
+                TILE_DPI(0, 5, 3);
+                TILE_DPI(1, 7, 3);
+            }
+        } else if (two) {
+            TILE_LOAD(5, a + 64, sa);
+            TILE_DPI(0, 5, 3);
+        }
+        fa_decode_prefetch_lines(t->pf, PF_QK);
+        TILE_STORE(0, c[0], 64);
+        score_rows(c[0], cs, t->n - j0, s + (int64_t)j0 * 4);
+        if (second) {
+            TILE_STORE(1, c[1], 64);
+            score_rows(c[1], cs, t->n - j0 - 16, s + (int64_t)(j0 + 16) * 4);
+        }
+    }
+}
+
+/* o rows r0.. (mr <= 4) += the C tile c's 16 columns from col, times ws (o already times alpha). */
+INLINE void add_columns(const int32_t *c, const float *f, int mr, int cols, const float *alpha, float *o, int ldo) {
+    const __mmask16 k = cols >= 16 ? (__mmask16)0xffff : fa_mask16(cols);
+    for (int r = 0; r < mr; r++) {
+        __m512 acc = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, o + (int64_t)r * ldo), _mm512_set1_ps(alpha[r]));
+        for (int p = 3; p >= 0; p--) /* the largest first */
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * (4 * p + r))), _mm512_set1_ps(f[4 * p + r]), acc);
+        _mm512_mask_storeu_ps(o + (int64_t)r * ldo, k, acc);
+    }
+}
+
+/* o rows r0.. (mr <= 4) = o * alpha + W V: wa the weights' digits (row 4 p + r, KEYS keys),
+ * ws lane 4 p + r: 2^(8 p - E_r). Two column blocks at a time (C tiles 0, 1; B tiles 6, 7). */
+static void weighted_values(const fa_decode_cache_tile *t, const int8_t *wa, __m512 ws, const uint32_t *vb, int mr,
+                            const float *alpha, float *o, int ldo) {
+    int32_t c[2][16 * 16] __attribute__((aligned(64)));
+    const int two = t->n > 64, cbs = (t->dv + 15) / 16;
+    const int64_t cstride = (int64_t)(KEYS / 4) * 16; /* dwords from one column block's B tiles to the next */
+    TILE_LOAD(4, wa, KEYS);
+    if (two) TILE_LOAD(5, wa + 64, KEYS);
+    float f[16];
+    _mm512_storeu_ps(f, ws);
+    for (int cb = 0; cb < cbs; cb += 2) {
+        const uint32_t *b = vb + cb * cstride;
+        const int second = cb + 1 < cbs;
+        TILE_ZERO(0);
+        TILE_LOAD(6, b, 64);
+        TILE_DPI(0, 4, 6);
+        if (second) {
+            TILE_ZERO(1);
+            TILE_LOAD(7, b + cstride, 64);
+            TILE_DPI(1, 4, 7);
+        }
+        if (two) {
+            TILE_LOAD(6, b + 256, 64);
+            TILE_DPI(0, 5, 6);
+            if (second) {
+                TILE_LOAD(7, b + cstride + 256, 64);
+                TILE_DPI(1, 5, 7);
+            }
+        }
+        fa_decode_prefetch_lines(t->pf, 2 * PF_PV);
+        TILE_STORE(0, c[0], 64);
+        add_columns(c[0], f, mr, t->dv - 16 * cb, alpha, o + 16 * cb, ldo);
+        if (second) {
+            TILE_STORE(1, c[1], 64);
+            add_columns(c[1], f, mr, t->dv - 16 * (cb + 1), alpha, o + 16 * (cb + 1), ldo);
+        }
+    }
+}
+
+/* The online-softmax step of decode_cache_avx512.c's step_all (the same rules: scores
+ * times the key's scale and the softmax scale, the row max, base, alpha, p summed unrounded
+ * and rounded to pd, then o = o alpha + p V with the value rows' scales). */
+static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
+                     int ldacc) {
+    uint32_t vb[(DIM / 16) * (KEYS / 4) * 16] __attribute__((aligned(64)));
+    uint32_t qb[2 * 16 * 16] __attribute__((aligned(64)));
+    int8_t wa[16 * KEYS] __attribute__((aligned(64)));
+    float s[KEYS * 4] __attribute__((aligned(64)));
+    float ksc[SCALES_MAX], vsc[SCALES_MAX]; /* padded with 1s: p = 0 for missing keys, 0 * 1 */
+    const int n = t->n, n64 = (n + 63) & ~63, nv = (n + 3) / 4;
+    tile_scales(t->kscale, t->sstride, n, 1.0f, ksc);
+    tile_scales(t->vscale, t->sstride, n, 1.0f, vsc);
+    for (int j = n; j < n64; j++) ksc[j] = vsc[j] = 1.0f;
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    const __m512i to_key = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    fa_tiles_load(&int8_cfg);
+    for (int r0 = 0; r0 < t->m; r0 += 4) {
+        const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
+        __m512 qs;
+        q_digits(t->q + (int64_t)r0 * t->d, t->d, mr, qb, &qs);
+        if (r0 == 0) value_quads(t, vb, t->pf);
+        scores(t, qb, qs, s);
+        __m512 S[KEYS / 4], top = neg_inf;
+        for (int b = 0; b < nv; b++) { /* keys 4 b.. 4 b + 3 */
+            const __m512 ks = _mm512_permutexvar_ps(to_key, _mm512_castps128_ps512(_mm_loadu_ps(ksc + 4 * b)));
+            S[b] = _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(s + 16 * b), ks), vscale);
+            if (4 * b + 4 > n) S[b] = _mm512_mask_mov_ps(neg_inf, (__mmask16)((1u << (4 * (n - 4 * b))) - 1), S[b]);
+            top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
+        }
+        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
+        _mm512_storeu_ps(tops, rows_max(top));
+        for (int r = 0; r < mr; r++) {
+            const float m_old = mx[r0 + r], m_new = m_old > tops[r] ? m_old : tops[r];
+            base[r] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = fa_vexpf(m_old - base[r]);
+            mx[r0 + r] = m_new;
+        }
+        const __m512 vbase = _mm512_broadcast_f32x4(_mm_loadu_ps(base));
+        __m512 total = _mm512_setzero_ps(), wtop = _mm512_setzero_ps();
+        float w[KEYS * 4] __attribute__((aligned(64))); /* lane 4 j + r */
+        for (int b = 0; b < n64 / 4; b++) {
+            __m512 x = _mm512_setzero_ps();
+            if (b < nv) {
+                const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase));
+                total = _mm512_add_ps(total, e);
+                const __m512 vs = _mm512_permutexvar_ps(to_key, _mm512_castps128_ps512(_mm_loadu_ps(vsc + 4 * b)));
+                x = _mm512_mul_ps(round_to(e, pd), vs);
+                wtop = _mm512_max_ps(wtop, x);
+            }
+            _mm512_store_ps(w + 16 * b, x);
+        }
+        float wt[16], ws[16];
+        _mm512_storeu_ps(wt, rows_max(wtop));
+        for (int r = 0; r < 4; r++) {
+            const int E = row_exponent(wt[r]);
+            for (int p = 0; p < 4; p++) ws[4 * p + r] = ldexpf(1.0f, 8 * p - E);
+            wt[r] = (float)E;
+        }
+        for (int j0 = 0; j0 < n64; j0 += 16) { /* 16 keys: row r's weights, lane 4 k + r of w */
+            const __m512 *wv = (const __m512 *)(w + 4 * j0);
+            for (int r = 0; r < 4; r++) {
+                const __m512i idx = _mm512_setr_epi32(r, 4 + r, 8 + r, 12 + r, 16 + r, 20 + r, 24 + r, 28 + r, r, 4 + r,
+                                                      8 + r, 12 + r, 16 + r, 20 + r, 24 + r, 28 + r);
+                const __m512 lo = _mm512_permutex2var_ps(wv[0], idx, wv[1]), hi = _mm512_permutex2var_ps(wv[2], idx, wv[3]);
+                __m128i dg[4];
+                digits(_mm512_shuffle_f32x4(lo, hi, 0x44), _mm512_set1_ps(wt[r]), dg);
+                for (int p = 0; p < 4; p++) _mm_store_si128((__m128i *)(wa + (4 * p + r) * KEYS + j0), dg[p]);
+            }
+        }
+        float sums[16];
+        _mm512_storeu_ps(sums, rows_sum(total));
+        for (int r = 0; r < mr; r++) sum[r0 + r] = sum[r0 + r] * alpha[r] + sums[r];
+        weighted_values(t, wa, _mm512_loadu_ps(ws), vb, mr, alpha, acc + (int64_t)r0 * ldacc, ldacc);
+    }
+    fa_tiles_release();
+}
+
+void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                              float *acc, int ldacc) {
+    /* a q element that is not finite has no digits: the f32 step gives its NaN scores */
+    if (t->t == FA_INT8 && t->d <= DIM && t->dv <= DIM && int8_tiles() && q_finite(t->q, t->m, t->d)) {
+        step_int8(t, scale, pd, mx, sum, acc, ldacc);
+        return;
+    }
+    fa_decode_cache_step_avx512(t, scale, pd, mx, sum, acc, ldacc);
+}
