@@ -16,10 +16,11 @@
  * computes").
  *
  * Tiles (all 16 rows x 64 bytes): 0, 1 C (16 keys x 16 columns, column 4 p + r: digit p,
- * row r; for p V, 16 rows 4 p + r x 16 value columns), 2, 3 B: q's digits for head dims
- * 0..63 and 64..127 (16 quads of dims x 16 columns), 4, 5 A: 16 key rows x 64 dims as they
- * lie in the cache, then the weights' digits for keys 0..63 and 64..127 (16 rows x 64 keys),
- * 7 B: 64 keys (16 quads) x 16 value columns, interleaved from the cache rows (vb). */
+ * row r; for p V, 16 rows 4 p + r x 16 value columns), two blocks in flight. Scores: 2, 3
+ * B, q's digits for head dims 0..63 and 64..127 (16 quads of dims x 16 columns); 4, 5 and
+ * 6, 7 A, 16 key rows x 64 dims as they lie in the cache. p V: 4, 5 A, the weights' digits
+ * for keys 0..63 and 64..127 (16 rows x 64 keys); 2, 3 and 6, 7 B, 64 keys (16 quads) x 16
+ * value columns interleaved from the cache rows (vb). */
 #include "amx_tiles.h"
 #include "decode_cache_avx512.h"
 #include "vexp.h"
@@ -109,6 +110,36 @@ static void q_digits(const float *q, int d, int mr, uint32_t *qb, __m512 *cs) {
     }
 }
 
+/* q's digits as the steps of an item use them: every tile of a sequence's chunk (and every
+ * chunk) has the same q for a kv head, so each thread keeps the digits of the q rows it saw
+ * last, 4 rows an entry, in a table indexed by their address, with a copy of the rows to know
+ * them by (compared whole: a new item may stage other values at the same address). */
+#define MEMO_ENTRIES 16
+typedef struct {
+    int d, mr, finite;
+    float q[4 * DIM];
+    uint32_t qb[2 * 16 * 16];
+    float cs[16];
+} q_memo;
+static __thread q_memo memo[MEMO_ENTRIES] __attribute__((aligned(64)));
+
+/* The entry for rows q.. (mr <= 4 of d floats), made if it holds other rows. */
+static const q_memo *memo_of(const float *q, int mr, int d) {
+    q_memo *mm = &memo[((uintptr_t)q / (sizeof(float) * 4 * (size_t)d)) % MEMO_ENTRIES];
+    const size_t bytes = sizeof(float) * (size_t)mr * (size_t)d;
+    if (mm->mr == mr && mm->d == d && !memcmp(mm->q, q, bytes)) return mm;
+    mm->mr = 0; /* invalid until complete */
+    memcpy(mm->q, q, bytes);
+    mm->finite = q_finite(q, mr, d);
+    if (mm->finite) {
+        __m512 cs;
+        q_digits(q, d, mr, mm->qb, &cs);
+        _mm512_storeu_ps(mm->cs, cs);
+    }
+    mm->mr = mr, mm->d = d;
+    return mm;
+}
+
 /* Value rows [0, n) as B tiles vb[cb][kk][16] (dword c: the codes of keys 4 kk.. 4 kk + 3,
  * column 16 cb + c), zero past n up to the 64-key block. */
 INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, fa_decode_prefetch *pf) {
@@ -176,46 +207,44 @@ INLINE void score_rows(const int32_t *c, __m512 cs, int rows, float *s) {
     }
 }
 
+/* The products of keys j0.. j0 + 15 into C tile c (A tiles a0, a1 for dims 0..63, 64..127). */
+#define QK_ISSUE(c, a0, a1, j0)                                  \
+    do {                                                         \
+        long sa_;                                                \
+        const int8_t *a_ = key_rows(t, j0, staged[c], &sa_);     \
+        TILE_ZERO(c);                                            \
+        TILE_LOAD(a0, a_, sa_);                                  \
+        TILE_DPI(c, a0, 2);                                      \
+        if (two) {                                               \
+            TILE_LOAD(a1, a_ + 64, sa_);                         \
+            TILE_DPI(c, a1, 3);                                  \
+        }                                                        \
+    } while (0)
+
 /* s[j][r] = q_r . code_j (rows r0.., all 4 lanes of a key) for keys [0, n rounded up to 4),
- * 32 keys at a time in two independent chains (C tiles 0 and 1, A tiles 4, 5 and 6, 7), so
- * that one's tile loads overlap the other's products. */
+ * 16 keys a block, pipelined: block i + 1's products are issued (C tile and A tiles of the
+ * other parity) before block i's C tile is stored, so the tile unit works while the ports
+ * finish block i. */
 static void scores(const fa_decode_cache_tile *t, const uint32_t *qb, __m512 cs, float *s) {
-    int32_t c[2][16 * 16] __attribute__((aligned(64)));
+    int32_t c[16 * 16] __attribute__((aligned(64)));
     int8_t staged[2][16 * DIM] __attribute__((aligned(64)));
-    const int two = t->d > 64;
+    const int two = t->d > 64, nb = (t->n + 15) / 16;
     TILE_LOAD(2, qb, 64);
     if (two) TILE_LOAD(3, qb + 256, 64);
-    for (int j0 = 0; j0 < t->n; j0 += 32) {
-        long sa, sb;
-        const int8_t *a = key_rows(t, j0, staged[0], &sa);
-        const int second = j0 + 16 < t->n;
-        TILE_ZERO(0);
-        TILE_LOAD(4, a, sa);
-        TILE_DPI(0, 4, 2);
-        if (second) {
-            const int8_t *b = key_rows(t, j0 + 16, staged[1], &sb);
-            TILE_ZERO(1);
-            TILE_LOAD(6, b, sb);
-            TILE_DPI(1, 6, 2);
-            if (two) {
-                TILE_LOAD(5, a + 64, sa);
-                TILE_LOAD(7, b + 64, sb);
-                TILE_DPI(0, 5, 3);
-                TILE_DPI(1, 7, 3);
-            }
-        } else if (two) {
-            TILE_LOAD(5, a + 64, sa);
-            TILE_DPI(0, 5, 3);
+    QK_ISSUE(0, 4, 5, 0);
+    for (int i = 0; i < nb; i++) {
+        if (i % 2 == 0) {
+            if (i + 1 < nb) QK_ISSUE(1, 6, 7, 16 * (i + 1));
+            TILE_STORE(0, c, 64);
+        } else {
+            if (i + 1 < nb) QK_ISSUE(0, 4, 5, 16 * (i + 1));
+            TILE_STORE(1, c, 64);
         }
+        score_rows(c, cs, t->n - 16 * i, s + (int64_t)i * 64);
         fa_decode_prefetch_lines(t->pf, PF_QK);
-        TILE_STORE(0, c[0], 64);
-        score_rows(c[0], cs, t->n - j0, s + (int64_t)j0 * 4);
-        if (second) {
-            TILE_STORE(1, c[1], 64);
-            score_rows(c[1], cs, t->n - j0 - 16, s + (int64_t)(j0 + 16) * 4);
-        }
     }
 }
+#undef QK_ISSUE
 
 /* o rows r0.. (mr <= 4) += the C tile c's 16 columns from col, times ws (o already times alpha). */
 INLINE void add_columns(const int32_t *c, const float *f, int mr, int cols, const float *alpha, float *o, int ldo) {
@@ -228,53 +257,51 @@ INLINE void add_columns(const int32_t *c, const float *f, int mr, int cols, cons
     }
 }
 
+/* The products of column block cb into C tile c (B tiles b0, b1 for keys 0..63, 64..127). */
+#define PV_ISSUE(c, b0, b1, cb)                                               \
+    do {                                                                      \
+        const uint32_t *b_ = vb + (int64_t)(cb) * (KEYS / 4) * 16;            \
+        TILE_ZERO(c);                                                         \
+        TILE_LOAD(b0, b_, 64);                                                \
+        TILE_DPI(c, 4, b0);                                                   \
+        if (two) {                                                            \
+            TILE_LOAD(b1, b_ + 256, 64);                                      \
+            TILE_DPI(c, 5, b1);                                               \
+        }                                                                     \
+    } while (0)
+
 /* o rows r0.. (mr <= 4) = o * alpha + W V: wa the weights' digits (row 4 p + r, KEYS keys),
- * ws lane 4 p + r: 2^(8 p - E_r). Two column blocks at a time (C tiles 0, 1; B tiles 6, 7). */
+ * ws lane 4 p + r: 2^(8 p - E_r). Column blocks of 16, pipelined as the scores are (C tiles
+ * 0, 1; B tiles 2, 3 and 6, 7). */
 static void weighted_values(const fa_decode_cache_tile *t, const int8_t *wa, __m512 ws, const uint32_t *vb, int mr,
                             const float *alpha, float *o, int ldo) {
-    int32_t c[2][16 * 16] __attribute__((aligned(64)));
+    int32_t c[16 * 16] __attribute__((aligned(64)));
     const int two = t->n > 64, cbs = (t->dv + 15) / 16;
-    const int64_t cstride = (int64_t)(KEYS / 4) * 16; /* dwords from one column block's B tiles to the next */
     TILE_LOAD(4, wa, KEYS);
     if (two) TILE_LOAD(5, wa + 64, KEYS);
     float f[16];
     _mm512_storeu_ps(f, ws);
-    for (int cb = 0; cb < cbs; cb += 2) {
-        const uint32_t *b = vb + cb * cstride;
-        const int second = cb + 1 < cbs;
-        TILE_ZERO(0);
-        TILE_LOAD(6, b, 64);
-        TILE_DPI(0, 4, 6);
-        if (second) {
-            TILE_ZERO(1);
-            TILE_LOAD(7, b + cstride, 64);
-            TILE_DPI(1, 4, 7);
+    PV_ISSUE(0, 2, 3, 0);
+    for (int cb = 0; cb < cbs; cb++) {
+        if (cb % 2 == 0) {
+            if (cb + 1 < cbs) PV_ISSUE(1, 6, 7, cb + 1);
+            TILE_STORE(0, c, 64);
+        } else {
+            if (cb + 1 < cbs) PV_ISSUE(0, 2, 3, cb + 1);
+            TILE_STORE(1, c, 64);
         }
-        if (two) {
-            TILE_LOAD(6, b + 256, 64);
-            TILE_DPI(0, 5, 6);
-            if (second) {
-                TILE_LOAD(7, b + cstride + 256, 64);
-                TILE_DPI(1, 5, 7);
-            }
-        }
-        fa_decode_prefetch_lines(t->pf, 2 * PF_PV);
-        TILE_STORE(0, c[0], 64);
-        add_columns(c[0], f, mr, t->dv - 16 * cb, alpha, o + 16 * cb, ldo);
-        if (second) {
-            TILE_STORE(1, c[1], 64);
-            add_columns(c[1], f, mr, t->dv - 16 * (cb + 1), alpha, o + 16 * (cb + 1), ldo);
-        }
+        add_columns(c, f, mr, t->dv - 16 * cb, alpha, o + 16 * cb, ldo);
+        fa_decode_prefetch_lines(t->pf, PF_PV);
     }
 }
+#undef PV_ISSUE
 
 /* The online-softmax step of decode_cache_avx512.c's step_all (the same rules: scores
  * times the key's scale and the softmax scale, the row max, base, alpha, p summed unrounded
  * and rounded to pd, then o = o alpha + p V with the value rows' scales). */
 static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
-                     int ldacc) {
+                      int ldacc) {
     uint32_t vb[(DIM / 16) * (KEYS / 4) * 16] __attribute__((aligned(64)));
-    uint32_t qb[2 * 16 * 16] __attribute__((aligned(64)));
     int8_t wa[16 * KEYS] __attribute__((aligned(64)));
     float s[KEYS * 4] __attribute__((aligned(64)));
     float ksc[SCALES_MAX], vsc[SCALES_MAX]; /* padded with 1s: p = 0 for missing keys, 0 * 1 */
@@ -287,10 +314,9 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
     fa_tiles_load(&int8_cfg);
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
-        __m512 qs;
-        q_digits(t->q + (int64_t)r0 * t->d, t->d, mr, qb, &qs);
+        const q_memo *qm = memo_of(t->q + (int64_t)r0 * t->d, mr, t->d); /* finite: checked by the caller */
         if (r0 == 0) value_quads(t, vb, t->pf);
-        scores(t, qb, qs, s);
+        scores(t, qm->qb, _mm512_loadu_ps(qm->cs), s);
         __m512 S[KEYS / 4], top = neg_inf;
         for (int b = 0; b < nv; b++) { /* keys 4 b.. 4 b + 3 */
             const __m512 ks = _mm512_permutexvar_ps(to_key, _mm512_castps128_ps512(_mm_loadu_ps(ksc + 4 * b)));
@@ -349,9 +375,14 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
 void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                               float *acc, int ldacc) {
     /* a q element that is not finite has no digits: the f32 step gives its NaN scores */
-    if (t->t == FA_INT8 && t->d <= DIM && t->dv <= DIM && int8_tiles() && q_finite(t->q, t->m, t->d)) {
-        step_int8(t, scale, pd, mx, sum, acc, ldacc);
-        return;
+    if (t->t == FA_INT8 && t->d <= DIM && t->dv <= DIM && int8_tiles()) {
+        int finite = 1;
+        for (int r0 = 0; r0 < t->m && finite; r0 += 4)
+            finite = memo_of(t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d)->finite;
+        if (finite) {
+            step_int8(t, scale, pd, mx, sum, acc, ldacc);
+            return;
+        }
     }
     fa_decode_cache_step_avx512(t, scale, pd, mx, sum, acc, ldacc);
 }
