@@ -152,23 +152,20 @@ static float scale_max_shown(float *restrict x, const uint8_t *restrict vis, int
     return mx;
 }
 
-static void fill_hidden(float *x, int64_t n) {
-    for (int64_t j = 0; j < n; j++) x[j] = -INFINITY;
-}
-
 /* fa_score_row_max for a row whose only terms besides the scale hide keys (causal, window and the
  * mask: cx->hide_only): the scaled product where the row sees the key, -inf elsewhere, and
  * the max, in one pass over the row. fa_score_row's scores (scale, then -inf where hidden)
  * and fa_row_max's maximum (a max does not depend on the order it is taken in), so the same
  * results as the general path at a fraction of its passes and per-element branches. */
 static float hidden_scale_max(const fwd_ctx *cx, int64_t i, int64_t j0, int n, float *restrict srow) {
+    const fa_isa *isa = cx->isa;
     const fa_sched_mask *v = &cx->sc.mask; /* this (b, h)'s view (fa_score_ctx_at) */
     const float scale = cx->sc.scale;
     int64_t lo = fa_sched_lo(&cx->sched, i) - j0, hi = fa_sched_hi(&cx->sched, i) + 1 - j0; /* keys [lo, hi) */
     lo = lo < 0 ? 0 : lo > n ? n : lo;
     hi = hi < lo ? lo : hi > n ? n : hi;
-    fill_hidden(srow, lo);
-    fill_hidden(srow + hi, n - hi);
+    fa_hide_row(isa, srow, NULL, lo);
+    fa_hide_row(isa, srow + hi, NULL, n - hi);
     if (!v->kinds) return lo < hi ? fa_scale_max(srow + lo, (int)(hi - lo), scale) : -INFINITY;
     float mx = -INFINITY;
     for (int64_t a = lo, e; a < hi; a = e) {
@@ -177,7 +174,7 @@ static float hidden_scale_max(const fwd_ctx *cx, int64_t i, int64_t j0, int n, f
         const int kind = fa_sched_mask_block(v, i / v->bq, kb);
         float m = -INFINITY;
         if (kind == FA_TILE_FULL) m = fa_scale_max(srow + a, (int)(e - a), scale);
-        else if (kind == FA_TILE_EMPTY) fill_hidden(srow + a, e - a);
+        else if (kind == FA_TILE_EMPTY) fa_hide_row(isa, srow + a, NULL, e - a);
         else m = scale_max_shown(srow + a, fa_sched_mask_row(v, i, kb) + (j0 + a - kb * v->bk), (int)(e - a), scale);
         mx = m > mx ? m : mx;
     }
@@ -189,31 +186,30 @@ static float hidden_scale_max(const fwd_ctx *cx, int64_t i, int64_t j0, int n, f
  * max_row and exp_pairs then scale them at their own width. The same scores and max as
  * hidden_scale_max (scale > 0: rounding x * scale keeps the order of x), so the same bits. */
 static void hide_keys(const fwd_ctx *cx, int64_t i, int64_t j0, int n, float *restrict srow) {
+    const fa_isa *isa = cx->isa;
     const fa_sched_mask *v = &cx->sc.mask;
     int64_t lo = fa_sched_lo(&cx->sched, i) - j0, hi = fa_sched_hi(&cx->sched, i) + 1 - j0; /* keys [lo, hi) */
     lo = lo < 0 ? 0 : lo > n ? n : lo;
     hi = hi < lo ? lo : hi > n ? n : hi;
-    fill_hidden(srow, lo);
-    fill_hidden(srow + hi, n - hi);
+    fa_hide_row(isa, srow, NULL, lo);
+    fa_hide_row(isa, srow + hi, NULL, n - hi);
     if (!v->kinds) return;
     for (int64_t a = lo, e; a < hi; a = e) {
         const int64_t kb = (j0 + a) / v->bk;
         e = (kb + 1) * v->bk - j0 < hi ? (kb + 1) * v->bk - j0 : hi;
         const int kind = fa_sched_mask_block(v, i / v->bq, kb);
-        if (kind == FA_TILE_EMPTY) {
-            fill_hidden(srow + a, e - a);
-        } else if (kind != FA_TILE_FULL) {
-            const uint8_t *restrict vis = fa_sched_mask_row(v, i, kb) + (j0 + a - kb * v->bk);
-            float *restrict x = srow + a;
-            for (int64_t j = 0; j < e - a; j++) x[j] = vis[j] ? x[j] : -INFINITY;
-        }
+        if (kind == FA_TILE_EMPTY) fa_hide_row(isa, srow + a, NULL, e - a);
+        else if (kind != FA_TILE_FULL) fa_hide_row(isa, srow + a, fa_sched_mask_row(v, i, kb) + (j0 + a - kb * v->bk), (int)(e - a));
     }
 }
 
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
-static void store_row(fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv, int64_t dv) {
-    if (t == FA_BF16 && os == 1) { /* contiguous: the same loop, which then vectorizes */
+static void store_row(const fa_isa *isa, fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv,
+                      int64_t dv) {
+    if (t == FA_BF16 && os == 1 && isa->store_bf16) {
+        isa->store_bf16((uint16_t *)o + ob, arow, inv, (int)dv);
+    } else if (t == FA_BF16 && os == 1) { /* contiguous: the same loop, which then vectorizes */
         uint16_t *restrict dst = (uint16_t *)o + ob;
         for (int64_t c = 0; c < dv; c++) {
             const float y = fa_vround_bf16(arow[c] * inv);
@@ -346,7 +342,7 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             const float lse = mx + logf(l);
             const float inv = (l > 0.0f ? alpha / l : l == 0.0f ? 0.0f : NAN) * (cx->drop.on ? cx->drop.scale : 1.0f);
             const int64_t ob = fa_offset(&p->o_stride, b, h, i, 0);
-            store_row(p->dtype, a->o, ob, p->o_stride.s[3], acc + r * Dv, inv, Dv);
+            store_row(isa, p->dtype, a->o, ob, p->o_stride.s[3], acc + r * Dv, inv, Dv);
             if (a->lse) a->lse[fa_lse_index(pl, b, h, i)] = l > 0.0f ? lse : l == 0.0f ? -INFINITY : NAN;
         }
         cnt->transcendentals += m * (p->has_sinks ? 2 : 1);

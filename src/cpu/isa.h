@@ -86,6 +86,14 @@ typedef struct fa_isa {
     float (*max_row)(const float *x, int n);
     float (*exp_pairs)(float *x, int n, float scale, float base);
     void (*gemm_pb_pairs)(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o, int ldo);
+    /* Optional per-row passes of the forward's masks and rescale (NULL: fa_hide_row's and
+     * fa_scale_row's portable loops, the same bits): hide_row: x[j] = -inf where vis[j] is 0
+     * (vis NULL: every j), j < n; scale_row: x[j] *= a. */
+    void (*hide_row)(float *x, const uint8_t *vis, int n);
+    void (*scale_row)(float *x, int n, float a);
+    /* Optional (NULL: the forward's loop, the same bits): dst[j] = the bf16 bits of x[j] * a
+     * rounded to nearest even (fa_vround_bf16), j < n: a row of o written. */
+    void (*store_bf16)(uint16_t *dst, const float *x, float a, int n);
     /* The block sizes these kernels run best at (registered with them, as BLIS does). */
     const fa_isa_tiles *tiles;
     /* Optional (NULL: decode packs its tiles and takes gemm_abt / gemm_pb). */
@@ -129,6 +137,28 @@ static inline void fa_round_row(const fa_isa *isa, fa_dtype t, float *restrict x
         for (int j = 0; j < n; j++) x[j] = fa_vround_f16(x[j]);
     else
         for (int j = 0; j < n; j++) x[j] = fa_vround_bf16(x[j]);
+}
+
+/* x[j] = -inf where vis[j] == 0 (vis NULL: all of x[0..n)): keys a row cannot see. */
+static inline void fa_hide_row(const fa_isa *isa, float *restrict x, const uint8_t *restrict vis, int64_t n) {
+    if (n <= 0) return;
+    if (isa->hide_row) {
+        isa->hide_row(x, vis, (int)n);
+        return;
+    }
+    if (!vis)
+        for (int64_t j = 0; j < n; j++) x[j] = -INFINITY;
+    else
+        for (int64_t j = 0; j < n; j++) x[j] = vis[j] ? x[j] : -INFINITY;
+}
+
+/* x[j] *= a, j < n (the accumulators' rescale when a row's max grows). */
+static inline void fa_scale_row(const fa_isa *isa, float *restrict x, int64_t n, float a) {
+    if (isa->scale_row) {
+        isa->scale_row(x, (int)n, a);
+        return;
+    }
+    for (int64_t c = 0; c < n; c++) x[c] *= a;
 }
 
 #endif /* FA_CPU_ISA_H */

@@ -324,6 +324,8 @@ static const fa_decode_kernels amx_decode = {fa_decode_qk_bf16,          fa_deco
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                             .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
+                            .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,
+                            .store_bf16 = fa_avx512_store_bf16,
                             .exp_pairs = fa_bf16_exp_pairs, .gemm_pb_pairs = amx_gemm_pb_pairs,
                             .tiles = &fa_isa_tiles_default,
                             .decode = &amx_decode,

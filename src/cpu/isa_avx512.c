@@ -129,12 +129,40 @@ void fa_avx512_round_row(float *x, int n, fa_dtype t) {
     }
 }
 
+void fa_avx512_store_bf16(uint16_t *dst, const float *x, float a, int n) {
+    const __m512 va = _mm512_set1_ps(a);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 m = n - j < 16 ? fa_mask16(n - j) : (__mmask16)0xffff;
+        const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), va));
+        _mm256_mask_storeu_epi16(dst + j, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_16(u), 16)));
+    }
+}
+
+void fa_avx512_hide_row(float *x, const uint8_t *vis, int n) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 m = n - j < 16 ? fa_mask16(n - j) : (__mmask16)0xffff;
+        const __mmask16 hide = vis ? (__mmask16)(m & ~_mm_test_epi8_mask(_mm_maskz_loadu_epi8(m, vis + j), _mm_set1_epi8(-1))) : m;
+        _mm512_mask_storeu_ps(x + j, hide, neg_inf);
+    }
+}
+
+void fa_avx512_scale_row(float *x, int n, float a) {
+    const __m512 va = _mm512_set1_ps(a);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 m = n - j < 16 ? fa_mask16(n - j) : (__mmask16)0xffff;
+        _mm512_mask_storeu_ps(x + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), va));
+    }
+}
+
 /* The cache decode kernels of decode_cache_avx512.c (bf16 caches take the packing path here). */
 const fa_decode_kernels fa_decode_avx512_kernels = {NULL, NULL, NULL, fa_decode_cache_qk_avx512,
                                                     fa_decode_cache_pv_avx512, fa_decode_cache_step_avx512};
 
 const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .packed_bytes = fa_avx512_packed_bytes,
                                .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
-                               .round_row = fa_avx512_round_row, .tiles = &fa_isa_tiles_default,
+                               .round_row = fa_avx512_round_row, .hide_row = fa_avx512_hide_row,
+                               .scale_row = fa_avx512_scale_row, .store_bf16 = fa_avx512_store_bf16,
+                               .tiles = &fa_isa_tiles_default,
     .dropout_tile = fa_dropout_tile_avx512,
                                .decode = &fa_decode_avx512_kernels};

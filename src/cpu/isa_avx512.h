@@ -17,6 +17,9 @@ int64_t fa_avx512_packed_bytes(int64_t rows, int64_t cols, fa_dtype t);
 float fa_avx512_exp_sum(float *x, int n, float mx);
 void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr);
 void fa_avx512_round_row(float *x, int n, fa_dtype t);
+void fa_avx512_hide_row(float *x, const uint8_t *vis, int n);
+void fa_avx512_scale_row(float *x, int n, float a);
+void fa_avx512_store_bf16(uint16_t *dst, const float *x, float a, int n);
 
 /* The part after the clamps: exp of xc in lanes under keep, 0 in the others. */
 static inline __m512 fa_avx512_exp_kept(__m512 xc, __mmask16 keep) {

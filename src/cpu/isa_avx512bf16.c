@@ -174,6 +174,8 @@ const fa_decode_kernels fa_decode_bf16_kernels = {fa_decode_qk_bf16, fa_decode_p
 const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .packed_bytes = bf16_packed_bytes,
                                    .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                                    .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
+                            .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,
+                            .store_bf16 = fa_avx512_store_bf16,
                                    .exp_pairs = fa_bf16_exp_pairs, .gemm_pb_pairs = bf16_gemm_pb_pairs,
                                    .tiles = &fa_isa_tiles_bf16_pairs, .decode = &fa_decode_bf16_kernels,
     .dropout_tile = fa_dropout_tile_avx512};

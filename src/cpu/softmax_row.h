@@ -82,8 +82,7 @@ static inline void fa_softmax_row(const fa_isa *isa, fa_dtype t, int64_t dv, flo
     }
     *L = *L * alpha + rowsum;
     *M = m_new;
-    if (alpha != 1.0f)
-        for (int64_t c = 0; c < dv; c++) arow[c] *= alpha;
+    if (alpha != 1.0f) fa_scale_row(isa, arow, dv, alpha);
 }
 
 #endif
