@@ -21,17 +21,15 @@
  * 6, 7 A, 16 key rows x 64 dims as they lie in the cache. p V: 4, 5 A, the weights' digits
  * for keys 0..63 and 64..127 (16 rows x 64 keys); 2, 3 and 6, 7 B, 64 keys (16 quads) x 16
  * value columns interleaved from the cache rows (vb). */
-#include "amx_tiles.h"
-#include "decode_cache_avx512.h"
-#include "vexp.h"
+#include "decode_cache_amx.h"
 
 #include <cpuid.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
-#define KEYS FA_DECODE_MAX_TILE /* keys per step at most (128) */
-#define DIM 128                 /* head dims (and value columns) at most */
+#define KEYS FA_AMX_KEYS
+#define DIM FA_AMX_DIM
 /* Lines of the next tile prefetched per 16 keys of scores, per 4 value rows interleaved
  * and per 16 columns of p V: 8 x 24 + 32 x 6 + 8 x 24 = 576 a head at D = 128 (the f32
  * step issues 608), so that the next tile's touch (decode.c) finds it in cache. */
@@ -40,10 +38,6 @@
 #define PF_PV 24
 
 #define TILE_DPI(c, a, b) _tile_dpbssd(c, a, b)
-
-static const fa_tile_config int8_cfg = {.palette = 1,
-                                        .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-                                        .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
 
 /* cpuid: AMX-INT8 (the amx table's probe has seen AMX-TILE and the OS's permission). */
 static int int8_tiles(void) {
@@ -169,21 +163,6 @@ INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, fa_decode_p
     }
 }
 
-/* Lanes 4 j + r of x reduced over j: row r's result in lane r of every 128 bits. */
-INLINE __m512 rows_max(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
-    return _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
-}
-INLINE __m512 rows_sum(__m512 x) {
-    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
-    return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
-}
-/* Lane 4 k + r: the sum over p of lanes 4 p + r of y[k] (4 keys' C rows, scaled). */
-INLINE __m512 sum_digits(const __m512 y[4]) {
-    const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x44), _mm512_shuffle_f32x4(y[0], y[1], 0xee));
-    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x44), _mm512_shuffle_f32x4(y[2], y[3], 0xee));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
-}
 
 /* The A tile of keys j0.. (16 rows; rows past n or dims past d from a zeroed copy, never
  * read from the cache). */
@@ -198,14 +177,6 @@ INLINE const int8_t *key_rows(const fa_decode_cache_tile *t, int j0, int8_t *sta
     return staged;
 }
 
-/* s[j][r] (lane 4 j + r) of keys j0.. j0 + 15 from their C tile c (column 4 p + r). */
-INLINE void score_rows(const int32_t *c, __m512 cs, int rows, float *s) {
-    for (int x = 0; x < 4 && 4 * x < rows; x++) {
-        __m512 y[4];
-        for (int k = 0; k < 4; k++) y[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * (4 * x + k))), cs);
-        _mm512_store_ps(s + 16 * x, sum_digits(y));
-    }
-}
 
 /* The products of keys j0.. j0 + 15 into C tile c (A tiles a0, a1 for dims 0..63, 64..127). */
 #define QK_ISSUE(c, a0, a1, j0)                                  \
@@ -305,68 +276,32 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
     int8_t wa[16 * KEYS] __attribute__((aligned(64)));
     float s[KEYS * 4] __attribute__((aligned(64)));
     float ksc[SCALES_MAX], vsc[SCALES_MAX]; /* padded with 1s: p = 0 for missing keys, 0 * 1 */
-    const int n = t->n, n64 = (n + 63) & ~63, nv = (n + 3) / 4;
+    const int n = t->n, n64 = (n + 63) & ~63;
     tile_scales(t->kscale, t->sstride, n, 1.0f, ksc);
     tile_scales(t->vscale, t->sstride, n, 1.0f, vsc);
     for (int j = n; j < n64; j++) ksc[j] = vsc[j] = 1.0f;
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
-    const __m512i to_key = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    fa_tiles_load(&int8_cfg);
+    fa_tiles_load(&fa_amx_cfg);
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         const q_memo *qm = memo_of(t->q + (int64_t)r0 * t->d, mr, t->d); /* finite: checked by the caller */
         if (r0 == 0) value_quads(t, vb, t->pf);
         scores(t, qm->qb, _mm512_loadu_ps(qm->cs), s);
-        __m512 S[KEYS / 4], top = neg_inf;
-        for (int b = 0; b < nv; b++) { /* keys 4 b.. 4 b + 3 */
-            const __m512 ks = _mm512_permutexvar_ps(to_key, _mm512_castps128_ps512(_mm_loadu_ps(ksc + 4 * b)));
-            S[b] = _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(s + 16 * b), ks), vscale);
-            if (4 * b + 4 > n) S[b] = _mm512_mask_mov_ps(neg_inf, (__mmask16)((1u << (4 * (n - 4 * b))) - 1), S[b]);
-            top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
-        }
-        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
-        _mm512_storeu_ps(tops, rows_max(top));
-        for (int r = 0; r < mr; r++) {
-            const float m_old = mx[r0 + r], m_new = m_old > tops[r] ? m_old : tops[r];
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[r] = fa_vexpf(m_old - base[r]);
-            mx[r0 + r] = m_new;
-        }
-        const __m512 vbase = _mm512_broadcast_f32x4(_mm_loadu_ps(base));
-        __m512 total = _mm512_setzero_ps(), wtop = _mm512_setzero_ps();
         float w[KEYS * 4] __attribute__((aligned(64))); /* lane 4 j + r */
-        for (int b = 0; b < n64 / 4; b++) {
-            __m512 x = _mm512_setzero_ps();
-            if (b < nv) {
-                const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase));
-                total = _mm512_add_ps(total, e);
-                const __m512 vs = _mm512_permutexvar_ps(to_key, _mm512_castps128_ps512(_mm_loadu_ps(vsc + 4 * b)));
-                x = _mm512_mul_ps(round_to(e, pd), vs);
-                wtop = _mm512_max_ps(wtop, x);
-            }
-            _mm512_store_ps(w + 16 * b, x);
-        }
+        float alpha[4];
+        const __m512 wtop = fa_amx_softmax_weights(s, n, ksc, vsc, scale, pd, mr, mx + r0, sum + r0, w, alpha);
         float wt[16], ws[16];
-        _mm512_storeu_ps(wt, rows_max(wtop));
+        _mm512_storeu_ps(wt, wtop);
         for (int r = 0; r < 4; r++) {
             const int E = row_exponent(wt[r]);
             for (int p = 0; p < 4; p++) ws[4 * p + r] = ldexpf(1.0f, 8 * p - E);
             wt[r] = (float)E;
         }
-        for (int j0 = 0; j0 < n64; j0 += 16) { /* 16 keys: row r's weights, lane 4 k + r of w */
-            const __m512 *wv = (const __m512 *)(w + 4 * j0);
+        for (int j0 = 0; j0 < n64; j0 += 16) /* 16 keys: row r's weights */
             for (int r = 0; r < 4; r++) {
-                const __m512i idx = _mm512_setr_epi32(r, 4 + r, 8 + r, 12 + r, 16 + r, 20 + r, 24 + r, 28 + r, r, 4 + r,
-                                                      8 + r, 12 + r, 16 + r, 20 + r, 24 + r, 28 + r);
-                const __m512 lo = _mm512_permutex2var_ps(wv[0], idx, wv[1]), hi = _mm512_permutex2var_ps(wv[2], idx, wv[3]);
                 __m128i dg[4];
-                digits(_mm512_shuffle_f32x4(lo, hi, 0x44), _mm512_set1_ps(wt[r]), dg);
+                digits(fa_amx_row_weights(w, j0, r), _mm512_set1_ps(wt[r]), dg);
                 for (int p = 0; p < 4; p++) _mm_store_si128((__m128i *)(wa + (4 * p + r) * KEYS + j0), dg[p]);
             }
-        }
-        float sums[16];
-        _mm512_storeu_ps(sums, rows_sum(total));
-        for (int r = 0; r < mr; r++) sum[r0 + r] = sum[r0 + r] * alpha[r] + sums[r];
         weighted_values(t, wa, _mm512_loadu_ps(ws), vb, mr, alpha, acc + (int64_t)r0 * ldacc, ldacc);
     }
     fa_tiles_release();
