@@ -53,8 +53,9 @@ static int dec_conv(const struct fa_plan *pl) {
 }
 
 /* Scratch pieces: q staging (Hq x seq_q rows of D, contiguous, the dtype), packed q (M x D),
- * k, v, scores M x T. */
-static void dec_sizes(const struct fa_plan *pl, int64_t sz[5]) {
+ * k, v, scores M x T, the cache step's workspace (isa.h cache_ws). */
+#define DEC_PIECES 6
+static void dec_sizes(const struct fa_plan *pl, int64_t sz[DEC_PIECES]) {
     const fa_problem *p = &pl->p;
     const fa_isa *isa = dec_isa(pl);
     const int64_t M = dec_rows(p), T = fa_decode_tile(p);
@@ -63,12 +64,21 @@ static void dec_sizes(const struct fa_plan *pl, int64_t sz[5]) {
     sz[2] = isa->packed_bytes(T, p->head_dim, p->dtype);
     sz[3] = isa->packed_bytes(T, p->head_dim_v, p->dtype);
     sz[4] = M * T * (int64_t)sizeof(float);
+    sz[5] = dec_conv(pl) && isa->decode && isa->decode->cache_ws ? FA_DECODE_CACHE_WS_BYTES : 0;
+}
+
+/* The cache step's workspace in a thread's scratch (NULL if the plan's kernels keep none). */
+static void *dec_ws(const struct fa_plan *pl, char *scratch) {
+    int64_t sz[DEC_PIECES], off = 0;
+    dec_sizes(pl, sz);
+    for (int i = 0; i < DEC_PIECES - 1; i++) off += dec_align(sz[i]);
+    return sz[DEC_PIECES - 1] ? scratch + off : NULL;
 }
 
 int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl) {
-    int64_t sz[5], total = DEC_ALIGN;
+    int64_t sz[DEC_PIECES], total = DEC_ALIGN;
     dec_sizes(pl, sz);
-    for (int i = 0; i < 5; i++) total += dec_align(sz[i]);
+    for (int i = 0; i < DEC_PIECES; i++) total += dec_align(sz[i]);
     return total;
 }
 
@@ -153,13 +163,13 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
  * where a mask edge crosses the tile (an f16 or fp8 value row may hold inf or NaN). */
 static void dec_conv_tile(const dec_ctx *cx, const fa_score_ctx *sc, const struct fa_plan *one, const float *q,
                           const fa_tile_src *ks, const fa_tile_src *vs, int64_t b, int64_t hk, int64_t j0, int n,
-                          float *s, float *acc, float *mx, float *sum, fa_decode_prefetch *pf) {
+                          float *s, float *acc, float *mx, float *sum, fa_decode_prefetch *pf, void *ws) {
     const fa_problem *p = cx->p;
     const int quant = fa_dtype_quantized(cx->ct);
     const fa_decode_cache_tile t = {q, ks->base, vs->base, cx->ct, ks->row_stride, vs->row_stride, ks->col_stride,
                                     vs->col_stride, quant ? dec_scale_at(cx, cx->a->k_scale, b, hk, j0) : NULL,
                                     quant ? dec_scale_at(cx, cx->a->v_scale, b, hk, j0) : NULL, p->heads_kv,
-                                    (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v, pf};
+                                    (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v, pf, ws};
     const fa_decode_kernels *dk = cx->isa->decode;
     const int vec = dk && dk->cache_qk && ks->col_stride == 1 && vs->col_stride == 1;
     int plain = vec && dk->cache_step; /* every row's scores are the scaled products, every key visible */
@@ -186,10 +196,11 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     const fa_isa *isa = cx->isa;
     const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, Hk = p->heads_kv;
     const int64_t sk = fa_decode_keys(cx->pl, b), part_floats = M * (Dv + 2);
-    int64_t sz[5];
+    int64_t sz[DEC_PIECES];
     dec_sizes(cx->pl, sz);
     char *qs = scratch, *qp = qs + dec_align(sz[0]), *kp = qp + dec_align(sz[1]), *vp = kp + dec_align(sz[2]);
     float *s = (float *)(vp + dec_align(sz[3]));
+    void *ws = dec_ws(cx->pl, scratch); /* zeroed at the call's start (fa_cpu_decode_forward) */
     const int touch = p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
 
     /* the masks of sequence b: a dense view with its keys and offset */
@@ -240,7 +251,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
             const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
             const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
             if (cx->conv) {
-                dec_conv_tile(cx, &sc, &one, (const float *)qh, &ks, &vs, b, hk, j0, n, s, acc, mx, sum, pfp);
+                dec_conv_tile(cx, &sc, &one, (const float *)qh, &ks, &vs, b, hk, j0, n, s, acc, mx, sum, pfp, ws);
             } else if (plain) { /* the whole online-softmax step in the vector kernel */
                 const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
                                              (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc, pfp};
@@ -507,6 +518,8 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     {
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
         mine += (DEC_ALIGN - (uintptr_t)mine % DEC_ALIGN) % DEC_ALIGN;
+        void *ws = dec_ws(pl, mine);
+        if (ws) memset(ws, 0, FA_DECODE_CACHE_WS_BYTES); /* the cache step's entries start empty */
         fa_counts cnt = {0, 0};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {

@@ -104,24 +104,26 @@ static void q_digits(const float *q, int d, int mr, uint32_t *qb, __m512 *cs) {
     }
 }
 
-/* q's digits as the steps of an item use them: every tile of a sequence's chunk (and every
- * chunk) has the same q for a kv head, so each thread keeps the digits of the q rows it saw
- * last, 4 rows an entry, in a table indexed by their address, with a copy of the rows to know
- * them by (compared whole: a new item may stage other values at the same address). */
+/* q's digits as the steps of an item use them: every tile of a sequence's chunk has the same
+ * q for a kv head, so the step keeps the digits of the q rows it saw, 4 rows an entry, in the
+ * workspace the driver keeps for it in the thread's scratch (fa_decode_cache_tile.ws, zeroed
+ * at the call's start), entries indexed by the rows' address and known by a copy of them
+ * (compared whole: the driver stages each item's q at the same address). */
 #define MEMO_ENTRIES 16
 typedef struct {
     int d, mr, finite;
     float q[4 * DIM];
     uint32_t qb[2 * 16 * 16];
     float cs[16];
-} q_memo;
-static __thread q_memo memo[MEMO_ENTRIES] __attribute__((aligned(64)));
+} __attribute__((aligned(64))) q_memo;
+_Static_assert(sizeof(q_memo) * MEMO_ENTRIES <= FA_DECODE_CACHE_WS_BYTES, "the driver's workspace holds the memo");
 
-/* The entry for rows q.. (mr <= 4 of d floats), made if it holds other rows. */
-static const q_memo *memo_of(const float *q, int mr, int d) {
-    q_memo *mm = &memo[((uintptr_t)q / (sizeof(float) * 4 * (size_t)d)) % MEMO_ENTRIES];
+/* The entry for rows q.. (mr <= 4 of d floats) in the table (NULL: the one-off entry own),
+ * made if it holds other rows. */
+static const q_memo *memo_of(q_memo *table, q_memo *own, const float *q, int mr, int d) {
+    q_memo *mm = table ? &table[((uintptr_t)q / (sizeof(float) * 4 * (size_t)d)) % MEMO_ENTRIES] : own;
     const size_t bytes = sizeof(float) * (size_t)mr * (size_t)d;
-    if (mm->mr == mr && mm->d == d && !memcmp(mm->q, q, bytes)) return mm;
+    if (table && mm->mr == mr && mm->d == d && !memcmp(mm->q, q, bytes)) return mm;
     mm->mr = 0; /* invalid until complete */
     memcpy(mm->q, q, bytes);
     mm->finite = q_finite(q, mr, d);
@@ -283,7 +285,8 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
     fa_tiles_load(&fa_amx_cfg);
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
-        const q_memo *qm = memo_of(t->q + (int64_t)r0 * t->d, mr, t->d); /* finite: checked by the caller */
+        q_memo own;
+        const q_memo *qm = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, mr, t->d); /* finite: the caller checked */
         if (r0 == 0) value_quads(t, vb, t->pf);
         scores(t, qm->qb, _mm512_loadu_ps(qm->cs), s);
         float w[KEYS * 4] __attribute__((aligned(64))); /* lane 4 j + r */
@@ -312,8 +315,13 @@ void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dty
     /* a q element that is not finite has no digits: the f32 step gives its NaN scores */
     if (t->t == FA_INT8 && t->d <= DIM && t->dv <= DIM && int8_tiles()) {
         int finite = 1;
-        for (int r0 = 0; r0 < t->m && finite; r0 += 4)
-            finite = memo_of(t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d)->finite;
+        if (t->ws) {
+            q_memo own;
+            for (int r0 = 0; r0 < t->m && finite; r0 += 4)
+                finite = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d)->finite;
+        } else {
+            finite = q_finite(t->q, t->m, t->d);
+        }
         if (finite) {
             step_int8(t, scale, pd, mx, sum, acc, ldacc);
             return;

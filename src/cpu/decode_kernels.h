@@ -9,6 +9,9 @@
 
 /* Keys per tile at most (fa_decode_tile). */
 #define FA_DECODE_MAX_TILE 128
+/* A cache step's workspace across an item's tiles (decode_cache_amx.c: 16 entries of q's
+ * digits, 4224 bytes each). */
+#define FA_DECODE_CACHE_WS_BYTES (16 * 4224)
 
 /* One tile of one kv head for the fused kernel: m query rows (d contiguous bf16 each)
  * against n keys and values (rows kstride / vstride elements apart), and the rows'
@@ -56,6 +59,7 @@ typedef struct {
     int64_t sstride;
     int m, d, n, dv;
     fa_decode_prefetch *pf; /* or NULL: the next tile's lines, issued through the step */
+    void *ws; /* or NULL: FA_DECODE_CACHE_WS_BYTES the step keeps across a call's tiles (isa.h) */
 } fa_decode_cache_tile;
 
 /* s[r * lds + j] = q_r . k_j for r < m, j < n (the dequantized keys). */

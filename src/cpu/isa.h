@@ -46,6 +46,9 @@ typedef struct fa_decode_kernels {
     void (*cache_pv)(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo);
     void (*cache_step)(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
                        int ldacc);
+    /* Nonzero: cache_step keeps FA_DECODE_CACHE_WS_BYTES of the thread's scratch across the
+     * tiles a thread runs in a call (fa_decode_cache_tile.ws; zeroed at the call's start). */
+    int cache_ws;
 } fa_decode_kernels;
 extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
 extern const fa_decode_kernels fa_decode_avx512_kernels; /* isa_avx512.c: the cache kernels alone */

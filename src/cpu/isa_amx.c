@@ -317,9 +317,13 @@ static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ld
 
 /* decode: the bf16 kernels of avx512bf16, the f16 cache kernels of avx512, and the int8 and
  * fp8 caches' step in the tile unit */
-static const fa_decode_kernels amx_decode = {fa_decode_qk_bf16,          fa_decode_pv_bf16,
-                                             fa_decode_step_bf16,        fa_decode_cache_qk_avx512,
-                                             fa_decode_cache_pv_avx512,  fa_decode_cache_step_amx};
+static const fa_decode_kernels amx_decode = {.qk = fa_decode_qk_bf16,
+                                             .pv = fa_decode_pv_bf16,
+                                             .step = fa_decode_step_bf16,
+                                             .cache_qk = fa_decode_cache_qk_avx512,
+                                             .cache_pv = fa_decode_cache_pv_avx512,
+                                             .cache_step = fa_decode_cache_step_amx,
+                                             .cache_ws = 1};
 
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
