@@ -21,15 +21,17 @@
  * 6, 7 A, 16 key rows x 64 dims as they lie in the cache. p V: 4, 5 A, the weights' digits
  * for keys 0..63 and 64..127 (16 rows x 64 keys); 2, 3 and 6, 7 B, 64 keys (16 quads) x 16
  * value columns interleaved from the cache rows (vb). */
-#include "decode_cache_amx.h"
+#include "amx_tiles.h"
+#include "decode_cache_avx512.h"
+#include "vexp.h"
 
 #include <cpuid.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
-#define KEYS FA_AMX_KEYS
-#define DIM FA_AMX_DIM
+#define KEYS FA_DECODE_MAX_TILE /* keys per step at most (128) */
+#define DIM 128                 /* head dims (and value columns) at most */
 /* Lines of the next tile prefetched per 16 keys of scores, per 4 value rows interleaved
  * and per 16 columns of p V: 8 x 24 + 32 x 6 + 8 x 24 = 576 a head at D = 128 (the f32
  * step issues 608), so that the next tile's touch (decode.c) finds it in cache. */
@@ -49,6 +51,96 @@ static int int8_tiles(void) {
         atomic_store(&state, s);
     }
     return s == 1;
+}
+
+/* Scores and weights are laid out a vector per 4 keys: lane 4 j + r, key j, query row r of a
+ * group of 4. */
+
+/* Every tile 16 rows x 64 bytes (rows past what a product uses are zeros). */
+static const fa_tile_config amx_cfg = {.palette = 1,
+                                          .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                          .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+/* Lanes 4 j + r of x reduced over j: row r's result in lane r of every 128 bits. */
+INLINE __m512 rows_max(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
+    return _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+INLINE __m512 rows_sum(__m512 x) {
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0x4e));
+    return _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, 0xb1));
+}
+/* Lane 4 k + r: the sum over p of lanes 4 p + r of y[k] (4 keys' C rows, scaled). */
+INLINE __m512 sum_digits(const __m512 y[4]) {
+    const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x44), _mm512_shuffle_f32x4(y[0], y[1], 0xee));
+    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x44), _mm512_shuffle_f32x4(y[2], y[3], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
+}
+
+/* s[j][r] (lane 4 j + r) of keys j0.. j0 + 15 from their C tile c (16 keys x 16 int32
+ * columns, column 4 p + r: digit p of row r), each column times cs's lane. */
+INLINE void score_rows(const int32_t *c, __m512 cs, int rows, float *s) {
+    for (int x = 0; x < 4 && 4 * x < rows; x++) {
+        __m512 y[4];
+        for (int k = 0; k < 4; k++) y[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * (4 * x + k))), cs);
+        _mm512_store_ps(s + 16 * x, sum_digits(y));
+    }
+}
+
+/* The online-softmax step between the products, for rows r0.. (mr <= 4; mx, sum: theirs) of a
+ * tile of n keys: s the scores' products (lane 4 j + r), ksc and vsc the keys' and values'
+ * scales (padded with 1s to n rounded up to 64): scores times the key's scale and the
+ * softmax scale, the row max (a NaN never wins), base = the new max (0 while it is -inf),
+ * alpha = exp(old max - base), p = exp(score - base) summed unrounded into sum (times alpha)
+ * and rounded to pd, and w = p times the value's scale (lane 4 j + r, 0 past n up to the
+ * 64-key block). Returns the largest w of each row (lane r of every 128 bits). */
+INLINE __m512 softmax_weights(const float *s, int n, const float *ksc, const float *vsc, float scale,
+                                     fa_dtype pd, int mr, float *mx, float *sum, float *w, float *alpha) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    const __m512i to_key = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const int nv = (n + 3) / 4, n64 = (n + 63) & ~63;
+    __m512 S[KEYS / 4], top = neg_inf;
+    for (int b = 0; b < nv; b++) { /* keys 4 b.. 4 b + 3 */
+        const __m512 ks = _mm512_permutexvar_ps(to_key, _mm512_castps128_ps512(_mm_loadu_ps(ksc + 4 * b)));
+        S[b] = _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(s + 16 * b), ks), vscale);
+        if (4 * b + 4 > n) S[b] = _mm512_mask_mov_ps(neg_inf, (__mmask16)((1u << (4 * (n - 4 * b))) - 1), S[b]);
+        top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
+    }
+    float tops[16], base[4] = {0, 0, 0, 0};
+    _mm512_storeu_ps(tops, rows_max(top));
+    for (int r = 0; r < 4; r++) alpha[r] = 1.0f;
+    for (int r = 0; r < mr; r++) {
+        const float m_old = mx[r], m_new = m_old > tops[r] ? m_old : tops[r];
+        base[r] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[r] = fa_vexpf(m_old - base[r]);
+        mx[r] = m_new;
+    }
+    const __m512 vbase = _mm512_broadcast_f32x4(_mm_loadu_ps(base));
+    __m512 total = _mm512_setzero_ps(), wtop = _mm512_setzero_ps();
+    for (int b = 0; b < n64 / 4; b++) {
+        __m512 x = _mm512_setzero_ps();
+        if (b < nv) {
+            const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase));
+            total = _mm512_add_ps(total, e);
+            const __m512 vs = _mm512_permutexvar_ps(to_key, _mm512_castps128_ps512(_mm_loadu_ps(vsc + 4 * b)));
+            x = _mm512_mul_ps(round_to(e, pd), vs);
+            wtop = _mm512_max_ps(wtop, x);
+        }
+        _mm512_store_ps(w + 16 * b, x);
+    }
+    float sums[16];
+    _mm512_storeu_ps(sums, rows_sum(total));
+    for (int r = 0; r < mr; r++) sum[r] = sum[r] * alpha[r] + sums[r];
+    return rows_max(wtop);
+}
+
+/* Row r's weights of keys j0.. j0 + 15 (w in lane 4 j + r, as softmax_weights leaves it). */
+INLINE __m512 row_weights(const float *w, int j0, int r) {
+    const __m512 *wv = (const __m512 *)(w + 4 * j0);
+    const __m512i idx = _mm512_setr_epi32(r, 4 + r, 8 + r, 12 + r, 16 + r, 20 + r, 24 + r, 28 + r, r, 4 + r, 8 + r,
+                                          12 + r, 16 + r, 20 + r, 24 + r, 28 + r);
+    const __m512 lo = _mm512_permutex2var_ps(wv[0], idx, wv[1]), hi = _mm512_permutex2var_ps(wv[2], idx, wv[3]);
+    return _mm512_shuffle_f32x4(lo, hi, 0x44);
 }
 
 /* The four digits of X = round(x * 2^e) (|X| < 2^30) as bytes, digit p in dig[p]. */
@@ -138,7 +230,7 @@ static const q_memo *memo_of(q_memo *table, q_memo *own, const float *q, int mr,
 
 /* Value rows [0, n) as B tiles vb[cb][kk][16] (dword c: the codes of keys 4 kk.. 4 kk + 3,
  * column 16 cb + c), zero past n up to the 64-key block. */
-INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, fa_decode_prefetch *pf) {
+INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb) {
     const int quads = ((t->n + 63) & ~63) / 4, cbs = (t->dv + 15) / 16;
     for (int kk = 0; kk < quads; kk++) {
         for (int c0 = 0; c0 < t->dv; c0 += 64) {
@@ -161,10 +253,9 @@ INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, fa_decode_p
             for (int l = 0; l < 4 && c0 / 16 + l < cbs; l++)
                 _mm512_storeu_si512(vb + ((int64_t)(c0 / 16 + l) * (KEYS / 4) + kk) * 16, r[l]);
         }
-        fa_decode_prefetch_lines(pf, PF_QUAD);
+        fa_decode_prefetch_lines(t->pf, PF_QUAD);
     }
 }
-
 
 /* The A tile of keys j0.. (16 rows; rows past n or dims past d from a zeroed copy, never
  * read from the cache). */
@@ -178,7 +269,6 @@ INLINE const int8_t *key_rows(const fa_decode_cache_tile *t, int j0, int8_t *sta
     *stride = DIM;
     return staged;
 }
-
 
 /* The products of keys j0.. j0 + 15 into C tile c (A tiles a0, a1 for dims 0..63, 64..127). */
 #define QK_ISSUE(c, a0, a1, j0)                                  \
@@ -219,7 +309,8 @@ static void scores(const fa_decode_cache_tile *t, const uint32_t *qb, __m512 cs,
 }
 #undef QK_ISSUE
 
-/* o rows r0.. (mr <= 4) += the C tile c's 16 columns from col, times ws (o already times alpha). */
+/* cols (<= 16) columns of o rows r0.. (mr <= 4) = o * alpha + sum_p f[4 p + r] * C[4 p + r]
+ * (the C tile c's digit sums). */
 INLINE void add_columns(const int32_t *c, const float *f, int mr, int cols, const float *alpha, float *o, int ldo) {
     const __mmask16 k = cols >= 16 ? (__mmask16)0xffff : fa_mask16(cols);
     for (int r = 0; r < mr; r++) {
@@ -282,16 +373,16 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
     tile_scales(t->kscale, t->sstride, n, 1.0f, ksc);
     tile_scales(t->vscale, t->sstride, n, 1.0f, vsc);
     for (int j = n; j < n64; j++) ksc[j] = vsc[j] = 1.0f;
-    fa_tiles_load(&fa_amx_cfg);
+    fa_tiles_load(&amx_cfg);
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         q_memo own;
         const q_memo *qm = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, mr, t->d); /* finite: the caller checked */
-        if (r0 == 0) value_quads(t, vb, t->pf);
+        if (r0 == 0) value_quads(t, vb);
         scores(t, qm->qb, _mm512_loadu_ps(qm->cs), s);
         float w[KEYS * 4] __attribute__((aligned(64))); /* lane 4 j + r */
         float alpha[4];
-        const __m512 wtop = fa_amx_softmax_weights(s, n, ksc, vsc, scale, pd, mr, mx + r0, sum + r0, w, alpha);
+        const __m512 wtop = softmax_weights(s, n, ksc, vsc, scale, pd, mr, mx + r0, sum + r0, w, alpha);
         float wt[16], ws[16];
         _mm512_storeu_ps(wt, wtop);
         for (int r = 0; r < 4; r++) {
@@ -302,7 +393,7 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
         for (int j0 = 0; j0 < n64; j0 += 16) /* 16 keys: row r's weights */
             for (int r = 0; r < 4; r++) {
                 __m128i dg[4];
-                digits(fa_amx_row_weights(w, j0, r), _mm512_set1_ps(wt[r]), dg);
+                digits(row_weights(w, j0, r), _mm512_set1_ps(wt[r]), dg);
                 for (int p = 0; p < 4; p++) _mm_store_si128((__m128i *)(wa + (4 * p + r) * KEYS + j0), dg[p]);
             }
         weighted_values(t, wa, _mm512_loadu_ps(ws), vb, mr, alpha, acc + (int64_t)r0 * ldacc, ldacc);
@@ -315,13 +406,9 @@ void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dty
     /* a q element that is not finite has no digits: the f32 step gives its NaN scores */
     if (t->t == FA_INT8 && t->d <= DIM && t->dv <= DIM && int8_tiles()) {
         int finite = 1;
-        if (t->ws) {
-            q_memo own;
-            for (int r0 = 0; r0 < t->m && finite; r0 += 4)
-                finite = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d)->finite;
-        } else {
-            finite = q_finite(t->q, t->m, t->d);
-        }
+        q_memo own;
+        for (int r0 = 0; r0 < t->m && finite; r0 += 4)
+            finite = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d)->finite;
         if (finite) {
             step_int8(t, scale, pd, mx, sum, acc, ldacc);
             return;

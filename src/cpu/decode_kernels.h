@@ -9,8 +9,8 @@
 
 /* Keys per tile at most (fa_decode_tile). */
 #define FA_DECODE_MAX_TILE 128
-/* A cache step's workspace across an item's tiles (decode_cache_amx.c: 16 entries of q's
- * digits, 4224 bytes each). */
+/* A cache step's workspace across the tiles a thread runs in a call (decode_cache_amx.c: 16
+ * entries of q's digits, 4224 bytes each). */
 #define FA_DECODE_CACHE_WS_BYTES (16 * 4224)
 
 /* One tile of one kv head for the fused kernel: m query rows (d contiguous bf16 each)
