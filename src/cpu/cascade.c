@@ -144,6 +144,8 @@ static void cas_pack_q(const cas_ctx *cx, int64_t hk, int64_t r0, int64_t m, cha
     cx->isa->pack_a(&qs, (int)m, (int)D, qp);
 }
 
+#define CAS_ROW_GROUP 16 /* rows whose softmax bases are taken together */
+
 /* One block of rows [r0, r0 + m) against the packed tile at keys j0 .. j0 + n - 1: the
  * scores, each row's softmax step, then acc += p V (guarded where a mask may hide a key of
  * a tile whose v holds inf or NaN; *nonfinite: -1 until that is read). Returns 1 if the
@@ -161,18 +163,26 @@ static int cas_block_step(const cas_ctx *cx, int64_t hk, int64_t r0, int m, int6
     const int pairs = cx->pairs && !guarded;
     int64_t sc_b = r0 / M;
     fa_score_ctx sc = fa_score_ctx_make(&cx->views[sc_b], NULL, cx->a->alibi_slopes, NULL, NULL);
-    for (int64_t r = r0; r < r0 + m; r++) {
-        const int64_t b = r / M, h = hk * cx->group + r % M / Sq, i = r % Sq;
-        if (b != sc_b) sc = fa_score_ctx_make(&cx->views[b], NULL, cx->a->alibi_slopes, NULL, NULL), sc_b = b;
-        float *srow = s + (r - r0) * T, *arow = part + r * Dv;
-        if (pairs && sc.scale > 0.0f && fa_score_plain(&sc, i, j0, n)) {
-            /* the max of the scaled products is the max product, scaled (scale > 0) */
-            fa_softmax_row(isa, p->dtype, Dv, srow, n, isa->max_row(srow, n) * sc.scale, &mx[r], &sum[r], arow,
-                           sc.scale);
-        } else {
-            const float mt = fa_score_row_max(&sc, 0, h, i, j0, n, srow);
-            fa_softmax_row(isa, p->dtype, Dv, srow, n, mt, &mx[r], &sum[r], arow, pairs ? 1.0f : 0.0f);
+    /* rows in groups, as the forward's (forward.c, FWD_ROW_GROUP): maxima, then the group's
+     * bases together, then each row's exps */
+    for (int64_t g0 = r0; g0 < r0 + m; g0 += CAS_ROW_GROUP) {
+        const int g = (int)(r0 + m - g0 < CAS_ROW_GROUP ? r0 + m - g0 : CAS_ROW_GROUP);
+        float mt[CAS_ROW_GROUP], ps[CAS_ROW_GROUP], base[CAS_ROW_GROUP], alpha[CAS_ROW_GROUP];
+        for (int64_t r = g0; r < g0 + g; r++) {
+            const int64_t b = r / M, h = hk * cx->group + r % M / Sq, i = r % Sq;
+            if (b != sc_b) sc = fa_score_ctx_make(&cx->views[b], NULL, cx->a->alibi_slopes, NULL, NULL), sc_b = b;
+            float *srow = s + (r - r0) * T;
+            if (pairs && sc.scale > 0.0f && fa_score_plain(&sc, i, j0, n)) {
+                /* the max of the scaled products is the max product, scaled (scale > 0) */
+                mt[r - g0] = isa->max_row(srow, n) * sc.scale, ps[r - g0] = sc.scale;
+            } else {
+                mt[r - g0] = fa_score_row_max(&sc, 0, h, i, j0, n, srow), ps[r - g0] = pairs ? 1.0f : 0.0f;
+            }
         }
+        fa_softmax_bases(g, mt, mx + g0, base, alpha);
+        for (int64_t r = g0; r < g0 + g; r++)
+            fa_softmax_finish(isa, p->dtype, Dv, s + (r - r0) * T, n, base[r - g0], alpha[r - g0], &sum[r],
+                              part + r * Dv, ps[r - g0]);
     }
     if (guarded) {
         fa_gemm_pb_guarded(isa, m, n, (int)Dv, s, (int)T, vs, vp, part + r0 * Dv, (int)Dv);

@@ -45,6 +45,9 @@ static void tile_edges(const struct fa_plan *pl, int64_t *bq, int64_t *bk) {
 }
 
 #define FWD_RUN 4 /* most query tiles an item covers (see run_length) */
+/* Rows of a tile whose maxima, then exponent bases, are taken together (softmax_row.h):
+ * 16 rows of S (8 KiB at 128 keys) stay in L1 from their max to their exps. */
+#define FWD_ROW_GROUP 16
 
 /* Query tiles per item: FWD_RUN while that leaves at least 4 items per thread, fewer
  * where it would not (the results are the same for any run length). */
@@ -296,19 +299,28 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
              * partial one's rows go to hidden_scale_max directly when the scores only hide */
             const int tile_plain = cx->hide_only && kind[t] == FA_TILE_FULL;
             isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
-            for (int r = 0; r < m; r++) {
-                float *srow = sc->s + (int64_t)r * lds;
-                if (pairs && cx->sc.scale > 0.0f && cx->hide_only) {
-                    if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, j0, n)) hide_keys(cx, r0 + r, j0, n, srow);
-                    /* the max of the scaled products is the max product, scaled (scale > 0) */
-                    fa_softmax_row(isa, p->dtype, Dv, srow, n, isa->max_row(srow, n) * cx->sc.scale, &M[r], &L[r],
-                                   acc + r * Dv, cx->sc.scale);
-                } else {
-                    const float mt = tile_plain     ? fa_scale_max(srow, n, cx->sc.scale)
+            /* raw: p straight from the raw products as the ISA's pairs (the max of the scaled
+             * products is the max product, scaled: scale > 0) */
+            const int raw = pairs && cx->sc.scale > 0.0f && cx->hide_only;
+            const float pair_scale = raw ? cx->sc.scale : pairs ? 1.0f : 0.0f;
+            for (int g0 = 0; g0 < m; g0 += FWD_ROW_GROUP) {
+                const int g = m - g0 < FWD_ROW_GROUP ? m - g0 : FWD_ROW_GROUP;
+                float mt[FWD_ROW_GROUP], base[FWD_ROW_GROUP], alpha[FWD_ROW_GROUP];
+                for (int r = g0; r < g0 + g; r++) {
+                    float *srow = sc->s + (int64_t)r * lds;
+                    if (raw) {
+                        if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, j0, n)) hide_keys(cx, r0 + r, j0, n, srow);
+                        mt[r - g0] = isa->max_row(srow, n) * cx->sc.scale;
+                    } else {
+                        mt[r - g0] = tile_plain     ? fa_scale_max(srow, n, cx->sc.scale)
                                      : cx->hide_only ? hidden_scale_max(cx, r0 + r, j0, n, srow)
                                                      : fa_score_row_max(&cx->sc, b, h, r0 + r, j0, n, srow);
-                    fa_softmax_row(isa, p->dtype, Dv, srow, n, mt, &M[r], &L[r], acc + r * Dv, pairs ? 1.0f : 0.0f);
+                    }
                 }
+                fa_softmax_bases(g, mt, M + g0, base, alpha);
+                for (int r = g0; r < g0 + g; r++)
+                    fa_softmax_finish(isa, p->dtype, Dv, sc->s + (int64_t)r * lds, n, base[r - g0], alpha[r - g0], &L[r],
+                                      acc + r * Dv, pair_scale);
             }
             /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);
              * o gets its 1 / (1 - p) when it is written */

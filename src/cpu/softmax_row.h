@@ -59,20 +59,34 @@ static inline float fa_score_row_max(const fa_score_ctx *sc, int64_t b, int64_t 
     return fa_row_max(srow, n);
 }
 
-/* Folds one row of scores (srow, whose max is mt) into the running softmax of its row:
- * srow becomes p (rounded to the dtype t), *M and *L are updated and arow (dv floats) is
- * rescaled, ready for acc += p V. pair_scale > 0: srow holds the raw products instead, whose
- * scores are the products times pair_scale, and p is written as the ISA's bf16 pairs
- * (isa.h, exp_pairs). */
-static inline void fa_softmax_row(const fa_isa *isa, fa_dtype t, int64_t dv, float *restrict srow, int n, float mt,
-                                  float *M, float *L, float *restrict arow, float pair_scale) {
-    const float m_old = *M, m_new = m_old > mt ? m_old : mt;
-    /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
-     * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
-    const float base = m_new == -INFINITY ? 0.0f : m_new;
-    /* an unchanged max (the common case) rescales by exp(0) = 1 exactly: skip the exp's
-     * dependency chain then (inf - inf is NaN, not 0, so an infinite max still takes it) */
-    const float dm = m_old - base, alpha = dm == 0.0f ? 1.0f : fa_vexpf(dm);
+/* The online-softmax fold, in two steps so that a tile's rows can take the first together.
+ * fa_softmax_bases, for rows r < nr whose scores' maxima are mt[r]: the new running max
+ * (written to M[r]), the base the exponents are taken from and the rescale alpha of the old
+ * sum and accumulators. Independent rows, so that a loop over a group of them overlaps (and
+ * may vectorize) the exps that one row at a time would wait on in turn. */
+static inline void fa_softmax_bases(int nr, const float *restrict mt, float *restrict M, float *restrict base,
+                                    float *restrict alpha) {
+    for (int r = 0; r < nr; r++) {
+        const float m_old = M[r], m_new = m_old > mt[r] ? m_old : mt[r];
+        /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
+         * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
+        const float b = m_new == -INFINITY ? 0.0f : m_new;
+        /* an unchanged max (the common case) rescales by exp(0) = 1 exactly, and a row's
+         * first visible keys by exp(-inf) = 0 (fa_vexpf's value there): no exp then (inf -
+         * inf is NaN, not 0, so an infinite max still takes it) */
+        const float dm = m_old - b;
+        alpha[r] = dm == 0.0f ? 1.0f : m_old == -INFINITY ? 0.0f : fa_vexpf(dm);
+        base[r] = b;
+        M[r] = m_new;
+    }
+}
+
+/* The second step for one row (srow, n scores or raw products): srow becomes p (rounded to
+ * the dtype t), *L is updated and arow (dv floats) is rescaled, ready for acc += p V.
+ * pair_scale > 0: srow holds the raw products instead, whose scores are the products times
+ * pair_scale, and p is written as the ISA's bf16 pairs (isa.h, exp_pairs). */
+static inline void fa_softmax_finish(const fa_isa *isa, fa_dtype t, int64_t dv, float *restrict srow, int n,
+                                     float base, float alpha, float *L, float *restrict arow, float pair_scale) {
     float rowsum;
     if (pair_scale > 0.0f) {
         rowsum = isa->exp_pairs(srow, n, pair_scale, base);
@@ -81,8 +95,15 @@ static inline void fa_softmax_row(const fa_isa *isa, fa_dtype t, int64_t dv, flo
         fa_round_row(isa, t, srow, n);
     }
     *L = *L * alpha + rowsum;
-    *M = m_new;
     if (alpha != 1.0f) fa_scale_row(isa, arow, dv, alpha);
+}
+
+/* Both steps for one row whose max is mt: *M, *L, srow and arow as above. */
+static inline void fa_softmax_row(const fa_isa *isa, fa_dtype t, int64_t dv, float *restrict srow, int n, float mt,
+                                  float *M, float *L, float *restrict arow, float pair_scale) {
+    float base, alpha;
+    fa_softmax_bases(1, &mt, M, &base, &alpha);
+    fa_softmax_finish(isa, t, dv, srow, n, base, alpha, L, arow, pair_scale);
 }
 
 #endif
