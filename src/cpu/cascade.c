@@ -179,7 +179,7 @@ static int cas_block_step(const cas_ctx *cx, int64_t hk, int64_t r0, int m, int6
                 mt[r - g0] = fa_score_row_max(&sc, 0, h, i, j0, n, srow), ps[r - g0] = pairs ? 1.0f : 0.0f;
             }
         }
-        fa_softmax_bases(g, mt, mx + g0, base, alpha);
+        fa_softmax_bases(isa, g, mt, mx + g0, base, alpha);
         for (int64_t r = g0; r < g0 + g; r++)
             fa_softmax_finish(isa, p->dtype, Dv, s + (r - r0) * T, n, base[r - g0], alpha[r - g0], &sum[r],
                               part + r * Dv, ps[r - g0]);

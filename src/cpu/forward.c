@@ -326,7 +326,7 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
                                                      : fa_score_row_max(&cx->sc, b, h, r0 + r, j0, n, srow);
                     }
                 }
-                fa_softmax_bases(g, mt, M + g0, base, alpha);
+                fa_softmax_bases(isa, g, mt, M + g0, base, alpha);
                 for (int r = g0; r < g0 + g; r++)
                     fa_softmax_finish(isa, p->dtype, Dv, sc->s + (int64_t)r * lds, n, base[r - g0], alpha[r - g0], &L[r],
                                       acc + r * Dv, pair_scale);

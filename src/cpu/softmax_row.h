@@ -62,23 +62,28 @@ static inline float fa_score_row_max(const fa_score_ctx *sc, int64_t b, int64_t 
 /* The online-softmax fold, in two steps so that a tile's rows can take the first together.
  * fa_softmax_bases, for rows r < nr whose scores' maxima are mt[r]: the new running max
  * (written to M[r]), the base the exponents are taken from and the rescale alpha of the old
- * sum and accumulators. Independent rows, so that a loop over a group of them overlaps (and
- * may vectorize) the exps that one row at a time would wait on in turn. */
-static inline void fa_softmax_bases(int nr, const float *restrict mt, float *restrict M, float *restrict base,
-                                    float *restrict alpha) {
+ * sum and accumulators, exp(m_old - base). Independent rows: their exps are taken together,
+ * by the ISA's exp_sum, the exp of p itself (a vector ISA's differs from the scalar
+ * fa_vexpf in the last bit for some arguments: it fuses the multiply-adds). */
+static inline void fa_softmax_bases(const fa_isa *isa, int nr, const float *restrict mt, float *restrict M,
+                                    float *restrict base, float *restrict alpha) {
+    int moved = 0;
     for (int r = 0; r < nr; r++) {
         const float m_old = M[r], m_new = m_old > mt[r] ? m_old : mt[r];
         /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
          * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
         const float b = m_new == -INFINITY ? 0.0f : m_new;
-        /* an unchanged max (the common case) rescales by exp(0) = 1 exactly, and a row's
-         * first visible keys by exp(-inf) = 0 (fa_vexpf's value there): no exp then (inf -
-         * inf is NaN, not 0, so an infinite max still takes it) */
-        const float dm = m_old - b;
-        alpha[r] = dm == 0.0f ? 1.0f : m_old == -INFINITY ? 0.0f : fa_vexpf(dm);
+        alpha[r] = m_old - b; /* inf - inf is NaN, not 0: an infinite max still takes the exp */
+        moved |= alpha[r] != 0.0f;
         base[r] = b;
         M[r] = m_new;
     }
+    /* an unchanged max (the common case) rescales by exp(0) = 1 exactly: no exps at all
+     * when no row's max moved */
+    if (!moved)
+        for (int r = 0; r < nr; r++) alpha[r] = 1.0f;
+    else
+        (void)isa->exp_sum(alpha, nr, 0.0f);
 }
 
 /* The second step for one row (srow, n scores or raw products): srow becomes p (rounded to
@@ -102,7 +107,7 @@ static inline void fa_softmax_finish(const fa_isa *isa, fa_dtype t, int64_t dv, 
 static inline void fa_softmax_row(const fa_isa *isa, fa_dtype t, int64_t dv, float *restrict srow, int n, float mt,
                                   float *M, float *L, float *restrict arow, float pair_scale) {
     float base, alpha;
-    fa_softmax_bases(1, &mt, M, &base, &alpha);
+    fa_softmax_bases(isa, 1, &mt, M, &base, &alpha);
     fa_softmax_finish(isa, t, dv, srow, n, base, alpha, L, arow, pair_scale);
 }
 
