@@ -29,6 +29,10 @@ static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t
         else *bq = t->open_bq;
         if (p->dtype == FA_F32 && p->seq_k >= t->long_keys) *bk = t->long_bk;
     }
+    const int causal_alone = p->causal && p->window_left < 0 && p->window_right < 0 && !p->mask;
+    if (pass == FA_FORWARD && (!masked || causal_alone) && p->dtype == FA_BF16 && t->bf16_long_bk &&
+        p->seq_k >= t->long_keys && p->head_dim >= 128)
+        *bk = t->bf16_long_bk;
     if (pass == FA_BACKWARD && !masked && p->dtype == FA_F32 && p->seq_k >= t->bwd_long_keys &&
         p->head_dim >= t->bwd_long_dim)
         *bk = t->bwd_long_bk;

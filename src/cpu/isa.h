@@ -29,10 +29,11 @@ typedef struct {
     int64_t bf16_open_bq, bf16_open_bk; /* forward, no mask, bf16 */
     int64_t long_keys, long_bk; /* f32 forward, no mask, seq_k >= long_keys: bk = long_bk */
     int64_t bwd_long_keys, bwd_long_dim, bwd_long_bk; /* f32 backward, no mask, seq_k and D from these */
+    int64_t bf16_long_bk; /* bf16 forward, no mask or causal alone, seq_k >= long_keys, D >= 128: bk (0: as above) */
 } fa_isa_tiles;
 
-/* The tiles of every ISA, and of those with the bf16-pair passes (exp_pairs below). */
-extern const fa_isa_tiles fa_isa_tiles_default, fa_isa_tiles_bf16_pairs;
+/* The tiles of every ISA, of those with the bf16-pair passes (exp_pairs below), and AMX's. */
+extern const fa_isa_tiles fa_isa_tiles_default, fa_isa_tiles_bf16_pairs, fa_isa_tiles_amx;
 
 /* Optional decode kernels that read cache rows in place (decode_kernels.h): bf16 (qk, pv,
  * step; NULL where the ISA has no AVX512_BF16) and f16 / int8 / fp8 (cache_qk, cache_pv). */

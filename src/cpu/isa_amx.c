@@ -331,6 +331,6 @@ const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = a
                             .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,
                             .store_bf16 = fa_avx512_store_bf16,
                             .exp_pairs = fa_bf16_exp_pairs, .gemm_pb_pairs = amx_gemm_pb_pairs,
-                            .tiles = &fa_isa_tiles_default,
+                            .tiles = &fa_isa_tiles_amx,
                             .decode = &amx_decode,
     .dropout_tile = fa_dropout_tile_avx512};
