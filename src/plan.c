@@ -221,12 +221,14 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     if (!s) s = choose_backend(pl, opt);
     if (!s) s = validate_layout(pl);
     if (!s) s = fa_mask_check_problem(pl->p.mask, &pl->p); /* mask.c */
-    if (!s) s = pl->be->choose_blocks(pl, opt);
+    if (!s) { /* the masks' alignment first: the tiles are chosen from the walk it gives */
+        pl->off = fa_sched_off(pl->p.seq_q, pl->p.seq_k, pl->p.has_diag_offset, pl->p.diag_offset);
+        s = pl->be->choose_blocks(pl, opt);
+    }
     if (!s) {
         pl->scale = pl->p.has_scale ? pl->p.scale : (float)(1.0 / sqrt((double)pl->p.head_dim));
         pl->p.scale = pl->scale;
         pl->p.has_scale = 1;
-        pl->off = fa_sched_off(pl->p.seq_q, pl->p.seq_k, pl->p.has_diag_offset, pl->p.diag_offset);
         s = fa_cost_compute(pl);
     }
     if (s) {
