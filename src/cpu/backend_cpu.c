@@ -50,9 +50,11 @@ static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t
     const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
     while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
     fa_mask_fit_tile(p->mask, bq, bk);
-    if (pass == FA_FORWARD && pl->shape == FA_SHAPE_DENSE && p->dtype == FA_BF16 && t->bf16_long_bk > *bk &&
-        p->seq_k >= t->long_keys && p->head_dim >= 128)
-        wider_keys(pl, t->bf16_long_bk, bq, bk);
+    if (pl->shape == FA_SHAPE_DENSE && p->dtype == FA_BF16 && t->bf16_long_bk > *bk && p->seq_k >= t->long_keys &&
+        p->head_dim >= 128) {
+        if (pass == FA_FORWARD) wider_keys(pl, t->bf16_long_bk, bq, bk);
+        else if (!p->mask && p->window_left < 0 && p->window_right < 0) *bk = t->bf16_long_bk; /* causal or none */
+    }
 }
 
 static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {

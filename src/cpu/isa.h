@@ -29,7 +29,8 @@ typedef struct {
     int64_t bf16_open_bq, bf16_open_bk; /* forward, no mask, bf16 */
     int64_t long_keys, long_bk; /* f32 forward, no mask, seq_k >= long_keys: bk = long_bk */
     int64_t bwd_long_keys, bwd_long_dim, bwd_long_bk; /* f32 backward, no mask, seq_k and D from these */
-    int64_t bf16_long_bk; /* bf16 forward, seq_k >= long_keys, D >= 128: bk where it costs little (backend_cpu.c) */
+    int64_t bf16_long_bk; /* bf16, seq_k >= long_keys, D >= 128: forward bk where it costs little, backward bk
+                           * without a mask or window (backend_cpu.c) */
 } fa_isa_tiles;
 
 /* The tiles of every ISA, of those with the bf16-pair passes (exp_pairs below), and AMX's. */
