@@ -37,7 +37,8 @@ static void wider_keys(const fa_plan *pl, int64_t wide_bk, int64_t *bq, int64_t 
 static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t *bk) {
     const fa_problem *p = &pl->p;
     const fa_isa_tiles *t = pl->isa->tiles;
-    const int masked = p->causal || p->window_left >= 0 || p->window_right >= 0 || p->mask; /* skips tiles */
+    const int beyond_causal = p->window_left >= 0 || p->window_right >= 0 || p->mask; /* a window or a mask */
+    const int masked = p->causal || beyond_causal; /* skips tiles */
     *bq = t->bq, *bk = t->bk;
     if (pass == FA_FORWARD && !masked) {
         if (p->dtype == FA_BF16) *bq = t->bf16_open_bq, *bk = t->bf16_open_bk;
@@ -53,7 +54,7 @@ static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t
     if (pl->shape == FA_SHAPE_DENSE && p->dtype == FA_BF16 && t->bf16_long_bk > *bk && p->seq_k >= t->long_keys &&
         p->head_dim >= 128) {
         if (pass == FA_FORWARD) wider_keys(pl, t->bf16_long_bk, bq, bk);
-        else if (!p->mask && p->window_left < 0 && p->window_right < 0) *bk = t->bf16_long_bk; /* causal or none */
+        else if (!beyond_causal) *bk = t->bf16_long_bk; /* causal or no mask */
     }
 }
 

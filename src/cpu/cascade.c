@@ -144,8 +144,6 @@ static void cas_pack_q(const cas_ctx *cx, int64_t hk, int64_t r0, int64_t m, cha
     cx->isa->pack_a(&qs, (int)m, (int)D, qp);
 }
 
-#define CAS_ROW_GROUP 16 /* rows whose softmax bases are taken together */
-
 /* One block of rows [r0, r0 + m) against the packed tile at keys j0 .. j0 + n - 1: the
  * scores, each row's softmax step, then acc += p V (guarded where a mask may hide a key of
  * a tile whose v holds inf or NaN; *nonfinite: -1 until that is read). Returns 1 if the
@@ -163,11 +161,11 @@ static int cas_block_step(const cas_ctx *cx, int64_t hk, int64_t r0, int m, int6
     const int pairs = cx->pairs && !guarded;
     int64_t sc_b = r0 / M;
     fa_score_ctx sc = fa_score_ctx_make(&cx->views[sc_b], NULL, cx->a->alibi_slopes, NULL, NULL);
-    /* rows in groups, as the forward's (forward.c, FWD_ROW_GROUP): maxima, then the group's
-     * bases together, then each row's exps */
-    for (int64_t g0 = r0; g0 < r0 + m; g0 += CAS_ROW_GROUP) {
-        const int g = (int)(r0 + m - g0 < CAS_ROW_GROUP ? r0 + m - g0 : CAS_ROW_GROUP);
-        float mt[CAS_ROW_GROUP], ps[CAS_ROW_GROUP], base[CAS_ROW_GROUP], alpha[CAS_ROW_GROUP];
+    /* rows in groups, as the forward's (softmax_row.h): maxima, then the group's bases
+     * together, then each row's exps */
+    for (int64_t g0 = r0; g0 < r0 + m; g0 += FA_SOFTMAX_GROUP) {
+        const int g = (int)(r0 + m - g0 < FA_SOFTMAX_GROUP ? r0 + m - g0 : FA_SOFTMAX_GROUP);
+        float mt[FA_SOFTMAX_GROUP], ps[FA_SOFTMAX_GROUP], base[FA_SOFTMAX_GROUP], alpha[FA_SOFTMAX_GROUP];
         for (int64_t r = g0; r < g0 + g; r++) {
             const int64_t b = r / M, h = hk * cx->group + r % M / Sq, i = r % Sq;
             if (b != sc_b) sc = fa_score_ctx_make(&cx->views[b], NULL, cx->a->alibi_slopes, NULL, NULL), sc_b = b;

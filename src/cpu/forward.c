@@ -48,9 +48,6 @@ static void tile_edges(const struct fa_plan *pl, int64_t *bq, int64_t *bk) {
 /* What a run's q tiles and accumulators may take: each key tile's pass touches all of them,
  * so they should stay in L2 (1 MiB on Zen 4, 2 MiB on recent Xeons). */
 #define FWD_RUN_BYTES (1 << 20)
-/* Rows of a tile whose maxima, then exponent bases, are taken together (softmax_row.h):
- * 16 rows of S (8 KiB at 128 keys) stay in L1 from their max to their exps. */
-#define FWD_ROW_GROUP 16
 
 /* Query tiles per item: FWD_RUN while the run fits FWD_RUN_BYTES and that leaves at least
  * 4 items per thread, fewer where it would not (the results are the same for any run
@@ -312,9 +309,9 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
              * products is the max product, scaled: scale > 0) */
             const int raw = pairs && cx->sc.scale > 0.0f && cx->hide_only;
             const float pair_scale = raw ? cx->sc.scale : pairs ? 1.0f : 0.0f;
-            for (int g0 = 0; g0 < m; g0 += FWD_ROW_GROUP) {
-                const int g = m - g0 < FWD_ROW_GROUP ? m - g0 : FWD_ROW_GROUP;
-                float mt[FWD_ROW_GROUP], base[FWD_ROW_GROUP], alpha[FWD_ROW_GROUP];
+            for (int g0 = 0; g0 < m; g0 += FA_SOFTMAX_GROUP) {
+                const int g = m - g0 < FA_SOFTMAX_GROUP ? m - g0 : FA_SOFTMAX_GROUP;
+                float mt[FA_SOFTMAX_GROUP], base[FA_SOFTMAX_GROUP], alpha[FA_SOFTMAX_GROUP];
                 for (int r = g0; r < g0 + g; r++) {
                     float *srow = sc->s + (int64_t)r * lds;
                     if (raw) {

@@ -65,6 +65,10 @@ static inline float fa_score_row_max(const fa_score_ctx *sc, int64_t b, int64_t 
  * sum and accumulators, exp(m_old - base). Independent rows: their exps are taken together,
  * by the ISA's exp_sum, the exp of p itself (a vector ISA's differs from the scalar
  * fa_vexpf in the last bit for some arguments: it fuses the multiply-adds). */
+/* Rows whose bases a driver takes together: 16 rows of S (8 KiB at 128 keys) stay in L1
+ * from their max to their exps. */
+#define FA_SOFTMAX_GROUP 16
+
 static inline void fa_softmax_bases(const fa_isa *isa, int nr, const float *restrict mt, float *restrict M,
                                     float *restrict base, float *restrict alpha) {
     int moved = 0;
