@@ -237,7 +237,8 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
          * them in cache): the arithmetic and the memory overlap */
-        fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0}, *pfp = NULL;
+        const fa_decode_kernels *dk = isa->decode;
+        fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0, dk && dk->prefetch_x > 1 ? dk->prefetch_x : 1}, *pfp = NULL;
         if (touch && cx->rows_whole && j0 + T < sk) { /* rows_whole: K and V rows alike, tiles within pages */
             const int64_t nn = sk - j0 - T < T ? sk - j0 - T : T;
             pf.len = pf.len2 = nn * p->k_stride.s[2] * (int64_t)cx->csz;

@@ -103,7 +103,7 @@ static int qk_rows4(const uint16_t *q, int r0, int mr, int d, const uint16_t *k,
     const int nb = (n + 3) / 4;
     for (int b = 0; b < nb; b++) {
         S[b] = qk_keys4(Q, d, k + 4 * b * kstride, kstride, n - 4 * b < 4 ? n - 4 * b : 4);
-        fa_decode_prefetch_lines(pf, PF_QK);
+        fa_decode_prefetch_scaled(pf, PF_QK);
     }
     return nb;
 }
@@ -179,7 +179,7 @@ static void pv_rows4(const uint32_t *P, int mr, const uint16_t *v, int64_t vstri
                 const uint16_t *va = v + 2 * jp * vstride + c0, *vb = va + vstride;
                 pv_pair(acc, P + (jp / 2) * 8 + (jp & 1), _mm512_loadu_si512(va), _mm512_loadu_si512(vb),
                         _mm512_loadu_si512(va + 32), _mm512_loadu_si512(vb + 32));
-                fa_decode_prefetch_lines(pf, PF_PV);
+                fa_decode_prefetch_scaled(pf, PF_PV);
             }
         for (; jp < np; jp++) { /* the rest: a last lone key, or a last block under 64 columns */
             const uint16_t *va = v + 2 * jp * vstride + c0;

@@ -25,6 +25,13 @@
  * loaded machine): fp8 0.89x the time of 2 and 1, int8 0.96x; 4 and 2 no better. */
 #define PF_QK(t) ((t) == FA_F16 ? 2 : 3)
 #define PF_PV(t) ((t) == FA_F16 ? 1 : 2)
+/* The ISA table's multiple of them (isa.h prefetch_x) for f16 and int8; fp8, bound by its
+ * arithmetic rather than by the reads, keeps its own: twice the lines made its step 3%
+ * slower on the amx table's cores, where f16 read 5% faster (bench/RESULTS.md). */
+INLINE void prefetch(fa_decode_prefetch *pf, int lines, const fa_dtype ty) {
+    if (ty == FA_FP8_E4M3) fa_decode_prefetch_lines(pf, lines);
+    else fa_decode_prefetch_scaled(pf, lines);
+}
 
 /* Lane 4 g + j: the sum of lanes 4 g .. 4 g + 3 of a_j, within each 128-bit lane. */
 static inline __m512 pair_sum(__m512 a, __m512 b) {
@@ -133,7 +140,7 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(p, x[q], acc[r][q]);
         }
-        fa_decode_prefetch_lines(t->pf, PF_PV(ty));
+        prefetch(t->pf, PF_PV(ty), ty);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
@@ -188,7 +195,7 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
             S[b] = _mm512_mul_ps(qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ksc, ty), vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
-            fa_decode_prefetch_lines(t->pf, PF_QK(ty));
+            prefetch(t->pf, PF_QK(ty), ty);
         }
         float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
         _mm512_storeu_ps(tops, group_max(top));

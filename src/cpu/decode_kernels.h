@@ -22,6 +22,7 @@
 typedef struct {
     const char *base, *base2;
     int64_t off, len, len2;
+    int x; /* the ISA table's prefetch_x (isa.h): the bf16 and AVX-512 cache steps' counts times this */
 } fa_decode_prefetch;
 
 /* Issues the next `lines` 64-byte lines of pf (none if pf is NULL or spent), to the outer
@@ -35,6 +36,12 @@ static inline void fa_decode_prefetch_lines(fa_decode_prefetch *pf, int lines) {
         }
         __builtin_prefetch(pf->base + pf->off, 0, 1);
     }
+}
+
+/* fa_decode_prefetch_lines of `lines` times pf->x: for the steps whose counts the ISA table
+ * scales (fa_decode_kernels.prefetch_x). */
+static inline void fa_decode_prefetch_scaled(fa_decode_prefetch *pf, int lines) {
+    if (pf) fa_decode_prefetch_lines(pf, lines * pf->x);
 }
 
 typedef struct {

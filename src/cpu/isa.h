@@ -51,6 +51,11 @@ typedef struct fa_decode_kernels {
     /* Nonzero: cache_step keeps FA_DECODE_CACHE_WS_BYTES of the thread's scratch across the
      * tiles a thread runs in a call (fa_decode_cache_tile.ws; zeroed at the call's start). */
     int cache_ws;
+    /* The lines of the next tile that the bf16 steps (decode_avx512bf16.c) and the AVX-512
+     * cache steps (decode_cache_avx512.c) prefetch per block of keys, times this (0: 1).
+     * Their counts were measured on Zen 4, where more was slower; a Sapphire Rapids core
+     * (the amx table) reads faster with twice as many (bench/RESULTS.md, 2026-12-02). */
+    int prefetch_x;
 } fa_decode_kernels;
 extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
 extern const fa_decode_kernels fa_decode_avx512_kernels; /* isa_avx512.c: the cache kernels alone */

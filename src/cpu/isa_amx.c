@@ -315,15 +315,17 @@ static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ld
     pb_blocks(m, n, cols, NULL, 0, pp, ldpp, b, o, ldo);
 }
 
-/* decode: the bf16 kernels of avx512bf16, the f16 cache kernels of avx512, and the int8 and
- * fp8 caches' step in the tile unit */
+/* decode: the bf16 kernels of avx512bf16, the f16 and fp8 cache kernels of avx512, and the
+ * int8 caches' step in the tile unit (decode_cache_amx.c); the first two prefetch twice the
+ * lines they take on Zen 4 (isa.h, prefetch_x) */
 static const fa_decode_kernels amx_decode = {.qk = fa_decode_qk_bf16,
                                              .pv = fa_decode_pv_bf16,
                                              .step = fa_decode_step_bf16,
                                              .cache_qk = fa_decode_cache_qk_avx512,
                                              .cache_pv = fa_decode_cache_pv_avx512,
                                              .cache_step = fa_decode_cache_step_amx,
-                                             .cache_ws = 1};
+                                             .cache_ws = 1,
+                                             .prefetch_x = 2};
 
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
