@@ -85,7 +85,8 @@ static fa_status varlen_cost(fa_plan *pl) {
     return s ? s : store_cost(&pl->bwd, bwd, "backward");
 }
 
-/* Chunks of sequence b that some row sees, and its computed tiles and their keys. */
+/* Chunks of sequence b that some row sees, and its computed tiles and their keys (a plan
+ * made from capacities: the most of any call, fa_decode_blocks). */
 static void decode_walk(const fa_plan *pl, int64_t b, wide *chunks, wide *tiles, wide *keys) {
     int64_t lo, hi;
     fa_decode_key_span(pl, b, &lo, &hi);
@@ -93,9 +94,9 @@ static void decode_walk(const fa_plan *pl, int64_t b, wide *chunks, wide *tiles,
     if (lo > hi) return;
     const int64_t T = fa_decode_tile(&pl->p), sk = fa_decode_keys(pl, b);
     const int64_t t0 = lo / T, t1 = hi / T + 1, end = t1 * T < sk ? t1 * T : sk;
-    *chunks = hi / FA_DECODE_CHUNK - lo / FA_DECODE_CHUNK + 1;
-    *tiles = t1 - t0;
-    *keys = end - t0 * T;
+    *chunks = fa_decode_blocks(pl, lo, hi, FA_DECODE_CHUNK);
+    *tiles = fa_decode_blocks(pl, lo, hi, T);
+    *keys = *tiles > t1 - t0 ? *tiles * T : end - t0 * T; /* a worse alignment's whole tiles */
 }
 
 /* Partial results of one decode work item: M rows of Dv accumulators plus max and sum. */

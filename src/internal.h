@@ -28,6 +28,7 @@ struct fa_plan {
     int64_t lse_rows;       /* lse elements between heads; 0: seq_q (a varlen sequence: the packed total) */
     int shape;              /* FA_SHAPE_DENSE, _VARLEN or _DECODE */
     int32_t *lens;          /* the plan's copies: cu_seqlens_q, cu_seqlens_k (varlen) or cache_seqlens */
+    int capacity;           /* made from capacities (lengths_per_call; not a call's view): its workspace holds any call's */
     int64_t opt_bq, opt_bk; /* the options' block sizes (0: the library's): a packed sequence's own tiles */
     int64_t batch0;         /* dropout's b of batch 0: a packed sequence's index in its parent (varlen), else 0 */
     /* p.mask, when set, is the plan's own reference (fa_mask_retain; released by fa_plan_destroy) */
@@ -87,6 +88,15 @@ static inline fa_sched fa_decode_sched(const struct fa_plan *pl, int64_t b) {
 }
 /* Keys [*lo, *hi] that some query row of sequence b may see (empty when lo > hi). */
 void fa_decode_key_span(const struct fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi);
+/* How many blocks of `unit` keys (chunks, tiles) keys [lo, hi] cross. A plan made from
+ * capacities (pl->capacity) bounds every call: its full caches have the longest spans, but
+ * where a window cuts one (lo > 0), a shorter call's span of as many keys can straddle one
+ * more block boundary (600 keys over a capacity of 1536 cross 2 chunks of 512 there and 3
+ * at 1025 keys), so it counts the most blocks any span of that length can cross. */
+static inline int64_t fa_decode_blocks(const struct fa_plan *pl, int64_t lo, int64_t hi, int64_t unit) {
+    const int64_t here = hi / unit - lo / unit + 1, worst = (hi - lo + unit - 1) / unit + 1;
+    return pl->capacity && lo > 0 && worst > here ? worst : here;
+}
 /* The decode call's workspace (cpu/backend_cpu.c; -1 if it overflows int64) and one CPU
  * thread's share of it. */
 int64_t fa_decode_workspace_bytes(const struct fa_plan *pl);

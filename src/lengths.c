@@ -39,6 +39,7 @@ fa_status fa_call_plan(const fa_plan *pl, const int32_t *cache, const int32_t *c
     }
     fa_status s;
     *view = *pl;
+    view->capacity = 0; /* the call's own lengths: exact figures */
     if (decode) {
         if (!cache)
             return fa_error(FA_ERR_NULL, "%s: cache_seqlens is NULL, but this plan takes its lengths with each call "

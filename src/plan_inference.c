@@ -49,7 +49,8 @@ fa_status fa_check_cu_seqlens(const fa_problem *p, const int32_t *cu_q, const in
 }
 
 /* A lengths-per-call plan's stand-in lengths, its capacities: every row and key in the
- * first sequence (the largest workspace and cost any call can have), or every cache full. */
+ * first sequence (the largest workspace and cost any call can have), or every cache full
+ * (the largest with the blocks a cut window may cross counted at their worst: fa_decode_blocks). */
 static fa_status capacity_lens(fa_plan *pl) {
     fa_problem *p = &pl->p;
     const int varlen = p->lengths_per_call == FA_LENGTHS_PACKED;
@@ -68,6 +69,7 @@ static fa_status capacity_lens(fa_plan *pl) {
         else cap[b] = (int32_t)(p->seq_k - newk);
     }
     pl->lens = cap;
+    pl->capacity = 1;
     if (varlen) p->cu_seqlens_q = cap, p->cu_seqlens_k = cap + p->batch + 1;
     else p->cache_seqlens = cap;
     return FA_OK;

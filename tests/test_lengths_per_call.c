@@ -141,6 +141,65 @@ static void decode_loop(fa_dtype dt, int paged, int threads) {
     free_loop(&L);
 }
 
+/* A window cuts the keys of a plan made from capacities: every length a call may pass runs
+ * in a workspace of the plan's own workspace_bytes and costs at most the plan's cost (a
+ * window of 600 keys over 1536 crosses 2 chunks at full capacity and 3 at 1025 keys, and
+ * more tiles at some lengths: both bounds once missed that), with the output and the exact
+ * cost of a fresh plan made with that length. */
+static void window_workspace(void) {
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 1, p.heads_q = 4, p.heads_kv = 1, p.head_dim = 16, p.seq_q = 1, p.seq_k = 1536, p.dtype = FA_F32;
+    p.causal = 1, p.window_left = 600, p.lengths_per_call = FA_LENGTHS_CACHE;
+    fa_options opt = {0};
+    opt.backend = FA_BACKEND_CPU, opt.threads = 2;
+    fa_plan *one = NULL;
+    fa_cost cap;
+    if (fa_plan_create(&p, &opt, &one) || fa_plan_cost(one, FA_FORWARD, &cap)) {
+        CHECK(0, "window workspace: plan: %s", fa_last_error());
+        fa_plan_destroy(one);
+        return;
+    }
+    const int64_t nc = p.seq_k * p.head_dim, nq = p.heads_q * p.head_dim;
+    float *k = tu_alloc(sizeof(float) * (size_t)nc), *v = tu_alloc(sizeof(float) * (size_t)nc);
+    float *q = tu_alloc(sizeof(float) * (size_t)nq), *o = tu_alloc(sizeof(float) * (size_t)nq);
+    float *o2 = tu_alloc(sizeof(float) * (size_t)nq);
+    void *ws = tu_alloc((size_t)cap.workspace_bytes);
+    tu_fill(&rng, FA_F32, k, nc, 2.0), tu_fill(&rng, FA_F32, v, nc, 1.0), tu_fill(&rng, FA_F32, q, nq, 2.0);
+    for (int32_t len = 1; len <= p.seq_k && !failures; len += len < 1000 ? 37 : len < 1100 ? 1 : 29) {
+        fa_forward_args a = {0};
+        a.q = q, a.k = k, a.v = v, a.o = o, a.cache_seqlens = &len, a.workspace = ws;
+        a.workspace_size = (size_t)cap.workspace_bytes;
+        tu_poison(FA_F32, o, nq);
+        fa_status st = fa_forward(one, &a);
+        CHECK(st == FA_OK, "window workspace: %d keys in the plan's %lld bytes: %s", len, (long long)cap.workspace_bytes,
+              fa_last_error());
+        fa_problem fresh = p;
+        fresh.lengths_per_call = 0, fresh.cache_seqlens = &len;
+        fa_plan *pl = NULL;
+        if (st || fa_plan_create(&fresh, &opt, &pl)) break;
+        fa_cost want, got; /* the call's own figures are its lengths', not the capacity's bound */
+        fa_plan_cost_lengths(one, FA_FORWARD, &len, NULL, NULL, &want), fa_plan_cost(pl, FA_FORWARD, &got);
+        CHECK(!memcmp(&want, &got, sizeof got), "window workspace: %d keys: fa_plan_cost_lengths differs from a fresh "
+              "plan's cost (workspace %lld vs %lld)", len, (long long)want.workspace_bytes, (long long)got.workspace_bytes);
+        CHECK(got.flops <= cap.flops && got.transcendentals <= cap.transcendentals &&
+                  got.bytes_accessed <= cap.bytes_accessed && got.workspace_bytes <= cap.workspace_bytes &&
+                  got.peak_bytes <= cap.peak_bytes,
+              "window workspace: %d keys: the call's cost passes the capacity plan's (flops %lld vs %lld, bytes %lld "
+              "vs %lld, workspace %lld vs %lld)", len, (long long)got.flops, (long long)cap.flops,
+              (long long)got.bytes_accessed, (long long)cap.bytes_accessed, (long long)got.workspace_bytes,
+              (long long)cap.workspace_bytes);
+        fa_forward_args a2 = {0};
+        a2.q = q, a2.k = k, a2.v = v, a2.o = o2;
+        st = fa_forward(pl, &a2);
+        fa_plan_destroy(pl);
+        CHECK(st == FA_OK && !memcmp(o, o2, sizeof(float) * (size_t)nq), "window workspace: %d keys: o differs from a "
+              "fresh plan's", len);
+    }
+    free(k), free(v), free(q), free(o), free(o2), free(ws);
+    fa_plan_destroy(one);
+}
+
 /* A packed batch of capacity 60 x 80 rows, several calls with other lengths. */
 static void packed_calls(fa_dtype dt) {
     fa_problem p;
@@ -285,6 +344,7 @@ int main(void) {
     decode_loop(FA_F16, 1, 1);
     packed_calls(FA_F32);
     packed_calls(FA_BF16);
+    window_workspace();
     misuse();
     return check_finish("test_lengths_per_call");
 }
