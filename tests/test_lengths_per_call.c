@@ -279,6 +279,48 @@ static void packed_calls(fa_dtype dt) {
     for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) free(x[i]);
 }
 
+/* What a packed capacity plan bounds (docs/semantics.md, "Lengths per call"): the workspace,
+ * peak bytes, useful flops and min bytes of every call, here 400 random splits of its rows
+ * and keys into 4 sequences each, without a mask, causal, with a window, f32 and bf16 (the
+ * tiles then depend on a sequence's keys). */
+static void packed_bounds(void) {
+    for (int mode = 0; mode < 3; mode++)
+        for (int bf = 0; bf < 2; bf++) {
+            fa_problem p;
+            fa_problem_init(&p);
+            p.batch = 4, p.heads_q = 4, p.heads_kv = 2, p.head_dim = 128, p.seq_q = 2600, p.seq_k = 2600;
+            p.dtype = bf ? FA_BF16 : FA_F32, p.causal = mode > 0, p.window_left = mode == 2 ? 700 : -1;
+            p.lengths_per_call = FA_LENGTHS_PACKED;
+            fa_options opt = {0};
+            opt.backend = FA_BACKEND_CPU, opt.threads = 2;
+            fa_plan *one = NULL;
+            fa_cost cap;
+            if (fa_plan_create(&p, &opt, &one) || fa_plan_cost(one, FA_FORWARD, &cap)) {
+                CHECK(0, "packed bounds: plan: %s", fa_last_error());
+                fa_plan_destroy(one);
+                return;
+            }
+            for (int call = 0; call < 400 && !failures; call++) {
+                int32_t cq[5] = {0}, ck[5] = {0};
+                for (int b = 0; b < 4; b++) {
+                    cq[b + 1] = cq[b] + (int32_t)tu_int(&rng, 0, p.seq_q - cq[b]);
+                    ck[b + 1] = call % 2 ? cq[b + 1] : ck[b] + (int32_t)tu_int(&rng, 0, p.seq_k - ck[b]);
+                }
+                fa_cost c;
+                fa_status st = fa_plan_cost_lengths(one, FA_FORWARD, NULL, cq, ck, &c);
+                CHECK(st == FA_OK && c.workspace_bytes <= cap.workspace_bytes && c.peak_bytes <= cap.peak_bytes &&
+                          c.flops_useful <= cap.flops_useful && c.min_bytes <= cap.min_bytes,
+                      "packed bounds: mode %d %s, cu_seqlens_q %d %d %d %d, cu_seqlens_k %d %d %d %d: workspace %lld "
+                      "(capacity %lld), peak %lld (%lld), useful %lld (%lld), min bytes %lld (%lld)%s%s",
+                      mode, bf ? "bf16" : "f32", cq[1], cq[2], cq[3], cq[4], ck[1], ck[2], ck[3], ck[4],
+                      (long long)c.workspace_bytes, (long long)cap.workspace_bytes, (long long)c.peak_bytes,
+                      (long long)cap.peak_bytes, (long long)c.flops_useful, (long long)cap.flops_useful,
+                      (long long)c.min_bytes, (long long)cap.min_bytes, st ? ": " : "", st ? fa_last_error() : "");
+            }
+            fa_plan_destroy(one);
+        }
+}
+
 /* Misuse: an error naming the argument, nothing written. */
 static void misuse(void) {
     loop L;
@@ -345,6 +387,7 @@ int main(void) {
     packed_calls(FA_F32);
     packed_calls(FA_BF16);
     window_workspace();
+    packed_bounds();
     misuse();
     return check_finish("test_lengths_per_call");
 }
