@@ -52,7 +52,8 @@ typedef struct fa_decode_kernels {
      * tiles a thread runs in a call (fa_decode_cache_tile.ws; zeroed at the call's start). */
     int cache_ws;
     /* The lines of the next tile that the bf16 steps (decode_avx512bf16.c) and the AVX-512
-     * cache steps (decode_cache_avx512.c) prefetch per block of keys, times this (0: 1).
+     * f16 and int8 cache steps (decode_cache_avx512.c; fp8 keeps its own) prefetch per
+     * block of keys, times this (0: 1).
      * Their counts were measured on Zen 4, where more was slower; a Sapphire Rapids core
      * (the amx table) reads faster with twice as many (bench/RESULTS.md, 2026-12-02). */
     int prefetch_x;
