@@ -141,6 +141,15 @@ static void decode_loop(fa_dtype dt, int paged, int threads) {
     free_loop(&L);
 }
 
+/* A plan made from capacities and its forward cost (NULL, counted as a failure, if either fails). */
+static fa_plan *capacity_plan(const fa_problem *p, const fa_options *opt, const char *label, fa_cost *cap) {
+    fa_plan *pl = NULL;
+    if (fa_plan_create(p, opt, &pl) == FA_OK && fa_plan_cost(pl, FA_FORWARD, cap) == FA_OK) return pl;
+    CHECK(0, "%s: plan: %s", label, fa_last_error());
+    fa_plan_destroy(pl);
+    return NULL;
+}
+
 /* A window cuts the keys of a plan made from capacities: every length a call may pass runs
  * in a workspace of the plan's own workspace_bytes and costs at most the plan's cost (a
  * window of 600 keys over 1536 crosses 2 chunks at full capacity and 3 at 1025 keys, and
@@ -153,13 +162,9 @@ static void window_workspace(void) {
     p.causal = 1, p.window_left = 600, p.lengths_per_call = FA_LENGTHS_CACHE;
     fa_options opt = {0};
     opt.backend = FA_BACKEND_CPU, opt.threads = 2;
-    fa_plan *one = NULL;
     fa_cost cap;
-    if (fa_plan_create(&p, &opt, &one) || fa_plan_cost(one, FA_FORWARD, &cap)) {
-        CHECK(0, "window workspace: plan: %s", fa_last_error());
-        fa_plan_destroy(one);
-        return;
-    }
+    fa_plan *one = capacity_plan(&p, &opt, "window workspace", &cap);
+    if (!one) return;
     const int64_t nc = p.seq_k * p.head_dim, nq = p.heads_q * p.head_dim;
     float *k = tu_alloc(sizeof(float) * (size_t)nc), *v = tu_alloc(sizeof(float) * (size_t)nc);
     float *q = tu_alloc(sizeof(float) * (size_t)nq), *o = tu_alloc(sizeof(float) * (size_t)nq);
@@ -293,13 +298,9 @@ static void packed_bounds(void) {
             p.lengths_per_call = FA_LENGTHS_PACKED;
             fa_options opt = {0};
             opt.backend = FA_BACKEND_CPU, opt.threads = 2;
-            fa_plan *one = NULL;
             fa_cost cap;
-            if (fa_plan_create(&p, &opt, &one) || fa_plan_cost(one, FA_FORWARD, &cap)) {
-                CHECK(0, "packed bounds: plan: %s", fa_last_error());
-                fa_plan_destroy(one);
-                return;
-            }
+            fa_plan *one = capacity_plan(&p, &opt, "packed bounds", &cap);
+            if (!one) return;
             for (int call = 0; call < 400 && !failures; call++) {
                 int32_t cq[5] = {0}, ck[5] = {0};
                 for (int b = 0; b < 4; b++) {
