@@ -6,7 +6,7 @@
  * sequences' dense figures, and the workspace is the largest sequence's (they share it).
  * O(batch) plus each sequence's closed-form tile sums (cost_walk.c).
  *
- * Decode: one work item per (sequence, kv head, chunk of FA_DECODE_CHUNK keys) computes the
+ * Decode: one work item per (sequence, kv head, chunk: fa_decode_chunk keys) computes the
  * M = (Hq / Hk) x seq_q rows of its kv head's query heads against its key tiles (tiles of
  * fa_decode_tile keys over the keys some row may see, clipped to the sequence), then a merge
  * per query row combines the chunks in order. Counting rules, per (b, kv head):
@@ -86,7 +86,7 @@ static fa_status varlen_cost(fa_plan *pl) {
 }
 
 /* Chunks of sequence b that some row sees, and its computed tiles and their keys (a plan
- * made from capacities: the most of any call, fa_decode_blocks). */
+ * made from capacities: the most of any call, fa_decode_chunks and fa_decode_blocks). */
 static void decode_walk(const fa_plan *pl, int64_t b, wide *chunks, wide *tiles, wide *keys) {
     int64_t lo, hi;
     fa_decode_key_span(pl, b, &lo, &hi);
@@ -94,7 +94,7 @@ static void decode_walk(const fa_plan *pl, int64_t b, wide *chunks, wide *tiles,
     if (lo > hi) return;
     const int64_t T = fa_decode_tile(&pl->p), sk = fa_decode_keys(pl, b);
     const int64_t t0 = lo / T, t1 = hi / T + 1, end = t1 * T < sk ? t1 * T : sk;
-    *chunks = fa_decode_blocks(pl, lo, hi, FA_DECODE_CHUNK);
+    *chunks = fa_decode_chunks(pl, b, lo, hi);
     *tiles = fa_decode_blocks(pl, lo, hi, T);
     *keys = *tiles > t1 - t0 ? *tiles * T : end - t0 * T; /* a worse alignment's whole tiles */
 }

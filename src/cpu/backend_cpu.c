@@ -83,14 +83,14 @@ void fa_cpu_sequence_blocks(fa_plan *pl) {
 
 /* Partials of every work item, each item's first partial index (batch + 1 int64), and
  * threads x one thread's scratch: what fa_cpu_decode_forward carves, in that order (a
- * plan made from capacities: enough for any call's lengths, fa_decode_blocks). */
+ * plan made from capacities: enough for any call's lengths, fa_decode_chunks). */
 int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
     const fa_problem *p = &pl->p;
     wide items = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         int64_t lo, hi;
         fa_decode_key_span(pl, b, &lo, &hi);
-        if (lo <= hi) items += p->heads_kv * fa_decode_blocks(pl, lo, hi, FA_DECODE_CHUNK);
+        if (lo <= hi) items += p->heads_kv * fa_decode_chunks(pl, b, lo, hi);
     }
     const wide partial = (wide)(p->heads_q / p->heads_kv) * p->seq_q * (p->head_dim_v + 2) * 4;
     return narrow(items * partial + ((wide)p->batch + 1) * 8 + (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl) +

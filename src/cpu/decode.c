@@ -1,6 +1,6 @@
 /* The CPU kv-cache decode driver (flash-decoding).
  *
- * Work items are (sequence b, chunk of FA_DECODE_CHUNK keys). An item walks its chunk's key
+ * Work items are (sequence b, chunk of fa_decode_chunk keys). An item walks its chunk's key
  * tiles (fa_decode_tile keys, never crossing a page); for each tile, each kv head computes
  * the seq_q rows of all Hq / Hk query heads that share it as one M-row tile, so each cache
  * byte is read once per call. Before a tile computes, its rows are read whole in address
@@ -494,12 +494,12 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_scale, a->v_new, p->head_dim_v);
     }
     /* items of sequence b: its chunks, numbered after those of sequences < b; each holds Hk partials */
-    const int64_t B = p->batch, Hk = p->heads_kv, CH = FA_DECODE_CHUNK;
+    const int64_t B = p->batch, Hk = p->heads_kv;
     int64_t items = 0, nparts = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t lo, hi;
         fa_decode_key_span(pl, b, &lo, &hi);
-        nparts += lo > hi ? 0 : Hk * (hi / CH - lo / CH + 1);
+        nparts += lo > hi ? 0 : Hk * fa_decode_chunks(pl, b, lo, hi);
     }
     const int64_t part_floats = cx.M * (p->head_dim_v + 2);
     cx.partials = (float *)ws;
@@ -508,7 +508,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         int64_t lo, hi;
         fa_decode_key_span(pl, b, &lo, &hi);
         first[b] = items;
-        items += lo > hi ? 0 : hi / CH - lo / CH + 1;
+        items += lo > hi ? 0 : fa_decode_chunks(pl, b, lo, hi);
     }
     first[B] = items;
     cx.first = first;
@@ -535,7 +535,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
             }
             int64_t lo, hi;
             fa_decode_key_span(pl, b, &lo, &hi);
-            const int64_t c = lo / CH + it - first[b];
+            const int64_t CH = fa_decode_chunk(pl, b), c = lo / CH + it - first[b];
             const int64_t k0 = c * CH > lo ? c * CH : lo, k1 = c * CH + CH - 1 < hi ? c * CH + CH - 1 : hi;
             dec_item(&cx, mine, b, k0, k1, cx.partials + it * Hk * part_floats, &cnt);
         }
