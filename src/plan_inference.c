@@ -49,8 +49,9 @@ fa_status fa_check_cu_seqlens(const fa_problem *p, const int32_t *cu_q, const in
 }
 
 /* A lengths-per-call plan's stand-in lengths, its capacities: every row and key in the
- * first sequence (the largest workspace and cost any call can have), or every cache full
- * (the largest with the blocks a cut window may cross counted at their worst: fa_decode_blocks). */
+ * first sequence (the largest workspace any call can have; docs/semantics.md says which of
+ * its figures bound every call), or every cache full (the largest workspace and cost once
+ * the chunks and tiles a shorter call may cross are counted: fa_decode_chunks). */
 static fa_status capacity_lens(fa_plan *pl) {
     fa_problem *p = &pl->p;
     const int varlen = p->lengths_per_call == FA_LENGTHS_PACKED;
