@@ -97,6 +97,7 @@ typedef struct {
     fa_dtype ct;            /* the cache's element type, csz bytes */
     size_t csz;
     int conv;               /* dec_conv: f16 / int8 / fp8 tiles, q staged as f32 */
+    int prefetch_x;         /* the ISA table's multiple of its steps' prefetches (isa.h), >= 1 */
 } dec_ctx;
 
 /* Where cache row t of sequence b, kv head hk starts (paged or not). */
@@ -237,8 +238,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
          * them in cache): the arithmetic and the memory overlap */
-        const fa_decode_kernels *dk = isa->decode;
-        fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0, dk && dk->prefetch_x > 1 ? dk->prefetch_x : 1}, *pfp = NULL;
+        fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0, cx->prefetch_x}, *pfp = NULL;
         if (touch && cx->rows_whole && j0 + T < sk) { /* rows_whole: K and V rows alike, tiles within pages */
             const int64_t nn = sk - j0 - T < T ? sk - j0 - T : T;
             pf.len = pf.len2 = nn * p->k_stride.s[2] * (int64_t)cx->csz;
@@ -489,6 +489,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.ct = fa_cache_dtype(p);
     cx.csz = fa_dtype_size(cx.ct);
     cx.conv = dec_conv(pl);
+    cx.prefetch_x = cx.isa->decode && cx.isa->decode->prefetch_x > 1 ? cx.isa->decode->prefetch_x : 1;
     if (p->has_new_kv) {
         dec_append(&cx, (void *)a->k, &p->k_stride, a->k_scale, a->k_new, p->head_dim);
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_scale, a->v_new, p->head_dim_v);

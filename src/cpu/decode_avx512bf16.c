@@ -88,7 +88,8 @@ static inline __m512 qk_keys4(const __m512i *Q, int d, const uint16_t *k, int64_
  * while its 8 heads compute. Measured on Zen 4 (bench/inference.sh's shape, 2 threads,
  * medians of 4 rounds, caches on 2 MiB pages): none 30.3 GB/s, these 34.0-34.5, 2 and 2
  * 34.7, 5 and 2 34.9, 6 and 3 30.9, 8 and 4 29.1. More than a core's few dozen misses in
- * flight are dropped, or wait inside the arithmetic and crowd the tile's own loads. */
+ * flight are dropped, or wait inside the arithmetic and crowd the tile's own loads. The
+ * ISA table scales them (isa.h prefetch_x): the amx table's cores read faster with 8 and 4. */
 #define PF_QK 4
 #define PF_PV 2
 
