@@ -472,7 +472,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
-                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0};
+                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0, 1};
     fa_counts prefix_counts = {0, 0};
     if (p->shared_prefix_len) { /* before the appends: it fails before anything is written */
         cx.prefix = (float *)(ws + need - fa_cascade_workspace_bytes(pl)); /* the workspace's last part */
