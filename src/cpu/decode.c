@@ -189,10 +189,29 @@ static void dec_conv_tile(const dec_ctx *cx, const fa_score_ctx *sc, const struc
     else fa_decode_cache_pv(&t, s, (int)cx->T, acc, (int)p->head_dim_v, guarded);
 }
 
+/* Item it's sequence *b and the keys [*k0, *k1] of its chunk that some row may see. */
+static void dec_item_span(const dec_ctx *cx, int64_t it, int64_t *b, int64_t *k0, int64_t *k1) {
+    /* first[b] <= it < first[b + 1] */
+    int64_t bb = 0;
+    for (int64_t lo = 0, hi = cx->p->batch - 1; lo <= hi;) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (cx->first[mid] <= it) bb = mid, lo = mid + 1;
+        else hi = mid - 1;
+    }
+    int64_t lo, hi;
+    fa_decode_key_span(cx->pl, bb, &lo, &hi);
+    const int64_t CH = fa_decode_chunk(cx->pl, bb), c = lo / CH + it - cx->first[bb];
+    *b = bb;
+    *k0 = c * CH > lo ? c * CH : lo;
+    *k1 = c * CH + CH - 1 < hi ? c * CH + CH - 1 : hi;
+}
+
 /* Item (b, chunk): keys [k0, k1] of the chunk that some row may see, for every kv head
- * (part: Hk partials). Tile by tile (each read whole first), head by head. */
-static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, int64_t k1, float *part,
-                     fa_counts *cnt) {
+ * (part: Hk partials). Tile by tile (each read whole first), head by head. The last tile
+ * prefetches the first tile of the item this thread runs next (sequence nb from key nk0;
+ * nb < 0: none), so that an item's first touch does not wait on memory. */
+static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, int64_t k1, int64_t nb, int64_t nk0,
+                     float *part, fa_counts *cnt) {
     const fa_problem *p = cx->p;
     const fa_isa *isa = cx->isa;
     const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, Hk = p->heads_kv;
@@ -239,11 +258,13 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
          * them in cache): the arithmetic and the memory overlap */
         fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0, cx->prefetch_x}, *pfp = NULL;
-        if (touch && cx->rows_whole && j0 + T < sk) { /* rows_whole: K and V rows alike, tiles within pages */
-            const int64_t nn = sk - j0 - T < T ? sk - j0 - T : T;
+        const int64_t pb = t < k1 / T ? b : nb, pj = t < k1 / T ? j0 + T : nk0 / T * T; /* the next tile */
+        const int64_t psk = pb < 0 ? 0 : pb == b ? sk : fa_decode_keys(cx->pl, pb);
+        if (touch && cx->rows_whole && pj < psk) { /* rows_whole: K and V rows alike, tiles within pages */
+            const int64_t nn = psk - pj < T ? psk - pj : T;
             pf.len = pf.len2 = nn * p->k_stride.s[2] * (int64_t)cx->csz;
-            pf.base = dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, j0 + T).base;
-            pf.base2 = dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, j0 + T).base;
+            pf.base = dec_cache_row(cx, cx->a->k, &p->k_stride, pb, 0, pj).base;
+            pf.base2 = dec_cache_row(cx, cx->a->v, &p->v_stride, pb, 0, pj).base;
             pfp = &pf;
         }
         for (int64_t hk = 0; hk < Hk; hk++) {
@@ -515,7 +536,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.first = first;
     char *scratch_base = (char *)(first + B + 1);
 
-    int64_t flops = prefix_counts.flops, trans = prefix_counts.transcendentals;
+    int64_t flops = prefix_counts.flops, trans = prefix_counts.transcendentals, next_item = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
     {
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
@@ -523,23 +544,20 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         void *ws = dec_ws(pl, mine);
         if (ws) memset(ws, 0, FA_DECODE_CACHE_WS_BYTES); /* the cache step's entries start empty */
         fa_counts cnt = {0, 0};
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            /* the sequence of item it: first[b] <= it < first[b + 1], searched afresh (a dynamic
-             * schedule is nonmonotonic by default since OpenMP 5.0: LLVM's runtime lets a thread
-             * steal items below the ones it ran, so a cursor that only moves up goes wrong) */
-            int64_t b = 0;
-            for (int64_t lo = 0, hi = B - 1; lo <= hi;) {
-                const int64_t mid = lo + (hi - lo) / 2;
-                if (first[mid] <= it) b = mid, lo = mid + 1;
-                else hi = mid - 1;
-            }
-            int64_t lo, hi;
-            fa_decode_key_span(pl, b, &lo, &hi);
-            const int64_t CH = fa_decode_chunk(pl, b), c = lo / CH + it - first[b];
-            const int64_t k0 = c * CH > lo ? c * CH : lo, k1 = c * CH + CH - 1 < hi ? c * CH + CH - 1 : hi;
-            dec_item(&cx, mine, b, k0, k1, cx.partials + it * Hk * part_floats, &cnt);
+        /* items claimed one ahead from a shared counter (a dynamic schedule that knows its next
+         * item): each item's last tile prefetches the next one's first */
+        int64_t it, nx;
+#pragma omp atomic capture
+        it = next_item++;
+        for (; it < items; it = nx) {
+#pragma omp atomic capture
+            nx = next_item++;
+            int64_t b, k0, k1, nb = -1, nk0 = 0, nk1;
+            dec_item_span(&cx, it, &b, &k0, &k1);
+            if (nx < items) dec_item_span(&cx, nx, &nb, &nk0, &nk1);
+            dec_item(&cx, mine, b, k0, k1, nb, nk0, cx.partials + it * Hk * part_floats, &cnt);
         }
+#pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < B * p->heads_q * p->seq_q; r++) {
             const int64_t bb = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
