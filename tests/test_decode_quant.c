@@ -421,6 +421,77 @@ static void nonfinite_q(void) {
     }
 }
 
+/* fp8 codes of every kind in the cached rows: zeros, subnormals and the smallest normals in
+ * many rows (amx's fp8 step converts rows holding them by another route than the others:
+ * docs/caches.md), against float64 on those codes; then a NaN code in one key row makes the
+ * rows of its kv head's query heads in its sequence not finite and leaves every other
+ * output's bits as they were. bf16 (q in one bf16 piece) and f32 (three). */
+static void fp8_codes(void) {
+    for (int k = 0; k < 2; k++) {
+        qcase c;
+        make(&c, 2, 8, 2, k ? 40 : 128, 1, k ? FA_F32 : FA_BF16, FA_FP8_E4M3, 0);
+        while (c.lens[0] < 16) release(&c), make(&c, 2, 8, 2, k ? 40 : 128, 1, k ? FA_F32 : FA_BF16, FA_FP8_E4M3, 0);
+        const fa_problem *p = &c.p;
+        const int64_t D = p->head_dim, Hk = p->heads_kv, no = p->batch * p->heads_q * D;
+        for (int64_t r = 0; r < c.rows * Hk; r++) { /* rows of small codes alone, scaled up, and mixed rows */
+            const int small = tu_uniform(&rng) < 0.5;
+            for (int64_t x = 0; x < D; x++) {
+                uint8_t y;
+                do y = (uint8_t)(small ? tu_int(&rng, 0, 15) | (tu_int(&rng, 0, 1) << 7) : tu_int(&rng, 0, 255));
+                while ((y & 0x7f) == 0x7f);
+                c.kc[r * D + x] = c.kc0[r * D + x] = y;
+                c.vc[r * D + x] = c.vc0[r * D + x] = (uint8_t)tu_int(&rng, 0, 255) & 0xf7; /* never 0x7f */
+            }
+            c.ks[r] = c.ks0[r] = small ? 30.0f : 0.002f;
+        }
+        double *rd = tu_alloc(sizeof(double) * (size_t)no), *ld = tu_alloc(sizeof(double) * (size_t)(p->batch * p->heads_q));
+        reference(&c, 1, rd, ld);
+        fa_options opt = {0};
+        opt.backend = FA_BACKEND_CPU, opt.threads = 2;
+        fa_plan *pl = NULL;
+        fa_status st = fa_plan_create(p, &opt, &pl);
+        CHECK(st == FA_OK, "fp8 codes: plan: %s", fa_last_error());
+        if (st) {
+            free(rd), free(ld), release(&c);
+            continue;
+        }
+        fa_forward_args a = args_of(&c, NULL);
+        tu_poison(p->dtype, c.o, no);
+        st = fa_forward(pl, &a);
+        double mx = 0, ed = 0;
+        for (int64_t i = 0; i < no; i++) mx = fmax(mx, fabs(rd[i]));
+        float *o1 = tu_alloc(sizeof(float) * (size_t)no);
+        for (int64_t i = 0; i < no; i++) {
+            o1[i] = chk_load(p->dtype, c.o, i);
+            ed = fmax(ed, isnan(o1[i]) ? INFINITY : fabs(o1[i] - rd[i]));
+        }
+        const double tol = (p->dtype == FA_F32 ? 2e-5 : 2e-2) * (mx > 0 ? mx : 1);
+        double el = 0; /* lse, an f32 of the f32 scores, whatever the dtype: finer than a bf16 o */
+        for (int64_t i = 0; i < p->batch * p->heads_q; i++) el = fmax(el, fabs(c.lse[i] - ld[i]) / (1 + fabs(ld[i])));
+        CHECK(st == FA_OK && ed <= tol && el <= 1e-5,
+              "fp8 codes of every kind, %s D=%lld: %s, o differs from float64 by %.3g (tolerance %.3g), lse by %.3g "
+              "(1e-5)",
+              fa_dtype_name(p->dtype), (long long)D, fa_status_string(st), ed, tol, el);
+        const int64_t hk = 1, row = row_of(&c, 0, 13) * Hk + hk; /* sequence 0, key 13 */
+        c.kc[row * D + D / 2] = 0xff;
+        memcpy(c.kc0, c.kc, (size_t)(c.rows * Hk * D));
+        tu_poison(p->dtype, c.o, no);
+        st = fa_forward(pl, &a);
+        int row_bad = 1, others_same = 1;
+        for (int64_t i = 0; i < no; i++) {
+            const float g = chk_load(p->dtype, c.o, i);
+            if (i < p->heads_q * D && (i / D) / (p->heads_q / Hk) == hk) row_bad &= !isfinite(g);
+            else others_same &= !memcmp(&g, &o1[i], 4);
+        }
+        CHECK(st == FA_OK && row_bad && others_same,
+              "an fp8 NaN key code, %s: status %s, its heads' rows not finite %d, every other output unchanged %d",
+              fa_dtype_name(p->dtype), fa_status_string(st), row_bad, others_same);
+        free(o1), free(rd), free(ld);
+        fa_plan_destroy(pl);
+        release(&c);
+    }
+}
+
 /* Quantized caches elsewhere are refused, naming both features. */
 static void refusals(void) {
     fa_problem p;
@@ -464,6 +535,7 @@ int main(void) {
     quantizer();
     refusals();
     nonfinite_q();
+    fp8_codes();
     static const fa_dtype dts[3] = {FA_F32, FA_BF16, FA_F16}, cts[2] = {FA_INT8, FA_FP8_E4M3};
     static const int64_t shapes[][4] = {{8, 2, 128, 1}, {4, 1, 40, 5}, {6, 3, 64, 2}, {8, 8, 32, 16}}; /* Hq Hk D Sq */
     int n = 0;

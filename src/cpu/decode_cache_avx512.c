@@ -51,10 +51,19 @@ static inline __m512 sum16(__m512 acc[4][4]) {
 }
 
 
+/* load32 and load16, or (fast: fp8 rows fp8_fast_row passed) fp8_fast16. */
+INLINE void load32_or_fast(fa_dtype ty, const void *x, __m512 *lo, __m512 *hi, int fast) {
+    if (fast) *lo = fp8_fast16(x, 0xffff), *hi = fp8_fast16((const char *)x + 16, 0xffff);
+    else load32(ty, x, lo, hi);
+}
+INLINE __m512 load16_or_fast(fa_dtype ty, const void *x, __mmask16 mask, int fast) {
+    return fast ? fp8_fast16(x, mask) : load16(ty, x, mask);
+}
+
 /* Scores of rows r0.. (mr <= 4) against keys j0.. (nj <= 4; missing ones repeat the first):
  * lane 4 r + j, times ksc[j0 + j] (tile_scales). */
 INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, int j0, int nj, const float *ksc,
-                       const fa_dtype ty) {
+                       const fa_dtype ty, const int fast) {
     const int d = t->d;
     const void *k[4];
     for (int j = 0; j < 4; j++) k[j] = at(ty, t->k, (int64_t)(j0 + (j < nj ? j : 0)) * t->kstride);
@@ -69,7 +78,7 @@ INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, in
     for (; c + 32 <= d; c += 32) { /* whole 32-element slices */
         __m512 kv[4][2];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) load32(ty, at(ty, k[j], c), &kv[j][0], &kv[j][1]);
+        for (int j = 0; j < 4; j++) load32_or_fast(ty, at(ty, k[j], c), &kv[j][0], &kv[j][1], fast);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++)
 #pragma GCC unroll 4
@@ -83,7 +92,7 @@ INLINE __m512 qk_block(const fa_decode_cache_tile *t, const float *q, int mr, in
         const __mmask16 m = d - c >= 16 ? (__mmask16)0xffff : fa_mask16(d - c);
         __m512 kv[4], qv[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) kv[j] = load16(ty, at(ty, k[j], c), m);
+        for (int j = 0; j < 4; j++) kv[j] = load16_or_fast(ty, at(ty, k[j], c), m, fast);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) qv[r] = _mm512_maskz_loadu_ps(m, qr[r] + c);
 #pragma GCC unroll 4
@@ -102,16 +111,17 @@ INLINE void qk_all(const fa_decode_cache_tile *t, float *s, int lds, const fa_dt
         for (int j0 = 0; j0 < t->n; j0 += 4) {
             const int nj = t->n - j0 < 4 ? t->n - j0 : 4;
             float out[16];
-            _mm512_storeu_ps(out, qk_block(t, t->q + (int64_t)r0 * t->d, mr, j0, nj, ksc, ty));
+            _mm512_storeu_ps(out, qk_block(t, t->q + (int64_t)r0 * t->d, mr, j0, nj, ksc, ty, 0));
             for (int r = 0; r < mr; r++)
                 for (int j = 0; j < nj; j++) s[(int64_t)(r0 + r) * lds + j0 + j] = out[4 * r + j];
         }
     }
 }
 
-/* o rows r0.. (mr <= 4) += sum_j w[r][j] v_j over columns [c0, c0 + 64) (cols of them). */
+/* o rows r0.. (mr <= 4) += sum_j w[r][j] v_j over columns [c0, c0 + 64) (cols of them);
+ * try_fast: fp8 value rows that fp8_fast_row passes take fp8_fast16. */
 INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_MAX_TILE], int mr, int c0, float *o,
-                     int ldo, const fa_dtype ty) {
+                     int ldo, const fa_dtype ty, const int try_fast) {
     const int cols = t->dv - c0 < 64 ? t->dv - c0 : 64;
     __mmask16 mk[4];
     for (int q = 0; q < 4; q++) {
@@ -127,12 +137,14 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
     for (int j = 0; j < t->n; j++) {
         const void *vr = at(ty, t->v, (int64_t)j * t->vstride + c0);
         __m512 x[4];
+        const int fast = ty == FA_FP8_E4M3 && try_fast && fp8_fast_row(vr, cols);
         if (cols == 64) {
-            load32(ty, vr, &x[0], &x[1]);
-            load32(ty, at(ty, vr, 32), &x[2], &x[3]);
+            load32_or_fast(ty, vr, &x[0], &x[1], fast);
+            load32_or_fast(ty, at(ty, vr, 32), &x[2], &x[3], fast);
         } else {
 #pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) x[q] = mk[q] ? load16(ty, at(ty, vr, 16 * q), mk[q]) : _mm512_setzero_ps();
+            for (int q = 0; q < 4; q++)
+                x[q] = mk[q] ? load16_or_fast(ty, at(ty, vr, 16 * q), mk[q], fast) : _mm512_setzero_ps();
         }
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
@@ -159,7 +171,7 @@ INLINE void pv_all(const fa_decode_cache_tile *t, const float *p, int ldp, float
                                        unit(ty)
                                  : 0.0f;
         for (int c0 = 0; c0 < t->dv; c0 += 64)
-            pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o + (int64_t)r0 * ldo, ldo, ty);
+            pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o + (int64_t)r0 * ldo, ldo, ty, 0);
     }
 }
 
@@ -192,7 +204,11 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
         __m512 S[FA_DECODE_MAX_TILE / 4], top = neg_inf;
         for (int b = 0; b < nb; b++) {
             const int nj = t->n - 4 * b < 4 ? t->n - 4 * b : 4;
-            S[b] = _mm512_mul_ps(qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ksc, ty), vscale);
+            int fast = ty == FA_FP8_E4M3; /* the keys' rows all pass fp8_fast_row */
+            for (int j = 0; j < nj && fast; j++) fast = fp8_fast_row(at(ty, t->k, (int64_t)(4 * b + j) * t->kstride), t->d);
+            const __m512 x = fast ? qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ksc, ty, 1)
+                                  : qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ksc, ty, 0);
+            S[b] = _mm512_mul_ps(x, vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
             prefetch(t->pf, PF_QK(ty), ty);
@@ -222,7 +238,7 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
         for (int r = 0; r < mr; r++)
             if (alpha[r] != 1.0f)
                 for (int c = 0; c < t->dv; c++) o[(int64_t)r * ldacc + c] *= alpha[r];
-        for (int c0 = 0; c0 < t->dv; c0 += 64) pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o, ldacc, ty);
+        for (int c0 = 0; c0 < t->dv; c0 += 64) pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o, ldacc, ty, 1);
     }
 }
 
