@@ -76,7 +76,7 @@ static fa_status forward_cost(struct fa_plan *pl) {
     const wide heads = (wide)p->batch * p->heads_q, D = p->head_dim, Dv = p->head_dim_v;
     const wide es = (wide)fa_dtype_size(p->dtype);
     const int softcap = p->softcap > 0;
-    tile_walk w = walk_tiles(pl, pl->fwd_bq, pl->fwd_bk);
+    tile_walk w = fa_tile_walk_forward(pl, pl->fwd_bq, pl->fwd_bk); /* each pair's keys as computed */
     tensor_bytes t = sizes(p);
 
     wide flops = w.rows_keys * 2 * (D + Dv);

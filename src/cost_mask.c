@@ -16,8 +16,10 @@ static wide sharing(const struct fa_plan *pl) {
     return (wide)(pl->p.batch / m->s.batch) * (pl->p.heads_q / m->s.heads);
 }
 
-/* The walk of one (b, h) under tiles of bq x bk. */
-static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t bq, int64_t bk, fa_tile_walk *w) {
+/* The walk of one (b, h) under tiles of bq x bk; forward: each pair's keys as the forward
+ * computes them (fa_sched_mask_keys_used), else the whole tile's. */
+static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t bq, int64_t bk, int forward,
+                     fa_tile_walk *w) {
     const fa_sched s = fa_plan_sched(pl);
     const int64_t sq = pl->p.seq_q, sk = pl->p.seq_k, nq = (sq + bq - 1) / bq;
     w->qtiles += nq;
@@ -28,7 +30,8 @@ static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t b
         for (int64_t kt = kt0; kt < kt1; kt++) {
             const int64_t c0 = kt * bk, c1 = c0 + bk < sk ? c0 + bk : sk;
             if (fa_sched_mask_tile_kind(&s, v, r0, r1, c0, c1) == FA_TILE_EMPTY) continue;
-            w->rows_keys += (wide)(r1 - r0) * (c1 - c0);
+            const int64_t n = forward ? fa_sched_mask_keys_used(&s, v, r0, r1, c0, c1) : c1 - c0;
+            w->rows_keys += (wide)(r1 - r0) * n;
             w->rows_tiles += r1 - r0;
             w->keys += c1 - c0;
             w->pairs += 1;
@@ -36,7 +39,7 @@ static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t b
     }
 }
 
-fa_tile_walk fa_tile_walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk) {
+static fa_tile_walk walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk, int forward) {
     const fa_problem *p = &pl->p;
     fa_tile_walk w = {0};
     if (!p->mask) {
@@ -52,12 +55,15 @@ fa_tile_walk fa_tile_walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk) 
         for (int64_t h = 0; h < m->s.heads; h++) {
             fa_tile_walk one = {0};
             const fa_sched_mask v = fa_mask_view(m, b, h);
-            walk_one(pl, &v, bq, bk, &one);
+            walk_one(pl, &v, bq, bk, forward, &one);
             w.rows_keys += share * one.rows_keys, w.rows_tiles += share * one.rows_tiles, w.keys += share * one.keys;
             w.pairs += share * one.pairs, w.qtiles += share * one.qtiles;
         }
     return w;
 }
+
+fa_tile_walk fa_tile_walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk) { return walk_all(pl, bq, bk, 0); }
+fa_tile_walk fa_tile_walk_forward(const struct fa_plan *pl, int64_t bq, int64_t bk) { return walk_all(pl, bq, bk, 1); }
 
 wide fa_visible_pairs_all(const struct fa_plan *pl) {
     const fa_problem *p = &pl->p;

@@ -6,6 +6,7 @@
  *                             covers combined, then combined with fa_sched_tile_kind
  *   fa_sched_mask_visible     one (row, key) pair
  *   fa_sched_mask_pairs       visible pairs of a rectangle (the cost model's flops_useful)
+ *   fa_sched_mask_keys_used   the keys of a pair the forward computes (and the plan counts)
  * A tile may cover several mask blocks, or part of one: any alignment is exact; tiles whose
  * edges fall on block edges are simply the ones that skip and run unmasked the most. */
 #ifndef FA_SCHEDULE_MASK_H
@@ -87,6 +88,34 @@ static inline void fa_sched_mask_narrow_key_tiles(const fa_sched_mask *v, int64_
     if (t0 > *kt0) *kt0 = t0;
     if (t1 < *kt1) *kt1 = t1;
     if (*kt0 > *kt1) *kt0 = *kt1;
+}
+
+/* The keys of the forward's pair rows [r0, r1) x keys [c0, c1) (not empty) it computes
+ * under a mask: up to the last key a row may see, by the problem's masks (hi of the last
+ * row: hi grows with the row) and by the mask's blocks (the end of the last key block not
+ * empty for one of the rows' blocks), rounded up to FA_SCHED_TRIM keys (the tile products'
+ * step); every key past it is hidden from every row, so the forward skips them: a chunked
+ * mask's tile of 256 keys over a chunk's first 128 rows computes 128 of them. Without a
+ * mask the whole tile (c1 - c0): unmasked plans keep their tiles as they are. Planned and
+ * run alike (cost_mask.c walks it, forward.c computes it). */
+#define FA_SCHED_TRIM 32
+static inline int64_t fa_sched_mask_keys_used(const fa_sched *s, const fa_sched_mask *v, int64_t r0, int64_t r1,
+                                              int64_t c0, int64_t c1) {
+    if (!v->kinds || r1 <= r0 || c1 <= c0) return c1 - c0;
+    int64_t last = fa_sched_hi(s, r1 - 1);
+    last = last < c1 - 1 ? last : c1 - 1;
+    int64_t kb = last / v->bk, found = -1;
+    for (; kb >= c0 / v->bk && found < 0; kb--)
+        for (int64_t qb = r0 / v->bq; qb <= (r1 - 1) / v->bq; qb++)
+            if (fa_sched_mask_block(v, qb, kb) != FA_TILE_EMPTY) {
+                found = kb;
+                break;
+            }
+    if (found < 0) return c1 - c0; /* an empty pair: not computed, so whatever is asked */
+    const int64_t end = (found + 1) * v->bk - 1;
+    last = end < last ? end : last;
+    const int64_t n = (last + 1 - c0 + FA_SCHED_TRIM - 1) / FA_SCHED_TRIM * FA_SCHED_TRIM;
+    return n < c1 - c0 ? n : c1 - c0;
 }
 
 /* Does the mask let row i see key j (0 <= i < Sq, 0 <= j < Sk)? */

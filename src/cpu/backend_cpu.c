@@ -17,15 +17,15 @@ static fa_status cpu_supports(const fa_problem *p, fa_pass pass, unsigned uses) 
 /* More keys per tile (wide, fitted to the mask as any tile is) where the plan's own count
  * says they cost little: a tile of 256 keys runs each of its elements about 10% faster
  * than one of 128 on AMX (dispatch.c), so it is taken when the tiles it executes hold at
- * most 8% more elements (rows x keys: the cost model's walk, cost_mask.c) than the
- * narrower ones: without a mask always, under causal alone too (its diagonal adds 6% at
- * 2048 keys, less beyond); at S = 16384 chunks of 2048 execute 6% more, 16 documents 14%
- * and a window of 512 20%. */
+ * most 8% more elements (rows x keys as the forward computes them: the cost model's walk,
+ * cost_mask.c) than the narrower ones: without a mask always, under causal alone too (its
+ * diagonal adds 6% at 2048 keys, less beyond); at S = 16384 chunks of 2048 execute no more
+ * (their pairs trimmed, schedule_mask.h), 16 documents 7.6% more and a window of 512 9.8%. */
 static void wider_keys(const fa_plan *pl, int64_t wide_bk, int64_t *bq, int64_t *bk) {
     int64_t q2 = *bq, k2 = wide_bk;
     fa_mask_fit_tile(pl->p.mask, &q2, &k2);
     if (q2 != *bq || k2 <= *bk) return;
-    const fa_tile_walk now = fa_tile_walk_all(pl, *bq, *bk), wider = fa_tile_walk_all(pl, *bq, k2);
+    const fa_tile_walk now = fa_tile_walk_forward(pl, *bq, *bk), wider = fa_tile_walk_forward(pl, *bq, k2);
     if ((double)wider.rows_keys <= 1.08 * (double)now.rows_keys) *bk = k2; /* in double: the sums may pass 2^64 */
 }
 

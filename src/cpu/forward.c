@@ -4,7 +4,8 @@
  * over plan->threads OpenMP threads. A thread packs q of each tile of its run once, then
  * walks the key tiles any of them visits: it packs k and v once and, for each tile of the
  * run whose key tiles (schedule.h) hold the key tile (the cost model counts exactly that
- * schedule), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
+ * schedule; under a mask, each pair's keys up to the last one a row may see:
+ * schedule_mask.h, fa_sched_mask_keys_used), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
  * bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
  * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l)
  * (with sinks, l and m include the head's sink first: sinks.h).
@@ -29,7 +30,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define SCRATCH_ALIGN 64
 
@@ -49,26 +49,26 @@ static void tile_edges(const struct fa_plan *pl, int64_t *bq, int64_t *bk) {
 #define FWD_RUN_BYTES_DEFAULT (1 << 20)
 
 /* What a run's q tiles and accumulators may take: each key tile's pass touches all of them,
- * so they should stay in L2: this core's L2 where the C library reports it (sysconf; 1 MiB
- * on Zen 4, 2 MiB on Sapphire Rapids), else 1 MiB. Read at plan time (the workspace) and at
- * each call alike: the same machine, the same answer. */
-static int64_t run_bytes(void) {
-    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return l2 >= (256 << 10) ? (int64_t)l2 : FWD_RUN_BYTES_DEFAULT;
+ * so they should stay in L2: the ISA's figure (isa.h, fwd_run_bytes: 2 MiB for AMX, every
+ * AMX core's L2), else a Zen 4 core's 1 MiB. Registered with the kernels rather than asked
+ * of the machine, so that a plan's workspace follows from its ISA as its tiles do. */
+static int64_t run_bytes(const struct fa_plan *pl) {
+    const fa_isa_tiles *t = plan_isa(pl)->tiles;
+    return t && t->fwd_run_bytes > 0 ? t->fwd_run_bytes : FWD_RUN_BYTES_DEFAULT;
 }
 
 /* Query tiles per item: FWD_RUN while the run fits run_bytes and that leaves at least
  * 4 items per thread, fewer where it would not (the results are the same for any run
  * length). Measured (bench/RESULTS.md): on Zen 4, 8 tiles against 4, dense causal bf16
- * D = 128 about 6% faster, at D = 256 (1.5 MiB a run of 8) no faster; on a Xeon with 2 MiB
- * of L2, 16 tiles (1.5 MiB at bf16 D = 128) against 8: 16 documents and chunked causal 2-4%
+ * D = 128 about 6% faster, at D = 256 (1.5 MiB a run of 8) no faster; on the AMX Xeon (2 MiB
+ * of L2), 16 tiles (1.5 MiB at bf16 D = 128) against 8: 16 documents and chunked causal 2-4%
  * faster (short rows share each packed k, v tile among more query tiles), f32 5%. */
 static int64_t run_length(const struct fa_plan *pl, int64_t bq) {
     const fa_problem *p = &pl->p;
     const int64_t nq = (p->seq_q + bq - 1) / bq, heads = p->batch * p->heads_q;
     const int64_t tile_bytes = plan_isa(pl)->packed_bytes(bq, p->head_dim, p->dtype) +
                                bq * p->head_dim_v * (int64_t)sizeof(float);
-    const int64_t budget = run_bytes();
+    const int64_t budget = run_bytes(pl);
     int64_t r = FWD_RUN;
     while (r > 1 && r * tile_bytes > budget) r /= 2;
     while (r > 1 && heads * ((nq + r - 1) / r) < 4 * (int64_t)(pl->threads > 0 ? pl->threads : 1)) r /= 2;
@@ -287,35 +287,40 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         const int n = (int)(p->seq_k - j0 < cx->bk ? p->seq_k - j0 : cx->bk);
         /* the run's tiles that compute this key tile: in their key tiles, and not emptied by
          * the mask (schedule_mask.h) */
-        int run_tile[FWD_RUN], kind[FWD_RUN], any = 0;
+        int run_tile[FWD_RUN], kind[FWD_RUN], keys[FWD_RUN], any = 0;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             const int64_t r0 = (qt0 + t) * cx->bq, r1 = r0 + cx->bq < p->seq_q ? r0 + cx->bq : p->seq_q;
             /* fa_plan_tile_kind, with this call's schedule and this (b, h)'s mask view at hand */
             kind[t] = kt >= k0[t] && kt < k1[t] ? fa_sched_mask_tile_kind(&cx->sched, &cx->sc.mask, r0, r1, j0, j0 + n)
                                                 : FA_TILE_EMPTY;
             run_tile[t] = kt >= k0[t] && kt < k1[t] && (!p->mask || kind[t] != FA_TILE_EMPTY);
+            /* under a mask, the keys up to the last one a row may see (schedule_mask.h) */
+            keys[t] = run_tile[t] ? (int)fa_sched_mask_keys_used(&cx->sched, &cx->sc.mask, r0, r1, j0, j0 + n) : n;
             any |= run_tile[t];
         }
         if (!any) continue;
         fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, j0);
         fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
+        /* k packed whole (gemm_abt takes any prefix of it where the ISA says bt_prefix, isa.h),
+         * v for the keys a tile computes (its panels are laid out by the keys packed): each
+         * packed again only where a tile of the run computes another number of keys */
         isa->pack_bt(&ks, n, (int)D, sc->kp);
-        isa->pack_b(&vs, n, (int)Dv, sc->vp);
         /* inf or NaN in v must not reach rows that cannot see its key (guard.h): checked once
          * per key tile, and only if a query tile here can hide a key (-1: not yet) */
-        int v_nonfinite = -1, vp_repack = 0;
+        int v_nonfinite = -1, kp_keys = n, vp_keys = 0; /* the keys kp, vp hold packed (0: none) */
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             if (!run_tile[t]) continue;
             const int64_t r0 = (qt0 + t) * cx->bq;
-            const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq);
+            const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq), nt = keys[t];
             float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
-            const int guarded = fa_tile_may_hide(pl, r0, r0 + m, j0, n) &&
+            const int guarded = fa_tile_may_hide(pl, r0, r0 + m, j0, nt) &&
                                 (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite);
             const int pairs = cx->pairs && !guarded;
             /* a full tile's rows are all plain (fa_score_plain): no per-row test then; a
              * partial one's rows go to hidden_scale_max directly when the scores only hide */
             const int tile_plain = cx->hide_only && kind[t] == FA_TILE_FULL;
-            isa->gemm_abt(m, n, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
+            if (isa->bt_prefix ? kp_keys < nt : kp_keys != nt) isa->pack_bt(&ks, nt, (int)D, sc->kp), kp_keys = nt;
+            isa->gemm_abt(m, nt, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             /* raw: p straight from the raw products as the ISA's pairs (the max of the scaled
              * products is the max product, scaled: scale > 0) */
             const int raw = pairs && cx->sc.scale > 0.0f && cx->hide_only;
@@ -326,32 +331,32 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
                 for (int r = g0; r < g0 + g; r++) {
                     float *srow = sc->s + (int64_t)r * lds;
                     if (raw) {
-                        if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, j0, n)) hide_keys(cx, r0 + r, j0, n, srow);
-                        mt[r - g0] = isa->max_row(srow, n) * cx->sc.scale;
+                        if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, j0, nt)) hide_keys(cx, r0 + r, j0, nt, srow);
+                        mt[r - g0] = isa->max_row(srow, nt) * cx->sc.scale;
                     } else {
-                        mt[r - g0] = tile_plain     ? fa_scale_max(srow, n, cx->sc.scale)
-                                     : cx->hide_only ? hidden_scale_max(cx, r0 + r, j0, n, srow)
-                                                     : fa_score_row_max(&cx->sc, b, h, r0 + r, j0, n, srow);
+                        mt[r - g0] = tile_plain     ? fa_scale_max(srow, nt, cx->sc.scale)
+                                     : cx->hide_only ? hidden_scale_max(cx, r0 + r, j0, nt, srow)
+                                                     : fa_score_row_max(&cx->sc, b, h, r0 + r, j0, nt, srow);
                     }
                 }
                 fa_softmax_bases(isa, g, mt, M + g0, base, alpha);
                 for (int r = g0; r < g0 + g; r++)
-                    fa_softmax_finish(isa, p->dtype, Dv, sc->s + (int64_t)r * lds, n, base[r - g0], alpha[r - g0], &L[r],
+                    fa_softmax_finish(isa, p->dtype, Dv, sc->s + (int64_t)r * lds, nt, base[r - g0], alpha[r - g0], &L[r],
                                       acc + r * Dv, pair_scale);
             }
             /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);
              * o gets its 1 / (1 - p) when it is written */
-            if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, j0, n, sc->s, lds, 1.0f, pairs);
+            if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, j0, nt, sc->s, lds, 1.0f, pairs);
             if (guarded) {
-                fa_gemm_pb_guarded(isa, m, n, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
-                vp_repack = 1; /* the guarded product packed runs of v into vp */
+                fa_gemm_pb_guarded(isa, m, nt, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
+                vp_keys = 0; /* the guarded product packed runs of v into vp */
             } else {
-                if (vp_repack) isa->pack_b(&vs, n, (int)Dv, sc->vp), vp_repack = 0;
-                if (pairs) isa->gemm_pb_pairs(m, n, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
-                else isa->gemm_pb(m, n, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
+                if (vp_keys != nt) isa->pack_b(&vs, nt, (int)Dv, sc->vp), vp_keys = nt;
+                if (pairs) isa->gemm_pb_pairs(m, nt, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
+                else isa->gemm_pb(m, nt, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
             }
 
-            const int64_t mn = (int64_t)m * n;
+            const int64_t mn = (int64_t)m * nt;
             cnt->flops += 2 * mn * (D + Dv);
             cnt->transcendentals += mn + m + (cx->sc.softcap > 0.0f ? mn : 0);
         }

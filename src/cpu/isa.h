@@ -31,6 +31,8 @@ typedef struct {
     int64_t bwd_long_keys, bwd_long_dim, bwd_long_bk; /* f32 backward, no mask, seq_k and D from these */
     int64_t bf16_long_bk; /* bf16, seq_k >= long_keys, D >= 128: forward bk where it costs little, backward bk
                            * without a mask or window (backend_cpu.c) */
+    int64_t fwd_run_bytes; /* the L2 a forward item's run of q tiles and accumulators may take
+                            * (forward.c, run_length; 0: 1 MiB, a Zen 4 core's L2) */
 } fa_isa_tiles;
 
 /* The tiles of every ISA, of those with the bf16-pair passes (exp_pairs below), and AMX's. */
@@ -73,8 +75,13 @@ typedef struct fa_isa {
     /* Pack the right operand B of O += P B (v: rows = keys, cols = value dim). */
     void (*pack_b)(const fa_tile_src *src, int rows, int cols, void *dst);
     /* s[i*lds + j] = sum_{x<k} A[i,x] B[j,x] for i < m, j < n (a: pack_a(m,k), bt:
-     * pack_bt(n,k)). Overwrites s. */
+     * pack_bt(n,k), or with bt_prefix any pack_bt(n', k), n' >= n: its first n keys).
+     * Overwrites s. */
     void (*gemm_abt)(int m, int n, int k, const void *a, const void *bt, float *s, int lds);
+    /* 1 where pack_bt lays keys out in panels that do not depend on the keys packed, so
+     * that gemm_abt takes any prefix of them (the masked forward's trimmed pairs,
+     * schedule_mask.h); 0: the driver packs k again for fewer keys. */
+    int bt_prefix;
     /* o[i*ldo + c] += sum_{j<n} p[i*ldp + j] B[j,c] for i < m, c < cols (b: pack_b(n,
      * cols)). p is f32, already rounded to the problem's dtype by the caller. */
     void (*gemm_pb)(int m, int n, int cols, const float *p, int ldp, const void *b, float *o,

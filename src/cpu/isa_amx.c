@@ -327,7 +327,7 @@ static const fa_decode_kernels amx_decode = {.qk = fa_decode_qk_bf16,
                                              .cache_ws = 1,
                                              .prefetch_x = 2};
 
-const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
+const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .bt_prefix = 1, .packed_bytes = amx_packed_bytes,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                             .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
                             .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,

@@ -194,5 +194,5 @@ static inline float hsum8(__m256 v) {
 #include "isa_f32_simd.h"
 _Static_assert(FA_V_KEYS == NR, "pack_bt packs the panels gemm_abt reads");
 
-const fa_isa fa_isa_avx2 = {.name = "avx2", FA_ISA_KERNELS(avx2), .packed_bytes = avx2_packed_bytes,
+const fa_isa fa_isa_avx2 = {.name = "avx2", FA_ISA_KERNELS(avx2), .bt_prefix = 1, .packed_bytes = avx2_packed_bytes,
                              .exp_sum = avx2_exp_sum, .tiles = &fa_isa_tiles_default};

@@ -171,7 +171,7 @@ const fa_decode_kernels fa_decode_bf16_kernels = {fa_decode_qk_bf16, fa_decode_p
                                                    fa_decode_cache_qk_avx512, fa_decode_cache_pv_avx512,
                                                    fa_decode_cache_step_avx512, 0, 1};
 
-const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .packed_bytes = bf16_packed_bytes,
+const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .bt_prefix = 1, .packed_bytes = bf16_packed_bytes,
                                    .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                                    .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
                             .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,

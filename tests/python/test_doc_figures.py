@@ -79,11 +79,15 @@ def test_semantics_seed_figures():
     naive = re.search(r"`naive_peak_bytes` \(([\d,]+) B", text)
     assert naive and _num(naive.group(1)) == p.forward["naive_peak_bytes"], \
         f"docs/semantics.md naive_peak_bytes: the plan gives {p.forward['naive_peak_bytes']:,}"
-    peak = re.search(r"`peak_bytes` of ([\d,]+) B \(([\d.]+) GiB with (\d+) CPU threads\)", text)
+    peak = re.search(r"`peak_bytes` of ([\d,]+) B \(([\d.]+) GiB with (\d+) CPU threads on the (\w+) kernels\)", text)
     assert peak, "docs/semantics.md: the peak_bytes figure is gone or reworded"
     assert int(peak.group(3)) == THREADS
-    assert _num(peak.group(1)) == p.forward["peak_bytes"], \
-        f"docs/semantics.md peak_bytes: the plan gives {p.forward['peak_bytes']:,}"
+    # the workspace follows the ISA's tiles (a forward item's run of q tiles: isa.h,
+    # fwd_run_bytes), so the bytes are exact on the kernels the figure names; the GiB
+    # figure holds on every ISA (they differ by a few MB)
+    if flashattn.cpu_isa() == peak.group(4):
+        assert _num(peak.group(1)) == p.forward["peak_bytes"], \
+            f"docs/semantics.md peak_bytes: the plan gives {p.forward['peak_bytes']:,}"
     assert peak.group(2) == f"{p.forward['peak_bytes'] / 2**30:.2f}"
     q_bytes = re.search(r"each [\d x]+ bf16 values =\s+([\d,]+) B", text)
     assert q_bytes and _num(q_bytes.group(1)) == B * H * S * D * 2
