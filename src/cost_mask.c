@@ -17,7 +17,7 @@ static wide sharing(const struct fa_plan *pl) {
 }
 
 /* The walk of one (b, h) under tiles of bq x bk; forward: each pair's keys as the forward
- * computes them (fa_sched_mask_keys_used), else the whole tile's. */
+ * computes them (fa_sched_mask_key_span), else the whole tile's. */
 static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t bq, int64_t bk, int forward,
                      fa_tile_walk *w) {
     const fa_sched s = fa_plan_sched(pl);
@@ -30,7 +30,8 @@ static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t b
         for (int64_t kt = kt0; kt < kt1; kt++) {
             const int64_t c0 = kt * bk, c1 = c0 + bk < sk ? c0 + bk : sk;
             if (fa_sched_mask_tile_kind(&s, v, r0, r1, c0, c1) == FA_TILE_EMPTY) continue;
-            const int64_t n = forward ? fa_sched_mask_keys_used(&s, v, r0, r1, c0, c1) : c1 - c0;
+            int64_t first;
+            const int64_t n = forward ? fa_sched_mask_key_span(&s, v, r0, r1, c0, c1, &first) : c1 - c0;
             w->rows_keys += (wide)(r1 - r0) * n;
             w->rows_tiles += r1 - r0;
             w->keys += c1 - c0;

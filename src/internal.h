@@ -180,7 +180,7 @@ fa_tile_walk fa_tile_walk_sums(const struct fa_plan *pl, int64_t bq, int64_t bk)
  * reads: those of the mask blocks that hold a pair causal and window may show. */
 fa_tile_walk fa_tile_walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk);
 /* fa_tile_walk_all as the forward computes: under a mask, rows_keys counts each pair's keys
- * up to the last one a row may see (schedule_mask.h, fa_sched_mask_keys_used). */
+ * from the first to the last one a row may see (schedule_mask.h, fa_sched_mask_key_span). */
 fa_tile_walk fa_tile_walk_forward(const struct fa_plan *pl, int64_t bq, int64_t bk);
 __int128 fa_visible_pairs_all(const struct fa_plan *pl);
 __int128 fa_mask_needed_kv_rows(const struct fa_plan *pl);

@@ -63,6 +63,8 @@ void fa_mask_destroy(fa_mask *m) {
     fa_free(m->kinds);
     fa_free(m->bitmap_at);
     fa_free(m->pop);
+    fa_free(m->col_lo);
+    fa_free(m->col_hi);
     fa_free(m->bits);
     fa_free(m);
 }
@@ -95,9 +97,11 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
     m->kinds = fa_malloc((size_t)n);
     m->bitmap_at = fa_malloc((size_t)n * sizeof(int64_t));
     m->pop = fa_malloc((size_t)n * sizeof(int64_t));
+    m->col_lo = fa_malloc((size_t)n * sizeof(int32_t));
+    m->col_hi = fa_malloc((size_t)n * sizeof(int32_t));
     uint8_t *block = fa_malloc((size_t)area);
     int64_t cap = 0, at = 0;
-    if (!m->kinds || !m->bitmap_at || !m->pop || !block) goto no_memory;
+    if (!m->kinds || !m->bitmap_at || !m->pop || !m->col_lo || !m->col_hi || !block) goto no_memory;
     for (int64_t b = 0; b < s.batch; b++)
         for (int64_t h = 0; h < s.heads; h++)
             for (int64_t qb = 0; qb < m->nqb; qb++)
@@ -108,6 +112,7 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
                     const int64_t inside = (r1 - r0) * (c1 - c0);
                     int kind = src->block(src->ctx, b, h, r0, r1, c0, c1);
                     int64_t pop = kind == FA_BLOCK_FULL ? inside : 0;
+                    int64_t lo = kind == FA_BLOCK_FULL ? 0 : c1 - c0, hi = kind == FA_BLOCK_FULL ? c1 - c0 - 1 : -1;
                     if (kind != FA_BLOCK_EMPTY && kind != FA_BLOCK_FULL) {
                         memset(block, 0, (size_t)area);
                         for (int64_t i = r0; i < r1; i++)
@@ -115,12 +120,15 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
                                 const int e = src->elem(src->ctx, b, h, i, j) != 0;
                                 block[(i - r0) * s.block_k + (j - c0)] = (uint8_t)e;
                                 pop += e;
+                                if (e && j - c0 < lo) lo = j - c0;
+                                if (e && j - c0 > hi) hi = j - c0;
                             }
                         if (kind != FA_BLOCK_PARTIAL || !src->keep_partial)
                             kind = pop == 0 ? FA_BLOCK_EMPTY : pop == inside ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL;
                     }
                     m->kinds[at] = (int8_t)kind;
                     m->pop[at] = pop;
+                    m->col_lo[at] = (int32_t)(pop ? lo : -1), m->col_hi[at] = (int32_t)(pop ? hi : -1);
                     m->bitmap_at[at] = -1;
                     m->visible += pop;
                     if (kind == FA_BLOCK_FULL) m->full++;

@@ -19,6 +19,9 @@ struct fa_mask {
                             0 past seq_q / seq_k */
     int64_t *pop;        /* same shape: visible pairs of each block (precomputed, so that a
                             plan's cost takes time proportional to the blocks) */
+    int32_t *col_lo, *col_hi; /* same shape: the first and last key of each block that one of
+                            its rows sees, from the block's first key (-1 in an empty block):
+                            the forward's pairs compute only keys between (schedule_mask.h) */
     int64_t visible, full, partial; /* totals over every block */
 };
 
@@ -30,12 +33,13 @@ fa_status fa_mask_check_problem(const fa_mask *m, const fa_problem *p);
 
 /* The view of batch item b, query head h (broadcast dims read index 0); NULL: no mask. */
 static inline fa_sched_mask fa_mask_view(const fa_mask *m, int64_t b, int64_t h) {
-    fa_sched_mask v = {1, 1, 0, 0, 0, 0, 0, 0};
+    fa_sched_mask v = {1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
     if (!m) return v;
     const int64_t bb = m->s.batch == 1 ? 0 : b, hh = m->s.heads == 1 ? 0 : h;
     const int64_t base = (bb * m->s.heads + hh) * m->nqb * m->nkb;
     v.bq = m->s.block_q, v.bk = m->s.block_k, v.nqb = m->nqb, v.nkb = m->nkb;
     v.kinds = m->kinds + base, v.bitmap_at = m->bitmap_at + base, v.bits = m->bits, v.pop = m->pop + base;
+    v.col_lo = m->col_lo + base, v.col_hi = m->col_hi + base;
     return v;
 }
 

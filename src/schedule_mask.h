@@ -6,7 +6,7 @@
  *                             covers combined, then combined with fa_sched_tile_kind
  *   fa_sched_mask_visible     one (row, key) pair
  *   fa_sched_mask_pairs       visible pairs of a rectangle (the cost model's flops_useful)
- *   fa_sched_mask_keys_used   the keys of a pair the forward computes (and the plan counts)
+ *   fa_sched_mask_key_span    the keys of a pair the forward computes (and the plan counts)
  * A tile may cover several mask blocks, or part of one: any alignment is exact; tiles whose
  * edges fall on block edges are simply the ones that skip and run unmasked the most. */
 #ifndef FA_SCHEDULE_MASK_H
@@ -23,6 +23,8 @@ typedef struct fa_sched_mask {
     const int64_t *bitmap_at;  /* [nqb, nkb]: a partial block's offset in bits (else -1) */
     const uint8_t *bits;       /* each partial block's bq x bk bytes, row-major, nonzero = visible */
     const int64_t *pop;        /* [nqb, nkb]: visible pairs of each block */
+    const int32_t *col_lo, *col_hi; /* [nqb, nkb]: a block's first and last key some row sees,
+                                     * from its first key (-1: empty) */
 } fa_sched_mask;
 
 /* The block kinds and the tile kinds share their values (checked in mask.c). */
@@ -90,32 +92,37 @@ static inline void fa_sched_mask_narrow_key_tiles(const fa_sched_mask *v, int64_
     if (*kt0 > *kt1) *kt0 = *kt1;
 }
 
-/* The keys of the forward's pair rows [r0, r1) x keys [c0, c1) (not empty) it computes
- * under a mask: up to the last key a row may see, by the problem's masks (hi of the last
- * row: hi grows with the row) and by the mask's blocks (the end of the last key block not
- * empty for one of the rows' blocks), rounded up to FA_SCHED_TRIM keys (the tile products'
- * step); every key past it is hidden from every row, so the forward skips them: a chunked
- * mask's tile of 256 keys over a chunk's first 128 rows computes 128 of them. Without a
- * mask the whole tile (c1 - c0): unmasked plans keep their tiles as they are. Planned and
- * run alike (cost_mask.c walks it, forward.c computes it). */
+/* The keys [*first, *first + n) of the forward's pair rows [r0, r1) x keys [c0, c1) (not
+ * empty) that it computes under a mask, n returned: from the first to the last key a row of
+ * the pair may see, by the problem's masks (lo of the first row, hi of the last: both grow
+ * with the row) and by the mask's blocks (their first and last keys that a row sees, over
+ * the blocks the pair covers), widened to FA_SCHED_TRIM-key steps from c0 (the products'
+ * step). Every key outside is hidden from every row of the pair, so the forward skips it: a
+ * chunked mask's tile of 256 keys over a chunk's first 128 rows computes 128 of them, and a
+ * document's first key tile starts at the step holding its first key. Without a mask the
+ * whole tile: unmasked plans keep their tiles as they are. Planned and run alike
+ * (cost_mask.c walks it, forward.c computes it). */
 #define FA_SCHED_TRIM 32
-static inline int64_t fa_sched_mask_keys_used(const fa_sched *s, const fa_sched_mask *v, int64_t r0, int64_t r1,
-                                              int64_t c0, int64_t c1) {
+static inline int64_t fa_sched_mask_key_span(const fa_sched *s, const fa_sched_mask *v, int64_t r0, int64_t r1,
+                                             int64_t c0, int64_t c1, int64_t *first) {
+    *first = c0;
     if (!v->kinds || r1 <= r0 || c1 <= c0) return c1 - c0;
-    int64_t last = fa_sched_hi(s, r1 - 1);
-    last = last < c1 - 1 ? last : c1 - 1;
-    int64_t kb = last / v->bk, found = -1;
-    for (; kb >= c0 / v->bk && found < 0; kb--)
-        for (int64_t qb = r0 / v->bq; qb <= (r1 - 1) / v->bq; qb++)
-            if (fa_sched_mask_block(v, qb, kb) != FA_TILE_EMPTY) {
-                found = kb;
-                break;
-            }
-    if (found < 0) return c1 - c0; /* an empty pair: not computed, so whatever is asked */
-    const int64_t end = (found + 1) * v->bk - 1;
-    last = end < last ? end : last;
-    const int64_t n = (last + 1 - c0 + FA_SCHED_TRIM - 1) / FA_SCHED_TRIM * FA_SCHED_TRIM;
-    return n < c1 - c0 ? n : c1 - c0;
+    int64_t lo = fa_sched_lo(s, r0), hi = fa_sched_hi(s, r1 - 1), mlo = c1, mhi = -1;
+    for (int64_t qb = r0 / v->bq; qb <= (r1 - 1) / v->bq; qb++)
+        for (int64_t kb = c0 / v->bk; kb <= (c1 - 1) / v->bk; kb++) {
+            const int64_t at = qb * v->nkb + kb;
+            if (v->kinds[at] == FA_TILE_EMPTY) continue;
+            const int64_t a = kb * v->bk + v->col_lo[at], z = kb * v->bk + v->col_hi[at];
+            mlo = a < mlo ? a : mlo;
+            mhi = z > mhi ? z : mhi;
+        }
+    lo = lo > mlo ? lo : mlo, hi = hi < mhi ? hi : mhi;
+    lo = lo > c0 ? lo : c0, hi = hi < c1 - 1 ? hi : c1 - 1;
+    if (hi < lo) return c1 - c0 < FA_SCHED_TRIM ? c1 - c0 : FA_SCHED_TRIM; /* no row sees a key here: one step */
+    const int64_t f = (lo - c0) / FA_SCHED_TRIM * FA_SCHED_TRIM;
+    const int64_t end = (hi + 1 - c0 + FA_SCHED_TRIM - 1) / FA_SCHED_TRIM * FA_SCHED_TRIM;
+    *first = c0 + f;
+    return (end < c1 - c0 ? end : c1 - c0) - f;
 }
 
 /* Does the mask let row i see key j (0 <= i < Sq, 0 <= j < Sk)? */

@@ -19,8 +19,9 @@ static fa_status cpu_supports(const fa_problem *p, fa_pass pass, unsigned uses) 
  * than one of 128 on AMX (dispatch.c), so it is taken when the tiles it executes hold at
  * most 8% more elements (rows x keys as the forward computes them: the cost model's walk,
  * cost_mask.c) than the narrower ones: without a mask always, under causal alone too (its
- * diagonal adds 6% at 2048 keys, less beyond); at S = 16384 chunks of 2048 execute no more
- * (their pairs trimmed, schedule_mask.h), 16 documents 7.6% more and a window of 512 9.8%. */
+ * diagonal adds 6% at 2048 keys, less beyond); at S = 16384 masks of chunks of 2048, of 16
+ * documents and of a window of 512 execute no more (their pairs trimmed, schedule_mask.h),
+ * the problem's own window of 512 (untrimmed) 9.8% more. */
 static void wider_keys(const fa_plan *pl, int64_t wide_bk, int64_t *bq, int64_t *bk) {
     int64_t q2 = *bq, k2 = wide_bk;
     fa_mask_fit_tile(pl->p.mask, &q2, &k2);

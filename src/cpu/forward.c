@@ -2,10 +2,11 @@
  *
  * Work items are (batch, query head, run of up to FWD_RUN consecutive query tiles), spread
  * over plan->threads OpenMP threads. A thread packs q of each tile of its run once, then
- * walks the key tiles any of them visits: it packs k and v once and, for each tile of the
+ * walks the key tiles any of them visits: it packs k and v once (again only for a tile
+ * that computes other keys of it) and, for each tile of the
  * run whose key tiles (schedule.h) hold the key tile (the cost model counts exactly that
- * schedule; under a mask, each pair's keys up to the last one a row may see:
- * schedule_mask.h, fa_sched_mask_keys_used), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
+ * schedule; under a mask, each pair's keys from the first to the last one a row may see:
+ * schedule_mask.h, fa_sched_mask_key_span), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
  * bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
  * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l)
  * (with sinks, l and m include the head's sink first: sinks.h).
@@ -287,39 +288,46 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         const int n = (int)(p->seq_k - j0 < cx->bk ? p->seq_k - j0 : cx->bk);
         /* the run's tiles that compute this key tile: in their key tiles, and not emptied by
          * the mask (schedule_mask.h) */
-        int run_tile[FWD_RUN], kind[FWD_RUN], keys[FWD_RUN], any = 0;
+        int run_tile[FWD_RUN], kind[FWD_RUN], first[FWD_RUN], keys[FWD_RUN], any = 0;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             const int64_t r0 = (qt0 + t) * cx->bq, r1 = r0 + cx->bq < p->seq_q ? r0 + cx->bq : p->seq_q;
             /* fa_plan_tile_kind, with this call's schedule and this (b, h)'s mask view at hand */
             kind[t] = kt >= k0[t] && kt < k1[t] ? fa_sched_mask_tile_kind(&cx->sched, &cx->sc.mask, r0, r1, j0, j0 + n)
                                                 : FA_TILE_EMPTY;
             run_tile[t] = kt >= k0[t] && kt < k1[t] && (!p->mask || kind[t] != FA_TILE_EMPTY);
-            /* under a mask, the keys up to the last one a row may see (schedule_mask.h) */
-            keys[t] = run_tile[t] ? (int)fa_sched_mask_keys_used(&cx->sched, &cx->sc.mask, r0, r1, j0, j0 + n) : n;
+            /* under a mask, the keys from the first to the last one a row may see (schedule_mask.h) */
+            int64_t f = j0;
+            keys[t] = run_tile[t] ? (int)fa_sched_mask_key_span(&cx->sched, &cx->sc.mask, r0, r1, j0, j0 + n, &f) : n;
+            first[t] = (int)(f - j0);
             any |= run_tile[t];
         }
         if (!any) continue;
-        fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, j0);
-        fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
-        /* k packed whole (gemm_abt takes any prefix of it where the ISA says bt_prefix, isa.h),
-         * v for the keys a tile computes (its panels are laid out by the keys packed): each
-         * packed again only where a tile of the run computes another number of keys */
-        isa->pack_bt(&ks, n, (int)D, sc->kp);
+        const fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
+        /* k and v packed when a tile first needs them, again only where a tile of the run
+         * computes other keys: k whole where its keys start at the tile's (gemm_abt takes any
+         * prefix of it where the ISA says bt_prefix, isa.h), else the tile's keys; v the
+         * tile's keys (its panels are laid out by the keys packed) */
+        int kp_at = 0, kp_keys = 0, vp_at = 0, vp_keys = 0; /* the keys kp, vp hold: from j0 + at (0: none) */
         /* inf or NaN in v must not reach rows that cannot see its key (guard.h): checked once
          * per key tile, and only if a query tile here can hide a key (-1: not yet) */
-        int v_nonfinite = -1, kp_keys = n, vp_keys = 0; /* the keys kp, vp hold packed (0: none) */
+        int v_nonfinite = -1;
         for (int64_t t = 0; t < qt1 - qt0; t++) {
             if (!run_tile[t]) continue;
-            const int64_t r0 = (qt0 + t) * cx->bq;
+            const int64_t r0 = (qt0 + t) * cx->bq, jf = j0 + first[t]; /* the tile's keys: [jf, jf + nt) */
             const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq), nt = keys[t];
             float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
-            const int guarded = fa_tile_may_hide(pl, r0, r0 + m, j0, nt) &&
+            const int guarded = fa_tile_may_hide(pl, r0, r0 + m, jf, nt) &&
                                 (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite);
             const int pairs = cx->pairs && !guarded;
             /* a full tile's rows are all plain (fa_score_plain): no per-row test then; a
              * partial one's rows go to hidden_scale_max directly when the scores only hide */
             const int tile_plain = cx->hide_only && kind[t] == FA_TILE_FULL;
-            if (isa->bt_prefix ? kp_keys < nt : kp_keys != nt) isa->pack_bt(&ks, nt, (int)D, sc->kp), kp_keys = nt;
+            if (!kp_keys || kp_at != first[t] || (isa->bt_prefix ? kp_keys < nt : kp_keys != nt)) {
+                const int whole = isa->bt_prefix && first[t] == 0;
+                const fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, jf);
+                isa->pack_bt(&ks, whole ? n : nt, (int)D, sc->kp);
+                kp_at = first[t], kp_keys = whole ? n : nt;
+            }
             isa->gemm_abt(m, nt, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             /* raw: p straight from the raw products as the ISA's pairs (the max of the scaled
              * products is the max product, scaled: scale > 0) */
@@ -331,12 +339,12 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
                 for (int r = g0; r < g0 + g; r++) {
                     float *srow = sc->s + (int64_t)r * lds;
                     if (raw) {
-                        if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, j0, nt)) hide_keys(cx, r0 + r, j0, nt, srow);
+                        if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, jf, nt)) hide_keys(cx, r0 + r, jf, nt, srow);
                         mt[r - g0] = isa->max_row(srow, nt) * cx->sc.scale;
                     } else {
                         mt[r - g0] = tile_plain     ? fa_scale_max(srow, nt, cx->sc.scale)
-                                     : cx->hide_only ? hidden_scale_max(cx, r0 + r, j0, nt, srow)
-                                                     : fa_score_row_max(&cx->sc, b, h, r0 + r, j0, nt, srow);
+                                     : cx->hide_only ? hidden_scale_max(cx, r0 + r, jf, nt, srow)
+                                                     : fa_score_row_max(&cx->sc, b, h, r0 + r, jf, nt, srow);
                     }
                 }
                 fa_softmax_bases(isa, g, mt, M + g0, base, alpha);
@@ -346,12 +354,16 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             }
             /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);
              * o gets its 1 / (1 - p) when it is written */
-            if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, j0, nt, sc->s, lds, 1.0f, pairs);
+            if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, jf, nt, sc->s, lds, 1.0f, pairs);
+            const fa_tile_src vf = tile_src(cx, a->v, &p->v_stride, b, hk, jf);
             if (guarded) {
-                fa_gemm_pb_guarded(isa, m, nt, (int)Dv, sc->s, lds, &vs, sc->vp, acc, (int)Dv);
+                fa_gemm_pb_guarded(isa, m, nt, (int)Dv, sc->s, lds, &vf, sc->vp, acc, (int)Dv);
                 vp_keys = 0; /* the guarded product packed runs of v into vp */
             } else {
-                if (vp_keys != nt) isa->pack_b(&vs, nt, (int)Dv, sc->vp), vp_keys = nt;
+                if (!vp_keys || vp_at != first[t] || vp_keys != nt) {
+                    isa->pack_b(&vf, nt, (int)Dv, sc->vp);
+                    vp_at = first[t], vp_keys = nt;
+                }
                 if (pairs) isa->gemm_pb_pairs(m, nt, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
                 else isa->gemm_pb(m, nt, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
             }
