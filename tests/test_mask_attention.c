@@ -130,6 +130,9 @@ static int64_t visible_pairs(const fa_problem *p, const uint8_t *att) {
     return n;
 }
 
+static int check_case(tcase *cp, fa_mask *m, const uint8_t *att, const fa_mask_shape *msp, const fa_options *optp,
+                      const char *what, int idx);
+
 static int run_case(uint64_t *r, int idx) {
     static const fa_dtype dts[] = {FA_F32, FA_F16, FA_BF16};
     static const int64_t blocks[] = {0, 16, 32, 64, 24, 8};
@@ -162,6 +165,22 @@ static int run_case(uint64_t *r, int idx) {
     c.p.mask = m;
     fa_options opt = {FA_BACKEND_CPU, (int)tu_int(r, 1, 3), 0, 0};
     if (tu_int(r, 0, 2) == 0) opt.block_q = blocks[tu_int(r, 1, 5)], opt.block_k = blocks[tu_int(r, 1, 5)];
+    const int bad = check_case(&c, m, att, &ms, &opt, what, idx);
+    case_free(&c);
+    free(att_m), free(att);
+    return bad;
+}
+
+/* Case c (its mask m, given to the reference per element as att [B, Hq, Sq, Sk]) under
+ * opt: the forward and backward against the reference, their counts against the plan. m
+ * is released here (the plan keeps its own reference). 1 if it failed. */
+static int check_case(tcase *cp, fa_mask *m, const uint8_t *att, const fa_mask_shape *msp, const fa_options *optp,
+                      const char *what, int idx) {
+    tcase c = *cp;
+    const fa_problem p = c.p;
+    const fa_mask_shape ms = *msp;
+    const fa_options opt = *optp;
+    const int64_t sq = p.seq_q, sk = p.seq_k, B = p.batch, Hq = p.heads_q;
     fa_plan *pl = NULL;
     fa_status st = fa_plan_create(&c.p, &opt, &pl);
     fa_mask_destroy(m); /* the plan keeps its own reference */
@@ -229,9 +248,42 @@ static int run_case(uint64_t *r, int idx) {
         fa_ref_attend(NULL);
     }
     fa_plan_destroy(pl);
-    case_free(&c);
-    free(att_m), free(att);
+    *cp = c;
     return failures > bad;
+}
+
+/* The forward's trimmed pairs (schedule_mask.h, fa_sched_mask_key_span): tiles of 32 x 128
+ * over chunks of 48 and over documents, so that pairs compute from 32 to 128 of their keys,
+ * starting at the key tile's first key (k and v taken as prefixes of the packed tile on the
+ * ISAs with bt_prefix, b_prefix) or past it (packed again), with Dv = 72 (several column
+ * panels of a packed v), in every dtype, against the reference. */
+static int trimmed_pairs(uint64_t *r, int idx) {
+    static const fa_dtype dts[] = {FA_F32, FA_F16, FA_BF16};
+    int failed = 0;
+    for (int d = 0; d < 3; d++)
+        for (int kind = 0; kind < 2; kind++) {
+            fa_problem p;
+            fa_problem_init(&p);
+            p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = p.seq_k = 200, p.head_dim = 40, p.head_dim_v = 72;
+            p.dtype = dts[d];
+            fa_mask_shape ms = {1, 1, 200, 200, 8, 8};
+            int64_t counts[1] = {5}, lens[5] = {37, 70, 13, 50, 30};
+            fa_mask *m = NULL;
+            CHECK((kind ? fa_mask_documents(&ms, counts, lens, &m) : fa_mask_chunked(&ms, 0, 48, &m)) == FA_OK,
+                  "trimmed pairs: mask: %s", fa_last_error());
+            if (!m) return 1;
+            uint8_t *att = tu_alloc((size_t)(2 * 200 * 200));
+            CHECK(fa_mask_to_dense(m, att) == FA_OK, "to_dense: %s", fa_last_error());
+            memcpy(att + 200 * 200, att, 200 * 200); /* both heads */
+            tcase c;
+            case_init(&c, &p, M_CAUSAL, r, 0);
+            c.p.mask = m;
+            fa_options opt = {FA_BACKEND_CPU, 2, 32, 128};
+            failed += check_case(&c, m, att, &ms, &opt, kind ? "documents 37,70,13,50,30" : "chunked(48)", idx + 2 * d + kind);
+            case_free(&c);
+            free(att);
+        }
+    return failed;
 }
 
 /* The same bits from 1 and 3 threads, forward and backward (each output element is summed in
@@ -314,7 +366,8 @@ int main(void) {
     const int n = tu_check_cases() ? tu_check_cases() : 24; /* FA_CHECK_CASES=N: a longer run */
     int failed = 0;
     for (int i = 0; i < n; i++) failed += run_case(&r, i);
-    printf("test_mask_attention: %d of %d cases failed\n", failed, n);
+    failed += trimmed_pairs(&r, n);
+    printf("test_mask_attention: %d of %d cases failed\n", failed, n + 6);
     thread_counts(&r);
     refusals();
     return check_finish("test_mask_attention");

@@ -304,9 +304,9 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         if (!any) continue;
         const fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
         /* k and v packed when a tile first needs them, again only where a tile of the run
-         * computes other keys: k whole where its keys start at the tile's (gemm_abt takes any
-         * prefix of it where the ISA says bt_prefix, isa.h), else the tile's keys; v the
-         * tile's keys (its panels are laid out by the keys packed) */
+         * computes other keys: each whole where the tile's keys start at the key tile's and
+         * the ISA's products take a prefix of it (bt_prefix, b_prefix: isa.h), else the
+         * tile's keys */
         int kp_at = 0, kp_keys = 0, vp_at = 0, vp_keys = 0; /* the keys kp, vp hold: from j0 + at (0: none) */
         /* inf or NaN in v must not reach rows that cannot see its key (guard.h): checked once
          * per key tile, and only if a query tile here can hide a key (-1: not yet) */
@@ -360,9 +360,10 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
                 fa_gemm_pb_guarded(isa, m, nt, (int)Dv, sc->s, lds, &vf, sc->vp, acc, (int)Dv);
                 vp_keys = 0; /* the guarded product packed runs of v into vp */
             } else {
-                if (!vp_keys || vp_at != first[t] || vp_keys != nt) {
-                    isa->pack_b(&vf, nt, (int)Dv, sc->vp);
-                    vp_at = first[t], vp_keys = nt;
+                if (!vp_keys || vp_at != first[t] || (isa->b_prefix ? vp_keys < nt : vp_keys != nt)) {
+                    const int whole = isa->b_prefix && first[t] == 0;
+                    isa->pack_b(&vf, whole ? n : nt, (int)Dv, sc->vp);
+                    vp_at = first[t], vp_keys = whole ? n : nt;
                 }
                 if (pairs) isa->gemm_pb_pairs(m, nt, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
                 else isa->gemm_pb(m, nt, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);

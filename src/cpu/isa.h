@@ -82,8 +82,12 @@ typedef struct fa_isa {
      * that gemm_abt takes any prefix of them (the masked forward's trimmed pairs,
      * schedule_mask.h); 0: the driver packs k again for fewer keys. */
     int bt_prefix;
+    /* 1 where gemm_pb and gemm_pb_pairs take a prefix of a packed v (in steps of 32 keys:
+     * the bf16 tables, whose packed buffers name their rows); 0: the driver packs v again. */
+    int b_prefix;
     /* o[i*ldo + c] += sum_{j<n} p[i*ldp + j] B[j,c] for i < m, c < cols (b: pack_b(n,
-     * cols)). p is f32, already rounded to the problem's dtype by the caller. */
+     * cols), or with b_prefix any pack_b(n', cols), n' >= n, n a multiple of 32: its first
+     * n keys). p is f32, already rounded to the problem's dtype by the caller. */
     void (*gemm_pb)(int m, int n, int cols, const float *p, int ldp, const void *b, float *o,
                     int ldo);
     /* x[j] = exp(x[j] - mx) for j < n, returns their sum. exp(-inf) = 0. */

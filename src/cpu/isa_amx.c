@@ -277,7 +277,7 @@ static void pairs_to_tile_rows(const uint32_t *pp, int ldpp, int rows, int mt, i
 static void pb_blocks(int m, int n, int cols, const float *p, int ldp, const uint32_t *pp, int ldpp, const void *b,
                       float *o, int ldo) {
     const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
-    const int np2 = (int)fa_round_up(n, 32) / 2;
+    const int np2 = (int)fa_round_up(fa_pack_rows(b), 32) / 2; /* the rows packed: n may be fewer (b_prefix) */
     const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
     uint16_t buf[32 * PB_KC] __attribute__((aligned(64)));
     tiles_begin();
@@ -327,7 +327,8 @@ static const fa_decode_kernels amx_decode = {.qk = fa_decode_qk_bf16,
                                              .cache_ws = 1,
                                              .prefetch_x = 2};
 
-const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .bt_prefix = 1, .packed_bytes = amx_packed_bytes,
+const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
+                            .bt_prefix = 1, .b_prefix = 1,
                             .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                             .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
                             .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,

@@ -73,6 +73,11 @@ static void avx512_gemm_pb(int m, int n, int cols, const float *p, int ldp, cons
     gemm_pb_words(m, n, cols, (const uint32_t *)p, ldp, (const uint32_t *)b, n, 0, o, ldo);
 }
 
+void fa_avx512_gemm_pb_prefix(int m, int n, int rows, int cols, const float *p, int ldp, const void *b, float *o,
+                              int ldo) {
+    gemm_pb_words(m, n, cols, (const uint32_t *)p, ldp, (const uint32_t *)b, rows, 0, o, ldo);
+}
+
 float fa_avx512_exp_sum(float *x, int n, float mx) { return avx512_exp_sum(x, n, mx); }
 
 /* ---- per-element passes of the backward ---------------------------------------------- */

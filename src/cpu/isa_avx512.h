@@ -16,6 +16,10 @@ extern const fa_isa fa_isa_avx512;
 int64_t fa_avx512_packed_bytes(int64_t rows, int64_t cols, fa_dtype t);
 float fa_avx512_exp_sum(float *x, int n, float mx);
 void fa_avx512_transpose(const float *x, int ld, int m, int n, float *tr);
+/* gemm_pb over the first n of the rows keys that pack_b packed (the bf16 tables' f32 path,
+ * with b_prefix: isa.h). */
+void fa_avx512_gemm_pb_prefix(int m, int n, int rows, int cols, const float *p, int ldp, const void *b, float *o,
+                              int ldo);
 void fa_avx512_round_row(float *x, int n, fa_dtype t);
 void fa_avx512_hide_row(float *x, const uint8_t *vis, int n);
 void fa_avx512_scale_row(float *x, int n, float a);

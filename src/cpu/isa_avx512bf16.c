@@ -108,22 +108,22 @@ static void p_pairs(const float *p, int ldp, int mr, int n, int j0, int np, uint
 static void bf16_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
     if (fa_gemm_pb_f32(m, n, cols, p, ldp, b, o, ldo)) return;
     const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
-    const int np = (n + 1) / 2;
+    const int np = (n + 1) / 2, packed = (fa_pack_rows(b) + 1) / 2; /* pairs to multiply; pairs a column holds */
     uint32_t pp[PB_MR * PB_MAX_PAIRS];
     for (int i0 = 0; i0 < m; i0 += PB_MR) {
         const int mr = m - i0 < PB_MR ? m - i0 : PB_MR;
         for (int j0 = 0; j0 < np; j0 += PB_MAX_PAIRS) {
             const int nj = np - j0 < PB_MAX_PAIRS ? np - j0 : PB_MAX_PAIRS;
             p_pairs(p + (int64_t)i0 * ldp, ldp, mr, n, j0, nj, pp);
-            gemm_pb_words(mr, nj, cols, pp, nj, V, np, j0, o + (int64_t)i0 * ldo, ldo);
+            gemm_pb_words(mr, nj, cols, pp, nj, V, packed, j0, o + (int64_t)i0 * ldo, ldo);
         }
     }
 }
 
 static void bf16_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o,
                                int ldo) {
-    const int np = (n + 1) / 2;
-    gemm_pb_words(m, np, cols, pp, ldpp, (const uint32_t *)fa_pack_cpayload(b), np, 0, o, ldo);
+    const int np = (n + 1) / 2, packed = (fa_pack_rows(b) + 1) / 2;
+    gemm_pb_words(m, np, cols, pp, ldpp, (const uint32_t *)fa_pack_cpayload(b), packed, 0, o, ldo);
 }
 
 /* ---- the forward's p as pairs --------------------------------------------------------- */
@@ -171,7 +171,8 @@ const fa_decode_kernels fa_decode_bf16_kernels = {fa_decode_qk_bf16, fa_decode_p
                                                    fa_decode_cache_qk_avx512, fa_decode_cache_pv_avx512,
                                                    fa_decode_cache_step_avx512, 0, 1};
 
-const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .bt_prefix = 1, .packed_bytes = bf16_packed_bytes,
+const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .packed_bytes = bf16_packed_bytes,
+                                   .bt_prefix = 1, .b_prefix = 1,
                                    .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                                    .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
                             .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,

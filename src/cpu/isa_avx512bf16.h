@@ -12,7 +12,8 @@
 
 /* Packed buffers start with a 64-byte header naming their format, so one table can hold
  * f32 (for f32/f16 problems: f16 values are not all bf16 values) or its own bf16 layout,
- * and the products know which they were given. */
+ * and the products know which they were given; and the rows packed, so that gemm_pb can
+ * take a prefix of a packed v (isa.h, b_prefix): its panels are laid out by them. */
 #define FA_PACK_HDR 64
 #define FA_PACK_F32 1u /* the payload is fa_isa_avx512's f32 layout */
 static inline uint32_t fa_pack_fmt(const void *packed) {
@@ -21,6 +22,12 @@ static inline uint32_t fa_pack_fmt(const void *packed) {
     return f;
 }
 static inline void fa_pack_set_fmt(void *packed, uint32_t f) { memcpy(packed, &f, sizeof f); }
+static inline int fa_pack_rows(const void *packed) {
+    int r;
+    memcpy(&r, (const char *)packed + 4, sizeof r);
+    return r;
+}
+static inline void fa_pack_set_rows(void *packed, int r) { memcpy((char *)packed + 4, &r, sizeof r); }
 static inline void *fa_pack_payload(void *packed) { return (char *)packed + FA_PACK_HDR; }
 static inline const void *fa_pack_cpayload(const void *packed) { return (const char *)packed + FA_PACK_HDR; }
 
@@ -29,6 +36,7 @@ static inline const void *fa_pack_cpayload(const void *packed) { return (const c
  * table's bf16 layout that the caller then writes, and 0 is returned. */
 static inline int fa_pack_f32_unless_bf16(void (*f32_pack)(const fa_tile_src *, int, int, void *),
                                           const fa_tile_src *src, int rows, int cols, void *dst, uint32_t fmt) {
+    fa_pack_set_rows(dst, rows);
     if (src->dtype != FA_BF16) {
         fa_pack_set_fmt(dst, FA_PACK_F32);
         f32_pack(src, rows, cols, fa_pack_payload(dst));
@@ -52,7 +60,7 @@ static inline int fa_gemm_abt_f32(int m, int n, int k, const void *a, const void
 }
 static inline int fa_gemm_pb_f32(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
     if (fa_pack_fmt(b) != FA_PACK_F32) return 0;
-    fa_isa_avx512.gemm_pb(m, n, cols, p, ldp, fa_pack_cpayload(b), o, ldo);
+    fa_avx512_gemm_pb_prefix(m, n, fa_pack_rows(b), cols, p, ldp, fa_pack_cpayload(b), o, ldo);
     return 1;
 }
 
