@@ -164,7 +164,8 @@ void fa_avx512_scale_row(float *x, int n, float a) {
 const fa_decode_kernels fa_decode_avx512_kernels = {NULL, NULL, NULL, fa_decode_cache_qk_avx512,
                                                     fa_decode_cache_pv_avx512, fa_decode_cache_step_avx512, 0, 1};
 
-const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .bt_prefix = 1, .packed_bytes = fa_avx512_packed_bytes,
+const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .bt_prefix = 1,
+                               .packed_bytes = fa_avx512_packed_bytes,
                                .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                                .round_row = fa_avx512_round_row, .hide_row = fa_avx512_hide_row,
                                .scale_row = fa_avx512_scale_row, .store_bf16 = fa_avx512_store_bf16,
