@@ -10,7 +10,7 @@
  *                           must run no slower than the constructor's
  *
  * For each: the plan's time (fa_plan_create, median), the forward (and with --backward the
- * backward) time, the rate of executed flops (plan flops / s) and of useful flops
+ * backward) time (medians of --reps rounds that time each case once, after a warm-up round), the rate of executed flops (plan flops / s) and of useful flops
  * (flops_useful / s), and the ratios the targets name: executed rate vs dense causal's,
  * useful / executed, useful rate vs dense causal's.
  *
@@ -29,21 +29,18 @@ typedef struct {
     int causal;
 } bench_case;
 
-/* The median wall time of reps calls after a warm-up, and in *cpu their median CPU seconds
- * (all threads): on a shared machine the rate per CPU second is the steadier figure. */
-static double time_call(const fa_plan *pl, const fa_forward_args *fa, const fa_backward_args *ba, int reps, double *cpu) {
-    double t[32], c[32];
-    if (reps > 32) reps = 32;
-    for (int r = 0; r <= reps; r++) { /* the first is a warm-up */
-        const double t0 = measure_now(), c0 = measure_cpu_now();
-        if (ba ? fa_backward(pl, ba) : fa_forward(pl, fa)) {
-            fprintf(stderr, "bench_masks: %s\n", fa_last_error());
-            exit(1);
-        }
-        if (r) t[r - 1] = measure_now() - t0, c[r - 1] = measure_cpu_now() - c0;
+#define MAX_REPS 32
+#define N_CASES 4
+
+/* One timed call: wall seconds, and in *cpu its CPU seconds (all threads). */
+static double time_once(const fa_plan *pl, const fa_forward_args *fa, const fa_backward_args *ba, double *cpu) {
+    const double t0 = measure_now(), c0 = measure_cpu_now();
+    if (ba ? fa_backward(pl, ba) : fa_forward(pl, fa)) {
+        fprintf(stderr, "bench_masks: %s\n", fa_last_error());
+        exit(1);
     }
-    *cpu = measure_median(c, reps);
-    return measure_median(t, reps);
+    *cpu = measure_cpu_now() - c0;
+    return measure_now() - t0;
 }
 
 int main(int argc, char **argv) {
@@ -105,6 +102,7 @@ int main(int argc, char **argv) {
                           {"documents (causal within)", mdoc, 1},
                           {"chunked causal", mchunk, 0},
                           {"chunked, from a dense array", mdense, 0}};
+    _Static_assert(sizeof cases / sizeof cases[0] == N_CASES, "N_CASES names every case");
     printf("bench_masks: B=1 H=%lld S=%lld D=%lld %s, isa %s, %d documents, chunk %lld, reps %lld "
            "(dense array built in %.1f ms)\n",
            (long long)H, (long long)S, (long long)D, fa_dtype_name(dt), fa_cpu_isa(), (int)n_docs, (long long)chunk,
@@ -112,39 +110,52 @@ int main(int argc, char **argv) {
     printf("%-28s %9s %9s %11s %11s %11s %9s %11s %11s\n", "case", "plan us", "fwd s", "exec GF/s", "useful GF/s",
            "exec GF/cpu-s",
            backward ? "bwd s" : "", backward ? "exec GF/s" : "", backward ? "useful GF/s" : "");
-    double ref_exec = 0, ref_useful = 0, ref_cpu = 0;
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    /* every case planned first, then timed in rounds that visit each case once (a warm-up
+     * round first): a host whose speed drifts moves every case alike, not the last ones */
+    if (reps > MAX_REPS) reps = MAX_REPS;
+    if (reps < 1) reps = 1;
+    fa_plan *plans[N_CASES];
+    double plan_us[N_CASES], tf[N_CASES][MAX_REPS], cf_s[N_CASES][MAX_REPS], tb[N_CASES][MAX_REPS];
+    fa_forward_args fa = {0};
+    fa.q = q, fa.k = k, fa.v = v, fa.o = o, fa.lse = lse;
+    fa_backward_args ba = {0};
+    ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = g, ba.lse = lse, ba.dq = dq, ba.dk = dk, ba.dv = dv;
+    for (int c = 0; c < N_CASES; c++) {
         p.mask = cases[c].mask, p.causal = cases[c].causal;
         fa_options opt = {FA_BACKEND_CPU, (int)threads, 0, 0};
-        fa_plan *pl = NULL;
         double pt[5];
         for (int r = 0; r < 5; r++) {
             t0 = measure_now();
-            if (fa_plan_create(&p, &opt, &pl)) return fprintf(stderr, "bench_masks: %s\n", fa_last_error()), 1;
+            if (fa_plan_create(&p, &opt, &plans[c])) return fprintf(stderr, "bench_masks: %s\n", fa_last_error()), 1;
             pt[r] = measure_now() - t0;
-            if (r < 4) fa_plan_destroy(pl);
+            if (r < 4) fa_plan_destroy(plans[c]);
         }
+        plan_us[c] = measure_median(pt, 5) * 1e6;
+    }
+    for (int r = 0; r <= reps; r++)
+        for (int c = 0; c < N_CASES; c++) {
+            double cpu;
+            const double t = time_once(plans[c], &fa, NULL, &cpu);
+            if (r) tf[c][r - 1] = t, cf_s[c][r - 1] = cpu;
+            if (backward) { /* the backward of the forward just run (its o and lse) */
+                const double u = time_once(plans[c], NULL, &ba, &cpu);
+                if (r) tb[c][r - 1] = u;
+            }
+        }
+    double ref_exec = 0, ref_useful = 0, ref_cpu = 0;
+    for (int c = 0; c < N_CASES; c++) {
         fa_cost cf, cb;
-        fa_plan_cost(pl, FA_FORWARD, &cf), fa_plan_cost(pl, FA_BACKWARD, &cb);
-        fa_forward_args fa = {0};
-        fa.q = q, fa.k = k, fa.v = v, fa.o = o, fa.lse = lse;
-        double cpu_f, cpu_b = 0;
-        const double tf = time_call(pl, &fa, NULL, (int)reps, &cpu_f);
-        double tb = 0;
-        if (backward) {
-            fa_backward_args ba = {0};
-            ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = g, ba.lse = lse, ba.dq = dq, ba.dk = dk, ba.dv = dv;
-            tb = time_call(pl, NULL, &ba, (int)reps, &cpu_b);
-        }
-        const double exec = cf.flops / tf * 1e-9, useful = cf.flops_useful / tf * 1e-9;
+        fa_plan_cost(plans[c], FA_FORWARD, &cf), fa_plan_cost(plans[c], FA_BACKWARD, &cb);
+        const double f_s = measure_median(tf[c], (int)reps), cpu_f = measure_median(cf_s[c], (int)reps);
+        const double b_s = backward ? measure_median(tb[c], (int)reps) : 0;
+        const double exec = cf.flops / f_s * 1e-9, useful = cf.flops_useful / f_s * 1e-9;
         const double exec_cpu = cf.flops / cpu_f * 1e-9;
         if (c == 0) ref_exec = exec, ref_useful = useful, ref_cpu = exec_cpu;
-        printf("%-28s %9.0f %9.3f %11.1f %11.1f %11.1f", cases[c].name, measure_median(pt, 5) * 1e6, tf, exec, useful,
-               exec_cpu);
-        if (backward) printf(" %9.3f %11.1f %11.1f", tb, cb.flops / tb * 1e-9, cb.flops_useful / tb * 1e-9);
+        printf("%-28s %9.0f %9.3f %11.1f %11.1f %11.1f", cases[c].name, plan_us[c], f_s, exec, useful, exec_cpu);
+        if (backward) printf(" %9.3f %11.1f %11.1f", b_s, cb.flops / b_s * 1e-9, cb.flops_useful / b_s * 1e-9);
         printf("   exec/causal %.2f (per cpu-s %.2f)  useful/exec %.2f  useful/causal-useful %.2f\n", exec / ref_exec,
                exec_cpu / ref_cpu, (double)cf.flops_useful / (double)cf.flops, useful / ref_useful);
-        fa_plan_destroy(pl);
+        fa_plan_destroy(plans[c]);
     }
     fa_mask_destroy(mdoc), fa_mask_destroy(mchunk), fa_mask_destroy(mdense);
     free(q), free(k), free(v), free(o), free(g), free(dq), free(dk), free(dv), free(lse), free(lens);
