@@ -296,6 +296,16 @@ static void bound(const qcase *c, const double *deq_unused, double *out) {
     (void)codes;
 }
 
+/* A plan of p on the CPU with 2 threads (NULL, with a failure recorded, if it is refused). */
+static fa_plan *plan_2_threads(const fa_problem *p, const char *what) {
+    fa_options opt = {0};
+    opt.backend = FA_BACKEND_CPU, opt.threads = 2;
+    fa_plan *pl = NULL;
+    const fa_status st = fa_plan_create(p, &opt, &pl);
+    CHECK(st == FA_OK, "%s: plan: %s", what, fa_last_error());
+    return st ? NULL : pl;
+}
+
 static void run(const char *label, qcase *c) {
     const fa_problem *p = &c->p;
     const int64_t no = p->batch * p->seq_q * p->heads_q * p->head_dim, Hk = p->heads_kv, D = p->head_dim;
@@ -305,12 +315,9 @@ static void run(const char *label, qcase *c) {
     reference(c, 1, rd, ld);
     reference(c, 0, ro, ld);
     bound(c, rd, bnd);
-    fa_options opt = {0};
-    opt.backend = FA_BACKEND_CPU, opt.threads = 2;
-    fa_plan *pl = NULL;
-    fa_status st = fa_plan_create(p, &opt, &pl);
-    CHECK(st == FA_OK, "%s: plan: %s", label, fa_last_error());
-    if (st) return;
+    fa_plan *pl = plan_2_threads(p, label);
+    if (!pl) return;
+    fa_status st;
     fa_cost fc;
     fa_plan_cost(pl, FA_FORWARD, &fc);
     fa_counts cnt = {0};
@@ -387,12 +394,9 @@ static void nonfinite_q(void) {
         make(&c, 2, 8, 2, 128, 1, FA_BF16, FA_INT8, 0);
         const fa_problem *p = &c.p;
         const int64_t D = p->head_dim, no = p->batch * p->heads_q * D, h = 5;
-        fa_options opt = {0};
-        opt.backend = FA_BACKEND_CPU, opt.threads = 2;
-        fa_plan *pl = NULL;
-        fa_status st = fa_plan_create(p, &opt, &pl);
-        CHECK(st == FA_OK, "non-finite q: plan: %s", fa_last_error());
-        if (st) {
+        fa_plan *pl = plan_2_threads(p, "non-finite q");
+        fa_status st;
+        if (!pl) {
             release(&c);
             continue;
         }
@@ -446,12 +450,9 @@ static void fp8_codes(void) {
         }
         double *rd = tu_alloc(sizeof(double) * (size_t)no), *ld = tu_alloc(sizeof(double) * (size_t)(p->batch * p->heads_q));
         reference(&c, 1, rd, ld);
-        fa_options opt = {0};
-        opt.backend = FA_BACKEND_CPU, opt.threads = 2;
-        fa_plan *pl = NULL;
-        fa_status st = fa_plan_create(p, &opt, &pl);
-        CHECK(st == FA_OK, "fp8 codes: plan: %s", fa_last_error());
-        if (st) {
+        fa_plan *pl = plan_2_threads(p, "fp8 codes");
+        fa_status st;
+        if (!pl) {
             free(rd), free(ld), release(&c);
             continue;
         }
