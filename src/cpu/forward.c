@@ -3,11 +3,11 @@
  * Work items are (batch, query head, run of up to FWD_RUN consecutive query tiles), spread
  * over plan->threads OpenMP threads. A thread packs q of each tile of its run once, then
  * walks the key tiles any of them visits: it packs k and v once (again only for a tile
- * that computes other keys of it) and, for each tile of the
- * run whose key tiles (schedule.h) hold the key tile (the cost model counts exactly that
- * schedule; under a mask, each pair's keys from the first to the last one a row may see:
- * schedule_mask.h, fa_sched_mask_key_span), S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap,
- * bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
+ * that computes other keys of it) and, for each tile of the run whose key tiles
+ * (schedule.h) hold the key tile (the cost model counts exactly that schedule; under a
+ * mask, each pair's keys from the first to the last one a row may see: schedule_mask.h,
+ * fa_sched_mask_key_span), S = Q K^T, then row by row turns S into scores (scores.h: scale,
+ * softcap, bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
  * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l)
  * (with sinks, l and m include the head's sink first: sinks.h).
  * Sharing each packed k, v tile among the run's query tiles divides the packing (10% of
