@@ -224,6 +224,26 @@ static void hide_keys(const fwd_ctx *cx, int64_t i, int64_t j0, int n, float *re
     }
 }
 
+/* What a packed k or v buffer holds: keys [j0 + at, j0 + at + keys) of the key tile at j0
+ * (keys 0: nothing yet, or overwritten). */
+typedef struct {
+    int at, keys;
+} packed_keys;
+
+/* Makes buf hold keys [j0 + first, j0 + first + nt) of the n-key tile at j0 for a product:
+ * kept where it holds them already (a longer prefix will do where the ISA's products take
+ * prefixes: prefix), else packed, whole (n keys) where the keys start at the tile's and
+ * prefixes will do, so that later tiles of the run reuse it. */
+static void pack_keys(void (*pack)(const fa_tile_src *, int, int, void *), int prefix, const fwd_ctx *cx,
+                      const void *base, const fa_strides *st, int64_t b, int64_t hk, int64_t j0, int n, int first,
+                      int nt, int cols, void *buf, packed_keys *held) {
+    if (held->keys && held->at == first && (prefix ? held->keys >= nt : held->keys == nt)) return;
+    const int whole = prefix && first == 0;
+    const fa_tile_src src = tile_src(cx, base, st, b, hk, j0 + first);
+    pack(&src, whole ? n : nt, cols, buf);
+    held->at = first, held->keys = whole ? n : nt;
+}
+
 /* Writes one row of o: acc row times inv, in the output dtype (bf16 through the
  * branch-free rounding: the same bits as fa_store). */
 static void store_row(const fa_isa *isa, fa_dtype t, void *o, int64_t ob, int64_t os, const float *arow, float inv,
@@ -304,10 +324,8 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
         if (!any) continue;
         const fa_tile_src vs = tile_src(cx, a->v, &p->v_stride, b, hk, j0);
         /* k and v packed when a tile first needs them, again only where a tile of the run
-         * computes other keys: each whole where the tile's keys start at the key tile's and
-         * the ISA's products take a prefix of it (bt_prefix, b_prefix: isa.h), else the
-         * tile's keys */
-        int kp_at = 0, kp_keys = 0, vp_at = 0, vp_keys = 0; /* the keys kp, vp hold: from j0 + at (0: none) */
+         * computes other keys (pack_keys) */
+        packed_keys kp_held = {0, 0}, vp_held = {0, 0};
         /* inf or NaN in v must not reach rows that cannot see its key (guard.h): checked once
          * per key tile, and only if a query tile here can hide a key (-1: not yet) */
         int v_nonfinite = -1;
@@ -322,12 +340,8 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             /* a full tile's rows are all plain (fa_score_plain): no per-row test then; a
              * partial one's rows go to hidden_scale_max directly when the scores only hide */
             const int tile_plain = cx->hide_only && kind[t] == FA_TILE_FULL;
-            if (!kp_keys || kp_at != first[t] || (isa->bt_prefix ? kp_keys < nt : kp_keys != nt)) {
-                const int whole = isa->bt_prefix && first[t] == 0;
-                const fa_tile_src ks = tile_src(cx, a->k, &p->k_stride, b, hk, jf);
-                isa->pack_bt(&ks, whole ? n : nt, (int)D, sc->kp);
-                kp_at = first[t], kp_keys = whole ? n : nt;
-            }
+            pack_keys(isa->pack_bt, isa->bt_prefix, cx, a->k, &p->k_stride, b, hk, j0, n, first[t], nt, (int)D, sc->kp,
+                      &kp_held);
             isa->gemm_abt(m, nt, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             /* raw: p straight from the raw products as the ISA's pairs (the max of the scaled
              * products is the max product, scaled: scale > 0) */
@@ -355,16 +369,13 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);
              * o gets its 1 / (1 - p) when it is written */
             if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, jf, nt, sc->s, lds, 1.0f, pairs);
-            const fa_tile_src vf = tile_src(cx, a->v, &p->v_stride, b, hk, jf);
             if (guarded) {
+                const fa_tile_src vf = tile_src(cx, a->v, &p->v_stride, b, hk, jf);
                 fa_gemm_pb_guarded(isa, m, nt, (int)Dv, sc->s, lds, &vf, sc->vp, acc, (int)Dv);
-                vp_keys = 0; /* the guarded product packed runs of v into vp */
+                vp_held.keys = 0; /* the guarded product packed runs of v into vp */
             } else {
-                if (!vp_keys || vp_at != first[t] || (isa->b_prefix ? vp_keys < nt : vp_keys != nt)) {
-                    const int whole = isa->b_prefix && first[t] == 0;
-                    isa->pack_b(&vf, whole ? n : nt, (int)Dv, sc->vp);
-                    vp_at = first[t], vp_keys = whole ? n : nt;
-                }
+                pack_keys(isa->pack_b, isa->b_prefix, cx, a->v, &p->v_stride, b, hk, j0, n, first[t], nt, (int)Dv,
+                          sc->vp, &vp_held);
                 if (pairs) isa->gemm_pb_pairs(m, nt, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
                 else isa->gemm_pb(m, nt, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
             }

@@ -69,13 +69,13 @@ static void avx512_gemm_abt(int m, int n, int k, const void *a, const void *bt, 
     gemm_abt_words(m, n, k, (const uint32_t *)a, (const uint32_t *)bt, s, lds);
 }
 
-static void avx512_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
-    gemm_pb_words(m, n, cols, (const uint32_t *)p, ldp, (const uint32_t *)b, n, 0, o, ldo);
-}
-
 void fa_avx512_gemm_pb_prefix(int m, int n, int rows, int cols, const float *p, int ldp, const void *b, float *o,
                               int ldo) {
     gemm_pb_words(m, n, cols, (const uint32_t *)p, ldp, (const uint32_t *)b, rows, 0, o, ldo);
+}
+
+static void avx512_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
+    fa_avx512_gemm_pb_prefix(m, n, n, cols, p, ldp, b, o, ldo);
 }
 
 float fa_avx512_exp_sum(float *x, int n, float mx) { return avx512_exp_sum(x, n, mx); }
