@@ -1,6 +1,7 @@
 /* Tests an internal on purpose (the plan's schedule choice, struct fa_plan).
  * The one-pass backward (src/cpu/backward_fused.c) against the two-pass one, on random
- * problems (dtypes, masks, softcap, bias with dbias, ALiBi, segment ids, GQA, odd tiles):
+ * problems (dtypes, masks, block-sparse masks, softcap, bias with dbias, ALiBi, segment ids,
+ * GQA, odd tiles):
  *   - the plan picks the schedule from the shapes: fused for >= 8 (batch, kv head) items,
  *     two passes below, whatever the thread count; FA_BWD_SCHEDULE forces either;
  *   - dq, dk, dv (and dbias) of the two schedules are bit-identical (same sums in the same
@@ -63,6 +64,40 @@ typedef struct {
     fa_counts counts;
 } grads;
 
+/* A block-sparse mask (docs/masks.md) for p: chunked, documents (Sq == Sk) or a random
+ * bitmap, at blocks of 1..24, shared by the batch and heads or not. Its pairs skip, run
+ * unmasked or partial tiles; the fused walk zeroes and writes each query tile's dQ and each
+ * key tile's dK, dV around exactly the pairs it runs, which the two-pass schedule does not. */
+static fa_mask *random_mask(uint64_t *rng, const fa_problem *p) {
+    fa_mask_shape s = {tu_int(rng, 0, 1) ? p->batch : 1, tu_int(rng, 0, 1) ? p->heads_q : 1, p->seq_q, p->seq_k,
+                       tu_int(rng, 1, 24), tu_int(rng, 1, 24)};
+    fa_mask *m = NULL;
+    const int kind = (int)tu_int(rng, 0, 2);
+    if (kind == 0) {
+        CHECK(fa_mask_chunked(&s, p->seq_k - p->seq_q, tu_int(rng, 1, 40), &m) == FA_OK, "chunked: %s", fa_last_error());
+    } else if (kind == 1 && p->seq_q == p->seq_k) {
+        int64_t counts[2], lens[2 * 4], at = 0;
+        for (int64_t b = 0; b < s.batch; b++) { /* up to 4 documents, the last one takes the rest */
+            int64_t left = p->seq_q, c = 0;
+            while (c < 3 && left > 1 && tu_int(rng, 0, 1)) {
+                const int64_t len = tu_int(rng, 1, left - 1);
+                lens[at++] = len, left -= len, c++;
+            }
+            lens[at++] = left, counts[b] = c + 1;
+        }
+        CHECK(fa_mask_documents(&s, counts, lens, &m) == FA_OK, "documents: %s", fa_last_error());
+    } else {
+        const int64_t n = s.batch * s.heads * s.seq_q * s.seq_k;
+        uint8_t *att = tu_alloc((size_t)n);
+        for (int64_t i = 0; i < n; i++) att[i] = tu_int(rng, 0, 3) != 0;
+        for (int64_t i = 0; i < s.seq_q; i++) /* a few rows see no key, some key blocks none */
+            if (tu_int(rng, 0, 5) == 0) memset(att + i * s.seq_k, 0, (size_t)s.seq_k);
+        CHECK(fa_mask_from_dense(&s, att, &m) == FA_OK, "from_dense: %s", fa_last_error());
+        free(att);
+    }
+    return m;
+}
+
 static void random_case(uint64_t *rng, int n) {
     static const int64_t heads[][2] = {{8, 8}, {8, 4}, {4, 1}, {3, 3}, {16, 8}};
     static const fa_dtype types[] = {FA_F32, FA_F16, FA_BF16};
@@ -89,7 +124,10 @@ static void random_case(uint64_t *rng, int n) {
     }
     const int64_t bq = tu_int(rng, 0, 2) == 0 ? 0 : tu_int(rng, 1, 40);
     const int64_t bk = tu_int(rng, 0, 2) == 0 ? 0 : tu_int(rng, 1, 40);
+    fa_mask *mask = tu_int(rng, 0, 1) ? random_mask(rng, &p) : NULL;
+    p.mask = mask;
     fa_plan *two = plan_with(&p, "two-pass", 2, bq, bk);
+    fa_mask_destroy(mask); /* the plans hold their references */
     if (!two) {
         failures++;
         return;

@@ -4,13 +4,14 @@
  * are backward_run.c's.
  *
  * One work item per (b, kv head), run by one thread from start to end, with f32 dK, dV
- * accumulators for all its keys. For each query head of the GQA group (ascending): Q and
- * dO are packed once, for all query tiles, and the head's f32 dQ buffer zeroed; then for
+ * accumulators for all its keys. For each query head of the GQA group (ascending), for
  * each key tile (ascending), K and V are packed, and for each query tile that visits it
  * (ascending): p and dS (fa_bwd_tile), and
  *     dV += P^T dO,   dK += dS^T Q,   dQ += dS K.
- * dQ (scaled) is written when the head ends, dK (scaled) and dV when the item ends.
- * dbias, where asked, is zeroed by the item and summed in the same walk.
+ * A query tile's Q and dO are packed once per head, at its first pair, and its f32 dQ rows
+ * zeroed then; they are written (scaled) after its last key tile, and a key tile's dK
+ * (scaled) and dV after its pairs in the group's last head: each while still in cache
+ * (fused_item). dbias, where asked, is zeroed by the item and summed in the same walk.
  *
  * Every output element belongs to one item and every sum runs in the walk's fixed order,
  * whatever the thread count. The order is also the two-pass schedule's (backward.c): dK, dV
@@ -43,6 +44,8 @@ typedef struct {
     fa_bwd_tile_buf t; /* the key side and the pair */
     float *dk, *dv;    /* Sk x D, Sk x Dv: the item's accumulators */
     float *dq;         /* Sq x D: the head's dQ accumulators */
+    int64_t *q_last;   /* per query tile: the last key tile it may visit (-1: none) */
+    int8_t *q_state;   /* per query tile: Q bad, dO bad (-1: not checked yet), dQ zeroed */
 } fused_scratch;
 
 /* Lays the pieces out from base (or only measures, when base is NULL); returns the bytes. */
@@ -61,7 +64,9 @@ static int64_t fused_carve(const fa_plan *pl, char *base, fused_scratch *w) {
     off = fa_bwd_lay_tile(pl, base, off, &w->t);
     off = fa_bwd_lay(base, off, &w->dk, 4 * Sk * D);
     off = fa_bwd_lay(base, off, &w->dv, 4 * Sk * Dv);
-    return fa_bwd_lay(base, off, &w->dq, 4 * Sq * D);
+    off = fa_bwd_lay(base, off, &w->dq, 4 * Sq * D);
+    off = fa_bwd_lay(base, off, &w->q_last, 8 * nq);
+    return fa_bwd_lay(base, off, &w->q_state, 3 * nq);
 }
 
 int64_t fa_cpu_backward_fused_scratch_bytes(const struct fa_plan *plan) {
@@ -82,8 +87,25 @@ int fa_cpu_backward_fused_fits(const struct fa_plan *plan) {
            fa_cpu_backward_fused_scratch_bytes(plan) <= FUSED_MAX_SCRATCH;
 }
 
+/* The last key tile query rows [r0, r1) of (b, h) may visit, -1 if none: the schedule's
+ * key tiles (schedule.h: exactly those whose fa_sched_query_tiles hold the query tile), cut
+ * to the mask's non-empty ones (schedule_mask.h), so every pair the walk runs lies before. */
+static int64_t fused_last_key_tile(const fa_plan *pl, const fa_sched *sched, int64_t b, int64_t h, int64_t r0,
+                                   int64_t r1) {
+    int64_t k0, k1;
+    fa_sched_key_tiles(sched, r0, r1, pl->bwd_bk, &k0, &k1);
+    const fa_sched_mask v = fa_mask_view(pl->p.mask, b, h);
+    fa_sched_mask_narrow_key_tiles(&v, r0, r1, pl->bwd_bk, &k0, &k1);
+    return k0 < k1 ? k1 - 1 : -1;
+}
+
 /* One (b, kv head): dK, dV of all its keys, dQ (and dbias) of its query heads
- * (fa_bwd_item_fn, t = b Hk + hk). */
+ * (fa_bwd_item_fn, t = b Hk + hk). A query tile's dQ rows are zeroed at its first pair and
+ * written after its last key tile, and a key tile's dK, dV rows written after its pairs in
+ * the group's last head (zeroed before them when the group is one head): each while it is
+ * still in cache, where zeroing and writing whole Sq x D and Sk x D buffers went to memory
+ * when they outgrow L2 (the sums and their order are unchanged). Inf and NaN in a query
+ * tile's Q and dO are checked once per head (guard.h), at its first pair that may hide. */
 static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_counts *cnt) {
     const fa_plan *pl = c->pl;
     const fa_problem *p = &pl->p;
@@ -98,54 +120,83 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
     fused_scratch w;
     fused_carve(pl, scratch, &w);
 
-    memset(w.dk, 0, sizeof(float) * (size_t)(Sk * D));
-    memset(w.dv, 0, sizeof(float) * (size_t)(Sk * Dv));
+    if (group > 1) { /* summed over the group's heads */
+        memset(w.dk, 0, sizeof(float) * (size_t)(Sk * D));
+        memset(w.dv, 0, sizeof(float) * (size_t)(Sk * Dv));
+    }
     if (p->bias_grad) /* the item's slices (one when the heads share it) */
         for (int64_t h = h0; h < h0 + group && (h == h0 || p->bias_heads != 1); h++)
             memset(fa_bwd_dbias_row(c, b, h, 0), 0, sizeof(float) * (size_t)(p->bias_seq_q * Sk));
     for (int64_t h = h0; h < h0 + group; h++) {
+        const int last_head = h == h0 + group - 1;
         for (int64_t qt = 0; qt < nq; qt++) {
             const int64_t r0 = qt * bq;
             const int m = fa_bwd_rows(pl, r0);
-            fa_tile_src qs, gs;
-            fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g);
-            isa->pack_b(&qs, m, D, (char *)w.qb + qt * w.sa_q);
-            isa->pack_b(&gs, m, Dv, (char *)w.gb + qt * w.sa_g);
+            w.q_last[qt] = fused_last_key_tile(pl, &sched, b, h, r0, r0 + m);
+            w.q_state[3 * qt] = w.q_state[3 * qt + 1] = -1;
+            w.q_state[3 * qt + 2] = w.q_last[qt] < 0; /* no pair: its dQ is 0 */
+            if (w.q_last[qt] < 0) {
+                memset(w.dq + r0 * D, 0, sizeof(float) * (size_t)(m * D));
+                fa_bwd_store(c, a->dq, &p->q_stride, b, h, r0, m, D, w.dq + r0 * D, pl->scale);
+            }
         }
-        memset(w.dq, 0, sizeof(float) * (size_t)(Sq * D));
         for (int64_t kt = 0; kt < nk; kt++) {
             const int64_t c0 = kt * bk;
             const int n = fa_bwd_keys(pl, c0);
             int64_t q0, q1; /* the query tiles that visit this key tile */
             fa_sched_query_tiles(&sched, bq, bk, kt, &q0, &q1);
-            if (q0 == q1) continue;
-            const fa_tile_src ks = fa_bwd_pack_keys(c, &w.t, b, hk, c0, n);
-            isa->pack_b(&ks, n, D, w.t.kb);
+            if (group == 1) {
+                memset(w.dk + c0 * D, 0, sizeof(float) * (size_t)(n * D));
+                memset(w.dv + c0 * Dv, 0, sizeof(float) * (size_t)(n * Dv));
+            }
+            fa_tile_src ks;
             int k_bad = -1; /* checked once, when a pair can hide a key (guard.h) */
-            for (int64_t qt = q0; qt < q1; qt++) {
+            for (int64_t qt = q0, packed = 0; qt < q1; qt++) {
                 const int64_t r0 = qt * bq;
                 const int m = fa_bwd_rows(pl, r0);
                 if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
+                if (!packed) {
+                    ks = fa_bwd_pack_keys(c, &w.t, b, hk, c0, n);
+                    isa->pack_b(&ks, n, D, w.t.kb);
+                    packed = 1;
+                }
+                int8_t *st = w.q_state + 3 * qt;
+                fa_tile_src qs, gs;
+                if (!st[2]) { /* the query tile's first pair: Q and dO packed, dQ zeroed */
+                    fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g);
+                    isa->pack_b(&qs, m, D, (char *)w.qb + qt * w.sa_q);
+                    isa->pack_b(&gs, m, Dv, (char *)w.gb + qt * w.sa_g);
+                    memset(w.dq + r0 * D, 0, sizeof(float) * (size_t)(m * D));
+                    st[2] = 1;
+                } else {
+                    fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, NULL, NULL);
+                }
                 float *db = fa_bwd_dbias_row(c, b, h, r0);
                 fa_bwd_tile(c, &w.t, b, h, r0, m, c0, n, (char *)w.qa + qt * w.sa_q, (char *)w.ga + qt * w.sa_g,
                             1, db ? db + c0 : NULL, fa_bwd_dbias_ld(pl), cnt);
                 /* inf or NaN in q, dO (a NaN row) or k must not cross a zero weight into keys or
                  * rows that cannot see each other: guarded products, each packed head kept */
                 const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
-                fa_tile_src qs, gs;
-                fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, NULL, NULL);
                 if (hide && k_bad < 0) k_bad = fa_tile_nonfinite(&ks, n, D);
-                const int g_bad = hide && fa_tile_nonfinite(&gs, m, Dv);
-                const int q_bad = hide && fa_tile_nonfinite(&qs, m, D);
-                fa_bwd_dkdv(c, &w.t, m, n, &qs, (char *)w.qb + qt * w.sa_q, q_bad, &gs, (char *)w.gb + qt * w.sa_g,
-                            g_bad, 1, w.dk + c0 * D, w.dv + c0 * Dv, cnt);
+                if (hide && st[0] < 0) st[0] = (int8_t)fa_tile_nonfinite(&qs, m, D);
+                if (hide && st[1] < 0) st[1] = (int8_t)fa_tile_nonfinite(&gs, m, Dv);
+                fa_bwd_dkdv(c, &w.t, m, n, &qs, (char *)w.qb + qt * w.sa_q, hide && st[0], &gs,
+                            (char *)w.gb + qt * w.sa_g, hide && st[1], 1, w.dk + c0 * D, w.dv + c0 * Dv, cnt);
                 fa_bwd_dq(c, &w.t, m, n, &ks, hide && k_bad, 1, w.dq + r0 * D, cnt);
             }
+            for (int64_t qt = q0; qt < q1; qt++) /* dQ of the query tiles whose last key tile this is */
+                if (w.q_last[qt] == kt) {
+                    const int64_t r0 = qt * bq;
+                    const int m = fa_bwd_rows(pl, r0);
+                    if (!w.q_state[3 * qt + 2]) memset(w.dq + r0 * D, 0, sizeof(float) * (size_t)(m * D));
+                    fa_bwd_store(c, a->dq, &p->q_stride, b, h, r0, m, D, w.dq + r0 * D, pl->scale);
+                }
+            if (last_head) {
+                fa_bwd_store(c, a->dk, &p->k_stride, b, hk, c0, n, D, w.dk + c0 * D, pl->scale);
+                fa_bwd_store(c, a->dv, &p->v_stride, b, hk, c0, n, Dv, w.dv + c0 * Dv, fa_bwd_dv_scale(c));
+            }
         }
-        fa_bwd_store(c, a->dq, &p->q_stride, b, h, 0, Sq, D, w.dq, pl->scale);
     }
-    fa_bwd_store(c, a->dk, &p->k_stride, b, hk, 0, Sk, D, w.dk, pl->scale);
-    fa_bwd_store(c, a->dv, &p->v_stride, b, hk, 0, Sk, Dv, w.dv, fa_bwd_dv_scale(c));
     return 1;
 }
 

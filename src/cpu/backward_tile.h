@@ -274,7 +274,9 @@ static inline void fa_bwd_store(const fa_bwd_ctx *c, void *dst, const fa_strides
     for (int64_t i = 0; i < rows; i++) {
         const int64_t at = fa_offset(st, b, h, r0 + i, 0);
         const float *src = acc + i * cols;
-        if (t == FA_BF16) {
+        if (t == FA_BF16 && cs == 1 && c->pl->isa->store_bf16) { /* the same bits, at the ISA's width */
+            c->pl->isa->store_bf16((uint16_t *)dst + at, src, mul, cols);
+        } else if (t == FA_BF16) {
             uint16_t *out = (uint16_t *)dst + at;
             for (int x = 0; x < cols; x++) {
                 const float y = fa_vround_bf16(mul * src[x]);

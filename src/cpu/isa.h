@@ -114,7 +114,7 @@ typedef struct fa_isa {
     void (*hide_row)(float *x, const uint8_t *vis, int n);
     void (*scale_row)(float *x, int n, float a);
     /* Optional (NULL: the forward's loop, the same bits): dst[j] = the bf16 bits of x[j] * a
-     * rounded to nearest even (fa_vround_bf16), j < n: a row of o written. */
+     * rounded to nearest even (fa_vround_bf16), j < n: a row of o, dq, dk or dv written. */
     void (*store_bf16)(uint16_t *dst, const float *x, float a, int n);
     /* The block sizes these kernels run best at (registered with them, as BLIS does). */
     const fa_isa_tiles *tiles;
