@@ -280,12 +280,13 @@ static void test_nonfinite(void) {
 enum { G_NAN_V, G_INF_V, G_NAN_K, G_INF_K };
 
 static void test_hidden_garbage(void) {
-    static const char *masks[] = {"causal", "window (2, 1)", "bias -inf", "segment ids"};
+    static const char *masks[] = {"causal", "window (2, 1)", "bias -inf", "segment ids",
+                                  "a chunked mask (chunk 10, blocks 8 x 8)"};
     static const char *kinds[] = {"NaN in v", "inf in v", "NaN in k", "+-inf in k"};
     static const int64_t tiles[][2] = {{0, 0}, {7, 5}, {16, 48}, {1, 40}};
     static const fa_dtype types[] = {FA_F32, FA_BF16};
     const int64_t Sq = 24, Sk = 40, D = 8, garbage[] = {3, 30, 39};
-    for (int mk = 0; mk < 4; mk++)
+    for (int mk = 0; mk < 5; mk++)
         for (int kind = 0; kind < 4; kind++) {
             const fa_dtype t = types[(mk + kind) % 2];
             scase c;
@@ -303,6 +304,27 @@ static void test_hidden_garbage(void) {
                 for (int64_t i = 0; i < Sq; i++) c.qs[i] = (int32_t)tu_int(&rng, 0, 2);
                 for (int64_t j = 0; j < Sk; j++) c.ks[j] = (int32_t)(3 * j / Sk);
             }
+            /* a block-sparse mask: keys 30 and 39 visible to rows 14..23 only (at position
+             * d = i + 16, in d's chunk), key 3 to none; its full pairs take no guard
+             * (guard.h, fa_pair_may_hide), its partial ones do */
+            unsigned char *attend = NULL;
+            if (mk == 4) {
+                const fa_mask_shape ms = {1, 1, Sq, Sk, 8, 8};
+                fa_mask *m = NULL;
+                if (fa_mask_chunked(&ms, Sk - Sq, 10, &m) != FA_OK) {
+                    printf("FAIL fa_mask_chunked: %s\n", fa_last_error());
+                    failures++;
+                    sc_free(&c);
+                    continue;
+                }
+                c.p.mask = m; /* the plans take their references; released after the checks */
+                attend = tu_alloc((size_t)(2 * Sq * Sk));
+                for (int64_t h = 0; h < 2; h++)
+                    for (int64_t i = 0; i < Sq; i++)
+                        for (int64_t j = 0; j < Sk; j++) /* the definition, not the library's */
+                            attend[(h * Sq + i) * Sk + j] = j <= i + Sk - Sq && j / 10 == (i + Sk - Sq) / 10;
+                fa_ref_attend(attend);
+            }
             for (int g = 0; g < 3; g++)
                 for (int64_t d = 0; d < D; d += 3) {
                     const float val = kind == G_NAN_V || kind == G_NAN_K ? NAN : d == 3 ? -INFINITY : INFINITY;
@@ -313,6 +335,11 @@ static void test_hidden_garbage(void) {
             char label[96];
             snprintf(label, sizeof label, "%s at keys 3, 30, 39, %s", kinds[kind], masks[mk]);
             for (int x = 0; x < 4; x++) check(label, &c, tiles[x][0], tiles[x][1], -1);
+            if (mk == 4) {
+                fa_ref_attend(NULL);
+                fa_mask_destroy((fa_mask *)c.p.mask);
+                free(attend);
+            }
             sc_free(&c);
         }
 }

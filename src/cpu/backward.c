@@ -71,12 +71,13 @@ static void dkdv_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64
         for (int64_t qt = q0; qt < q1; qt++) {
             const int64_t r0 = qt * bq;
             const int m = fa_bwd_rows(pl, r0);
-            if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
+            const int kind = p->mask ? fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) : FA_TILE_PARTIAL;
+            if (kind == FA_TILE_EMPTY) continue;
             fa_tile_src qs, gs;
             fa_bwd_pack_rows(c, b, h, r0, m, &qs, &gs, w->qa, w->ga);
             /* a NaN row must not reach keys it cannot see through 0 * q or 0 * do (guard.h);
              * such a tile is not packed as B: the guarded product packs its finite runs */
-            const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
+            const int hide = fa_pair_may_hide(pl, kind, r0, r0 + m, c0, n);
             const int q_bad = hide && fa_tile_nonfinite(&qs, m, D);
             const int g_bad = hide && fa_tile_nonfinite(&gs, m, Dv);
             if (!q_bad) isa->pack_b(&qs, m, D, w->qb);
@@ -111,9 +112,10 @@ static void dq_item(const fa_bwd_ctx *c, two_pass_scratch *w, int64_t b, int64_t
     for (int64_t kt = k0; kt < k1; kt++) {
         const int64_t c0 = kt * bk;
         const int n = fa_bwd_keys(pl, c0);
-        if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
+        const int kind = p->mask ? fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) : FA_TILE_PARTIAL;
+        if (kind == FA_TILE_EMPTY) continue;
         const fa_tile_src ks = fa_bwd_pack_keys(c, &w->t, b, hk, c0, n);
-        const int k_bad = fa_tile_may_hide(pl, r0, r0 + m, c0, n) && fa_tile_nonfinite(&ks, n, D); /* guard.h */
+        const int k_bad = fa_pair_may_hide(pl, kind, r0, r0 + m, c0, n) && fa_tile_nonfinite(&ks, n, D); /* guard.h */
         if (!k_bad) isa->pack_b(&ks, n, D, w->t.kb);
         fa_bwd_tile(c, &w->t, b, h, r0, m, c0, n, w->qa, w->ga, 0, dbias ? dbias + c0 : NULL, fa_bwd_dbias_ld(pl),
                     cnt);

@@ -154,7 +154,8 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
             for (int64_t qt = q0, packed = 0; qt < q1; qt++) {
                 const int64_t r0 = qt * bq;
                 const int m = fa_bwd_rows(pl, r0);
-                if (p->mask && fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) == FA_TILE_EMPTY) continue;
+                const int kind = p->mask ? fa_plan_tile_kind(pl, b, h, r0, r0 + m, c0, c0 + n) : FA_TILE_PARTIAL;
+                if (kind == FA_TILE_EMPTY) continue;
                 if (!packed) {
                     ks = fa_bwd_pack_keys(c, &w.t, b, hk, c0, n);
                     isa->pack_b(&ks, n, D, w.t.kb);
@@ -176,7 +177,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
                             1, db ? db + c0 : NULL, fa_bwd_dbias_ld(pl), cnt);
                 /* inf or NaN in q, dO (a NaN row) or k must not cross a zero weight into keys or
                  * rows that cannot see each other: guarded products, each packed head kept */
-                const int hide = fa_tile_may_hide(pl, r0, r0 + m, c0, n);
+                const int hide = fa_pair_may_hide(pl, kind, r0, r0 + m, c0, n);
                 if (hide && k_bad < 0) k_bad = fa_tile_nonfinite(&ks, n, D);
                 if (hide && st[0] < 0) st[0] = (int8_t)fa_tile_nonfinite(&qs, m, D);
                 if (hide && st[1] < 0) st[1] = (int8_t)fa_tile_nonfinite(&gs, m, Dv);

@@ -334,7 +334,7 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             const int64_t r0 = (qt0 + t) * cx->bq, jf = j0 + first[t]; /* the tile's keys: [jf, jf + nt) */
             const int m = (int)(p->seq_q - r0 < cx->bq ? p->seq_q - r0 : cx->bq), nt = keys[t];
             float *acc = sc->acc + t * sc->acc_pitch, *M = sc->m + t * sc->ml_pitch, *L = sc->l + t * sc->ml_pitch;
-            const int guarded = fa_tile_may_hide(pl, r0, r0 + m, jf, nt) &&
+            const int guarded = fa_pair_may_hide(pl, kind[t], r0, r0 + m, jf, nt) &&
                                 (v_nonfinite < 0 ? (v_nonfinite = fa_tile_nonfinite(&vs, n, (int)Dv)) : v_nonfinite);
             const int pairs = cx->pairs && !guarded;
             /* a full tile's rows are all plain (fa_score_plain): no per-row test then; a

@@ -29,6 +29,14 @@ static inline int fa_tile_may_hide(const struct fa_plan *pl, int64_t r0, int64_t
     return fa_key_lo(pl, r1 - 1) > j0 || fa_key_hi(pl, r0) < j0 + n - 1;
 }
 
+/* fa_tile_may_hide for a pair whose kind (fa_plan_tile_kind: the mask's blocks ANDed with
+ * causal and window) the driver has at hand: under a mask, only a pair that is not full
+ * may hide a key. */
+static inline int fa_pair_may_hide(const struct fa_plan *pl, int kind, int64_t r0, int64_t r1, int64_t j0, int n) {
+    if (pl->p.mask && !pl->p.has_bias && !pl->p.has_segment_ids) return kind != FA_TILE_FULL;
+    return fa_tile_may_hide(pl, r0, r1, j0, n);
+}
+
 /* 1 if element c of row r of the tile is inf or NaN (all exponent bits set). */
 static inline int fa_elem_nonfinite(const fa_tile_src *src, int64_t r, int64_t c) {
     const int64_t at = r * src->row_stride + c * src->col_stride;
