@@ -99,6 +99,15 @@ static int64_t fused_last_key_tile(const fa_plan *pl, const fa_sched *sched, int
     return k0 < k1 ? k1 - 1 : -1;
 }
 
+/* Writes query tile qt's dQ rows (scaled), zeroed first if no pair of it ran. */
+static void fused_write_dq(const fa_bwd_ctx *c, const fused_scratch *w, int64_t b, int64_t h, int64_t qt) {
+    const fa_plan *pl = c->pl;
+    const int64_t r0 = qt * pl->bwd_bq, D = pl->p.head_dim;
+    const int m = fa_bwd_rows(pl, r0);
+    if (!w->q_state[3 * qt + 2]) memset(w->dq + r0 * D, 0, sizeof(float) * (size_t)(m * D));
+    fa_bwd_store(c, c->a->dq, &pl->p.q_stride, b, h, r0, m, (int)D, w->dq + r0 * D, pl->scale);
+}
+
 /* One (b, kv head): dK, dV of all its keys, dQ (and dbias) of its query heads
  * (fa_bwd_item_fn, t = b Hk + hk). A query tile's dQ rows are zeroed at its first pair and
  * written after its last key tile, and a key tile's dK, dV rows written after its pairs in
@@ -131,14 +140,10 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
         const int last_head = h == h0 + group - 1;
         for (int64_t qt = 0; qt < nq; qt++) {
             const int64_t r0 = qt * bq;
-            const int m = fa_bwd_rows(pl, r0);
-            w.q_last[qt] = fused_last_key_tile(pl, &sched, b, h, r0, r0 + m);
+            w.q_last[qt] = fused_last_key_tile(pl, &sched, b, h, r0, r0 + fa_bwd_rows(pl, r0));
             w.q_state[3 * qt] = w.q_state[3 * qt + 1] = -1;
-            w.q_state[3 * qt + 2] = w.q_last[qt] < 0; /* no pair: its dQ is 0 */
-            if (w.q_last[qt] < 0) {
-                memset(w.dq + r0 * D, 0, sizeof(float) * (size_t)(m * D));
-                fa_bwd_store(c, a->dq, &p->q_stride, b, h, r0, m, D, w.dq + r0 * D, pl->scale);
-            }
+            w.q_state[3 * qt + 2] = 0;
+            if (w.q_last[qt] < 0) fused_write_dq(c, &w, b, h, qt); /* no pair: its dQ is 0 */
         }
         for (int64_t kt = 0; kt < nk; kt++) {
             const int64_t c0 = kt * bk;
@@ -186,12 +191,7 @@ static int64_t fused_item(const fa_bwd_ctx *c, char *scratch, int64_t t, fa_coun
                 fa_bwd_dq(c, &w.t, m, n, &ks, hide && k_bad, 1, w.dq + r0 * D, cnt);
             }
             for (int64_t qt = q0; qt < q1; qt++) /* dQ of the query tiles whose last key tile this is */
-                if (w.q_last[qt] == kt) {
-                    const int64_t r0 = qt * bq;
-                    const int m = fa_bwd_rows(pl, r0);
-                    if (!w.q_state[3 * qt + 2]) memset(w.dq + r0 * D, 0, sizeof(float) * (size_t)(m * D));
-                    fa_bwd_store(c, a->dq, &p->q_stride, b, h, r0, m, D, w.dq + r0 * D, pl->scale);
-                }
+                if (w.q_last[qt] == kt) fused_write_dq(c, &w, b, h, qt);
             if (last_head) {
                 fa_bwd_store(c, a->dk, &p->k_stride, b, hk, c0, n, D, w.dk + c0 * D, pl->scale);
                 fa_bwd_store(c, a->dv, &p->v_stride, b, hk, c0, n, Dv, w.dv + c0 * Dv, fa_bwd_dv_scale(c));
