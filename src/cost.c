@@ -9,14 +9,24 @@
 typedef __int128 wide;
 typedef fa_tile_walk tile_walk;
 
-/* (query, key) pairs visible under causal, window and the mask, over every (batch, head). */
-static wide visible_pairs(const struct fa_plan *pl) { return fa_visible_pairs_all(pl); }
+/* What both passes' figures share: the (query, key) pairs visible under causal, window and
+ * the mask, over every (batch, head), and with a mask the q and k/v rows an ideal kernel
+ * reads (cost_mask.c). Under a mask each walks the mask's blocks, so a plan sums them once. */
+typedef struct {
+    wide pairs, q_rows, kv_rows;
+} shared_sums;
+
+static shared_sums shared(const struct fa_plan *pl) {
+    shared_sums ss = {fa_visible_pairs_all(pl), 0, 0};
+    if (pl->p.mask) fa_mask_needed_rows(pl, &ss.q_rows, &ss.kv_rows);
+    return ss;
+}
 
 /* The inputs an ideal kernel must read, each once (min_bytes, docs/semantics.md): the q
  * rows (the backward: also o, dO and lse) of the rows that see a key, the k and v rows of
  * the keys some row sees, the bias at the visible pairs, those rows' and keys' segment ids,
  * and the slopes. Every schedule reads at least these, so min_bytes <= bytes_accessed. */
-static wide needed_inputs(const struct fa_plan *pl, int backward) {
+static wide needed_inputs(const struct fa_plan *pl, const shared_sums *ss, int backward) {
     const fa_problem *p = &pl->p;
     const fa_sched s = fa_plan_sched(pl);
     int64_t r0, r1, lo, hi;
@@ -24,8 +34,8 @@ static wide needed_inputs(const struct fa_plan *pl, int backward) {
     const wide rows = r1 - r0, keys = fa_sched_span(&s, 0, p->seq_q, &lo, &hi) ? hi - lo + 1 : 0;
     const wide es = (wide)fa_dtype_size(p->dtype), b = p->batch, D = p->head_dim, Dv = p->head_dim_v;
     /* with a mask: the keys of the mask blocks some row may see (cost_mask.c) */
-    const wide kv_rows = p->mask ? fa_mask_needed_kv_rows(pl) : b * p->heads_kv * keys;
-    const wide q_rows = p->mask ? fa_mask_needed_q_rows(pl) : b * p->heads_q * rows;
+    const wide kv_rows = p->mask ? ss->kv_rows : b * p->heads_kv * keys;
+    const wide q_rows = p->mask ? ss->q_rows : b * p->heads_q * rows;
     wide need = q_rows * (backward ? (D + 2 * Dv) * es + 4 : D * es) + kv_rows * (D + Dv) * es;
     /* the bias at the visible pairs (with a mask: their mean over the heads that share a
      * slice); a bias row shared by every query row (bias_seq_q 1) at the keys some row sees
@@ -33,7 +43,7 @@ static wide needed_inputs(const struct fa_plan *pl, int backward) {
     if (p->has_bias && p->bias_seq_q == 1)
         need += (wide)p->bias_batch * p->bias_heads * (p->mask ? kv_rows / (b * p->heads_kv) : keys) * 4;
     else if (p->has_bias)
-        need += visible_pairs(pl) / (b * p->heads_q / ((wide)p->bias_batch * p->bias_heads)) * 4;
+        need += ss->pairs / (b * p->heads_q / ((wide)p->bias_batch * p->bias_heads)) * 4;
     /* segment ids of those rows and keys (with a mask: their mean over the heads) */
     if (p->has_segment_ids) need += (p->mask ? q_rows / p->heads_q + kv_rows / p->heads_kv : b * (rows + keys)) * 4;
     if (p->has_alibi) need += (wide)p->heads_q * 4;
@@ -71,7 +81,7 @@ static tensor_bytes sizes(const fa_problem *p) {
     return t;
 }
 
-static fa_status forward_cost(struct fa_plan *pl) {
+static fa_status forward_cost(struct fa_plan *pl, const shared_sums *ss) {
     const fa_problem *p = &pl->p;
     const wide heads = (wide)p->batch * p->heads_q, D = p->head_dim, Dv = p->head_dim_v;
     const wide es = (wide)fa_dtype_size(p->dtype);
@@ -94,9 +104,9 @@ static fa_status forward_cost(struct fa_plan *pl) {
     wide score = heads * p->seq_q * p->seq_k * 4;
 
     fa_cost *c = &pl->fwd;
-    if (!store(flops, &c->flops) || !store(visible_pairs(pl) * 2 * (D + Dv), &c->flops_useful) ||
+    if (!store(flops, &c->flops) || !store(ss->pairs * 2 * (D + Dv), &c->flops_useful) ||
         !store(trans, &c->transcendentals) || !store(all_heads + t.sinks, &c->bytes_accessed) ||
-        !store(needed_inputs(pl, 0) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
+        !store(needed_inputs(pl, ss, 0) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
         !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
         return fa_error(FA_ERR_OVERFLOW, "the forward cost of this problem overflows int64");
     return FA_OK;
@@ -122,7 +132,7 @@ static wide backward_fused_bytes(const struct fa_plan *pl, const tile_walk *w, w
 /* The backward: Delta = rowsum(dO o); a dk/dv pass over (b, kv head, key tile) visiting
  * the query tiles of its query heads; a dq pass over (b, q head, query tile). Or the
  * one-pass schedule, where the plan chose it. */
-static fa_status backward_cost(struct fa_plan *pl) {
+static fa_status backward_cost(struct fa_plan *pl, const shared_sums *ss) {
     const fa_problem *p = &pl->p;
     const wide heads = (wide)p->batch * p->heads_q, D = p->head_dim, Dv = p->head_dim_v;
     const wide es = (wide)fa_dtype_size(p->dtype), sq = p->seq_q;
@@ -157,9 +167,9 @@ static fa_status backward_cost(struct fa_plan *pl) {
     wide score = heads * sq * p->seq_k * 4;
 
     fa_cost *c = &pl->bwd;
-    if (!store(flops, &c->flops) || !store(visible_pairs(pl) * 2 * (3 * D + 2 * Dv), &c->flops_useful) ||
+    if (!store(flops, &c->flops) || !store(ss->pairs * 2 * (3 * D + 2 * Dv), &c->flops_useful) ||
         !store(trans, &c->transcendentals) || !store(all_heads + kv_once, &c->bytes_accessed) ||
-        !store(needed_inputs(pl, 1) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
+        !store(needed_inputs(pl, ss, 1) + outputs, &c->min_bytes) || !store(work, &c->workspace_bytes) ||
         !store(inputs + outputs + work, &c->peak_bytes) || !store(inputs + outputs + score, &c->naive_peak_bytes))
         return fa_error(FA_ERR_OVERFLOW, "the backward cost of this problem overflows int64");
     return FA_OK;
@@ -200,6 +210,7 @@ static fa_status empty_cost(struct fa_plan *pl) {
 fa_status fa_cost_compute(struct fa_plan *pl) {
     if (fa_problem_empty(&pl->p) && pl->shape != FA_SHAPE_VARLEN) return empty_cost(pl);
     if (pl->shape != FA_SHAPE_DENSE) return fa_cost_inference(pl); /* cost_inference.c */
-    fa_status s = forward_cost(pl);
-    return s ? s : backward_cost(pl);
+    const shared_sums ss = shared(pl);
+    fa_status s = forward_cost(pl, &ss);
+    return s ? s : backward_cost(pl, &ss);
 }

@@ -27,6 +27,7 @@ static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t b
         const int64_t r0 = t * bq, r1 = r0 + bq < sq ? r0 + bq : sq;
         int64_t kt0, kt1;
         fa_sched_key_tiles(&s, r0, r1, bk, &kt0, &kt1);
+        fa_sched_mask_narrow_key_tiles(v, r0, r1, bk, &kt0, &kt1); /* only empty pairs cut */
         for (int64_t kt = kt0; kt < kt1; kt++) {
             const int64_t c0 = kt * bk, c1 = c0 + bk < sk ? c0 + bk : sk;
             if (fa_sched_mask_tile_kind(&s, v, r0, r1, c0, c1) == FA_TILE_EMPTY) continue;
@@ -87,7 +88,13 @@ static void block_reach(const fa_sched *s, const fa_sched_mask *v, int64_t qb, i
     const int64_t r0 = qb * v->bq, r1 = r0 + v->bq < s->seq_q ? r0 + v->bq : s->seq_q;
     const int64_t c0 = kb * v->bk, c1 = c0 + v->bk < s->seq_k ? c0 + v->bk : s->seq_k;
     *keys = *rows = 0;
-    if (fa_sched_mask_block(v, qb, kb) == FA_TILE_EMPTY || fa_sched_tile_kind(s, r0, r1, c0, c1) == FA_TILE_EMPTY) return;
+    if (fa_sched_mask_block(v, qb, kb) == FA_TILE_EMPTY) return;
+    const int kind = fa_sched_tile_kind(s, r0, r1, c0, c1);
+    if (kind == FA_TILE_EMPTY) return;
+    if (kind == FA_TILE_FULL) { /* every row sees every key: no search */
+        *keys = c1 - c0, *rows = r1 - r0;
+        return;
+    }
     int64_t lo, hi;
     fa_sched_span(s, r0, r1, &lo, &hi);
     *keys = (hi < c1 - 1 ? hi : c1 - 1) - (lo > c0 ? lo : c0) + 1;
@@ -130,35 +137,33 @@ static void needed_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t
     }
 }
 
-wide fa_mask_needed_q_rows(const struct fa_plan *pl) {
-    const fa_mask *m = pl->p.mask;
-    wide total = 0;
-    for (int64_t b = 0; b < m->s.batch; b++)
-        for (int64_t h = 0; h < m->s.heads; h++) {
-            const fa_sched_mask v = fa_mask_view(m, b, h);
-            int64_t keys, rows;
-            needed_one(pl, &v, &keys, &rows);
-            total += rows;
-        }
-    return total * sharing(pl);
-}
-
-wide fa_mask_needed_kv_rows(const struct fa_plan *pl) {
+/* q rows over every (b, query head) and kv rows over every (b, kv head), the most any of
+ * its query heads needs (their union is at least that): each distinct slice of the mask
+ * once, since a slice shared by heads or batch items needs the same rows for each. */
+void fa_mask_needed_rows(const struct fa_plan *pl, wide *q_rows, wide *kv_rows) {
     const fa_problem *p = &pl->p;
     const fa_mask *m = p->mask;
     const int64_t group = p->heads_q / p->heads_kv;
-    wide total = 0;
-    /* per (b, kv head): the most any of its query heads needs (the union is at least that) */
-    for (int64_t b = 0; b < (m->s.batch == 1 ? 1 : p->batch); b++)
+    wide q = 0, kv = 0;
+    for (int64_t b = 0; b < m->s.batch; b++) {
+        if (m->s.heads == 1) {
+            const fa_sched_mask v = fa_mask_view(m, b, 0);
+            int64_t keys, rows;
+            needed_one(pl, &v, &keys, &rows);
+            q += (wide)rows * p->heads_q, kv += (wide)keys * p->heads_kv;
+            continue;
+        }
         for (int64_t hk = 0; hk < p->heads_kv; hk++) {
             int64_t most = 0;
-            for (int64_t h = hk * group; h < (hk + 1) * group && (h == hk * group || m->s.heads != 1); h++) {
+            for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
                 const fa_sched_mask v = fa_mask_view(m, b, h);
-                int64_t k, rows;
-                needed_one(pl, &v, &k, &rows);
-                most = k > most ? k : most;
+                int64_t keys, rows;
+                needed_one(pl, &v, &keys, &rows);
+                q += rows, most = keys > most ? keys : most;
             }
-            total += most;
+            kv += most;
         }
-    return m->s.batch == 1 ? total * p->batch : total;
+    }
+    const wide share = p->batch / m->s.batch;
+    *q_rows = q * share, *kv_rows = kv * share;
 }

@@ -183,8 +183,7 @@ fa_tile_walk fa_tile_walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk);
  * from the first to the last one a row may see (schedule_mask.h, fa_sched_mask_key_span). */
 fa_tile_walk fa_tile_walk_forward(const struct fa_plan *pl, int64_t bq, int64_t bk);
 __int128 fa_visible_pairs_all(const struct fa_plan *pl);
-__int128 fa_mask_needed_kv_rows(const struct fa_plan *pl);
-__int128 fa_mask_needed_q_rows(const struct fa_plan *pl); /* over every (b, query head) */
+void fa_mask_needed_rows(const struct fa_plan *pl, __int128 *q_rows, __int128 *kv_rows);
 
 /* Per-thread scratch the CPU drivers carve their workspace from (bytes). The cost model
  * reports threads x these (plus the backward's O(B*Hq*Sq) row terms), and the drivers

@@ -191,7 +191,7 @@ static inline __int128 fa_sched_mask_pairs(const fa_sched *s, const fa_sched_mas
                     const uint8_t *row = fa_sched_mask_row(v, i, kb) - kb * v->bk;
                     const int64_t lo = fa_sched_lo(s, i), hi = fa_sched_hi(s, i);
                     const int64_t j0 = lo > b0 ? lo : b0, j1 = hi + 1 < b1 ? hi + 1 : b1;
-                    int64_t ones = 0;
+                    uint32_t ones = 0; /* a block row has at most 4096 keys (mask.c) */
                     for (int64_t j = j0; j < j1; j++) ones += row[j];
                     total += ones;
                 }
