@@ -84,6 +84,20 @@ static int append_bits(fa_mask *m, int64_t *cap, const uint8_t *block, int64_t a
     return 1;
 }
 
+/* Adds the ones of row x (n bytes of 0 or 1) to *pop and widens [*lo, *hi] to its first
+ * and last one. */
+static void row_stats(const uint8_t *x, int64_t n, int64_t *pop, int64_t *lo, int64_t *hi) {
+    uint32_t ones = 0; /* n <= 4096 */
+    for (int64_t j = 0; j < n; j++) ones += x[j];
+    if (!ones) return;
+    *pop += ones;
+    int64_t first = 0, last = n - 1;
+    while (!x[first]) first++;
+    while (!x[last]) last--;
+    if (first < *lo) *lo = first;
+    if (last > *hi) *hi = last;
+}
+
 fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, const char *fn, fa_mask **out) {
     fa_mask_shape s;
     fa_status st = check_shape(shape, fn, &s);
@@ -115,14 +129,11 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
                     int64_t lo = kind == FA_BLOCK_FULL ? 0 : c1 - c0, hi = kind == FA_BLOCK_FULL ? c1 - c0 - 1 : -1;
                     if (kind != FA_BLOCK_EMPTY && kind != FA_BLOCK_FULL) {
                         memset(block, 0, (size_t)area);
-                        for (int64_t i = r0; i < r1; i++)
-                            for (int64_t j = c0; j < c1; j++) {
-                                const int e = src->elem(src->ctx, b, h, i, j) != 0;
-                                block[(i - r0) * s.block_k + (j - c0)] = (uint8_t)e;
-                                pop += e;
-                                if (e && j - c0 < lo) lo = j - c0;
-                                if (e && j - c0 > hi) hi = j - c0;
-                            }
+                        for (int64_t i = r0; i < r1; i++) {
+                            uint8_t *x = block + (i - r0) * s.block_k;
+                            src->row(src->ctx, b, h, i, c0, c1, x);
+                            row_stats(x, c1 - c0, &pop, &lo, &hi);
+                        }
                         if (kind != FA_BLOCK_PARTIAL || !src->keep_partial)
                             kind = pop == 0 ? FA_BLOCK_EMPTY : pop == inside ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL;
                     }
@@ -194,9 +205,10 @@ typedef struct {
     int64_t heads, sq, sk;
 } dense_ctx;
 
-static int dense_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+static void dense_row(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
     const dense_ctx *c = ctx;
-    return c->attend[((b * c->heads + h) * c->sq + i) * c->sk + j] != 0;
+    const uint8_t *x = c->attend + ((b * c->heads + h) * c->sq + i) * c->sk;
+    for (int64_t j = c0; j < c1; j++) out[j - c0] = x[j] != 0;
 }
 
 fa_status fa_mask_from_dense(const fa_mask_shape *s, const uint8_t *attend, fa_mask **out) {
@@ -204,7 +216,7 @@ fa_status fa_mask_from_dense(const fa_mask_shape *s, const uint8_t *attend, fa_m
     *out = NULL;
     if (!s || !attend) return fa_error(FA_ERR_NULL, "fa_mask_from_dense: %s is NULL", s ? "attend" : "the shape");
     dense_ctx c = {attend, s->heads, s->seq_q, s->seq_k};
-    const fa_mask_source src = {unknown_block, dense_elem, &c, 0};
+    const fa_mask_source src = {unknown_block, dense_row, &c, 0};
     return fa_mask_build(s, &src, "fa_mask_from_dense", out);
 }
 
@@ -213,9 +225,9 @@ typedef struct {
     void *ctx;
 } fn_ctx;
 
-static int fn_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+static void fn_row(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
     const fn_ctx *c = ctx;
-    return c->fn(c->ctx, b, h, i, j) != 0;
+    for (int64_t j = c0; j < c1; j++) out[j - c0] = c->fn(c->ctx, b, h, i, j) != 0;
 }
 
 fa_status fa_mask_from_fn(const fa_mask_shape *s, fa_mask_fn fn, void *ctx, fa_mask **out) {
@@ -223,7 +235,7 @@ fa_status fa_mask_from_fn(const fa_mask_shape *s, fa_mask_fn fn, void *ctx, fa_m
     *out = NULL;
     if (!s || !fn) return fa_error(FA_ERR_NULL, "fa_mask_from_fn: %s is NULL", s ? "fn" : "the shape");
     fn_ctx c = {fn, ctx};
-    const fa_mask_source src = {unknown_block, fn_elem, &c, 0};
+    const fa_mask_source src = {unknown_block, fn_row, &c, 0};
     return fa_mask_build(s, &src, "fa_mask_from_fn", out);
 }
 
@@ -243,10 +255,11 @@ static int blocks_block(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1,
     return k;
 }
 
-static int blocks_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+static void blocks_row(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
     const blocks_ctx *c = ctx;
     (void)b, (void)h;
-    return c->cur[(i % c->bq) * c->bk + j % c->bk] != 0;
+    const uint8_t *x = c->cur + (i % c->bq) * c->bk; /* the block starts at c0, a multiple of bk */
+    for (int64_t j = 0; j < c1 - c0; j++) out[j] = x[j] != 0;
 }
 
 fa_status fa_mask_from_blocks(const fa_mask_shape *s, const int8_t *kinds, const uint8_t *bitmaps, fa_mask **out) {
@@ -269,7 +282,7 @@ fa_status fa_mask_from_blocks(const fa_mask_shape *s, const int8_t *kinds, const
     if (partial && !bitmaps)
         return fa_error(FA_ERR_NULL, "%s: bitmaps is NULL but %lld blocks are partial", fn, (long long)partial);
     blocks_ctx c = {kinds, bitmaps, NULL, r.heads, nqb, nkb, r.block_q, r.block_k, 0};
-    const fa_mask_source src = {blocks_block, blocks_elem, &c, 1};
+    const fa_mask_source src = {blocks_block, blocks_row, &c, 1};
     return fa_mask_build(&r, &src, fn, out);
 }
 
@@ -292,11 +305,24 @@ static int combine_block(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1
     return -1;
 }
 
-static int combine_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+/* Row i's bytes of keys [c0, c1), one block of v: its bitmap's row, or all 0 or all 1. */
+static void view_row(const fa_sched_mask *v, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
+    const int k = fa_sched_mask_block(v, i / v->bq, c0 / v->bk);
+    if (k == FA_BLOCK_PARTIAL) memcpy(out, fa_sched_mask_row(v, i, c0 / v->bk), (size_t)(c1 - c0));
+    else memset(out, k == FA_BLOCK_FULL, (size_t)(c1 - c0));
+}
+
+static void combine_row(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
     const combine_ctx *c = ctx;
     const fa_sched_mask va = fa_mask_view(c->a, b, h), vb = fa_mask_view(c->b, b, h);
-    const int x = fa_sched_mask_visible(&va, i, j), y = fa_sched_mask_visible(&vb, i, j);
-    return c->is_or ? x || y : x && y;
+    uint8_t other[4096]; /* a block row: at most 4096 keys (check_shape) */
+    view_row(&va, i, c0, c1, out);
+    view_row(&vb, i, c0, c1, other);
+    const int64_t n = c1 - c0;
+    if (c->is_or)
+        for (int64_t j = 0; j < n; j++) out[j] |= other[j];
+    else
+        for (int64_t j = 0; j < n; j++) out[j] &= other[j];
 }
 
 static fa_status combine(const fa_mask *a, const fa_mask *b, int is_or, fa_mask **out) {
@@ -317,7 +343,7 @@ static fa_status combine(const fa_mask *a, const fa_mask *b, int is_or, fa_mask 
     s.batch = x->batch > y->batch ? x->batch : y->batch;
     s.heads = x->heads > y->heads ? x->heads : y->heads;
     combine_ctx c = {a, b, is_or};
-    const fa_mask_source src = {combine_block, combine_elem, &c, 0};
+    const fa_mask_source src = {combine_block, combine_row, &c, 0};
     return fa_mask_build(&s, &src, fn, out);
 }
 

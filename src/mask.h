@@ -61,11 +61,13 @@ static inline void fa_mask_fit_tile(const fa_mask *m, int64_t *bq, int64_t *bk) 
 /* The constructors' one builder. For every block, in row-major order of
  * [batch, heads, nqb, nkb], block() names its kind over rows [r0, r1) x keys [c0, c1)
  * (FA_BLOCK_*, or -1: not known, look at the elements); for a partial or unknown block
- * elem() then gives each element (nonzero: attend), and the block is kept as partial when
- * keep_partial, else classified by its elements (none: empty, all: full). */
+ * row() then writes each of its rows i, the c1 - c0 bytes of keys [c0, c1) (1: attend, 0:
+ * not), a row at a time so that an interval or a copied bitmap row costs a memset or a
+ * copy rather than a call per element; the block is kept as partial when keep_partial, else
+ * classified by its elements (none: empty, all: full). */
 typedef struct {
     int (*block)(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
-    int (*elem)(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j);
+    void (*row)(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out);
     void *ctx;
     int keep_partial;
 } fa_mask_source;

@@ -3,12 +3,14 @@
  * non-decreasing in i. Then a block's kind needs no element: rows [r0, r1) see all of keys
  * [c0, c1) iff lo(r1 - 1) <= c0 and hi(r0) >= c1 - 1, and some of them iff the first row
  * whose hi reaches c0 (a binary search: hi grows) has lo <= c1 - 1 (its lo is the smallest
- * of the rows that reach). Only partial blocks are built element by element, so a mask takes
- * time linear in its blocks plus its partial blocks' elements. The ends are clamped to
+ * of the rows that reach). Only partial blocks are written out, a row's interval a memset,
+ * so a mask takes time linear in its blocks plus its partial blocks' bytes. The ends are clamped to
  * [-1, Sk] as schedule.h's are (saturating sums: exact for every int64 offset). */
 #include "mask.h"
 
 #include "internal.h"
+
+#include <string.h>
 
 typedef enum { IV_SCHED, IV_CHUNKED, IV_PREFIX, IV_DOCUMENTS } iv_kind;
 
@@ -79,16 +81,18 @@ static int iv_block(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1, int
     return lo <= c1 - 1 && lo <= hi ? FA_BLOCK_PARTIAL : FA_BLOCK_EMPTY;
 }
 
-static int iv_elem(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
+static void iv_row(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
     int64_t lo, hi;
     (void)h;
     row_interval(ctx, b, i, &lo, &hi);
-    return lo <= j && j <= hi;
+    lo = lo > c0 ? lo : c0, hi = hi < c1 - 1 ? hi : c1 - 1;
+    memset(out, 0, (size_t)(c1 - c0));
+    if (lo <= hi) memset(out + (lo - c0), 1, (size_t)(hi - lo + 1));
 }
 
 static fa_status build(const fa_mask_shape *s, iv_ctx *c, const char *fn, fa_mask **out) {
     c->s.seq_q = s->seq_q, c->s.seq_k = s->seq_k;
-    const fa_mask_source src = {iv_block, iv_elem, c, 0};
+    const fa_mask_source src = {iv_block, iv_row, c, 0};
     return fa_mask_build(s, &src, fn, out);
 }
 
