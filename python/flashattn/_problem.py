@@ -5,17 +5,38 @@ their layouts); strides are in elements. Options are checked here only where Pyt
 more than the library would (types, tuple shapes); everything else is the library's call,
 so the messages stay the library's.
 """
+import numpy as np
+
 from . import _native
 
 DTYPES = {"f32": _native.F32, "f16": _native.F16, "bf16": _native.BF16}
 BACKENDS = {"auto": _native.BACKEND_AUTO, "cpu": _native.BACKEND_CPU, "cuda": _native.BACKEND_CUDA}
 
 
-def dtype_code(name):
-    try:
-        return DTYPES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
+# numpy's (and torch's, JAX's) names for the same three
+_DTYPE_ALIASES = {"float32": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16"}
+
+
+def dtype_code(dtype):
+    """The library's code for a dtype given as "f32", "f16" or "bf16", their numpy names
+    ("float32", "float16", "bfloat16"), a numpy, ml_dtypes, torch or JAX dtype of those, or
+    the library's own code (an int, as the fronts pass it)."""
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        return dtype
+    name = dtype
+    if not isinstance(dtype, str):
+        if type(dtype).__module__.split(".")[0] == "torch":  # torch.bfloat16 -> "bfloat16"
+            name = str(dtype).rsplit(".", 1)[-1]
+        else:
+            try:
+                name = np.dtype(dtype).name  # numpy, ml_dtypes and JAX dtypes and scalar types
+            except TypeError:
+                name = repr(dtype)
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be f32, f16 or bf16 (or float32, float16, bfloat16: a name or a numpy, torch "
+                         f"or JAX dtype), got {dtype!r}")
+    return DTYPES[name]
 
 
 def window_pair(window):
@@ -132,7 +153,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
                            ("seq_q", "seq_q", Sq), ("seq_k", "seq_k", Sk), ("head_dim", "head_dim", D),
                            ("head_dim_v", "head_dim_v", Dv)):
         setattr(p, field, _int(name, n))
-    p.dtype = dtype_code(dtype) if isinstance(dtype, str) else dtype
+    p.dtype = dtype_code(dtype)
     for name, st in (("q_stride", q_stride), ("k_stride", k_stride), ("v_stride", v_stride),
                      ("o_stride", o_stride), ("bias_stride", bias_stride)):
         if st is not None:

@@ -46,6 +46,39 @@ def test_float64_error_names_the_dtypes_that_work(rng):
         flashattn.attention(q, q, q)
 
 
+def _dtype_spellings():
+    """Every way a numpy, PyTorch or JAX user names the three dtypes, with the library's name."""
+    import ml_dtypes
+    out = [("f32", "f32"), ("float32", "f32"), (np.float32, "f32"), (np.dtype("float32"), "f32"),
+           ("f16", "f16"), ("float16", "f16"), ("half", "f16"), (np.float16, "f16"),
+           ("bf16", "bf16"), ("bfloat16", "bf16"), (ml_dtypes.bfloat16, "bf16"), (np.dtype(ml_dtypes.bfloat16), "bf16")]
+    try:
+        import torch
+        out += [(torch.float32, "f32"), (torch.float16, "f16"), (torch.bfloat16, "bf16")]
+    except ImportError:
+        pass
+    try:
+        import jax.numpy as jnp
+        out += [(jnp.float32, "f32"), (jnp.bfloat16, "bf16"), (jnp.dtype("float16"), "f16")]
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("dtype, name", _dtype_spellings(), ids=lambda x: repr(x))
+def test_plan_takes_every_front_s_dtype_spelling(dtype, name):
+    got = flashattn.plan(**dict(BASE, dtype=dtype)).forward
+    assert got == flashattn.plan(**dict(BASE, dtype=name)).forward
+    assert got["bytes_accessed"] != flashattn.plan(**dict(BASE, dtype="f32" if name != "f32" else "bf16")).forward[
+        "bytes_accessed"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", np.float64, "int8", None, True, object()], ids=repr)
+def test_plan_refuses_other_dtypes_naming_them(dtype):
+    with pytest.raises(ValueError, match=r"f32, f16 or bf16.*got"):
+        flashattn.plan(**dict(BASE, dtype=dtype))
+
+
 def test_threads_per_call(rng):
     q, k, v = randn(rng, (1, 2, 40, 8)), randn(rng, (1, 2, 40, 8)), randn(rng, (1, 2, 40, 8))
     o1 = flashattn.attention(q, k, v, threads=1)
