@@ -66,34 +66,46 @@ void fa_mask_destroy(fa_mask *m) {
     fa_free(m->col_lo);
     fa_free(m->col_hi);
     fa_free(m->bits);
+    fa_free(m->row_stats);
     fa_free(m);
 }
 
-/* Appends one block's bitmap to the growing bits buffer (doubling). */
-static int append_bits(fa_mask *m, int64_t *cap, const uint8_t *block, int64_t area) {
-    const int64_t used = m->partial * area;
-    if (used + area > *cap) {
-        const int64_t want = *cap ? 2 * *cap : 16 * area;
-        uint8_t *b = fa_malloc((size_t)want);
-        if (!b) return 0;
-        if (used) memcpy(b, m->bits, (size_t)used);
-        fa_free(m->bits);
-        m->bits = b, *cap = want;
+/* Appends one block's bitmap, and its rows' stats (3 int16 a row, block_q rows), to the
+ * growing bits and row_stats buffers (doubling; *cap counts blocks). */
+static int append_bits(fa_mask *m, int64_t *cap, const uint8_t *block, int64_t area, const int16_t *rows,
+                       int64_t bq) {
+    if (m->partial + 1 > *cap) {
+        const int64_t want = *cap ? 2 * *cap : 16;
+        uint8_t *b = fa_malloc((size_t)(want * area));
+        int16_t *r = fa_malloc((size_t)(want * bq * 3) * sizeof(int16_t));
+        if (!b || !r) {
+            fa_free(b), fa_free(r);
+            return 0;
+        }
+        if (m->partial) {
+            memcpy(b, m->bits, (size_t)(m->partial * area));
+            memcpy(r, m->row_stats, (size_t)(m->partial * bq * 3) * sizeof(int16_t));
+        }
+        fa_free(m->bits), fa_free(m->row_stats);
+        m->bits = b, m->row_stats = r, *cap = want;
     }
-    memcpy(m->bits + used, block, (size_t)area);
+    memcpy(m->bits + m->partial * area, block, (size_t)area);
+    memcpy(m->row_stats + m->partial * bq * 3, rows, (size_t)(bq * 3) * sizeof(int16_t));
     return 1;
 }
 
-/* Adds the ones of row x (n bytes of 0 or 1) to *pop and widens [*lo, *hi] to its first
- * and last one. */
-static void row_stats(const uint8_t *x, int64_t n, int64_t *pop, int64_t *lo, int64_t *hi) {
+/* Row x's stats (n bytes of 0 or 1): its first and last one and their count in st[0..2]
+ * (0, -1, 0 when it has none); adds the count to *pop and widens [*lo, *hi] to them. */
+static void row_stats(const uint8_t *x, int64_t n, int64_t *pop, int64_t *lo, int64_t *hi, int16_t st[3]) {
     uint32_t ones = 0; /* n <= 4096 */
     for (int64_t j = 0; j < n; j++) ones += x[j];
+    st[0] = 0, st[1] = -1, st[2] = (int16_t)ones;
     if (!ones) return;
     *pop += ones;
     int64_t first = 0, last = n - 1;
     while (!x[first]) first++;
     while (!x[last]) last--;
+    st[0] = (int16_t)first, st[1] = (int16_t)last;
     if (first < *lo) *lo = first;
     if (last > *hi) *hi = last;
 }
@@ -114,8 +126,9 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
     m->col_lo = fa_malloc((size_t)n * sizeof(int32_t));
     m->col_hi = fa_malloc((size_t)n * sizeof(int32_t));
     uint8_t *block = fa_malloc((size_t)area);
+    int16_t *rows = fa_malloc((size_t)(s.block_q * 3) * sizeof(int16_t)); /* the block's row stats */
     int64_t cap = 0, at = 0;
-    if (!m->kinds || !m->bitmap_at || !m->pop || !m->col_lo || !m->col_hi || !block) goto no_memory;
+    if (!m->kinds || !m->bitmap_at || !m->pop || !m->col_lo || !m->col_hi || !block || !rows) goto no_memory;
     for (int64_t b = 0; b < s.batch; b++)
         for (int64_t h = 0; h < s.heads; h++)
             for (int64_t qb = 0; qb < m->nqb; qb++)
@@ -129,10 +142,11 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
                     int64_t lo = kind == FA_BLOCK_FULL ? 0 : c1 - c0, hi = kind == FA_BLOCK_FULL ? c1 - c0 - 1 : -1;
                     if (kind != FA_BLOCK_EMPTY && kind != FA_BLOCK_FULL) {
                         memset(block, 0, (size_t)area);
+                        for (int64_t r = 0; r < s.block_q; r++) rows[3 * r] = 0, rows[3 * r + 1] = -1, rows[3 * r + 2] = 0;
                         for (int64_t i = r0; i < r1; i++) {
                             uint8_t *x = block + (i - r0) * s.block_k;
                             src->row(src->ctx, b, h, i, c0, c1, x);
-                            row_stats(x, c1 - c0, &pop, &lo, &hi);
+                            row_stats(x, c1 - c0, &pop, &lo, &hi, rows + 3 * (i - r0));
                         }
                         if (kind != FA_BLOCK_PARTIAL || !src->keep_partial)
                             kind = pop == 0 ? FA_BLOCK_EMPTY : pop == inside ? FA_BLOCK_FULL : FA_BLOCK_PARTIAL;
@@ -144,16 +158,16 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
                     m->visible += pop;
                     if (kind == FA_BLOCK_FULL) m->full++;
                     if (kind == FA_BLOCK_PARTIAL) {
-                        if (!append_bits(m, &cap, block, area)) goto no_memory;
+                        if (!append_bits(m, &cap, block, area, rows, s.block_q)) goto no_memory;
                         m->bitmap_at[at] = m->partial * area;
                         m->partial++;
                     }
                 }
-    fa_free(block);
+    fa_free(block), fa_free(rows);
     *out = m;
     return FA_OK;
 no_memory:
-    fa_free(block);
+    fa_free(block), fa_free(rows);
     fa_mask_destroy(m);
     return fa_error(FA_ERR_NO_MEMORY, "%s: out of memory for the mask's %lld blocks", fn, (long long)n);
 }

@@ -22,6 +22,10 @@ struct fa_mask {
     int32_t *col_lo, *col_hi; /* same shape: the first and last key of each block that one of
                             its rows sees, from the block's first key (-1 in an empty block):
                             the forward's pairs compute only keys between (schedule_mask.h) */
+    int16_t *row_stats;  /* the partial blocks' rows, block_q a block in the order of bits: the
+                            row's first and last visible key (from the block's first key) and
+                            their count, 3 each (0, -1, 0: none), so that the plan counts a
+                            row the problem's masks show whole without reading it */
     int64_t visible, full, partial; /* totals over every block */
 };
 
@@ -33,13 +37,13 @@ fa_status fa_mask_check_problem(const fa_mask *m, const fa_problem *p);
 
 /* The view of batch item b, query head h (broadcast dims read index 0); NULL: no mask. */
 static inline fa_sched_mask fa_mask_view(const fa_mask *m, int64_t b, int64_t h) {
-    fa_sched_mask v = {1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    fa_sched_mask v = {1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (!m) return v;
     const int64_t bb = m->s.batch == 1 ? 0 : b, hh = m->s.heads == 1 ? 0 : h;
     const int64_t base = (bb * m->s.heads + hh) * m->nqb * m->nkb;
     v.bq = m->s.block_q, v.bk = m->s.block_k, v.nqb = m->nqb, v.nkb = m->nkb;
     v.kinds = m->kinds + base, v.bitmap_at = m->bitmap_at + base, v.bits = m->bits, v.pop = m->pop + base;
-    v.col_lo = m->col_lo + base, v.col_hi = m->col_hi + base;
+    v.col_lo = m->col_lo + base, v.col_hi = m->col_hi + base, v.row_stats = m->row_stats;
     return v;
 }
 

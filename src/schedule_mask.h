@@ -25,6 +25,9 @@ typedef struct fa_sched_mask {
     const int64_t *pop;        /* [nqb, nkb]: visible pairs of each block */
     const int32_t *col_lo, *col_hi; /* [nqb, nkb]: a block's first and last key some row sees,
                                      * from its first key (-1: empty) */
+    const int16_t *row_stats;  /* per row of each partial block (bitmap_at / (bq bk) of them, bq rows
+                                * each): its first and last visible key from the block's first
+                                * key and their count (0, -1, 0: none); or NULL */
 } fa_sched_mask;
 
 /* The block kinds and the tile kinds share their values (checked in mask.c). */
@@ -186,15 +189,27 @@ static inline __int128 fa_sched_mask_pairs(const fa_sched *s, const fa_sched_mas
             const int whole = a0 == qb * v->bq && a1 == qe && b0 == kb * v->bk && b1 == ke;
             if (m == FA_TILE_FULL) total += fa_sched_rect_pairs(s, a0, a1, b0, b1);
             else if (k == FA_TILE_FULL && whole) total += v->pop[qb * v->nkb + kb];
-            else /* per row, the bitmap's ones over the keys [lo, hi] the row sees (bytes are 0 or 1) */
+            else { /* per row, the bitmap's ones over the keys [lo, hi] the row sees (bytes are 0 or
+                    * 1): the row's count where those keys hold all its ones, else read between */
+                const int64_t nth = v->bitmap_at[qb * v->nkb + kb] / (v->bq * v->bk); /* of the partial blocks */
                 for (int64_t i = a0; i < a1; i++) {
                     const uint8_t *row = fa_sched_mask_row(v, i, kb) - kb * v->bk;
                     const int64_t lo = fa_sched_lo(s, i), hi = fa_sched_hi(s, i);
-                    const int64_t j0 = lo > b0 ? lo : b0, j1 = hi + 1 < b1 ? hi + 1 : b1;
+                    int64_t j0 = lo > b0 ? lo : b0, j1 = hi + 1 < b1 ? hi + 1 : b1;
+                    if (v->row_stats) {
+                        const int16_t *st = v->row_stats + (nth * v->bq + i - qb * v->bq) * 3;
+                        const int64_t f = kb * v->bk + st[0], l = kb * v->bk + st[1];
+                        if (j0 <= f && l < j1) {
+                            total += st[2];
+                            continue;
+                        }
+                        j0 = j0 > f ? j0 : f, j1 = j1 < l + 1 ? j1 : l + 1;
+                    }
                     uint32_t ones = 0; /* a block row has at most 4096 keys (mask.c) */
                     for (int64_t j = j0; j < j1; j++) ones += row[j];
                     total += ones;
                 }
+            }
         }
     return total;
 }
