@@ -35,6 +35,17 @@ static void reach(const vis_rule *v, int64_t bq, int64_t bk, int64_t qb, int64_t
     }
 }
 
+/* The sum over n lines (line x at x * line) of the largest of its len entries (step apart). */
+static int64_t sum_of_most(const int64_t *a, int64_t n, int64_t len, int64_t line, int64_t step) {
+    int64_t total = 0;
+    for (int64_t x = 0; x < n; x++) {
+        int64_t most = 0;
+        for (int64_t y = 0; y < len; y++) most = a[x * line + y * step] > most ? a[x * line + y * step] : most;
+        total += most;
+    }
+    return total;
+}
+
 static int fn_pred(void *ctx, int64_t b, int64_t h, int64_t i, int64_t j) {
     (void)ctx;
     return (i * 7 + j * 3 + b + 2 * h) % 5 < 2 || j == i;
@@ -98,33 +109,22 @@ static void one_case(uint64_t *r, int c) {
     fa_mask_to_dense(m, dense);
     int64_t pairs = 0, q_rows = 0, kv_rows = 0;
     int64_t *keys_of = tu_alloc(sizeof(int64_t) * (size_t)Hq); /* per query head of batch item bi */
+    int64_t *reached = tu_alloc(sizeof(int64_t) * (size_t)(2 * nqb * nkb));
     for (int64_t bi = 0; bi < B; bi++) {
         for (int64_t h = 0; h < Hq; h++) {
             const int64_t mb = s.batch == 1 ? 0 : bi, mh = s.heads == 1 ? 0 : h;
             const uint8_t *at = dense + (mb * s.heads + mh) * Sq * Sk;
             for (int64_t i = 0; i < Sq; i++)
                 for (int64_t j = 0; j < Sk; j++) pairs += at[i * Sk + j] && sees(&v, i, j);
-            int64_t keys = 0, rows = 0;
-            for (int64_t kb = 0; kb < nkb; kb++) {
-                int64_t most = 0;
-                for (int64_t qb = 0; qb < nqb; qb++) {
-                    int64_t k, rr;
-                    if (fa_mask_block(m, mb, mh, qb, kb) == FA_BLOCK_EMPTY) continue;
-                    reach(&v, bq, bk, qb, kb, &k, &rr);
-                    most = k > most ? k : most;
-                }
-                keys += most;
-            }
-            for (int64_t qb = 0; qb < nqb; qb++) {
-                int64_t most = 0;
+            for (int64_t qb = 0; qb < nqb; qb++) /* each block's reach: keys, rows (0, 0 where it is empty) */
                 for (int64_t kb = 0; kb < nkb; kb++) {
-                    int64_t k, rr;
-                    if (fa_mask_block(m, mb, mh, qb, kb) == FA_BLOCK_EMPTY) continue;
-                    reach(&v, bq, bk, qb, kb, &k, &rr);
-                    most = rr > most ? rr : most;
+                    int64_t *kr = reached + 2 * (qb * nkb + kb);
+                    kr[0] = kr[1] = 0;
+                    if (fa_mask_block(m, mb, mh, qb, kb) != FA_BLOCK_EMPTY) reach(&v, bq, bk, qb, kb, kr, kr + 1);
                 }
-                rows += most;
-            }
+            /* per key block the most keys any of its blocks reaches; per query block the most rows */
+            const int64_t keys = sum_of_most(reached, nkb, nqb, 2, 2 * nkb);
+            const int64_t rows = sum_of_most(reached + 1, nqb, nkb, 2 * nkb, 2);
             q_rows += rows, keys_of[h] = keys;
         }
         for (int64_t hk = 0; hk < Hk; hk++) {
@@ -146,7 +146,7 @@ static void one_case(uint64_t *r, int c) {
           c, (long long)f.min_bytes, (long long)b.min_bytes, (long long)fwd_min, (long long)bwd_min, (long long)q_rows,
           (long long)kv_rows, (long long)B, (long long)Hq, (long long)Hk, (long long)Sq, (long long)Sk,
           (long long)s.batch, (long long)s.heads, (long long)bq, (long long)bk);
-    free(keys_of), free(dense);
+    free(keys_of), free(reached), free(dense);
     fa_plan_destroy(pl);
     fa_mask_destroy(m);
 }
