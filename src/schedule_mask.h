@@ -27,7 +27,8 @@ typedef struct fa_sched_mask {
                                      * from its first key (-1: empty) */
     const int16_t *row_stats;  /* per row of each partial block (bitmap_at / (bq bk) of them, bq rows
                                 * each): its first and last visible key from the block's first
-                                * key and their count (0, -1, 0: none); or NULL */
+                                * key and their count (0, -1, 0: none); every mask with a
+                                * partial block has them (mask.c builds every mask) */
 } fa_sched_mask;
 
 /* The block kinds and the tile kinds share their values (checked in mask.c). */
@@ -196,15 +197,13 @@ static inline __int128 fa_sched_mask_pairs(const fa_sched *s, const fa_sched_mas
                     const uint8_t *row = fa_sched_mask_row(v, i, kb) - kb * v->bk;
                     const int64_t lo = fa_sched_lo(s, i), hi = fa_sched_hi(s, i);
                     int64_t j0 = lo > b0 ? lo : b0, j1 = hi + 1 < b1 ? hi + 1 : b1;
-                    if (v->row_stats) {
-                        const int16_t *st = v->row_stats + (nth * v->bq + i - qb * v->bq) * 3;
-                        const int64_t f = kb * v->bk + st[0], l = kb * v->bk + st[1];
-                        if (j0 <= f && l < j1) {
-                            total += st[2];
-                            continue;
-                        }
-                        j0 = j0 > f ? j0 : f, j1 = j1 < l + 1 ? j1 : l + 1;
+                    const int16_t *st = v->row_stats + (nth * v->bq + i - qb * v->bq) * 3;
+                    const int64_t f = kb * v->bk + st[0], l = kb * v->bk + st[1];
+                    if (j0 <= f && l < j1) {
+                        total += st[2];
+                        continue;
                     }
+                    j0 = j0 > f ? j0 : f, j1 = j1 < l + 1 ? j1 : l + 1;
                     uint32_t ones = 0; /* a block row has at most 4096 keys (mask.c) */
                     for (int64_t j = j0; j < j1; j++) ones += row[j];
                     total += ones;
