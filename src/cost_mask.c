@@ -17,7 +17,8 @@ static wide sharing(const struct fa_plan *pl) {
 }
 
 /* The walk of one (b, h) under tiles of bq x bk; forward: each pair's keys as the forward
- * computes them (fa_sched_mask_key_span), else the whole tile's. */
+ * computes them (fa_sched_mask_key_span, and per slice of rows fa_sched_mask_slice_keys),
+ * else the whole tile's. */
 static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t bq, int64_t bk, int forward,
                      fa_tile_walk *w) {
     const fa_sched s = fa_plan_sched(pl);
@@ -30,11 +31,21 @@ static void walk_one(const struct fa_plan *pl, const fa_sched_mask *v, int64_t b
         fa_sched_mask_narrow_key_tiles(v, r0, r1, bk, &kt0, &kt1); /* only empty pairs cut */
         for (int64_t kt = kt0; kt < kt1; kt++) {
             const int64_t c0 = kt * bk, c1 = c0 + bk < sk ? c0 + bk : sk;
-            if (fa_sched_mask_tile_kind(&s, v, r0, r1, c0, c1) == FA_TILE_EMPTY) continue;
+            const int kind = fa_sched_mask_tile_kind(&s, v, r0, r1, c0, c1);
+            if (kind == FA_TILE_EMPTY) continue;
             int64_t first;
             const int64_t n = forward ? fa_sched_mask_key_span(&s, v, r0, r1, c0, c1, &first) : c1 - c0;
-            w->rows_keys += (wide)(r1 - r0) * n;
-            w->rows_tiles += r1 - r0;
+            if (forward && pl->fwd_slice && kind != FA_TILE_FULL) { /* each slice over its own keys (forward.c) */
+                for (int64_t a = r0; a < r1; a += pl->fwd_slice) {
+                    const int64_t b = a + pl->fwd_slice < r1 ? a + pl->fwd_slice : r1;
+                    const int64_t ns = fa_sched_mask_slice_keys(&s, v, a, b, first, n);
+                    w->rows_keys += (wide)(b - a) * ns;
+                    w->rows_tiles += ns ? b - a : 0;
+                }
+            } else {
+                w->rows_keys += (wide)(r1 - r0) * n;
+                w->rows_tiles += r1 - r0;
+            }
             w->keys += c1 - c0;
             w->pairs += 1;
         }

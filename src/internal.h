@@ -12,6 +12,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#define FA_FWD_SLICE 32              /* rows per slice of a masked forward pair (fwd_slice) */
+#define FA_FWD_MAX_ROWS_SLICED 2048 /* the most rows per forward tile that run in slices */
+
 /* The plan: a validated problem with every default resolved. */
 struct fa_plan {
     fa_problem p;           /* strides filled in (never all-zero), scale resolved */
@@ -19,6 +22,10 @@ struct fa_plan {
     const struct fa_backend_entry *be; /* its entry in the backend table (backend.h) */
     int threads;            /* CPU threads the kernels use */
     int64_t fwd_bq, fwd_bk; /* forward tile: query rows x keys */
+    int64_t fwd_slice;      /* masked forward: a pair's rows run in slices of FA_FWD_SLICE, each over the keys
+                             * its rows may see (schedule_mask.h, fa_sched_mask_slice_keys), where the ISA has
+                             * the ragged products (cpu/isa.h, gemm_abt_rows) and fwd_bq is at most
+                             * FA_FWD_MAX_ROWS_SLICED; 0: whole pairs */
     int64_t bwd_bq, bwd_bk; /* backward tile */
     int bwd_fused;          /* CPU backward: one pass (backward_fused.c), else two passes */
     float scale;

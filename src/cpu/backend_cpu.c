@@ -73,9 +73,11 @@ static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {
 
 void fa_cpu_sequence_blocks(fa_plan *pl) {
     int64_t bq, bk;
+    pl->fwd_slice = pl->p.mask && pl->isa->gemm_abt_rows ? FA_FWD_SLICE : 0; /* before wider_keys' walks */
     default_blocks(pl, FA_FORWARD, &bq, &bk);
     pl->fwd_bq = pl->opt_bq ? pl->opt_bq : bq;
     pl->fwd_bk = pl->opt_bk ? pl->opt_bk : bk;
+    if (pl->fwd_bq > FA_FWD_MAX_ROWS_SLICED) pl->fwd_slice = 0;
     default_blocks(pl, FA_BACKWARD, &bq, &bk);
     pl->bwd_bq = pl->opt_bq ? pl->opt_bq : bq;
     pl->bwd_bk = pl->opt_bk ? pl->opt_bk : bk;

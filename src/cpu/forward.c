@@ -6,8 +6,9 @@
  * that computes other keys of it) and, for each tile of the run whose key tiles
  * (schedule.h) hold the key tile (the cost model counts exactly that schedule; under a
  * mask, each pair's keys from the first to the last one a row may see: schedule_mask.h,
- * fa_sched_mask_key_span), S = Q K^T, then row by row turns S into scores (scores.h: scale,
- * softcap, bias, ALiBi, masks) and folds them into an online softmax (row max m, row sum l, f32
+ * fa_sched_mask_key_span, and on AMX per slice of 32 rows, fa_sched_mask_slice_keys),
+ * S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap, bias, ALiBi,
+ * masks) and folds them into an online softmax (row max m, row sum l, f32
  * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l)
  * (with sinks, l and m include the head's sink first: sinks.h).
  * Sharing each packed k, v tile among the run's query tiles divides the packing (10% of
@@ -47,6 +48,7 @@ static void tile_edges(const struct fa_plan *pl, int64_t *bq, int64_t *bk) {
 }
 
 #define FWD_RUN 16 /* most query tiles an item covers (see run_length) */
+#define FWD_MAX_SLICES (FA_FWD_MAX_ROWS_SLICED / FA_FWD_SLICE) /* slices of a pair (internal.h) */
 #define FWD_RUN_BYTES_DEFAULT (1 << 20)
 
 /* What a run's q tiles and accumulators may take: each key tile's pass touches all of them,
@@ -134,6 +136,7 @@ typedef struct {
     const fa_isa *isa;
     const fa_forward_args *a;
     int64_t bq, bk, group; /* tile edges; query heads per kv head */
+    int64_t slice;         /* the plan's fwd_slice: rows per slice of a masked pair (0: whole pairs) */
     size_t esz;            /* bytes per q/k/v/o element */
     fa_score_ctx sc;       /* what turns products into scores */
     fa_sched sched;        /* which keys each row sees (schedule.h) */
@@ -282,7 +285,8 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
     const fa_isa *isa = cx->isa;
     const fa_forward_args *a = cx->a;
     const int64_t D = p->head_dim, Dv = p->head_dim_v, hk = h / cx->group;
-    const int lds = (int)cx->bk;
+    const int lds = (int)cx->bk, sl = (int)cx->slice; /* rows per slice of a pair (0: whole pairs) */
+    int sl_m;                                           /* the rows of each slice a pair runs in */
     int64_t k0[FWD_RUN], k1[FWD_RUN], lo = INT64_MAX, hi = 0;
 
     for (int64_t t = 0; t < qt1 - qt0; t++) {
@@ -342,47 +346,84 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
             const int tile_plain = cx->hide_only && kind[t] == FA_TILE_FULL;
             pack_keys(isa->pack_bt, isa->bt_prefix, cx, a->k, &p->k_stride, b, hk, j0, n, first[t], nt, (int)D, sc->kp,
                       &kp_held);
-            isa->gemm_abt(m, nt, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
+            /* the pair's rows in slices (the plan's fwd_slice; one slice of every row and key
+             * without), each over the keys its rows may see (fa_sched_mask_slice_keys; 0: none),
+             * the products in one ragged call (isa.h, gemm_abt_rows) */
+            int ns[FWD_MAX_SLICES], slices = 1, whole = 1;
+            ns[0] = nt;
+            if (cx->slice && kind[t] != FA_TILE_FULL) {
+                slices = (m + sl - 1) / sl;
+                for (int i = 0; i < slices; i++) {
+                    const int64_t a0 = r0 + (int64_t)i * sl, a1 = a0 + sl < r0 + m ? a0 + sl : r0 + m;
+                    ns[i] = (int)fa_sched_mask_slice_keys(&cx->sched, &cx->sc.mask, a0, a1, jf, nt);
+                    whole &= ns[i] == nt;
+                }
+            }
+            if (whole) slices = 1, ns[0] = nt;
+            sl_m = slices == 1 ? m : sl;
+            if (slices == 1 && ns[0]) isa->gemm_abt(m, ns[0], (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
+            else if (slices > 1) isa->gemm_abt_rows(m, ns, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             /* raw: p straight from the raw products as the ISA's pairs (the max of the scaled
              * products is the max product, scaled: scale > 0) */
             const int raw = pairs && cx->sc.scale > 0.0f && cx->hide_only;
             const float pair_scale = raw ? cx->sc.scale : pairs ? 1.0f : 0.0f;
-            for (int g0 = 0; g0 < m; g0 += FA_SOFTMAX_GROUP) {
-                const int g = m - g0 < FA_SOFTMAX_GROUP ? m - g0 : FA_SOFTMAX_GROUP;
-                float mt[FA_SOFTMAX_GROUP], base[FA_SOFTMAX_GROUP], alpha[FA_SOFTMAX_GROUP];
-                for (int r = g0; r < g0 + g; r++) {
-                    float *srow = sc->s + (int64_t)r * lds;
-                    if (raw) {
-                        if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, jf, nt)) hide_keys(cx, r0 + r, jf, nt, srow);
-                        mt[r - g0] = isa->max_row(srow, nt) * cx->sc.scale;
-                    } else {
-                        mt[r - g0] = tile_plain     ? fa_scale_max(srow, nt, cx->sc.scale)
-                                     : cx->hide_only ? hidden_scale_max(cx, r0 + r, jf, nt, srow)
-                                                     : fa_score_row_max(&cx->sc, b, h, r0 + r, jf, nt, srow);
+            for (int i = 0; i < slices; i++) {
+                const int a0 = i * sl_m, ms = m - a0 < sl_m ? m - a0 : sl_m, nsl = ns[i];
+                if (!nsl) continue; /* no row of the slice sees a key of the pair */
+                for (int g0 = a0; g0 < a0 + ms; g0 += FA_SOFTMAX_GROUP) {
+                    const int g = a0 + ms - g0 < FA_SOFTMAX_GROUP ? a0 + ms - g0 : FA_SOFTMAX_GROUP;
+                    float mt[FA_SOFTMAX_GROUP], base[FA_SOFTMAX_GROUP], alpha[FA_SOFTMAX_GROUP];
+                    for (int r = g0; r < g0 + g; r++) {
+                        float *srow = sc->s + (int64_t)r * lds;
+                        if (raw) {
+                            if (!tile_plain && !fa_score_plain(&cx->sc, r0 + r, jf, nsl))
+                                hide_keys(cx, r0 + r, jf, nsl, srow);
+                            mt[r - g0] = isa->max_row(srow, nsl) * cx->sc.scale;
+                        } else {
+                            mt[r - g0] = tile_plain     ? fa_scale_max(srow, nsl, cx->sc.scale)
+                                         : cx->hide_only ? hidden_scale_max(cx, r0 + r, jf, nsl, srow)
+                                                         : fa_score_row_max(&cx->sc, b, h, r0 + r, jf, nsl, srow);
+                        }
                     }
+                    fa_softmax_bases(isa, g, mt, M + g0, base, alpha);
+                    for (int r = g0; r < g0 + g; r++)
+                        fa_softmax_finish(isa, p->dtype, Dv, sc->s + (int64_t)r * lds, nsl, base[r - g0], alpha[r - g0],
+                                          &L[r], acc + r * Dv, pair_scale);
                 }
-                fa_softmax_bases(isa, g, mt, M + g0, base, alpha);
-                for (int r = g0; r < g0 + g; r++)
-                    fa_softmax_finish(isa, p->dtype, Dv, sc->s + (int64_t)r * lds, nt, base[r - g0], alpha[r - g0], &L[r],
-                                      acc + r * Dv, pair_scale);
+                /* dropout: the dropped p zeroed after their sums went into l (lse stays
+                 * undropped); o gets its 1 / (1 - p) when it is written */
+                if (cx->drop.on)
+                    fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0 + a0, ms, jf, nsl, sc->s + (int64_t)a0 * lds,
+                                     lds, 1.0f, pairs);
+                const int64_t mn = (int64_t)ms * nsl;
+                cnt->flops += 2 * mn * (D + Dv);
+                cnt->transcendentals += mn + ms + (cx->sc.softcap > 0.0f ? mn : 0);
             }
-            /* dropout: the dropped p zeroed after their sums went into l (lse stays undropped);
-             * o gets its 1 / (1 - p) when it is written */
-            if (cx->drop.on) fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0, m, jf, nt, sc->s, lds, 1.0f, pairs);
             if (guarded) {
                 const fa_tile_src vf = tile_src(cx, a->v, &p->v_stride, b, hk, jf);
-                fa_gemm_pb_guarded(isa, m, nt, (int)Dv, sc->s, lds, &vf, sc->vp, acc, (int)Dv);
+                for (int i = 0; i < slices; i++) {
+                    const int a0 = i * sl_m, ms = m - a0 < sl_m ? m - a0 : sl_m;
+                    if (ns[i])
+                        fa_gemm_pb_guarded(isa, ms, ns[i], (int)Dv, sc->s + (int64_t)a0 * lds, lds, &vf, sc->vp,
+                                           acc + (int64_t)a0 * Dv, (int)Dv);
+                }
                 vp_held.keys = 0; /* the guarded product packed runs of v into vp */
             } else {
                 pack_keys(isa->pack_b, isa->b_prefix, cx, a->v, &p->v_stride, b, hk, j0, n, first[t], nt, (int)Dv,
                           sc->vp, &vp_held);
-                if (pairs) isa->gemm_pb_pairs(m, nt, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
-                else isa->gemm_pb(m, nt, (int)Dv, sc->s, lds, sc->vp, acc, (int)Dv);
+                if (pairs && slices > 1) {
+                    isa->gemm_pb_pairs_rows(m, ns, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
+                } else if (pairs && ns[0]) {
+                    isa->gemm_pb_pairs(m, ns[0], (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
+                } else {
+                    for (int i = 0; i < slices; i++) {
+                        const int a0 = i * sl_m, ms = m - a0 < sl_m ? m - a0 : sl_m;
+                        if (ns[i])
+                            isa->gemm_pb(ms, ns[i], (int)Dv, sc->s + (int64_t)a0 * lds, lds, sc->vp,
+                                         acc + (int64_t)a0 * Dv, (int)Dv);
+                    }
+                }
             }
-
-            const int64_t mn = (int64_t)m * nt;
-            cnt->flops += 2 * mn * (D + Dv);
-            cnt->transcendentals += mn + m + (cx->sc.softcap > 0.0f ? mn : 0);
         }
     }
 
@@ -431,6 +472,7 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     cx.a = a;
     tile_edges(pl, &cx.bq, &cx.bk);
     cx.group = p->heads_q / p->heads_kv;
+    cx.slice = pl->fwd_slice;
     cx.esz = fa_dtype_size(p->dtype);
     cx.sc = fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids);
     cx.sched = fa_plan_sched(pl);

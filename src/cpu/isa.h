@@ -108,6 +108,16 @@ typedef struct fa_isa {
     float (*max_row)(const float *x, int n);
     float (*exp_pairs)(float *x, int n, float scale, float base);
     void (*gemm_pb_pairs)(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o, int ldo);
+    /* Optional, both or neither (NULL: the masked forward runs whole pairs): gemm_abt and
+     * gemm_pb_pairs over a ragged pair, whose rows [32 i, 32 i + 32) (FA_FWD_SLICE) take only
+     * their first ns[i] keys (a multiple of 32, or the pair's n; 0: none; the keys packed are
+     * at least the largest): s written there alone, o given those keys' terms alone, with the
+     * same bits as the whole products give the rows there. gemm_abt_rows takes any dtype's
+     * packs, gemm_pb_pairs_rows bf16 pairs (the forward's other products go a slice at a time).
+     * A diagonal pair's first rows then skip the keys of its last (internal.h, fwd_slice). */
+    void (*gemm_abt_rows)(int m, const int *ns, int k, const void *a, const void *bt, float *s, int lds);
+    void (*gemm_pb_pairs_rows)(int m, const int *ns, int cols, const uint32_t *pp, int ldpp, const void *b, float *o,
+                               int ldo);
     /* Optional per-row passes of the forward's masks and rescale (NULL: fa_hide_row's and
      * fa_scale_row's portable loops, the same bits): hide_row: x[j] = -inf where vis[j] is 0
      * (vis NULL: every j), j < n; scale_row: x[j] *= a. */

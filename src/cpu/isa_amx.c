@@ -226,23 +226,46 @@ static void block_any(int mt, int nt, int KT, const uint16_t *a, int64_t lda, co
 
 /* ---- products ----------------------------------------------------------------------- */
 
-static void amx_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
-    if (fa_gemm_abt_f32(m, n, k, a, bt, s, lds)) return;
+/* S = A B^T, rows in slices of 32 (the row blocks), slice i over its first ns[i] keys (ns
+ * NULL: n each; n: the most). */
+static void abt_blocks(int m, int n, const int *ns, int k, const void *a, const void *bt, float *s, int lds) {
     const uint16_t *A = (const uint16_t *)fa_pack_cpayload(a);
     const uint32_t *BT = (const uint32_t *)fa_pack_cpayload(bt);
     const int kp = (int)fa_round_up(k, 32);
     const int64_t panel = (int64_t)(kp / 2) * 16; /* words per panel of 16 keys */
     tiles_begin();
     for (int j0 = 0; j0 < n; j0 += 32) {
-        const int nc = n - j0 < 32 ? n - j0 : 32;
         const uint32_t *b0 = BT + (int64_t)(j0 / 16) * panel;
         for (int i0 = 0; i0 < m; i0 += 32) {
-            const int mr = m - i0 < 32 ? m - i0 : 32;
+            const int ni = ns ? ns[i0 / 32] : n;
+            if (j0 >= ni) continue;
+            const int mr = m - i0 < 32 ? m - i0 : 32, nc = ni - j0 < 32 ? ni - j0 : 32;
             block_any(mr > 16 ? 2 : 1, nc > 16 ? 2 : 1, kp / 32, A + (int64_t)i0 * kp, kp, b0, b0 + panel,
                       s + (int64_t)i0 * lds + j0, lds, mr, nc, 0);
         }
     }
     tiles_end();
+}
+
+static void amx_gemm_abt(int m, int n, int k, const void *a, const void *bt, float *s, int lds) {
+    if (fa_gemm_abt_f32(m, n, k, a, bt, s, lds)) return;
+    abt_blocks(m, n, NULL, k, a, bt, s, lds);
+}
+
+/* isa.h: f32 packs (f32 and f16 problems) a slice at a time through avx512's product, whose
+ * packed q is row-major (isa_f32_simd.h) */
+static void amx_gemm_abt_rows(int m, const int *ns, int k, const void *a, const void *bt, float *s, int lds) {
+    if (fa_pack_fmt(a) == FA_PACK_F32) {
+        for (int i0 = 0; i0 < m; i0 += 32)
+            if (ns[i0 / 32])
+                fa_isa_avx512.gemm_abt(m - i0 < 32 ? m - i0 : 32, ns[i0 / 32], k,
+                                       (const float *)fa_pack_cpayload(a) + (int64_t)i0 * k, fa_pack_cpayload(bt),
+                                       s + (int64_t)i0 * lds, lds);
+        return;
+    }
+    int n = 0;
+    for (int i0 = 0; i0 < m; i0 += 32) n = ns[i0 / 32] > n ? ns[i0 / 32] : n;
+    abt_blocks(m, n, ns, k, a, bt, s, lds);
 }
 
 /* Rows [0, rows) of p, keys [0, kn), as bf16 rows of kc (kn rounded up to 32) values,
@@ -273,18 +296,20 @@ static void pairs_to_tile_rows(const uint32_t *pp, int ldpp, int rows, int mt, i
 
 /* O += P V for p given as f32 rows (p, ldp: converted to bf16 per block) or as the bf16
  * pairs of exp_pairs (pp, ldpp words: A tiles in place, cut blocks copied): the same blocks
- * in the same order either way, so the same bits. */
-static void pb_blocks(int m, int n, int cols, const float *p, int ldp, const uint32_t *pp, int ldpp, const void *b,
-                      float *o, int ldo) {
+ * in the same order either way, so the same bits. Rows in slices of 32 (the row blocks),
+ * slice i over its first ns[i] keys (ns NULL: n each): the blocks a whole product would add
+ * for those keys, the rest skipped. */
+static void pb_blocks(int m, int n, const int *ns, int cols, const float *p, int ldp, const uint32_t *pp, int ldpp,
+                      const void *b, float *o, int ldo) {
     const uint32_t *V = (const uint32_t *)fa_pack_cpayload(b);
     const int np2 = (int)fa_round_up(fa_pack_rows(b), 32) / 2; /* the rows packed: n may be fewer (b_prefix) */
     const int64_t panel = (int64_t)np2 * 16; /* words per panel of 16 columns */
     uint16_t buf[32 * PB_KC] __attribute__((aligned(64)));
     tiles_begin();
     for (int i0 = 0; i0 < m; i0 += 32) {
-        const int mr = m - i0 < 32 ? m - i0 : 32, mt = mr > 16 ? 2 : 1;
-        for (int k0 = 0; k0 < n; k0 += PB_KC) {
-            const int kn = n - k0 < PB_KC ? n - k0 : PB_KC, kc = (int)fa_round_up(kn, 32);
+        const int mr = m - i0 < 32 ? m - i0 : 32, mt = mr > 16 ? 2 : 1, ni = ns ? ns[i0 / 32] : n;
+        for (int k0 = 0; k0 < ni; k0 += PB_KC) {
+            const int kn = ni - k0 < PB_KC ? ni - k0 : PB_KC, kc = (int)fa_round_up(kn, 32);
             const uint16_t *a = buf;
             int64_t lda = kc;
             if (p) {
@@ -307,12 +332,17 @@ static void pb_blocks(int m, int n, int cols, const float *p, int ldp, const uin
 
 static void amx_gemm_pb(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
     if (fa_gemm_pb_f32(m, n, cols, p, ldp, b, o, ldo)) return;
-    pb_blocks(m, n, cols, p, ldp, NULL, 0, b, o, ldo);
+    pb_blocks(m, n, NULL, cols, p, ldp, NULL, 0, b, o, ldo);
 }
 
 static void amx_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o,
                               int ldo) {
-    pb_blocks(m, n, cols, NULL, 0, pp, ldpp, b, o, ldo);
+    pb_blocks(m, n, NULL, cols, NULL, 0, pp, ldpp, b, o, ldo);
+}
+
+static void amx_gemm_pb_pairs_rows(int m, const int *ns, int cols, const uint32_t *pp, int ldpp, const void *b,
+                                   float *o, int ldo) {
+    pb_blocks(m, 0, ns, cols, NULL, 0, pp, ldpp, b, o, ldo);
 }
 
 /* decode: the bf16 kernels of avx512bf16, the f16 and fp8 cache kernels of avx512, and the
@@ -334,6 +364,7 @@ const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = a
                             .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,
                             .store_bf16 = fa_avx512_store_bf16,
                             .exp_pairs = fa_bf16_exp_pairs, .gemm_pb_pairs = amx_gemm_pb_pairs,
+                            .gemm_abt_rows = amx_gemm_abt_rows, .gemm_pb_pairs_rows = amx_gemm_pb_pairs_rows,
                             .tiles = &fa_isa_tiles_amx,
                             .decode = &amx_decode,
     .dropout_tile = fa_dropout_tile_avx512};
