@@ -56,7 +56,12 @@ static fa_tile_walk walk_all(const struct fa_plan *pl, int64_t bq, int64_t bk, i
     const fa_problem *p = &pl->p;
     fa_tile_walk w = {0};
     if (!p->mask) {
-        const fa_tile_walk one = fa_tile_walk_sums(pl, bq, bk);
+        fa_tile_walk one = fa_tile_walk_sums(pl, bq, bk);
+        if (forward && pl->fwd_slice) { /* each slice over its own keys (forward.c) */
+            wide keys, rows;
+            fa_tile_walk_slice_cut(pl, bq, bk, pl->fwd_slice, &keys, &rows);
+            one.rows_keys -= keys, one.rows_tiles -= rows;
+        }
         const wide heads = (wide)p->batch * p->heads_q;
         w.rows_keys = heads * one.rows_keys, w.rows_tiles = heads * one.rows_tiles, w.keys = heads * one.keys;
         w.pairs = heads * one.pairs, w.qtiles = heads * one.qtiles;

@@ -108,3 +108,82 @@ fa_tile_walk fa_tile_walk_sums(const struct fa_plan *pl, int64_t bq, int64_t bk)
     }
     return w;
 }
+
+/* ---- the forward's slices (internal.h, fwd_slice) -------------------------------------- *
+ * A plan whose forward runs pairs in slices of rows computes, in each pair, only the keys up
+ * to the last one a slice's rows may see (fa_sched_mask_slice_keys). Without a mask that is
+ * the slice's last row's hi, so only the pairs a tile's hi edge crosses lose keys, and what
+ * one full tile loses depends only on where that edge falls in its key tile, (t bq + c) mod bk
+ * for hi(i) = i + c, wherever no clamp to [-1, Sk] and no cut last key tile is near: there
+ * it repeats every P = bk / gcd(bq, bk) tiles. So the tiles there are summed one period at a
+ * time, and the few others (where hi first reaches key 0, and near the last key tile) one by
+ * one, by the same function the driver asks. */
+
+/* What rows [r0, r1) lose to slices: elements (m times keys) and rows of slices that compute
+ * nothing (one rescale each). */
+static void tile_cut(const fa_sched *s, int64_t bk, int64_t slice, int64_t r0, int64_t r1, wide *keys, wide *rows) {
+    int64_t kt0, kt1;
+    fa_sched_key_tiles(s, r0, r1, bk, &kt0, &kt1);
+    const fa_sched_mask none = {0};
+    const int64_t first_slice_end = r0 + slice < r1 ? r0 + slice : r1;
+    const int64_t from = (fa_sched_hi(s, first_slice_end - 1) + 1) / bk; /* tiles before: every slice sees all */
+    for (int64_t kt = kt0 > from ? kt0 : from; kt < kt1; kt++) {
+        const int64_t c0 = kt * bk, n = bk < s->seq_k - c0 ? bk : s->seq_k - c0;
+        if (fa_sched_tile_kind(s, r0, r1, c0, c0 + n) == FA_TILE_FULL) continue;
+        for (int64_t a = r0; a < r1; a += slice) {
+            const int64_t b = a + slice < r1 ? a + slice : r1;
+            const int64_t ns = fa_sched_mask_slice_keys(s, &none, a, b, c0, n);
+            *keys += (wide)(b - a) * (n - ns);
+            *rows += ns ? 0 : b - a;
+        }
+    }
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        const int64_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+/* The first full tile t in [lo, T] with hi(row t bq + at) >= bound (T if none; monotone). */
+static int64_t first_reaching(const fa_sched *s, int64_t bq, int64_t at, int64_t bound, int64_t lo, int64_t T) {
+    int64_t a = lo, b = T;
+    while (a < b) {
+        const int64_t mid = a + (b - a) / 2;
+        if (fa_sched_hi(s, mid * bq + at) >= bound) b = mid;
+        else a = mid + 1;
+    }
+    return a;
+}
+
+void fa_tile_walk_slice_cut(const struct fa_plan *pl, int64_t bq, int64_t bk, int64_t slice, wide *keys, wide *rows) {
+    *keys = *rows = 0;
+    const fa_sched s = fa_plan_sched(pl);
+    const int64_t sq = s.seq_q, sk = s.seq_k, T = sq / bq;
+    if (!slice || sq <= 0 || sk <= 0 || (!s.causal && s.window_right < 0)) return; /* no hi edge */
+    const int64_t kfull = sk / bk * bk; /* keys of the full key tiles */
+    /* [ta, tb): every row's hi in [0, kfull): no clamp, edge key tiles whole: periodic */
+    const int64_t ta = first_reaching(&s, bq, 0, 0, 0, T);
+    const int64_t tb = first_reaching(&s, bq, bq - 1, kfull, ta, T);
+    if (ta > 0) tile_cut(&s, bk, slice, (ta - 1) * bq, ta * bq, keys, rows); /* the one where hi reaches 0 */
+    const int64_t P = bk / gcd64(bq, bk), L = tb - ta;
+    if (L <= 2 * P) {
+        for (int64_t t = ta; t < tb; t++) tile_cut(&s, bk, slice, t * bq, t * bq + bq, keys, rows);
+    } else {
+        wide pk = 0, pr = 0, rk = 0, rr = 0; /* a period; its first L mod P tiles */
+        for (int64_t t = 0; t < P; t++) {
+            if (t == L % P) rk = pk, rr = pr;
+            tile_cut(&s, bk, slice, (ta + t) * bq, (ta + t) * bq + bq, &pk, &pr);
+        }
+        *keys += (wide)(L / P) * pk + rk, *rows += (wide)(L / P) * pr + rr;
+    }
+    /* past tb: until a tile's first slice sees to the last key (then none loses a key) */
+    for (int64_t t = tb; t < T; t++) {
+        const int64_t end = t * bq + (slice < bq ? slice : bq) - 1;
+        if (fa_sched_hi(&s, end) >= sk - 1) break;
+        tile_cut(&s, bk, slice, t * bq, t * bq + bq, keys, rows);
+    }
+    if (sq % bq) tile_cut(&s, bk, slice, T * bq, sq, keys, rows); /* the partial last tile */
+}

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#define FA_FWD_SLICE 32              /* rows per slice of a masked forward pair (fwd_slice) */
+#define FA_FWD_SLICE 32              /* rows per slice of a forward pair (fwd_slice) */
 #define FA_FWD_MAX_ROWS_SLICED 2048 /* the most rows per forward tile that run in slices */
 
 /* The plan: a validated problem with every default resolved. */
@@ -22,7 +22,7 @@ struct fa_plan {
     const struct fa_backend_entry *be; /* its entry in the backend table (backend.h) */
     int threads;            /* CPU threads the kernels use */
     int64_t fwd_bq, fwd_bk; /* forward tile: query rows x keys */
-    int64_t fwd_slice;      /* masked forward: a pair's rows run in slices of FA_FWD_SLICE, each over the keys
+    int64_t fwd_slice;      /* forward: a pair's rows run in slices of FA_FWD_SLICE, each over the keys
                              * its rows may see (schedule_mask.h, fa_sched_mask_slice_keys), where the ISA has
                              * the ragged products (cpu/isa.h, gemm_abt_rows) and fwd_bq is at most
                              * FA_FWD_MAX_ROWS_SLICED; 0: whole pairs */
@@ -181,6 +181,11 @@ typedef struct {
     __int128 qtiles;     /* query tiles */
 } fa_tile_walk;
 fa_tile_walk fa_tile_walk_sums(const struct fa_plan *pl, int64_t bq, int64_t bk);
+/* What the forward's slices of `slice` rows (fwd_slice) take from those sums without a mask:
+ * elements (rows_keys) and rows of slices with no keys (rows_tiles), per (b, h) (cost_walk.c;
+ * tests/test_cost_walk.c checks it against every tile). */
+void fa_tile_walk_slice_cut(const struct fa_plan *pl, int64_t bq, int64_t bk, int64_t slice, __int128 *keys,
+                            __int128 *rows);
 /* The same sums over every (batch, query head), the problem's mask applied (cost_mask.c:
  * without a mask, B * Hq times fa_tile_walk_sums); the visible pairs over every (b, h); and,
  * with a mask, the k/v rows (over every (b, kv head)) and the query rows an ideal kernel

@@ -132,40 +132,46 @@ static inline int64_t fa_sched_mask_key_span(const fa_sched *s, const fa_sched_m
 
 /* Of a pair's computed keys [jf, jf + nt) (fa_sched_mask_key_span), the first ones that its
  * rows [a, b) compute where the forward runs a pair in slices of rows (a plan's fwd_slice):
- * up to the last key a row of them may see, by the problem's masks (hi of the last row) and
- * by the mask's blocks (a full block's last key; a partial block's rows' last visible keys,
- * row_stats), widened to FA_SCHED_TRIM-key steps from jf as the products take prefixes;
- * 0 where no row of them sees a key there. Every key past it is hidden from every row of the
- * slice, so a diagonal pair's first rows skip the keys of its later rows: a 128 x 128 causal
- * triangle computes 10240 elements in slices of 32 rows instead of 16384. Planned and run
- * alike (cost_mask.c, forward.c). */
+ * up to the last key a row of them may see, widened to FA_SCHED_TRIM-key steps from jf as the
+ * products take prefixes; 0 where no row of them sees a key there. Without a mask that last
+ * key is the last row's hi (causal, window); under a mask, the last key the mask's blocks show
+ * one of the rows within it (a full block's last key, a partial block's rows' last visible
+ * keys, row_stats), and none where the first row's lo is past it. Every key past it is hidden
+ * from every row of the slice, so a diagonal pair's first rows skip the keys of its last: a
+ * 128 x 128 causal triangle computes 10240 elements in slices of 32 rows instead of 16384.
+ * Planned and run alike (cost_walk.c and cost_mask.c, forward.c). */
 static inline int64_t fa_sched_mask_slice_keys(const fa_sched *s, const fa_sched_mask *v, int64_t a, int64_t b,
                                                int64_t jf, int64_t nt) {
-    if (!v->kinds || b <= a || nt <= 0) return nt;
+    if (b <= a || nt <= 0) return nt;
     int64_t hi = fa_sched_hi(s, b - 1), last = -1;
     hi = hi < jf + nt - 1 ? hi : jf + nt - 1;
-    if (hi < jf || fa_sched_lo(s, a) > hi) return 0;
-    for (int64_t qb = a / v->bq; qb <= (b - 1) / v->bq; qb++)
-        for (int64_t kb = hi / v->bk; kb >= jf / v->bk && kb * v->bk + v->bk - 1 > last; kb--) {
-            const int64_t at = qb * v->nkb + kb;
-            const int kind = v->kinds[at];
-            if (kind == FA_TILE_EMPTY) continue;
-            int64_t z = kb * v->bk + v->bk - 1; /* a full block: its last key */
-            if (kind != FA_TILE_FULL) {
-                const int64_t nth = v->bitmap_at[at] / (v->bq * v->bk), r0 = qb * v->bq;
-                const int64_t i0 = a > r0 ? a : r0, i1 = b < r0 + v->bq ? b : r0 + v->bq;
-                int64_t most = -1;
-                for (int64_t i = i0; i < i1; i++) {
-                    const int16_t l = v->row_stats[(nth * v->bq + i - r0) * 3 + 1];
-                    most = l > most ? l : most;
+    if (hi < jf) return 0;
+    if (!v->kinds) {
+        last = hi;
+    } else {
+        if (fa_sched_lo(s, a) > hi) return 0;
+        for (int64_t qb = a / v->bq; qb <= (b - 1) / v->bq; qb++)
+            for (int64_t kb = hi / v->bk; kb >= jf / v->bk && kb * v->bk + v->bk - 1 > last; kb--) {
+                const int64_t at = qb * v->nkb + kb;
+                const int kind = v->kinds[at];
+                if (kind == FA_TILE_EMPTY) continue;
+                int64_t z = kb * v->bk + v->bk - 1; /* a full block: its last key */
+                if (kind != FA_TILE_FULL) {
+                    const int64_t nth = v->bitmap_at[at] / (v->bq * v->bk), r0 = qb * v->bq;
+                    const int64_t i0 = a > r0 ? a : r0, i1 = b < r0 + v->bq ? b : r0 + v->bq;
+                    int64_t most = -1;
+                    for (int64_t i = i0; i < i1; i++) {
+                        const int16_t l = v->row_stats[(nth * v->bq + i - r0) * 3 + 1];
+                        most = l > most ? l : most;
+                    }
+                    if (most < 0) continue; /* these rows see nothing in this block */
+                    z = kb * v->bk + most;
                 }
-                if (most < 0) continue; /* these rows see nothing in this block */
-                z = kb * v->bk + most;
+                z = z < hi ? z : hi;
+                last = z > last ? z : last;
+                break; /* blocks to the left end sooner */
             }
-            z = z < hi ? z : hi;
-            last = z > last ? z : last;
-            break; /* blocks to the left end sooner */
-        }
+    }
     if (last < jf) return 0;
     const int64_t end = (last + 1 - jf + FA_SCHED_TRIM - 1) / FA_SCHED_TRIM * FA_SCHED_TRIM;
     return end < nt ? end : nt;

@@ -1,5 +1,6 @@
 /* Tests an internal on purpose. The cost model's tile sums in closed form (src/cost_walk.c,
- * fa_tile_walk_sums) against the walk they replace: every query tile in turn through the
+ * fa_tile_walk_sums, and what the forward's slices of rows take from them,
+ * fa_tile_walk_slice_cut) against the walk they replace: every query tile in turn through the
  * kernels' schedule
  * (schedule.h's key tiles), summing what it computes. Random shapes (Sq, Sk, block sizes,
  * causal, windows of every size including unbounded and huge ones, diagonal offsets
@@ -33,6 +34,34 @@ static fa_tile_walk oracle(const struct fa_plan *pl, int64_t bq, int64_t bk) {
     return w;
 }
 
+/* What slices of `slice` rows take from the walk: in each pair of a tile, each slice computes
+ * the keys up to the last one its last row's hi reaches, in steps of 32 from the key tile's
+ * first key (none below it); only the key tiles past what the first slice's rows all see can
+ * lose any. */
+static void oracle_cut(const struct fa_plan *pl, int64_t bq, int64_t bk, int64_t slice, __int128 *keys,
+                       __int128 *rows) {
+    *keys = *rows = 0;
+    const int64_t sq = pl->p.seq_q, sk = pl->p.seq_k;
+    if (!pl->p.causal && pl->p.window_right < 0) return;
+    for (int64_t r0 = 0; r0 < sq; r0 += bq) {
+        int64_t r1 = r0 + bq < sq ? r0 + bq : sq, kt0, kt1;
+        fa_key_tile_range(pl, r0, r1, bk, &kt0, &kt1);
+        const int64_t e0 = (r0 + slice < r1 ? r0 + slice : r1) - 1, h0 = fa_key_hi(pl, e0);
+        const int64_t from = h0 < 0 ? 0 : (h0 + 1) / bk; /* tiles before: all their keys are at most h0 */
+        for (int64_t kt = kt0 > from ? kt0 : from; kt < kt1; kt++) {
+            const int64_t c0 = kt * bk, n = bk < sk - c0 ? bk : sk - c0;
+            if (h0 >= c0 + n - 1) continue;
+            for (int64_t a = r0; a < r1; a += slice) {
+                const int64_t b = a + slice < r1 ? a + slice : r1, hb = fa_key_hi(pl, b - 1);
+                const int64_t h = hb < c0 + n - 1 ? hb : c0 + n - 1;
+                const int64_t steps = h < c0 ? 0 : (h + 1 - c0 + 31) / 32 * 32, ns = steps < n ? steps : n;
+                *keys += (__int128)(b - a) * (n - ns);
+                *rows += ns ? 0 : b - a;
+            }
+        }
+    }
+}
+
 static int same(const fa_tile_walk *a, const fa_tile_walk *b) {
     return a->rows_keys == b->rows_keys && a->rows_tiles == b->rows_tiles && a->keys == b->keys &&
            a->pairs == b->pairs && a->qtiles == b->qtiles;
@@ -49,6 +78,22 @@ static void shape(struct fa_plan *pl, int64_t sq, int64_t sk, int causal, int64_
 
 static void check(const struct fa_plan *pl, int64_t bq, int64_t bk, const char *what) {
     const fa_tile_walk got = fa_tile_walk_sums(pl, bq, bk), want = oracle(pl, bq, bk);
+    /* the slices: the forward's 32 rows and another height, where the walk is affordable */
+    const int64_t heights[2] = {32, 1 + (int64_t)((uint64_t)(pl->p.seq_q * 7 + bq * 3 + bk) % 40)};
+    for (int i = 0; i < 2; i++) {
+        const int64_t sl = heights[i];
+        if ((double)pl->p.seq_q / (double)sl * ((double)bq / (double)bk + 3) > 4e6) continue;
+        __int128 gk, gr, wk, wr;
+        fa_tile_walk_slice_cut(pl, bq, bk, sl, &gk, &gr);
+        oracle_cut(pl, bq, bk, sl, &wk, &wr);
+        if (gk == wk && gr == wr) continue;
+        failures++;
+        printf("FAIL (FA_TEST_SEED=%llu) %s: Sq=%lld Sk=%lld bq=%lld bk=%lld causal=%d window (%lld, %lld) off %lld: "
+               "slices of %lld rows take %lld elements, %lld rows; the walk says %lld, %lld\n",
+               (unsigned long long)seed, what, (long long)pl->p.seq_q, (long long)pl->p.seq_k, (long long)bq,
+               (long long)bk, pl->p.causal, (long long)pl->p.window_left, (long long)pl->p.window_right,
+               (long long)pl->off, (long long)sl, (long long)gk, (long long)gr, (long long)wk, (long long)wr);
+    }
     if (same(&got, &want)) return;
     failures++;
     printf("FAIL (FA_TEST_SEED=%llu) %s: Sq=%lld Sk=%lld bq=%lld bk=%lld causal=%d window (%lld, %lld) off %lld: "

@@ -2,7 +2,8 @@
  * ragged products of src/cpu/isa.h, gemm_abt_rows): where the ISA has them (amx), each slice
  * of 32 rows of a pair computes only the keys up to the last one its rows see, so that a
  * diagonal pair's first rows skip the keys of its last. Checked, on random chunked, document,
- * prefix-LM and causal masks and random block bitmaps (Sq != Sk for some), in every dtype:
+ * prefix-LM and causal masks, random block bitmaps, and the problem's own causal without a mask
+ * (Sq != Sk for some), in every dtype:
  *   - the plan's forward flops and transcendentals against the elements counted from the
  *     dense mask itself, per element (elements()), and the forward's counts against the plan;
  *   - o and lse against the float64 reference (outputs poisoned first);
@@ -31,11 +32,11 @@ static int64_t last_seen(const uint8_t *att, int64_t sk, int64_t a, int64_t b, i
 /* The elements one (b, h) computes under tiles of bq x bk, and the rows that compute some
  * in a pair (one rescale each), from the mask's elements: a pair with a visible element
  * computes its keys from the 32-key step holding the first visible one to the end of the
- * step holding the last; with slices, the rows of each 32 compute the keys of that span up
+ * step holding the last (whole_span: the whole key tile, as without a mask); with slices, the rows of each 32 compute the keys of that span up
  * to the end of the 32-key step holding the last one they see (none: no work). This is the
  * plan's rule where the tiles hold whole mask blocks and nothing but the mask hides keys. */
-static void elements(const uint8_t *att, int64_t sq, int64_t sk, int64_t bq, int64_t bk, int sliced, int64_t *rows_keys,
-                     int64_t *rows_tiles) {
+static void elements(const uint8_t *att, int64_t sq, int64_t sk, int64_t bq, int64_t bk, int sliced, int whole_span,
+                     int64_t *rows_keys, int64_t *rows_tiles) {
     *rows_keys = *rows_tiles = 0;
     for (int64_t r0 = 0; r0 < sq; r0 += bq) {
         const int64_t r1 = r0 + bq < sq ? r0 + bq : sq;
@@ -47,8 +48,8 @@ static void elements(const uint8_t *att, int64_t sq, int64_t sk, int64_t bq, int
                     if (att[i * sk + j]) first = j;
             const int64_t last = last_seen(att, sk, r0, r1, c0, c1);
             if (last < 0) continue;
-            const int64_t jf = c0 + (first - c0) / SLICE * SLICE;
-            const int64_t end = up32(last + 1 - c0) < c1 - c0 ? up32(last + 1 - c0) : c1 - c0;
+            const int64_t jf = whole_span ? c0 : c0 + (first - c0) / SLICE * SLICE;
+            const int64_t end = whole_span || up32(last + 1 - c0) > c1 - c0 ? c1 - c0 : up32(last + 1 - c0);
             const int64_t nt = c0 + end - jf;
             for (int64_t a = r0; a < r1; a += sliced ? SLICE : bq) {
                 const int64_t b = a + (sliced ? SLICE : bq) < r1 ? a + (sliced ? SLICE : bq) : r1;
@@ -130,7 +131,7 @@ static int run(const fa_problem *p, const fa_forward_args *args, const uint8_t *
         fa_plan_destroy(pl);
         return st != FA_OK;
     }
-    elements(att, p->seq_q, p->seq_k, bq, bk, sliced, &rk, &rt);
+    elements(att, p->seq_q, p->seq_k, bq, bk, sliced, !p->mask, &rk, &rt);
     const int64_t heads = p->batch * p->heads_q;
     const int64_t flops = heads * rk * 2 * (p->head_dim + p->head_dim_v);
     const int64_t trans = heads * (rk + rt + p->seq_q * (1 + p->has_sinks));
@@ -152,9 +153,15 @@ static void one_case(uint64_t *r, int idx, int sliced) {
     p.dtype = dts[tu_int(r, 0, 2)];
     const int64_t blk = tu_int(r, 0, 1) ? 32 : 64, bk = tu_int(r, 0, 1) ? 128 : 256;
     char what[64], label[256];
-    fa_mask *m = random_mask(r, p.seq_q, p.seq_k, blk, what, sizeof what);
-    if (!m) return;
-    p.mask = m;
+    fa_mask *m = NULL;
+    if (tu_int(r, 0, 5) == 0) { /* no mask object: the problem's causal (whole key tiles per pair) */
+        p.causal = 1, p.has_diag_offset = 1, p.diag_offset = tu_int(r, -100, 100);
+        snprintf(what, sizeof what, "the problem's causal (diag offset %lld)", (long long)p.diag_offset);
+    } else {
+        m = random_mask(r, p.seq_q, p.seq_k, blk, what, sizeof what);
+        if (!m) return;
+        p.mask = m;
+    }
     const int extras = (int)tu_int(r, 0, 3); /* 1: sinks, 2: dropout (bit-identity only), 3: both */
     p.has_sinks = extras & 1;
     if (extras & 2) p.dropout_p = 0.25f, p.dropout_seed = tu_next(r);
@@ -169,12 +176,15 @@ static void one_case(uint64_t *r, int idx, int sliced) {
     float sinks[2] = {(float)tu_uniform(r) * 4 - 2, (float)tu_uniform(r) * 4 - 2};
     uint8_t *att = tu_alloc((size_t)(p.seq_q * p.seq_k));
     tu_fill(r, p.dtype, q, nq, 2.0), tu_fill(r, p.dtype, k, nk, 2.0), tu_fill(r, p.dtype, v, nv, 1.0);
-    CHECK(fa_mask_to_dense(m, att) == FA_OK, "to_dense: %s", fa_last_error());
+    if (m) CHECK(fa_mask_to_dense(m, att) == FA_OK, "to_dense: %s", fa_last_error());
+    else /* per element, docs/semantics.md: key j visible to row i where j <= i + diag_offset */
+        for (int64_t i = 0; i < p.seq_q; i++)
+            for (int64_t j = 0; j < p.seq_k; j++) att[i * p.seq_k + j] = (uint8_t)(j <= i + p.diag_offset);
     fa_forward_args a = {0};
     a.q = q, a.k = k, a.v = v;
     if (p.has_sinks) a.sinks = sinks;
     int bad = run(&p, &a, att, 128, bk, sliced, blk, o1, l1, label);
-    bad |= run(&p, &a, att, 32, bk, 0, blk, o2, l2, label); /* a slice per pair */
+    bad |= run(&p, &a, att, 32, bk, sliced, blk, o2, l2, label); /* a slice per pair */
     if (!bad) {
         const size_t esz = fa_dtype_size(p.dtype);
         CHECK(memcmp(o1, o2, (size_t)no * esz) == 0 && memcmp(l1, l2, sizeof(float) * (size_t)rows) == 0,
@@ -199,7 +209,7 @@ static void one_case(uint64_t *r, int idx, int sliced) {
         if (failures > before) printf("  in %s\n", label);
         free(att_all), free(ro), free(rl);
     }
-    fa_mask_destroy(m);
+    if (m) fa_mask_destroy(m);
     free(q), free(k), free(v), free(o1), free(o2), free(l1), free(l2), free(att);
 }
 

@@ -18,10 +18,10 @@ static fa_status cpu_supports(const fa_problem *p, fa_pass pass, unsigned uses) 
  * says they cost little: a tile of 256 keys runs each of its elements about 10% faster
  * than one of 128 on AMX (dispatch.c), so it is taken when the tiles it executes hold at
  * most 8% more elements (rows x keys as the forward computes them: the cost model's walk,
- * cost_mask.c) than the narrower ones: without a mask always, under causal alone too (its
- * diagonal adds 6% at 2048 keys, less beyond); at S = 16384 masks of chunks of 2048, of 16
- * documents and of a window of 512 execute no more (their pairs trimmed, schedule_mask.h),
- * the problem's own window of 512 (untrimmed) 9.8% more. */
+ * cost_mask.c) than the narrower ones: without a mask always, under causal alone too (on
+ * AMX its diagonal pairs run in slices: no more elements at 2048 keys); at S = 16384 masks of
+ * chunks of 2048, of 16 documents and of a window of 512 execute no more (their pairs
+ * trimmed, schedule_mask.h), the problem's own window of 512 10.7% more. */
 static void wider_keys(const fa_plan *pl, int64_t wide_bk, int64_t *bq, int64_t *bk) {
     int64_t q2 = *bq, k2 = wide_bk;
     fa_mask_fit_tile(pl->p.mask, &q2, &k2);
@@ -73,7 +73,7 @@ static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {
 
 void fa_cpu_sequence_blocks(fa_plan *pl) {
     int64_t bq, bk;
-    pl->fwd_slice = pl->p.mask && pl->isa->gemm_abt_rows ? FA_FWD_SLICE : 0; /* before wider_keys' walks */
+    pl->fwd_slice = pl->isa->gemm_abt_rows ? FA_FWD_SLICE : 0; /* before wider_keys' walks */
     default_blocks(pl, FA_FORWARD, &bq, &bk);
     pl->fwd_bq = pl->opt_bq ? pl->opt_bq : bq;
     pl->fwd_bk = pl->opt_bk ? pl->opt_bk : bk;

@@ -136,7 +136,7 @@ typedef struct {
     const fa_isa *isa;
     const fa_forward_args *a;
     int64_t bq, bk, group; /* tile edges; query heads per kv head */
-    int64_t slice;         /* the plan's fwd_slice: rows per slice of a masked pair (0: whole pairs) */
+    int64_t slice;         /* the plan's fwd_slice: rows per slice of a pair (0: whole pairs) */
     size_t esz;            /* bytes per q/k/v/o element */
     fa_score_ctx sc;       /* what turns products into scores */
     fa_sched sched;        /* which keys each row sees (schedule.h) */
