@@ -1,7 +1,7 @@
-/* The masked forward's sliced pairs (src/schedule_mask.h, fa_sched_mask_slice_keys; the
- * ragged products of src/cpu/isa.h, gemm_abt_rows): where the ISA has them (amx), each slice
- * of 32 rows of a pair computes only the keys up to the last one its rows see, so that a
- * diagonal pair's first rows skip the keys of its last. Checked, on random chunked, document,
+/* The forward's sliced pairs (src/schedule_mask.h, fa_sched_mask_slice_keys; the ragged
+ * products of src/cpu/isa.h, gemm_abt_rows): where the ISA has them (amx, avx512bf16), each
+ * slice of 32 rows of a pair computes only the keys up to the last one its rows see, so that
+ * a diagonal pair's first rows skip the keys of its last. Checked, on random chunked, document,
  * prefix-LM and causal masks, random block bitmaps, and the problem's own causal without a mask
  * (Sq != Sk for some), in every dtype:
  *   - the plan's forward flops and transcendentals against the elements counted from the
@@ -215,7 +215,8 @@ static void one_case(uint64_t *r, int idx, int sliced) {
 
 int main(void) {
     uint64_t r = check_seed("test_sliced_pairs");
-    const int sliced = strcmp(fa_cpu_isa(), "amx") == 0; /* the tables with gemm_abt_rows */
+    /* the tables with gemm_abt_rows */
+    const int sliced = strcmp(fa_cpu_isa(), "amx") == 0 || strcmp(fa_cpu_isa(), "avx512bf16") == 0;
     const int n = tu_check_cases() ? tu_check_cases() : 40;
     printf("isa %s: %s\n", fa_cpu_isa(), sliced ? "pairs in slices of 32 rows" : "whole pairs");
     for (int i = 0; i < n; i++) one_case(&r, i, sliced);

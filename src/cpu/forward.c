@@ -6,7 +6,8 @@
  * that computes other keys of it) and, for each tile of the run whose key tiles
  * (schedule.h) hold the key tile (the cost model counts exactly that schedule; under a
  * mask, each pair's keys from the first to the last one a row may see: schedule_mask.h,
- * fa_sched_mask_key_span, and on AMX per slice of 32 rows, fa_sched_mask_slice_keys),
+ * fa_sched_mask_key_span, and per slice of 32 rows, fa_sched_mask_slice_keys, where the ISA
+ * takes ragged pairs),
  * S = Q K^T, then row by row turns S into scores (scores.h: scale, softcap, bias, ALiBi,
  * masks) and folds them into an online softmax (row max m, row sum l, f32
  * accumulator O), then O += P V; at the end it writes o = O / l and lse = m + log(l)

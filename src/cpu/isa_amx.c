@@ -252,17 +252,9 @@ static void amx_gemm_abt(int m, int n, int k, const void *a, const void *bt, flo
     abt_blocks(m, n, NULL, k, a, bt, s, lds);
 }
 
-/* isa.h: f32 packs (f32 and f16 problems) a slice at a time through avx512's product, whose
- * packed q is row-major (isa_f32_simd.h) */
+/* isa.h: the tile unit's blocks are 32 rows, so one call takes every slice */
 static void amx_gemm_abt_rows(int m, const int *ns, int k, const void *a, const void *bt, float *s, int lds) {
-    if (fa_pack_fmt(a) == FA_PACK_F32) {
-        for (int i0 = 0; i0 < m; i0 += 32)
-            if (ns[i0 / 32])
-                fa_isa_avx512.gemm_abt(m - i0 < 32 ? m - i0 : 32, ns[i0 / 32], k,
-                                       (const float *)fa_pack_cpayload(a) + (int64_t)i0 * k, fa_pack_cpayload(bt),
-                                       s + (int64_t)i0 * lds, lds);
-        return;
-    }
+    if (fa_gemm_abt_rows_f32(m, ns, k, a, bt, s, lds)) return;
     int n = 0;
     for (int i0 = 0; i0 < m; i0 += 32) n = ns[i0 / 32] > n ? ns[i0 / 32] : n;
     abt_blocks(m, n, ns, k, a, bt, s, lds);

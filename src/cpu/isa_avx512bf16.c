@@ -126,6 +126,26 @@ static void bf16_gemm_pb_pairs(int m, int n, int cols, const uint32_t *pp, int l
     gemm_pb_words(m, np, cols, pp, ldpp, (const uint32_t *)fa_pack_cpayload(b), packed, 0, o, ldo);
 }
 
+/* isa.h: a slice of 32 rows at a time (the products' rows are independent: the same bits) */
+static void bf16_gemm_abt_rows(int m, const int *ns, int k, const void *a, const void *bt, float *s, int lds) {
+    if (fa_gemm_abt_rows_f32(m, ns, k, a, bt, s, lds)) return;
+    const int K = (k + 1) / 2;
+    for (int i0 = 0; i0 < m; i0 += 32)
+        if (ns[i0 / 32])
+            gemm_abt_words(m - i0 < 32 ? m - i0 : 32, ns[i0 / 32], K,
+                           (const uint32_t *)fa_pack_cpayload(a) + (int64_t)i0 * K, (const uint32_t *)fa_pack_cpayload(bt),
+                           s + (int64_t)i0 * lds, lds);
+}
+
+static void bf16_gemm_pb_pairs_rows(int m, const int *ns, int cols, const uint32_t *pp, int ldpp, const void *b,
+                                    float *o, int ldo) {
+    const int packed = (fa_pack_rows(b) + 1) / 2;
+    for (int i0 = 0; i0 < m; i0 += 32)
+        if (ns[i0 / 32])
+            gemm_pb_words(m - i0 < 32 ? m - i0 : 32, (ns[i0 / 32] + 1) / 2, cols, pp + (int64_t)i0 * ldpp, ldpp,
+                          (const uint32_t *)fa_pack_cpayload(b), packed, 0, o + (int64_t)i0 * ldo, ldo);
+}
+
 /* ---- the forward's p as pairs --------------------------------------------------------- */
 
 float fa_bf16_max_row(const float *x, int n) {
@@ -172,7 +192,8 @@ const fa_decode_kernels fa_decode_bf16_kernels = {fa_decode_qk_bf16, fa_decode_p
                                                    fa_decode_cache_step_avx512, 0, 1};
 
 const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .packed_bytes = bf16_packed_bytes,
-                                   .bt_prefix = 1, .b_prefix = 1,
+                                   .bt_prefix = 1, .b_prefix = 1, .gemm_abt_rows = bf16_gemm_abt_rows,
+                                   .gemm_pb_pairs_rows = bf16_gemm_pb_pairs_rows,
                                    .exp_sum = fa_avx512_exp_sum, .transpose = fa_avx512_transpose,
                                    .round_row = fa_avx512_round_row, .max_row = fa_bf16_max_row,
                             .hide_row = fa_avx512_hide_row, .scale_row = fa_avx512_scale_row,

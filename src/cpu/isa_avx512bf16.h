@@ -58,6 +58,17 @@ static inline int fa_gemm_abt_f32(int m, int n, int k, const void *a, const void
     fa_isa_avx512.gemm_abt(m, n, k, fa_pack_cpayload(a), fa_pack_cpayload(bt), s, lds);
     return 1;
 }
+/* gemm_abt_rows (isa.h) for packs of f32 (f32 and f16 problems): a slice of 32 rows at a time
+ * through avx512's product, whose packed q is row-major (isa_f32_simd.h). 0: not f32 packs. */
+static inline int fa_gemm_abt_rows_f32(int m, const int *ns, int k, const void *a, const void *bt, float *s, int lds) {
+    if (fa_pack_fmt(a) != FA_PACK_F32) return 0;
+    for (int i0 = 0; i0 < m; i0 += 32)
+        if (ns[i0 / 32])
+            fa_isa_avx512.gemm_abt(m - i0 < 32 ? m - i0 : 32, ns[i0 / 32], k,
+                                   (const float *)fa_pack_cpayload(a) + (int64_t)i0 * k, fa_pack_cpayload(bt),
+                                   s + (int64_t)i0 * lds, lds);
+    return 1;
+}
 static inline int fa_gemm_pb_f32(int m, int n, int cols, const float *p, int ldp, const void *b, float *o, int ldo) {
     if (fa_pack_fmt(b) != FA_PACK_F32) return 0;
     fa_avx512_gemm_pb_prefix(m, n, fa_pack_rows(b), cols, p, ldp, fa_pack_cpayload(b), o, ldo);
