@@ -108,7 +108,7 @@ typedef struct fa_isa {
     float (*max_row)(const float *x, int n);
     float (*exp_pairs)(float *x, int n, float scale, float base);
     void (*gemm_pb_pairs)(int m, int n, int cols, const uint32_t *pp, int ldpp, const void *b, float *o, int ldo);
-    /* Optional, both or neither (NULL: the masked forward runs whole pairs): gemm_abt and
+    /* Optional, both or neither (NULL: the forward runs whole pairs): gemm_abt and
      * gemm_pb_pairs over a ragged pair, whose rows [32 i, 32 i + 32) (FA_FWD_SLICE) take only
      * their first ns[i] keys (a multiple of 32, or the pair's n; 0: none; the keys packed are
      * at least the largest): s written there alone, o given those keys' terms alone, with the
