@@ -7,8 +7,9 @@
  *   - the plan's forward flops and transcendentals against the elements counted from the
  *     dense mask itself, per element (elements()), and the forward's counts against the plan;
  *   - o and lse against the float64 reference (outputs poisoned first);
- *   - o and lse bit for bit against tiles of 32 rows (one slice per pair, every row seeing
- *     the same key tiles in the same order), here with sinks and dropout in some cases.
+ *   - o and lse bit for bit against tiles of 32, 48, 70 or 96 rows (one slice per pair, or
+ *     a last slice cut short; every row sees the same key tiles in the same order), here
+ *     with sinks and dropout in some cases.
  * Elsewhere pairs run whole and the count is the whole pairs'. FA_TEST_SEED replays a run,
  * FA_CHECK_CASES=N runs N cases. */
 #include "check.h"
@@ -184,11 +185,13 @@ static void one_case(uint64_t *r, int idx, int sliced) {
     a.q = q, a.k = k, a.v = v;
     if (p.has_sinks) a.sinks = sinks;
     int bad = run(&p, &a, att, 128, bk, sliced, blk, o1, l1, label);
-    bad |= run(&p, &a, att, 32, bk, sliced, blk, o2, l2, label); /* a slice per pair */
+    static const int64_t other_bq[] = {32, 48, 70, 96}; /* a slice per pair, or slices cut short */
+    const int64_t bq2 = other_bq[tu_int(r, 0, 3)];
+    bad |= run(&p, &a, att, bq2, bk, sliced, blk, o2, l2, label);
     if (!bad) {
         const size_t esz = fa_dtype_size(p.dtype);
         CHECK(memcmp(o1, o2, (size_t)no * esz) == 0 && memcmp(l1, l2, sizeof(float) * (size_t)rows) == 0,
-              "%s: o or lse differ between tiles of 128 and 32 rows (bk %lld)", label, (long long)bk);
+              "%s: o or lse differ between tiles of 128 and %lld rows (bk %lld)", label, (long long)bq2, (long long)bk);
     }
     if (!bad && p.dropout_p == 0.0f) { /* against the reference */
         int64_t att_h = p.seq_q * p.seq_k;
