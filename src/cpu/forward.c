@@ -287,7 +287,6 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
     const fa_forward_args *a = cx->a;
     const int64_t D = p->head_dim, Dv = p->head_dim_v, hk = h / cx->group;
     const int lds = (int)cx->bk, sl = (int)cx->slice; /* rows per slice of a pair (0: whole pairs) */
-    int sl_m;                                           /* the rows of each slice a pair runs in */
     int64_t k0[FWD_RUN], k1[FWD_RUN], lo = INT64_MAX, hi = 0;
 
     for (int64_t t = 0; t < qt1 - qt0; t++) {
@@ -361,16 +360,20 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
                 }
             }
             if (whole) slices = 1, ns[0] = nt;
-            sl_m = slices == 1 ? m : sl;
+            const int sl_m = slices == 1 ? m : sl; /* the rows of each slice */
             if (slices == 1 && ns[0]) isa->gemm_abt(m, ns[0], (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             else if (slices > 1) isa->gemm_abt_rows(m, ns, (int)D, sc->qp + t * sc->qp_pitch, sc->kp, sc->s, lds);
             /* raw: p straight from the raw products as the ISA's pairs (the max of the scaled
              * products is the max product, scaled: scale > 0) */
             const int raw = pairs && cx->sc.scale > 0.0f && cx->hide_only;
             const float pair_scale = raw ? cx->sc.scale : pairs ? 1.0f : 0.0f;
+            const fa_tile_src vf = tile_src(cx, a->v, &p->v_stride, b, hk, jf);
+            int ran = 0; /* some slice computed keys */
             for (int i = 0; i < slices; i++) {
                 const int a0 = i * sl_m, ms = m - a0 < sl_m ? m - a0 : sl_m, nsl = ns[i];
                 if (!nsl) continue; /* no row of the slice sees a key of the pair */
+                ran = 1;
+                float *s0 = sc->s + (int64_t)a0 * lds, *acc0 = acc + (int64_t)a0 * Dv;
                 for (int g0 = a0; g0 < a0 + ms; g0 += FA_SOFTMAX_GROUP) {
                     const int g = a0 + ms - g0 < FA_SOFTMAX_GROUP ? a0 + ms - g0 : FA_SOFTMAX_GROUP;
                     float mt[FA_SOFTMAX_GROUP], base[FA_SOFTMAX_GROUP], alpha[FA_SOFTMAX_GROUP];
@@ -394,36 +397,28 @@ static void forward_item(const fwd_ctx *call, const fwd_scratch *sc, int64_t b, 
                 /* dropout: the dropped p zeroed after their sums went into l (lse stays
                  * undropped); o gets its 1 / (1 - p) when it is written */
                 if (cx->drop.on)
-                    fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0 + a0, ms, jf, nsl, sc->s + (int64_t)a0 * lds,
-                                     lds, 1.0f, pairs);
+                    fa_dropout_apply(isa, &cx->drop, pl->batch0 + b, h, r0 + a0, ms, jf, nsl, s0, lds, 1.0f, pairs);
+                /* O += P V a slice at a time, except for the bf16 pairs: all slices at once below
+                 * (v packed after the exps, which read S while it is in cache) */
+                if (guarded) {
+                    fa_gemm_pb_guarded(isa, ms, nsl, (int)Dv, s0, lds, &vf, sc->vp, acc0, (int)Dv);
+                } else if (!pairs) {
+                    pack_keys(isa->pack_b, isa->b_prefix, cx, a->v, &p->v_stride, b, hk, j0, n, first[t], nt, (int)Dv,
+                              sc->vp, &vp_held);
+                    isa->gemm_pb(ms, nsl, (int)Dv, s0, lds, sc->vp, acc0, (int)Dv);
+                }
                 const int64_t mn = (int64_t)ms * nsl;
                 cnt->flops += 2 * mn * (D + Dv);
                 cnt->transcendentals += mn + ms + (cx->sc.softcap > 0.0f ? mn : 0);
             }
             if (guarded) {
-                const fa_tile_src vf = tile_src(cx, a->v, &p->v_stride, b, hk, jf);
-                for (int i = 0; i < slices; i++) {
-                    const int a0 = i * sl_m, ms = m - a0 < sl_m ? m - a0 : sl_m;
-                    if (ns[i])
-                        fa_gemm_pb_guarded(isa, ms, ns[i], (int)Dv, sc->s + (int64_t)a0 * lds, lds, &vf, sc->vp,
-                                           acc + (int64_t)a0 * Dv, (int)Dv);
-                }
                 vp_held.keys = 0; /* the guarded product packed runs of v into vp */
-            } else {
+            } else if (pairs && ran) {
                 pack_keys(isa->pack_b, isa->b_prefix, cx, a->v, &p->v_stride, b, hk, j0, n, first[t], nt, (int)Dv,
                           sc->vp, &vp_held);
-                if (pairs && slices > 1) {
-                    isa->gemm_pb_pairs_rows(m, ns, (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
-                } else if (pairs && ns[0]) {
-                    isa->gemm_pb_pairs(m, ns[0], (int)Dv, (const uint32_t *)sc->s, lds, sc->vp, acc, (int)Dv);
-                } else {
-                    for (int i = 0; i < slices; i++) {
-                        const int a0 = i * sl_m, ms = m - a0 < sl_m ? m - a0 : sl_m;
-                        if (ns[i])
-                            isa->gemm_pb(ms, ns[i], (int)Dv, sc->s + (int64_t)a0 * lds, lds, sc->vp,
-                                         acc + (int64_t)a0 * Dv, (int)Dv);
-                    }
-                }
+                const uint32_t *pp = (const uint32_t *)sc->s;
+                if (slices > 1) isa->gemm_pb_pairs_rows(m, ns, (int)Dv, pp, lds, sc->vp, acc, (int)Dv);
+                else isa->gemm_pb_pairs(m, ns[0], (int)Dv, pp, lds, sc->vp, acc, (int)Dv);
             }
         }
     }
