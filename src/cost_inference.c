@@ -96,7 +96,11 @@ static void decode_walk(const fa_plan *pl, int64_t b, wide *chunks, wide *tiles,
     const int64_t t0 = lo / T, t1 = hi / T + 1, end = t1 * T < sk ? t1 * T : sk;
     *chunks = fa_decode_chunks(pl, b, lo, hi);
     *tiles = fa_decode_blocks(pl, lo, hi, T);
-    *keys = *tiles > t1 - t0 ? *tiles * T : end - t0 * T; /* a worse alignment's whole tiles */
+    /* where a window cuts a plan's full caches (lo > 0), a shorter call's span of as many
+     * keys can start anywhere in a tile and cross more tiles, and its last tile, ending at
+     * its last key, can be fuller than the full cache's: whole tiles bound every call then */
+    if (pl->capacity && lo > 0) *keys = *tiles * T < sk ? *tiles * T : sk;
+    else *keys = end - t0 * T;
 }
 
 /* Partial results of one decode work item: M rows of Dv accumulators plus max and sum. */

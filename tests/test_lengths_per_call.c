@@ -403,6 +403,63 @@ static void packed_bounds_random(void) {
            cases, calls, most[0], most[1], most[2], most[3]);
 }
 
+/* A decode plan made from capacities bounds every call's cost (docs/semantics.md): every
+ * figure of fa_plan_cost_lengths at most the capacity's, over random capacities (GQA, Sq_new
+ * 1..4, appends, pages, int8 and fp8 caches, causal, windows, 1 or 2 threads) and 40 random
+ * lengths each. A window that cuts the full caches once let a shorter call's last tile,
+ * fuller than the full cache's, run more keys than the plan counted. */
+static void decode_bounds_random(void) {
+    int cases = 0;
+    for (int it = 0; it < 600 && !failures; it++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = tu_int(&rng, 1, 4), p.heads_kv = tu_int(&rng, 1, 2), p.heads_q = p.heads_kv * tu_int(&rng, 1, 4);
+        p.seq_q = tu_int(&rng, 1, 4), p.seq_k = tu_int(&rng, 1, 700), p.head_dim = p.head_dim_v = 8 * tu_int(&rng, 1, 16);
+        p.dtype = tu_int(&rng, 0, 1) ? FA_BF16 : FA_F32;
+        if (tu_int(&rng, 0, 2) == 0)
+            p.has_cache_dtype = 1, p.cache_dtype = tu_int(&rng, 0, 1) ? FA_INT8 : FA_FP8_E4M3, p.dtype = FA_BF16;
+        const int mode = (int)tu_int(&rng, 0, 2); /* none, causal, causal with a window */
+        p.causal = mode > 0;
+        if (mode == 2) p.window_left = tu_int(&rng, 0, 300);
+        p.has_new_kv = (int)tu_int(&rng, 0, 1);
+        if (p.has_new_kv && p.seq_k < p.seq_q) p.seq_k = p.seq_q;
+        if (tu_int(&rng, 0, 1)) {
+            p.page_size = 16 * tu_int(&rng, 1, 2), p.max_pages = (p.seq_k + p.page_size - 1) / p.page_size;
+            p.seq_k = p.max_pages * p.page_size, p.num_pages = p.batch * p.max_pages + 1;
+        }
+        p.lengths_per_call = FA_LENGTHS_CACHE;
+        fa_options opt = {0};
+        opt.backend = FA_BACKEND_CPU, opt.threads = (int)tu_int(&rng, 1, 2);
+        fa_cost cap;
+        fa_plan *one = capacity_plan(&p, &opt, "decode bounds (random)", &cap);
+        if (!one) return;
+        cases++;
+        for (int call = 0; call < 40 && !failures; call++) {
+            int32_t lens[4];
+            for (int64_t b = 0; b < p.batch; b++)
+                lens[b] = (int32_t)tu_int(&rng, 0, p.seq_k - (p.has_new_kv ? p.seq_q : 0));
+            fa_cost c;
+            const fa_status st = fa_plan_cost_lengths(one, FA_FORWARD, lens, NULL, NULL, &c);
+            const int64_t got[7] = {c.flops, c.flops_useful, c.transcendentals, c.bytes_accessed,
+                                    c.min_bytes, c.workspace_bytes, c.peak_bytes};
+            const int64_t at[7] = {cap.flops, cap.flops_useful, cap.transcendentals, cap.bytes_accessed,
+                                   cap.min_bytes, cap.workspace_bytes, cap.peak_bytes};
+            static const char *name[7] = {"flops", "flops_useful", "transcendentals", "bytes_accessed",
+                                          "min_bytes", "workspace_bytes", "peak_bytes"};
+            CHECK(st == FA_OK, "decode bounds (random) case %d: cost: %s", it, fa_last_error());
+            for (int f = 0; f < 7 && st == FA_OK; f++)
+                CHECK(got[f] <= at[f],
+                      "decode bounds (random) case %d: B %lld Sq %lld capacity %lld, window %lld, append %d, pages "
+                      "of %lld, cache dtype %s, first length %d: %s %lld above the capacity's %lld",
+                      it, (long long)p.batch, (long long)p.seq_q, (long long)p.seq_k, (long long)p.window_left,
+                      p.has_new_kv, (long long)p.page_size, p.has_cache_dtype ? fa_dtype_name(p.cache_dtype) : "none",
+                      lens[0], name[f], (long long)got[f], (long long)at[f]);
+        }
+        fa_plan_destroy(one);
+    }
+    printf("decode bounds (random): %d capacities x 40 lengths, every figure at most the capacity's\n", cases);
+}
+
 /* Misuse: an error naming the argument, nothing written. */
 static void misuse(void) {
     loop L;
@@ -471,6 +528,7 @@ int main(void) {
     window_workspace();
     packed_bounds();
     packed_bounds_random();
+    decode_bounds_random();
     misuse();
     return check_finish("test_lengths_per_call");
 }
