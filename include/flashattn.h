@@ -133,7 +133,9 @@ typedef struct {
      * fa_forward_args.cache_seqlens; FA_LENGTHS_PACKED likewise for packed batches
      * (cu_seqlens NULL; seq_q and seq_k the packed tensors' rows, the most a call may use;
      * fa_forward_args.cu_seqlens_q/k; forward only). fa_plan_cost is then the cost at full
-     * capacity (an upper bound) and fa_plan_cost_lengths the exact cost of given lengths.
+     * capacity (decoding: an upper bound of every call; packed: only its workspace, peak
+     * bytes and useful flops bound a call's) and fa_plan_cost_lengths the exact cost of
+     * given lengths.
      * 0 (FA_LENGTHS_AT_PLAN): the problem's lengths, copied at plan time; a call may pass
      * them again, and then they must be equal. */
     int lengths_per_call;
