@@ -90,6 +90,14 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
         (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
+    /* an append writes both caches (and both scale arrays): one buffer passed as both would
+     * get k's rows and then v's over them */
+    if (decode && p->has_new_kv && n.kv && a->k == a->v)
+        return fa_error(FA_ERR_INVALID, "%s: k and v (the caches) are the same buffer, and the appended tokens write "
+                        "both", fn);
+    if (decode && p->has_new_kv && n.kv && fa_dtype_quantized(fa_cache_dtype(p)) && a->k_scale == a->v_scale)
+        return fa_error(FA_ERR_INVALID, "%s: k_scale and v_scale are the same buffer, and the appended tokens write "
+                        "both", fn);
     if (host && (s = check_sinks(p, a->sinks, fn))) return s;
     return host ? fa_check_slopes(p, a->alibi_slopes, fn) : FA_OK;
 }

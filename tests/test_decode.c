@@ -297,9 +297,47 @@ static void overlapping_appends(void) {
         CHECK(untouched, "overlapping appends %d wrote o", x);
         c.table[alias[x].to] = saved;
     }
+    /* sequence 0 writes rows 5..15 of its page 0: given sequence 1's page 0, whose rows it
+     * reads as cached positions 0..15, the append would overwrite them */
+    {
+        const int32_t saved = c.table[0];
+        c.table[0] = c.table[1 * mp + 0];
+        fa_forward_args a = args_of(&c, NULL);
+        tu_poison(c.p.dtype, c.o, no);
+        const fa_status st = fa_forward(pl, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "block_table[0][0]") &&
+                  strstr(fa_last_error(), "block_table[1][0]") && strstr(fa_last_error(), "reads"),
+              "an append into rows another sequence reads: %s (%s)", fa_status_string(st), fa_last_error());
+        CHECK(!memcmp(c.k, c.k0, nc * es) && !memcmp(c.v, c.v0, nc * es), "an append into read rows changed the caches");
+        c.table[0] = saved;
+    }
+    /* one buffer as both caches: each append would write k's rows, then v's over them */
+    {
+        fa_forward_args a = args_of(&c, NULL);
+        a.v = a.k;
+        const fa_status st = fa_forward(pl, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "same buffer"), "k and v one buffer with appends: %s (%s)",
+              fa_status_string(st), fa_last_error());
+        CHECK(!memcmp(c.k, c.k0, nc * es), "k and v one buffer: the cache changed");
+    }
     fa_forward_args a = args_of(&c, NULL); /* the table as made: every slot written once */
     CHECK(fa_forward(pl, &a) == FA_OK, "distinct appends: %s", fa_last_error());
     fa_plan_destroy(pl);
+    free_case(&c);
+    /* pages that sequences only read may be shared (a common prefix's): sequences of 20, 30
+     * and 18 cached tokens share their full page 0, and append 2 tokens each elsewhere */
+    static const int32_t shared[3] = {20, 30, 18};
+    fixed_lens = shared, fixed_page = 16;
+    make_case(&c, 3, 4, 2, 16, 2, FA_F32, 1, 1, 0);
+    fixed_lens = NULL, fixed_page = 0;
+    c.table[c.p.max_pages] = c.table[2 * c.p.max_pages] = c.table[0];
+    if (fa_plan_create(&c.p, &opt, &pl) == FA_OK) {
+        fa_forward_args b = args_of(&c, NULL);
+        CHECK(fa_forward(pl, &b) == FA_OK, "a read-only page shared by three sequences: %s", fa_last_error());
+        fa_plan_destroy(pl);
+    } else {
+        CHECK(0, "shared page: plan: %s", fa_last_error());
+    }
     free_case(&c);
 }
 

@@ -365,8 +365,11 @@ static int dec_write_order(const void *x, const void *y) {
 
 /* FA_ERR_INVALID if two appended rows land in one slot of a page (two sequences' block
  * tables, or one's twice, naming the same page): the cache would then depend on the order
- * of the writes. The written runs, one per (sequence, page), sorted by page and first row:
- * a run that starts before the furthest end so far on its page overlaps it. */
+ * of the writes; or if an appended row lands in a row that a sequence reads as cached
+ * (block tables may share pages, a common prefix's: appends must go to rows no sequence
+ * holds). The written runs, one per (sequence, page), sorted by page and first row: a run
+ * that starts before the furthest end so far on its page overlaps it; then each page a
+ * sequence reads, found among them by bisection. */
 static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
     const int64_t ps = p->page_size, Sq = p->seq_q;
@@ -395,6 +398,25 @@ static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_ar
                          (long long)w[i].page, (long long)w[i].r0);
         else if (w[i].r1 > w[far].r1) far = i;
     }
+    for (int64_t b = 0; b < p->batch && !s; b++) /* the rows each sequence reads: [0, lens[b]) */
+        for (int64_t j = 0; j * ps < pl->lens[b] && !s; j++) {
+            const int64_t page = a->block_table[b * p->max_pages + j];
+            const int64_t last = pl->lens[b] - 1 - j * ps < ps - 1 ? pl->lens[b] - 1 - j * ps : ps - 1;
+            int64_t lo = 0, hi = n; /* the first run on page or after it */
+            while (lo < hi) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                if (w[mid].page < page) lo = mid + 1;
+                else hi = mid;
+            }
+            if (lo < n && w[lo].page == page && w[lo].r0 <= last) /* runs sorted by r0: the first starts lowest */
+                s = fa_error(FA_ERR_INVALID,
+                             "fa_forward: the tokens appended to sequence %lld would write row %lld of page %lld "
+                             "(block_table[%lld][%lld]), which sequence %lld reads as its cached position %lld "
+                             "(block_table[%lld][%lld])",
+                             (long long)w[lo].b, (long long)w[lo].r0, (long long)page, (long long)w[lo].b,
+                             (long long)w[lo].j, (long long)b, (long long)(j * ps + w[lo].r0), (long long)b,
+                             (long long)j);
+        }
     fa_free(w);
     return s;
 }
