@@ -39,7 +39,7 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
             raise ValueError(f"sinks must have shape [H] = [{heads}], got {sinks.shape}")
     rows = int(np.prod(o_a.shape[:-2], dtype=np.int64))
     o, lse = _empty(o_a.shape, o_a.dtype), _empty(lse_a.shape, np.float32)
-    if o.size == 0:
+    if lse.size == 0:  # no rows or heads (Dv 0 still merges the lse: the library's head_dim_v 0)
         return o, lse
     fp = ctypes.POINTER(ctypes.c_float)
     ptr = lambda a: None if a is None else a.ctypes.data_as(fp)  # noqa: E731

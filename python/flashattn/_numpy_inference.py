@@ -12,7 +12,7 @@ from . import _native
 from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable,
                      backward_inputs, dtype_error, head_floats)
 from ._problem import make_options
-from ._quant import cache_dtype_code
+from ._quant import cache_code_dtypes, cache_dtype_code
 from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, check_prefix,
                                  decode_problem, int32_lengths, varlen_problem)
 from . import _layout
@@ -254,15 +254,26 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)  # the library reads them dense
     code = cache_dtype_code(cache_dtype)
     if code is not None:
+        want = cache_code_dtypes(code)
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if c.dtype.itemsize != 1:
-                raise ValueError(f"{name} must hold 1-byte codes with cache_dtype={cache_dtype!r}, got {c.dtype}")
+            if c.dtype not in want:
+                raise ValueError(f"{name} must hold {' or '.join(str(w) for w in want)} codes with "
+                                 f"cache_dtype={cache_dtype!r}, got {c.dtype}")
         del arrays["k_cache"], arrays["v_cache"]
         shp = cache_scale_shape(k_cache.shape)
         k_scale = _cache_scales("k_scale", k_scale, shp, has_new)
         v_scale = _cache_scales("v_scale", v_scale, shp, has_new)
     elif k_scale is not None or v_scale is not None:
         raise ValueError("k_scale and v_scale belong to a quantized cache: pass cache_dtype='int8' or 'fp8'")
+    if has_new:  # an append writes both caches (and both scale arrays): they must not overlap
+        written = [("k_cache", k_cache), ("v_cache", v_cache)]
+        if code is not None:
+            written += [("k_scale", k_scale), ("v_scale", v_scale)]
+        for i, (na, a) in enumerate(written):
+            for nb, b in written[i + 1:] + [("q", q), ("k", k), ("v", v)]:
+                if np.may_share_memory(a, b) and np.shares_memory(a, b):
+                    raise ValueError(f"{na} and {nb} share memory, and the call writes {na} (new k and v given): "
+                                     f"pass separate arrays")
     dtype = _one_dtype(**arrays)
     paged = block_table is not None
     check_decode_shapes(q.shape, k_cache.shape, v_cache.shape, (k.shape, v.shape) if has_new else None, paged)

@@ -28,6 +28,14 @@ def _fp8_numpy():
         return np.dtype(np.uint8)
 
 
+def cache_code_dtypes(code):
+    """The numpy dtypes a cache of this cache_dtype code may hold: int8, or fp8 e4m3fn codes
+    (ml_dtypes.float8_e4m3fn, or their uint8 bits)."""
+    if code == _native.INT8:
+        return (np.dtype(np.int8),)
+    return tuple(dict.fromkeys((_fp8_numpy(), np.dtype(np.uint8))))
+
+
 def code_numpy_dtype(code):
     return np.dtype(np.int8) if code == _native.INT8 else _fp8_numpy()
 

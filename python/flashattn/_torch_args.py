@@ -106,6 +106,36 @@ def distinct(*tensors):
     return out
 
 
+def shares_memory(a, b):
+    """Whether tensors a and b have a byte in common: exact on the CPU (numpy's
+    shares_memory over views of their bytes, so that interleaved views of one buffer, k and
+    v of a combined cache, are told apart); on other devices, one storage and overlapping
+    byte ranges."""
+    if a is None or b is None or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    if a.device.type != "cpu":
+        return True
+    import ctypes
+    import numpy as np
+
+    def view(t):
+        es, lo = t.element_size(), t.data_ptr()
+        raw = np.frombuffer((ctypes.c_uint8 * (span(t)[1] - lo)).from_address(lo), dtype=np.uint8)
+        return np.lib.stride_tricks.as_strided(raw, tuple(t.shape) + (es,), tuple(s * es for s in t.stride()) + (1,))
+
+    return bool(np.shares_memory(view(a), view(b)))
+
+
 def refuse_bool_bias(bias):
     if isinstance(bias, torch.Tensor) and bias.dtype == torch.bool:
         raise TypeError("bias is additive; a boolean tensor is a mask: pass it as mask= "

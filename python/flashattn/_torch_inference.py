@@ -7,6 +7,7 @@ flashattn::varlen_fwd, flashattn::varlen_bwd and flashattn::kvcache_fwd, which d
 that it mutates k_cache and v_cache so torch.compile functionalizes it correctly. Length
 arrays (cu_seqlens, cache_seqlens, block_table) are int32 tensors read on the host when the
 op runs (the library plans from them), so the ops stay single graph nodes."""
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -16,8 +17,8 @@ from ._problem import dtype_code
 from ._quant import cache_dtype_code
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
-from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in, sinks_arg,
-                          threads_arg, window_sides)
+from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in,
+                          shares_memory, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import (DTYPES, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
                          int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad, dropout_args,
                          seed_value)
@@ -405,7 +406,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     update. threads: None or 0, the library's default; mask= is refused (the library has no
     bias for decoding). Under torch.autocast nothing is cast: the caches are written in place.
     cache_dtype "int8" or "fp8" (docs/caches.md): k_cache, v_cache hold torch.int8 or
-    torch.float8_e4m3fn codes (flashattn.torch.quantize_cache makes them), k_scale and
+    torch.float8_e4m3fn codes (or their torch.uint8 bits; any other dtype is refused;
+    flashattn.torch.quantize_cache makes them), k_scale and
     v_scale (float32, contiguous, the caches' shape without head_dim) a scale per row and
     kv head; new k, v are quantized on append, their scales written in place.
     k_prefix, v_prefix [P, Hk, D] / [.., Dv] (q's dtype): a shared prefix (cascade) that every
@@ -420,9 +422,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         raise ValueError("k_scale and v_scale belong to a quantized cache: pass cache_dtype='int8' or 'fp8'")
     names, tensors = (["q"], [q]) if code is not None else (["q", "k_cache", "v_cache"], [q, k_cache, v_cache])
     if code is not None:
+        want = (torch.int8,) if code == _native.INT8 else (torch.float8_e4m3fn, torch.uint8)
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if c.element_size() != 1:
-                raise ValueError(f"{name} must hold 1-byte codes with cache_dtype={cache_dtype!r}, got {c.dtype}")
+            if c.dtype not in want:
+                raise ValueError(f"{name} must hold {' or '.join(str(w) for w in want)} codes with "
+                                 f"cache_dtype={cache_dtype!r}, got {c.dtype}")
         shp = tuple(k_cache.shape[:3])
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if s is None:
@@ -444,6 +448,16 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             if not _layout.writable_strides(tuple(c.shape), tuple(c.stride())):
                 raise ValueError(f"{name} is written in place (new k and v given), so its elements must "
                                  f"not overlap (strides {tuple(c.stride())}); pass a dense cache")
+        # an append writes both caches (and both scale arrays): they must not overlap (under
+        # torch.compile, whose tracing cannot read storages, the library's own check that the
+        # two caches and the two scale arrays are not one buffer remains)
+        written = [("k_cache", k_cache), ("v_cache", v_cache)] + \
+            ([("k_scale", k_scale), ("v_scale", v_scale)] if code is not None else [])
+        for i, (na, a) in enumerate([] if torch.compiler.is_compiling() else written):
+            for nb, b in written[i + 1:] + [("q", q), ("k", k), ("v", v)]:
+                if shares_memory(a, b):
+                    raise ValueError(f"{na} and {nb} share memory, and the call writes {na} (new k and v given): "
+                                     f"pass separate tensors")
     paged = block_table is not None
     check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
                         None if k is None else (tuple(k.shape), tuple(v.shape)), paged)
@@ -487,10 +501,12 @@ def quantize_cache(k, v, dtype):
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
             raise ValueError(f"quantize_cache: {name} must be a float32, float16 or bfloat16 tensor")
+        if t.ndim < 1:
+            raise ValueError(f"quantize_cache: {name} must have a head_dim axis (the last), got a 0-d tensor")
         t = t.detach().to("cpu").contiguous()
         codes = torch.empty(t.shape, dtype=torch.int8 if code == _native.INT8 else torch.float8_e4m3fn)
         scales = torch.empty(t.shape[:-1], dtype=torch.float32)
-        rows = int(t.numel() // t.shape[-1]) if t.ndim and t.shape[-1] else 0
+        rows = math.prod(t.shape[:-1])  # head_dim 0: every row's amax is 0, scale 1 (docs/caches.md)
         _native.check(_native.lib.fa_quantize_rows(code, dtype_code(DTYPES[t.dtype]), t.data_ptr(), rows,
                                                    t.shape[-1] if t.ndim else 0, codes.data_ptr(),
                                                    scales.data_ptr()), "quantize_cache")

@@ -32,11 +32,11 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
     o_a, o_b, lse_a, lse_b = (t.detach().contiguous() for t in (o_a, o_b, lse_a, lse_b))
     sinks = None if sinks is None else sinks.detach().contiguous()
     o, lse = torch.empty_like(o_a), torch.empty_like(lse_a)
-    if o.numel() == 0:
+    if lse.numel() == 0:  # no rows or heads (Dv 0 still merges the lse: the library's head_dim_v 0)
         return o, lse
     fp = ctypes.POINTER(ctypes.c_float)
     f = lambda t: None if t is None else ctypes.cast(t.data_ptr(), fp)  # noqa: E731
-    rows = o_a.numel() // (heads * dv)
+    rows = lse_a.numel() // heads
     _native.check(_native.lib.fa_merge_states(_DTYPE_IDS[DTYPES[o_a.dtype]], rows, heads, dv, o_a.data_ptr(),
                                               f(lse_a), o_b.data_ptr(), f(lse_b), f(sinks), o.data_ptr(), f(lse)),
                   "merge_states")
