@@ -374,7 +374,8 @@ FA_API fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args);
  * two empty ones give o = 0, lse = -inf. sinks (NULL: none) are attention-sink logits
  * [heads] f32: the inputs then exclude the sink and the merge adds it once, to the
  * denominator only (lse = logaddexp(lse_a, lse_b, sink)). o and lse may be o_a / o_b and
- * lse_a / lse_b (in place); other overlaps are not allowed. */
+ * lse_a / lse_b (in place); other overlaps are not allowed. head_dim_v 0 merges the lse
+ * alone (o_a, o_b and o unused, NULL allowed). */
 FA_API fa_status fa_merge_states(fa_dtype dtype, int64_t rows, int64_t heads, int64_t head_dim_v, const void *o_a,
                                  const float *lse_a, const void *o_b, const float *lse_b, const float *sinks, void *o,
                                  float *lse);

@@ -41,17 +41,18 @@ fa_status fa_merge_states(fa_dtype dtype, int64_t rows, int64_t heads, int64_t h
     fa_clear_error();
     if (dtype != FA_F32 && dtype != FA_F16 && dtype != FA_BF16)
         return fa_error(FA_ERR_INVALID, "fa_merge_states: dtype %d is not f32, f16 or bf16", (int)dtype);
-    if (rows < 0 || heads < 1 || head_dim_v < 1)
-        return fa_error(FA_ERR_INVALID, "fa_merge_states: rows (%lld) must be >= 0, heads (%lld) and head_dim_v (%lld) >= 1",
-                        (long long)rows, (long long)heads, (long long)head_dim_v);
+    if (rows < 0 || heads < 1 || head_dim_v < 0)
+        return fa_error(FA_ERR_INVALID, "fa_merge_states: rows (%lld) and head_dim_v (%lld) must be >= 0, heads (%lld) >= 1",
+                        (long long)rows, (long long)head_dim_v, (long long)heads);
     int64_t n;
     if (__builtin_mul_overflow(rows, heads, &n) || __builtin_mul_overflow(n, head_dim_v, &n))
         return fa_error(FA_ERR_OVERFLOW, "fa_merge_states: rows x heads x head_dim_v overflows int64");
     if (!rows) return FA_OK;
     const void *need[] = {o_a, lse_a, o_b, lse_b, o, lse};
     const char *names[] = {"o_a", "lse_a", "o_b", "lse_b", "o", "lse"};
-    for (int i = 0; i < 6; i++)
-        if (!need[i]) return fa_error(FA_ERR_NULL, "fa_merge_states: %s is NULL", names[i]);
+    for (int i = 0; i < 6; i++) /* head_dim_v 0: the states' lse alone, no o to read or write */
+        if (!need[i] && (head_dim_v > 0 || i == 1 || i == 3 || i == 5))
+            return fa_error(FA_ERR_NULL, "fa_merge_states: %s is NULL", names[i]);
     if (sinks)
         for (int64_t h = 0; h < heads; h++)
             if (isnan(sinks[h]) || sinks[h] == INFINITY)

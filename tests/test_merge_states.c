@@ -85,6 +85,15 @@ static void edges(void) {
     CHECK(fa_merge_states(FA_F32, 1, 0, 2, oa, la, ob, lb, NULL, o, l) == FA_ERR_INVALID, "edges: zero heads");
     CHECK(fa_merge_states((fa_dtype)7, 1, 1, 2, oa, la, ob, lb, NULL, o, l) == FA_ERR_INVALID, "edges: a bad dtype");
     CHECK(fa_merge_states(FA_F32, 0, 1, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL) == FA_OK, "edges: no rows");
+    /* head_dim_v 0: no o, the lse still merged (logaddexp with the sink) */
+    const float la2[2] = {0.5f, -INFINITY}, lb2[2] = {-1.0f, -INFINITY};
+    float l2[2] = {NAN, NAN};
+    CHECK(fa_merge_states(FA_BF16, 1, 2, 0, NULL, la2, NULL, lb2, NULL, NULL, l2) == FA_OK &&
+              fabsf(l2[0] - (float)log(exp(0.5) + exp(-1.0))) < 1e-6f && l2[1] == -INFINITY,
+          "edges: head_dim_v 0: %s, lse %g %g", fa_last_error(), (double)l2[0], (double)l2[1]);
+    CHECK(fa_merge_states(FA_F32, 1, 1, 0, NULL, la, NULL, NULL, NULL, NULL, l) == FA_ERR_NULL &&
+              strstr(fa_last_error(), "lse_b"),
+          "edges: head_dim_v 0 without lse_b: %s", fa_last_error());
 }
 
 int main(void) {
