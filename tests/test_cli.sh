@@ -322,6 +322,7 @@ bad "--bias-scale 1e39" "bias-scale.*finite" plan $SHAPE --bias "$I/bias.npy" --
 bad "--bias-scale not a number" "bias-scale.*not a number" plan $SHAPE --bias "$I/bias.npy" --bias-scale x
 bad "--bias-scale without --bias" "bias-scale needs --bias" run $QKV --bias-scale 2 $O
 bad "--dbias without --bias" "dbias needs --bias" grad $QKV --do "$I/do.npy" $G --dbias "$OUT/db.npy"
+bad "--dsink without --sinks" "dsink needs --sinks" grad $QKV --do "$I/do.npy" $G --dsink "$OUT/ds.npy"
 bad "--dbias on run" "unknown option '--dbias'" run $QKV --bias "$I/bias.npy" --dbias "$OUT/db.npy" $O
 bad "--dbias same file as --dq" "same file" grad $QKV --do "$I/do.npy" $G --bias "$I/bias.npy" --dbias "$OUT/dq.npy"
 bad "--diag-offset not an integer" "diag-offset.*not an integer" plan $SHAPE --diag-offset 1.5

@@ -320,6 +320,7 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     if (a->has_bias_scale && !a->bias) return cli_fail(2, "%s: --bias-scale needs --bias", name);
     if (a->has_seed && !a->has_dropout) return cli_fail(2, "%s: --seed needs --dropout", name);
     if (a->dbias && !a->bias) return cli_fail(2, "%s: --dbias needs --bias", name);
+    if (a->dsink && !a->sinks) return cli_fail(2, "%s: --dsink needs --sinks", name);
     if (a->zigzag && !a->seq_parallel)
         return cli_fail(2, "%s: --zigzag needs --seq-parallel ring|ulysses", name);
     if (!!a->cu_seqlens_q != !!a->cu_seqlens_k)
