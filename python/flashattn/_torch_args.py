@@ -165,8 +165,8 @@ def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
     and the bias_scale to pass with it. With a mask the scale is applied here, so that a
     negative or zero scale cannot turn a hidden key's -inf into +inf or NaN."""
     def four(t, what):
-        if not 2 <= t.dim() <= 4:
-            raise ValueError(f"{what} must have 2 to 4 dims (broadcastable to [B, H, Sq, Sk]), "
+        if t.dim() > 4:  # fewer dims are left-padded with ones, as torch broadcasts (numpy's front too)
+            raise ValueError(f"{what} must have at most 4 dims (broadcastable to [B, H, Sq, Sk]), "
                              f"got shape {tuple(t.shape)}")
         t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
         want = (B, H, Sq, Sk)

@@ -111,3 +111,25 @@ def test_mask_refused_where_the_library_has_no_bias():
     qd, cache = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match="mask= with kvcache_attention"):
         fat.kvcache_attention(qd, cache, cache, mask=torch.ones(1, 8, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("shape", [(), (6,), (6, 6)])
+def test_low_rank_masks_and_biases_broadcast(rng, shape):
+    """A mask or bias of fewer than 4 dims (a key mask [Sk], a scalar) broadcasts as torch's
+    own broadcasting (and numpy's front) pads it: the same o as numpy's, and a bias
+    gradient of the bias's own shape."""
+    import flashattn
+    q = rng.standard_normal((2, 3, 6, 8)).astype(np.float32)
+    m = rng.random(shape) < 0.7
+    if m.ndim:
+        m[..., 0] = True  # every row sees a key
+    else:
+        m = np.array(True)
+    b = rng.standard_normal(shape).astype(np.float32)
+    t = torch.from_numpy(q)
+    for kw, tkw in ((dict(mask=m), dict(mask=torch.from_numpy(m))), (dict(bias=b), dict(bias=torch.from_numpy(b)))):
+        want = flashattn.attention(q, q, q, **kw)
+        assert np.array_equal(fat.attention(t, t, t, **tkw).numpy(), want)
+    tb = torch.from_numpy(b).requires_grad_()
+    fat.attention(t, t, t, bias=tb).sum().backward()
+    assert tb.grad.shape == tb.shape and torch.isfinite(tb.grad).all()
