@@ -7,8 +7,12 @@ query block), the key blocks that need mask_mod (kv_indices, kv_num_blocks) and,
 the full ones (full_kv_indices, full_kv_num_blocks; absent when it was made with
 separate_full_blocks=False: then every listed block is partial). Full blocks run without
 masking; a partial block's bitmap is mask_mod evaluated on that block only (one vmapped call
-over all partial blocks); unlisted blocks are never visited. The library builds the mask
-from those block kinds and bitmaps (fa_mask_from_blocks)."""
+over all partial blocks); unlisted blocks are never visited. A BlockMask made with B=None
+or H=None shares its block lists over batch items or heads, but flex_attention calls
+mask_mod with the real b and h: a call with more batch items or heads evaluates the
+partial blocks' bitmaps at every b and h of the call (the block lists stay shared; a dim
+the bitmaps turn out not to depend on stays 1). The library builds the mask from those
+block kinds and bitmaps (fa_mask_from_blocks)."""
 import weakref
 
 import numpy as np
@@ -43,24 +47,57 @@ def _block_kinds(bm):
     return kinds
 
 
-def _bitmaps(bm, kinds):
-    """mask_mod on each partial block, in row-major order of kinds: [n, bq, bk] bool.
-    Indices past the sequence are clamped (the library ignores those bits)."""
-    bq, bk = bm.BLOCK_SIZE
-    Qlen, Klen = bm.seq_lengths
+def _bitmaps(src, kinds, B, H):
+    """mask_mod on each partial block of kinds [Bm, Hm, nq, nk], for a call of B batch items
+    and H heads: (bitmaps [n, bq, bk] bool, one per PARTIAL block in row-major order of the
+    kinds broadcast to [B', H', nq, nk], (B', H')). A dim the BlockMask shares (1) but the
+    call has more of is evaluated at every b < B (h < H), as flex_attention evaluates mask_mod
+    with the real b and h; B' = B (H' = H) unless the bitmaps came out the same for every b
+    (h), then B' = 1 (H' = 1). The block lists stay the BlockMask's. One vmapped call; indices
+    past the sequence are clamped (the library ignores those bits). src: the BlockMask's
+    mask_mod, (Q_LEN, KV_LEN), BLOCK_SIZE and device."""
+    mask_mod, (Qlen, Klen), (bq, bk), dev = src
+    Bm, Hm = kinds.shape[:2]
     b, h, qb, kb = (torch.from_numpy(x) for x in np.nonzero(kinds == native.BLOCK_PARTIAL))
     if b.numel() == 0:
-        return np.zeros((0, bq, bk), np.bool_)
-    dev = bm.kv_indices.device
+        return np.zeros((0, bq, bk), np.bool_), (Bm, Hm)
+    eb, eh = Bm == 1 and B > 1, Hm == 1 and H > 1  # shared dims the call has more of
     qi = (qb[:, None] * bq + torch.arange(bq)).clamp(max=Qlen - 1).to(dev)
     ki = (kb[:, None] * bk + torch.arange(bk)).clamp(max=Klen - 1).to(dev)
-    fn = bm.mask_mod
-    fn = torch.vmap(fn, in_dims=(None, None, None, 0))
+    fn = torch.vmap(mask_mod, in_dims=(None, None, None, 0))
     fn = torch.vmap(fn, in_dims=(None, None, 0, None))
-    fn = torch.vmap(fn, in_dims=(0, 0, 0, 0))
+    fn = torch.vmap(fn, in_dims=(None if eb else 0, None if eh else 0, 0, 0))  # the partial blocks
+    if eh:
+        fn = torch.vmap(fn, in_dims=(None, 0, None, None))
+    if eb:
+        fn = torch.vmap(fn, in_dims=(0, None, None, None))
+    bs = torch.arange(B) if eb else b
+    hs = torch.arange(H) if eh else h
     with torch.no_grad():
-        out = fn(b.to(dev), h.to(dev), qi, ki)
-    return out.to(torch.bool).cpu().numpy()
+        out = fn(bs.to(dev), hs.to(dev), qi, ki)
+    out = out.to(torch.bool).cpu()
+    if not eb:
+        out = out.unsqueeze(0)
+    if not eh:
+        out = out.unsqueeze(1)
+    out = out.numpy()  # [B or 1, H or 1, n, bq, bk]; a dim mask_mod ignores comes back with stride 0
+
+    def same(axis):
+        return out.strides[axis] == 0 or bool((out == out.take([0], axis)).all())
+
+    if eb and same(0):
+        eb, out = False, out[:1]
+    if eh and same(1):
+        eh, out = False, out[:, :1]
+    n = b.numel()
+    bitmaps = out.reshape(-1, bq, bk)
+    if (eb and Hm > 1) or (eh and Bm > 1):  # interleave: row-major over (b, h, qb, kb)
+        shape = out.shape[:3]
+        bb = np.broadcast_to((np.arange(B)[:, None, None] if eb else b.numpy()[None, None, :]), shape)
+        hh = np.broadcast_to((np.arange(H)[None, :, None] if eh else h.numpy()[None, None, :]), shape)
+        jj = np.broadcast_to(np.arange(n)[None, None, :], shape)
+        bitmaps = bitmaps[np.lexsort((jj.ravel(), hh.ravel(), bb.ravel()))]
+    return bitmaps, (B if eb else Bm, H if eh else Hm)
 
 
 class _BlockMask(Mask):
@@ -71,8 +108,10 @@ class _BlockMask(Mask):
         self.seq = tuple(int(n) for n in bm.seq_lengths)
         self.block = tuple(int(n) for n in bm.BLOCK_SIZE)
         self.kinds = _block_kinds(bm)
-        self.bitmaps = _bitmaps(bm, self.kinds)
         self.fixed_block = self.block
+        # what _bitmaps needs (not bm itself: _CONVERTED holds this object weakly keyed by bm)
+        self._src = (bm.mask_mod, self.seq, self.block, bm.kv_indices.device)
+        self.bitmaps, _ = _bitmaps(self._src, self.kinds, *self.kinds.shape[:2])
 
     def _build(self, dims, diag, block):
         B, H, Sq, Sk = dims
@@ -81,8 +120,12 @@ class _BlockMask(Mask):
         Bm, Hm = self.kinds.shape[:2]
         if Bm not in (1, B) or Hm not in (1, H):
             raise ValueError(f"the BlockMask has B = {Bm}, H = {Hm}; the call has B = {B}, H = {H} (each 1 or equal)")
+        kinds, bitmaps = self.kinds, self.bitmaps
+        if (Bm, Hm) != (B, H):  # shared over batch or heads: mask_mod at the call's every b and h
+            bitmaps, (Bm, Hm) = _bitmaps(self._src, kinds, B, H)
+            kinds = np.broadcast_to(kinds, (Bm, Hm) + kinds.shape[2:])
         s = native.shape(Bm, Hm, Sq, Sk, *self.block)
-        return native.from_blocks(s, self.kinds, self.bitmaps, "block_mask")
+        return native.from_blocks(s, kinds, bitmaps, "block_mask")
 
     def __repr__(self):
         return f"<flashattn mask of a BlockMask {self.kinds.shape}, blocks {self.block}>"

@@ -123,6 +123,50 @@ def test_attention_matches_flex(rng, name):
         assert err <= 5e-5 * want.grad.abs().max().item(), name
 
 
+@pytest.mark.parametrize("bB,bH", [(None, None), (2, None), (None, 4)])
+def test_shared_block_mask_with_b_h_dependent_mask_mod(rng, bB, bH):
+    """A BlockMask made with B=None or H=None (block lists shared, built at b = 0, h = 0)
+    whose mask_mod depends on b or h: flex_attention calls mask_mod with the real b and h, so
+    flashattn evaluates the partial blocks at every b and h of the call. The mask_mods keep
+    the same blocks partial for every b and h (so the shared lists cover every head's mask)."""
+    B, Hq, Hk, S, D = 2, 4, 2, 130, 16
+    c = int(rng.integers(0, 3))
+    mods = {
+        "h": lambda b, h, q, kv: ((q + kv + h + c) % 3 != 0) | (q == kv),
+        "b_causal": lambda b, h, q, kv: (q >= kv) & (((q * (b + 1) + kv + c) % 4 != 1) | (q == kv)),
+        "b_h": lambda b, h, q, kv: ((q + 2 * kv + h + 3 * b + c) % 5 != 0) | (q == kv),
+        "causal": lambda b, h, q, kv: q >= kv,  # depends on neither: the mask stays shared
+    }
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(B, h, S, D, generator=g, dtype=torch.float64) for h in (Hq, Hk, Hk))
+    do = torch.randn(B, Hq, S, D, generator=g, dtype=torch.float64)
+    for name, fn in mods.items():
+        bm = _block_mask(fn, bB, bH, S, S, 64)
+        o_flex = _flex(q, k, v, bm)
+        # flex is the same with the BlockMask made for every b and h (mask_mod at the real b, h)
+        assert (o_flex - _flex(q, k, v, _block_mask(fn, B, Hq, S, S, 64))).abs().max().item() <= 1e-12, name
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        o_ref = _dense_flex(*ref, bm)
+        o_ref.backward(do)
+        assert (o_ref.detach() - o_flex).abs().max().item() <= 1e-10, name
+        mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
+        o = ft.attention(*mine, block_mask=bm)
+        o.backward(do.to(torch.float32))
+        assert (o.double() - o_flex).abs().max().item() <= 1e-5 * o_flex.abs().max().item(), name
+        for got, want in zip(mine, ref):
+            err = (got.grad.double() - want.grad).abs().max().item()
+            assert err <= 5e-5 * want.grad.abs().max().item(), name
+        built = from_block_mask(bm).build(B, Hq, S, S)
+        want_dims = (B if "b" in name or bB else 1, Hq if "h" in name or bH else 1)
+        assert built.dims()[:2] == want_dims, name
+        want = flex.create_mask(fn, B, Hq, S, S, device="cpu").numpy()
+        assert np.array_equal(np.broadcast_to(built.to_dense(), want.shape), want), name
+        pairs = int(want.sum())
+        kv = torch.empty(B, Hk, S, D, device="meta")
+        cost = ft.flex_cost(bm, torch.empty(B, Hq, S, D, device="meta"), kv, kv)
+        assert cost["forward"]["flops_useful"] == 4 * D * pairs, name
+
+
 def test_flex_cost_is_exact(rng):
     B, H, S, D = 2, 2, 256, 32
     for name, fn in _mods(rng, S).items():
