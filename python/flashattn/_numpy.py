@@ -5,7 +5,7 @@ strides describe them; outputs come back in the inputs' layout, lse always [B, H
 import numpy as np
 
 from . import _layout, _native
-from .masks import Mask
+from .masks import Mask, build_for_call
 from ._problem import broadcast_dims, check_shapes, combined_bias_dims, empty_dims, make_options, make_problem
 from ._problem_inference import int32_lengths
 
@@ -123,11 +123,10 @@ class _Call:
         self.bias = self.bias_own = None
         bias_shape = bias_stride = None
         # a flashattn.masks mask goes to the library as a built fa_mask, kept alive by the call
-        # (a zero-size call computes nothing: its mask is not built)
+        # (a zero-size call computes nothing: its mask is only checked)
         self.mask = None
         if isinstance(mask, Mask):
-            if not empty_dims(B, H, kd[1], Sq, Sk):
-                self.mask = mask.build(B, H, Sq, Sk, diag_offset=diag_offset)
+            self.mask = build_for_call(mask, B, H, Sq, Sk, diag_offset=diag_offset, empty=empty_dims(B, H, kd[1], Sq, Sk))
             mask = None
         if bias is not None or mask is not None:
             b, self.bias_own = _bias_and_mask(bias, mask, (B, H, Sq, Sk))

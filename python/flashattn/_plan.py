@@ -1,7 +1,7 @@
 """flashattn.plan: the analytic cost of a problem from its shapes alone (no arrays)."""
 from . import _native
 from ._problem import combined_bias_dims, empty_dims, make_options, make_problem
-from .masks import Mask, from_array
+from .masks import Mask, build_for_call, from_array
 
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -107,8 +107,8 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
         if mask_shape is not None:
             raise ValueError("pass mask= or mask_shape=, not both")
         m = mask if isinstance(mask, Mask) else from_array(mask)
-        if not empty_dims(batch, heads, kv_heads, seq_q, seq_k):
-            built = m.build(batch, heads, seq_q, seq_k, diag_offset=diag_offset)
+        built = build_for_call(m, batch, heads, seq_q, seq_k, diag_offset=diag_offset,
+                               empty=empty_dims(batch, heads, kv_heads, seq_q, seq_k))
     p = make_problem(q_dims=(batch, heads, seq_q, head_dim), k_dims=(batch, kv_heads, seq_k, head_dim),
                      v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=dtype, causal=causal,
                      window=window, softcap=softcap, scale=scale, bias_shape=bias_shape,

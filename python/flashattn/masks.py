@@ -267,6 +267,18 @@ class _PerHead(Mask):
         return f"per_head({self.masks!r})"
 
 
+def build_for_call(mask, batch, heads, seq_q, seq_k, *, diag_offset=None, empty=False):
+    """mask.build for a call of these shapes, or None for a zero-size call (empty: the
+    front's own test, a zero B, H, Hk, Sq or Sk), which computes nothing. Such a call still
+    builds the mask where seq_q and seq_k are not 0 (a zero batch or heads builds fine), so
+    that bad arguments (a chunk of 0, lengths that do not sum to the sequence) are errors
+    there as on any call, as the call's other options are."""
+    if seq_q and seq_k:
+        built = mask.build(batch, heads, seq_q, seq_k, diag_offset=diag_offset)
+        return None if empty else built
+    return None
+
+
 def causal(diag_offset=None):
     """Key j visible to query i iff j <= i + diag_offset (None: the call's alignment)."""
     return _Causal(diag_offset)

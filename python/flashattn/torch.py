@@ -14,7 +14,7 @@ from ._problem import check_shapes, empty_dims
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import DTYPES, attention_function, dropout_args, dropout_seed, refused_lse_grad
-from .masks import Mask
+from .masks import Mask, build_for_call
 
 
 def _segment_ids(q_segment_ids, kv_segment_ids, B, Sq, Sk, device):
@@ -111,9 +111,8 @@ def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset):
     if block_mask is not None:
         bm = from_block_mask(block_mask)
         mask = bm if mask is None else mask & bm
-    if empty_dims(B, H, Hk, Sq, Sk):
-        return None
-    return mask.build(B, H, Sq, Sk, diag_offset=int_in("diag_offset", diag_offset, optional=True))
+    return build_for_call(mask, B, H, Sq, Sk, diag_offset=int_in("diag_offset", diag_offset, optional=True),
+                          empty=empty_dims(B, H, Hk, Sq, Sk))
 
 
 def flex_cost(block_mask, q, k, v, *, scale=None, softcap=None, layout="bhsd", threads=None):

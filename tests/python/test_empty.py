@@ -67,3 +67,30 @@ def test_jax_dense_and_packed(rng, B, H, Sq, Sk):
     qp, kp, vp = (x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]) for x in (q, k, v))
     o = fj.varlen_attention(qp, kp, vp, cu_q, cu_k)
     assert o.shape == qp.shape and not np.asarray(o).any()
+
+
+@pytest.mark.parametrize("B, H", [(0, 2), (1, 0)])
+def test_mask_arguments_checked_on_empty_calls(rng, B, H):
+    """A zero batch or zero heads computes nothing, but a flashattn.masks mask's arguments
+    are still checked against the sequences they depend on, as every other option is (they
+    once passed unchecked); good ones still give empty outputs, in every front."""
+    import flashattn.masks as M
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as fat
+    jnp = pytest.importorskip("jax.numpy")
+    import flashattn.jax as fj
+    q = randn(rng, (B, H, 64, 8))
+    bad = [M.documents([10, 20]), M.chunked(0), M.prefix_lm(-3), M.from_array(np.ones((5, 5), bool))]
+    for m in bad:
+        with pytest.raises(ValueError):
+            flashattn.attention(q, q, q, mask=m)
+        with pytest.raises(ValueError):
+            fat.attention(*(torch.from_numpy(q),) * 3, mask=m)
+        with pytest.raises(ValueError):
+            fj.attention(*(jnp.asarray(q),) * 3, mask=m, layout="bhsd")
+        with pytest.raises(ValueError):
+            flashattn.plan(batch=B, heads=H, seq_q=64, head_dim=8, mask=m)
+    good = M.documents([30, 34]) & M.chunked(16)
+    assert flashattn.attention(q, q, q, mask=good).shape == q.shape
+    assert tuple(fat.attention(*(torch.from_numpy(q),) * 3, mask=good).shape) == q.shape
+    assert fj.attention(*(jnp.asarray(q),) * 3, mask=good, layout="bhsd").shape == q.shape

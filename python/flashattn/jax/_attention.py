@@ -21,6 +21,7 @@ from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
 from ._plan import plan_for
+from ..masks import build_for_call
 from ._splash import as_mask
 
 # The library masks flashattn.jax.attention has passed to XLA by address: a compiled call may
@@ -305,8 +306,9 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
         q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
     sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32)  # differentiable
     b, hq, sq, sk = _check_qkv(q, k, v, layout)
-    if fmask is not None and not empty_dims(b, hq, sq, sk):
-        built = fmask.build(b, hq, sq, sk, diag_offset=opt.diag_offset)
+    built = None if fmask is None else build_for_call(fmask, b, hq, sq, sk, diag_offset=opt.diag_offset,
+                                                      empty=empty_dims(b, hq, sq, sk))
+    if built is not None:
         _PINNED.setdefault(built.ptr, built)
         opt = opt._replace(mask=built.ptr)
     _check_plan(opt, q, k, v, bias, fmask)
