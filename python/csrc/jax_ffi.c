@@ -18,8 +18,9 @@
  * q, k, v, o, do are [B, S, H, D] (layout 1) or [B, H, S, D] (layout 0), row-major; lse is
  * [B, H, Sq]. Under jax.vmap (vmap_method="expand_dims") every buffer gains leading dims,
  * each the vmapped size or 1 where that input was not mapped. Where all tensors carry them
- * (the usual case), the leading dims fold into B: one plan, one call. Otherwise the handler
- * runs one call per leading index, broadcasting the inputs that have a leading 1. */
+ * (the usual case), the leading dims fold into B: one plan, one call. Otherwise (or with a
+ * per-batch mask) the handler runs one call per leading index, broadcasting the inputs
+ * that have a leading 1. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -288,10 +289,14 @@ static int leading_is_ones(const call *c, int r) {
 /* Whether the leading dims can fold into B: every tensor carries them, except ALiBi slopes,
  * sinks, dropout's seed and a batch-1 bias that are shared by all (their dbias would not be;
  * nor would dsink, which the backward sums over B: per vmapped index it runs one call each;
- * a seed per index is one plan each). */
+ * a seed per index is one plan each). A library mask is the same for every vmapped index:
+ * one of batch 1 folds, one per batch item (batch B > 1) covers one index's B, not the
+ * folded batch, so it runs one call per index too. */
 static int can_fold(const call *c) {
     if (c->n_lead == 1) return 1;
     if (c->has[T_DSINK]) return 0;
+    fa_mask_shape ms;
+    if (c->p.mask && (fa_mask_get_shape(c->p.mask, &ms) != FA_OK || ms.batch != 1)) return 0;
     for (int r = 0; r < T_OUT_O; r++) {
         if (!c->has[r]) continue;
         int full = leading_is_full(c, r), ones = leading_is_ones(c, r);

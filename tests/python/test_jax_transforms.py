@@ -8,6 +8,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import flashattn.jax as fj  # noqa: E402
+from flashattn import masks  # noqa: E402
 
 from jax_reference import assert_close, backward, forward, seeded_rng  # noqa: E402
 
@@ -186,3 +187,27 @@ def test_vmap_one_call_per_index_with_shared_bias_grad_and_mapped_alibi():
            for i in range(n)]
     assert_close("dq", g[0], jnp.stack([p[0] for p in per]), 1e-5, 1e-5)
     assert_close("dbias", g[1], sum(p[1] for p in per), 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("kind", ["prefix_lm", "documents", "from_array", "per_head", "per_head_shared"])
+def test_vmap_with_a_per_batch_mask(rng, kind):
+    # a flashattn.masks mask of batch B > 1 covers the B items of each vmapped index, not the
+    # folded batch: the handler runs one call per index; a mask of batch 1 (per head or not)
+    # still folds. Either way the vmapped result is the un-vmapped calls' stacked.
+    n, b, s, h, d = 3, 2, 40, 2, 8
+    q, k, v, w = (jnp.asarray(rng.standard_normal((n, b, s, h, d)), jnp.float32) for _ in range(4))
+    mask = {
+        "prefix_lm": lambda: masks.prefix_lm([3, 25]),
+        "documents": lambda: masks.documents([[10, 30], [25, 5, 10]]),
+        "from_array": lambda: masks.from_array(rng.random((b, 1, s, s)) < 0.5),
+        "per_head": lambda: masks.per_head([masks.prefix_lm([3, 25]), masks.documents([[10, 30], [40]])]),
+        "per_head_shared": lambda: masks.per_head([masks.from_array(rng.random((s, s)) < 0.5), masks.causal()]),
+    }[kind]()
+    f = lambda q, k, v: fj.attention(q, k, v, mask=mask)  # noqa: E731
+    o = jax.vmap(f)(q, k, v)
+    assert_close("o", o, jnp.stack([f(q[i], k[i], v[i]) for i in range(n)]), 0, 0)
+    # the backward's call carries the same mask
+    g = jax.grad(lambda q, k, v: jnp.sum(jax.vmap(f)(q, k, v) * w), argnums=(0, 1, 2))(q, k, v)
+    per = [jax.grad(lambda *a: jnp.sum(f(*a) * w[i]), argnums=(0, 1, 2))(q[i], k[i], v[i]) for i in range(n)]
+    for j, name in enumerate(("dq", "dk", "dv")):
+        assert_close(name, g[j], jnp.stack([p[j] for p in per]), 0, 0)
