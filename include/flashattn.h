@@ -171,6 +171,11 @@ typedef struct {
      * cache_dtype equal to dtype is the plain cache. Decoding only, CPU backend. */
     int has_cache_dtype;
     fa_dtype cache_dtype;
+    /* Dropout's batch index of this problem's batch item 0 (>= 0; 0 by default): the b of
+     * (b, h, i, j) above is dropout_batch0 + b, so that calls that each run a part of a
+     * batch (a vmapped or sharded one) draw the masks the whole batch would, each passing
+     * its first item's index. A packed batch's sequence s is dropout_batch0 + s. */
+    int64_t dropout_batch0;
 } fa_problem;
 
 /* fa_problem.lengths_per_call */

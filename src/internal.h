@@ -37,7 +37,7 @@ struct fa_plan {
     int32_t *lens;          /* the plan's copies: cu_seqlens_q, cu_seqlens_k (varlen) or cache_seqlens */
     int capacity;           /* made from capacities (lengths_per_call; not a call's view): figures that bound every call */
     int64_t opt_bq, opt_bk; /* the options' block sizes (0: the library's): a packed sequence's own tiles */
-    int64_t batch0;         /* dropout's b of batch 0: a packed sequence's index in its parent (varlen), else 0 */
+    int64_t batch0;         /* dropout's b of batch 0: fa_problem.dropout_batch0 (+ a packed sequence's index in its parent) */
     /* p.mask, when set, is the plan's own reference (fa_mask_retain; released by fa_plan_destroy) */
 };
 

@@ -126,6 +126,10 @@ static fa_status validate_scalars(fa_plan *pl) {
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f)) /* NaN fails too */
         return fa_error(FA_ERR_INVALID, "dropout_p must be in [0, 1) (0 = off), got %g", (double)p->dropout_p);
+    int64_t last;
+    if (p->dropout_batch0 < 0 || __builtin_add_overflow(p->dropout_batch0, p->batch, &last))
+        return fa_error(FA_ERR_INVALID, "dropout_batch0 must be >= 0 with dropout_batch0 + batch within int64, got %lld",
+                        (long long)p->dropout_batch0);
     return FA_OK;
 }
 
@@ -217,6 +221,7 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
     fa_plan *pl = fa_calloc(1, sizeof *pl);
     if (!pl) return fa_error(FA_ERR_NO_MEMORY, "fa_plan_create: cannot allocate the plan");
     pl->p = *problem;
+    pl->batch0 = problem->dropout_batch0; /* dropout's b of batch item 0 (a packed batch: its sequences') */
     fa_status s = validate_scalars(pl);
     if (!s) s = choose_backend(pl, opt);
     if (!s) s = validate_layout(pl);

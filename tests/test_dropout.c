@@ -376,6 +376,46 @@ static void test_refusals(void) {
           "cuda with dropout: %s", fa_last_error());
 }
 
+/* A batch run as two calls of one item each, the second with dropout_batch0 = 1, draws the
+ * masks of the whole batch: o, lse, dq, dk and dv of item 1 bit for bit the whole call's
+ * (and with dropout_batch0 left 0, item 0's masks: other results). A negative
+ * dropout_batch0, or one that overflows with the batch, is FA_ERR_INVALID. */
+static void test_batch_split(fa_dtype dt) {
+    dcase c;
+    dcase_make(&c, dt, 1, 0.0f, 0.3f);
+    if (!dcase_run(&c, 2, 0, 0, NULL, NULL)) return dcase_free(&c);
+    const size_t es = fa_dtype_size(dt);
+    const int64_t hq = c.nq / 2, hk = c.nk / 2, hv = c.nv / 2, ho = c.no / 2, hl = 4 * c.p.seq_q; /* one item's */
+    dcase one = c; /* item 1 of the same tensors, as a batch of 1 */
+    one.p.batch = 1;
+    one.q = (char *)c.q + hq * es, one.k = (char *)c.k + hk * es, one.v = (char *)c.v + hv * es, one.g = (char *)c.g + ho * es;
+    one.nq = hq, one.nk = hk, one.nv = hv, one.no = ho;
+    void *o = tu_alloc(ho * es), *dq = tu_alloc(hq * es), *dk = tu_alloc(hk * es), *dv = tu_alloc(hv * es);
+    float *lse = tu_alloc(sizeof(float) * (size_t)hl);
+    one.o = o, one.dq = dq, one.dk = dk, one.dv = dv, one.lse = lse;
+    for (int base = 1; base >= 0; base--) {
+        one.p.dropout_batch0 = base;
+        if (!dcase_run(&one, 1, 0, 0, NULL, NULL)) break;
+        const int same = !memcmp(o, (char *)c.o + ho * es, ho * es) && !memcmp(lse, c.lse + hl, sizeof(float) * hl) &&
+                         !memcmp(dq, (char *)c.dq + hq * es, hq * es) && !memcmp(dk, (char *)c.dk + hk * es, hk * es) &&
+                         !memcmp(dv, (char *)c.dv + hv * es, hv * es);
+        CHECK(same == (base == 1), "batch item 1 alone with dropout_batch0 %d: %s the whole batch's results (%s)", base,
+              same ? "equals" : "differs from", fa_dtype_name(dt));
+    }
+    fa_problem bad = one.p;
+    fa_plan *pl = NULL;
+    fa_options opt = {.backend = FA_BACKEND_CPU};
+    bad.dropout_batch0 = -1;
+    CHECK(fa_plan_create(&bad, &opt, &pl) == FA_ERR_INVALID && strstr(fa_last_error(), "dropout_batch0"),
+          "a negative dropout_batch0: %s", fa_last_error());
+    bad.dropout_batch0 = INT64_MAX;
+    CHECK(fa_plan_create(&bad, &opt, &pl) == FA_ERR_INVALID && strstr(fa_last_error(), "dropout_batch0"),
+          "dropout_batch0 + batch past int64: %s", fa_last_error());
+    void *x[] = {o, dq, dk, dv, lse};
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) free(x[i]);
+    dcase_free(&c);
+}
+
 int main(void) {
     rng = check_seed("test_dropout");
     test_generator();
@@ -388,6 +428,7 @@ int main(void) {
         test_reference(dts[d], 0, 5.0f, 0.3f, 1, 16, 16);
         test_threads(dts[d]);
         test_p_zero(dts[d]);
+        test_batch_split(dts[d]);
     }
     test_refusals();
     return check_finish("test_dropout");

@@ -418,8 +418,12 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
     memset(&opt, 0, sizeof opt);
     opt.backend = backend;
     opt.threads = (int)c.threads;
-    /* the seed is part of the problem: one plan per vmapped index when each has its own */
-    const int plan_each = c.has[T_SEED] && !leading_is_ones(&c, T_SEED);
+    /* the seed is part of the problem: one plan per vmapped index when each has its own;
+     * one seed shared by indices that run a call each: a plan each too, each drawing at its
+     * items' indices in the folded batch (dropout_batch0), as one folded call would, so that
+     * the folded forward and a backward that cannot fold (dsink) draw the same masks */
+    const int shared_seed = c.has[T_SEED] && leading_is_ones(&c, T_SEED);
+    const int plan_each = c.has[T_SEED] && (!shared_seed || calls > 1);
     fa_plan *plan = NULL;
     fa_status s = FA_OK;
     device_ctx d;
@@ -437,6 +441,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
             const uint32_t *w = slice_ptr(&c, T_SEED, i);
             c.p.dropout_seed = (uint64_t)w[1] << 32 | w[0];
             c.p.dropout_offset = (uint64_t)w[3] << 32 | w[2];
+            c.p.dropout_batch0 = shared_seed ? i * c.p.batch : 0;
         }
         if ((s = fa_plan_create(&c.p, &opt, &plan)) != FA_OK) break;
         if (backend == FA_BACKEND_CUDA && i == 0 && (e = device_begin(&c, plan, &d))) break;

@@ -57,6 +57,7 @@ class Problem(ctypes.Structure):
         ("bias_seq_q", c_int64),  # 1: one bias row for every query row; 0 or seq_q: one per row
         # quantized kv caches (docs/caches.md)
         ("has_cache_dtype", ctypes.c_int), ("cache_dtype", ctypes.c_int),
+        ("dropout_batch0", c_int64),  # dropout's batch index of item 0 (a part of a batch)
     ]
 
 
