@@ -211,3 +211,32 @@ def test_vmap_with_a_per_batch_mask(rng, kind):
     per = [jax.grad(lambda *a: jnp.sum(f(*a) * w[i]), argnums=(0, 1, 2))(q[i], k[i], v[i]) for i in range(n)]
     for j, name in enumerate(("dq", "dk", "dv")):
         assert_close(name, g[j], jnp.stack([p[j] for p in per]), 0, 0)
+
+
+@pytest.mark.parametrize("kind", ["dropout", "dropout_sinks", "dropout_mask"])
+def test_vmap_shared_seed_draws_the_folded_batch(rng, kind):
+    # one seed shared by every vmapped index draws at the items' indices in the folded batch,
+    # whether the handler folds (dropout alone), folds the forward only (sinks: the backward
+    # returns dsink, so it runs one call per index) or neither (a per-batch mask): the vmapped
+    # results equal one call on the batch of all indices, forward and gradients, and so
+    # agree with each other (a forward that folded and a backward that did not once drew
+    # different masks: wrong gradients)
+    n, b, s, h, d = 3, 2, 24, 2, 8
+    q, k, v, w = (jnp.asarray(rng.standard_normal((n, b, s, h, d)), jnp.float32) for _ in range(4))
+    sinks = jnp.asarray(rng.standard_normal(h), jnp.float32)
+    kw = dict(dropout_p=0.4, seed=int(rng.integers(1 << 31)))
+    if kind == "dropout_sinks":
+        kw["sinks"] = sinks
+    if kind == "dropout_mask":
+        kw["mask"] = masks.prefix_lm([5, 17] * n)  # folded: the same two lengths at every index
+    fold = lambda x: x.reshape((n * b,) + x.shape[2:])  # noqa: E731
+    folded_kw = dict(kw)
+    if kind == "dropout_mask":
+        kw["mask"] = masks.prefix_lm([5, 17])
+    f = lambda q, k, v: fj.attention(q, k, v, **kw)  # noqa: E731
+    g_ = lambda q, k, v: fj.attention(q, k, v, **folded_kw)  # noqa: E731
+    assert_close("o", fold(jax.vmap(f)(q, k, v)), g_(fold(q), fold(k), fold(v)), 0, 0)
+    gv = jax.grad(lambda q, k, v: jnp.sum(jax.vmap(f)(q, k, v) * w), argnums=(0, 1, 2))(q, k, v)
+    gf = jax.grad(lambda q, k, v: jnp.sum(g_(q, k, v) * fold(w)), argnums=(0, 1, 2))(fold(q), fold(k), fold(v))
+    for j, name in enumerate(("dq", "dk", "dv")):
+        assert_close(name, fold(gv[j]), gf[j], 1e-6, 1e-6)
