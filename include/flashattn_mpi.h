@@ -35,19 +35,20 @@ typedef enum { FA_MPI_CONTIGUOUS = 0, FA_MPI_ZIGZAG = 1 } fa_mpi_layout;
 
 typedef struct fa_mpi_plan fa_mpi_plan;
 
-/* global: the whole problem (every rank passes the same); nranks P and this rank. Bias and
- * varlen are not supported (FA_ERR_UNSUPPORTED). */
+/* global: the whole problem (every rank passes the same); nranks P and this rank. A bias,
+ * the inference shapes, dropout and block-sparse masks are refused (FA_ERR_INVALID, naming
+ * both features; docs/mpi.md). */
 FA_API fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
                                     fa_mpi_method method, fa_mpi_layout layout, int nranks,
                                     int rank, fa_mpi_plan **out);
 FA_API void fa_mpi_plan_destroy(fa_mpi_plan *plan);
 
 /* Rows this rank holds of q-like (which = 0) or k-like (which = 1) tensors, and the global
- * row of local row t. */
+ * row of local row t (-1 for a NULL plan, another which, or t not a local row). */
 FA_API int64_t fa_mpi_local_rows(const fa_mpi_plan *plan, int which);
 FA_API int64_t fa_mpi_global_row(const fa_mpi_plan *plan, int which, int64_t t);
 /* The same without a plan: global row of local row t of `rank`, S rows in all (-1 if t is
- * not a local row or S does not divide as the layout needs). */
+ * not a local row, S does not divide as the layout needs, or the layout or rank is bad). */
 FA_API int64_t fa_mpi_layout_row(fa_mpi_layout layout, int nranks, int rank, int64_t S, int64_t t);
 
 /* What one pass costs this rank. flops and transcendentals are those of the local kernel

@@ -291,13 +291,18 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
 
 void fa_mpi_plan_destroy(fa_mpi_plan *plan) { fa_free(plan); }
 
-int64_t fa_mpi_local_rows(const fa_mpi_plan *pl, int which) { return which ? pl->lk : pl->lq; }
+/* which and layout outside their two values answer -1, as any other bad argument does */
+int64_t fa_mpi_local_rows(const fa_mpi_plan *pl, int which) {
+    return !pl || (which != 0 && which != 1) ? -1 : which ? pl->lk : pl->lq;
+}
 
 int64_t fa_mpi_global_row(const fa_mpi_plan *pl, int which, int64_t t) {
+    if (!pl || (which != 0 && which != 1)) return -1;
     return fa_mpi_layout_row(pl->layout, pl->P, pl->rank, which ? pl->g.seq_k : pl->g.seq_q, t);
 }
 
 int64_t fa_mpi_layout_row(fa_mpi_layout layout, int nranks, int rank, int64_t S, int64_t t) {
+    if (layout != FA_MPI_CONTIGUOUS && layout != FA_MPI_ZIGZAG) return -1;
     int64_t parts = layout == FA_MPI_ZIGZAG ? 2 * (int64_t)nranks : nranks;
     if (nranks < 1 || rank < 0 || rank >= nranks || S % parts != 0 || t < 0) return -1;
     int64_t c = S / parts;
@@ -309,6 +314,8 @@ int64_t fa_mpi_layout_row(fa_mpi_layout layout, int nranks, int rank, int64_t S,
 
 fa_status fa_mpi_plan_cost(const fa_mpi_plan *plan, fa_pass pass, fa_mpi_cost *out) {
     if (!plan || !out) return fa_error(FA_ERR_NULL, "fa_mpi_plan_cost: %s is NULL", plan ? "out" : "plan");
+    if (pass != FA_FORWARD && pass != FA_BACKWARD)
+        return fa_error(FA_ERR_INVALID, "fa_mpi_plan_cost: pass %d is not FA_FORWARD or FA_BACKWARD", (int)pass);
     *out = pass == FA_BACKWARD ? plan->bwd : plan->fwd;
     return FA_OK;
 }
@@ -316,6 +323,8 @@ fa_status fa_mpi_plan_cost(const fa_mpi_plan *plan, fa_pass pass, fa_mpi_cost *o
 fa_status fa_mpi_predict(const fa_mpi_plan *pl, fa_pass pass, double flops_per_s,
                          double bytes_per_s, fa_mpi_prediction *out) {
     if (!pl || !out) return fa_error(FA_ERR_NULL, "fa_mpi_predict: %s is NULL", pl ? "out" : "plan");
+    if (pass != FA_FORWARD && pass != FA_BACKWARD)
+        return fa_error(FA_ERR_INVALID, "fa_mpi_predict: pass %d is not FA_FORWARD or FA_BACKWARD", (int)pass);
     if (!(flops_per_s > 0) || !(bytes_per_s > 0))
         return fa_error(FA_ERR_INVALID, "rate %g flop/s and bandwidth %g B/s must be positive",
                         flops_per_s, bytes_per_s);

@@ -324,6 +324,11 @@ static void check_model(void) {
     ok = ok && c.bytes_sent == moved / np * (np - 1) && c.bytes_received == c.bytes_sent;
     fa_mpi_predict(ul, FA_FORWARD, rate, 1e9, &pr);
     ok = ok && !pr.comm_hidden && fabs(pr.predicted_s - ((double)c.flops / rate + (double)c.bytes_sent / 1e9)) < 1e-12;
+    /* passes, which and layouts outside their enums: errors (or -1), never another's figures */
+    ok = ok && fa_mpi_plan_cost(pl, (fa_pass)7, &c) == FA_ERR_INVALID && strstr(fa_last_error(), "pass 7") &&
+         fa_mpi_predict(pl, (fa_pass)7, rate, 1e9, &pr) == FA_ERR_INVALID && fa_mpi_local_rows(pl, 7) == -1 &&
+         fa_mpi_global_row(pl, 2, 0) == -1 && fa_mpi_layout_row((fa_mpi_layout)5, np, 3, 1024, 0) == -1 &&
+         fa_mpi_local_rows(pl, 1) == L;
     char msg[200];
     snprintf(msg, sizeof msg, "(ring P=8 hides from %.3g GB/s at 1 TFLOP/s)", edge / 1e9);
     report("model", "per-rank plan and predicted time match hand-computed figures", ok, msg);
