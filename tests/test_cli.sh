@@ -340,6 +340,15 @@ bad "run missing --out" "missing --out" run $QKV
 bad "grad missing --dk" "missing --dk" grad $QKV --do "$I/do.npy" --dq "$OUT/dq.npy" --dv "$OUT/dv.npy"
 bad "grad do shape wrong" "do.*head dim 16" grad $QKV --do "$I/do_bad.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy"
 bad "two outputs, one file" "same file" grad $QKV --do "$I/do.npy" --dq "$OUT/d.npy" --dk "$OUT/d.npy" --dv "$OUT/dv.npy"
+# one file, two spellings (or a hard link to an existing one): the string check let these
+# through, and the later commit replaced the earlier one (exit 0, o lost)
+bad "--out and --lse one file, spelled differently" "--out and --lse name the same file" run $QKV --out "$OUT/o.npy" --lse "$OUT/./o.npy"
+bad "--dq and --dv one file, spelled differently" "--dq and --dv name the same file" grad $QKV --do "$I/do.npy" \
+  --dq "$OUT/d.npy" --dk "$OUT/dk.npy" --dv "$OUT/../$(basename "$OUT")/d.npy"
+ln "$OUT/existing.npy" "$W/existing_link.npy"
+bad "--out and --lse, an existing file and its hard link" "same file" run $QKV --out "$W/existing_link.npy" --lse "$OUT/existing.npy"
+rm -f "$W/existing_link.npy" "$OUT"/d.npy "$OUT"/dk.npy "$OUT"/o.npy # what a failing case above would leave
+printf 'precious' >"$OUT/existing.npy"
 bad "output directory missing" "nodir/o.npy.*cannot create" run $QKV --out "$OUT/nodir/o.npy"
 bad "q and k dtypes differ" "dtype" run --q "$I/q16.npy" --k "$I/k.npy" --v "$I/v.npy" $O
 bad "shape flag disagrees with the files" "--batch 3 does not match" run $QKV --batch 3 $O

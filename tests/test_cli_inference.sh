@@ -178,6 +178,15 @@ expect_bad "decode: cache_seqlens + new tokens past the capacity" "cache_seqlens
   --update-cache --out "$OUT/o.npy"
 if cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && cmp -s "$OUTK/vc.npy" "$W/vc0.npy"; then ok "refused decode: caches untouched"
 else no "refused decode" "a cache file changed"; fi
+# outputs against the caches --update-cache rewrites, compared as files: ./kc.npy is kc.npy
+expect_bad "decode --update-cache: --out names the --k cache" "\-\-out and \-\-k name the same file" run --q "$I/dq.npy" \
+  --k "$OUTK/kc.npy" --v "$OUTK/vc.npy" --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" \
+  --update-cache --out "$OUTK/./kc.npy"
+expect_bad "decode --update-cache: --k and --v one cache" "\-\-k and \-\-v name the same file" run --q "$I/dq.npy" \
+  --k "$OUTK/kc.npy" --v "$OUTK/./kc.npy" --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" \
+  --update-cache --out "$OUT/o.npy"
+if cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && cmp -s "$OUTK/vc.npy" "$W/vc0.npy"; then ok "refused same-file decodes: caches untouched"
+else no "refused same-file decodes" "a cache file changed"; fi
 expect_bad "decode: --update-cache without new tokens" "update-cache" run $DEC --update-cache --out "$OUT/o.npy"
 expect_bad "decode: --k-new without --v-new" "go together" run $DEC --k-new "$I/kn.npy" --out "$OUT/o.npy"
 

@@ -313,9 +313,10 @@ int cli_run_inference(const cli_args *a) {
         add_out(&s, "--dk", a->dk, 5, 3, s.hk.shape);
         add_out(&s, "--dv", a->dv, 6, 3, s.hv.shape);
     }
+    /* files, not strings: with --update-cache, --out ./kc.npy would replace the --k cache kc.npy */
     for (int i = 0; i < s.nout; i++)
         for (int j = 0; j < i; j++)
-            if (!strcmp(s.outs[i].path, s.outs[j].path))
+            if (npy_same_file(s.outs[i].path, s.outs[j].path))
                 return release(&s), cli_fail(2, "%s and %s name the same file %s", s.outs[j].flag, s.outs[i].flag,
                                              s.outs[i].path);
     char err[NPY_ERR_LEN];

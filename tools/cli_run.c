@@ -84,8 +84,8 @@ typedef struct {
 static int add_output(output *outs, int *n, const char *flag, const char *path, int slot,
                       int ndim, const int64_t *shape) {
     if (!path) return 0;
-    for (int i = 0; i < *n; i++)
-        if (strcmp(outs[i].path, path) == 0)
+    for (int i = 0; i < *n; i++) /* files, not strings: out/o.npy and ./out/o.npy are one */
+        if (npy_same_file(outs[i].path, path))
             return cli_fail(2, "%s and %s name the same file %s", outs[i].flag, flag, path);
     output *o = &outs[(*n)++];
     memset(o, 0, sizeof *o);
