@@ -371,15 +371,23 @@ rm -f "$OUT"/o.npy
 fa run $QKV $CPU --threads 1024 --out "$OUT/o.npy"
 [ $rc -eq 0 ] && [ -f "$OUT/o.npy" ] && ok "run --threads 1024 (the maximum) works" || no "run --threads 1024" "exit $rc: $(cat "$W/se")"
 rm -f "$OUT"/o.npy
-# --memory-budget: whole bytes up to 2^63-1 exactly, units up to E; no hex, no exponents.
-for b in 9223372036854775807:9223372036854775807 7.5E:8646911284551352320 24G:25769803776 1.5T:1649267441664 12B:12 512MiB:536870912; do
+# --memory-budget: whole bytes up to 2^63-1 exactly, units up to E; no hex, no exponents; a
+# fraction only where it gives whole bytes, exactly (2^63-1 as a fraction of an E: 60 digits)
+M63="7.999999999999999999132638262011596452794037759304046630859375E"
+for b in 9223372036854775807:9223372036854775807 7.5E:8646911284551352320 24G:25769803776 1.5T:1649267441664 12B:12 \
+  512MiB:536870912 1.50K:1536 0.0009765625K:1 $M63:9223372036854775807; do
   fa plan $SHAPE --memory-budget "${b%%:*}" --json
   got=$(json_field "$(cat "$W/so")" "" memory_budget)
   [ $rc -eq 0 ] && [ "$got" = "${b##*:}" ] && ok "--memory-budget ${b%%:*} = $got bytes" ||
     no "--memory-budget ${b%%:*}" "exit $rc, memory_budget '$got', want ${b##*:}: $(cat "$W/se")"
 done
-for b in 0x10 1e9 9223372036854775808 8E 1.5 " 1" 1G5 ""; do
+for b in 0x10 1e9 9223372036854775808 8E " 1" 1G5 ""; do
   bad "--memory-budget '$b'" "memory-budget: '$b' is not a size" plan $SHAPE --memory-budget "$b"
+done
+# fractions of a byte; 7.99999999999999999E went through a double, rounded up to 2^63 and was
+# accepted as -2^63 bytes (signed overflow)
+for b in 1.5 0.5B 1.3K 7.99999999999999999E 1.00000000000000000000000000000000000000001K; do
+  bad "--memory-budget '$b'" "memory-budget: '$b' is not a whole number of bytes" plan $SHAPE --memory-budget "$b"
 done
 # FA_ISA naming an ISA this CPU lacks is bad input like an unknown name: exit 2, the message
 # names it and what this CPU has.

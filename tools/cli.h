@@ -120,7 +120,8 @@ int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_he
 float *cli_to_f32(fa_dtype t, const void *x, int64_t n);
 
 /* Parses "24G"-style sizes (K, M, G, T, P, E powers of 1024; plain bytes up to INT64_MAX;
- * no hex or exponents). Returns 0 on success. */
+ * no hex or exponents; a fraction only where it gives whole bytes). Returns 0 on success,
+ * -2 for a fraction of a byte, -1 for anything else refused. */
 int cli_parse_bytes(const char *s, int64_t *out);
 
 /* Creates the plan; on failure prints and returns the exit code. */
