@@ -137,6 +137,24 @@ expect_bad "varlen grad: --heads disagrees with the files" "\-\-heads 3 does not
 expect_bad "varlen run: --head-dim disagrees with the files" "\-\-head-dim 8 does not match" run $VL --head-dim 8 \
   --out "$OUT/o.npy"
 
+# a long packed run shows progress on stderr as a dense one does (over 500 GFLOP on the CPU:
+# about 3 s on one core), through each sequence, not once per sequence: sequences of 16000
+# and 384 rows (Hq = Hk = 4, D = 128, 525 GFLOP) report every 10% in order, ending at 100%
+gen Lq.npy '<f4' 16384 4 128 --seed $((S0 + 21))
+gen Lk.npy '<f4' 16384 4 128 --seed $((S0 + 22))
+gen Lv.npy '<f4' 16384 4 128 --seed $((S0 + 23))
+ints Lcu.npy 3 -- 0 16000 16384
+fa run --q "$I/Lq.npy" --k "$I/Lk.npy" --v "$I/Lv.npy" --cu-seqlens-q "$I/Lcu.npy" --cu-seqlens-k "$I/Lcu.npy" \
+  --out "$OUT/o.npy" --threads 2
+pcts=$(sed -n 's/^flashattn: forward *\([0-9]*\)% ([0-9]*\/[0-9]* tiles)$/\1/p' "$W/se" | tr '\n' ' ')
+last=$(tail -n 1 "$W/se" | sed -n 's/.*(\([0-9]*\)\/\([0-9]*\) tiles)$/\1 \2/p')
+if [ $rc -ne 0 ]; then no "packed run progress" "exit $rc: $(head -c 300 "$W/se")"
+elif [ "$(printf '%s' "$pcts" | wc -w)" -lt 10 ]; then no "packed run progress" "percents '$pcts' (want every 10%): $(head -c 300 "$W/se")"
+elif [ "$(printf '%s\n' $pcts | sort -n -u | tr '\n' ' ')" != "$pcts" ]; then no "packed run progress" "not increasing: '$pcts'"
+elif [ "${pcts% }" = "${pcts% 100 }" ] || [ "${last% *}" != "${last#* }" ]; then no "packed run progress" "does not end at 100% ('$pcts', last '$last')"
+else ok "packed run progress: ${pcts}% (ending $(tail -n 1 "$W/se" | sed 's/.*(//')"; fi
+rm -f "$OUT"/* "$I"/L*.npy
+
 fa plan --heads 4 --kv-heads 2 --head-dim 16 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --backend cuda
 if [ $rc -eq 1 ] && grep -q "cuda backend has no" "$W/se"; then ok "varlen plan --backend cuda: unsupported, said clearly"
 else no "varlen plan --backend cuda" "exit $rc: $(cat "$W/se")"; fi

@@ -157,6 +157,17 @@ int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
 int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate.c) */
 
+/* cli_run.c: progress of a long CPU call on stderr, every 10%, "flashattn: forward 40%
+ * (1200/3000 tiles)" (fa_forward_args.progress with a cli_progress as its ctx), shown where
+ * cli_progress_wanted: the CPU backend and a forward over 500 GFLOP (seconds even on many
+ * cores), for dense and packed runs alike. */
+typedef struct {
+    const char *pass;   /* "forward", "backward" */
+    int64_t last_tenth; /* -1 at the start */
+} cli_progress;
+void cli_progress_report(void *ctx, int64_t done, int64_t total);
+int cli_progress_wanted(const fa_plan *plan);
+
 /* cli_run.c: the input and output files run (q, k, v, --out) or grad (also do, dq, dk, dv)
  * needs; prints the first one missing and returns 2. */
 int cli_need_files(const cli_args *a);
