@@ -280,6 +280,16 @@ expect_bad "bench --huge-pages on a training bench" "--huge-pages" bench --batch
 fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json
 if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio"' "$W/so"; then ok "bench --varlen --json"; else no "bench --varlen" "exit $rc: $(cat "$W/se")"; fi
 expect_bad "bench --varlen: bad list" "--varlen" bench --varlen 16,x --heads 2 --head-dim 16
+# no useful flops (every length 0): the ratio is undefined, not a ratio of two timings of nothing
+fa bench --varlen 0,0 --heads 2 --head-dim 16 --iters 1
+if [ $rc -eq 0 ] && grep -q 'time per useful flop: undefined' "$W/so" && ! grep -q ' x padded' "$W/so"; then
+  ok "bench --varlen 0,0: ratio undefined"; else no "bench --varlen 0,0" "exit $rc: $(tail -n 1 "$W/so") $(head -c 200 "$W/se")"; fi
+fa bench --varlen 0 --heads 2 --head-dim 16 --iters 1 --json
+if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio": null}' "$W/so"; then ok "bench --varlen 0 --json: ratio null"
+else no "bench --varlen 0 --json" "exit $rc: $(tail -n 1 "$W/so")"; fi
+# --cache-len 0 was refused as if missing ("needs --batch, --heads, --head-dim and --cache-len")
+expect_bad "bench --decode --cache-len 0" "\-\-cache-len: 0 is below 1" bench --decode --batch 1 --heads 2 --head-dim 16 --cache-len 0
+expect_bad "bench --decode without --cache-len" "missing \-\-cache-len" bench --decode --batch 1 --heads 2 --head-dim 16
 # quantized caches (docs/caches.md): plan bytes of codes and scales, bench over them, bad names
 fwd_bytes() { grep -o '"bytes_accessed": [0-9]*' "$W/so" | head -1 | grep -o '[0-9]*$'; } # the forward's
 fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --dtype bf16 --json

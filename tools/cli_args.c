@@ -76,7 +76,7 @@ static const struct {
     [F_PAGE_SIZE] = I64("--page-size", page_size, 1, CMD_PLAN | CMD_BENCH),
     [F_NUM_PAGES] = I64("--num-pages", num_pages, 1, CMD_PLAN),
     [F_DECODE] = ON("--decode", decode, CMD_BENCH),
-    [F_CACHE_LEN] = I64("--cache-len", cache_len, 0, CMD_BENCH),
+    [F_CACHE_LEN] = I64("--cache-len", cache_len, 1, CMD_BENCH), /* 0: not given */
     [F_VARLEN] = FILE_ARG("--varlen", varlen_lens, CMD_BENCH),
     [F_HUGE_PAGES] = ON("--huge-pages", huge_pages, CMD_BENCH),
     [F_SINKS] = FILE_ARG("--sinks", sinks, ALL), [F_DSINK] = FILE_ARG("--dsink", dsink, CMD_GRAD),
