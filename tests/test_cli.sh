@@ -81,6 +81,23 @@ if [ $rc -eq 0 ] && grep -q "158329674399744" "$W/so" && grep -qi "naive.*not fi
   ok "seed plan (human-readable)"
 else no "seed plan (human-readable)" "exit $rc"; fi
 fa --help; [ $rc -eq 0 ] && grep -q plan "$W/so" && ok "--help" || no "--help" "exit $rc"
+# docs/cli.md agrees with the tool: as many subcommands as --help lists (it said four, with
+# calibrate the fifth), each in its synopsis; and it states what the tool does with a missing
+# output directory (exit 2, bad input; it filed write errors under 1) and with empty problems
+# (refused, exit 2, while the library takes them)
+DOC=$(dirname "$0")/../docs/cli.md
+cmds=$(sed -n 's/^  \([a-z][a-z]*\)  .*/\1/p' "$W/so")
+n=$(printf '%s\n' $cmds | wc -l)
+words=(zero one two three four five six seven eight nine)
+said=$(sed -n '3s/.*\. \([A-Za-z]*\) subcommands;.*/\1/p' "$DOC" | tr 'A-Z' 'a-z')
+missing=""
+for c in $cmds; do grep -q "^    flashattn $c\b" "$DOC" || missing="$missing $c"; done
+[ "$said" = "${words[$n]}" ] && [ -z "$missing" ] && ok "docs/cli.md: ${said} subcommands, as --help lists ($(echo $cmds))" ||
+  no "docs/cli.md subcommands" "says '$said', --help lists $n ($(echo $cmds)); not in the synopsis:${missing:- none}"
+grep -q "directory is missing or not writable is bad input (exit 2)" "$DOC" && ok "docs/cli.md: a missing output directory is exit 2" ||
+  no "docs/cli.md exit codes" "says nothing of a missing output directory (the tool exits 2)"
+grep -q "refuses empty problems" "$DOC" && ok "docs/cli.md: empty problems are refused (exit 2)" ||
+  no "docs/cli.md empty problems" "does not say the command line refuses them"
 for c in plan run grad bench; do
   fa $c --help; [ $rc -eq 0 ] && grep -q "usage: flashattn $c" "$W/so" && ok "$c --help" || no "$c --help" "exit $rc"
 done
