@@ -81,6 +81,23 @@ if [ $rc -eq 0 ] && grep -q "158329674399744" "$W/so" && grep -qi "naive.*not fi
   ok "seed plan (human-readable)"
 else no "seed plan (human-readable)" "exit $rc"; fi
 fa --help; [ $rc -eq 0 ] && grep -q plan "$W/so" && ok "--help" || no "--help" "exit $rc"
+# docs/cli.md agrees with the tool: as many subcommands as --help lists (it said four, with
+# calibrate the fifth), each in its synopsis; and it states what the tool does with a missing
+# output directory (exit 2, bad input; it filed write errors under 1) and with empty problems
+# (refused, exit 2, while the library takes them)
+DOC=$(dirname "$0")/../docs/cli.md
+cmds=$(sed -n 's/^  \([a-z][a-z]*\)  .*/\1/p' "$W/so")
+n=$(printf '%s\n' $cmds | wc -l)
+words=(zero one two three four five six seven eight nine)
+said=$(sed -n '3s/.*\. \([A-Za-z]*\) subcommands;.*/\1/p' "$DOC" | tr 'A-Z' 'a-z')
+missing=""
+for c in $cmds; do grep -q "^    flashattn $c\b" "$DOC" || missing="$missing $c"; done
+[ "$said" = "${words[$n]}" ] && [ -z "$missing" ] && ok "docs/cli.md: ${said} subcommands, as --help lists ($(echo $cmds))" ||
+  no "docs/cli.md subcommands" "says '$said', --help lists $n ($(echo $cmds)); not in the synopsis:${missing:- none}"
+grep -q "directory is missing or not writable is bad input (exit 2)" "$DOC" && ok "docs/cli.md: a missing output directory is exit 2" ||
+  no "docs/cli.md exit codes" "says nothing of a missing output directory (the tool exits 2)"
+grep -q "refuses empty problems" "$DOC" && ok "docs/cli.md: empty problems are refused (exit 2)" ||
+  no "docs/cli.md empty problems" "does not say the command line refuses them"
 for c in plan run grad bench; do
   fa $c --help; [ $rc -eq 0 ] && grep -q "usage: flashattn $c" "$W/so" && ok "$c --help" || no "$c --help" "exit $rc"
 done
@@ -340,6 +357,15 @@ bad "run missing --out" "missing --out" run $QKV
 bad "grad missing --dk" "missing --dk" grad $QKV --do "$I/do.npy" --dq "$OUT/dq.npy" --dv "$OUT/dv.npy"
 bad "grad do shape wrong" "do.*head dim 16" grad $QKV --do "$I/do_bad.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy"
 bad "two outputs, one file" "same file" grad $QKV --do "$I/do.npy" --dq "$OUT/d.npy" --dk "$OUT/d.npy" --dv "$OUT/dv.npy"
+# one file, two spellings (or a hard link to an existing one): the string check let these
+# through, and the later commit replaced the earlier one (exit 0, o lost)
+bad "--out and --lse one file, spelled differently" "--out and --lse name the same file" run $QKV --out "$OUT/o.npy" --lse "$OUT/./o.npy"
+bad "--dq and --dv one file, spelled differently" "--dq and --dv name the same file" grad $QKV --do "$I/do.npy" \
+  --dq "$OUT/d.npy" --dk "$OUT/dk.npy" --dv "$OUT/../$(basename "$OUT")/d.npy"
+ln "$OUT/existing.npy" "$W/existing_link.npy"
+bad "--out and --lse, an existing file and its hard link" "same file" run $QKV --out "$W/existing_link.npy" --lse "$OUT/existing.npy"
+rm -f "$W/existing_link.npy" "$OUT"/d.npy "$OUT"/dk.npy "$OUT"/o.npy # what a failing case above would leave
+printf 'precious' >"$OUT/existing.npy"
 bad "output directory missing" "nodir/o.npy.*cannot create" run $QKV --out "$OUT/nodir/o.npy"
 bad "q and k dtypes differ" "dtype" run --q "$I/q16.npy" --k "$I/k.npy" --v "$I/v.npy" $O
 bad "shape flag disagrees with the files" "--batch 3 does not match" run $QKV --batch 3 $O
@@ -362,15 +388,23 @@ rm -f "$OUT"/o.npy
 fa run $QKV $CPU --threads 1024 --out "$OUT/o.npy"
 [ $rc -eq 0 ] && [ -f "$OUT/o.npy" ] && ok "run --threads 1024 (the maximum) works" || no "run --threads 1024" "exit $rc: $(cat "$W/se")"
 rm -f "$OUT"/o.npy
-# --memory-budget: whole bytes up to 2^63-1 exactly, units up to E; no hex, no exponents.
-for b in 9223372036854775807:9223372036854775807 7.5E:8646911284551352320 24G:25769803776 1.5T:1649267441664 12B:12 512MiB:536870912; do
+# --memory-budget: whole bytes up to 2^63-1 exactly, units up to E; no hex, no exponents; a
+# fraction only where it gives whole bytes, exactly (2^63-1 as a fraction of an E: 60 digits)
+M63="7.999999999999999999132638262011596452794037759304046630859375E"
+for b in 9223372036854775807:9223372036854775807 7.5E:8646911284551352320 24G:25769803776 1.5T:1649267441664 12B:12 \
+  512MiB:536870912 1.50K:1536 0.0009765625K:1 $M63:9223372036854775807; do
   fa plan $SHAPE --memory-budget "${b%%:*}" --json
   got=$(json_field "$(cat "$W/so")" "" memory_budget)
   [ $rc -eq 0 ] && [ "$got" = "${b##*:}" ] && ok "--memory-budget ${b%%:*} = $got bytes" ||
     no "--memory-budget ${b%%:*}" "exit $rc, memory_budget '$got', want ${b##*:}: $(cat "$W/se")"
 done
-for b in 0x10 1e9 9223372036854775808 8E 1.5 " 1" 1G5 ""; do
+for b in 0x10 1e9 9223372036854775808 8E " 1" 1G5 ""; do
   bad "--memory-budget '$b'" "memory-budget: '$b' is not a size" plan $SHAPE --memory-budget "$b"
+done
+# fractions of a byte; 7.99999999999999999E went through a double, rounded up to 2^63 and was
+# accepted as -2^63 bytes (signed overflow)
+for b in 1.5 0.5B 1.3K 7.99999999999999999E 1.00000000000000000000000000000000000000001K; do
+  bad "--memory-budget '$b'" "memory-budget: '$b' is not a whole number of bytes" plan $SHAPE --memory-budget "$b"
 done
 # FA_ISA naming an ISA this CPU lacks is bad input like an unknown name: exit 2, the message
 # names it and what this CPU has.

@@ -137,6 +137,24 @@ expect_bad "varlen grad: --heads disagrees with the files" "\-\-heads 3 does not
 expect_bad "varlen run: --head-dim disagrees with the files" "\-\-head-dim 8 does not match" run $VL --head-dim 8 \
   --out "$OUT/o.npy"
 
+# a long packed run shows progress on stderr as a dense one does (over 500 GFLOP on the CPU:
+# about 3 s on one core), through each sequence, not once per sequence: sequences of 16000
+# and 384 rows (Hq = Hk = 4, D = 128, 525 GFLOP) report every 10% in order, ending at 100%
+gen Lq.npy '<f4' 16384 4 128 --seed $((S0 + 21))
+gen Lk.npy '<f4' 16384 4 128 --seed $((S0 + 22))
+gen Lv.npy '<f4' 16384 4 128 --seed $((S0 + 23))
+ints Lcu.npy 3 -- 0 16000 16384
+fa run --q "$I/Lq.npy" --k "$I/Lk.npy" --v "$I/Lv.npy" --cu-seqlens-q "$I/Lcu.npy" --cu-seqlens-k "$I/Lcu.npy" \
+  --out "$OUT/o.npy" --threads 2
+pcts=$(sed -n 's/^flashattn: forward *\([0-9]*\)% ([0-9]*\/[0-9]* tiles)$/\1/p' "$W/se" | tr '\n' ' ')
+last=$(tail -n 1 "$W/se" | sed -n 's/.*(\([0-9]*\)\/\([0-9]*\) tiles)$/\1 \2/p')
+if [ $rc -ne 0 ]; then no "packed run progress" "exit $rc: $(head -c 300 "$W/se")"
+elif [ "$(printf '%s' "$pcts" | wc -w)" -lt 10 ]; then no "packed run progress" "percents '$pcts' (want every 10%): $(head -c 300 "$W/se")"
+elif [ "$(printf '%s\n' $pcts | sort -n -u | tr '\n' ' ')" != "$pcts" ]; then no "packed run progress" "not increasing: '$pcts'"
+elif [ "${pcts% }" = "${pcts% 100 }" ] || [ "${last% *}" != "${last#* }" ]; then no "packed run progress" "does not end at 100% ('$pcts', last '$last')"
+else ok "packed run progress: ${pcts}% (ending $(tail -n 1 "$W/se" | sed 's/.*(//')"; fi
+rm -f "$OUT"/* "$I"/L*.npy
+
 fa plan --heads 4 --kv-heads 2 --head-dim 16 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --backend cuda
 if [ $rc -eq 1 ] && grep -q "cuda backend has no" "$W/se"; then ok "varlen plan --backend cuda: unsupported, said clearly"
 else no "varlen plan --backend cuda" "exit $rc: $(cat "$W/se")"; fi
@@ -178,6 +196,15 @@ expect_bad "decode: cache_seqlens + new tokens past the capacity" "cache_seqlens
   --update-cache --out "$OUT/o.npy"
 if cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && cmp -s "$OUTK/vc.npy" "$W/vc0.npy"; then ok "refused decode: caches untouched"
 else no "refused decode" "a cache file changed"; fi
+# outputs against the caches --update-cache rewrites, compared as files: ./kc.npy is kc.npy
+expect_bad "decode --update-cache: --out names the --k cache" "\-\-out and \-\-k name the same file" run --q "$I/dq.npy" \
+  --k "$OUTK/kc.npy" --v "$OUTK/vc.npy" --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" \
+  --update-cache --out "$OUTK/./kc.npy"
+expect_bad "decode --update-cache: --k and --v one cache" "\-\-k and \-\-v name the same file" run --q "$I/dq.npy" \
+  --k "$OUTK/kc.npy" --v "$OUTK/./kc.npy" --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" \
+  --update-cache --out "$OUT/o.npy"
+if cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && cmp -s "$OUTK/vc.npy" "$W/vc0.npy"; then ok "refused same-file decodes: caches untouched"
+else no "refused same-file decodes" "a cache file changed"; fi
 expect_bad "decode: --update-cache without new tokens" "update-cache" run $DEC --update-cache --out "$OUT/o.npy"
 expect_bad "decode: --k-new without --v-new" "go together" run $DEC --k-new "$I/kn.npy" --out "$OUT/o.npy"
 
@@ -253,6 +280,16 @@ expect_bad "bench --huge-pages on a training bench" "--huge-pages" bench --batch
 fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json
 if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio"' "$W/so"; then ok "bench --varlen --json"; else no "bench --varlen" "exit $rc: $(cat "$W/se")"; fi
 expect_bad "bench --varlen: bad list" "--varlen" bench --varlen 16,x --heads 2 --head-dim 16
+# no useful flops (every length 0): the ratio is undefined, not a ratio of two timings of nothing
+fa bench --varlen 0,0 --heads 2 --head-dim 16 --iters 1
+if [ $rc -eq 0 ] && grep -q 'time per useful flop: undefined' "$W/so" && ! grep -q ' x padded' "$W/so"; then
+  ok "bench --varlen 0,0: ratio undefined"; else no "bench --varlen 0,0" "exit $rc: $(tail -n 1 "$W/so") $(head -c 200 "$W/se")"; fi
+fa bench --varlen 0 --heads 2 --head-dim 16 --iters 1 --json
+if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio": null}' "$W/so"; then ok "bench --varlen 0 --json: ratio null"
+else no "bench --varlen 0 --json" "exit $rc: $(tail -n 1 "$W/so")"; fi
+# --cache-len 0 was refused as if missing ("needs --batch, --heads, --head-dim and --cache-len")
+expect_bad "bench --decode --cache-len 0" "\-\-cache-len: 0 is below 1" bench --decode --batch 1 --heads 2 --head-dim 16 --cache-len 0
+expect_bad "bench --decode without --cache-len" "missing \-\-cache-len" bench --decode --batch 1 --heads 2 --head-dim 16
 # quantized caches (docs/caches.md): plan bytes of codes and scales, bench over them, bad names
 fwd_bytes() { grep -o '"bytes_accessed": [0-9]*' "$W/so" | head -1 | grep -o '[0-9]*$'; } # the forward's
 fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --dtype bf16 --json

@@ -120,7 +120,8 @@ int cli_read_tensor(const char *flag, const char *path, fa_dtype t, const npy_he
 float *cli_to_f32(fa_dtype t, const void *x, int64_t n);
 
 /* Parses "24G"-style sizes (K, M, G, T, P, E powers of 1024; plain bytes up to INT64_MAX;
- * no hex or exponents). Returns 0 on success. */
+ * no hex or exponents; a fraction only where it gives whole bytes). Returns 0 on success,
+ * -2 for a fraction of a byte, -1 for anything else refused. */
 int cli_parse_bytes(const char *s, int64_t *out);
 
 /* Creates the plan; on failure prints and returns the exit code. */
@@ -155,6 +156,17 @@ int cli_plan(const cli_args *a);
 int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
 int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate.c) */
+
+/* cli_run.c: progress of a long CPU call on stderr, every 10%, "flashattn: forward 40%
+ * (1200/3000 tiles)" (fa_forward_args.progress with a cli_progress as its ctx), shown where
+ * cli_progress_wanted: the CPU backend and a forward over 500 GFLOP (seconds even on many
+ * cores), for dense and packed runs alike. */
+typedef struct {
+    const char *pass;   /* "forward", "backward" */
+    int64_t last_tenth; /* -1 at the start */
+} cli_progress;
+void cli_progress_report(void *ctx, int64_t done, int64_t total);
+int cli_progress_wanted(const fa_plan *plan);
 
 /* cli_run.c: the input and output files run (q, k, v, --out) or grad (also do, dq, dk, dv)
  * needs; prints the first one missing and returns 2. */

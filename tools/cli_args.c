@@ -76,7 +76,7 @@ static const struct {
     [F_PAGE_SIZE] = I64("--page-size", page_size, 1, CMD_PLAN | CMD_BENCH),
     [F_NUM_PAGES] = I64("--num-pages", num_pages, 1, CMD_PLAN),
     [F_DECODE] = ON("--decode", decode, CMD_BENCH),
-    [F_CACHE_LEN] = I64("--cache-len", cache_len, 0, CMD_BENCH),
+    [F_CACHE_LEN] = I64("--cache-len", cache_len, 1, CMD_BENCH), /* 0: not given */
     [F_VARLEN] = FILE_ARG("--varlen", varlen_lens, CMD_BENCH),
     [F_HUGE_PAGES] = ON("--huge-pages", huge_pages, CMD_BENCH),
     [F_SINKS] = FILE_ARG("--sinks", sinks, ALL), [F_DSINK] = FILE_ARG("--dsink", dsink, CMD_GRAD),
@@ -140,13 +140,15 @@ static int parse_float(const char *flag, const char *s, float *out) {
 }
 
 /* Sizes: decimal digits with an optional fraction, then an optional unit K, M, G, T, P or E
- * (powers of 1024, either case, optionally followed by "iB" or "B"), or a bare "B". The
- * whole part is parsed as an integer so every size up to INT64_MAX is exact; hexadecimal,
- * exponents, signs and spaces are refused (strtod would take "0x10" and "1e9"). */
+ * (powers of 1024, either case, optionally followed by "iB" or "B"), or a bare "B". All in
+ * integers, so every size up to INT64_MAX is exact (through a double, 7.99999999999999999E
+ * rounded up to 2^63 and overflowed): the whole part times the unit, plus the fraction's
+ * bytes, which must be whole (no fractions of a byte: 1.5K = 1536, 1.3K is refused).
+ * Hexadecimal, exponents, signs and spaces are refused (strtod would take "0x10" and "1e9").
+ * Returns 0, -1 (not a size, or above INT64_MAX) or -2 (not a whole number of bytes). */
 int cli_parse_bytes(const char *s, int64_t *out) {
-    const char *c = s;
+    const char *c = s, *f0 = NULL, *f1 = NULL; /* the fraction's digits: [f0, f1) */
     int64_t whole = 0;
-    double frac = 0, place = 0.1;
     int digits = 0;
     for (; *c >= '0' && *c <= '9'; c++, digits++) {
         int d = *c - '0';
@@ -154,7 +156,7 @@ int cli_parse_bytes(const char *s, int64_t *out) {
         whole = whole * 10 + d;
     }
     if (*c == '.')
-        for (c++; *c >= '0' && *c <= '9'; c++, digits++, place *= 0.1) frac += (*c - '0') * place;
+        for (f0 = f1 = ++c; *c >= '0' && *c <= '9'; c++, digits++) f1 = c + 1;
     if (!digits) return -1;
     int shift = 0;
     const char *u = *c ? strchr("KMGTPE", *c >= 'a' && *c <= 'z' ? *c - 32 : *c) : NULL;
@@ -166,11 +168,22 @@ int cli_parse_bytes(const char *s, int64_t *out) {
     } else if (*c == 'B') {
         c++;
     }
-    if (*c || (frac > 0 && !shift)) return -1; /* no fractions of a byte */
+    if (*c) return -1;
+    while (f1 > f0 && f1[-1] == '0') f1--; /* 1.50K is 1.5K */
+    /* The fraction 0.d1..dn of a unit U = 2^shift, in bytes, from the last digit up:
+     * x = (d_i U + x) / 10. Where the total is whole every step divides exactly (x_i = 10
+     * x_(i-1) - d_(i-1) U); a step that does not means a fraction of a byte. x < U <= 2^60
+     * and d U <= 9 * 2^60, so the sums fit in 64 unsigned bits. */
+    const uint64_t unit = (uint64_t)1 << shift;
+    uint64_t part = 0;
+    for (const char *d = f1; d > f0; d--) {
+        uint64_t t = (uint64_t)(d[-1] - '0') * unit + part;
+        if (t % 10) return -2;
+        part = t / 10;
+    }
     if (whole > (INT64_MAX >> shift)) return -1;
-    int64_t bytes = whole << shift;
-    double part = frac * (double)((int64_t)1 << shift); /* below one unit: exact enough, floored */
-    if ((double)(INT64_MAX - bytes) < part) return -1;
+    const int64_t bytes = whole << shift;
+    if ((uint64_t)(INT64_MAX - bytes) < part) return -1;
     *out = bytes + (int64_t)part;
     return 0;
 }
@@ -230,7 +243,11 @@ static int apply(cli_args *a, flag_id id, char **v) {
         return 0;
     case F_BUDGET:
         a->has_budget = 1;
-        if (cli_parse_bytes(v[0], &a->budget))
+        int bad = cli_parse_bytes(v[0], &a->budget);
+        if (bad == -2)
+            return cli_fail(2, "--memory-budget: '%s' is not a whole number of bytes (1.5K is 1536; 1.3K is refused)",
+                            v[0]);
+        if (bad)
             return cli_fail(2, "--memory-budget: '%s' is not a size (bytes, or e.g. 24G, 512M, 1.5T; at most 2^63-1)",
                             v[0]);
         return 0;

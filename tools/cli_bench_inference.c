@@ -73,8 +73,10 @@ static void *zalloc_huge(size_t n, int *huge) {
 }
 
 static int bench_decode(const cli_args *a) {
-    if (!a->batch || !a->heads || !a->head_dim || !a->cache_len)
-        return cli_fail(2, "bench --decode: needs --batch, --heads, --head-dim and --cache-len");
+    /* the first one missing, by name (a given --cache-len is at least 1: cli_args.c) */
+    const char *missing = !a->batch ? "--batch" : !a->heads ? "--heads" : !a->head_dim ? "--head-dim"
+                        : !a->cache_len ? "--cache-len" : NULL;
+    if (missing) return cli_fail(2, "bench --decode: missing %s (it needs --batch, --heads, --head-dim and --cache-len)", missing);
     fa_problem p;
     fa_options opt;
     fa_problem_init(&p);
@@ -245,16 +247,26 @@ static int bench_varlen(const cli_args *a) {
         fa_cost ck, cd;
         fa_plan_cost(plk, FA_FORWARD, &ck), fa_plan_cost(pld, FA_FORWARD, &cd);
         const double useful = (double)ck.flops_useful; /* the same pairs are visible in both */
+        /* no useful flops (every length 0): time per useful flop, and so the ratio, is
+         * undefined, not the ratio of two timings of nothing */
+        char ratio[64];
+        if (ck.flops_useful > 0) snprintf(ratio, sizeof ratio, "%.4g", tk / td);
+        else snprintf(ratio, sizeof ratio, "null");
         if (a->json)
             printf("{\"varlen\": {\"seconds\": %.6g, \"useful_gflops\": %.6g, \"flops\": %" PRId64 "}, \"padded\": "
                    "{\"seconds\": %.6g, \"useful_gflops\": %.6g, \"flops\": %" PRId64 "}, \"flops_useful\": %" PRId64
-                   ", \"time_per_useful_flop_ratio\": %.4g}\n",
-                   tk, useful / tk * 1e-9, ck.flops, td, useful / td * 1e-9, cd.flops, ck.flops_useful, tk / td);
-        else
+                   ", \"time_per_useful_flop_ratio\": %s}\n",
+                   tk, useful / tk * 1e-9, ck.flops, td, useful / td * 1e-9, cd.flops, ck.flops_useful, ratio);
+        else {
             printf("packed    %10.4f s  %8.2f useful GFLOP/s (%" PRId64 " flops computed)\n"
-                   "padded    %10.4f s  %8.2f useful GFLOP/s (%" PRId64 " flops computed, segment ids)\n"
-                   "useful flops %" PRId64 "; packed time per useful flop = %.3f x padded's\n",
-                   tk, useful / tk * 1e-9, ck.flops, td, useful / td * 1e-9, cd.flops, ck.flops_useful, tk / td);
+                   "padded    %10.4f s  %8.2f useful GFLOP/s (%" PRId64 " flops computed, segment ids)\n",
+                   tk, useful / tk * 1e-9, ck.flops, td, useful / td * 1e-9, cd.flops);
+            if (ck.flops_useful > 0)
+                printf("useful flops %" PRId64 "; packed time per useful flop = %.3f x padded's\n", ck.flops_useful,
+                       tk / td);
+            else
+                printf("useful flops 0; packed time per useful flop: undefined (no useful flops)\n");
+        }
     }
     free(q), free(k), free(v), free(o), free(lse), free(qs), free(ks), free(cu);
     fa_plan_destroy(plk), fa_plan_destroy(pld);

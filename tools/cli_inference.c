@@ -275,6 +275,8 @@ static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
     bw.q = s->q, bw.k = s->k, bw.v = s->v, bw.o = s->o, bw.lse = s->lse, bw.d_o = s->d_o;
     bw.dq = s->dq, bw.dk = s->dk, bw.dv = s->dv, bw.alibi_slopes = s->x.slopes, bw.counts = counts;
     bw.sinks = s->x.sinks, bw.dsink = s->x.dsink;
+    cli_progress pb = {"backward", -1};
+    if (cli_progress_wanted(s->plan)) bw.progress = cli_progress_report, bw.progress_ctx = &pb;
     fa_status st = fa_backward(s->plan, &bw);
     return st == FA_OK ? 0 : cli_fail_status(st, "backward");
 }
@@ -313,9 +315,10 @@ int cli_run_inference(const cli_args *a) {
         add_out(&s, "--dk", a->dk, 5, 3, s.hk.shape);
         add_out(&s, "--dv", a->dv, 6, 3, s.hv.shape);
     }
+    /* files, not strings: with --update-cache, --out ./kc.npy would replace the --k cache kc.npy */
     for (int i = 0; i < s.nout; i++)
         for (int j = 0; j < i; j++)
-            if (!strcmp(s.outs[i].path, s.outs[j].path))
+            if (npy_same_file(s.outs[i].path, s.outs[j].path))
                 return release(&s), cli_fail(2, "%s and %s name the same file %s", s.outs[j].flag, s.outs[i].flag,
                                              s.outs[i].path);
     char err[NPY_ERR_LEN];
@@ -351,6 +354,8 @@ int cli_run_inference(const cli_args *a) {
     fw.sinks = s.x.sinks;
     fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = grad ? NULL : &counts;
     fw.k_prefix = s.kp, fw.v_prefix = s.vp;
+    cli_progress ps = {"forward", -1}; /* as dense runs show it (a long packed batch is as slow) */
+    if (cli_progress_wanted(s.plan)) fw.progress = cli_progress_report, fw.progress_ctx = &ps;
     if (a->lengths_per_call) {
         if (varlen) fw.cu_seqlens_q = s.lens_q, fw.cu_seqlens_k = s.lens_k;
         else fw.cache_seqlens = s.lens_q;

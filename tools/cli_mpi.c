@@ -175,7 +175,7 @@ static int run_body(const cli_args *a) {
         for (int i = 0; i < 5 && !rc; i++) {
             if (!want[i].path) continue;
             for (int j = 0; j < nout && !rc; j++)
-                if (strcmp(outs[j].path, want[i].path) == 0)
+                if (npy_same_file(outs[j].path, want[i].path))
                     rc = cli_fail(2, "%s and %s name the same file %s", outs[j].flag, want[i].flag, want[i].path);
             output *o = &outs[nout++];
             memset(o, 0, sizeof *o);

@@ -84,8 +84,8 @@ typedef struct {
 static int add_output(output *outs, int *n, const char *flag, const char *path, int slot,
                       int ndim, const int64_t *shape) {
     if (!path) return 0;
-    for (int i = 0; i < *n; i++)
-        if (strcmp(outs[i].path, path) == 0)
+    for (int i = 0; i < *n; i++) /* files, not strings: out/o.npy and ./out/o.npy are one */
+        if (npy_same_file(outs[i].path, path))
             return cli_fail(2, "%s and %s name the same file %s", outs[i].flag, flag, path);
     output *o = &outs[(*n)++];
     memset(o, 0, sizeof *o);
@@ -125,19 +125,20 @@ static int write_outputs(output *outs, int n, fa_dtype t) {
     return 0;
 }
 
-/* Progress of a long run on stderr, every 10%: "run: forward 40% (1200/3000 tiles)". */
-typedef struct {
-    const char *pass;
-    int64_t last_tenth;
-} progress_state;
-
-static void report_progress(void *ctx, int64_t done, int64_t total) {
-    progress_state *ps = ctx;
+void cli_progress_report(void *ctx, int64_t done, int64_t total) {
+    cli_progress *ps = ctx;
     int64_t tenth = done * 10 / total;
     if (tenth == ps->last_tenth) return;
     ps->last_tenth = tenth;
     fprintf(stderr, "flashattn: %s %3d%% (%" PRId64 "/%" PRId64 " tiles)\n", ps->pass, (int)(done * 100 / total),
             done, total);
+}
+
+int cli_progress_wanted(const fa_plan *plan) {
+    fa_cost cost;
+    /* long CPU calls show progress on stderr (500 GFLOP is seconds even on many cores) */
+    return fa_plan_backend(plan) == FA_BACKEND_CPU && fa_plan_cost(plan, FA_FORWARD, &cost) == FA_OK &&
+           cost.flops > (int64_t)5e11;
 }
 
 int cli_run(const cli_args *a) {
@@ -213,14 +214,11 @@ int cli_run(const cli_args *a) {
     for (int i = 0; i < 4; i++)
         if (dx[i] && (rc = cli_mem_put(&mem, dx[i], xb[i], 1, &ddx[i]))) goto done_dev;
 
-    fa_cost cost;
-    fa_plan_cost(plan, FA_FORWARD, &cost);
-    /* long CPU calls show progress on stderr (500 GFLOP is seconds even on many cores) */
-    const int show = fa_plan_backend(plan) == FA_BACKEND_CPU && cost.flops > (int64_t)5e11;
-    progress_state ps = {"forward", -1};
+    const int show = cli_progress_wanted(plan);
+    cli_progress ps = {"forward", -1};
     fa_forward_args fw;
     memset(&fw, 0, sizeof fw);
-    if (show) fw.progress = report_progress, fw.progress_ctx = &ps;
+    if (show) fw.progress = cli_progress_report, fw.progress_ctx = &ps;
     fw.q = d[0], fw.k = d[1], fw.v = d[2], fw.o = d[4], fw.lse = d[5];
     fw.bias = ddx[0], fw.alibi_slopes = ddx[1], fw.q_segment_ids = ddx[2], fw.kv_segment_ids = ddx[3];
     fw.sinks = x.sinks; /* host memory: sinks are CPU-only (the CUDA backend refuses them) */
@@ -239,8 +237,8 @@ int cli_run(const cli_args *a) {
         bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
         bw.sinks = x.sinks, bw.dsink = x.dsink;
         bw.counts = a->count ? &counts : NULL;
-        progress_state pb = {"backward", -1};
-        if (show) bw.progress = report_progress, bw.progress_ctx = &pb;
+        cli_progress pb = {"backward", -1};
+        if (show) bw.progress = cli_progress_report, bw.progress_ctx = &pb;
         st = fa_backward(plan, &bw);
         if (st != FA_OK) {
             rc = cli_fail_status(st, "backward");

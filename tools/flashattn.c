@@ -57,7 +57,7 @@ void cli_usage(const char *name) {
     if (strcmp(name, "plan") == 0) {
         printf("usage: flashattn plan SHAPE OPTIONS [--memory-budget SIZE] [--json]\n\n%s%s"
                "  --memory-budget  bytes, or e.g. 24G, 1.5T (K, M, G, T, P, E are powers of 1024;\n"
-               "                   at most 2^63-1); default: this machine's memory\n"
+               "                   at most 2^63-1; whole bytes only); default: this machine's memory\n"
                "  --json           one JSON object: backend, forward{...}, backward{...}, exact,\n"
                "                   fits, fits_backward, naive_fits\n"
                "option files are read for their headers only.\n", shape_help, options_help);

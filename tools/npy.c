@@ -363,6 +363,19 @@ static const char *dir_of(const char *path, char *buf, size_t len) {
     return buf;
 }
 
+int npy_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    /* not both there yet (or dangling links): compare where each would be created */
+    char da[4096], db[4096];
+    char *ra = realpath(dir_of(a, da, sizeof da), NULL), *rb = realpath(dir_of(b, db, sizeof db), NULL);
+    const char *ba = strrchr(a, '/'), *bb = strrchr(b, '/');
+    int same = ra && rb ? !strcmp(ra, rb) && !strcmp(ba ? ba + 1 : a, bb ? bb + 1 : b) : !strcmp(a, b);
+    free(ra);
+    free(rb);
+    return same;
+}
+
 /* A named temporary beside the target (same directory, so rename is atomic), tracked for
  * the signal handler, with the usual mode (mkstemp makes it 0600). */
 static int make_named_tmp(npy_out *o) {

@@ -59,6 +59,13 @@ int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data,
 int npy_out_commit(npy_out *o, char *err, size_t errlen);
 void npy_out_abort(npy_out *o);
 
+/* Whether two output paths name one file, however spelled ("out/o.npy", "./out/o.npy", a
+ * link): commits rename onto each path in turn, so of two such outputs only the last would
+ * survive. The same file where both exist (st_dev, st_ino), else the same directory entry
+ * (the directory's realpath plus the base name), else (a directory that cannot be resolved,
+ * which npy_out_open then refuses) the same string. */
+int npy_same_file(const char *a, const char *b);
+
 /* open + write + commit, for a single output. */
 int npy_write_f32(const char *path, int ndim, const int64_t *shape, const float *data,
                   char *err, size_t errlen);

@@ -35,9 +35,43 @@ static fa_status take_workspace(void *given, int64_t need, const char *who, char
     return FA_OK;
 }
 
+/* Progress of the whole call, in score tiles: sequence b weighs Hq x its query tiles x its
+ * key tiles (the forward's tile edges; at least 1, so that an empty sequence is a step too),
+ * and its own driver's reports, in that driver's units, move through its share from a running
+ * offset. So a single long sequence reports as it goes, not only at its end; the caller hears
+ * of each percent at most once, in increasing order, ending at total. The drivers call
+ * seq_progress_step one thread at a time (progress.h), each_sequence between sequences. */
+typedef struct {
+    fa_progress_fn fn;
+    void *ctx;
+    int64_t total, offset, weight; /* weight: the running sequence's share */
+    int percent;                   /* the last percent reported */
+} seq_progress;
+
+static void seq_progress_report(seq_progress *sp, int64_t done) {
+    const int pct = (int)((__int128)done * 100 / sp->total);
+    if (pct <= sp->percent) return;
+    sp->percent = pct;
+    sp->fn(sp->ctx, done, sp->total);
+}
+
+static void seq_progress_step(void *ctx, int64_t done, int64_t total) {
+    seq_progress *sp = ctx;
+    if (total > 0 && done <= total) seq_progress_report(sp, sp->offset + (int64_t)((__int128)sp->weight * done / total));
+}
+
+/* Sequence b's weight (sub its plan): its score tiles, as the forward cuts them (forward.c). */
+static __int128 seq_weight(const struct fa_plan *sub) {
+    const int64_t sq = sub->p.seq_q, sk = sub->p.seq_k;
+    if (sq == 0 || sk == 0) return 1;
+    const int64_t bq = sub->fwd_bq < 1 ? 1 : sub->fwd_bq < sq ? sub->fwd_bq : sq;
+    const int64_t bk = sub->fwd_bk < 1 ? 1 : sub->fwd_bk < sk ? sub->fwd_bk : sk;
+    return (__int128)sub->p.heads_q * ((sq + bq - 1) / bq) * ((sk + bk - 1) / bk);
+}
+
 /* The fields both passes' arguments share, set for sequence b's view: q, k, v from its
- * first rows, the shared workspace, its own counts, no progress (each_sequence reports). */
-#define SEQUENCE_VIEW(sa, a, pl, b, es, ws, size, c)                                                    \
+ * first rows, the shared workspace, its own counts, its progress (sp; NULL: none). */
+#define SEQUENCE_VIEW(sa, a, pl, b, es, ws, size, c, sp)                                                \
     do {                                                                                               \
         (sa).q = row_ptr((a)->q, &(pl)->p.q_stride, (pl)->p.cu_seqlens_q[b], es);                      \
         (sa).k = row_ptr((a)->k, &(pl)->p.k_stride, (pl)->p.cu_seqlens_k[b], es);                      \
@@ -45,16 +79,17 @@ static fa_status take_workspace(void *given, int64_t need, const char *who, char
         (sa).workspace = ws;                                                                           \
         (sa).workspace_size = (size_t)(size);                                                          \
         (sa).counts = c;                                                                               \
-        (sa).progress = NULL;                                                                          \
+        (sa).progress = (sp) ? seq_progress_step : NULL;                                               \
+        (sa).progress_ctx = (sp);                                                                      \
     } while (0)
 
 /* One sequence of a pass: runs sequence b as the dense plan sub (or writes what an empty
  * sequence must), with the shared workspace ws, and leaves its counts in c. */
 typedef fa_status (*seq_pass)(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
-                              char *ws, fa_counts *c);
+                              char *ws, fa_counts *c, seq_progress *sp);
 
 /* Every sequence in order through pass: the workspace (the caller's or one allocated here)
- * shared, counts summed, progress reported per sequence. */
+ * shared, counts summed, progress reported through each sequence (seq_progress). */
 static fa_status each_sequence(const struct fa_plan *pl, const void *args, void *given, int64_t need,
                                const char *who, fa_progress_fn progress, void *progress_ctx, fa_counts *counts,
                                seq_pass pass) {
@@ -63,14 +98,30 @@ static fa_status each_sequence(const struct fa_plan *pl, const void *args, void 
     fa_status s = take_workspace(given, need, who, &ws, &owned);
     if (s) return s;
     fa_counts total = {0, 0};
+    seq_progress sp = {progress, progress_ctx, 0, 0, 0, 0};
+    int by_sequence = 0; /* weights whose sum overflows int64 (not a real problem): 1 each */
+    if (progress) {
+        __int128 sum = 0;
+        for (int64_t b = 0; b < pl->p.batch; b++) {
+            fa_plan sub;
+            fa_varlen_subplan(pl, b, &sub);
+            sum += seq_weight(&sub);
+        }
+        by_sequence = sum > INT64_MAX;
+        sp.total = by_sequence ? pl->p.batch : (int64_t)sum;
+    }
     for (int64_t b = 0; b < pl->p.batch && !s; b++) {
         fa_plan sub;
         fa_varlen_subplan(pl, b, &sub);
         fa_counts c = {0, 0};
-        s = pass(pl, &sub, b, args, ws, &c);
+        if (progress) sp.weight = by_sequence ? 1 : (int64_t)seq_weight(&sub);
+        s = pass(pl, &sub, b, args, ws, &c, progress ? &sp : NULL);
         total.flops += c.flops;
         total.transcendentals += c.transcendentals;
-        if (progress) progress(progress_ctx, b + 1, pl->p.batch);
+        if (progress) { /* the sequence's whole share, whether or not its driver reported (empty ones do not) */
+            sp.offset += sp.weight;
+            if (!s) seq_progress_report(&sp, sp.offset);
+        }
     }
     fa_free(owned);
     if (!s && counts) *counts = total;
@@ -78,7 +129,7 @@ static fa_status each_sequence(const struct fa_plan *pl, const void *args, void 
 }
 
 static fa_status forward_sequence(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
-                                  char *ws, fa_counts *c) {
+                                  char *ws, fa_counts *c, seq_progress *sp) {
     const fa_problem *p = &pl->p;
     const fa_forward_args *a = args;
     const size_t es = fa_dtype_size(p->dtype);
@@ -96,7 +147,7 @@ static fa_status forward_sequence(const struct fa_plan *pl, const struct fa_plan
         return FA_OK;
     }
     fa_forward_args sa = *a;
-    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->fwd.workspace_bytes, c);
+    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->fwd.workspace_bytes, c, sp);
     sa.o = (void *)row_ptr(a->o, &p->o_stride, cq[b], es);
     sa.lse = a->lse ? a->lse + cq[b] : NULL;
     return fa_cpu_forward(sub, &sa);
@@ -114,7 +165,7 @@ typedef struct {
 } varlen_backward_args;
 
 static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
-                                   char *ws, fa_counts *c) {
+                                   char *ws, fa_counts *c, seq_progress *sp) {
     const fa_problem *p = &pl->p;
     const varlen_backward_args *va = args;
     const fa_backward_args *a = va->a;
@@ -130,7 +181,7 @@ static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_pla
         return FA_OK;
     }
     fa_backward_args sa = *a;
-    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->bwd.workspace_bytes, c);
+    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->bwd.workspace_bytes, c, sp);
     sa.o = row_ptr(a->o, &p->o_stride, cq[b], es);
     sa.d_o = row_ptr(a->d_o, &p->o_stride, cq[b], es);
     sa.lse = a->lse + cq[b];

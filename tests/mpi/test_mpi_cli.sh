@@ -100,6 +100,8 @@ expect2() {
 expect2 "Sq not divisible by 2P (zigzag)" "divisible" -np 2 "$FA" run --q q50.npy --k k.npy --v v.npy \
   --out o9.npy --seq-parallel ring --zigzag
 expect2 "ulysses with Hk=2 on 3 ranks" "divisible" -np 3 "$FA" run $IN --out o9.npy --seq-parallel ulysses
+expect2 "--out and --lse one file, spelled differently" "\-\-out and \-\-lse name the same file" -np 2 "$FA" run $IN \
+  --out o9.npy --lse ./o9.npy --seq-parallel ring
 gen bias.npy '<f4' 2 4 48 48 --seed $((S0 + 16))
 expect2 "--bias" "not supported" -np 2 "$FA" run $IN --bias bias.npy --out o9.npy --seq-parallel ring
 # inference shapes with --seq-parallel: refused by the backend table's supports (exit 2,
