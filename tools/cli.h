@@ -63,6 +63,7 @@ typedef struct {
     int64_t cache_len;            /* bench --cache-len */
     const char *varlen_lens;      /* bench --varlen 128,4096,... */
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
+    int progress;                 /* run, grad --progress: progress on stderr whatever the size */
 
     const char *sinks, *dsink;    /* attention sinks float32 [Hq]; grad: their gradient out */
     const char *k_prefix, *v_prefix; /* a shared prefix [P, Hk, D] (plan reads its header) */
@@ -160,13 +161,13 @@ int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate
 /* cli_run.c: progress of a long CPU call on stderr, every 10%, "flashattn: forward 40%
  * (1200/3000 tiles)" (fa_forward_args.progress with a cli_progress as its ctx), shown where
  * cli_progress_wanted: the CPU backend and a forward over 500 GFLOP (seconds even on many
- * cores), for dense and packed runs alike. */
+ * cores), or --progress, for dense and packed runs alike. */
 typedef struct {
     const char *pass;   /* "forward", "backward" */
     int64_t last_tenth; /* -1 at the start */
 } cli_progress;
 void cli_progress_report(void *ctx, int64_t done, int64_t total);
-int cli_progress_wanted(const fa_plan *plan);
+int cli_progress_wanted(const cli_args *a, const fa_plan *plan);
 
 /* cli_run.c: the input and output files run (q, k, v, --out) or grad (also do, dq, dk, dv)
  * needs; prints the first one missing and returns 2. */

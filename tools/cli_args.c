@@ -24,7 +24,7 @@ typedef enum {
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
     F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_CACHE_DTYPE, F_LENGTHS_PER_CALL,
-    F_COUNT_OF_FLAGS
+    F_PROGRESS, F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -73,6 +73,7 @@ static const struct {
     [F_K_NEW] = FILE_ARG("--k-new", k_new, CMD_PLAN | CMD_RUN),
     [F_V_NEW] = FILE_ARG("--v-new", v_new, CMD_PLAN | CMD_RUN),
     [F_UPDATE_CACHE] = ON("--update-cache", update_cache, CMD_RUN),
+    [F_PROGRESS] = ON("--progress", progress, FILES),
     [F_PAGE_SIZE] = I64("--page-size", page_size, 1, CMD_PLAN | CMD_BENCH),
     [F_NUM_PAGES] = I64("--num-pages", num_pages, 1, CMD_PLAN),
     [F_DECODE] = ON("--decode", decode, CMD_BENCH),

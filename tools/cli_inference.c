@@ -265,7 +265,7 @@ static int flags_agree(const cli_args *a, const fa_problem *p) {
 }
 
 /* grad: the varlen backward of sum(o * do) after the forward that made o and lse. */
-static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
+static int backward(const cli_args *a, run_state *s, const fa_problem *p, fa_counts *counts) {
     const size_t es = fa_dtype_size(p->dtype);
     const size_t nq = (size_t)s->hq.count, nk = (size_t)s->hk.count, nv = (size_t)s->hv.count;
     s->dq = fa_malloc(nq * es + 1), s->dk = fa_malloc(nk * es + 1), s->dv = fa_malloc(nv * es + 1);
@@ -276,7 +276,7 @@ static int backward(run_state *s, const fa_problem *p, fa_counts *counts) {
     bw.dq = s->dq, bw.dk = s->dk, bw.dv = s->dv, bw.alibi_slopes = s->x.slopes, bw.counts = counts;
     bw.sinks = s->x.sinks, bw.dsink = s->x.dsink;
     cli_progress pb = {"backward", -1};
-    if (cli_progress_wanted(s->plan)) bw.progress = cli_progress_report, bw.progress_ctx = &pb;
+    if (cli_progress_wanted(a, s->plan)) bw.progress = cli_progress_report, bw.progress_ctx = &pb;
     fa_status st = fa_backward(s->plan, &bw);
     return st == FA_OK ? 0 : cli_fail_status(st, "backward");
 }
@@ -355,14 +355,14 @@ int cli_run_inference(const cli_args *a) {
     fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = grad ? NULL : &counts;
     fw.k_prefix = s.kp, fw.v_prefix = s.vp;
     cli_progress ps = {"forward", -1}; /* as dense runs show it (a long packed batch is as slow) */
-    if (cli_progress_wanted(s.plan)) fw.progress = cli_progress_report, fw.progress_ctx = &ps;
+    if (cli_progress_wanted(a, s.plan)) fw.progress = cli_progress_report, fw.progress_ctx = &ps;
     if (a->lengths_per_call) {
         if (varlen) fw.cu_seqlens_q = s.lens_q, fw.cu_seqlens_k = s.lens_k;
         else fw.cache_seqlens = s.lens_q;
     }
     fa_status st = fa_forward(s.plan, &fw); /* checks every argument before it writes the caches */
     if (st != FA_OK) return release(&s), cli_fail_status(st, "forward");
-    if (grad && (rc = backward(&s, &p, &counts))) return release(&s), rc; /* --count: the backward's */
+    if (grad && (rc = backward(a, &s, &p, &counts))) return release(&s), rc; /* --count: the backward's */
 
     const void *data[7] = {s.o, s.lse, s.k, s.v, s.dq, s.dk, s.dv};
     for (int i = 0; i < s.nout && !rc; i++) {

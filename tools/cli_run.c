@@ -134,11 +134,11 @@ void cli_progress_report(void *ctx, int64_t done, int64_t total) {
             done, total);
 }
 
-int cli_progress_wanted(const fa_plan *plan) {
+int cli_progress_wanted(const cli_args *a, const fa_plan *plan) {
     fa_cost cost;
     /* long CPU calls show progress on stderr (500 GFLOP is seconds even on many cores) */
-    return fa_plan_backend(plan) == FA_BACKEND_CPU && fa_plan_cost(plan, FA_FORWARD, &cost) == FA_OK &&
-           cost.flops > (int64_t)5e11;
+    return fa_plan_backend(plan) == FA_BACKEND_CPU &&
+           (a->progress || (fa_plan_cost(plan, FA_FORWARD, &cost) == FA_OK && cost.flops > (int64_t)5e11));
 }
 
 int cli_run(const cli_args *a) {
@@ -214,7 +214,7 @@ int cli_run(const cli_args *a) {
     for (int i = 0; i < 4; i++)
         if (dx[i] && (rc = cli_mem_put(&mem, dx[i], xb[i], 1, &ddx[i]))) goto done_dev;
 
-    const int show = cli_progress_wanted(plan);
+    const int show = cli_progress_wanted(a, plan);
     cli_progress ps = {"forward", -1};
     fa_forward_args fw;
     memset(&fw, 0, sizeof fw);

@@ -21,6 +21,7 @@ static const char options_help[] =
     "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
     "  --diag-offset N  masks and ALiBi align query i with key i + N (default Sk - Sq,\n"
     "                 bottom-right); --top-left is --diag-offset 0\n"
+    "  --progress     run, grad: progress on stderr every 10% (by itself over 500 GFLOP)\n"
     "  --dropout P [--seed S]  dropout of the attention weights, P in [0, 1), Philox seed S\n"
     "                 (default 0); docs/semantics.md, \"Dropout\"\n"
     "  block-sparse masks (docs/masks.md), ANDed together and with the above:\n"
