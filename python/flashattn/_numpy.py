@@ -6,7 +6,8 @@ import numpy as np
 
 from . import _layout, _native
 from .masks import Mask, build_for_call
-from ._problem import broadcast_dims, check_shapes, combined_bias_dims, empty_dims, make_options, make_problem
+from ._problem import (broadcast_dims, check_real, check_shapes, combined_bias_dims, empty_dims, fold_bias_scale,
+                       make_options, make_problem)
 from ._problem_inference import int32_lengths
 
 
@@ -48,13 +49,10 @@ def _readable(name, a, ndim=4):
 
 
 def _floats(name, a, shape_desc):
-    """bias, slopes: float32, converted from other real dtypes (a copy) where needed."""
+    """bias, slopes: float32, converted from other real dtypes (a copy) where needed
+    (_problem.check_real: every front's rule)."""
     a = np.asarray(a)
-    if a.dtype == np.bool_ and name == "bias":
-        raise TypeError("bias is boolean: bias= is added to the scores; pass a boolean mask as mask= "
-                        "(True: attend), or cast it to float for an additive 0/1 bias")
-    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
-        raise ValueError(f"{name} must be real numbers ({shape_desc}), got dtype {a.dtype}")
+    check_real(name, a.dtype, shape_desc)
     if a.dtype != np.float32:
         a = a.astype(np.float32)
     return a
@@ -77,18 +75,21 @@ def _segments(name, a, batch, seq):
     return a
 
 
-def _bias_and_mask(bias, mask, dims):
+def _bias_and_mask(bias, mask, dims, bias_scale):
     """The library's bias for a bias and a boolean mask (True: attend; a hidden key is a
-    -inf bias entry, docs/nonfinite.md), and the bias's own 4-dim shape (None without one).
-    Size-1 B and H dims stay broadcast by the library; size-1 Sq and Sk dims become
-    stride-0 views, which the library reads without a copy (only an all-size-1 bias, whose
-    strides would all be 0, meaning "contiguous" to the library, is materialized)."""
+    -inf bias entry, docs/nonfinite.md), the bias's own 4-dim shape (None without one) and
+    the bias_scale the library gets (with a mask, none: the scale is applied here,
+    _problem.fold_bias_scale). Size-1 B and H dims stay broadcast by the library; size-1
+    Sq and Sk dims become stride-0 views, which the library reads without a copy (only an
+    all-size-1 bias, whose strides would all be 0, meaning "contiguous" to the library, is
+    materialized)."""
     B, H, Sq, Sk = dims
-    own = None
+    own = b = None
     if bias is not None:
         b = _floats("bias", bias, f"[B or 1, H or 1, {Sq} or 1, {Sk} or 1]")
         own = broadcast_dims("bias", b.shape, *dims)
         b = b.reshape(own)
+    b, bias_scale = fold_bias_scale(b, bias_scale, mask is not None)
     if mask is not None:
         m = np.asarray(mask)
         if m.dtype != np.bool_:
@@ -97,7 +98,7 @@ def _bias_and_mask(bias, mask, dims):
         m = np.where(m.reshape(broadcast_dims("mask", m.shape, *dims)), np.float32(0), np.float32(-np.inf))
         b = m if bias is None else b + m
     full = combined_bias_dims(own, None if mask is None else np.shape(mask), *dims)
-    return _readable("bias", np.broadcast_to(b, full)), own
+    return _readable("bias", np.broadcast_to(b, full)), own, bias_scale
 
 
 class _Call:
@@ -122,6 +123,8 @@ class _Call:
         Sk = kd[2]
         self.bias = self.bias_own = None
         bias_shape = bias_stride = None
+        # dbias = grad_scale * the library's (with a mask, bias_scale is applied to the bias here)
+        self.grad_scale = None
         # a flashattn.masks mask goes to the library as a built fa_mask, kept alive by the call
         # (a zero-size call computes nothing: its mask is only checked)
         self.mask = None
@@ -129,7 +132,10 @@ class _Call:
             self.mask = build_for_call(mask, B, H, Sq, Sk, diag_offset=diag_offset, empty=empty_dims(B, H, kd[1], Sq, Sk))
             mask = None
         if bias is not None or mask is not None:
-            b, self.bias_own = _bias_and_mask(bias, mask, (B, H, Sq, Sk))
+            b, self.bias_own, lib_scale = _bias_and_mask(bias, mask, (B, H, Sq, Sk), bias_scale)
+            if lib_scale is None and bias_scale is not None:
+                self.grad_scale = float(bias_scale)
+            bias_scale = lib_scale
             self.bias, bias_shape, bias_stride = b, b.shape, _elem_strides(b)
         self.threads = threads
         self.slopes = None
@@ -179,8 +185,16 @@ class _Call:
 
 
 def dtype_error(names, dtype):
-    return (f"{names} must be float32, float16 or bfloat16 (ml_dtypes.bfloat16), got {dtype}: the library "
-            "has no float64 kernels (it accumulates in float32); cast first, e.g. q.astype(np.float32)")
+    """The message for arrays of a dtype the library does not compute in, naming that dtype."""
+    dt = np.dtype(dtype)
+    want = f"{names} must be float32, float16 or bfloat16 (ml_dtypes.bfloat16) in native byte order, got {dt}"
+    if not dt.isnative and _dtype_name(dt.newbyteorder("=")) is not None:
+        return (f"{want} ({'big' if dt.byteorder == '>' else 'little'}-endian {dt.newbyteorder('=')}): convert "
+                "first, e.g. q.astype(q.dtype.newbyteorder('='))")
+    if dt.kind == "f" and dt.itemsize > 4:
+        return (f"{want}: the library has no {dt.newbyteorder('=')} kernels (it accumulates in float32); cast "
+                "first, e.g. q.astype(np.float32)")
+    return f"{want}: cast first, e.g. q.astype(np.float32)"
 
 
 def _check_out(name, out, shape, dtype, inputs=()):
@@ -215,7 +229,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     mask: boolean, broadcastable the same way, True = attend, combined by AND with causal,
     window and segment ids (passed as a 0 / -inf bias), or a flashattn.masks mask (built by
     the library as a block-sparse mask: empty blocks skipped, the plan exact); alibi_slopes [Hq]; segment ids
-    [B, Sq] and [B, Sk]. threads: CPU threads for this call (0: the library's default).
+    [B, Sq] and [B, Sk]. threads: CPU threads for this call (0 or None: the library's default).
     sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds
     nothing to o (docs/semantics.md, "Attention sinks"); lse then includes it.
     Returns o in q's layout (written into out if given; out must not overlap an input), and
@@ -314,6 +328,8 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
                                 dbias=None if dbias is None else dbias.ctypes.data,
                                 dsink=None if dsink is None else dsink.ctypes.data, **c.common_ptrs())
     handle.backward(args)
+    if bias_grad and c.grad_scale is not None:
+        dbias *= c.grad_scale
     extra = ((_own_shape(dbias, c.bias_own, bias),) if bias_grad else ()) + (() if dsink is None else (dsink,))
     return (dq, dk, dv) + extra
 

@@ -39,6 +39,48 @@ def dtype_code(dtype):
     return DTYPES[name]
 
 
+def dtype_kind(dtype):
+    """numpy's kind letter ("f", "i", "u", "b", "c", ...) for a numpy, ml_dtypes, JAX or torch
+    dtype; ml_dtypes' types (bfloat16, float8_*, int4, ...), which numpy files as "V", by
+    their names."""
+    if type(dtype).__module__.split(".")[0] == "torch":
+        import torch
+        if dtype == torch.bool:
+            return "b"
+        if dtype.is_complex:
+            return "c"
+        if dtype.is_floating_point:
+            return "f"
+        try:
+            torch.iinfo(dtype)
+        except TypeError:  # quantized and other dtypes that are no plain numbers
+            return "V"
+        return "i" if dtype.is_signed else "u"
+    d = np.dtype(dtype)
+    if d.kind == "V":
+        for prefix, kind in (("bfloat", "f"), ("float", "f"), ("uint", "u"), ("int", "i")):
+            if d.name.startswith(prefix):
+                return kind
+    return d.kind
+
+
+BOOL_BIAS = ("bias is boolean: bias= is added to the scores; pass a boolean mask as mask= (True: attend), "
+             "or cast it to float for an additive 0/1 bias")
+
+
+def check_real(name, dtype, shape_desc):
+    """The rule of every front (numpy, torch, JAX) for its option arrays (bias, alibi_slopes,
+    sinks): real numbers, float of any width or signed or unsigned integer, which the front
+    converts to the library's float32. A boolean bias raises TypeError pointing to mask=;
+    any other boolean or a complex array raises ValueError (converting would turn it into
+    0 / 1, or drop its imaginary part)."""
+    kind = dtype_kind(dtype)
+    if kind == "b" and name == "bias":
+        raise TypeError(BOOL_BIAS)
+    if kind not in ("f", "i", "u"):
+        raise ValueError(f"{name} must be real numbers (float or integer; {shape_desc}), got dtype {dtype}")
+
+
 def window_pair(window):
     """None -> (-1, -1); (left, right) with None for unbounded sides."""
     if window is None:
@@ -109,6 +151,19 @@ def combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k):
     if not dims:
         return None
     return tuple(max(d[i] for d in dims) for i in range(3)) + (seq_k,)
+
+
+def fold_bias_scale(bias, bias_scale, masked):
+    """(bias, bias_scale) as the library gets them where a boolean mask goes to it as a 0 / -inf
+    bias added to bias (every front): with a mask the scale multiplies bias here and the
+    library gets none, so that a zero or negative bias_scale cannot turn a hidden key's -inf
+    into NaN or +inf (docs/nonfinite.md); the gradient of the caller's bias is then bias_scale
+    times the library's. Without a mask both pass as they are. bias: None, a numpy array, a
+    torch tensor or a JAX array (float32 already)."""
+    if not masked or bias_scale is None:
+        return bias, bias_scale
+    bias_scale = _float("bias_scale", bias_scale)
+    return (None if bias is None else bias * bias_scale), None
 
 
 def empty_dims(*dims):
@@ -194,17 +249,24 @@ def set_dropout(p, dropout_p, seed, dropout_offset=None):
     """Dropout's fields of problem p (docs/semantics.md, "Dropout"): dropout_p in [0, 1) (None
     or 0: off; the library judges the range), seed and offset unsigned 64-bit integers. A
     dropout_p > 0 needs a seed: the numpy and JAX fronts take it explicitly (the torch front
-    draws one from torch's generator before it gets here)."""
-    if dropout_p is None:
-        if seed is not None or dropout_offset is not None:
-            raise ValueError("seed= and dropout_offset= need dropout_p=")
-        return
-    p.dropout_p = _float("dropout_p", dropout_p)
+    draws one from torch's generator before it gets here). Every front's rule: with dropout
+    off, a seed or offset given is checked as it would be with dropout, and unused (the
+    problem is the one without them)."""
+    if dropout_p is not None:
+        p.dropout_p = _float("dropout_p", dropout_p)
     if p.dropout_p > 0 and seed is None:
         raise ValueError("dropout_p > 0 needs seed= (an integer in 0 .. 2**64 - 1): the keep mask is a function "
                          "of the seed, so that the backward regenerates the forward's")
-    p.dropout_seed = _uint64("seed", 0 if seed is None else seed)
-    p.dropout_offset = _uint64("dropout_offset", 0 if dropout_offset is None else dropout_offset)
+    seed = _uint64("seed", 0 if seed is None else seed)
+    offset = _uint64("dropout_offset", 0 if dropout_offset is None else dropout_offset)
+    if p.dropout_p != 0:
+        p.dropout_seed, p.dropout_offset = seed, offset
+
+
+def threads_int(threads):
+    """threads= of every front and plan: None or 0, the library's default (fa_options.threads);
+    else an integer that fits int32."""
+    return 0 if threads is None else _int("threads", threads, 32)
 
 
 def make_options(backend="auto", threads=0, block_q=0, block_k=0):
@@ -212,7 +274,7 @@ def make_options(backend="auto", threads=0, block_q=0, block_k=0):
         raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
     o = _native.Options()
     o.backend = BACKENDS[backend]
-    o.threads = _int("threads", threads, 32)
+    o.threads = threads_int(threads)
     o.block_q = _int("block_q", block_q)
     o.block_k = _int("block_k", block_k)
     return o

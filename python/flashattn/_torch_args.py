@@ -4,7 +4,7 @@ autocast, and boolean masks lowered to the library's hidden-key rule (docs/nonfi
 -inf bias term hides its key)."""
 import torch
 
-from ._problem import _int, window_pair
+from ._problem import _int, check_real, fold_bias_scale, threads_int, window_pair
 from ._torch_ops import DTYPES
 
 DTYPE_NAMES = "float32, float16 or bfloat16"
@@ -34,16 +34,15 @@ def check_floats(names, tensors):
         raise ValueError(f"flashattn runs on cpu and cuda tensors (meta: shapes only), got device {q.device}")
 
 
-def _per_head(name, t, H, device, real=False):
-    """A per-head tensor [H] on q's device as the library's f32 (None stays None); real: it
-    must be floating point too."""
+def _per_head(name, t, H, device):
+    """A per-head tensor [H] on q's device as the library's f32 (None stays None): real
+    numbers (_problem.check_real, every front's rule)."""
     if t is None:
         return None
     check_tensor(name, t)
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
-    if real and (tuple(t.shape) != (H,) or not t.is_floating_point()):
-        raise ValueError(f"{name} must be real numbers of shape [H] = [{H}], got {t.dtype} {tuple(t.shape)}")
+    check_real(name, t.dtype, f"[H] = [{H}]")
     if tuple(t.shape) != (H,):
         raise ValueError(f"{name} must have shape [H] = [{H}], got {tuple(t.shape)}")
     return t.to(torch.float32).contiguous()
@@ -57,7 +56,7 @@ def alibi(alibi_slopes, H, device):
 
 def sinks_arg(sinks, H, device):
     """sinks [H] as the library's f32, still differentiable (autograd gives their gradient)."""
-    return _per_head("sinks", sinks, H, device, real=True)
+    return _per_head("sinks", sinks, H, device)
 
 
 def int_in(name, v, bits=64, optional=False):
@@ -72,7 +71,7 @@ def window_sides(window):
 
 def threads_arg(threads):
     """threads= per call: None or 0 use the library's default (fa_options.threads)."""
-    return 0 if threads is None else int_in("threads", threads, 32)
+    return threads_int(threads)
 
 
 def float_or_none(name, x):
@@ -86,12 +85,15 @@ def float_or_none(name, x):
 
 def autocast(*tensors):
     """The tensors in autocast's dtype where autocast is on for their device, as
-    F.scaled_dot_product_attention gets them (it is on autocast's lower-precision list)."""
+    F.scaled_dot_product_attention gets them (it is on autocast's lower-precision list):
+    every floating-point tensor but float64 (autocast leaves it as it is), each of its own
+    dtype. The fronts cast before they check dtypes, as SDPA does, so that mixed float32 /
+    bfloat16 inputs under autocast are one dtype."""
     dev = tensors[0].device.type
     if dev not in ("cpu", "cuda") or not torch.is_autocast_enabled(dev):
         return tensors
     dtype = torch.get_autocast_dtype(dev)
-    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+    return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors)
 
 
 def distinct(*tensors):
@@ -137,9 +139,10 @@ def shares_memory(a, b):
 
 
 def refuse_bool_bias(bias):
-    if isinstance(bias, torch.Tensor) and bias.dtype == torch.bool:
-        raise TypeError("bias is additive; a boolean tensor is a mask: pass it as mask= "
-                        "(True = attend), not bias=")
+    """A bias tensor's dtype by every front's rule (_problem.check_real): real numbers; a
+    boolean one raises TypeError pointing to mask=."""
+    if isinstance(bias, torch.Tensor):
+        check_real("bias", bias.dtype, "broadcastable to [B, H, Sq, Sk]")
 
 
 def mask_to_bias(mask, name="mask"):
@@ -163,7 +166,8 @@ def expand_seq_dims(bias, seq_q, seq_k):
 def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
     """bias (float, 2 to 4 dims) and mask (bool) as one f32 bias [B or 1, H or 1, Sq or 1, Sk]
     and the bias_scale to pass with it. With a mask the scale is applied here, so that a
-    negative or zero scale cannot turn a hidden key's -inf into +inf or NaN."""
+    negative or zero scale cannot turn a hidden key's -inf into +inf or NaN
+    (_problem.fold_bias_scale, every front's rule)."""
     def four(t, what):
         if t.dim() > 4:  # fewer dims are left-padded with ones, as torch broadcasts (numpy's front too)
             raise ValueError(f"{what} must have at most 4 dims (broadcastable to [B, H, Sq, Sk]), "
@@ -175,14 +179,14 @@ def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
                              f"[{B}, {H}, {Sq}, {Sk}] (each dim that size or 1)")
         return t
     if bias is not None:
-        if bias.is_complex():
-            raise ValueError(f"bias must be real, got {bias.dtype}")
+        refuse_bool_bias(bias)
         bias = four(bias, "bias").to(torch.float32)
         if mask is None:
             if bias.shape[3] != Sk:  # the library's bias covers Sk itself
                 bias = expand_seq_dims(bias, Sq, Sk)
             return bias, bias_scale
     m = four(mask_to_bias(mask), "mask")
+    bias, bias_scale = fold_bias_scale(bias, bias_scale, True)
     if bias is not None:
-        m = (bias if bias_scale is None else bias * bias_scale) + m
-    return expand_seq_dims(m, Sq, Sk), None
+        m = bias + m
+    return expand_seq_dims(m, Sq, Sk), bias_scale

@@ -263,8 +263,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     None; b, i, j count within each sequence; lse then has no gradient)."""
     _no_mask(mask, "varlen_attention")
     q, k, v = (check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
-    check_floats(("q", "k", "v"), (q, k, v))
     q, k, v = autocast(q, k, v)
+    check_floats(("q", "k", "v"), (q, k, v))
     check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     cu_q = _int_tensor("cu_seqlens_q", cu_seqlens_q, "[batch + 1]", 1)
     cu_k = _int_tensor("cu_seqlens_k", cu_seqlens_k, "[batch + 1]", 1)

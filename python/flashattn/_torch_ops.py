@@ -418,7 +418,8 @@ def seed_tensor(seed=None, generator=None):
 
 def dropout_args(dropout_p, seed):
     """A front's dropout_p (a float in [0, 1), None or 0: off) and seed as the ops take them:
-    (dropout_p, seed_tensor(seed)), or (0.0, None) without dropout (a seed then refused)."""
+    (dropout_p, seed_tensor(seed)), or (0.0, None) without dropout (a seed then checked and
+    unused, as in every front: _problem.set_dropout)."""
     from ._torch_args import float_or_none  # here: _torch_args imports this module
     dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
     if not 0.0 <= dropout_p < 1.0:
@@ -426,7 +427,7 @@ def dropout_args(dropout_p, seed):
     if dropout_p > 0.0:
         return dropout_p, seed_tensor(seed)
     if seed is not None:
-        raise ValueError("seed= needs dropout_p > 0")
+        seed_tensor(seed)
     return 0.0, None
 
 

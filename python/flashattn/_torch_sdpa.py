@@ -1,17 +1,18 @@
 """flashattn.torch.scaled_dot_product_attention: torch.nn.functional.scaled_dot_product_attention's
 signature and semantics on flashattn's kernels (docs/python.md, "PyTorch").
 
-SDPA's rules, as the installed torch applies them: query (..., Hq, L, E), key (..., Hk, S, E),
-value (..., Hk, S, Ev), leading dims broadcast against each other; heads broadcast where one
-side has 1, and differ otherwise only with enable_gqa (Hq a multiple of Hk); is_causal aligns
-top-left; a bool attn_mask is True = attend, a float one is added, either broadcastable to
-(..., Hq, L, S); a row with no visible key gives 0 (torch 2.x CPU, both for a bool mask and a
--inf float one), which is flashattn's own rule. Errors SDPA raises as RuntimeError are raised
-as RuntimeError with its wording, and dtypes the library does not compute in raise ValueError
-naming those it does. dropout_p > 0 is flashattn's dropout (docs/semantics.md, "Dropout"),
-applied whenever it is given, as SDPA applies it: its seed is drawn from torch's default
-generator (flashattn.torch.dropout_seed), so torch.manual_seed reproduces it; the mask is
-not torch's own (SDPA's CPU dropout draws another one)."""
+SDPA's rules, as the installed torch applies them: query (..., Hq, L, E), key (..., Hk, S,
+E), value (..., Hv, S, Ev), leading dims broadcast against each other; heads broadcast where
+one side has 1, and differ otherwise only with enable_gqa (Hq a multiple of Hk and of Hv,
+which may differ); is_causal aligns top-left; a bool attn_mask is True = attend, a float one
+is added, either broadcastable to (..., Hq, L, S); a row with no visible key gives 0 (torch
+2.x CPU, both for a bool mask and a -inf float one), which is flashattn's own rule. Errors
+SDPA raises as RuntimeError are raised as RuntimeError with its wording, and dtypes the
+library does not compute in raise ValueError naming those it does. dropout_p > 0 is
+flashattn's dropout (docs/semantics.md, "Dropout"), applied whenever it is given, as SDPA
+applies it: its seed is drawn from torch's default generator (flashattn.torch.dropout_seed),
+so torch.manual_seed reproduces it; the mask is not torch's own (SDPA's CPU dropout draws
+another one)."""
 import math
 
 import torch
@@ -28,17 +29,32 @@ def _as_4d(t, batch, heads):
 
 
 def _heads(hq, hk, hv, enable_gqa):
-    """(output heads, key/value heads) by SDPA's rules."""
-    if enable_gqa and hq != hk:
-        if hk != hv or hk == 0 or hq % hk:
+    """(output heads, key/value heads) by SDPA's rules. With enable_gqa, key and value may
+    each have their own count, each dividing Hq (SDPA repeats each to Hq): the library's kv
+    heads are then their least common multiple (a divisor of Hq), to which _kv_heads repeats
+    each."""
+    if enable_gqa and not hq == hk == hv:
+        if 0 in (hk, hv) or hq % hk or hq % hv:
             raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
-        return hq, hk
+        return hq, math.lcm(hk, hv)
     h = max(hq, hk, hv)
     for a, b in ((hq, hk), (hq, hv), (hk, hv)):
         if a != b and 1 not in (a, b):
             raise RuntimeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at "
                                "non-singleton dimension 1 (heads; GQA needs enable_gqa=True)")
     return h, (1 if hk == hv == 1 else h)
+
+
+def _kv_heads(t, heads):
+    """t (..., h, S, E) with each head repeated heads / h times in place (torch's
+    repeat_interleave, as SDPA's enable_gqa repeats key and value): query head i then reads
+    head i // (Hq / h) of t. A stride-0 view (no copy) where h is 1 or heads; otherwise a
+    copy, the size of the larger of key and value."""
+    h = t.shape[-3]
+    if h == heads:
+        return t
+    t = t.unsqueeze(-3).expand(*t.shape[:-2], heads // h, *t.shape[-2:])
+    return t.flatten(-4, -3)
 
 
 def _mask_bias(attn_mask, query, out_batch, H, L, S):
@@ -73,6 +89,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if min(query.dim(), key.dim(), value.dim()) < 2:
         raise RuntimeError("Expected query, key, and value to all be  at least 2 dimensional, but got "
                            f"query.dim: {query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead.")
+    query, key, value = autocast(query, key, value)  # first, as SDPA: mixed dtypes under autocast are one
     if not (query.dtype == key.dtype == value.dtype):
         raise RuntimeError("Expected query, key, and value to have the same dtype, but got query.dtype: "
                            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
@@ -82,7 +99,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     check_floats(("query", "key", "value"), (query, key, value))
-    query, key, value = autocast(query, key, value)
     (L, E), (S, Ek), (Sv, Ev) = query.shape[-2:], key.shape[-2:], value.shape[-2:]
     if Ek != E or Sv != S:
         raise RuntimeError(f"query (..., {L}, {E}), key (..., {S}, {Ek}) and value (..., {Sv}, {Ev}): "
@@ -92,6 +108,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     H, Hkv = _heads(q.shape[-3], k.shape[-3], v.shape[-3], enable_gqa)
     bias = None if attn_mask is None else _mask_bias(attn_mask, query, batch, H, L, S)
+    if enable_gqa:  # key and value with their own head counts: each repeated to Hkv
+        k, v = _kv_heads(k, Hkv), _kv_heads(v, Hkv)
     q4, k4, v4 = _as_4d(q, batch, H), _as_4d(k, batch, Hkv), _as_4d(v, batch, Hkv)
     o, _ = attention_function().apply(q4, k4, v4, bias, None, None, None, bool(is_causal), -1, -1, 0.0,
                                       None if scale is None else float(scale), "bhsd",

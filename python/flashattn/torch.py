@@ -70,8 +70,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     with every other mask (docs/python.md, "Masks as data")."""
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
-    check_floats(("q", "k", "v"), (q, k, v))
     q, k, v = autocast(q, k, v)
+    check_floats(("q", "k", "v"), (q, k, v))
     qd, kd, vd = (_layout.to_bhsd(L, tuple(t.shape)) for t in (q, k, v))
     check_shapes(qd, kd, vd)
     B, H, Sq, _ = qd

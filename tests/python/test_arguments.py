@@ -128,3 +128,63 @@ def test_jax_integers_and_segment_ids():
     cu = jnp.array([0, 4], jnp.int32)
     with pytest.raises(ValueError, match="threads"):
         fj.varlen_attention(q[0], q[0], q[0], cu, cu, threads=2**33)
+
+
+def _front(front):
+    """attention(q, k, v, **options) of a front, on numpy arrays, returning numpy's o."""
+    if front == "numpy":
+        return flashattn.attention
+    if front == "torch":
+        torch = pytest.importorskip("torch")
+        import flashattn.torch as ft
+        return lambda *arrays, **kw: ft.attention(*(torch.from_numpy(np.asarray(a)) for a in arrays), **{
+            n: torch.from_numpy(np.asarray(a)) if isinstance(a, np.ndarray) else a for n, a in kw.items()}).numpy()
+    pytest.importorskip("jax")
+    import flashattn.jax as fj
+    return lambda *arrays, **kw: np.asarray(fj.attention(*arrays, layout="bhsd", **kw))
+
+
+@pytest.mark.parametrize("front", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("name", ["bias", "alibi_slopes", "sinks"])
+def test_option_arrays_follow_one_rule(rng, front, name):
+    """bias, alibi_slopes and sinks by one rule in every front (_problem.check_real): real
+    numbers, float or signed or unsigned integer, taken as float32; bool and complex refused
+    (torch once took complex and bool slopes, dropping the imaginary part, and refused int
+    sinks; JAX took complex options and bool slopes and sinks)."""
+    attention = _front(front)
+    q, k, v = (randn(rng, (1, 2, 8, 4)) for _ in range(3))
+    ints = rng.integers(0, 3, (8, 8) if name == "bias" else (2,))
+    want = attention(q, k, v, **{name: ints.astype(np.float32)})
+    for dt in (np.int64, np.int32, np.uint8, np.float16, np.float64):
+        np.testing.assert_array_equal(attention(q, k, v, **{name: ints.astype(dt)}), want, err_msg=str(dt))
+    err, said = (TypeError, "mask=") if name == "bias" else (ValueError, "real numbers")
+    with pytest.raises(err, match=said):
+        attention(q, k, v, **{name: ints > 0})
+    for dt in (np.complex64, np.complex128):
+        with pytest.raises(ValueError, match=f"{name} must be real numbers.*complex"):
+            attention(q, k, v, **{name: (ints + 1j).astype(dt)})
+
+
+@pytest.mark.parametrize("front", ["numpy", "torch", "jax"])
+def test_seed_without_dropout_and_threads_none_in_every_front(rng, front):
+    """Every front alike: dropout off (dropout_p 0 or None) with a seed is the call without
+    dropout (the seed checked, then unused; torch and JAX once refused it, numpy took it);
+    threads=None is the library's default (once torch's alone)."""
+    attention = _front(front)
+    q, k, v = (randn(rng, (1, 2, 8, 4)) for _ in range(3))
+    want = attention(q, k, v)
+    for kw in ({"dropout_p": 0.0, "seed": 1}, {"seed": 1}, {"threads": None}):
+        if front == "torch" and kw == {"seed": 1}:
+            kw = {"seed": 1, "dropout_p": None}
+        np.testing.assert_array_equal(attention(q, k, v, **kw), want, err_msg=str(kw))
+    with pytest.raises(ValueError, match="seed"):
+        attention(q, k, v, dropout_p=0.0, seed=-1)
+
+
+@pytest.mark.parametrize("dtype, said", [(np.int32, "got int32: cast first"),
+                                         (">f4", r"got >f4 \(big-endian float32\)"),
+                                         (np.float64, "got float64: the library has no float64 kernels")])
+def test_numpy_dtype_error_names_the_dtype(rng, dtype, said):
+    q = randn(rng, (1, 1, 4, 8)).astype(dtype)
+    with pytest.raises(ValueError, match=f"q, k, v must be float32, float16 or bfloat16.*{said}"):
+        flashattn.attention(q, q, q)

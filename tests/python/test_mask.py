@@ -93,3 +93,62 @@ def test_jax_mask_matches_reference(rng):
     with pytest.raises(TypeError, match="mask="):
         fj.attention(q, k, v, bias=jnp.ones((SQ, SK), bool), layout="bhsd")
     assert not fj.plan(q, k, v, mask=mask, layout="bhsd").exact
+
+
+def _scaled_mask_case(rng, with_bias):
+    q, k, v = randn(rng, (B, H, SQ, D)), randn(rng, (B, H, SK, D)), randn(rng, (B, H, SK, D))
+    bias = randn(rng, (1, H, SQ, SK)) if with_bias else None
+    mask = _mask(rng, (B, 1, SQ, SK))
+    mask[0, 0, 2] = False  # a row with no visible key
+    return q, k, v, bias, mask
+
+
+def _scaled_mask_reference(q, k, v, do, bias, mask, bias_scale):
+    """(o, lse, dq, dk, dv, dbias) in f64 for bias_scale * bias plus the mask (bias_scale scales
+    the bias alone: a hidden key stays hidden whatever the scale); dbias = bias_scale * d/d(the
+    scaled bias), summed over the bias's broadcast batch dim."""
+    full = _as_bias(mask) + (0.0 if bias is None else bias_scale * bias.astype(np.float64))
+    o, lse, _ = ref.forward(q, k, v, bias=full)
+    dq, dk, dv, db4 = ref.backward(q, k, v, do, bias=full)
+    return o, lse, dq, dk, dv, bias_scale * db4.sum(0, keepdims=True)
+
+
+@pytest.mark.parametrize("bias_scale", [-1.0, 0.0, 0.5])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_numpy_mask_with_bias_scale(rng, bias_scale, with_bias):
+    """A mask with bias_scale <= 0 once gave NaN rows (the scale reached the mask's -inf):
+    the scale applies to the bias alone, forward and backward, dbias times bias_scale."""
+    q, k, v, bias, mask = _scaled_mask_case(rng, with_bias)
+    o, lse = flashattn.attention(q, k, v, bias=bias, mask=mask, bias_scale=bias_scale, return_lse=True)
+    do = randn(rng, o.shape)
+    o_ref, lse_ref, *want = _scaled_mask_reference(q, k, v, do, bias, mask, bias_scale)
+    assert rel_err(o, o_ref) <= FWD_TOL["f32"]
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_ref))
+    got = flashattn.attention_backward(q, k, v, o, lse, do, bias=bias, mask=mask, bias_scale=bias_scale,
+                                       bias_grad=with_bias)
+    assert len(got) == 3 + with_bias
+    for name, g, w in zip(("dq", "dk", "dv", "dbias"), got, want):
+        assert rel_err(g, w) <= BWD_TOL["f32"], name
+
+
+@pytest.mark.parametrize("bias_scale", [-1.0, 0.0, 0.5])
+def test_jax_mask_with_bias_scale(rng, bias_scale):
+    """The same through the JAX front's shared lowering (flashattn.jax's call, which takes
+    bias_scale for the Pallas drop-in): forward and jax.grad for q, k, v and the bias."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from flashattn.jax import _attention
+    q, k, v, bias, mask = _scaled_mask_case(rng, True)
+    do = randn(rng, (B, H, SQ, D))
+    o_ref, _, *want = _scaled_mask_reference(q, k, v, do, bias, mask, bias_scale)
+
+    def f(q, k, v, b):
+        return _attention.call(q, k, v, bias=b, mask=jnp.asarray(mask), bias_scale=bias_scale, layout="bhsd")
+
+    o, vjp = jax.vjp(f, *(jnp.asarray(x) for x in (q, k, v, bias)))
+    assert rel_err(np.asarray(o), o_ref) <= FWD_TOL["f32"]
+    for name, g, w in zip(("dq", "dk", "dv", "dbias"), vjp(jnp.asarray(do)), want):
+        assert rel_err(np.asarray(g), w) <= BWD_TOL["f32"], name
+    p = _attention.make_options(*(jnp.asarray(x) for x in (q, k, v)), bias=jnp.asarray(bias), mask=jnp.asarray(mask),
+                                bias_scale=bias_scale, layout="bhsd")[0]
+    assert p.bias_scale is None  # folded into the bias the op gets

@@ -140,6 +140,39 @@ def test_gqa_needs_divisible_heads():
             fn(q, k, v, enable_gqa=True)
 
 
+@pytest.mark.parametrize("Hq, Hk, Hv", [(4, 2, 1), (4, 1, 2), (8, 4, 2), (4, 4, 2), (8, 2, 4), (6, 2, 3),
+                                        (4, 3, 1), (2, 4, 4)])
+def test_gqa_with_key_and_value_head_counts_of_their_own(rng, Hq, Hk, Hv):
+    """enable_gqa with Hk != Hv: SDPA repeats key and value each to Hq heads, so each count
+    must divide Hq, and they need not divide each other; the drop-in agrees, forward and
+    gradients, and refuses what SDPA refuses with its error."""
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, h, S, 8)).astype(np.float32)).requires_grad_()
+               for h, S in ((Hq, 7), (Hk, 11), (Hv, 11)))
+    if Hq % Hk or Hq % Hv:
+        for fn in (F.scaled_dot_product_attention, fat.scaled_dot_product_attention):
+            with pytest.raises(RuntimeError, match="must divide"):
+                fn(q, k, v, enable_gqa=True)
+        return
+    mask = torch.from_numpy(rng.random((7, 11)) < 0.7)
+    o = fat.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    r = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    check("o", f64(o), f64(r), 4 * FWD_TOL["f32"])
+    do = torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32))
+    for name, g, w in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), do),
+                          torch.autograd.grad(r, (q, k, v), do)):
+        check(name, f64(g), f64(w), BWD_TOL["f32"])
+
+
+def test_gqa_single_value_head_is_a_view():
+    """The smaller of key and value repeated to the library's kv heads without a copy where
+    it has one head (a stride-0 view)."""
+    from flashattn._torch_sdpa import _kv_heads
+    v = torch.randn(2, 1, 11, 8)
+    w = _kv_heads(v, 4)
+    assert w.shape == (2, 4, 11, 8) and w.stride(1) == 0 and w.data_ptr() == v.data_ptr()
+    assert torch.equal(_kv_heads(torch.arange(2.).reshape(1, 2, 1, 1), 4).flatten(), torch.tensor([0., 0., 1., 1.]))
+
+
 def test_same_signature_as_sdpa():
     import inspect
     mine = inspect.signature(fat.scaled_dot_product_attention)

@@ -181,6 +181,31 @@ def test_autocast_casts_as_sdpa():
     torch.testing.assert_close(o, want, rtol=0, atol=0)
 
 
+def test_autocast_casts_mixed_dtypes_before_checking(rng):
+    """Under autocast SDPA casts q, k, v first, so q f32, k bf16, v f32 are one dtype; so do
+    attention, the drop-in and varlen_attention. float64, which autocast leaves as it is,
+    stays refused (ValueError naming the dtypes flashattn computes in)."""
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, 4, 9, 16)).astype(np.float32)) for _ in range(3))
+    k = k.bfloat16()
+    want = fat.attention(q.bfloat16(), k, v.bfloat16())
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        r = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        o = fat.attention(q, k, v)
+        s = fat.scaled_dot_product_attention(q, k, v)
+        cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+        ov = fat.varlen_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu)
+        for f in (fat.attention, fat.scaled_dot_product_attention):
+            with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+                f(q.double(), k.double(), v.double())
+    assert o.dtype == r.dtype == s.dtype == ov.dtype == torch.bfloat16
+    torch.testing.assert_close(o, want, rtol=0, atol=0)
+    torch.testing.assert_close(s, want, rtol=0, atol=0)
+    wv = fat.varlen_attention(*(t[0].transpose(0, 1).bfloat16() for t in (q, k, v)), cu, cu)
+    torch.testing.assert_close(ov, wv, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="one dtype"):  # without autocast, mixed dtypes stay refused
+        fat.attention(q, k, v)
+
+
 def test_compile_fullgraph_with_mask_lse_and_shared_kv():
     """torch.compile(fullgraph=True) through the autograd.Function: a mask, the lse's
     gradient, one tensor passed as both k and v, and the SDPA drop-in."""

@@ -63,6 +63,27 @@ def test_mask_with_negative_bias_scale_still_hides(rng):
     check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
 
 
+@pytest.mark.parametrize("bias_scale", [-1.0, 0.0, 0.5])
+def test_mask_with_bias_scale_forward_and_gradients(rng, bias_scale):
+    """The numpy and JAX fronts' rule too (test_mask.py): with a mask, bias_scale scales the
+    bias alone; gradients of q, k, v and the bias (bias_scale times the scaled bias's)."""
+    B, H, Sq, Sk, D = 2, 3, 7, 9, 8
+    qn, kn, vn, don = (rng.standard_normal(s).astype(np.float32)
+                       for s in ((B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, D), (B, H, Sq, D)))
+    bn = rng.standard_normal((1, H, Sq, Sk)).astype(np.float32)
+    mask = rng.random((B, 1, Sq, Sk)) < 0.6
+    mask[0, 0, 2] = False  # a row with no visible key
+    q, k, v, b = (torch.from_numpy(a).requires_grad_() for a in (qn, kn, vn, bn))
+    o = fat.attention(q, k, v, bias=b, mask=torch.from_numpy(mask), bias_scale=bias_scale)
+    full = bias_scale * bn.astype(np.float64) + as_bias(mask)
+    o_ref, lse_ref, _ = ref.forward(qn, kn, vn, bias=full)
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+    dq, dk, dv, db4 = ref.backward(qn, kn, vn, don, bias=full)
+    grads = torch.autograd.grad(o, (q, k, v, b), torch.from_numpy(don))
+    for name, g, w in zip(("dq", "dk", "dv", "dbias"), grads, (dq, dk, dv, bias_scale * db4.sum(0, keepdims=True))):
+        check(name, f64(g), w, BWD_TOL["f32"])
+
+
 def _capture_problem(monkeypatch):
     from flashattn import _native
     seen = []

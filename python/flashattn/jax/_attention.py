@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._problem import _int, broadcast_dims, combined_bias_dims, empty_dims, window_pair
+from .._problem import (_int, broadcast_dims, check_real, combined_bias_dims, empty_dims, fold_bias_scale, threads_int,
+                        window_pair)
 from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
@@ -94,18 +95,19 @@ def _finite(name, x):
 
 def _bias_shape(bias, mask, b, hq, sq, sk):
     """The [1 or B, 1 or Hq, 1 or Sq, Sk] shape of the bias the op gets for a bias and a boolean
-    mask (None without either); TypeError for a boolean bias or a non-boolean mask."""
-    if bias is not None and bias.dtype is not None and jnp.dtype(bias.dtype) == jnp.bool_:
-        raise TypeError("bias is boolean: bias= is added to the scores; pass a boolean mask as mask= "
-                        "(True: attend), or cast it to float for an additive 0/1 bias")
+    mask (None without either); a bias of real numbers (_problem.check_real: TypeError for a
+    boolean one), TypeError for a non-boolean mask."""
+    if bias is not None and bias.dtype is not None:
+        check_real("bias", bias.dtype, f"broadcastable to [B, Hq, Sq, Sk] = [{b}, {hq}, {sq}, {sk}]")
     if mask is not None and mask.dtype is not None and jnp.dtype(mask.dtype) != jnp.bool_:
         raise TypeError(f"mask must be boolean (True: attend), got {mask.dtype}; an additive mask goes to bias=")
     return combined_bias_dims(None if bias is None else bias.shape, None if mask is None else mask.shape,
                               b, hq, sq, sk)
 
 
-def lower_bias(bias, mask, full):
-    """The bias the op gets: bias (f32) plus 0 where mask is True and -inf where it hides a
+def lower_bias(bias, mask, full, bias_scale=None):
+    """The bias the op gets: bias (f32; with a mask, times bias_scale, which the op then does
+    not get: _problem.fold_bias_scale) plus 0 where mask is True and -inf where it hides a
     key (docs/nonfinite.md: a -inf bias entry hides its key exactly as a mask does),
     broadcast to full. XLA buffers have no strides, so a size-1 Sk dim is materialized
     (the numpy front broadcasts it without a copy); a size-1 Sq stays 1 (bias_seq_q)."""
@@ -113,6 +115,7 @@ def lower_bias(bias, mask, full):
     b = None
     if bias is not None:
         b = bias.reshape(broadcast_dims("bias", bias.shape, *dims)).astype(jnp.float32)
+    b, _ = fold_bias_scale(b, bias_scale, mask is not None)
     if mask is not None:
         m = jnp.where(mask.reshape(broadcast_dims("mask", mask.shape, *dims)), 0.0, -jnp.inf).astype(jnp.float32)
         b = m if b is None else b + m
@@ -120,8 +123,11 @@ def lower_bias(bias, mask, full):
 
 
 def _check_extras(alibi_slopes, q_seg, kv_seg, b, hq, sq, sk, shapes_only):
-    """Shapes of the slopes and segment ids (True stands for "present" in shapes_only)."""
+    """Shapes of the slopes and segment ids (True stands for "present" in shapes_only); the
+    slopes real numbers (_problem.check_real)."""
     if alibi_slopes is not None and not (shapes_only and alibi_slopes is True):
+        if alibi_slopes.dtype is not None:
+            check_real("alibi_slopes", alibi_slopes.dtype, f"[Hq] = [{hq}]")
         if tuple(alibi_slopes.shape) != (hq,):
             raise ValueError(f"alibi_slopes must have shape ({hq},) (one per query head), "
                              f"got {tuple(alibi_slopes.shape)}")
@@ -148,24 +154,32 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
         raise ValueError(f"softcap must be >= 0 (0 or None: off), got {softcap}")
     bias_shape = _bias_shape(bias, mask, b, hq, sq, sk)
     _check_extras(alibi_slopes, q_segment_ids, kv_segment_ids, b, hq, sq, sk, shapes_only)
-    if sinks is not None and not (shapes_only and sinks is True) and tuple(sinks.shape) != (hq,):
-        raise ValueError(f"sinks must have shape ({hq},) (one per query head), got {tuple(sinks.shape)}")
+    if sinks is not None and not (shapes_only and sinks is True):
+        if sinks.dtype is not None:
+            check_real("sinks", sinks.dtype, f"[Hq] = [{hq}]")
+        if tuple(sinks.shape) != (hq,):
+            raise ValueError(f"sinks must have shape ({hq},) (one per query head), got {tuple(sinks.shape)}")
     opt = Options(layout=layout, causal=bool(causal), window=_window(window), softcap=softcap or 0.0,
                   scale=_finite("scale", scale),
                   diag_offset=None if diag_offset is None else _int("diag_offset", diag_offset),
-                  bias_scale=_finite("bias_scale", bias_scale), has_bias=bias_shape is not None,
+                  bias_scale=fold_bias_scale(None, _finite("bias_scale", bias_scale), mask is not None)[1],
+                  has_bias=bias_shape is not None,
                   has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None,
-                  threads=_int("threads", threads, 32), has_sinks=sinks is not None,
+                  threads=threads_int(threads), has_sinks=sinks is not None,
                   **_dropout(dropout_p, seed, dropout_offset))
     return opt, bias_shape
 
 
 def _dropout(dropout_p, seed, dropout_offset):
     """Options' dropout field: dropout_p in [0, 1) (static), which needs a seed; the seed
-    and offset themselves are checked and become an operand in seed_words."""
+    and offset themselves are checked and become an operand in seed_words. Without dropout
+    (None or 0) a seed or offset given is checked and unused, as in every front
+    (_problem.set_dropout)."""
     if dropout_p is None or dropout_p == 0:
-        if seed is not None or dropout_offset is not None:
-            raise ValueError("seed= and dropout_offset= need dropout_p > 0")
+        if seed is not None:
+            _u64_words("seed", seed, True)
+        if dropout_offset is not None:
+            _u64_words("dropout_offset", dropout_offset, False)
         return {}
     p = _finite("dropout_p", dropout_p)
     if not 0.0 <= p < 1.0:
@@ -299,7 +313,7 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
                                    sinks=None if sinks is None else jnp.asarray(sinks),
                                    dropout_p=dropout_p, seed=seed, dropout_offset=dropout_offset)
     if bias_shape is not None:  # outside the custom_vjp: autodiff takes the cast and broadcast back
-        bias = lower_bias(bias, mask, bias_shape)
+        bias = lower_bias(bias, mask, bias_shape, bias_scale)
     if slopes is not None:
         slopes = jax.lax.stop_gradient(slopes.astype(jnp.float32))
     if q_seg is not None:
@@ -348,7 +362,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     MultiHeadMask, & and |; aligned top-left as splash has them), built by the library as a
     block-sparse mask (empty blocks skipped; the plan exact; docs/python.md, "Masks as
     data"). A row with no visible key gives o = 0 and lse = -inf; a zero B, H, Sq or Sk gives empty (or o = 0, lse = -inf) results
-    without a call. threads: CPU threads for this call (0: the library's default).
+    without a call. threads: CPU threads for this call (0 or None: the library's default).
     Integers that do not fit int64 (segment ids: int32, when concrete) raise ValueError.
     sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds
     nothing to o (docs/semantics.md, "Attention sinks"); lse includes it, a row with no

@@ -24,7 +24,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
-from .._problem import _int, make_options as _library_options
+from .._problem import _int, check_real, make_options as _library_options, threads_int
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                   decode_problem, varlen_problem)
 from . import _ffi
@@ -74,6 +74,7 @@ def _slopes(alibi_slopes, hq):
     if alibi_slopes is None:
         return None
     s = jnp.asarray(alibi_slopes)
+    check_real("alibi_slopes", s.dtype, f"[Hq] = [{hq}]")
     if tuple(s.shape) != (hq,):
         raise ValueError(f"alibi_slopes must have shape ({hq},) (one per query head), got {tuple(s.shape)}")
     return jax.lax.stop_gradient(s.astype(jnp.float32))
@@ -84,6 +85,7 @@ def _sinks(sinks, hq):
     if sinks is None:
         return None
     s = jnp.asarray(sinks)
+    check_real("sinks", s.dtype, f"[Hq] = [{hq}]")
     if tuple(s.shape) != (hq,):
         raise ValueError(f"sinks must have shape ({hq},) (one per query head), got {tuple(s.shape)}")
     return s.astype(jnp.float32)
@@ -96,7 +98,7 @@ def _attributes(causal, window, softcap, scale, has_alibi, threads=0, has_sinks=
     left, right = _window(window)
     return dict(causal=i64(bool(causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
                 has_scale=i64(scale is not None), scale=f32(0.0 if scale is None else scale),
-                has_alibi=i64(has_alibi), threads=i64(_int("threads", threads, 32)), has_sinks=i64(has_sinks))
+                has_alibi=i64(has_alibi), threads=i64(threads_int(threads)), has_sinks=i64(has_sinks))
 
 
 # ---- packed variable-length batches ---------------------------------------------------
