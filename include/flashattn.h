@@ -45,7 +45,8 @@ typedef enum {
 } fa_status;
 
 /* Strides are in elements, one per dimension, for [B, H, S, D]-shaped tensors. A stride
- * array of all zeros means contiguous BHSD. Strides must be >= 0. */
+ * array of all zeros means contiguous BHSD. Strides must be >= 0, and a tensor's last
+ * element must end within int64 bytes of its start (else FA_ERR_OVERFLOW). */
 typedef struct {
     int64_t s[4];
 } fa_strides;
