@@ -221,7 +221,14 @@ typedef struct fa_plan fa_plan;
 typedef void (*fa_progress_fn)(void *ctx, int64_t done, int64_t total);
 
 /* Tensors of one forward call. Pointers are host pointers for the CPU backend and device
- * pointers for CUDA. lse may be NULL (the kernel computes it anyway). */
+ * pointers for CUDA. lse may be NULL (the kernel computes it anyway).
+ * Outputs may not share memory with inputs: FA_ERR_INVALID, naming both, when the bytes
+ * of o or lse, from the lowest to the highest address its shape and strides reach, meet
+ * those of an input the problem uses (q, k, v, bias, slopes, segment ids, sinks, the
+ * decode arrays); inputs may share memory with each other. A decode append writes the
+ * caches k and v (and their scales) in place, which is allowed; nothing else may meet
+ * them. An output stride of 0 over a dimension of more than one element is refused too
+ * (docs/semantics.md, "Tensors and heads"). */
 typedef struct {
     const void *q, *k, *v;
     void *o;
@@ -257,7 +264,11 @@ typedef struct {
     const float *k_scale, *v_scale;
 } fa_forward_args;
 
-/* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */
+/* Tensors of one backward call: the forward's inputs, its saved o and lse, and do.
+ * As in the forward, an output (dq, dk, dv, dbias, dsink) whose byte range meets an
+ * input's is FA_ERR_INVALID naming both. Outputs may interleave (dq, dk and dv in one
+ * packed dqkv buffer, at different offsets), but two that start at the same address are
+ * refused, and so is a zero stride over more than one element of dq, dk or dv. */
 typedef struct {
     const void *q, *k, *v, *o, *d_o;
     const float *lse;            /* [B, Hq, Sq] contiguous, required */

@@ -292,6 +292,7 @@ fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
         s = fa_call_plan(plan, args->cache_seqlens, args->cu_seqlens_q, args->cu_seqlens_k, "fa_forward", &view, &use);
     if (!s) s = fa_check_forward_args(&use->p, args, use->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
                                       "fa_forward");
+    if (!s) s = fa_check_forward_overlaps(&use->p, args, "fa_forward");
     return s ? s : plan->be->forward(use, args);
 }
 
@@ -301,5 +302,6 @@ fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_status s = plan->be->supports(&plan->p, FA_BACKWARD, FA_USE_RUN); /* decoding has no backward */
     if (!s) s = fa_check_backward_args(&plan->p, args, plan->bwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
                                        "fa_backward");
+    if (!s) s = fa_check_backward_overlaps(&plan->p, args, "fa_backward");
     return s ? s : plan->be->backward(plan, args);
 }
