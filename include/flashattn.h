@@ -425,13 +425,16 @@ FA_API double fa_cpu_exp_rate(int threads);
 /* ---- dtypes and host buffers ------------------------------------------------------ */
 
 FA_API const char *fa_dtype_name(fa_dtype t);
-/* Bytes per element: 4 for f32, 2 for f16 and bf16, 1 for int8 and fp8_e4m3. */
+/* Bytes per element: 4 for f32, 2 for f16 and bf16, 1 for int8 and fp8_e4m3; 0 for a value
+ * that is not an fa_dtype. */
 FA_API size_t fa_dtype_size(fa_dtype t);
 /* Converts n elements of dtype from at src into dtype to at dst, rounding as the kernels
  * round (to nearest, ties to even; NaN stays NaN: docs/semantics.md, "Rounding"); the same
  * dtype is a copy. f16 <-> bf16 goes through f32, which is exact. int8 and fp8_e4m3 convert
  * as codes with scale 1 (fa_quantize_rows' rounding, clamped or saturated; NaN to int8 is 0).
- * src and dst do not overlap. */
+ * src and dst do not overlap. A dtype that is not an fa_dtype, or a NULL src or dst with
+ * n > 0, converts nothing, writes nothing and leaves the reason in fa_last_error() (a
+ * successful call leaves fa_last_error() as it was). */
 FA_API void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n);
 /* Quantizes rows of a kv cache (docs/caches.md): rows x width elements of dtype from
  * (f32, f16 or bf16; contiguous) into codes of dtype to (FA_INT8 or FA_FP8_E4M3; rows x width
