@@ -45,7 +45,8 @@ typedef enum {
 } fa_status;
 
 /* Strides are in elements, one per dimension, for [B, H, S, D]-shaped tensors. A stride
- * array of all zeros means contiguous BHSD. Strides must be >= 0. */
+ * array of all zeros means contiguous BHSD. Strides must be >= 0, and a tensor's last
+ * element must end within int64 bytes of its start (else FA_ERR_OVERFLOW). */
 typedef struct {
     int64_t s[4];
 } fa_strides;
@@ -220,7 +221,14 @@ typedef struct fa_plan fa_plan;
 typedef void (*fa_progress_fn)(void *ctx, int64_t done, int64_t total);
 
 /* Tensors of one forward call. Pointers are host pointers for the CPU backend and device
- * pointers for CUDA. lse may be NULL (the kernel computes it anyway). */
+ * pointers for CUDA. lse may be NULL (the kernel computes it anyway).
+ * Outputs may not share memory with inputs: FA_ERR_INVALID, naming both, when the bytes
+ * of o or lse, from the lowest to the highest address its shape and strides reach, meet
+ * those of an input the problem uses (q, k, v, bias, slopes, segment ids, sinks, the
+ * decode arrays); inputs may share memory with each other. A decode append writes the
+ * caches k and v (and their scales) in place, which is allowed; nothing else may meet
+ * them. An output stride of 0 over a dimension of more than one element is refused too
+ * (docs/semantics.md, "Tensors and heads"). */
 typedef struct {
     const void *q, *k, *v;
     void *o;
@@ -256,7 +264,11 @@ typedef struct {
     const float *k_scale, *v_scale;
 } fa_forward_args;
 
-/* Tensors of one backward call: the forward's inputs, its saved o and lse, and do. */
+/* Tensors of one backward call: the forward's inputs, its saved o and lse, and do.
+ * As in the forward, an output (dq, dk, dv, dbias, dsink) whose byte range meets an
+ * input's is FA_ERR_INVALID naming both. Outputs may interleave (dq, dk and dv in one
+ * packed dqkv buffer, at different offsets), but two that start at the same address are
+ * refused, and so is a zero stride over more than one element of dq, dk or dv. */
 typedef struct {
     const void *q, *k, *v, *o, *d_o;
     const float *lse;            /* [B, Hq, Sq] contiguous, required */
@@ -413,13 +425,16 @@ FA_API double fa_cpu_exp_rate(int threads);
 /* ---- dtypes and host buffers ------------------------------------------------------ */
 
 FA_API const char *fa_dtype_name(fa_dtype t);
-/* Bytes per element: 4 for f32, 2 for f16 and bf16, 1 for int8 and fp8_e4m3. */
+/* Bytes per element: 4 for f32, 2 for f16 and bf16, 1 for int8 and fp8_e4m3; 0 for a value
+ * that is not an fa_dtype. */
 FA_API size_t fa_dtype_size(fa_dtype t);
 /* Converts n elements of dtype from at src into dtype to at dst, rounding as the kernels
  * round (to nearest, ties to even; NaN stays NaN: docs/semantics.md, "Rounding"); the same
  * dtype is a copy. f16 <-> bf16 goes through f32, which is exact. int8 and fp8_e4m3 convert
  * as codes with scale 1 (fa_quantize_rows' rounding, clamped or saturated; NaN to int8 is 0).
- * src and dst do not overlap. */
+ * src and dst do not overlap. A dtype that is not an fa_dtype, or a NULL src or dst with
+ * n > 0, converts nothing, writes nothing and leaves the reason in fa_last_error() (a
+ * successful call leaves fa_last_error() as it was). */
 FA_API void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n);
 /* Quantizes rows of a kv cache (docs/caches.md): rows x width elements of dtype from
  * (f32, f16 or bf16; contiguous) into codes of dtype to (FA_INT8 or FA_FP8_E4M3; rows x width

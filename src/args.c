@@ -5,6 +5,7 @@
 #include "backend.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct {
     const void *ptr;
@@ -130,4 +131,158 @@ fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a,
         return s;
     if (host && (s = check_sinks(p, a->sinks, fn))) return s;
     return host ? fa_check_slopes(p, a->alibi_slopes, fn) : FA_OK;
+}
+
+/* ---- outputs that share memory with inputs ---------------------------------------------
+ * The kernels read inputs tile by tile while they write outputs: an output over an input
+ * (o over k or v, dv over do) gives wrong values that depend on the tiles, so such calls are
+ * refused. Each tensor is compared as the byte range from its lowest to its highest element
+ * (its strides and shape as the plan resolved them), which is exact for the usual layouts
+ * and refuses a few interleavings of an output with an input whose elements would not meet.
+ * Outputs against each other are compared by their first byte only: dq, dk and dv
+ * interleaved in one packed dqkv buffer are disjoint and legitimate, and ranges would
+ * refuse them. A decode append's caches (and scales) are read and written, in place by
+ * design; they are compared with everything else, not with each other (k == v is refused
+ * above). */
+
+enum { RD = 1, WR = 2 };
+
+typedef struct {
+    uintptr_t lo, hi; /* the first and last byte; lo > hi: none (no pointer or no elements) */
+    const char *name;
+    int use;          /* RD, WR or both */
+} extent;
+
+/* A [d0, d1, d2, d3] tensor of es-byte elements with strides st (elements, >= 0). The plan
+ * bounded every strided tensor's bytes; the arithmetic saturates all the same. */
+static extent strided(const void *ptr, const char *name, int use, const int64_t d[4], const fa_strides *st,
+                      int64_t es) {
+    extent e = {1, 0, name, use};
+    if (!ptr || d[0] <= 0 || d[1] <= 0 || d[2] <= 0 || d[3] <= 0) return e;
+    uint64_t last = 0, t;
+    int wrap = 0;
+    for (int i = 0; i < 4; i++)
+        wrap |= __builtin_mul_overflow((uint64_t)(d[i] - 1), (uint64_t)st->s[i], &t) |
+                __builtin_add_overflow(last, t, &last);
+    wrap |= __builtin_add_overflow(last, 1, &last) | __builtin_mul_overflow(last, (uint64_t)es, &last);
+    e.lo = (uintptr_t)ptr;
+    if (wrap || __builtin_add_overflow(e.lo, (uintptr_t)last - 1, &e.hi)) e.hi = UINTPTR_MAX;
+    return e;
+}
+
+/* a x b x c contiguous elements of es bytes (a count past int64 saturates: the range then
+ * reaches the end of memory). */
+static extent flat(const void *ptr, const char *name, int use, int64_t a, int64_t b, int64_t c, int64_t es) {
+    int64_t n;
+    if (__builtin_mul_overflow(a, b, &n) || __builtin_mul_overflow(n, c, &n)) n = INT64_MAX;
+    const int64_t d[4] = {1, 1, 1, n};
+    const fa_strides st = {{0, 0, 0, 1}};
+    return strided(ptr, name, use, d, &st, es);
+}
+
+/* FA_ERR_INVALID if an output's stride is 0 over a dimension of more than one element:
+ * those elements would all be written to one address. */
+static fa_status check_output_strides(const char *name, const int64_t d[4], const fa_strides *st, const char *fn) {
+    static const char *const dims[4] = {"batch items", "heads", "rows", "columns"};
+    for (int i = 0; i < 4; i++)
+        if (d[i] > 1 && st->s[i] == 0 && d[0] && d[1] && d[2] && d[3])
+            return fa_error(FA_ERR_INVALID, "%s: %s stride %d is 0 over %lld %s: an output's elements may not share "
+                            "an address", fn, name, i, (long long)d[i], dims[i]);
+    return FA_OK;
+}
+
+static int meet(const extent *a, const extent *b) { return a->lo <= b->hi && b->lo <= a->hi; }
+
+/* FA_ERR_INVALID naming the first pair of n extents that may not share memory (above). */
+static fa_status check_overlaps(const extent *e, int n, const char *fn) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            const extent *a = &e[i], *b = &e[j];
+            if (a->lo > a->hi || b->lo > b->hi || !((a->use | b->use) & WR)) continue;
+            if (a->use == WR && b->use == WR) {
+                if (a->lo == b->lo)
+                    return fa_error(FA_ERR_INVALID, "%s: outputs %s and %s are the same buffer (both start at %p)", fn,
+                                    a->name, b->name, (void *)a->lo);
+                continue;
+            }
+            if (a->use == (RD | WR) && b->use == (RD | WR)) continue;
+            if (!meet(a, b)) continue;
+            if (!(a->use & WR) || ((a->use & RD) && b->use == WR)) { /* name the one only written first */
+                const extent *x = a;
+                a = b, b = x;
+            }
+            return fa_error(FA_ERR_INVALID, "%s: %s (bytes %p..%p) overlaps %s (bytes %p..%p): an output may not share "
+                            "memory with an input", fn, a->name, (void *)a->lo, (void *)a->hi, b->name, (void *)b->lo,
+                            (void *)b->hi);
+        }
+    return FA_OK;
+}
+
+fa_status fa_check_forward_overlaps(const fa_problem *p, const fa_forward_args *a, const char *fn) {
+    const int decode = fa_problem_decode(p), append = decode && p->has_new_kv;
+    const int quant = fa_dtype_quantized(fa_cache_dtype(p));
+    const int64_t L = fa_problem_varlen(p) ? 1 : p->batch, B = p->batch, Hq = p->heads_q, Hk = p->heads_kv;
+    const int64_t Sq = p->seq_q, Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v, P = p->shared_prefix_len;
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype), ces = (int64_t)fa_dtype_size(fa_cache_dtype(p));
+    const int paged = decode && p->page_size;
+    const int64_t n0 = paged ? p->num_pages : L, rows = paged ? p->page_size : Sk;
+    const int64_t qd[4] = {L, Hq, Sq, D}, od[4] = {L, Hq, Sq, Dv}, kd[4] = {n0, Hk, rows, D}, vd[4] = {n0, Hk, rows, Dv};
+    const int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, Sk};
+    const int cache = append ? RD | WR : RD, scales = quant && decode ? cache : 0;
+    fa_status s = check_output_strides("o", od, &p->o_stride, fn);
+    if (s) return s;
+    const extent e[] = {
+        strided(a->o, "o", WR, od, &p->o_stride, es),
+        flat(a->lse, "lse", WR, L, Hq, Sq, 4),
+        strided(a->q, "q", RD, qd, &p->q_stride, es),
+        strided(a->k, decode ? "k (the key cache)" : "k", cache, kd, &p->k_stride, ces),
+        strided(a->v, decode ? "v (the value cache)" : "v", cache, vd, &p->v_stride, ces),
+        strided(p->has_bias ? a->bias : NULL, "bias", RD, bd, &p->bias_stride, 4),
+        flat(p->has_alibi ? a->alibi_slopes : NULL, "alibi_slopes", RD, 1, 1, Hq, 4),
+        flat(p->has_segment_ids ? a->q_segment_ids : NULL, "q_segment_ids", RD, 1, B, Sq, 4),
+        flat(p->has_segment_ids ? a->kv_segment_ids : NULL, "kv_segment_ids", RD, 1, B, Sk, 4),
+        flat(p->has_sinks ? a->sinks : NULL, "sinks", RD, 1, 1, Hq, 4),
+        flat(append ? a->k_new : NULL, "k_new", RD, B * Sq, Hk, D, es),
+        flat(append ? a->v_new : NULL, "v_new", RD, B * Sq, Hk, Dv, es),
+        flat(paged ? a->block_table : NULL, "block_table", RD, 1, B, p->max_pages, 4),
+        flat(decode && P > 0 ? a->k_prefix : NULL, "k_prefix", RD, P, Hk, D, es),
+        flat(decode && P > 0 ? a->v_prefix : NULL, "v_prefix", RD, P, Hk, Dv, es),
+        flat(scales ? a->k_scale : NULL, "k_scale", scales, n0, rows, Hk, 4),
+        flat(scales ? a->v_scale : NULL, "v_scale", scales, n0, rows, Hk, 4),
+        flat(a->cache_seqlens, "cache_seqlens", RD, 1, 1, B, 4),
+        flat(a->cu_seqlens_q, "cu_seqlens_q", RD, 1, 1, B + 1, 4),
+        flat(a->cu_seqlens_k, "cu_seqlens_k", RD, 1, 1, B + 1, 4),
+    };
+    return check_overlaps(e, (int)(sizeof e / sizeof e[0]), fn);
+}
+
+fa_status fa_check_backward_overlaps(const fa_problem *p, const fa_backward_args *a, const char *fn) {
+    const int64_t L = fa_problem_varlen(p) ? 1 : p->batch, B = p->batch, Hq = p->heads_q, Hk = p->heads_kv;
+    const int64_t Sq = p->seq_q, Sk = p->seq_k, D = p->head_dim, Dv = p->head_dim_v;
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype);
+    const int64_t qd[4] = {L, Hq, Sq, D}, od[4] = {L, Hq, Sq, Dv}, kd[4] = {L, Hk, Sk, D}, vd[4] = {L, Hk, Sk, Dv};
+    const int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, Sk};
+    fa_status s;
+    if ((s = check_output_strides("dq", qd, &p->q_stride, fn)) ||
+        (s = check_output_strides("dk", kd, &p->k_stride, fn)) || (s = check_output_strides("dv", vd, &p->v_stride, fn)))
+        return s;
+    const extent e[] = {
+        strided(a->dq, "dq", WR, qd, &p->q_stride, es),
+        strided(a->dk, "dk", WR, kd, &p->k_stride, es),
+        strided(a->dv, "dv", WR, vd, &p->v_stride, es),
+        flat(p->bias_grad ? a->dbias : NULL, "dbias", WR, p->bias_batch * p->bias_heads, p->bias_seq_q, Sk, 4),
+        flat(p->has_sinks ? a->dsink : NULL, "dsink", WR, 1, 1, Hq, 4),
+        strided(a->q, "q", RD, qd, &p->q_stride, es),
+        strided(a->k, "k", RD, kd, &p->k_stride, es),
+        strided(a->v, "v", RD, vd, &p->v_stride, es),
+        strided(a->o, "o", RD, od, &p->o_stride, es),
+        strided(a->d_o, "do", RD, od, &p->o_stride, es),
+        flat(a->lse, "lse", RD, L, Hq, Sq, 4),
+        strided(p->has_bias ? a->bias : NULL, "bias", RD, bd, &p->bias_stride, 4),
+        flat(p->has_alibi ? a->alibi_slopes : NULL, "alibi_slopes", RD, 1, 1, Hq, 4),
+        flat(p->has_segment_ids ? a->q_segment_ids : NULL, "q_segment_ids", RD, 1, B, Sq, 4),
+        flat(p->has_segment_ids ? a->kv_segment_ids : NULL, "kv_segment_ids", RD, 1, B, Sk, 4),
+        flat(p->has_sinks ? a->sinks : NULL, "sinks", RD, 1, 1, Hq, 4),
+    };
+    return check_overlaps(e, (int)(sizeof e / sizeof e[0]), fn);
 }

@@ -64,5 +64,12 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
                                 const char *fn);
 fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a, int64_t workspace, int host,
                                  const char *fn);
+/* FA_ERR_INVALID where an output shares memory with an input, two outputs are one buffer,
+ * or an output's zero stride would write several elements to one address (args.c; the
+ * rule: flashattn.h, fa_forward_args). p: the plan's resolved problem, whose shapes and
+ * strides are the tensors' own; the MPI entries' global problem is not (each rank's local
+ * passes check theirs). After the fa_check_*_args above. */
+fa_status fa_check_forward_overlaps(const fa_problem *p, const fa_forward_args *a, const char *fn);
+fa_status fa_check_backward_overlaps(const fa_problem *p, const fa_backward_args *a, const char *fn);
 
 #endif /* FA_BACKEND_H */

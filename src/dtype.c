@@ -2,6 +2,7 @@
  * dtype names and sizes. */
 #include "dtype.h"
 
+#include "internal.h" /* fa_error */
 #include "quantize.h"
 
 #include <string.h>
@@ -60,9 +61,32 @@ const char *fa_dtype_name(fa_dtype t) {
     return "unknown";
 }
 
-size_t fa_dtype_size(fa_dtype t) { return t == FA_F32 ? 4 : fa_dtype_quantized(t) ? 1 : 2; }
+/* 0 for a value outside fa_dtype: no size to multiply by (fa_convert refuses it) */
+size_t fa_dtype_size(fa_dtype t) {
+    switch (t) {
+    case FA_F32: return 4;
+    case FA_F16:
+    case FA_BF16: return 2;
+    case FA_INT8:
+    case FA_FP8_E4M3: return 1;
+    }
+    return 0;
+}
 
+/* No status to return (the signature predates it): a bad argument writes nothing and
+ * leaves its message in fa_last_error(). A good call leaves the message alone, since
+ * callers convert between a failed call and reading its message (the tests' chk_load). */
 void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n) {
+    if (!fa_dtype_size(from) || !fa_dtype_size(to)) {
+        const int bad = fa_dtype_size(from) ? (int)to : (int)from;
+        fa_error(FA_ERR_INVALID, "fa_convert: %s dtype %d is not f32, f16, bf16, int8 or fp8_e4m3",
+                 fa_dtype_size(from) ? "the destination" : "the source", bad);
+        return;
+    }
+    if (n && (!src || !dst)) {
+        fa_error(FA_ERR_NULL, "fa_convert: %s is NULL (n = %zu)", !src ? "src" : "dst", n);
+        return;
+    }
     if (from == to) {
         if (n) memcpy(dst, src, n * fa_dtype_size(from));
         return;

@@ -47,6 +47,10 @@ enum { FA_SHAPE_DENSE = 0, FA_SHAPE_VARLEN = 1, FA_SHAPE_DECODE = 2 };
 /* Validates cu_seqlens / cache_seqlens / pages, fills the packed or cache layouts' default
  * strides and copies the length arrays into pl->lens. Called before the strides resolve. */
 fa_status fa_validate_inference(struct fa_plan *pl);
+/* FA_ERR_OVERFLOW unless the last element of a [B, H, S, D] tensor (dims) with strides st
+ * (elements, none negative) and es-byte elements ends within int64 bytes, since the kernels
+ * address base + offset x es; a tensor of no elements passes (plan.c). */
+fa_status fa_check_reach(const char *name, const fa_strides *st, const int64_t dims[4], int64_t es);
 /* The length checks of plans and calls (plan_inference.c): cache_seqlens against the
  * capacity, cu_seqlens as prefix sums ending at (exact) or within the packed rows. */
 fa_status fa_check_cache_seqlens(const fa_problem *p, const int32_t *lens);

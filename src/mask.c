@@ -14,6 +14,9 @@ _Static_assert((int)FA_BLOCK_EMPTY == (int)FA_TILE_EMPTY && (int)FA_BLOCK_PARTIA
 
 typedef __int128 wide;
 
+/* ceil(n / d) for n, d >= 1: (n + d - 1) / d overflows for n near INT64_MAX */
+static int64_t ceil_div(int64_t n, int64_t d) { return (n - 1) / d + 1; }
+
 /* Checks a shape and resolves its default blocks (0: 128). */
 static fa_status check_shape(const fa_mask_shape *s, const char *fn, fa_mask_shape *r) {
     if (!s) return fa_error(FA_ERR_NULL, "%s: the shape is NULL", fn);
@@ -30,9 +33,10 @@ static fa_status check_shape(const fa_mask_shape *s, const char *fn, fa_mask_sha
     if (r->block_q < 1 || r->block_k < 1 || r->block_q > 4096 || r->block_k > 4096)
         return fa_error(FA_ERR_INVALID, "%s: block_q %lld and block_k %lld must be in [1, 4096] (0: 128)", fn,
                         (long long)r->block_q, (long long)r->block_k);
-    const wide nb = (wide)r->batch * r->heads * ((r->seq_q + r->block_q - 1) / r->block_q) *
-                    ((r->seq_k + r->block_k - 1) / r->block_k);
-    if (nb > ((wide)1 << 40))
+    /* each factor is below 2^63: two of them multiply within 128 bits, the last is checked */
+    wide nb = (wide)r->batch * r->heads;
+    if (__builtin_mul_overflow(nb, (wide)ceil_div(r->seq_q, r->block_q) * ceil_div(r->seq_k, r->block_k), &nb) ||
+        nb > ((wide)1 << 40))
         return fa_error(FA_ERR_OVERFLOW, "%s: %lld x %lld x %lld x %lld elements in blocks of %lld x %lld are too many "
                                          "blocks", fn, (long long)r->batch, (long long)r->heads, (long long)r->seq_q,
                         (long long)r->seq_k, (long long)r->block_q, (long long)r->block_k);
@@ -118,7 +122,7 @@ fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, c
     if (!m) return fa_error(FA_ERR_NO_MEMORY, "%s: out of memory", fn);
     m->refs = 1;
     m->s = s;
-    m->nqb = (s.seq_q + s.block_q - 1) / s.block_q, m->nkb = (s.seq_k + s.block_k - 1) / s.block_k;
+    m->nqb = ceil_div(s.seq_q, s.block_q), m->nkb = ceil_div(s.seq_k, s.block_k);
     const int64_t n = s.batch * s.heads * m->nqb * m->nkb, area = s.block_q * s.block_k;
     m->kinds = fa_malloc((size_t)n);
     m->bitmap_at = fa_malloc((size_t)n * sizeof(int64_t));
@@ -284,7 +288,7 @@ fa_status fa_mask_from_blocks(const fa_mask_shape *s, const int8_t *kinds, const
     fa_mask_shape r;
     fa_status st = check_shape(s, fn, &r);
     if (st) return st;
-    const int64_t nqb = (r.seq_q + r.block_q - 1) / r.block_q, nkb = (r.seq_k + r.block_k - 1) / r.block_k;
+    const int64_t nqb = ceil_div(r.seq_q, r.block_q), nkb = ceil_div(r.seq_k, r.block_k);
     const int64_t n = r.batch * r.heads * nqb * nkb;
     int64_t partial = 0;
     for (int64_t i = 0; i < n; i++) {

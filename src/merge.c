@@ -35,6 +35,31 @@ static void merge_row(fa_dtype t, int64_t Dv, const void *oa, const void *ob, in
     *lse_out = (float)(m + log(den));
 }
 
+/* Whether the n bytes at x and the m bytes at y share one. */
+static int share(const void *x, uint64_t n, const void *y, uint64_t m) {
+    if (!x || !y || !n || !m) return 0;
+    const uintptr_t a = (uintptr_t)x, b = (uintptr_t)y;
+    return a < b ? b - a < n : a - b < m;
+}
+
+/* FA_ERR_INVALID unless each output (o, lse) either is one of its own kind's inputs
+ * exactly (in place: o_a or o_b, lse_a or lse_b) or shares no byte with any other array:
+ * row i is read and then written at the same index, so only identity is safe. */
+static fa_status check_overlaps(const void *const *ptr, const uint64_t *bytes) {
+    static const char *const names[] = {"o_a", "lse_a", "o_b", "lse_b", "sinks", "o", "lse"};
+    for (int w = 5; w < 7; w++)
+        for (int i = 0; i < 7; i++) {
+            if (i == w || !share(ptr[w], bytes[w], ptr[i], bytes[i])) continue;
+            const int own = w == 5 ? i == 0 || i == 2 : i == 1 || i == 3; /* o's inputs o_a, o_b; lse's lse_a, lse_b */
+            if (own && ptr[w] == ptr[i]) continue;
+            return fa_error(FA_ERR_INVALID, "fa_merge_states: %s (bytes %p..%p) overlaps %s (bytes %p..%p); o and lse "
+                            "may only be o_a / o_b and lse_a / lse_b exactly (in place)", names[w], ptr[w],
+                            (const void *)((const char *)ptr[w] + bytes[w] - 1), names[i], ptr[i],
+                            (const void *)((const char *)ptr[i] + bytes[i] - 1));
+        }
+    return FA_OK;
+}
+
 fa_status fa_merge_states(fa_dtype dtype, int64_t rows, int64_t heads, int64_t head_dim_v, const void *o_a,
                           const float *lse_a, const void *o_b, const float *lse_b, const float *sinks, void *o,
                           float *lse) {
@@ -44,8 +69,9 @@ fa_status fa_merge_states(fa_dtype dtype, int64_t rows, int64_t heads, int64_t h
     if (rows < 0 || heads < 1 || head_dim_v < 0)
         return fa_error(FA_ERR_INVALID, "fa_merge_states: rows (%lld) and head_dim_v (%lld) must be >= 0, heads (%lld) >= 1",
                         (long long)rows, (long long)head_dim_v, (long long)heads);
-    int64_t n;
-    if (__builtin_mul_overflow(rows, heads, &n) || __builtin_mul_overflow(n, head_dim_v, &n))
+    int64_t n, nl, widest;
+    if (__builtin_mul_overflow(rows, heads, &nl) || __builtin_mul_overflow(nl, head_dim_v, &n) ||
+        __builtin_mul_overflow(n > nl ? n : nl, (int64_t)4, &widest)) /* the widest array's bytes too */
         return fa_error(FA_ERR_OVERFLOW, "fa_merge_states: rows x heads x head_dim_v overflows int64");
     if (!rows) return FA_OK;
     const void *need[] = {o_a, lse_a, o_b, lse_b, o, lse};
@@ -53,6 +79,11 @@ fa_status fa_merge_states(fa_dtype dtype, int64_t rows, int64_t heads, int64_t h
     for (int i = 0; i < 6; i++) /* head_dim_v 0: the states' lse alone, no o to read or write */
         if (!need[i] && (head_dim_v > 0 || i == 1 || i == 3 || i == 5))
             return fa_error(FA_ERR_NULL, "fa_merge_states: %s is NULL", names[i]);
+    const uint64_t ob = (uint64_t)n * fa_dtype_size(dtype), lb = (uint64_t)nl * 4; /* within int64: above */
+    const void *const ptr[] = {o_a, lse_a, o_b, lse_b, sinks, o, lse};
+    const uint64_t bytes[] = {ob, lb, ob, lb, (uint64_t)heads * 4, ob, lb};
+    fa_status st = check_overlaps(ptr, bytes);
+    if (st) return st;
     if (sinks)
         for (int64_t h = 0; h < heads; h++)
             if (isnan(sinks[h]) || sinks[h] == INFINITY)

@@ -32,9 +32,26 @@ static fa_status check_size(const char *name, int64_t v) {
     return FA_OK;
 }
 
+fa_status fa_check_reach(const char *name, const fa_strides *st, const int64_t dims[4], int64_t es) {
+    for (int i = 0; i < 4; i++)
+        if (dims[i] == 0) return FA_OK; /* no elements: nothing is addressed */
+    int64_t last = 0, bytes;
+    for (int i = 0; i < 4; i++) {
+        int64_t t;
+        if (__builtin_mul_overflow(dims[i] - 1, st->s[i], &t) || __builtin_add_overflow(last, t, &last))
+            return fa_error(FA_ERR_OVERFLOW, "%s strides reach beyond int64 offsets", name);
+    }
+    /* the kernels address base + offset x element size: an element offset that fits can
+     * still wrap as bytes (and read another batch item's rows) */
+    if (__builtin_add_overflow(last, 1, &bytes) || __builtin_mul_overflow(bytes, es, &bytes))
+        return fa_error(FA_ERR_OVERFLOW, "%s strides reach element offset %lld, whose byte offset (%lld bytes an "
+                                         "element) overflows int64", name, (long long)last, (long long)es);
+    return FA_OK;
+}
+
 /* Fills all-zero strides with contiguous ones, rejects negative strides, and checks that
- * the largest element offset fits int64. dims: the tensor's [B, H, S, D]. */
-static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t dims[4]) {
+ * the largest byte offset fits int64. dims: the tensor's [B, H, S, D]; es: bytes an element. */
+static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t dims[4], int64_t es) {
     int zero = 1;
     for (int i = 0; i < 4; i++) {
         if (st->s[i] < 0)
@@ -48,15 +65,8 @@ static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t
             if (__builtin_mul_overflow(acc, dims[i], &acc))
                 return fa_error(FA_ERR_OVERFLOW, "%s has more elements than int64 can count", name);
         }
-        return FA_OK;
     }
-    int64_t last = 0;
-    for (int i = 0; i < 4; i++) {
-        int64_t t;
-        if (__builtin_mul_overflow(dims[i] - 1, st->s[i], &t) || __builtin_add_overflow(last, t, &last))
-            return fa_error(FA_ERR_OVERFLOW, "%s strides reach beyond int64 offsets", name);
-    }
-    return FA_OK;
+    return fa_check_reach(name, st, dims, es);
 }
 
 static fa_status check_counts(const fa_problem *p) {
@@ -143,8 +153,9 @@ static fa_status validate_layout(fa_plan *pl) {
     int64_t kd[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim};
     int64_t vd[4] = {p->batch, p->heads_kv, p->seq_k, p->head_dim_v};
     int64_t od[4] = {p->batch, p->heads_q, p->seq_q, p->head_dim_v};
-    if ((s = resolve_strides("q", &p->q_stride, qd)) || (s = resolve_strides("k", &p->k_stride, kd)) ||
-        (s = resolve_strides("v", &p->v_stride, vd)) || (s = resolve_strides("o", &p->o_stride, od)))
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype), kv_es = (int64_t)fa_dtype_size(fa_cache_dtype(p));
+    if ((s = resolve_strides("q", &p->q_stride, qd, es)) || (s = resolve_strides("k", &p->k_stride, kd, kv_es)) ||
+        (s = resolve_strides("v", &p->v_stride, vd, kv_es)) || (s = resolve_strides("o", &p->o_stride, od, es)))
         return s;
     if (p->has_bias) {
         if (p->bias_batch != 1 && p->bias_batch != p->batch)
@@ -158,7 +169,7 @@ static fa_status validate_layout(fa_plan *pl) {
             return fa_error(FA_ERR_INVALID, "bias seq_q dim is %lld but must be 1 or seq_q (%lld) (0 = seq_q)",
                             (long long)p->bias_seq_q, (long long)p->seq_q);
         int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, p->seq_k};
-        if ((s = resolve_strides("bias", &p->bias_stride, bd))) return s;
+        if ((s = resolve_strides("bias", &p->bias_stride, bd, (int64_t)sizeof(float)))) return s;
         /* broadcast dims read the same slice whatever their stride says */
         if (p->bias_batch == 1) p->bias_stride.s[0] = 0;
         if (p->bias_heads == 1) p->bias_stride.s[1] = 0;
@@ -281,6 +292,7 @@ fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
         s = fa_call_plan(plan, args->cache_seqlens, args->cu_seqlens_q, args->cu_seqlens_k, "fa_forward", &view, &use);
     if (!s) s = fa_check_forward_args(&use->p, args, use->fwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
                                       "fa_forward");
+    if (!s) s = fa_check_forward_overlaps(&use->p, args, "fa_forward");
     return s ? s : plan->be->forward(use, args);
 }
 
@@ -290,5 +302,6 @@ fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_status s = plan->be->supports(&plan->p, FA_BACKWARD, FA_USE_RUN); /* decoding has no backward */
     if (!s) s = fa_check_backward_args(&plan->p, args, plan->bwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
                                        "fa_backward");
+    if (!s) s = fa_check_backward_overlaps(&plan->p, args, "fa_backward");
     return s ? s : plan->be->backward(plan, args);
 }

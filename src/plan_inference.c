@@ -96,16 +96,11 @@ static fa_status validate_varlen(fa_plan *pl) {
     return FA_OK;
 }
 
-/* The largest element offset of a paged cache fits int64. */
-static fa_status check_pages_reach(const char *name, const fa_strides *st, const int64_t dims[4]) {
-    int64_t last = 0;
-    for (int i = 0; i < 4; i++) {
-        int64_t t;
+/* A paged cache's strides are not negative and its largest byte offset fits int64. */
+static fa_status check_pages_reach(const char *name, const fa_strides *st, const int64_t dims[4], int64_t es) {
+    for (int i = 0; i < 4; i++)
         if (st->s[i] < 0) return fa_error(FA_ERR_INVALID, "%s stride %d is negative (%lld)", name, i, (long long)st->s[i]);
-        if (__builtin_mul_overflow(dims[i] - 1, st->s[i], &t) || __builtin_add_overflow(last, t, &last))
-            return fa_error(FA_ERR_OVERFLOW, "%s strides reach beyond int64 offsets", name);
-    }
-    return FA_OK;
+    return fa_check_reach(name, st, dims, es);
 }
 
 fa_status fa_check_cache_seqlens(const fa_problem *p, const int32_t *lens) {
@@ -155,7 +150,9 @@ static fa_status validate_decode(fa_plan *pl) {
     default_layout(&p->v_stride, rows * Hk * Dv, Hk, Dv);
     if (p->page_size) {
         const int64_t kd[4] = {p->num_pages, Hk, p->page_size, D}, vd[4] = {p->num_pages, Hk, p->page_size, Dv};
-        if ((s = check_pages_reach("k", &p->k_stride, kd)) || (s = check_pages_reach("v", &p->v_stride, vd))) return s;
+        const int64_t es = (int64_t)fa_dtype_size(fa_cache_dtype(p));
+        if ((s = check_pages_reach("k", &p->k_stride, kd, es)) || (s = check_pages_reach("v", &p->v_stride, vd, es)))
+            return s;
     }
     pl->shape = FA_SHAPE_DECODE;
     return FA_OK;

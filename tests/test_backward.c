@@ -466,6 +466,62 @@ static void test_bad_args(uint64_t *rng) {
     case_free(&c);
 }
 
+/* Outputs over inputs (dq over q, dv over do) and two outputs as one buffer are refused,
+ * naming both, with nothing written (dv over do gave wrong gradients); dq, dk and dv
+ * interleaved in one packed [B, S, 3, H, D] buffer, as q, k and v are in theirs, have
+ * disjoint elements and run, bit for bit as in three buffers. */
+static void test_overlaps(uint64_t *rng) {
+    const int before = failures;
+    const int64_t B = 2, H = 2, S = 37, D = 16, HD = H * D, row = 3 * HD, n = B * S * row;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = B, p.heads_q = H, p.seq_q = S, p.seq_k = S, p.head_dim = D, p.causal = 1;
+    p.q_stride = p.k_stride = p.v_stride = (fa_strides){{S * row, D, row, 1}};
+    fa_plan *pl = check_plan(&p, 2, 0, 0);
+    if (!pl) return;
+    const size_t bytes = sizeof(float) * (size_t)n;
+    float *qkv = tu_alloc(bytes), *o = tu_alloc(bytes), *d_o = tu_alloc(bytes), *saved = tu_alloc(bytes);
+    float *lse = tu_alloc(sizeof(float) * (size_t)(B * H * S)), *dqkv = tu_alloc(bytes);
+    float *apart[3] = {tu_alloc(bytes), tu_alloc(bytes), tu_alloc(bytes)};
+    tu_fill(rng, FA_F32, qkv, n, 1.0), tu_fill(rng, FA_F32, d_o, n, 1.0); /* (o and do are [B, H, S, D]: n / 3) */
+    const fa_forward_args f = {.q = qkv, .k = qkv + HD, .v = qkv + 2 * HD, .o = o, .lse = lse};
+    CHECK(fa_forward(pl, &f) == FA_OK, "overlaps: forward: %s", fa_last_error());
+    for (int t = 0; t < 3; t++) tu_poison(FA_F32, apart[t], n);
+    const fa_backward_args g = {.q = f.q, .k = f.k, .v = f.v, .o = o, .d_o = d_o, .lse = lse,
+                                .dq = apart[0], .dk = apart[1] + HD, .dv = apart[2] + 2 * HD};
+    CHECK(fa_backward(pl, &g) == FA_OK, "overlaps: dq, dk, dv apart: %s", fa_last_error());
+    fa_backward_args a = g;
+    a.dq = dqkv, a.dk = dqkv + HD, a.dv = dqkv + 2 * HD;
+    tu_poison(FA_F32, dqkv, n);
+    CHECK(fa_backward(pl, &a) == FA_OK, "overlaps: dq, dk, dv in one packed buffer: %s", fa_last_error());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; i++) differ += memcmp(&dqkv[i], &apart[i % row / HD][i], sizeof(float)) != 0;
+    CHECK(differ == 0, "overlaps: %lld elements of packed dq, dk, dv differ from three buffers' (or NaN both)",
+          (long long)differ);
+    struct {
+        const char *want[2];
+        float *input; /* what a refused call must leave alone */
+    } bad[] = {{{"dq (bytes", "overlaps q (bytes"}, qkv}, {{"dv (bytes", "overlaps do (bytes"}, d_o},
+               {{"outputs dq and dk", "same buffer"}, NULL}};
+    for (int i = 0; i < 3; i++) {
+        a = g;
+        if (i == 0) a.dq = qkv;
+        if (i == 1) a.dv = d_o;
+        if (i == 2) a.dk = (char *)a.dq;
+        if (bad[i].input) memcpy(saved, bad[i].input, bytes);
+        const fa_status st = fa_backward(pl, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), bad[i].want[0]) && strstr(fa_last_error(), bad[i].want[1]),
+              "overlap case %d: got %s \"%s\", want FA_ERR_INVALID naming %s and %s", i, fa_status_string(st),
+              fa_last_error(), bad[i].want[0], bad[i].want[1]);
+        CHECK(!bad[i].input || !memcmp(saved, bad[i].input, bytes), "overlap case %d: the refused call wrote its input", i);
+    }
+    printf("%s overlaps: dq over q, dv over do, dq = dk refused, nothing written; packed dq, dk, dv bit-identical\n",
+           failures > before ? "FAIL" : "PASS");
+    fa_plan_destroy(pl);
+    free(qkv), free(o), free(d_o), free(lse), free(dqkv), free(saved);
+    for (int t = 0; t < 3; t++) free(apart[t]);
+}
+
 /* ---- (g) the shared case list (cases.h) -------------------------------------------------- */
 
 static void test_case_list(uint64_t *rng) {
@@ -510,5 +566,6 @@ int main(void) {
     test_determinism(&rng);
     test_bias_row(&rng);
     test_bad_args(&rng);
+    test_overlaps(&rng);
     return check_finish("test_backward");
 }

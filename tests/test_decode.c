@@ -320,6 +320,21 @@ static void overlapping_appends(void) {
               fa_status_string(st), fa_last_error());
         CHECK(!memcmp(c.k, c.k0, nc * es), "k and v one buffer: the cache changed");
     }
+    /* the caches are written in place, but nothing else may share their memory: o over the
+     * key cache, or new keys read from inside the value cache the append writes */
+    for (int x = 0; x < 2; x++) {
+        fa_forward_args a = args_of(&c, NULL);
+        if (x == 0) a.o = c.k;
+        else a.k_new = (const char *)c.v + 16 * es;
+        const char *want = x == 0 ? "o (bytes" : "v (the value cache) (bytes";
+        const char *also = x == 0 ? "overlaps k (the key cache)" : "overlaps k_new";
+        const fa_status st = fa_forward(pl, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), want) && strstr(fa_last_error(), also),
+              "%s: %s (%s)", x == 0 ? "o over the key cache" : "k_new inside the value cache", fa_status_string(st),
+              fa_last_error());
+        CHECK(!memcmp(c.k, c.k0, nc * es) && !memcmp(c.v, c.v0, nc * es), "overlap %d: the refused call changed the caches",
+              x);
+    }
     fa_forward_args a = args_of(&c, NULL); /* the table as made: every slot written once */
     CHECK(fa_forward(pl, &a) == FA_OK, "distinct appends: %s", fa_last_error());
     fa_plan_destroy(pl);

@@ -109,6 +109,29 @@ static void quantizer(void) {
     CHECK(fa_quantize_rows(FA_BF16, FA_F32, NULL, 1, 1, NULL, NULL) == FA_ERR_INVALID, "quantize to bf16 accepted");
     CHECK(fa_dtype_size(FA_INT8) == 1 && fa_dtype_size(FA_FP8_E4M3) == 1 && !strcmp(fa_dtype_name(FA_FP8_E4M3), "fp8_e4m3"),
           "int8 / fp8 sizes or names");
+    /* a dtype outside fa_dtype has no size, and fa_convert refuses it (it once read and
+     * wrote it as f16) and NULL buffers (it crashed), writing nothing, its message in
+     * fa_last_error (which a good call leaves alone) */
+    CHECK(fa_dtype_size((fa_dtype)9) == 0 && fa_dtype_size((fa_dtype)-1) == 0, "an unknown dtype's size: %zu",
+          fa_dtype_size((fa_dtype)9));
+    const float f[2] = {1.5f, -2.0f};
+    float out[2] = {-7.0f, -7.0f};
+    uint16_t h[2] = {0x5a5a, 0x5a5a};
+    fa_convert((fa_dtype)9, f, FA_F32, out, 2);
+    CHECK(out[0] == -7.0f && out[1] == -7.0f && strstr(fa_last_error(), "source dtype 9"),
+          "fa_convert from dtype 9: wrote %g %g, \"%s\"", (double)out[0], (double)out[1], fa_last_error());
+    fa_convert(FA_F32, f, (fa_dtype)9, h, 2);
+    CHECK(h[0] == 0x5a5a && h[1] == 0x5a5a && strstr(fa_last_error(), "destination dtype 9"),
+          "fa_convert to dtype 9: wrote %04x %04x, \"%s\"", h[0], h[1], fa_last_error());
+    fa_convert(FA_F32, NULL, FA_F16, h, 2);
+    CHECK(h[0] == 0x5a5a && strstr(fa_last_error(), "src is NULL"), "fa_convert from NULL: \"%s\"", fa_last_error());
+    fa_convert(FA_F32, f, FA_F16, NULL, 2);
+    CHECK(strstr(fa_last_error(), "dst is NULL"), "fa_convert to NULL: \"%s\"", fa_last_error());
+    fa_convert(FA_F32, NULL, FA_F16, NULL, 0); /* nothing to convert: fine, no new message */
+    CHECK(strstr(fa_last_error(), "dst is NULL"), "fa_convert of 0 elements: \"%s\"", fa_last_error());
+    fa_convert(FA_F32, f, FA_F16, h, 2);
+    CHECK(h[0] == 0x3e00 && h[1] == 0xc000 && strstr(fa_last_error(), "dst is NULL"),
+          "fa_convert f32 -> f16: %04x %04x \"%s\"", h[0], h[1], fa_last_error());
 }
 
 /* ---- decoding ------------------------------------------------------------------------ */

@@ -167,6 +167,67 @@ static void test_errors(void) {
            failures == before ? "ok" : "FAIL", best, fa_cpu_isa());
 }
 
+/* ---- outputs that share memory with inputs ------------------------------------------
+ * o over k or v gave wrong values that depend on the tiles (o over q happened to work):
+ * an output whose bytes meet an input's is refused naming both, before anything is
+ * written; an output right after an input in one buffer is fine, and so is nothing else
+ * (docs/semantics.md, "Tensors and heads"). */
+
+static void test_overlaps(uint64_t *rng) {
+    const int before = failures;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 1, p.heads_q = 2, p.seq_q = 40, p.seq_k = 40, p.head_dim = 16, p.has_bias = 1;
+    fa_options opt = {FA_BACKEND_CPU, 2, 0, 0};
+    fa_plan *plan = NULL;
+    fa_status st = fa_plan_create(&p, &opt, &plan);
+    CHECK(st == FA_OK, "overlaps: plan: %s", fa_last_error());
+    if (st != FA_OK) return;
+    const int64_t n = 2 * 40 * 16, nb = 40 * 40, nl = 2 * 40; /* q, k, v and o; bias; lse */
+    /* q then o then lse in one buffer, adjacent; k, v, bias apart (with room for an lse
+     * put over its last element, so that a call that is not refused stays in bounds) */
+    float *qol = tu_alloc(sizeof(float) * (size_t)(2 * n + nl)), *k = tu_alloc(sizeof(float) * (size_t)n);
+    float *v = tu_alloc(sizeof(float) * (size_t)n), *bias = tu_alloc(sizeof(float) * (size_t)(nb + nl));
+    float *q = qol, *o = qol + n, *lse = qol + 2 * n, *saved = tu_alloc(sizeof(float) * (size_t)n);
+    tu_fill(rng, FA_F32, q, n, 1.0), tu_fill(rng, FA_F32, k, n, 1.0), tu_fill(rng, FA_F32, v, n, 1.0);
+    tu_fill(rng, FA_F32, bias, nb, 1.0);
+    const fa_forward_args good = {.q = q, .k = k, .v = v, .o = o, .lse = lse, .bias = bias};
+    CHECK(fa_forward(plan, &good) == FA_OK, "o and lse right after q in one buffer: %s", fa_last_error());
+    struct {
+        const char *out, *in;
+        float *at, *over; /* the input the output is put over, and where */
+    } bad[] = {{"o", "k", k, k}, {"o", "v", v, v}, {"o", "q", q, q + 16}, {"lse", "bias", bias, bias + nb - 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fa_forward_args a = good;
+        if (bad[i].out[0] == 'o') a.o = bad[i].over;
+        else a.lse = bad[i].over;
+        const int64_t keep = bad[i].at == bias ? nb : n;
+        memcpy(saved, bad[i].at, sizeof(float) * (size_t)(keep < n ? keep : n));
+        st = fa_forward(plan, &a);
+        char want_out[16], want_in[24];
+        snprintf(want_out, sizeof want_out, "%s (bytes", bad[i].out);
+        snprintf(want_in, sizeof want_in, "overlaps %s (bytes", bad[i].in);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), want_out) && strstr(fa_last_error(), want_in),
+              "%s over %s: status %d, message \"%s\"", bad[i].out, bad[i].in, st, fa_last_error());
+        CHECK(!memcmp(saved, bad[i].at, sizeof(float) * (size_t)(keep < n ? keep : n)),
+              "%s over %s: the refused call wrote", bad[i].out, bad[i].in);
+    }
+    fa_plan_destroy(plan);
+    /* an o stride of 0 over its rows writes every row to one address */
+    p.o_stride = (fa_strides){{2 * 40 * 16, 40 * 16, 0, 1}};
+    st = fa_plan_create(&p, &opt, &plan);
+    CHECK(st == FA_OK, "overlaps: plan with o rows of stride 0: %s", fa_last_error());
+    if (st == FA_OK) {
+        st = fa_forward(plan, &good);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "o stride 2 is 0"), "o rows of stride 0: %d \"%s\"", st,
+              fa_last_error());
+        fa_plan_destroy(plan);
+    }
+    free(qol), free(k), free(v), free(bias), free(saved);
+    printf("overlaps   o or lse over q, k, v, bias refused, nothing written; adjacent ones run: %s\n",
+           failures == before ? "ok" : "FAIL");
+}
+
 /* ---- progress callbacks (forward and backward) ------------------------------------ */
 
 typedef struct {
@@ -218,6 +279,8 @@ int main(void) {
     test_vexp();
     test_p_rounding();
     test_errors();
+    uint64_t rng = seed ^ 0x6f7665726c617073ull; /* "overlaps" */
+    test_overlaps(&rng);
     test_progress(seed);
     return check_finish("test_forward_contracts");
 }

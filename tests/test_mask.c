@@ -220,6 +220,18 @@ static void errors(void) {
           fa_last_error());
     fa_mask_destroy(a), fa_mask_destroy(b), fa_mask_destroy(NULL);
     CHECK(fa_mask_block(NULL, 0, 0, 0, 0) == -1, "a NULL mask's block");
+    /* lengths near INT64_MAX: the block counts' ceilings and products must not overflow
+     * (they once came out negative, "out of memory for the mask's -72057594037927935 blocks") */
+    const fa_mask_shape huge[] = {{1, 1, INT64_MAX, 8, 0, 0},
+                                  {1, 1, 8, INT64_MAX - 5, 0, 0},
+                                  {1, 1, INT64_MAX - 100, 8, 4096, 1},
+                                  {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX, 1, 1}};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        m = (fa_mask *)1;
+        const fa_status st = i == 1 ? fa_mask_window(&huge[i], 0, 1, 1, &m) : fa_mask_causal(&huge[i], 0, &m);
+        CHECK(st == FA_ERR_OVERFLOW && m == NULL && strstr(fa_last_error(), "too many blocks"),
+              "huge shape %zu: status %d, %s", i, (int)st, fa_last_error());
+    }
 }
 
 int main(void) {

@@ -96,11 +96,42 @@ static void edges(void) {
           "edges: head_dim_v 0 without lse_b: %s", fa_last_error());
 }
 
+/* o and lse may be o_a / o_b and lse_a / lse_b exactly (in place); any other overlap is
+ * refused, naming both, with nothing written (o one element into o_a once merged rows
+ * shifted into each other, and returned FA_OK). */
+static void overlaps(void) {
+    float big[16], keep[16], ob[8] = {8, 7, 6, 5, 4, 3, 2, 1}, la[3] = {0.5f, 0.2f, 0}, lb[2] = {0.1f, 0.3f};
+    float o[8], l[2], lkeep[3];
+    for (int i = 0; i < 16; i++) big[i] = (float)i;
+    memcpy(keep, big, sizeof big), memcpy(lkeep, la, sizeof la);
+    const struct {
+        const char *what, *out, *in;
+        void *o;
+        float *lse;
+    } bad[] = {{"o one element into o_a", "o (bytes", "overlaps o_a (bytes", big + 1, l},
+               {"lse one element into lse_a", "lse (bytes", "overlaps lse_a (bytes", o, la + 1},
+               {"lse inside o_b", "lse (bytes", "overlaps o_b (bytes", o, ob + 2},
+               {"lse inside o", "o (bytes", "overlaps lse (bytes", big + 8, big + 10}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const fa_status st = fa_merge_states(FA_F32, 1, 2, 4, big, la, ob, lb, NULL, bad[i].o, bad[i].lse);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), bad[i].out) && strstr(fa_last_error(), bad[i].in),
+              "overlaps: %s: status %d, \"%s\"", bad[i].what, (int)st, fa_last_error());
+        CHECK(!memcmp(big, keep, sizeof big) && !memcmp(la, lkeep, sizeof la), "overlaps: %s: an input was written",
+              bad[i].what);
+    }
+    /* in place into the b state: allowed, and the same as apart */
+    CHECK(fa_merge_states(FA_F32, 1, 2, 4, big, la, ob, lb, NULL, o, l) == FA_OK, "overlaps: apart: %s", fa_last_error());
+    CHECK(fa_merge_states(FA_F32, 1, 2, 4, big, la, ob, lb, NULL, ob, lb) == FA_OK && !memcmp(o, ob, sizeof o) &&
+              !memcmp(l, lb, sizeof l),
+          "overlaps: o = o_b, lse = lse_b in place: %s", fa_last_error());
+}
+
 int main(void) {
     rng = check_seed("test_merge_states");
     const fa_dtype dts[3] = {FA_F32, FA_F16, FA_BF16};
     for (int d = 0; d < 3; d++)
         for (int sinks = 0; sinks < 2; sinks++) random_merge(dts[d], sinks, d == 1);
     edges();
+    overlaps();
     return check_finish("test_merge_states");
 }

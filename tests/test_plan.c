@@ -71,6 +71,24 @@ static void test_validation(void) {
     expect_bad("negative stride", p, NULL, FA_ERR_INVALID, "q stride");
     p = small(); p.k_stride = (fa_strides){{INT64_MAX / 2, INT64_MAX / 2, 1, 1}};
     expect_bad("stride overflow", p, NULL, FA_ERR_OVERFLOW, "k strides");
+    /* element offsets that fit int64 but whose bytes do not: the kernels' offset x element
+     * size wrapped and read batch 0's keys for batch 1 (f32: 2^62 x 4 = 2^64) */
+    p = small(); p.k_stride = (fa_strides){{(int64_t)1 << 62, 12 * 16, 16, 1}};
+    expect_bad("k bytes overflow", p, NULL, FA_ERR_OVERFLOW, "k strides");
+    p = small(); p.dtype = FA_BF16; p.o_stride = (fa_strides){{(int64_t)1 << 62, 10 * 16, 16, 1}};
+    expect_bad("o bytes overflow (bf16)", p, NULL, FA_ERR_OVERFLOW, "o strides");
+    p = small(); p.has_bias = 1; p.bias_batch = 2; p.bias_stride = (fa_strides){{(int64_t)3 << 61, 120, 12, 1}};
+    expect_bad("bias bytes overflow", p, NULL, FA_ERR_OVERFLOW, "bias strides");
+    int32_t lens[2] = {3, 7};
+    p = small(); p.batch = 1; p.cache_seqlens = lens; p.page_size = 16; p.num_pages = 4; p.max_pages = 1; p.seq_k = 16;
+    p.k_stride = (fa_strides){{(int64_t)1 << 61, 16, 2 * 16, 1}}; /* 3 x 2^61 elements, 3 x 2^63 bytes */
+    expect_bad("paged k bytes overflow", p, NULL, FA_ERR_OVERFLOW, "k strides");
+    {   /* the largest offsets whose bytes fit still plan */
+        fa_plan *ok = NULL;
+        p = small(); p.k_stride = (fa_strides){{(int64_t)1 << 60, 12 * 16, 16, 1}};
+        CHECK(fa_plan_create(&p, NULL, &ok) == FA_OK, "k batch stride 2^60 (f32): %s", fa_last_error());
+        fa_plan_destroy(ok);
+    }
     p = small(); o = (fa_options){0}; o.threads = -1;
     expect_bad("threads -1", p, &o, FA_ERR_INVALID, "threads");
     p = small(); o = (fa_options){0}; o.threads = FA_MAX_THREADS + 1; /* OpenMP crashed at 65536 */
@@ -101,7 +119,7 @@ static void test_validation(void) {
     CHECK(fa_plan_cost(NULL, FA_FORWARD, NULL) == FA_ERR_NULL, "cost of NULL plan");
     CHECK(fa_forward(NULL, NULL) == FA_ERR_NULL, "forward of NULL plan");
     CHECK(fa_backward(NULL, NULL) == FA_ERR_NULL, "backward of NULL plan");
-    printf("%s validation: 38 bad problems rejected with status and message\n",
+    printf("%s validation: 42 bad problems rejected with status and message\n",
            failures == n0 ? "PASS" : "FAIL");
 }
 

@@ -361,7 +361,7 @@ static void bad_args(void) {
     fa_problem_init(&p);
     p.batch = 1, p.heads_q = p.heads_kv = 2, p.seq_q = p.seq_k = 4, p.head_dim = p.head_dim_v = 8;
     p.dtype = FA_F32, p.has_sinks = 1;
-    float x[64] = {0}, lse[8], dx[64], ds[2], sinks[2] = {0.5f, NAN};
+    float x[64] = {0}, lse[8], dx[64], dk[64], dv[64], ds[2], sinks[2] = {0.5f, NAN};
     fa_plan *pl = check_plan(&p, 1, 0, 0);
     if (!pl) return;
     fa_forward_args a = {0};
@@ -376,7 +376,7 @@ static void bad_args(void) {
     sinks[1] = 1.0f;
     CHECK(fa_forward(pl, &a) == FA_OK, "finite sinks: %s", fa_last_error());
     fa_backward_args b = {0};
-    b.q = b.k = b.v = b.o = b.d_o = x, b.lse = lse, b.dq = b.dk = b.dv = dx, b.sinks = sinks;
+    b.q = b.k = b.v = b.o = b.d_o = x, b.lse = lse, b.dq = dx, b.dk = dk, b.dv = dv, b.sinks = sinks; /* outputs apart */
     st = fa_backward(pl, &b);
     CHECK(st == FA_ERR_NULL && strstr(fa_last_error(), "dsink"), "no dsink: %s (%s)", fa_status_string(st),
           fa_last_error());
