@@ -161,10 +161,12 @@ static extent strided(const void *ptr, const char *name, int use, const int64_t 
     if (!ptr || d[0] <= 0 || d[1] <= 0 || d[2] <= 0 || d[3] <= 0) return e;
     uint64_t last = 0, t;
     int wrap = 0;
-    for (int i = 0; i < 4; i++)
-        wrap |= __builtin_mul_overflow((uint64_t)(d[i] - 1), (uint64_t)st->s[i], &t) |
-                __builtin_add_overflow(last, t, &last);
-    wrap |= __builtin_add_overflow(last, 1, &last) | __builtin_mul_overflow(last, (uint64_t)es, &last);
+    for (int i = 0; i < 4; i++) {
+        wrap |= __builtin_mul_overflow((uint64_t)(d[i] - 1), (uint64_t)st->s[i], &t);
+        wrap |= __builtin_add_overflow(last, t, &last);
+    }
+    wrap |= __builtin_add_overflow(last, 1, &last);
+    wrap |= __builtin_mul_overflow(last, (uint64_t)es, &last);
     e.lo = (uintptr_t)ptr;
     if (wrap || __builtin_add_overflow(e.lo, (uintptr_t)last - 1, &e.hi)) e.hi = UINTPTR_MAX;
     return e;
