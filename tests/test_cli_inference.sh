@@ -299,6 +299,10 @@ fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlen
 quant=$(fwd_bytes)
 if [ $rc -eq 0 ] && [ -n "$quant" ] && [ "$quant" -lt "$plain" ]; then ok "plan --cache-dtype int8: fewer bytes ($quant < $plain)"
 else no "plan --cache-dtype int8" "bytes '$quant' vs '$plain' (exit $rc: $(cat "$W/se"))"; fi
+# the human form names the cache dtype its figures count (it once printed the problem without it)
+fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --dtype bf16 --cache-dtype fp8
+if [ $rc -eq 0 ] && head -1 "$W/so" | grep -q ', fp8_e4m3 cache'; then ok "plan --cache-dtype fp8 names it"
+else no "plan --cache-dtype fp8 names it" "$(head -1 "$W/so")"; fi
 for cd in int8 fp8; do
   fa bench --decode --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300 --page-size 32 --cache-dtype $cd --iters 2 --json
   if [ $rc -eq 0 ] && grep -q '"decode": {"seconds"' "$W/so"; then ok "bench --decode --cache-dtype $cd"; else no "bench --decode --cache-dtype $cd" "exit $rc: $(cat "$W/se")"; fi

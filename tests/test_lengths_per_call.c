@@ -276,7 +276,7 @@ static void packed_calls(fa_dtype dt) {
     fa_forward_args a = {0};
     a.q = q, a.k = k, a.v = v, a.o = o, a.cu_seqlens_q = cq, a.cu_seqlens_k = ck;
     tu_poison(dt, o, nq);
-    CHECK(one && fa_forward(one, &a) == FA_ERR_INVALID && strstr(fa_last_error(), "cu_seqlens_q[3]") &&
+    CHECK(one && fa_forward(one, &a) == FA_ERR_INVALID && strstr(fa_last_error(), "fa_forward: cu_seqlens_q[3]") &&
               isnan(chk_load(dt, o, 0)),
           "packed: lengths past capacity: %s", fa_last_error());
     fa_plan_destroy(one);
@@ -479,8 +479,8 @@ static void misuse(void) {
           "misuse: a per-call plan without lengths: %s", fa_last_error());
     int32_t over[B] = {L.lens[0], (int32_t)L.p.seq_k, L.lens[2]}; /* plus one new token: past capacity */
     a.cache_seqlens = over;
-    CHECK(fa_forward(one, &a) == FA_ERR_INVALID && strstr(fa_last_error(), "cache_seqlens[1]"),
-          "misuse: lengths past capacity: %s", fa_last_error());
+    CHECK(fa_forward(one, &a) == FA_ERR_INVALID && strstr(fa_last_error(), "fa_forward: cache_seqlens[1]"),
+          "misuse: lengths past capacity (named as the call's error): %s", fa_last_error());
     int32_t other[B] = {L.lens[0] + 1, L.lens[1], L.lens[2]};
     a.cache_seqlens = other;
     CHECK(fa_forward(fixed, &a) == FA_ERR_INVALID && strstr(fa_last_error(), "cache_seqlens[0] = ") &&

@@ -122,6 +122,8 @@ static void print_human(const fa_plan *plan, const fa_cost *f, const fa_cost *b,
                p->bias_seq_q == 1 && p->seq_q != 1 ? "1" : "Sq");
     if (p->has_alibi) printf(", alibi");
     if (p->has_segment_ids) printf(", segment ids");
+    if (p->has_cache_dtype && p->cache_dtype != p->dtype) /* the cost counts its codes and scales */
+        printf(", %s cache", fa_dtype_name(p->cache_dtype));
     if (p->dropout_p > 0)
         printf(", dropout %.6g (keeps %.6g, seed %" PRIu64 ")", (double)p->dropout_p, fa_dropout_keep_rate(p->dropout_p),
                p->dropout_seed);
