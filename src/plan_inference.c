@@ -189,7 +189,7 @@ void fa_varlen_subplan(const fa_plan *pl, int64_t b, fa_plan *sub) {
     sub->off = fa_sched_off(sub->p.seq_q, sub->p.seq_k, pl->p.has_diag_offset, pl->p.diag_offset);
     sub->lse_rows = pl->p.seq_q;
     if (pl->backend == FA_BACKEND_CPU) fa_cpu_sequence_blocks(sub); /* its own tiles: batch invariance */
-    sub->batch0 = pl->p.dropout_batch0 + b;
+    sub->batch0 = pl->batch0 + b; /* the parent's dropout_batch0 (fa_plan_create), then the sequence */
 }
 
 void fa_decode_key_span(const fa_plan *pl, int64_t b, int64_t *lo, int64_t *hi) {
