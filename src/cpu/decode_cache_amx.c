@@ -414,5 +414,5 @@ void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dty
             return;
         }
     }
-    fa_decode_cache_step_avx512(t, scale, pd, mx, sum, acc, ldacc);
+    if (!fa_decode_cache_step_fp16(t, scale, pd, mx, sum, acc, ldacc)) fa_decode_cache_step_avx512(t, scale, pd, mx, sum, acc, ldacc);
 }

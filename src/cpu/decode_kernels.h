@@ -86,6 +86,11 @@ void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_
  * with head dims up to 128 on CPUs with AMX-INT8; others take the AVX-512 step. */
 void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                               float *acc, int ldacc);
+/* The same step for fp8 caches and bf16 problems in f16 arithmetic (decode_cache_fp16.c) on
+ * CPUs with AVX512_FP16: 1 where it ran, 0 where it declined (nothing changed then: another
+ * CPU, other head dims, a non-finite q element or scale, a NaN code). */
+int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                              float *acc, int ldacc);
 
 /* Scores of m query rows against n keys. */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);
