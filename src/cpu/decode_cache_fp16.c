@@ -39,39 +39,51 @@
 #define PF_QK 8
 #define PF_PV 2
 
-/* cpuid: AVX512_FP16 (leaf 7, EDX bit 23; the table's probe has seen AVX-512 and the OS's
- * permission for its registers). */
+/* cpuid: AVX512_FP16 (leaf 7, EDX bit 23) and GFNI (ECX bit 8; the table's probe has seen
+ * AVX-512 and the OS's permission for its registers). */
 static int fp16_arith(void) {
     static atomic_int state; /* 0: not asked yet, 1: yes, 2: no */
     int s = atomic_load(&state);
     if (!s) {
         unsigned a, b, c, d;
-        s = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)) ? 1 : 2;
+        s = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)) && (c & (1u << 8)) ? 1 : 2;
         atomic_store(&state, s);
     }
     return s == 1;
 }
 
-/* 32 codes as f16: the e4m3 value times 2^-8 (not the NaN codes). */
-INLINE __m512h codes32(const void *x) {
-    const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)x));
-    return _mm512_castsi512_ph(_mm512_and_si512(_mm512_slli_epi16(w, 7), _mm512_set1_epi16((short)0xbf80)));
+/* 64 codes (the bytes outside m read as 0) as two vectors of f16, the e4m3 value times 2^-8
+ * (not the NaN codes), in the lanes' order of a byte unpack: *a holds codes 0..7, 16..23,
+ * 32..39, 48..55, *b codes 8..15, 24..31, 40..47, 56..63. GF2P8AFFINEQB moves each code's
+ * bits into an f16's high byte (sign, 0, the four exponent bits, two mantissa bits) and its
+ * low byte (the last mantissa bit at bit 7), which the unpacks interleave into words: two
+ * instructions per 32 codes. *nan (where given) keeps the least (~code & 0x7f) seen: 0 after
+ * a NaN code. */
+#define GF_HI 0x0204081020400080LL
+#define GF_LO 0x0000000000000001LL
+#define GF_NOT_MAG 0x0102040810204000LL
+INLINE void codes64(const void *x, __mmask64 m, __m512h *a, __m512h *b, __m512i *nan) {
+    /* a masked load costs the whole step a tenth more: whole chunks load plainly */
+    const __m512i raw = m == ~(__mmask64)0 ? _mm512_loadu_si512(x) : _mm512_maskz_loadu_epi8(m, x);
+    const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(GF_HI), 0);
+    const __m512i lo = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(GF_LO), 0);
+    *a = _mm512_castsi512_ph(_mm512_unpacklo_epi8(lo, hi));
+    *b = _mm512_castsi512_ph(_mm512_unpackhi_epi8(lo, hi));
+    if (nan) *nan = _mm512_min_epu8(*nan, _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(GF_NOT_MAG), 0x7f));
 }
-
-/* Whether any of n rows (len bytes each, a multiple of 32, stride apart) holds a NaN code
- * (magnitude 0x7f): the bytes' largest value with the sign bit set is 0xff then. */
-static int nan_codes(const void *x, int64_t stride, int n, int len) {
-    const __m512i hi = _mm512_set1_epi8((char)0x80);
-    __m512i top = _mm512_setzero_si512();
-    const int whole = len / 64 * 64;
-    const __mmask64 rest = len - whole ? 0xffffffffu : 0; /* the last 32 bytes of a row, if any */
-    for (int j = 0; j < n; j++) {
-        const char *row = (const char *)x + j * stride;
-        for (int c = 0; c < whole; c += 64) top = _mm512_max_epu8(top, _mm512_or_si512(_mm512_loadu_si512(row + c), hi));
-        if (rest) top = _mm512_max_epu8(top, _mm512_or_si512(_mm512_maskz_loadu_epi8(rest, row + whole), hi));
-    }
-    return _mm512_cmpeq_epi8_mask(top, _mm512_set1_epi8((char)0xff)) != 0;
-}
+/* The live bytes of the 64 from column c of a row of len (a multiple of 32). */
+INLINE __mmask64 live64(int len, int c) { return len - c >= 64 ? ~(__mmask64)0 : (__mmask64)0xffffffffu; }
+/* Word indices into (x, y) (x: words 0..31, y: 32..63): codes64's lane order from the
+ * natural one (to_a, to_b), and the natural one from codes64's (from_lo: columns 0..31,
+ * from_hi: 32..63). */
+static const uint16_t to_a[32] = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23,
+                                  32, 33, 34, 35, 36, 37, 38, 39, 48, 49, 50, 51, 52, 53, 54, 55};
+static const uint16_t to_b[32] = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31,
+                                  40, 41, 42, 43, 44, 45, 46, 47, 56, 57, 58, 59, 60, 61, 62, 63};
+static const uint16_t from_lo[32] = {0, 1, 2, 3, 4, 5, 6, 7, 32, 33, 34, 35, 36, 37, 38, 39,
+                                     8, 9, 10, 11, 12, 13, 14, 15, 40, 41, 42, 43, 44, 45, 46, 47};
+static const uint16_t from_hi[32] = {16, 17, 18, 19, 20, 21, 22, 23, 48, 49, 50, 51, 52, 53, 54, 55,
+                                     24, 25, 26, 27, 28, 29, 30, 31, 56, 57, 58, 59, 60, 61, 62, 63};
 
 INLINE __m512i add_ph(__m512i a, __m512i b) {
     return _mm512_castph_si512(_mm512_add_ph(_mm512_castsi512_ph(a), _mm512_castsi512_ph(b)));
@@ -92,32 +104,39 @@ INLINE __m512 sum16_ph(const __m512h acc[16]) {
     return _mm512_cvtph_ps(_mm512_castsi512_si256(y));
 }
 
-/* The f16 sums q_r . k_j of rows 0..3 (qh, QV vectors a row) against keys j0.. (nj <= 4;
- * missing ones repeat the first), lane 4 r + j, in f32. */
-INLINE __m512 qk_block(const fa_decode_cache_tile *t, const __m512h *qh, int j0, int nj) {
+/* The f16 sums q_r . k_j of rows 0..3 (qh: QV vectors a row, in codes64's lane order)
+ * against keys j0.. (nj <= 4; missing ones repeat the first), lane 4 r + j, in f32; nan as
+ * codes64's. */
+INLINE __m512 qk_block(const fa_decode_cache_tile *t, const __m512h *qh, int j0, int nj, __m512i *nan, const int whole) {
     const char *k[4];
     for (int j = 0; j < 4; j++) k[j] = (const char *)t->k + (int64_t)(j0 + (j < nj ? j : 0)) * t->kstride;
     __m512h acc[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ph();
-    for (int c = 0; c < t->d / 32; c++) {
-        __m512h kv[4];
+    for (int c = 0; c < t->d; c += 64) {
+        const __mmask64 m = whole ? ~(__mmask64)0 : live64(t->d, c);
+        __m512h ka[4], kb[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) kv[j] = codes32(k[j] + 32 * c);
+        for (int j = 0; j < 4; j++) codes64(k[j] + c, m, &ka[j], &kb[j], nan);
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
+        for (int r = 0; r < 4; r++) {
+            const __m512h qa = qh[r * QV + c / 32], qb = qh[r * QV + c / 32 + 1];
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) acc[4 * r + j] = _mm512_fmadd_ph(qh[r * QV + c], kv[j], acc[4 * r + j]);
+            for (int j = 0; j < 4; j++) acc[4 * r + j] = _mm512_fmadd_ph(qb, kb[j], _mm512_fmadd_ph(qa, ka[j], acc[4 * r + j]));
+        }
     }
     return sum16_ph(acc);
 }
 
-/* o rows 0..3 (mr live) += undo * sum_j w_rj v_j over columns [c0, c0 + 32 nv) (w_rj: w16's lane
- * 4 r + j % 4 of block j / 4),
- * nv <= 4: f16 sums over KB keys at a time, each then added into o in f32. */
-INLINE void pv_block(const fa_decode_cache_tile *t, const uint32_t *w16, float undo, int mr, int c0, int nv, float *o,
-                     int ldo) {
+/* o rows 0..3 (mr live) += undo * sum_j w_rj v_j over columns [c0, c0 + 128) (fewer at the
+ * end; w_rj: w16's lane 4 r + j % 4 of block j / 4): f16 sums over KB keys at a time, in
+ * codes64's lane order, each then put in column order and added into o in f32. */
+INLINE void pv_block(const fa_decode_cache_tile *t, const uint32_t *w16, float undo, int mr, int c0, float *o, int ldo,
+                     __m512i *nan, const int whole) {
     const __m512 e = _mm512_set1_ps(undo);
+    const int cols = whole ? 128 : t->dv - c0 < 128 ? t->dv - c0 : 128, halves = cols > 64 ? 2 : 1;
+    const __mmask64 m0 = whole ? ~(__mmask64)0 : live64(cols, 0), m1 = whole ? ~(__mmask64)0 : halves == 2 ? live64(cols, 64) : 0;
+    const __m512i lo_idx = _mm512_loadu_si512(from_lo), hi_idx = _mm512_loadu_si512(from_hi);
     for (int j0 = 0; j0 < t->n; j0 += KB) {
         const int j1 = t->n - j0 < KB ? t->n : j0 + KB;
         __m512h h[4][4];
@@ -127,29 +146,35 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const uint32_t *w16, float u
             for (int q = 0; q < 4; q++) h[r][q] = _mm512_setzero_ph();
         for (int j = j0; j < j1; j++) {
             const char *vr = (const char *)t->v + (int64_t)j * t->vstride + c0;
-            __m512h x[4];
-#pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) x[q] = q < nv ? codes32(vr + 32 * q) : _mm512_setzero_ph();
+            __m512h x[4] = {_mm512_setzero_ph(), _mm512_setzero_ph(), _mm512_setzero_ph(), _mm512_setzero_ph()};
+            codes64(vr, m0, &x[0], &x[1], nan);
+            if (halves == 2) codes64(vr + 64, m1, &x[2], &x[3], nan);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 const __m512h w = _mm512_castsi512_ph(_mm512_set1_epi32((int)w16[16 * (j / 4) + 4 * r + j % 4]));
 #pragma GCC unroll 4
                 for (int q = 0; q < 4; q++)
-                    if (q < nv) h[r][q] = _mm512_fmadd_ph(w, x[q], h[r][q]);
+                    if (q < 2 * halves) h[r][q] = _mm512_fmadd_ph(w, x[q], h[r][q]);
             }
             fa_decode_prefetch_lines(t->pf, PF_PV);
         }
         for (int r = 0; r < mr; r++) {
             float *orow = o + (int64_t)r * ldo + c0;
-#pragma GCC unroll 4
-            for (int q = 0; q < 4; q++)
-                if (q < nv) {
-                    const __m512i hb = _mm512_castph_si512(h[r][q]);
-                    _mm512_storeu_ps(orow + 32 * q, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(hb)), e,
-                                                                    _mm512_loadu_ps(orow + 32 * q)));
-                    _mm512_storeu_ps(orow + 32 * q + 16, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(hb, 1)),
-                                                                         e, _mm512_loadu_ps(orow + 32 * q + 16)));
+#pragma GCC unroll 2
+            for (int g = 0; g < 2; g++) {
+                if (g >= halves) break;
+                const __m512i a = _mm512_castph_si512(h[r][2 * g]), b = _mm512_castph_si512(h[r][2 * g + 1]);
+                const __m512i nat[2] = {_mm512_permutex2var_epi16(a, lo_idx, b), _mm512_permutex2var_epi16(a, hi_idx, b)};
+#pragma GCC unroll 2
+                for (int y = 0; y < 2; y++) {
+                    const int c = 64 * g + 32 * y;
+                    if (c >= cols) break;
+                    _mm512_storeu_ps(orow + c, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(nat[y])), e,
+                                                               _mm512_loadu_ps(orow + c)));
+                    _mm512_storeu_ps(orow + c + 16, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(nat[y], 1)), e,
+                                                                    _mm512_loadu_ps(orow + c + 16)));
                 }
+            }
         }
     }
 }
@@ -186,7 +211,6 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
     const float undo_w = ldexpf(1.0f, -ew);
     for (int r = 0; r < t->m; r++)
         if (!isfinite(abs_max(t->q + (int64_t)r * t->d, t->d))) return 0;
-    if (nan_codes(t->k, t->kstride, t->n, t->d) || nan_codes(t->v, t->vstride, t->n, t->dv)) return 0;
 
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
     const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -194,30 +218,50 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
     const int nb = (t->n + 3) / 4;
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
-        /* q's rows in f16, each scaled by 2^eq (rows past m: row 0's) */
+        /* q's rows in f16, each scaled by 2^eq (rows past m: row 0's), 64 columns at a time in
+         * codes64's lane order (columns past d: 0) */
         __m512h qh[4 * QV];
         float eq[4];
+        const __m512i ia = _mm512_loadu_si512(to_a), ib = _mm512_loadu_si512(to_b);
         for (int r = 0; r < 4; r++) {
             const float *q = t->q + (int64_t)(r0 + (r < mr ? r : 0)) * t->d;
             const int e = exponent_to(abs_max(q, t->d), 5);
             eq[r] = (float)-e;
-            for (int c = 0; c < t->d; c += 32) {
-                const __m512 f = _mm512_set1_ps((float)e);
-                const __m256i lo = _mm512_cvtps_ph(_mm512_scalef_ps(_mm512_loadu_ps(q + c), f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                const __m256i hi = _mm512_cvtps_ph(_mm512_scalef_ps(_mm512_loadu_ps(q + c + 16), f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                qh[r * QV + c / 32] = _mm512_castsi512_ph(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+            const __m512 f = _mm512_set1_ps((float)e);
+            for (int c = 0; c < t->d; c += 64) {
+                __m256i w[4];
+                for (int y = 0; y < 4; y++)
+                    w[y] = _mm512_cvtps_ph(_mm512_scalef_ps(_mm512_maskz_loadu_ps(fa_mask16(t->d - c - 16 * y), q + c + 16 * y), f),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(w[0]), w[1], 1);
+                const __m512i y = _mm512_inserti64x4(_mm512_castsi256_si512(w[2]), w[3], 1);
+                qh[r * QV + c / 32] = _mm512_castsi512_ph(_mm512_permutex2var_epi16(x, ia, y));
+                qh[r * QV + c / 32 + 1] = _mm512_castsi512_ph(_mm512_permutex2var_epi16(x, ib, y));
             }
         }
         const __m512 undo_q = _mm512_permutexvar_ps(to_group, _mm512_castps128_ps512(_mm_loadu_ps(eq)));
         __m512 S[FA_DECODE_MAX_TILE / 4], top = neg_inf;
+        __m512i nan = _mm512_set1_epi8(0x7f);
         for (int b = 0; b < nb; b++) {
             const int nj = t->n - 4 * b < 4 ? t->n - 4 * b : 4;
-            const __m512 x = _mm512_scalef_ps(qk_block(t, qh, 4 * b, nj), undo_q);
+            /* the first group of rows sees every key's codes: a NaN among them leaves the tile,
+             * untouched, to the f32 step */
+            __m512i *ck = r0 ? NULL : &nan;
+            const __m512 x = _mm512_scalef_ps(t->d % 64 ? qk_block(t, qh, 4 * b, nj, ck, 0) : qk_block(t, qh, 4 * b, nj, ck, 1), undo_q);
             S[b] = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_broadcast_f32x4(_mm_loadu_ps(ksc + 4 * b))), vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
             fa_decode_prefetch_lines(t->pf, PF_QK);
         }
+        if (!r0 && _mm512_cmpeq_epi8_mask(nan, _mm512_setzero_si512())) return 0;
+        /* the first group sees every value row's codes too, in p V, after its state has
+         * moved on: kept here, to be put back if one is NaN */
+        float keep[4 * DMAX + 8];
+        if (!r0)
+            for (int r = 0; r < mr; r++) {
+                memcpy(keep + r * t->dv, acc + (int64_t)r * ldacc, sizeof(float) * (size_t)t->dv);
+                keep[4 * DMAX + r] = mx[r], keep[4 * DMAX + 4 + r] = sum[r];
+            }
         float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
         {
             __m512 g = _mm512_max_ps(top, _mm512_permute_ps(top, 0xb1));
@@ -251,8 +295,17 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
         for (int r = 0; r < mr; r++)
             if (alpha[r] != 1.0f)
                 for (int c = 0; c < t->dv; c++) o[(int64_t)r * ldacc + c] *= alpha[r];
+        __m512i *cv = r0 ? NULL : &nan; /* nan: 0x7f again after the scores' check */
         for (int c0 = 0; c0 < t->dv; c0 += 128)
-            pv_block(t, w16, undo_w, mr, c0, t->dv - c0 < 128 ? (t->dv - c0) / 32 : 4, o, ldacc);
+            if (t->dv - c0 >= 128) pv_block(t, w16, undo_w, mr, c0, o, ldacc, cv, 1);
+            else pv_block(t, w16, undo_w, mr, c0, o, ldacc, cv, 0);
+        if (!r0 && _mm512_cmpeq_epi8_mask(nan, _mm512_setzero_si512())) {
+            for (int r = 0; r < mr; r++) {
+                memcpy(acc + (int64_t)r * ldacc, keep + r * t->dv, sizeof(float) * (size_t)t->dv);
+                mx[r] = keep[4 * DMAX + r], sum[r] = keep[4 * DMAX + 4 + r];
+            }
+            return 0;
+        }
     }
     return 1;
 }
