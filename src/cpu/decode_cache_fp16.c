@@ -1,27 +1,26 @@
-/* The decode step over fp8 e4m3 caches in f16 arithmetic (AVX512_FP16), for bf16 problems:
- * the amx table's cache_step takes it on CPUs with AVX512_FP16 (every CPU with AMX so far),
+/* The decode step over fp8 e4m3 caches in f16 arithmetic (AVX512_FP16, GFNI), for bf16
+ * problems: the amx table's cache_step takes it on CPUs with both (every CPU with AMX so far),
  * the others keep decode_cache_avx512.c's f32 step. There, each cache element costs four
  * f32 multiply-adds (four query rows share a kv head) and a third of a conversion per 16
  * lanes, and fp8 ran at about 0.55 of the streaming read, bound by those ports; here a
- * multiply-add covers 32 lanes and a conversion 32 codes, half the work per element.
+ * multiply-add covers 32 lanes and 64 codes convert in four instructions: 16.1 against
+ * 27.7 ns per key and kv head (bench/RESULTS.md).
  *
- * The numbers (docs/caches.md, "How a tile computes"):
- * - codes become f16 exactly: (sign-extended byte << 7) & 0xbf80 is the e4m3 value times
- *   2^-8 as an f16, subnormals included (the NaN codes would not be: a tile holding one
- *   takes the f32 step, whose scores and outputs are then NaN);
- * - q rows: each scaled by a power of two 2^-E to a largest |q| in [32, 64) and rounded to
- *   f16, exact for bf16 q (8 significant bits) down to 2^-19 of the row's largest element;
- *   each lane sums d / 32 products in f16 (at most 8 x 64 x 1.75 < 2^10 at d = 256: no
- *   overflow), the 32 lanes are added in f16 (5 more roundings), and the sum is scaled back
- *   in f32: a score's error is at most about 2^-8 of sum_c |q_c k_c| (2^-11 per rounding,
- *   at most 12 of them along any product's path), far below fp8's own 2^-4;
- * - p V: the weights w_j = p_j * vscale_j (as the f32 step has them) of a row, scaled by a
- *   power of two to below 1 over the tile and rounded to f16 (2^-11), are summed into f16
- *   lanes over blocks of KB = 16 keys (at most 16 x 1.75: no overflow; each addition's
- *   rounding at most 2^-11 of the block's sum of |w_j v_j|), then added into the f32
- *   accumulators with the scale undone: at most about 2^-7 of sum_j |w_j v_j| in all.
- * A row with a non-finite q element, a non-finite scale, or head dims not multiples of 32 up
- * to 256 takes the f32 step. */
+ * The numbers (docs/caches.md, "How a tile computes" and "The error"):
+ * - codes become f16 exactly, 64 at a time (codes64): the e4m3 value times 2^-8, subnormals
+ *   included (not the NaN codes: a tile holding one takes the f32 step, whose outputs are
+ *   NaN then);
+ * - q rows: each scaled by a power of two to a largest |q| in [32, 64) and rounded to f16,
+ *   exact for a bf16 q down to 2^-19 of the row's largest element; each lane sums d / 32
+ *   products in f16, the 32 lanes are added in f16 (at most d x 64 x 1.75 = 28672 at d =
+ *   256: no overflow), and the sum is scaled back in f32: a score's error is at most about
+ *   (d / 32 + 6) 2^-11 of sum_c |q_c k_c|, far below fp8's own 2^-4;
+ * - p V: the weights w_j = p_j * vscale_j (as the f32 step has them), scaled by one power of
+ *   two per tile to below 1 (p <= 1) and rounded to f16, are summed into f16 lanes over
+ *   blocks of KB = 16 keys (at most 16 x 1.75: no overflow), then added into the f32
+ *   accumulators with the scale undone: at most about 2^-6.8 of max_j |v_j| in all.
+ * A tile with a non-finite q element or scale, or head dims not multiples of 32 up to 256,
+ * takes the f32 step. */
 #include "decode_cache_avx512.h"
 #include "vexp.h"
 
@@ -34,8 +33,9 @@
 #define DMAX 256 /* head dims (and value columns) at most */
 #define QV (DMAX / 32)
 #define KB 16 /* keys a p V block sums in f16 */
-/* Lines of the next tile prefetched per block of 4 keys in the scores and per key and 64
- * 128 columns in p V. */
+/* Lines of the next tile prefetched per block of 4 keys in the scores and per key and 128
+ * columns in p V: 512 a head at D = 128, the whole next tile by the last of 8 heads (the
+ * counts barely matter: with nothing computed the step takes as long, bench/RESULTS.md). */
 #define PF_QK 8
 #define PF_PV 2
 
@@ -206,6 +206,7 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
     if (!isfinite(abs_max(ksc, t->n)) || !isfinite(vtop)) return 0;
     /* p <= 1: the weights p_j * vsc_j are at most vtop; scaled by 2^-ew below 1 for f16 */
     const int ew = exponent_to(vtop, -1);
+    if (ew < -126) return 0; /* 2^-ew would not be an f32 */
     for (int j = 0; j < t->n; j += 16)
         _mm512_storeu_ps(vsc + j, _mm512_scalef_ps(_mm512_loadu_ps(vsc + j), _mm512_set1_ps((float)ew)));
     const float undo_w = ldexpf(1.0f, -ew);
