@@ -72,8 +72,10 @@ static inline float fa_score_row_max(const fa_score_ctx *sc, int64_t b, int64_t 
 static inline void fa_softmax_bases(const fa_isa *isa, int nr, const float *restrict mt, float *restrict M,
                                     float *restrict base, float *restrict alpha) {
     int moved = 0;
+    uint32_t fresh = 0; /* rows that had seen only -inf: their sum and accumulators hold 0 (or NaN) */
     for (int r = 0; r < nr; r++) {
         const float m_old = M[r], m_new = m_old > mt[r] ? m_old : mt[r];
+        fresh |= (uint32_t)(m_old == -INFINITY) << r;
         /* A row that has seen only -inf keeps m = -inf; exponents are then taken relative
          * to 0, so every p and the rescale are exp(-inf) = 0, never exp(-inf + inf). */
         const float b = m_new == -INFINITY ? 0.0f : m_new;
@@ -84,10 +86,15 @@ static inline void fa_softmax_bases(const fa_isa *isa, int nr, const float *rest
     }
     /* an unchanged max (the common case) rescales by exp(0) = 1 exactly: no exps at all
      * when no row's max moved */
-    if (!moved)
+    if (!moved) {
         for (int r = 0; r < nr; r++) alpha[r] = 1.0f;
-    else
+    } else {
         (void)isa->exp_sum(alpha, nr, 0.0f);
+        /* their rescale by exp(-inf) = 0 would leave 0 as 0 and NaN as NaN: 1 skips it
+         * (a row's first key tile; a short row has few) */
+        for (int r = 0; r < nr; r++)
+            if (fresh >> r & 1) alpha[r] = 1.0f;
+    }
 }
 
 /* The second step for one row (srow, n scores or raw products): srow becomes p (rounded to
