@@ -296,7 +296,7 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
         for (int r = 0; r < mr; r++)
             if (alpha[r] != 1.0f)
                 for (int c = 0; c < t->dv; c++) o[(int64_t)r * ldacc + c] *= alpha[r];
-        __m512i *cv = r0 ? NULL : &nan; /* nan: 0x7f again after the scores' check */
+        __m512i *cv = r0 ? NULL : &nan; /* no byte of nan is 0 after the scores' check */
         for (int c0 = 0; c0 < t->dv; c0 += 128)
             if (t->dv - c0 >= 128) pv_block(t, w16, undo_w, mr, c0, o, ldacc, cv, 1);
             else pv_block(t, w16, undo_w, mr, c0, o, ldacc, cv, 0);
