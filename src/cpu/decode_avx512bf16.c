@@ -17,6 +17,7 @@
  * step also issues the caller's prefetches of the next tile (fa_decode_prefetch), a few per
  * block of keys: spread through the arithmetic they overlap it; issued in a burst, most
  * would be dropped (a core holds a few dozen misses at once). */
+#include "decode_group.h"
 #include "decode_kernels.h"
 
 #include "isa_avx512.h"
@@ -226,23 +227,12 @@ void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_
     }
 }
 
-/* Lanes 4 r + j of x reduced over j (max or sum), in every lane of their group. */
-static inline __m512 group_max(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
-    return _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
-}
-static inline __m512 group_sum(__m512 x) {
-    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
-    return _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
-}
-
 /* The online-softmax step of dec_row (decode.c) for 4 rows at once: scaled scores, the
  * row max (a NaN never wins), base = the new max (0 while it is -inf, never -inf + inf),
  * alpha = exp(old max - base) for the rescale, p = exp(score - base) summed unrounded
  * and rounded to bf16 into P, keys at or past n giving p = 0. */
 void fa_decode_step_bf16(const fa_decode_step *t) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(t->scale);
-    const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     static const __mmask16 keys_live[4] = {0xffff, 0x1111, 0x3333, 0x7777}; /* by n % 4 */
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
@@ -254,15 +244,8 @@ void fa_decode_step_bf16(const fa_decode_step *t) {
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
         }
-        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
-        _mm512_storeu_ps(tops, group_max(top));
-        for (int r = 0; r < mr; r++) {
-            const float m_old = t->mx[r0 + r], m_new = m_old > tops[4 * r] ? m_old : tops[4 * r];
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[r] = fa_vexpf(m_old - base[r]);
-            t->mx[r0 + r] = m_new;
-        }
-        const __m512 vbase = _mm512_permutexvar_ps(to_group, _mm512_castps128_ps512(_mm_loadu_ps(base)));
+        float alpha[4];
+        const __m512 vbase = fa_group_bases(top, t->mx + r0, mr, alpha);
         __m512 total = _mm512_setzero_ps();
         uint32_t P[FA_DECODE_MAX_TILE * 2];
         for (int b = 0; b < nb; b++) {
@@ -270,9 +253,7 @@ void fa_decode_step_bf16(const fa_decode_step *t) {
             total = _mm512_add_ps(total, e);
             _mm256_storeu_si256((__m256i *)(P + 8 * b), (__m256i)_mm512_cvtneps_pbh(e));
         }
-        float sums[16];
-        _mm512_storeu_ps(sums, group_sum(total));
-        for (int r = 0; r < mr; r++) t->sum[r0 + r] = t->sum[r0 + r] * alpha[r] + sums[4 * r];
+        fa_group_sums(total, alpha, mr, t->sum + r0);
         pv_rows4(P, mr, t->v, t->vstride, t->n, t->dv, t->acc + (int64_t)r0 * t->ldacc, t->ldacc, alpha, t->pf);
     }
 }

@@ -10,6 +10,7 @@
  * decode.c calls these for rows with contiguous elements. The conversions live in
  * decode_cache_avx512.h; the amx table's int8 step is decode_cache_amx.c's. */
 #include "decode_cache_avx512.h"
+#include "decode_group.h"
 #include "vexp.h"
 
 #include <immintrin.h>
@@ -175,16 +176,6 @@ INLINE void pv_all(const fa_decode_cache_tile *t, const float *p, int ldp, float
     }
 }
 
-/* Lanes 4 r + j of x reduced over j (max or sum), in every lane of their group. */
-INLINE __m512 group_max(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_permute_ps(x, 0xb1));
-    return _mm512_max_ps(x, _mm512_permute_ps(x, 0x4e));
-}
-INLINE __m512 group_sum(__m512 x) {
-    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xb1));
-    return _mm512_add_ps(x, _mm512_permute_ps(x, 0x4e));
-}
-
 /* The online-softmax step of dec_row (decode.c) for a tile every row sees whole, 4 rows at
  * a time, in registers: scores (the key's scale applied), the row max (a NaN never wins),
  * base = the new max (0 while it is -inf), alpha = exp(old max - base), p = exp(score -
@@ -193,7 +184,6 @@ INLINE __m512 group_sum(__m512 x) {
 INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
                      int ldacc, const fa_dtype ty) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
-    const __m512i to_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     static const __mmask16 keys_live[4] = {0xffff, 0x1111, 0x3333, 0x7777}; /* by n % 4 */
     const int nb = (t->n + 3) / 4;
     float ksc[SCALES_MAX], vsc[SCALES_MAX]; /* padded with 1s: p = 0 for missing keys, 0 * 1 */
@@ -213,15 +203,8 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
             prefetch(t->pf, PF_QK(ty), ty);
         }
-        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
-        _mm512_storeu_ps(tops, group_max(top));
-        for (int r = 0; r < mr; r++) {
-            const float m_old = mx[r0 + r], m_new = m_old > tops[4 * r] ? m_old : tops[4 * r];
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[r] = fa_vexpf(m_old - base[r]);
-            mx[r0 + r] = m_new;
-        }
-        const __m512 vbase = _mm512_permutexvar_ps(to_group, _mm512_castps128_ps512(_mm_loadu_ps(base)));
+        float alpha[4];
+        const __m512 vbase = fa_group_bases(top, mx + r0, mr, alpha);
         __m512 total = _mm512_setzero_ps();
         float w[4][FA_DECODE_MAX_TILE]; /* p rounded, times the value row's scale (and fp8's 2^8) */
         for (int b = 0; b < nb; b++) {
@@ -231,13 +214,9 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
             _mm512_storeu_ps(out, _mm512_mul_ps(round_to(e, pd), _mm512_broadcast_f32x4(_mm_loadu_ps(vsc + 4 * b))));
             for (int r = 0; r < 4; r++) memcpy(&w[r][4 * b], &out[4 * r], 16);
         }
-        float sums[16];
-        _mm512_storeu_ps(sums, group_sum(total));
-        for (int r = 0; r < mr; r++) sum[r0 + r] = sum[r0 + r] * alpha[r] + sums[4 * r];
+        fa_group_sums(total, alpha, mr, sum + r0);
         float *o = acc + (int64_t)r0 * ldacc;
-        for (int r = 0; r < mr; r++)
-            if (alpha[r] != 1.0f)
-                for (int c = 0; c < t->dv; c++) o[(int64_t)r * ldacc + c] *= alpha[r];
+        fa_group_rescale(o, ldacc, mr, t->dv, alpha);
         for (int c0 = 0; c0 < t->dv; c0 += 64) pv_block(t, (const float(*)[FA_DECODE_MAX_TILE])w, mr, c0, o, ldacc, ty, 1);
     }
 }

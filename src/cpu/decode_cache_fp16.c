@@ -22,6 +22,7 @@
  * A tile with a non-finite q element or scale, or head dims not multiples of 32 up to 256,
  * takes the f32 step. */
 #include "decode_cache_avx512.h"
+#include "decode_group.h"
 #include "vexp.h"
 
 #include <cpuid.h>
@@ -263,18 +264,8 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
                 memcpy(keep + r * t->dv, acc + (int64_t)r * ldacc, sizeof(float) * (size_t)t->dv);
                 keep[4 * DMAX + r] = mx[r], keep[4 * DMAX + 4 + r] = sum[r];
             }
-        float tops[16], base[4] = {0, 0, 0, 0}, alpha[4] = {1, 1, 1, 1};
-        {
-            __m512 g = _mm512_max_ps(top, _mm512_permute_ps(top, 0xb1));
-            _mm512_storeu_ps(tops, _mm512_max_ps(g, _mm512_permute_ps(g, 0x4e)));
-        }
-        for (int r = 0; r < mr; r++) {
-            const float m_old = mx[r0 + r], m_new = m_old > tops[4 * r] ? m_old : tops[4 * r];
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[r] = fa_vexpf(m_old - base[r]);
-            mx[r0 + r] = m_new;
-        }
-        const __m512 vbase = _mm512_permutexvar_ps(to_group, _mm512_castps128_ps512(_mm_loadu_ps(base)));
+        float alpha[4];
+        const __m512 vbase = fa_group_bases(top, mx + r0, mr, alpha);
         __m512 total = _mm512_setzero_ps();
         /* the weights p (rounded) times the value rows' scales and 2^-ew, in f16, two copies a
          * dword, lane 4 r + j of each block of 4 keys (w16[16 b + 4 r + j]) */
@@ -286,16 +277,9 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
             const __m512i h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(wb, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
             _mm512_storeu_si512(w16 + 16 * b, _mm512_or_si512(h, _mm512_slli_epi32(h, 16)));
         }
-        float sums[16];
-        {
-            const __m512 g = _mm512_add_ps(total, _mm512_permute_ps(total, 0xb1));
-            _mm512_storeu_ps(sums, _mm512_add_ps(g, _mm512_permute_ps(g, 0x4e)));
-        }
-        for (int r = 0; r < mr; r++) sum[r0 + r] = sum[r0 + r] * alpha[r] + sums[4 * r];
+        fa_group_sums(total, alpha, mr, sum + r0);
         float *o = acc + (int64_t)r0 * ldacc;
-        for (int r = 0; r < mr; r++)
-            if (alpha[r] != 1.0f)
-                for (int c = 0; c < t->dv; c++) o[(int64_t)r * ldacc + c] *= alpha[r];
+        fa_group_rescale(o, ldacc, mr, t->dv, alpha);
         __m512i *cv = r0 ? NULL : &nan; /* no byte of nan is 0 after the scores' check */
         for (int c0 = 0; c0 < t->dv; c0 += 128)
             if (t->dv - c0 >= 128) pv_block(t, w16, undo_w, mr, c0, o, ldacc, cv, 1);
