@@ -11,6 +11,7 @@
  * the CPU lacks AVX512_FP16 and GFNI (the step declines every tile there). */
 #include "cpu/decode_kernels.h"
 #include "check.h"
+#include "quant_ref.h"
 
 static uint64_t rng;
 static double worst_share; /* the largest error's share of its bound, over every comparison */
@@ -19,11 +20,7 @@ static double worst_share; /* the largest error's share of its bound, over every
 #define MAXD 256
 #define MAXN FA_DECODE_MAX_TILE
 
-static double e4m3(uint8_t c) { /* the code's value (not NaN) */
-    const int e = (c >> 3) & 15, m = c & 7;
-    const double mag = e ? (8 + m) * ldexp(1.0, e - 10) : m * ldexp(1.0, -9);
-    return c & 0x80 ? -mag : mag;
-}
+static double e4m3(uint8_t c) { return ind_value(FA_FP8_E4M3, c); } /* the code's value (not NaN) */
 
 typedef struct {
     int m, d, dv, n;

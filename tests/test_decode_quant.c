@@ -1,8 +1,6 @@
-/* Quantized kv caches (docs/caches.md) against an independent quantizer written here from
- * the docs (int8: round half to even by floor; fp8 e4m3fn: the nearest of the 127
- * magnitudes by search, ties to the even code) and the float64 reference: fa_quantize_rows
- * and fa_convert code for code (ties, zero rows, saturation, non-finite input refused with
- * nothing written); decoding int8 and fp8 caches, dense and paged with shuffled pages,
+/* Decoding quantized kv caches (docs/caches.md) against the float64 reference, with codes
+ * and scales from an independent quantizer (quant_ref.h; the rule itself: test_quantize.c):
+ * int8 and fp8 caches, dense and paged with shuffled pages,
  * one new token and chunked prefill (Sq > 1, causal), f32 / bf16 / f16 compute: o within
  * the dtype's tolerance of float64 attention over the dequantized values, and within the
  * documented bound of float64 attention over the original values; the caches afterwards
@@ -12,131 +10,13 @@
  * and backends refuse quantized caches. */
 #include "ref/ref.h"
 #include "check.h"
+#include "quant_ref.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
 static uint64_t rng;
-
-/* ---- the independent quantizer ------------------------------------------------------- */
-
-static double e4m3_magnitude(int c) { /* c < 0x7f */
-    const int e = c >> 3, m = c & 7;
-    return e ? (8 + m) * ldexp(1.0, e - 10) : m * ldexp(1.0, -9);
-}
-static uint8_t ind_e4m3(float y) {
-    const double a = fabs((double)y);
-    int best = 0;
-    for (int c = 1; c <= 0x7e; c++) {
-        const double d = fabs(e4m3_magnitude(c) - a), db = fabs(e4m3_magnitude(best) - a);
-        if (d < db || (d == db && !(c & 1))) best = c;
-    }
-    if (a >= 448.0) best = 0x7e;
-    return (uint8_t)((signbit(y) ? 0x80 : 0) | best); /* -0 keeps its sign: 0x80, as ml_dtypes gives */
-}
-static int8_t ind_int8(float y) {
-    double f = floor((double)y), r = (double)y - f;
-    double q = r > 0.5 ? f + 1 : r < 0.5 ? f : (fmod(f, 2.0) == 0 ? f : f + 1);
-    return (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
-}
-static double ind_value(fa_dtype t, uint8_t c) {
-    if (t == FA_INT8) return (double)(int8_t)c;
-    return (c & 0x80 ? -1.0 : 1.0) * e4m3_magnitude(c & 0x7f);
-}
-/* One row's codes and scale (scale = amax / 127 or / 448 in f32, 1 for amax 0; y = x / scale in f32). */
-static float ind_quant(fa_dtype t, const float *x, int64_t n, uint8_t *codes) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    const float scale = amax > 0.0f ? amax / (t == FA_INT8 ? 127.0f : 448.0f) : 1.0f;
-    for (int64_t i = 0; i < n; i++) {
-        const float y = x[i] / scale;
-        codes[i] = t == FA_INT8 ? (uint8_t)ind_int8(y) : ind_e4m3(y);
-    }
-    return scale;
-}
-
-/* ---- fa_quantize_rows and fa_convert ------------------------------------------------- */
-
-static void quantizer(void) {
-    static const fa_dtype kinds[2] = {FA_INT8, FA_FP8_E4M3}, from[3] = {FA_F32, FA_BF16, FA_F16};
-    enum { ROWS = 40, W = 48 };
-    for (int k = 0; k < 2; k++)
-        for (int f = 0; f < 3; f++) {
-            const fa_dtype t = kinds[k], ft = from[f];
-            float x[ROWS * W];
-            for (int i = 0; i < ROWS * W; i++) x[i] = (float)(tu_uniform(&rng) * ldexp(1.0, (int)tu_int(&rng, -12, 6)));
-            for (int i = 0; i < W; i++) x[i] = 0.0f;                  /* a zero row: scale 1, codes 0 */
-            for (int i = 0; i < W; i++) x[W + i] = (float)(i - 24) + 0.5f; /* ties at scale 1 (amax below) */
-            x[W] = t == FA_INT8 ? 127.0f : 448.0f;
-            for (int i = 0; i < W; i++) /* e4m3 ties: midpoints of neighbours, normal and subnormal */
-                x[2 * W + i] = (float)(i % 2 ? (e4m3_magnitude(i + 1) + e4m3_magnitude(i + 2)) / 2
-                                              : -(e4m3_magnitude(i) + e4m3_magnitude(i + 1)) / 2);
-            x[2 * W + W - 1] = 448.0f;
-            char src[ROWS * W * 4];
-            float xr[ROWS * W]; /* the values as the source dtype holds them */
-            for (int i = 0; i < ROWS * W; i++) chk_store(ft, src, i, x[i]), xr[i] = chk_load(ft, src, i);
-            uint8_t got[ROWS * W], want[ROWS * W];
-            float gs[ROWS], ws[ROWS];
-            fa_status st = fa_quantize_rows(t, ft, src, ROWS, W, got, gs);
-            CHECK(st == FA_OK, "quantize %s from %s: %s", fa_dtype_name(t), fa_dtype_name(ft), fa_last_error());
-            int bad = 0;
-            for (int r = 0; r < ROWS; r++) {
-                ws[r] = ind_quant(t, xr + r * W, W, want + r * W);
-                bad += memcmp(&gs[r], &ws[r], 4) != 0;
-            }
-            for (int i = 0; i < ROWS * W; i++) bad += got[i] != want[i];
-            CHECK(!bad, "quantize %s from %s: %d codes or scales differ from the independent rule", fa_dtype_name(t),
-                  fa_dtype_name(ft), bad);
-            CHECK(gs[0] == 1.0f && !got[0], "quantize %s: a zero row gave scale %g", fa_dtype_name(t), gs[0]);
-            /* fa_convert: codes with scale 1, and back */
-            uint8_t conv[W];
-            fa_convert(FA_F32, x + W, t, conv, W);
-            bad = 0;
-            for (int i = 0; i < W; i++) {
-                bad += conv[i] != (t == FA_INT8 ? (uint8_t)ind_int8(x[W + i]) : ind_e4m3(x[W + i]));
-                float back;
-                fa_convert(t, &conv[i], FA_F32, &back, 1);
-                bad += back != (float)ind_value(t, conv[i]);
-            }
-            CHECK(!bad, "fa_convert to and from %s: %d elements differ", fa_dtype_name(t), bad);
-            /* a non-finite element: refused, nothing written */
-            chk_store(ft, src, 5 * W + 7, k ? INFINITY : NAN);
-            memset(got, 0x5a, sizeof got);
-            for (int r = 0; r < ROWS; r++) gs[r] = -3.0f;
-            st = fa_quantize_rows(t, ft, src, ROWS, W, got, gs);
-            int touched = gs[0] != -3.0f || gs[ROWS - 1] != -3.0f;
-            for (int i = 0; i < ROWS * W; i++) touched |= got[i] != 0x5a;
-            CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "not finite") && !touched,
-                  "quantize a non-finite row: %s (%s), written %d", fa_status_string(st), fa_last_error(), touched);
-        }
-    CHECK(fa_quantize_rows(FA_BF16, FA_F32, NULL, 1, 1, NULL, NULL) == FA_ERR_INVALID, "quantize to bf16 accepted");
-    CHECK(fa_dtype_size(FA_INT8) == 1 && fa_dtype_size(FA_FP8_E4M3) == 1 && !strcmp(fa_dtype_name(FA_FP8_E4M3), "fp8_e4m3"),
-          "int8 / fp8 sizes or names");
-    /* a dtype outside fa_dtype has no size, and fa_convert refuses it (it once read and
-     * wrote it as f16) and NULL buffers (it crashed), writing nothing, its message in
-     * fa_last_error (which a good call leaves alone) */
-    CHECK(fa_dtype_size((fa_dtype)9) == 0 && fa_dtype_size((fa_dtype)-1) == 0, "an unknown dtype's size: %zu",
-          fa_dtype_size((fa_dtype)9));
-    const float f[2] = {1.5f, -2.0f};
-    float out[2] = {-7.0f, -7.0f};
-    uint16_t h[2] = {0x5a5a, 0x5a5a};
-    fa_convert((fa_dtype)9, f, FA_F32, out, 2);
-    CHECK(out[0] == -7.0f && out[1] == -7.0f && strstr(fa_last_error(), "source dtype 9"),
-          "fa_convert from dtype 9: wrote %g %g, \"%s\"", (double)out[0], (double)out[1], fa_last_error());
-    fa_convert(FA_F32, f, (fa_dtype)9, h, 2);
-    CHECK(h[0] == 0x5a5a && h[1] == 0x5a5a && strstr(fa_last_error(), "destination dtype 9"),
-          "fa_convert to dtype 9: wrote %04x %04x, \"%s\"", h[0], h[1], fa_last_error());
-    fa_convert(FA_F32, NULL, FA_F16, h, 2);
-    CHECK(h[0] == 0x5a5a && strstr(fa_last_error(), "src is NULL"), "fa_convert from NULL: \"%s\"", fa_last_error());
-    fa_convert(FA_F32, f, FA_F16, NULL, 2);
-    CHECK(strstr(fa_last_error(), "dst is NULL"), "fa_convert to NULL: \"%s\"", fa_last_error());
-    fa_convert(FA_F32, NULL, FA_F16, NULL, 0); /* nothing to convert: fine, no new message */
-    CHECK(strstr(fa_last_error(), "dst is NULL"), "fa_convert of 0 elements: \"%s\"", fa_last_error());
-    fa_convert(FA_F32, f, FA_F16, h, 2);
-    CHECK(h[0] == 0x3e00 && h[1] == 0xc000 && strstr(fa_last_error(), "dst is NULL"),
-          "fa_convert f32 -> f16: %04x %04x \"%s\"", h[0], h[1], fa_last_error());
-}
 
 /* ---- decoding ------------------------------------------------------------------------ */
 
@@ -633,7 +513,6 @@ int main(void) {
     rng = seed;
     printf("test_decode_quant: seed %llu (FA_TEST_SEED=%llu reproduces), isa %s\n", (unsigned long long)seed,
            (unsigned long long)seed, fa_cpu_isa());
-    quantizer();
     refusals();
     nonfinite_q();
     fp8_codes();
