@@ -211,6 +211,7 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
     for (int j = 0; j < t->n; j += 16)
         _mm512_storeu_ps(vsc + j, _mm512_scalef_ps(_mm512_loadu_ps(vsc + j), _mm512_set1_ps((float)ew)));
     const float undo_w = ldexpf(1.0f, -ew);
+    /* every row's q first: a later group's could not decline once the first had moved the state */
     for (int r = 0; r < t->m; r++)
         if (!isfinite(abs_max(t->q + (int64_t)r * t->d, t->d))) return 0;
 
