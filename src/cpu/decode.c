@@ -10,7 +10,9 @@
  * passes. A core does not fetch while it computes, so the bf16 kernels also prefetch part
  * of the next tile, a few lines per block of keys (a burst of prefetches, bounded by the
  * core's outstanding misses, measured slower than the touch), and its touch finds those
- * lines in cache. The tile math is the ISA table's pack and product kernels,
+ * lines in cache. Where the ISA table says so (isa.h, quant_untouched: the amx table), int8
+ * and fp8 tiles skip the touch: their steps' prefetches bring the next tile in time, and on
+ * those cores the read cost more than it saved (bench/RESULTS.md). The tile math is the ISA table's pack and product kernels,
  * or for bf16 caches with AVX512_BF16 kernels that read the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
  * the tile; f16, int8 and fp8 caches take decode_cache*.c's kernels alike (q staged as f32,
@@ -98,6 +100,7 @@ typedef struct {
     size_t csz;
     int conv;               /* dec_conv: f16 / int8 / fp8 tiles, q staged as f32 */
     int prefetch_x;         /* the ISA table's multiple of its steps' prefetches (isa.h), >= 1 */
+    int untouched;          /* quantized tiles the table's steps prefetch alone (isa.h, quant_untouched) */
 } dec_ctx;
 
 /* Where cache row t of sequence b, kv head hk starts (paged or not). */
@@ -252,7 +255,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
         const int64_t j0 = t * T;
         const int n = (int)(sk - j0 < T ? sk - j0 : T);
-        if (touch) dec_touch(cx, b, j0, j0 + n);
+        if (touch && !cx->untouched) dec_touch(cx, b, j0, j0 + n);
         int plain = cx->direct; /* every row's scores are the scaled products, every key visible */
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
@@ -421,28 +424,74 @@ static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_ar
     return s;
 }
 
-/* A quantized cache's scales of every row a call reads (finite, >= 0) and its new rows
- * (finite: an int8 or fp8 code cannot hold inf or NaN), before anything is written. The
- * scale layout follows the rows (dec_scale_at); block-table entries were checked. */
-/* 1 if a scale of x[0..n) is not finite and >= 0: one branch-free pass (it vectorizes), a
- * cache's scales being read on every call. */
+/* 1 if a scale of x[0..n) is not finite and >= 0: one branch-free pass on the bits, which
+ * the compiler vectorizes (the float comparisons it was first written as stayed scalar). The
+ * finite floats >= 0 are +0 .. FLT_MAX (bits 0 .. 0x7f7fffff) and -0 (0x80000000). */
 static int dec_scales_bad(const float *restrict x, int64_t n) {
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (uint32_t)(u > 0x7f7fffffu) & (uint32_t)(u != 0x80000000u);
+    }
+    return bad != 0;
+}
+
+/* The rows a scale run holds: a sequence's (dense caches) or a page's. Run t0 (a multiple of
+ * it) of sequence b: *n rows from cache row *row0. */
+static int64_t dec_scale_run(const struct fa_plan *pl) { return pl->p.page_size ? pl->p.page_size : pl->p.seq_k; }
+static void dec_scale_rows(const struct fa_plan *pl, const fa_forward_args *a, int64_t b, int64_t t0, int64_t *n,
+                           int64_t *row0) {
+    const fa_problem *p = &pl->p;
+    const int64_t run = dec_scale_run(pl);
+    *n = pl->lens[b] - t0 < run ? pl->lens[b] - t0 : run;
+    *row0 = p->page_size ? (int64_t)a->block_table[b * p->max_pages + t0 / run] * run : b * run;
+}
+
+/* 1 if a scale some row of the call reads is bad. Every call reads them all (2 MiB at 32K
+ * tokens, Hk = 8), a pass bound by the memory: in blocks spread over the call's threads, it
+ * took 0.96 of one thread's time for a whole fp8 decode call (bench/RESULTS.md). */
+#define DEC_CHECK_BLOCK 16384 /* floats */
+static int dec_quant_scales_bad(const struct fa_plan *pl, const fa_forward_args *a, int threads) {
+    const fa_problem *p = &pl->p;
+    const int64_t Hk = p->heads_kv, run = dec_scale_run(pl);
+    int64_t total = 0;
+    for (int64_t b = 0; b < p->batch; b++) total += pl->lens[b] * Hk;
+    if (total < 4 * DEC_CHECK_BLOCK) threads = 1; /* not worth a parallel region */
     int bad = 0;
-    for (int64_t i = 0; i < n; i++) bad |= !(x[i] >= 0.0f && x[i] <= FLT_MAX); /* NaN fails both */
+#pragma omp parallel num_threads(threads) reduction(| : bad)
+    {
+        const int64_t me = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t blk = 0; /* blocks in one order for every thread; block blk is thread blk % nt's */
+        for (int x = 0; x < 2; x++) {
+            const float *sc = x ? a->v_scale : a->k_scale;
+            for (int64_t b = 0; b < p->batch; b++)
+                for (int64_t t0 = 0; t0 < pl->lens[b]; t0 += run) {
+                    int64_t n, row0;
+                    dec_scale_rows(pl, a, b, t0, &n, &row0);
+                    for (int64_t i = 0; i < n * Hk; i += DEC_CHECK_BLOCK, blk++)
+                        if (blk % nt == me)
+                            bad |= dec_scales_bad(sc + row0 * Hk + i, n * Hk - i < DEC_CHECK_BLOCK ? n * Hk - i : DEC_CHECK_BLOCK);
+                }
+        }
+    }
     return bad;
 }
 
+/* A quantized cache's scales of every row a call reads (finite, >= 0) and its new rows
+ * (finite: an int8 or fp8 code cannot hold inf or NaN), before anything is written. The
+ * scale layout follows the rows (dec_scale_at); block-table entries were checked. */
 static fa_status dec_check_quant(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    const int64_t Hk = p->heads_kv, run = p->page_size ? p->page_size : p->seq_k; /* rows a scale run holds */
-    for (int x = 0; x < 2; x++) {
+    const int64_t Hk = p->heads_kv, run = dec_scale_run(pl);
+    const int bad = dec_quant_scales_bad(pl, a, fa_call_threads(pl));
+    for (int x = 0; x < 2 && bad; x++) { /* the first bad one, for the message */
         const float *sc = x ? a->v_scale : a->k_scale;
         for (int64_t b = 0; b < p->batch; b++)
-            for (int64_t t0 = 0; t0 < pl->lens[b]; t0 += run) { /* a sequence (dense), or a page of it */
-                const int64_t n = pl->lens[b] - t0 < run ? pl->lens[b] - t0 : run;
-                const int64_t row0 = p->page_size ? (int64_t)a->block_table[b * p->max_pages + t0 / run] * run : b * run;
-                if (!dec_scales_bad(sc + row0 * Hk, n * Hk)) continue;
-                for (int64_t i = 0; i < n * Hk; i++) { /* the first bad one, for the message */
+            for (int64_t t0 = 0; t0 < pl->lens[b]; t0 += run) {
+                int64_t n, row0;
+                dec_scale_rows(pl, a, b, t0, &n, &row0);
+                for (int64_t i = 0; i < n * Hk; i++) {
                     const float v = sc[row0 * Hk + i];
                     if (!isfinite(v) || v < 0.0f)
                         return fa_error(FA_ERR_INVALID,
@@ -515,7 +564,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
-                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0, 1};
+                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0, 1, 0};
     fa_counts prefix_counts = {0, 0};
     if (p->shared_prefix_len) { /* before the appends: it fails before anything is written */
         cx.prefix = (float *)(ws + need - fa_cascade_workspace_bytes(pl)); /* the workspace's last part */
@@ -533,6 +582,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.csz = fa_dtype_size(cx.ct);
     cx.conv = dec_conv(pl);
     cx.prefetch_x = cx.isa->decode && cx.isa->decode->prefetch_x > 1 ? cx.isa->decode->prefetch_x : 1;
+    cx.untouched = fa_dtype_quantized(cx.ct) && cx.isa->decode && cx.isa->decode->quant_untouched;
     if (p->has_new_kv) {
         dec_append(&cx, (void *)a->k, &p->k_stride, a->k_scale, a->k_new, p->head_dim);
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_scale, a->v_new, p->head_dim_v);

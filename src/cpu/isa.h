@@ -59,6 +59,11 @@ typedef struct fa_decode_kernels {
      * Their counts were measured on Zen 4, where more was slower; a Sapphire Rapids core
      * (the amx table) reads faster with twice as many (bench/RESULTS.md, 2026-12-02). */
     int prefetch_x;
+    /* Nonzero: the driver does not read int8 and fp8 tiles whole before they compute (decode.c,
+     * dec_touch); the cache steps' prefetches of the next tile bring them. On the amx table's
+     * Sapphire Rapids cores that read cost more than it saved (bench/RESULTS.md, 2026-12-05
+     * late); bf16 and f16 tiles, twice the bytes, still gain from it there. */
+    int quant_untouched;
 } fa_decode_kernels;
 extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
 extern const fa_decode_kernels fa_decode_avx512_kernels; /* isa_avx512.c: the cache kernels alone */

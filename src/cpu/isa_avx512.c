@@ -162,7 +162,7 @@ void fa_avx512_scale_row(float *x, int n, float a) {
 
 /* The cache decode kernels of decode_cache_avx512.c (bf16 caches take the packing path here). */
 const fa_decode_kernels fa_decode_avx512_kernels = {NULL, NULL, NULL, fa_decode_cache_qk_avx512,
-                                                    fa_decode_cache_pv_avx512, fa_decode_cache_step_avx512, 0, 1};
+                                                    fa_decode_cache_pv_avx512, fa_decode_cache_step_avx512, 0, 1, 0};
 
 const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .bt_prefix = 1,
                                .packed_bytes = fa_avx512_packed_bytes,
