@@ -12,12 +12,14 @@
  * core's outstanding misses, measured slower than the touch), and its touch finds those
  * lines in cache. Where the ISA table says so (isa.h, quant_untouched: the amx table), int8
  * and fp8 tiles skip the touch: their steps' prefetches bring the next tile in time, and on
- * those cores the read cost more than it saved (bench/RESULTS.md). The tile math is the ISA table's pack and product kernels,
- * or for bf16 caches with AVX512_BF16 kernels that read the rows in place
+ * those cores the read cost more than it saved (bench/RESULTS.md). The tile math is the ISA
+ * table's pack and product kernels, or for bf16 caches with AVX512_BF16 kernels that read
+ * the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
  * the tile; f16, int8 and fp8 caches take decode_cache*.c's kernels alike (q staged as f32,
- * codes dequantized in registers: docs/caches.md); an online softmax leaves a partial (acc, max, sum) per (item, kv head, row) in
- * the workspace, and a merge combines each row's chunks in chunk order. Chunks, tiles and
+ * codes dequantized in registers: docs/caches.md); an online softmax leaves a partial (acc,
+ * max, sum) per (item, kv head, row) in the workspace, and a merge combines each row's
+ * chunks in chunk order. Chunks, tiles and
  * the merge order come from shapes alone, so results are bit-identical for any thread
  * count. Only rows below a sequence's length are ever read: stale or NaN cache rows beyond
  * it are never touched.
@@ -449,8 +451,9 @@ static void dec_scale_rows(const struct fa_plan *pl, const fa_forward_args *a, i
 }
 
 /* 1 if a scale some row of the call reads is bad. Every call reads them all (2 MiB at 32K
- * tokens, Hk = 8), a pass bound by the memory: in blocks spread over the call's threads, it
- * took 0.96 of one thread's time for a whole fp8 decode call (bench/RESULTS.md). */
+ * tokens, Hk = 8): a pass bound by the memory, which one thread made 3-5% of an fp8 decode
+ * call; in blocks spread over the call's threads it costs about half that (bench/RESULTS.md,
+ * 2026-12-05 late). */
 #define DEC_CHECK_BLOCK 16384 /* floats */
 static int dec_quant_scales_bad(const struct fa_plan *pl, const fa_forward_args *a, int threads) {
     const fa_problem *p = &pl->p;
@@ -469,9 +472,10 @@ static int dec_quant_scales_bad(const struct fa_plan *pl, const fa_forward_args 
                 for (int64_t t0 = 0; t0 < pl->lens[b]; t0 += run) {
                     int64_t n, row0;
                     dec_scale_rows(pl, a, b, t0, &n, &row0);
-                    for (int64_t i = 0; i < n * Hk; i += DEC_CHECK_BLOCK, blk++)
-                        if (blk % nt == me)
-                            bad |= dec_scales_bad(sc + row0 * Hk + i, n * Hk - i < DEC_CHECK_BLOCK ? n * Hk - i : DEC_CHECK_BLOCK);
+                    for (int64_t i = 0; i < n * Hk; i += DEC_CHECK_BLOCK, blk++) {
+                        const int64_t len = n * Hk - i < DEC_CHECK_BLOCK ? n * Hk - i : DEC_CHECK_BLOCK;
+                        if (blk % nt == me) bad |= dec_scales_bad(sc + row0 * Hk + i, len);
+                    }
                 }
         }
     }
