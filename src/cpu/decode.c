@@ -10,11 +10,11 @@
  * passes. A core does not fetch while it computes, so the bf16 kernels also prefetch part
  * of the next tile, a few lines per block of keys (a burst of prefetches, bounded by the
  * core's outstanding misses, measured slower than the touch), and its touch finds those
- * lines in cache. Where the ISA table says so (isa.h, quant_untouched: the amx table), int8
- * and fp8 tiles skip the touch: their steps' prefetches bring the next tile in time, and on
- * those cores the read cost more than it saved (bench/RESULTS.md). The tile math is the ISA
- * table's pack and product kernels, or for bf16 caches with AVX512_BF16 kernels that read
- * the rows in place
+ * lines in cache. Where the ISA table says so (isa.h, touch_rest: the amx table, whose
+ * steps prefetch the whole next tile), the touch reads only the lines of a tile that the
+ * previous tile's prefetches did not reach: on those cores reading the rest again cost more
+ * than it saved (bench/RESULTS.md). The tile math is the ISA table's pack and product
+ * kernels, or for bf16 caches with AVX512_BF16 kernels that read the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
  * the tile; f16, int8 and fp8 caches take decode_cache*.c's kernels alike (q staged as f32,
  * codes dequantized in registers: docs/caches.md); an online softmax leaves a partial (acc,
@@ -102,7 +102,7 @@ typedef struct {
     size_t csz;
     int conv;               /* dec_conv: f16 / int8 / fp8 tiles, q staged as f32 */
     int prefetch_x;         /* the ISA table's multiple of its steps' prefetches (isa.h), >= 1 */
-    int untouched;          /* quantized tiles the table's steps prefetch alone (isa.h, quant_untouched) */
+    int touch_rest;         /* the touch reads only what the last tile's prefetches left (isa.h) */
 } dec_ctx;
 
 /* Where cache row t of sequence b, kv head hk starts (paged or not). */
@@ -164,6 +164,18 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
     (void)keep;
 }
 
+/* dec_touch of a tile the previous one prefetched, as far as pf (its state after the heads'
+ * passes: decode_kernels.h) got: the lines from pf->off on, then all of base2 if it was not
+ * reached. Nothing where the prefetches covered the tile. */
+static void dec_touch_rest(const fa_decode_prefetch *pf) {
+    unsigned char sink = 0;
+    for (int64_t off = pf->off; off < pf->len; off += 64) sink ^= (unsigned char)pf->base[off];
+    if (pf->base2)
+        for (int64_t off = 0; off < pf->len2; off += 64) sink ^= (unsigned char)pf->base2[off];
+    volatile unsigned char keep = sink; /* the loads must happen */
+    (void)keep;
+}
+
 /* One tile of kv head hk over an f16, int8 or fp8 cache (decode_cache.c's kernels, the
  * ISA's vector forms for contiguous rows): scores, the softmax row by row, then p V, guarded
  * where a mask edge crosses the tile (an f16 or fp8 value row may hold inf or NaN). */
@@ -214,9 +226,10 @@ static void dec_item_span(const dec_ctx *cx, int64_t it, int64_t *b, int64_t *k0
 /* Item (b, chunk): keys [k0, k1] of the chunk that some row may see, for every kv head
  * (part: Hk partials). Tile by tile (each read whole first), head by head. The last tile
  * prefetches the first tile of the item this thread runs next (sequence nb from key nk0;
- * nb < 0: none), so that an item's first touch does not wait on memory. */
+ * nb < 0: none), so that an item's first touch does not wait on memory; carry passes how
+ * far those prefetches got from tile to tile and item to item (dec_touch_rest). */
 static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, int64_t k1, int64_t nb, int64_t nk0,
-                     float *part, fa_counts *cnt) {
+                     float *part, fa_counts *cnt, fa_decode_prefetch *carry) {
     const fa_problem *p = cx->p;
     const fa_isa *isa = cx->isa;
     const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, Hk = p->heads_kv;
@@ -257,7 +270,11 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
     for (int64_t t = k0 / T; t <= k1 / T; t++) {
         const int64_t j0 = t * T;
         const int n = (int)(sk - j0 < T ? sk - j0 : T);
-        if (touch && !cx->untouched) dec_touch(cx, b, j0, j0 + n);
+        /* carry: the prefetch state that the thread's last tile left for this one (base NULL:
+         * none), which the touch completes */
+        if (touch && cx->touch_rest && carry->base) dec_touch_rest(carry);
+        else if (touch) dec_touch(cx, b, j0, j0 + n);
+        carry->base = NULL;
         int plain = cx->direct; /* every row's scores are the scaled products, every key visible */
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
@@ -305,6 +322,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
             cnt->flops += 2 * M * n * (D + Dv);
             cnt->transcendentals += M * n * (p->softcap > 0.0f ? 2 : 1) + M;
         }
+        if (pfp) *carry = pf; /* how far the heads' steps prefetched the next tile */
     }
 }
 
@@ -586,7 +604,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.csz = fa_dtype_size(cx.ct);
     cx.conv = dec_conv(pl);
     cx.prefetch_x = cx.isa->decode && cx.isa->decode->prefetch_x > 1 ? cx.isa->decode->prefetch_x : 1;
-    cx.untouched = fa_dtype_quantized(cx.ct) && cx.isa->decode && cx.isa->decode->quant_untouched;
+    cx.touch_rest = cx.isa->decode && cx.isa->decode->touch_rest;
     if (p->has_new_kv) {
         dec_append(&cx, (void *)a->k, &p->k_stride, a->k_scale, a->k_new, p->head_dim);
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_scale, a->v_new, p->head_dim_v);
@@ -620,6 +638,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         void *ws = dec_ws(pl, mine);
         if (ws) memset(ws, 0, FA_DECODE_CACHE_WS_BYTES); /* the cache step's entries start empty */
         fa_counts cnt = {0, 0};
+        fa_decode_prefetch carry = {NULL, NULL, 0, 0, 0, 1}; /* dec_item's: none yet */
         /* items claimed one ahead from a shared counter (a dynamic schedule that knows its next
          * item): each item's last tile prefetches the next one's first */
         int64_t it, nx;
@@ -631,7 +650,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
             int64_t b, k0, k1, nb = -1, nk0 = 0, nk1;
             dec_item_span(&cx, it, &b, &k0, &k1);
             if (nx < items) dec_item_span(&cx, nx, &nb, &nk0, &nk1);
-            dec_item(&cx, mine, b, k0, k1, nb, nk0, cx.partials + it * Hk * part_floats, &cnt);
+            dec_item(&cx, mine, b, k0, k1, nb, nk0, cx.partials + it * Hk * part_floats, &cnt, &carry);
         }
 #pragma omp barrier
 #pragma omp for schedule(static)

@@ -36,7 +36,7 @@
 /* Lines of the next tile prefetched per 16 keys of scores, per 4 value rows interleaved
  * and per 16 columns of p V: 8 x 24 + 32 x 6 + 8 x 24 = 576 a head at D = 128 (the f32
  * step issues 608), the whole next tile by the fifth of 8 heads: on the amx table nothing
- * else brings it (decode.c reads no int8 tile whole first: isa.h, quant_untouched). Half
+ * else brings it (decode.c reads only what they left: isa.h, touch_rest). Half
  * or two thirds of these counts were 2-18% slower (bench/RESULTS.md, 2026-12-05 late). */
 #define PF_QK 24
 #define PF_QUAD 6

@@ -36,8 +36,8 @@
 #define KB 16 /* keys a p V block sums in f16 */
 /* Lines of the next tile prefetched per block of 4 keys in the scores and per key and 128
  * columns in p V: 512 a head at D = 128, the whole next tile by the last of 8 heads, which
- * on the amx table is all that brings it (decode.c reads no fp8 tile whole first: isa.h,
- * quant_untouched). Spread this evenly, they beat 6 and 2, 12 and 3, and 16 and 4 (up to
+ * on the amx table is all that brings it (decode.c reads only what they left: isa.h,
+ * touch_rest). Spread this evenly, they beat 6 and 2, 12 and 3, and 16 and 4 (up to
  * 17% slower; bench/RESULTS.md, 2026-12-05 late). */
 #define PF_QK 8
 #define PF_PV 2

@@ -57,13 +57,16 @@ typedef struct fa_decode_kernels {
      * f16 and int8 cache steps (decode_cache_avx512.c; fp8 keeps its own) prefetch per
      * block of keys, times this (0: 1).
      * Their counts were measured on Zen 4, where more was slower; a Sapphire Rapids core
-     * (the amx table) reads faster with twice as many (bench/RESULTS.md, 2026-12-02). */
+     * (the amx table) read faster with twice as many (bench/RESULTS.md, 2026-12-02), and with
+     * three times, which reach all of the next tile, once the driver stopped reading it again
+     * (touch_rest; 2026-12-05 late). */
     int prefetch_x;
-    /* Nonzero: the driver does not read int8 and fp8 tiles whole before they compute (decode.c,
-     * dec_touch); the cache steps' prefetches of the next tile bring them. On the amx table's
-     * Sapphire Rapids cores that read cost more than it saved (bench/RESULTS.md, 2026-12-05
-     * late); bf16 and f16 tiles, twice the bytes, still gain from it there. */
-    int quant_untouched;
+    /* Nonzero: before a tile computes, the driver reads only the lines of it that the last
+     * tile's prefetches did not reach (decode.c, dec_touch_rest), not the whole tile again.
+     * With prefetch_x 3 the amx table's steps prefetch all of the next tile (bf16, int8, fp8)
+     * or 94% of it (f16), and on its cores the second read cost more than it saved
+     * (bench/RESULTS.md, 2026-12-05 late). */
+    int touch_rest;
 } fa_decode_kernels;
 extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
 extern const fa_decode_kernels fa_decode_avx512_kernels; /* isa_avx512.c: the cache kernels alone */

@@ -338,9 +338,9 @@ static void amx_gemm_pb_pairs_rows(int m, const int *ns, int cols, const uint32_
 }
 
 /* decode: the bf16 kernels of avx512bf16, the f16 and fp8 cache kernels of avx512, and the
- * int8 caches' step in the tile unit (decode_cache_amx.c); the first two prefetch twice the
- * lines they take on Zen 4 (isa.h, prefetch_x); int8 and fp8 tiles are not read whole first
- * (quant_untouched) */
+ * int8 caches' step in the tile unit (decode_cache_amx.c); the first two prefetch three
+ * times the lines they take on Zen 4, the whole next tile (isa.h, prefetch_x), so that the
+ * driver reads only what the prefetches left (touch_rest) */
 static const fa_decode_kernels amx_decode = {.qk = fa_decode_qk_bf16,
                                              .pv = fa_decode_pv_bf16,
                                              .step = fa_decode_step_bf16,
@@ -348,8 +348,8 @@ static const fa_decode_kernels amx_decode = {.qk = fa_decode_qk_bf16,
                                              .cache_pv = fa_decode_cache_pv_avx512,
                                              .cache_step = fa_decode_cache_step_amx,
                                              .cache_ws = 1,
-                                             .prefetch_x = 2,
-                                             .quant_untouched = 1};
+                                             .prefetch_x = 3,
+                                             .touch_rest = 1};
 
 const fa_isa fa_isa_amx = {.name = "amx", FA_ISA_KERNELS(amx), .packed_bytes = amx_packed_bytes,
                             .bt_prefix = 1, .b_prefix = 1,
