@@ -181,13 +181,14 @@ static void dec_touch_rest(const fa_decode_prefetch *pf) {
  * where a mask edge crosses the tile (an f16 or fp8 value row may hold inf or NaN). */
 static void dec_conv_tile(const dec_ctx *cx, const fa_score_ctx *sc, const struct fa_plan *one, const float *q,
                           const fa_tile_src *ks, const fa_tile_src *vs, int64_t b, int64_t hk, int64_t j0, int n,
-                          float *s, float *acc, float *mx, float *sum, fa_decode_prefetch *pf, void *ws) {
+                          float *s, float *acc, float *mx, float *sum, fa_decode_prefetch *pf, void *ws,
+                          uint64_t q_tag) {
     const fa_problem *p = cx->p;
     const int quant = fa_dtype_quantized(cx->ct);
     const fa_decode_cache_tile t = {q, ks->base, vs->base, cx->ct, ks->row_stride, vs->row_stride, ks->col_stride,
                                     vs->col_stride, quant ? dec_scale_at(cx, cx->a->k_scale, b, hk, j0) : NULL,
                                     quant ? dec_scale_at(cx, cx->a->v_scale, b, hk, j0) : NULL, p->heads_kv,
-                                    (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v, pf, ws};
+                                    (int)cx->M, (int)p->head_dim, n, (int)p->head_dim_v, pf, ws, q_tag};
     const fa_decode_kernels *dk = cx->isa->decode;
     const int vec = dk && dk->cache_qk && ks->col_stride == 1 && vs->col_stride == 1;
     int plain = vec && dk->cache_step; /* every row's scores are the scaled products, every key visible */
@@ -229,7 +230,7 @@ static void dec_item_span(const dec_ctx *cx, int64_t it, int64_t *b, int64_t *k0
  * nb < 0: none), so that an item's first touch does not wait on memory; carry passes how
  * far those prefetches got from tile to tile and item to item (dec_touch_rest). */
 static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, int64_t k1, int64_t nb, int64_t nk0,
-                     float *part, fa_counts *cnt, fa_decode_prefetch *carry) {
+                     float *part, fa_counts *cnt, fa_decode_prefetch *carry, uint64_t q_tag) {
     const fa_problem *p = cx->p;
     const fa_isa *isa = cx->isa;
     const int64_t M = cx->M, T = cx->T, D = p->head_dim, Dv = p->head_dim_v, Sq = p->seq_q, Hk = p->heads_kv;
@@ -295,7 +296,8 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
             const fa_tile_src ks = dec_cache_row(cx, cx->a->k, &p->k_stride, b, hk, j0);
             const fa_tile_src vs = dec_cache_row(cx, cx->a->v, &p->v_stride, b, hk, j0);
             if (cx->conv) {
-                dec_conv_tile(cx, &sc, &one, (const float *)qh, &ks, &vs, b, hk, j0, n, s, acc, mx, sum, pfp, ws);
+                dec_conv_tile(cx, &sc, &one, (const float *)qh, &ks, &vs, b, hk, j0, n, s, acc, mx, sum, pfp, ws,
+                              q_tag);
             } else if (plain) { /* the whole online-softmax step in the vector kernel */
                 const fa_decode_step step = {(const uint16_t *)qh, ks.base, vs.base, ks.row_stride, vs.row_stride,
                                              (int)M, (int)D, n, (int)Dv, (int)Dv, sc.scale, mx, sum, acc, pfp};
@@ -650,7 +652,9 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
             int64_t b, k0, k1, nb = -1, nk0 = 0, nk1;
             dec_item_span(&cx, it, &b, &k0, &k1);
             if (nx < items) dec_item_span(&cx, nx, &nb, &nk0, &nk1);
-            dec_item(&cx, mine, b, k0, k1, nb, nk0, cx.partials + it * Hk * part_floats, &cnt, &carry);
+            /* the item's index names its staged q (fa_decode_cache_tile.q_tag: nonzero) */
+            dec_item(&cx, mine, b, k0, k1, nb, nk0, cx.partials + it * Hk * part_floats, &cnt, &carry,
+                     (uint64_t)it + 1);
         }
 #pragma omp barrier
 #pragma omp for schedule(static)

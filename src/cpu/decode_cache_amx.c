@@ -202,10 +202,13 @@ static void q_digits(const float *q, int d, int mr, uint32_t *qb, __m512 *cs) {
 /* q's digits as the steps of an item use them: every tile of a sequence's chunk has the same
  * q for a kv head, so the step keeps the digits of the q rows it saw, 4 rows an entry, in the
  * workspace the driver keeps for it in the thread's scratch (fa_decode_cache_tile.ws, zeroed
- * at the call's start), entries indexed by the rows' address and known by a copy of them
- * (compared whole: the driver stages each item's q at the same address). */
+ * at the call's start), entries indexed by the rows' address and known by their address and
+ * the driver's tag for them (fa_decode_cache_tile.q_tag), or without a tag by a copy of them
+ * (compared whole, 3% of an int8 call: the driver stages each item's q at the same address). */
 #define MEMO_ENTRIES 16
 typedef struct {
+    const float *at; /* the rows' address */
+    uint64_t tag;    /* their tag, 0: none */
     int d, mr, finite;
     float q[4 * DIM];
     uint32_t qb[2 * 16 * 16];
@@ -213,13 +216,16 @@ typedef struct {
 } __attribute__((aligned(64))) q_memo;
 _Static_assert(sizeof(q_memo) * MEMO_ENTRIES <= FA_DECODE_CACHE_WS_BYTES, "the driver's workspace holds the memo");
 
-/* The entry for rows q.. (mr <= 4 of d floats) in the table (NULL: the one-off entry own),
- * made if it holds other rows. */
-static const q_memo *memo_of(q_memo *table, q_memo *own, const float *q, int mr, int d) {
+/* The entry for rows q.. (mr <= 4 of d floats; tag: fa_decode_cache_tile.q_tag) in the
+ * table (NULL: the one-off entry own), made if it holds other rows. */
+static const q_memo *memo_of(q_memo *table, q_memo *own, const float *q, int mr, int d, uint64_t tag) {
     q_memo *mm = table ? &table[((uintptr_t)q / (sizeof(float) * 4 * (size_t)d)) % MEMO_ENTRIES] : own;
     const size_t bytes = sizeof(float) * (size_t)mr * (size_t)d;
-    if (table && mm->mr == mr && mm->d == d && !memcmp(mm->q, q, bytes)) return mm;
+    if (table && mm->mr == mr && mm->d == d &&
+        (tag ? mm->tag == tag && mm->at == q : !memcmp(mm->q, q, bytes)))
+        return mm;
     mm->mr = 0; /* invalid until complete */
+    mm->at = q, mm->tag = tag;
     memcpy(mm->q, q, bytes);
     mm->finite = q_finite(q, mr, d);
     if (mm->finite) {
@@ -380,7 +386,7 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         q_memo own;
-        const q_memo *qm = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, mr, t->d); /* finite: the caller checked */
+        const q_memo *qm = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, mr, t->d, t->q_tag); /* finite: checked */
         if (r0 == 0) value_quads(t, vb);
         scores(t, qm->qb, _mm512_loadu_ps(qm->cs), s);
         float w[KEYS * 4] __attribute__((aligned(64))); /* lane 4 j + r */
@@ -411,7 +417,7 @@ void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dty
         int finite = 1;
         q_memo own;
         for (int r0 = 0; r0 < t->m && finite; r0 += 4)
-            finite = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d)->finite;
+            finite = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d, t->q_tag)->finite;
         if (finite) {
             step_int8(t, scale, pd, mx, sum, acc, ldacc);
             return;

@@ -67,6 +67,10 @@ typedef struct {
     int m, d, n, dv;
     fa_decode_prefetch *pf; /* or NULL: the next tile's lines, issued through the step */
     void *ws; /* or NULL: FA_DECODE_CACHE_WS_BYTES the step keeps across a call's tiles (isa.h) */
+    /* Nonzero: q's rows at this address hold what they held in every earlier tile of the call
+     * with the same tag (the driver stages an item's q once: the tag names the item), so a
+     * step may reuse what it made of them without comparing them; 0: unknown. */
+    uint64_t q_tag;
 } fa_decode_cache_tile;
 
 /* s[r * lds + j] = q_r . k_j for r < m, j < n (the dequantized keys). */
