@@ -133,6 +133,9 @@ int64_t fa_cpu_decode_scratch_bytes(const struct fa_plan *pl);
 fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args *a);
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a);
 fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a);
+/* The decode call's checks of its arguments' contents, before anything is written
+ * (cpu/decode_check.c). */
+fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a);
 /* A shared prefix (cpu/cascade.c): its chunks (of a size from the shapes) and tiles; its partials, per
  * (chunk, kv head) R = B x (Hq / Hk) x seq_q rows of Dv accumulators, then R maxima, then
  * R sums (row b x M + r: sequence b's decode row r); its workspace (partials, then threads x
