@@ -137,6 +137,19 @@ static void dec_row(const dec_ctx *cx, const fa_score_ctx *sc, float *restrict s
     fa_softmax_row(cx->isa, cx->p->dtype, cx->p->head_dim_v, srow, n, mt, M, L, arow, 0.0f);
 }
 
+/* Reads, a byte a line, the lines of a tile that a prefetch state (decode_kernels.h) has
+ * not reached: from pf->off to pf->len of base, then all of base2 if it is still there. A
+ * fresh state is the whole tile (dec_touch); one left by the previous tile's steps, the rest
+ * of it, or nothing where they covered it (isa.h, touch_rest). */
+static void dec_touch_rest(const fa_decode_prefetch *pf) {
+    unsigned char sink = 0;
+    for (int64_t off = pf->off; off < pf->len; off += 64) sink ^= (unsigned char)pf->base[off];
+    if (pf->base2)
+        for (int64_t off = 0; off < pf->len2; off += 64) sink ^= (unsigned char)pf->base2[off];
+    volatile unsigned char keep = sink; /* the loads must happen */
+    (void)keep;
+}
+
 /* Reads cache rows [r0, r1) of sequence b, every kv head, K then V, in address order for
  * the usual layouts (whole rows one after another: the hardware prefetchers stream them),
  * so that the heads' passes over the tile find it in L2. Other layouts: prefetches, row by
@@ -155,26 +168,10 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
                 }
         return;
     }
-    unsigned char sink = 0;
-    const int64_t row_bytes = p->k_stride.s[2] * (int64_t)cx->csz;
-    for (int x = 0; x < 2; x++) {
-        const unsigned char *c = dec_cache_row(cx, x ? cx->a->v : cx->a->k, x ? &p->v_stride : &p->k_stride, b, 0, r0).base;
-        for (int64_t off = 0; off < (r1 - r0) * row_bytes; off += 64) sink ^= c[off];
-    }
-    volatile unsigned char keep = sink; /* the loads must happen */
-    (void)keep;
-}
-
-/* dec_touch of a tile the previous one prefetched, as far as pf (its state after the heads'
- * passes: decode_kernels.h) got: the lines from pf->off on, then all of base2 if it was not
- * reached. Nothing where the prefetches covered the tile. */
-static void dec_touch_rest(const fa_decode_prefetch *pf) {
-    unsigned char sink = 0;
-    for (int64_t off = pf->off; off < pf->len; off += 64) sink ^= (unsigned char)pf->base[off];
-    if (pf->base2)
-        for (int64_t off = 0; off < pf->len2; off += 64) sink ^= (unsigned char)pf->base2[off];
-    volatile unsigned char keep = sink; /* the loads must happen */
-    (void)keep;
+    const int64_t bytes = (r1 - r0) * p->k_stride.s[2] * (int64_t)cx->csz; /* K's and V's alike: rows_whole */
+    const fa_decode_prefetch whole = {dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, r0).base,
+                                      dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, r0).base, 0, bytes, bytes, 1};
+    dec_touch_rest(&whole);
 }
 
 /* One tile of kv head hk over an f16, int8 or fp8 cache (decode_cache.c's kernels, the
@@ -226,7 +223,7 @@ static void dec_item_span(const dec_ctx *cx, int64_t it, int64_t *b, int64_t *k0
 }
 
 /* Item (b, chunk): keys [k0, k1] of the chunk that some row may see, for every kv head
- * (part: Hk partials). Tile by tile (each read whole first), head by head. The last tile
+ * (part: Hk partials). Tile by tile (each read first: dec_touch), head by head. The last tile
  * prefetches the first tile of the item this thread runs next (sequence nb from key nk0;
  * nb < 0: none), so that an item's first touch does not wait on memory; carry passes how
  * far those prefetches got from tile to tile and item to item (dec_touch_rest). */

@@ -417,7 +417,8 @@ void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dty
         int finite = 1;
         q_memo own;
         for (int r0 = 0; r0 < t->m && finite; r0 += 4)
-            finite = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d, t->q_tag)->finite;
+            finite = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, t->m - r0 < 4 ? t->m - r0 : 4, t->d,
+                             t->q_tag)->finite;
         if (finite) {
             step_int8(t, scale, pd, mx, sum, acc, ldacc);
             return;
