@@ -312,7 +312,12 @@ static void nonfinite_q(void) {
         st = fa_forward(pl, &a);
         float *o1 = tu_alloc(sizeof(float) * (size_t)no);
         for (int64_t i = 0; i < no; i++) o1[i] = chk_load(p->dtype, c.o, i);
-        chk_store(p->dtype, c.q, h * D + 7, kind ? INFINITY : NAN); /* sequence 0, head h */
+        /* sequence 0, head h: inf of the sign that makes its score against key 0 +inf (or NaN
+         * where that key's element is 0), so that the row has a score that is not -inf (a row
+         * whose every score is -inf is one with no visible key: o = 0, docs/nonfinite.md) */
+        const int64_t hk = h / (p->heads_q / p->heads_kv), Hk = p->heads_kv;
+        const float k7 = c.lens[0] ? (float)(int8_t)c.kc[(row_of(&c, 0, 0) * Hk + hk) * D + 7] : c.kno[hk * D + 7];
+        chk_store(p->dtype, c.q, h * D + 7, kind ? (k7 < 0.0f ? -INFINITY : INFINITY) : NAN);
         tu_poison(p->dtype, c.o, no);
         st |= fa_forward(pl, &a);
         int row_bad = 1, others_finite = 1, seq1_same = 1;
