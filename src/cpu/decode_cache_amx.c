@@ -33,24 +33,31 @@
 
 #define KEYS FA_DECODE_MAX_TILE /* keys per step at most (128) */
 #define DIM 128                 /* head dims (and value columns) at most */
-/* Lines of the next tile prefetched per 16 keys of scores, per 4 value rows interleaved
- * and per 16 columns of p V: 8 x 24 + 32 x 6 + 8 x 24 = 576 a head at D = 128 (the f32
- * step issues 608), the whole next tile by the fifth of 8 heads: on the amx table nothing
- * else brings it (decode.c reads only what they left: isa.h, touch_rest). Half
- * or two thirds of these counts were 2-18% slower (bench/RESULTS.md, 2026-12-05 late). */
-#define PF_QK 24
+/* Lines of the next tile prefetched per 16 keys of scores (12), per 4 value rows interleaved
+ * (6), per 4 keys of the softmax (3), per 16 keys of the weights' digits (12) and per 16
+ * columns of p V (12): 96 + 192 + 96 + 96 + 96 = 576 a head at D = 128 (the f32 step issues
+ * 608), the whole next tile by the eighth of 8 heads: on the amx table nothing else brings
+ * it (decode.c reads only what they left: isa.h, touch_rest). Spread over every phase of
+ * the step: with 24 a block in the scores and in p V and none in the softmax and digits,
+ * p V's bursts waited on the core's outstanding misses while the phases between issued
+ * none, 7% slower; half or two thirds of the old counts were 2-18% slower
+ * (bench/RESULTS.md, 2026-12-05 late and 2026-12-06). */
+#define PF_QK 12
+#define PF_EXP 3
 #define PF_QUAD 6
-#define PF_PV 24
+#define PF_PV 12
+#define PF_DIG 12
 
 #define TILE_DPI(c, a, b) _tile_dpbssd(c, a, b)
 
-/* cpuid: AMX-INT8 (the amx table's probe has seen AMX-TILE and the OS's permission). */
+/* cpuid: AMX-INT8 and AVX512_VBMI (value_quads' byte permutes; the amx table's probe has seen
+ * AMX-TILE and the OS's permission). */
 static int int8_tiles(void) {
     static atomic_int state; /* 0: not asked yet, 1: yes, 2: no */
     int s = atomic_load(&state);
     if (!s) {
         unsigned a, b, c, d;
-        s = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) ? 1 : 2;
+        s = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25)) && (c & (1u << 1)) ? 1 : 2;
         atomic_store(&state, s);
     }
     return s == 1;
@@ -98,7 +105,8 @@ INLINE void score_rows(const int32_t *c, __m512 cs, int rows, float *s) {
  * and rounded to pd, and w = p times the value's scale (lane 4 j + r, 0 past n up to the
  * 64-key block). Returns the largest w of each row (lane r of every 128 bits). */
 INLINE __m512 softmax_weights(const float *s, int n, const float *ksc, const float *vsc, float scale,
-                                     fa_dtype pd, int mr, float *mx, float *sum, float *w, float *alpha) {
+                                     fa_dtype pd, int mr, float *mx, float *sum, float *w, float *alpha,
+                                     fa_decode_prefetch *pf) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
     const __m512i to_key = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int nv = (n + 3) / 4, n64 = (n + 63) & ~63;
@@ -121,6 +129,7 @@ INLINE __m512 softmax_weights(const float *s, int n, const float *ksc, const flo
     const __m512 vbase = _mm512_broadcast_f32x4(_mm_loadu_ps(base));
     __m512 total = _mm512_setzero_ps(), wtop = _mm512_setzero_ps();
     for (int b = 0; b < n64 / 4; b++) {
+        fa_decode_prefetch_lines(pf, PF_EXP);
         __m512 x = _mm512_setzero_ps();
         if (b < nv) {
             const __m512 e = fa_avx512_exp_nonpos(_mm512_sub_ps(S[b], vbase));
@@ -237,30 +246,58 @@ static const q_memo *memo_of(q_memo *table, q_memo *own, const float *q, int mr,
     return mm;
 }
 
-/* Value rows [0, n) as B tiles vb[cb][kk][16] (dword c: the codes of keys 4 kk.. 4 kk + 3,
- * column 16 cb + c), zero past n up to the 64-key block. */
-INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb) {
-    const int quads = ((t->n + 63) & ~63) / 4, cbs = (t->dv + 15) / 16;
-    for (int kk = 0; kk < quads; kk++) {
-        for (int c0 = 0; c0 < t->dv; c0 += 64) {
-            const __mmask64 m = t->dv - c0 >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (t->dv - c0)) - 1;
-            __m512i x[4];
-            for (int i = 0; i < 4; i++) {
-                const int j = 4 * kk + i;
-                x[i] = j < t->n ? _mm512_maskz_loadu_epi8(m, (const int8_t *)t->v + (int64_t)j * t->vstride + c0)
-                                : _mm512_setzero_si512();
+/* vpermt2b's picks for value_quads: word 8 L + 4 h + k of the pairs of rows a, b is the pair
+ * of column 16 h + 4 L + k (+ 32 for the high half), so that unpacking words of the pairs of
+ * rows 0, 1 with those of rows 2, 3 leaves each quad's dword in column order. */
+#define PAIR(w, hi) (uint8_t)(16 * (((w) >> 2) & 1) + 4 * ((w) >> 3) + ((w) & 3) + 32 * (hi))
+#define PAIRS4(w, hi) PAIR(w, hi), 64 + PAIR(w, hi), PAIR((w) + 1, hi), 64 + PAIR((w) + 1, hi), \
+                      PAIR((w) + 2, hi), 64 + PAIR((w) + 2, hi), PAIR((w) + 3, hi), 64 + PAIR((w) + 3, hi)
+#define PAIRS32(hi) PAIRS4(0, hi), PAIRS4(4, hi), PAIRS4(8, hi), PAIRS4(12, hi), PAIRS4(16, hi), \
+                    PAIRS4(20, hi), PAIRS4(24, hi), PAIRS4(28, hi)
+static const uint8_t pair_lo[64] __attribute__((aligned(64))) = {PAIRS32(0)};
+static const uint8_t pair_hi[64] __attribute__((aligned(64))) = {PAIRS32(1)};
+#undef PAIRS32
+#undef PAIRS4
+#undef PAIR
+
+/* Keys 4 kk.. 4 kk + 3 (x0..x3: 64 columns each) as the quads of 64 columns, to dst and the
+ * three column blocks after it (a block KEYS / 4 quads of 16 dwords). */
+INLINE void quads_of(__m512i x0, __m512i x1, __m512i x2, __m512i x3, uint32_t *dst, int blocks) {
+    const __m512i plo = _mm512_load_si512(pair_lo), phi = _mm512_load_si512(pair_hi);
+    const __m512i ab0 = _mm512_permutex2var_epi8(x0, plo, x1), ab1 = _mm512_permutex2var_epi8(x0, phi, x1);
+    const __m512i cd0 = _mm512_permutex2var_epi8(x2, plo, x3), cd1 = _mm512_permutex2var_epi8(x2, phi, x3);
+    const int64_t bs = (KEYS / 4) * 16;
+    _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(ab0, cd0));
+    if (blocks > 1) _mm512_storeu_si512(dst + bs, _mm512_unpackhi_epi16(ab0, cd0));
+    if (blocks > 2) _mm512_storeu_si512(dst + 2 * bs, _mm512_unpacklo_epi16(ab1, cd1));
+    if (blocks > 3) _mm512_storeu_si512(dst + 3 * bs, _mm512_unpackhi_epi16(ab1, cd1));
+}
+
+/* Quads [kk0, kk1) of the value rows as B tiles vb[cb][kk][16] (dword c: the codes of keys
+ * 4 kk.. 4 kk + 3, column 16 cb + c), zero past n up to the 64-key block. Per 4 keys and 64 columns, 4 byte
+ * permutes and 4 word unpacks (byte and word unpacks with lane shuffles took 16, all on
+ * the one shuffle port); quads of whole rows and columns take plain loads, unrolled (the
+ * general loop's arrays went through the stack: 0.75 of its time, bench/RESULTS.md). */
+INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, int kk0, int kk1) {
+    const int cbs = (t->dv + 15) / 16, whole = t->dv % 64 == 0 ? t->n / 4 : 0;
+    const int8_t *v = (const int8_t *)t->v;
+    const int64_t vs = t->vstride;
+    for (int kk = kk0; kk < kk1; kk++) {
+        if (kk < whole) {
+            const int8_t *x = v + 4 * kk * vs;
+            for (int c0 = 0; c0 < t->dv; c0 += 64, x += 64)
+                quads_of(_mm512_loadu_si512(x), _mm512_loadu_si512(x + vs), _mm512_loadu_si512(x + 2 * vs),
+                         _mm512_loadu_si512(x + 3 * vs), vb + ((int64_t)(c0 / 16) * (KEYS / 4) + kk) * 16, 4);
+        } else {
+            for (int c0 = 0; c0 < t->dv; c0 += 64) {
+                const __mmask64 m = t->dv - c0 >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (t->dv - c0)) - 1;
+                __m512i x[4];
+                for (int i = 0; i < 4; i++) {
+                    const int j = 4 * kk + i;
+                    x[i] = j < t->n ? _mm512_maskz_loadu_epi8(m, v + (int64_t)j * vs + c0) : _mm512_setzero_si512();
+                }
+                quads_of(x[0], x[1], x[2], x[3], vb + ((int64_t)(c0 / 16) * (KEYS / 4) + kk) * 16, cbs - c0 / 16);
             }
-            const __m512i ab0 = _mm512_unpacklo_epi8(x[0], x[1]), ab1 = _mm512_unpackhi_epi8(x[0], x[1]);
-            const __m512i cd0 = _mm512_unpacklo_epi8(x[2], x[3]), cd1 = _mm512_unpackhi_epi8(x[2], x[3]);
-            /* o[i] lane l: the quads of columns 16 l + 4 i.. + 3 */
-            const __m512i o0 = _mm512_unpacklo_epi16(ab0, cd0), o1 = _mm512_unpackhi_epi16(ab0, cd0);
-            const __m512i o2 = _mm512_unpacklo_epi16(ab1, cd1), o3 = _mm512_unpackhi_epi16(ab1, cd1);
-            const __m512i t0 = _mm512_shuffle_i32x4(o0, o1, 0x44), t1 = _mm512_shuffle_i32x4(o2, o3, 0x44);
-            const __m512i t2 = _mm512_shuffle_i32x4(o0, o1, 0xee), t3 = _mm512_shuffle_i32x4(o2, o3, 0xee);
-            const __m512i r[4] = {_mm512_shuffle_i32x4(t0, t1, 0x88), _mm512_shuffle_i32x4(t0, t1, 0xdd),
-                                  _mm512_shuffle_i32x4(t2, t3, 0x88), _mm512_shuffle_i32x4(t2, t3, 0xdd)};
-            for (int l = 0; l < 4 && c0 / 16 + l < cbs; l++)
-                _mm512_storeu_si512(vb + ((int64_t)(c0 / 16 + l) * (KEYS / 4) + kk) * 16, r[l]);
         }
         fa_decode_prefetch_lines(t->pf, PF_QUAD);
     }
@@ -297,7 +334,7 @@ INLINE const int8_t *key_rows(const fa_decode_cache_tile *t, int j0, int8_t *sta
  * 16 keys a block, pipelined: block i + 1's products are issued (C tile and A tiles of the
  * other parity) before block i's C tile is stored, so the tile unit works while the ports
  * finish block i. */
-static void scores(const fa_decode_cache_tile *t, const uint32_t *qb, __m512 cs, float *s) {
+static void scores(const fa_decode_cache_tile *t, const uint32_t *qb, __m512 cs, float *s, uint32_t *vb) {
     int32_t c[16 * 16] __attribute__((aligned(64)));
     int8_t staged[2][16 * DIM] __attribute__((aligned(64)));
     const int two = t->d > 64, nb = (t->n + 15) / 16;
@@ -305,6 +342,7 @@ static void scores(const fa_decode_cache_tile *t, const uint32_t *qb, __m512 cs,
     if (two) TILE_LOAD(3, qb + 256, 64);
     QK_ISSUE(0, 4, 5, 0);
     for (int i = 0; i < nb; i++) {
+        if (vb) value_quads(t, vb, 4 * i, 4 * i + 4); /* while the tile unit works */
         if (i % 2 == 0) {
             if (i + 1 < nb) QK_ISSUE(1, 6, 7, 16 * (i + 1));
             TILE_STORE(0, c, 64);
@@ -387,11 +425,11 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
         q_memo own;
         const q_memo *qm = memo_of(t->ws, &own, t->q + (int64_t)r0 * t->d, mr, t->d, t->q_tag); /* finite: checked */
-        if (r0 == 0) value_quads(t, vb);
-        scores(t, qm->qb, _mm512_loadu_ps(qm->cs), s);
+        scores(t, qm->qb, _mm512_loadu_ps(qm->cs), s, r0 == 0 ? vb : NULL);
+        if (r0 == 0) value_quads(t, vb, 4 * ((n + 15) / 16), n64 / 4);
         float w[KEYS * 4] __attribute__((aligned(64))); /* lane 4 j + r */
         float alpha[4];
-        const __m512 wtop = softmax_weights(s, n, ksc, vsc, scale, pd, mr, mx + r0, sum + r0, w, alpha);
+        const __m512 wtop = softmax_weights(s, n, ksc, vsc, scale, pd, mr, mx + r0, sum + r0, w, alpha, t->pf);
         float wt[16], ws[16];
         _mm512_storeu_ps(wt, wtop);
         for (int r = 0; r < 4; r++) {
@@ -399,12 +437,14 @@ static void step_int8(const fa_decode_cache_tile *t, float scale, fa_dtype pd, f
             for (int p = 0; p < 4; p++) ws[4 * p + r] = ldexpf(1.0f, 8 * p - E);
             wt[r] = (float)E;
         }
-        for (int j0 = 0; j0 < n64; j0 += 16) /* 16 keys: row r's weights */
+        for (int j0 = 0; j0 < n64; j0 += 16) { /* 16 keys: row r's weights */
             for (int r = 0; r < 4; r++) {
                 __m128i dg[4];
                 digits(row_weights(w, j0, r), _mm512_set1_ps(wt[r]), dg);
                 for (int p = 0; p < 4; p++) _mm_store_si128((__m128i *)(wa + (4 * p + r) * KEYS + j0), dg[p]);
             }
+            fa_decode_prefetch_lines(t->pf, PF_DIG);
+        }
         weighted_values(t, wa, _mm512_loadu_ps(ws), vb, mr, alpha, acc + (int64_t)r0 * ldacc, ldacc);
     }
     fa_tiles_release();
