@@ -333,7 +333,7 @@ INLINE const int8_t *key_rows(const fa_decode_cache_tile *t, int j0, int8_t *sta
 /* s[j][r] = q_r . code_j (rows r0.., all 4 lanes of a key) for keys [0, n rounded up to 4),
  * 16 keys a block, pipelined: block i + 1's products are issued (C tile and A tiles of the
  * other parity) before block i's C tile is stored, so the tile unit works while the ports
- * finish block i. */
+ * finish block i, and (vb not NULL) build the value quads of block i's keys. */
 static void scores(const fa_decode_cache_tile *t, const uint32_t *qb, __m512 cs, float *s, uint32_t *vb) {
     int32_t c[16 * 16] __attribute__((aligned(64)));
     int8_t staged[2][16 * DIM] __attribute__((aligned(64)));
