@@ -1,5 +1,5 @@
 /* The decode step over int8 caches in the AMX tile unit, with integer products (the amx
- * table's cache_step where the CPU has AMX-INT8; fp8 caches of bf16 problems take
+ * table's cache_step where the CPU has AMX-INT8 and AVX512_VBMI; fp8 caches of bf16 problems take
  * decode_cache_fp16.c's f16 step where the CPU has AVX512_FP16 and GFNI; f16 and other fp8
  * caches, head dims past 128 and a q with a non-finite element take decode_cache_avx512.c's
  * f32 step). There, four f32 multiply-adds per cache element (four query rows share a kv
@@ -261,9 +261,9 @@ static const uint8_t pair_hi[64] __attribute__((aligned(64))) = {PAIRS32(1)};
 #undef PAIR
 
 /* Keys 4 kk.. 4 kk + 3 (x0..x3: 64 columns each) as the quads of 64 columns, to dst and the
- * three column blocks after it (a block KEYS / 4 quads of 16 dwords). */
-INLINE void quads_of(__m512i x0, __m512i x1, __m512i x2, __m512i x3, uint32_t *dst, int blocks) {
-    const __m512i plo = _mm512_load_si512(pair_lo), phi = _mm512_load_si512(pair_hi);
+ * three column blocks after it (a block KEYS / 4 quads of 16 dwords); plo, phi: pair_lo, pair_hi. */
+INLINE void quads_of(__m512i x0, __m512i x1, __m512i x2, __m512i x3, __m512i plo, __m512i phi, uint32_t *dst,
+                     int blocks) {
     const __m512i ab0 = _mm512_permutex2var_epi8(x0, plo, x1), ab1 = _mm512_permutex2var_epi8(x0, phi, x1);
     const __m512i cd0 = _mm512_permutex2var_epi8(x2, plo, x3), cd1 = _mm512_permutex2var_epi8(x2, phi, x3);
     const int64_t bs = (KEYS / 4) * 16;
@@ -282,12 +282,13 @@ INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, int kk0, in
     const int cbs = (t->dv + 15) / 16, whole = t->dv % 64 == 0 ? t->n / 4 : 0;
     const int8_t *v = (const int8_t *)t->v;
     const int64_t vs = t->vstride;
+    const __m512i plo = _mm512_load_si512(pair_lo), phi = _mm512_load_si512(pair_hi);
     for (int kk = kk0; kk < kk1; kk++) {
         if (kk < whole) {
             const int8_t *x = v + 4 * kk * vs;
             for (int c0 = 0; c0 < t->dv; c0 += 64, x += 64)
                 quads_of(_mm512_loadu_si512(x), _mm512_loadu_si512(x + vs), _mm512_loadu_si512(x + 2 * vs),
-                         _mm512_loadu_si512(x + 3 * vs), vb + ((int64_t)(c0 / 16) * (KEYS / 4) + kk) * 16, 4);
+                         _mm512_loadu_si512(x + 3 * vs), plo, phi, vb + ((int64_t)(c0 / 16) * (KEYS / 4) + kk) * 16, 4);
         } else {
             for (int c0 = 0; c0 < t->dv; c0 += 64) {
                 const __mmask64 m = t->dv - c0 >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (t->dv - c0)) - 1;
@@ -296,7 +297,8 @@ INLINE void value_quads(const fa_decode_cache_tile *t, uint32_t *vb, int kk0, in
                     const int j = 4 * kk + i;
                     x[i] = j < t->n ? _mm512_maskz_loadu_epi8(m, v + (int64_t)j * vs + c0) : _mm512_setzero_si512();
                 }
-                quads_of(x[0], x[1], x[2], x[3], vb + ((int64_t)(c0 / 16) * (KEYS / 4) + kk) * 16, cbs - c0 / 16);
+                quads_of(x[0], x[1], x[2], x[3], plo, phi, vb + ((int64_t)(c0 / 16) * (KEYS / 4) + kk) * 16,
+                         cbs - c0 / 16);
             }
         }
         fa_decode_prefetch_lines(t->pf, PF_QUAD);
