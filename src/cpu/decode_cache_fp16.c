@@ -60,19 +60,19 @@ static int fp16_arith(void) {
  * 32..39, 48..55, *b codes 8..15, 24..31, 40..47, 56..63. GF2P8AFFINEQB moves each code's
  * bits into an f16's high byte (sign, 0, the four exponent bits, two mantissa bits) and its
  * low byte (the last mantissa bit at bit 7), which the unpacks interleave into words: two
- * instructions per 32 codes. *nan (where given) keeps the least (~code & 0x7f) seen: 0 after
- * a NaN code. */
+ * instructions per 32 codes. *nan (where check) keeps the least (~code & 0x7f) seen: 0 after
+ * a NaN code (a local of the caller's, always there, so that it stays in a register). */
 #define GF_HI 0x0204081020400080LL
 #define GF_LO 0x0000000000000001LL
 #define GF_NOT_MAG 0x0102040810204000LL
-INLINE void codes64(const void *x, __mmask64 m, __m512h *a, __m512h *b, __m512i *nan) {
+INLINE void codes64(const void *x, __mmask64 m, __m512h *a, __m512h *b, __m512i *nan, const int check) {
     /* a masked load costs the whole step a tenth more: whole chunks load plainly */
     const __m512i raw = m == ~(__mmask64)0 ? _mm512_loadu_si512(x) : _mm512_maskz_loadu_epi8(m, x);
     const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(GF_HI), 0);
     const __m512i lo = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(GF_LO), 0);
     *a = _mm512_castsi512_ph(_mm512_unpacklo_epi8(lo, hi));
     *b = _mm512_castsi512_ph(_mm512_unpackhi_epi8(lo, hi));
-    if (nan) *nan = _mm512_min_epu8(*nan, _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(GF_NOT_MAG), 0x7f));
+    if (check) *nan = _mm512_min_epu8(*nan, _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(GF_NOT_MAG), 0x7f));
 }
 /* The live bytes of the 64 from column c of a row of len (a multiple of 32). */
 INLINE __mmask64 live64(int len, int c) { return len - c >= 64 ? ~(__mmask64)0 : (__mmask64)0xffffffffu; }
@@ -110,7 +110,8 @@ INLINE __m512 sum16_ph(const __m512h acc[16]) {
 /* The f16 sums q_r . k_j of rows 0..3 (qh: QV vectors a row, in codes64's lane order)
  * against keys j0.. (nj <= 4; missing ones repeat the first), lane 4 r + j, in f32; nan as
  * codes64's. */
-INLINE __m512 qk_block(const fa_decode_cache_tile *t, const __m512h *qh, int j0, int nj, __m512i *nan, const int whole) {
+INLINE __m512 qk_block(const fa_decode_cache_tile *t, const __m512h *qh, int j0, int nj, __m512i *nan, const int check,
+                       const int whole) {
     const char *k[4];
     for (int j = 0; j < 4; j++) k[j] = (const char *)t->k + (int64_t)(j0 + (j < nj ? j : 0)) * t->kstride;
     __m512h acc[16];
@@ -120,7 +121,7 @@ INLINE __m512 qk_block(const fa_decode_cache_tile *t, const __m512h *qh, int j0,
         const __mmask64 m = whole ? ~(__mmask64)0 : live64(t->d, c);
         __m512h ka[4], kb[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) codes64(k[j] + c, m, &ka[j], &kb[j], nan);
+        for (int j = 0; j < 4; j++) codes64(k[j] + c, m, &ka[j], &kb[j], nan, check);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const __m512h qa = qh[r * QV + c / 32], qb = qh[r * QV + c / 32 + 1];
@@ -135,7 +136,8 @@ INLINE __m512 qk_block(const fa_decode_cache_tile *t, const __m512h *qh, int j0,
  * end; w_rj: w16's lane 4 r + j % 4 of block j / 4): f16 sums over KB keys at a time, in
  * codes64's lane order, each then put in column order and added into o in f32. */
 INLINE void pv_block(const fa_decode_cache_tile *t, const uint32_t *w16, float undo, int mr, int c0, float *o, int ldo,
-                     __m512i *nan, const int whole) {
+                     __m512i *nan_io, const int check, const int whole) {
+    __m512i nan = *nan_io; /* a local, so that it stays in a register across o's stores */
     const __m512 e = _mm512_set1_ps(undo);
     const int cols = whole ? 128 : t->dv - c0 < 128 ? t->dv - c0 : 128, halves = cols > 64 ? 2 : 1;
     const __mmask64 m0 = whole ? ~(__mmask64)0 : live64(cols, 0), m1 = whole ? ~(__mmask64)0 : halves == 2 ? live64(cols, 64) : 0;
@@ -150,8 +152,8 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const uint32_t *w16, float u
         for (int j = j0; j < j1; j++) {
             const char *vr = (const char *)t->v + (int64_t)j * t->vstride + c0;
             __m512h x[4] = {_mm512_setzero_ph(), _mm512_setzero_ph(), _mm512_setzero_ph(), _mm512_setzero_ph()};
-            codes64(vr, m0, &x[0], &x[1], nan);
-            if (halves == 2) codes64(vr + 64, m1, &x[2], &x[3], nan);
+            codes64(vr, m0, &x[0], &x[1], &nan, check);
+            if (halves == 2) codes64(vr + 64, m1, &x[2], &x[3], &nan, check);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
                 const __m512h w = _mm512_castsi512_ph(_mm512_set1_epi32((int)w16[16 * (j / 4) + 4 * r + j % 4]));
@@ -180,6 +182,7 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const uint32_t *w16, float u
             }
         }
     }
+    *nan_io = nan;
 }
 
 /* The largest |x| of n floats; NaN if one is NaN. */
@@ -251,8 +254,8 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
             const int nj = t->n - 4 * b < 4 ? t->n - 4 * b : 4;
             /* the first group of rows sees every key's codes: a NaN among them leaves the tile,
              * untouched, to the f32 step */
-            __m512i *ck = r0 ? NULL : &nan;
-            const __m512 x = _mm512_scalef_ps(t->d % 64 ? qk_block(t, qh, 4 * b, nj, ck, 0) : qk_block(t, qh, 4 * b, nj, ck, 1), undo_q);
+            const int ck = !r0;
+            const __m512 x = _mm512_scalef_ps(t->d % 64 ? qk_block(t, qh, 4 * b, nj, &nan, ck, 0) : qk_block(t, qh, 4 * b, nj, &nan, ck, 1), undo_q);
             S[b] = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_broadcast_f32x4(_mm_loadu_ps(ksc + 4 * b))), vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
@@ -283,10 +286,10 @@ int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dty
         fa_group_sums(total, alpha, mr, sum + r0);
         float *o = acc + (int64_t)r0 * ldacc;
         fa_group_rescale(o, ldacc, mr, t->dv, alpha);
-        __m512i *cv = r0 ? NULL : &nan; /* no byte of nan is 0 after the scores' check */
+        const int cv = !r0; /* no byte of nan is 0 after the scores' check */
         for (int c0 = 0; c0 < t->dv; c0 += 128)
-            if (t->dv - c0 >= 128) pv_block(t, w16, undo_w, mr, c0, o, ldacc, cv, 1);
-            else pv_block(t, w16, undo_w, mr, c0, o, ldacc, cv, 0);
+            if (t->dv - c0 >= 128) pv_block(t, w16, undo_w, mr, c0, o, ldacc, &nan, cv, 1);
+            else pv_block(t, w16, undo_w, mr, c0, o, ldacc, &nan, cv, 0);
         if (!r0 && _mm512_cmpeq_epi8_mask(nan, _mm512_setzero_si512())) {
             for (int r = 0; r < mr; r++) {
                 memcpy(acc + (int64_t)r * ldacc, keep + r * t->dv, sizeof(float) * (size_t)t->dv);
