@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct {
     const void *ptr;
@@ -142,8 +143,9 @@ fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a,
  * Outputs against each other are compared by their first byte only: dq, dk and dv
  * interleaved in one packed dqkv buffer are disjoint and legitimate, and ranges would
  * refuse them. A decode append's caches (and scales) are read and written, in place by
- * design; they are compared with everything else, not with each other (k == v is refused
- * above). */
+ * design: against everything else their ranges are compared; against each other their
+ * elements (share_elements), so that k and v of one combined [B, S, 2, Hk, D] cache pass
+ * while any element both would write is refused. */
 
 enum { RD = 1, WR = 2 };
 
@@ -151,13 +153,14 @@ typedef struct {
     uintptr_t lo, hi; /* the first and last byte; lo > hi: none (no pointer or no elements) */
     const char *name;
     int use;          /* RD, WR or both */
+    int64_t d[4], s[4], es; /* dims, strides (elements) and element bytes */
 } extent;
 
 /* A [d0, d1, d2, d3] tensor of es-byte elements with strides st (elements, >= 0). The plan
  * bounded every strided tensor's bytes; the arithmetic saturates all the same. */
 static extent strided(const void *ptr, const char *name, int use, const int64_t d[4], const fa_strides *st,
                       int64_t es) {
-    extent e = {1, 0, name, use};
+    extent e = {1, 0, name, use, {d[0], d[1], d[2], d[3]}, {st->s[0], st->s[1], st->s[2], st->s[3]}, es};
     if (!ptr || d[0] <= 0 || d[1] <= 0 || d[2] <= 0 || d[3] <= 0) return e;
     uint64_t last = 0, t;
     int wrap = 0;
@@ -195,6 +198,46 @@ static fa_status check_output_strides(const char *name, const int64_t d[4], cons
 
 static int meet(const extent *a, const extent *b) { return a->lo <= b->hi && b->lo <= a->hi; }
 
+/* Whether index differences c_k in [lo_k, hi_k] over the first k dims (byte strides S,
+ * ascending, each above the reach of those below: nested) bring sum c_k S_k within es bytes
+ * of t. Nested, only the two multiples of the top stride around t can leave a remainder the
+ * dims below reach: at most 2^k paths. */
+static int differences_reach(int64_t t, const int64_t *S, const int64_t *lo, const int64_t *hi, int k, int64_t es) {
+    if (k == 0) return t > -es && t < es;
+    const int64_t top = S[k - 1], c0 = t / top - (t % top < 0); /* floor */
+    for (int64_t c = c0; c <= c0 + 1; c++)
+        if (c >= lo[k - 1] && c <= hi[k - 1] && differences_reach(t - c * top, S, lo, hi, k - 1, es)) return 1;
+    return 0;
+}
+
+/* Whether two tensors of the same strides and element size (their ranges meet) have an
+ * element in common: exact where their dims nest (every dense layout and its slices, such
+ * as k and v of one combined cache), else assumed (1), as ranges are elsewhere. Dims of one
+ * element drop out; the strides then sorted ascending. */
+static int share_elements(const extent *a, const extent *b) {
+    if (a->es != b->es || memcmp(a->s, b->s, sizeof a->s)) return 1;
+    int64_t S[4], lo[4], hi[4], reach = 0;
+    int k = 0;
+    for (int i = 0; i < 4; i++) {
+        if (a->d[i] == 1 && b->d[i] == 1) continue;
+        if (a->s[i] <= 0 || a->s[i] > INT64_MAX / 4 / a->es) return 1;
+        S[k] = a->s[i] * a->es, lo[k] = 1 - b->d[i], hi[k] = a->d[i] - 1;
+        for (int j = k++; j > 0 && S[j - 1] > S[j]; j--) { /* insertion sort, all three together */
+            int64_t x = S[j]; S[j] = S[j - 1], S[j - 1] = x;
+            x = lo[j]; lo[j] = lo[j - 1], lo[j - 1] = x;
+            x = hi[j]; hi[j] = hi[j - 1], hi[j - 1] = x;
+        }
+    }
+    for (int j = 0; j < k; j++) { /* nested: the dims below reach less than the next stride */
+        if (reach + a->es > S[j]) return 1;
+        const int64_t c = -lo[j] > hi[j] ? -lo[j] : hi[j];
+        if (c > (INT64_MAX / 2 - reach) / S[j]) return 1;
+        reach += c * S[j];
+    }
+    const uintptr_t t = b->lo - a->lo; /* b's first byte from a's, two's complement */
+    return differences_reach((int64_t)t, S, lo, hi, k, a->es);
+}
+
 /* FA_ERR_INVALID naming the first pair of n extents that may not share memory (above). */
 static fa_status check_overlaps(const extent *e, int n, const char *fn) {
     for (int i = 0; i < n; i++)
@@ -207,8 +250,13 @@ static fa_status check_overlaps(const extent *e, int n, const char *fn) {
                                     a->name, b->name, (void *)a->lo);
                 continue;
             }
-            if (a->use == (RD | WR) && b->use == (RD | WR)) continue;
             if (!meet(a, b)) continue;
+            if (a->use == (RD | WR) && b->use == (RD | WR)) {
+                if (!share_elements(a, b)) continue;
+                return fa_error(FA_ERR_INVALID, "%s: %s (bytes %p..%p) and %s (bytes %p..%p) share memory, and the "
+                                "appended tokens write both: pass separate buffers", fn, a->name, (void *)a->lo,
+                                (void *)a->hi, b->name, (void *)b->lo, (void *)b->hi);
+            }
             if (!(a->use & WR) || ((a->use & RD) && b->use == WR)) { /* name the one only written first */
                 const extent *x = a;
                 a = b, b = x;

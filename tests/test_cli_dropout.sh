@@ -35,6 +35,8 @@ out=$("$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.1 --seed
 case $out in *"dropout 0.1 (keeps 0.898438, seed 5)"*) ok "plan shows the dropout and its keep rate" ;; *) no "plan" "$out" ;; esac
 out=$("$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.1 --json 2>&1)
 case $out in *'"dropout": 0.100000001'*) ok "plan --json has dropout" ;; *) no "plan --json" "$out" ;; esac
+# the exact keep rate the 8-bit threshold implies (docs/semantics.md): 230 / 256 for p = 0.1
+case $out in *'"dropout_keep_rate": 0.8984375'*) ok "plan --json has the keep rate" ;; *) no "plan --json keep rate" "$out" ;; esac
 
 for bad in "--dropout 1" "--dropout -0.1" "--dropout nan" "--dropout x" "--seed 3" "--dropout 0.1 --seed -1" \
            "--dropout 0.1 --seed 18446744073709551616"; do

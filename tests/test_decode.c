@@ -320,6 +320,15 @@ static void overlapping_appends(void) {
               fa_status_string(st), fa_last_error());
         CHECK(!memcmp(c.k, c.k0, nc * es), "k and v one buffer: the cache changed");
     }
+    /* v one element into k: their elements meet (k's element 1 is v's 0), pointers differ */
+    {
+        fa_forward_args a = args_of(&c, NULL);
+        a.v = (const char *)c.k + es;
+        const fa_status st = fa_forward(pl, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "share memory") && strstr(fa_last_error(), "v (the value"),
+              "v one element into k with appends: %s (%s)", fa_status_string(st), fa_last_error());
+        CHECK(!memcmp(c.k, c.k0, nc * es), "v one element into k: the cache changed");
+    }
     /* the caches are written in place, but nothing else may share their memory: o over the
      * key cache, or new keys read from inside the value cache the append writes */
     for (int x = 0; x < 2; x++) {

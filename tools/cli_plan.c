@@ -78,11 +78,11 @@ static void print_json(const fa_plan *plan, const fa_cost *f, const fa_cost *b, 
            ", \"seq_q\": %" PRId64 ", \"seq_k\": %" PRId64 ", \"head_dim\": %" PRId64
            ", \"head_dim_v\": %" PRId64 ", \"dtype\": \"%s\", \"scale\": %.9g, \"causal\": %s"
            ", \"window\": [%" PRId64 ", %" PRId64 "], \"softcap\": %.9g, \"bias\": %s"
-           ", \"alibi\": %s, \"segment_ids\": %s, \"dropout\": %.9g",
+           ", \"alibi\": %s, \"segment_ids\": %s, \"dropout\": %.9g, \"dropout_keep_rate\": %.9g",
            p->batch, p->heads_q, p->heads_kv, p->seq_q, p->seq_k, p->head_dim, p->head_dim_v,
            fa_dtype_name(p->dtype), (double)fa_plan_scale(plan), tf(p->causal), p->window_left,
            p->window_right, (double)p->softcap, tf(p->has_bias), tf(p->has_alibi),
-           tf(p->has_segment_ids), (double)p->dropout_p);
+           tf(p->has_segment_ids), (double)p->dropout_p, fa_dropout_keep_rate(p->dropout_p));
     int64_t vis = 0, full = 0, part = 0;
     if (p->mask && fa_mask_stats(p->mask, &vis, &full, &part) == FA_OK)
         printf(", \"mask\": {\"visible_pairs\": %" PRId64 ", \"full_blocks\": %" PRId64 ", \"partial_blocks\": %" PRId64

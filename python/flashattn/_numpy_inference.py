@@ -14,7 +14,7 @@ from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _g
 from ._problem import make_options
 from ._quant import cache_code_dtypes, cache_dtype_code
 from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, check_prefix,
-                                 decode_problem, int32_lengths, varlen_problem)
+                                 check_scale_dtype, decode_problem, int32_lengths, varlen_problem)
 from . import _layout
 
 
@@ -42,7 +42,8 @@ class _Varlen:
     """What both passes of a packed batch share: checked q, k, v, lengths, options."""
 
     def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                 window, softcap, scale, alibi_slopes, diag_offset, sinks=None, dropout=(None, None, None)):
+                 window, softcap, scale, alibi_slopes, diag_offset, sinks=None, dropout=(None, None, None),
+                 threads=0):
         q, k, v = (_readable(n, a, 3) for n, a in (("q", q), ("k", k), ("v", v)))
         self.dtype = _one_dtype(q=q, k=k, v=v)
         self.cu_q = int32_lengths("cu_seqlens_q", cu_seqlens_q, "[batch + 1]")
@@ -55,6 +56,7 @@ class _Varlen:
         self.opts = dict(causal=causal, window=window, softcap=softcap, scale=scale,
                          alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks is not None,
                          dropout=dropout)
+        self.threads = threads
 
     def o_shape(self):
         return self.q.shape[:2] + (self.v.shape[2],)
@@ -77,7 +79,7 @@ class _Varlen:
                            q_stride=_elem_strides(q), k_stride=_elem_strides(k),
                            v_stride=_elem_strides(v), o_stride=o_stride, dtype=self.dtype,
                            cu_seqlens_q=self.cu_q, cu_seqlens_k=self.cu_k, lengths_per_call=per_call, **self.opts)
-        return _native.cached_plan(p, make_options("cpu"))
+        return _native.cached_plan(p, make_options("cpu", self.threads))
 
     def length_ptrs(self):
         return dict(cu_seqlens_q=self.cu_q.ctypes.data, cu_seqlens_k=self.cu_k.ctypes.data)
@@ -93,7 +95,7 @@ class _Varlen:
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                      causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
                      diag_offset=None, return_lse=False, out=None, sinks=None, dropout_p=None, seed=None,
-                     dropout_offset=None):
+                     dropout_offset=None, threads=0):
     """Attention over a packed batch of sequences of different lengths.
 
     q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv], one dtype (float32,
@@ -112,7 +114,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     are not read), and one plan, made from the tensors' shapes, serves every call of those
     shapes whatever its lengths (the library checks each call's)."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                softcap, scale, alibi_slopes, diag_offset, sinks, (dropout_p, seed, dropout_offset))
+                softcap, scale, alibi_slopes, diag_offset, sinks, (dropout_p, seed, dropout_offset), threads)
     shape = c.o_shape()
     inputs = (("q", q), ("k", k), ("v", v), ("alibi_slopes", alibi_slopes), ("sinks", sinks))
     o = _empty(shape, c.q.dtype) if out is None else _check_out("out", out, shape, c.q.dtype, inputs)
@@ -128,15 +130,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 def varlen_attention_backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                               max_seqlen_k=None, *, causal=False, window=None, softcap=None,
                               scale=None, alibi_slopes=None, diag_offset=None, sinks=None, dropout_p=None,
-                              seed=None, dropout_offset=None):
+                              seed=None, dropout_offset=None, threads=0):
     """Gradients of sum(o * do) for varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)
     with the same options, from its o and lse [Hq, total_q]. Returns (dq, dk, dv) shaped and
     strided like q, k, v (dk, dv summed over the query heads that share them), and dsink
     (f32 [Hq], summed over every packed row) last with sinks. Rows and keys past the prefix
     sums' ends (see varlen_attention) get zero gradients. dropout_p, seed, dropout_offset:
-    the forward's, whose keep mask the backward regenerates."""
+    the forward's, whose keep mask the backward regenerates. threads: as in varlen_attention."""
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                softcap, scale, alibi_slopes, diag_offset, sinks, (dropout_p, seed, dropout_offset))
+                softcap, scale, alibi_slopes, diag_offset, sinks, (dropout_p, seed, dropout_offset), threads)
     shape = c.o_shape()
     o, do = _readable("o", o, 3), _readable("do", do, 3)
     o, do, lse = backward_inputs(o, do, lse, shape, c.q.dtype, (c.q.shape[1], c.q.shape[0]), "[Hq, total_q]")
@@ -177,6 +179,8 @@ def _writable_cache(name, a):
     """A cache the library writes new rows into: through its own strides, never a copy."""
     if not isinstance(a, np.ndarray):
         raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.size == 0:  # nothing to write (numpy gives empty arrays any strides, zeros too)
+        return a
     st = _elem_strides(a)
     if not a.flags.writeable or not a.flags.aligned or st is None or not _layout.writable_strides(a.shape, st):
         raise ValueError(f"{name} is written in place (new k and v given), so it must be a writable, "
@@ -203,18 +207,19 @@ def _cache_scales(name, s, shape, written):
         raise ValueError(f"{name} must be a numpy array, got {type(s).__name__}")
     if tuple(s.shape) != shape:
         raise ValueError(f"{name} must have shape {shape} (the cache's rows and kv heads), got {tuple(s.shape)}")
-    if written:
-        if s.dtype != np.float32 or not s.flags.c_contiguous or not s.flags.writeable:
+    check_scale_dtype(name, s.dtype)
+    if written and s.size:
+        if not s.flags.c_contiguous or not s.flags.writeable:
             raise ValueError(f"{name} is written in place (new k and v given), so it must be a writable, "
-                             f"C-contiguous float32 array, got {s.dtype} with strides {s.strides}")
+                             f"C-contiguous float32 array, got strides {s.strides}")
         return s
-    return np.ascontiguousarray(s, dtype=np.float32)
+    return np.ascontiguousarray(s)
 
 
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
                       return_lse=False, out=None, sinks=None, k_prefix=None, v_prefix=None, cache_dtype=None,
-                      k_scale=None, v_scale=None):
+                      k_scale=None, v_scale=None, threads=0):
     """One decoding step against a kv cache, in the manner of flash_attn_with_kvcache.
 
     q [B, Sq_new, Hq, D]; k_cache [B, S_cache_max, Hk, D] and v_cache [.., Dv], or with
@@ -239,7 +244,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     fp8 e4m3fn as ml_dtypes.float8_e4m3fn or its uint8 bits; flashattn.quantize_cache
     makes them) and k_scale, v_scale (float32, the caches' shape without head_dim) one scale
     per row and kv head; new k and v (in q's dtype) are quantized on append, their scales
-    written into k_scale and v_scale."""
+    written into k_scale and v_scale.
+
+    threads: CPU threads for this call (0 or None: the library's default), as in attention."""
     q = _readable("q", q)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
@@ -301,7 +308,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                        alibi=slopes is not None, sinks=sink_arr is not None, lengths_per_call=True,
                        shared_prefix_len=0 if kp is None else kp.shape[0], cache_dtype=code)
     # one plan for every step of a decode loop: made from capacities, the lengths go with the call
-    handle = _native.cached_plan(p, make_options("cpu"))
+    handle = _native.cached_plan(p, make_options("cpu", threads))
     ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
     handle.forward(_native.ForwardArgs(q=ptr(q), k=ptr(k_cache), v=ptr(v_cache), o=ptr(o),
                                        lse=ptr(lse), alibi_slopes=ptr(slopes), k_new=ptr(k),

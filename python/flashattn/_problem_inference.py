@@ -171,3 +171,11 @@ def cache_scale_shape(kc_shape):
     """The scales of a quantized cache: one per (row, kv head), [B, S_cache, Hk] or
     [num_pages, page_size, Hk]."""
     return tuple(kc_shape[:3])
+
+
+def check_scale_dtype(name, dtype):
+    """Every front's rule for a quantized cache's scales: float32 as they are, like the codes
+    beside them (a conversion would round a float64 scale, turn a boolean into 1.0 or drop an
+    imaginary part; torch's tensors are checked the same way)."""
+    if str(dtype) != "float32":
+        raise ValueError(f"{name} must be float32 (one scale per cache row and kv head), got dtype {dtype}")

@@ -150,7 +150,8 @@ class _Chunked(Mask):
 def _per_batch(name, n, batch):
     """A per-batch argument's count: 1 (every batch item alike) or the call's batch."""
     if n not in (1, batch):
-        raise ValueError(f"{name} gives {n} batch items but the call has batch {batch} (give 1 or {batch})")
+        raise ValueError(f"{name} gives {n} batch items but the call has batch {batch} "
+                         f"({'give 1' if batch == 1 else f'give 1 or {batch}'})")
 
 
 class _PrefixLM(Mask):

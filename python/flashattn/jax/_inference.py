@@ -25,8 +25,8 @@ from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
 from .._problem import _int, check_real, make_options as _library_options, threads_int
-from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
-                                  decode_problem, varlen_problem)
+from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_scale_dtype,
+                                  check_varlen_shapes, decode_problem, varlen_problem)
 from . import _ffi
 from .._quant import cache_dtype_code
 from ._attention import _cotangents_as_values, _dropout, _finite, _window, seed_words
@@ -267,7 +267,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             if s is None or tuple(jnp.shape(s)) != shp:
                 raise ValueError(f"{name} is required with a quantized cache_dtype: float32 of shape {shp}, "
                                  f"got {None if s is None else tuple(jnp.shape(s))}")
-        k_scale, v_scale = jnp.asarray(k_scale, jnp.float32), jnp.asarray(v_scale, jnp.float32)
+        k_scale, v_scale = jnp.asarray(k_scale), jnp.asarray(v_scale)
+        check_scale_dtype("k_scale", k_scale.dtype)
+        check_scale_dtype("v_scale", v_scale.dtype)
         arrays, names = [a for a, n in zip(arrays, names) if n not in ("k_cache", "v_cache")], \
             [n for n in names if n not in ("k_cache", "v_cache")]
     dtype = _dtype(*arrays, names=names)
