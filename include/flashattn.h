@@ -370,6 +370,8 @@ FA_API fa_status fa_plan_cost_lengths(const fa_plan *plan, fa_pass pass, const i
 /* 1 when the cost figures are exact; 0 when they are an upper bound (segment ids). */
 FA_API int fa_plan_exact(const fa_plan *plan);
 FA_API fa_backend fa_plan_backend(const fa_plan *plan);
+/* The tiles a pass runs (block_q x block_k); 0s for a pass other than FA_FORWARD or
+ * FA_BACKWARD (fa_last_error says why); nothing written for a NULL plan. */
 FA_API void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t *block_k);
 FA_API int fa_plan_threads(const fa_plan *plan);
 FA_API const fa_problem *fa_plan_problem(const fa_plan *plan);

@@ -185,23 +185,40 @@ static extent flat(const void *ptr, const char *name, int use, int64_t a, int64_
     return strided(ptr, name, use, d, &st, es);
 }
 
-/* FA_ERR_INVALID if an output's stride is 0 over a dimension of more than one element:
- * those elements would all be written to one address. */
-static fa_status check_output_strides(const char *name, const int64_t d[4], const fa_strides *st, const char *fn) {
-    static const char *const dims[4] = {"batch items", "heads", "rows", "columns"};
-    for (int i = 0; i < 4; i++)
-        if (d[i] > 1 && st->s[i] == 0 && d[0] && d[1] && d[2] && d[3])
-            return fa_error(FA_ERR_INVALID, "%s: %s stride %d is 0 over %lld %s: an output's elements may not share "
-                            "an address", fn, name, i, (long long)d[i], dims[i]);
-    return FA_OK;
-}
-
 static int meet(const extent *a, const extent *b) { return a->lo <= b->hi && b->lo <= a->hi; }
 
-/* Whether index differences c_k in [lo_k, hi_k] over the first k dims (byte strides S,
- * ascending, each above the reach of those below: nested) bring sum c_k S_k within es bytes
- * of t. Nested, only the two multiples of the top stride around t can leave a remainder the
- * dims below reach: at most 2^k paths. */
+/* The dims of a and b (the same strides and element bytes) for comparing their elements:
+ * byte strides S ascending and the bounds [lo, hi] of a's index minus b's, dims of one
+ * element in both left out. Returns their count, or -1 where they do not nest (a stride not
+ * above the reach of the smaller ones, a zero stride included): nothing is proven then.
+ * Nested, the dims give every element its own address (the largest nonzero difference
+ * outweighs the rest), as in any dense layout or slice of one. */
+static int nested_differences(const extent *a, const extent *b, int64_t S[4], int64_t lo[4], int64_t hi[4]) {
+    int64_t reach = 0;
+    int k = 0;
+    for (int i = 0; i < 4; i++) {
+        if (a->d[i] == 1 && b->d[i] == 1) continue;
+        if (a->s[i] <= 0 || a->s[i] > INT64_MAX / 4 / a->es) return -1;
+        S[k] = a->s[i] * a->es, lo[k] = 1 - b->d[i], hi[k] = a->d[i] - 1;
+        for (int j = k++; j > 0 && S[j - 1] > S[j]; j--) { /* insertion sort, all three together */
+            int64_t x = S[j];
+            S[j] = S[j - 1], S[j - 1] = x;
+            x = lo[j], lo[j] = lo[j - 1], lo[j - 1] = x;
+            x = hi[j], hi[j] = hi[j - 1], hi[j - 1] = x;
+        }
+    }
+    for (int j = 0; j < k; j++) {
+        if (reach + a->es > S[j]) return -1;
+        const int64_t c = -lo[j] > hi[j] ? -lo[j] : hi[j];
+        if (c > (INT64_MAX / 2 - reach) / S[j]) return -1;
+        reach += c * S[j];
+    }
+    return k;
+}
+
+/* Whether index differences c_k in [lo_k, hi_k] over the first k dims (nested byte strides
+ * S, ascending) bring sum c_k S_k within es bytes of t. Nested, only the two multiples of
+ * the top stride around t can leave a remainder the dims below reach: at most 2^k paths. */
 static int differences_reach(int64_t t, const int64_t *S, const int64_t *lo, const int64_t *hi, int k, int64_t es) {
     if (k == 0) return t > -es && t < es;
     const int64_t top = S[k - 1], c0 = t / top - (t % top < 0); /* floor */
@@ -210,32 +227,38 @@ static int differences_reach(int64_t t, const int64_t *S, const int64_t *lo, con
     return 0;
 }
 
-/* Whether two tensors of the same strides and element size (their ranges meet) have an
- * element in common: exact where their dims nest (every dense layout and its slices, such
- * as k and v of one combined cache), else assumed (1), as ranges are elsewhere. Dims of one
- * element drop out; the strides then sorted ascending. */
+/* Whether two tensors whose ranges meet have an element in common: 1 or 0, exact where
+ * they have the same strides and element size and their dims nest (k and v of one combined
+ * cache, dq, dk and dv of one packed buffer); -1 where that is not known. */
 static int share_elements(const extent *a, const extent *b) {
-    if (a->es != b->es || memcmp(a->s, b->s, sizeof a->s)) return 1;
-    int64_t S[4], lo[4], hi[4], reach = 0;
-    int k = 0;
-    for (int i = 0; i < 4; i++) {
-        if (a->d[i] == 1 && b->d[i] == 1) continue;
-        if (a->s[i] <= 0 || a->s[i] > INT64_MAX / 4 / a->es) return 1;
-        S[k] = a->s[i] * a->es, lo[k] = 1 - b->d[i], hi[k] = a->d[i] - 1;
-        for (int j = k++; j > 0 && S[j - 1] > S[j]; j--) { /* insertion sort, all three together */
-            int64_t x = S[j]; S[j] = S[j - 1], S[j - 1] = x;
-            x = lo[j]; lo[j] = lo[j - 1], lo[j - 1] = x;
-            x = hi[j]; hi[j] = hi[j - 1], hi[j - 1] = x;
-        }
-    }
-    for (int j = 0; j < k; j++) { /* nested: the dims below reach less than the next stride */
-        if (reach + a->es > S[j]) return 1;
-        const int64_t c = -lo[j] > hi[j] ? -lo[j] : hi[j];
-        if (c > (INT64_MAX / 2 - reach) / S[j]) return 1;
-        reach += c * S[j];
-    }
+    int64_t S[4], lo[4], hi[4];
+    if (a->es != b->es || memcmp(a->s, b->s, sizeof a->s)) return -1;
+    const int k = nested_differences(a, b, S, lo, hi);
+    if (k < 0) return -1;
     const uintptr_t t = b->lo - a->lo; /* b's first byte from a's, two's complement */
     return differences_reach((int64_t)t, S, lo, hi, k, a->es);
+}
+
+/* FA_ERR_INVALID unless every element of an output (or of a cache an append writes) has its
+ * own address: a stride of 0 over a dimension of more than one element writes them all to
+ * one, and strides that do not nest (nested_differences) are not shown apart. */
+static fa_status check_output_layout(const char *name, const int64_t d[4], const fa_strides *st, int64_t es,
+                                     const char *fn) {
+    static const char *const dims[4] = {"batch items", "heads", "rows", "columns"};
+    if (!(d[0] && d[1] && d[2] && d[3])) return FA_OK;
+    for (int i = 0; i < 4; i++)
+        if (d[i] > 1 && st->s[i] == 0)
+            return fa_error(FA_ERR_INVALID, "%s: %s stride %d is 0 over %lld %s: an output's elements may not share "
+                            "an address", fn, name, i, (long long)d[i], dims[i]);
+    const extent e = strided((const void *)(uintptr_t)64, name, WR, d, st, es);
+    int64_t S[4], lo[4], hi[4];
+    if (nested_differences(&e, &e, S, lo, hi) < 0)
+        return fa_error(FA_ERR_INVALID, "%s: %s's strides {%lld, %lld, %lld, %lld} over dims {%lld, %lld, %lld, %lld} "
+                        "do not give each element its own address (each stride must exceed the reach of the smaller "
+                        "ones, as in a dense layout or a slice of one)", fn, name, (long long)st->s[0],
+                        (long long)st->s[1], (long long)st->s[2], (long long)st->s[3], (long long)d[0],
+                        (long long)d[1], (long long)d[2], (long long)d[3]);
+    return FA_OK;
 }
 
 /* FA_ERR_INVALID naming the first pair of n extents that may not share memory (above). */
@@ -248,11 +271,15 @@ static fa_status check_overlaps(const extent *e, int n, const char *fn) {
                 if (a->lo == b->lo)
                     return fa_error(FA_ERR_INVALID, "%s: outputs %s and %s are the same buffer (both start at %p)", fn,
                                     a->name, b->name, (void *)a->lo);
+                if (meet(a, b) && share_elements(a, b) == 1) /* interleaved is fine, a shared element is not */
+                    return fa_error(FA_ERR_INVALID, "%s: outputs %s (bytes %p..%p) and %s (bytes %p..%p) share "
+                                    "elements", fn, a->name, (void *)a->lo, (void *)a->hi, b->name, (void *)b->lo,
+                                    (void *)b->hi);
                 continue;
             }
             if (!meet(a, b)) continue;
             if (a->use == (RD | WR) && b->use == (RD | WR)) {
-                if (!share_elements(a, b)) continue;
+                if (share_elements(a, b) == 0) continue;
                 return fa_error(FA_ERR_INVALID, "%s: %s (bytes %p..%p) and %s (bytes %p..%p) share memory, and the "
                                 "appended tokens write both: pass separate buffers", fn, a->name, (void *)a->lo,
                                 (void *)a->hi, b->name, (void *)b->lo, (void *)b->hi);
@@ -279,8 +306,11 @@ fa_status fa_check_forward_overlaps(const fa_problem *p, const fa_forward_args *
     const int64_t qd[4] = {L, Hq, Sq, D}, od[4] = {L, Hq, Sq, Dv}, kd[4] = {n0, Hk, rows, D}, vd[4] = {n0, Hk, rows, Dv};
     const int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, Sk};
     const int cache = append ? RD | WR : RD, scales = quant && decode ? cache : 0;
-    fa_status s = check_output_strides("o", od, &p->o_stride, fn);
-    if (s) return s;
+    fa_status s;
+    if ((s = check_output_layout("o", od, &p->o_stride, es, fn)) ||
+        (append && ((s = check_output_layout("k (the key cache)", kd, &p->k_stride, ces, fn)) ||
+                    (s = check_output_layout("v (the value cache)", vd, &p->v_stride, ces, fn)))))
+        return s;
     const extent e[] = {
         strided(a->o, "o", WR, od, &p->o_stride, es),
         flat(a->lse, "lse", WR, L, Hq, Sq, 4),
@@ -313,8 +343,9 @@ fa_status fa_check_backward_overlaps(const fa_problem *p, const fa_backward_args
     const int64_t qd[4] = {L, Hq, Sq, D}, od[4] = {L, Hq, Sq, Dv}, kd[4] = {L, Hk, Sk, D}, vd[4] = {L, Hk, Sk, Dv};
     const int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, Sk};
     fa_status s;
-    if ((s = check_output_strides("dq", qd, &p->q_stride, fn)) ||
-        (s = check_output_strides("dk", kd, &p->k_stride, fn)) || (s = check_output_strides("dv", vd, &p->v_stride, fn)))
+    if ((s = check_output_layout("dq", qd, &p->q_stride, es, fn)) ||
+        (s = check_output_layout("dk", kd, &p->k_stride, es, fn)) ||
+        (s = check_output_layout("dv", vd, &p->v_stride, es, fn)))
         return s;
     const extent e[] = {
         strided(a->dq, "dq", WR, qd, &p->q_stride, es),

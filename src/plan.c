@@ -278,8 +278,10 @@ float fa_plan_scale(const fa_plan *plan) { return plan ? plan->scale : 0.0f; }
 
 void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t *block_k) {
     if (!plan) return;
-    if (block_q) *block_q = pass == FA_BACKWARD ? plan->bwd_bq : plan->fwd_bq;
-    if (block_k) *block_k = pass == FA_BACKWARD ? plan->bwd_bk : plan->fwd_bk;
+    const int ok = pass == FA_FORWARD || pass == FA_BACKWARD; /* else 0s and the reason, as fa_plan_cost says */
+    if (!ok) fa_error(FA_ERR_INVALID, "fa_plan_blocks: pass %d is not FA_FORWARD or FA_BACKWARD", (int)pass);
+    if (block_q) *block_q = !ok ? 0 : pass == FA_BACKWARD ? plan->bwd_bq : plan->fwd_bq;
+    if (block_k) *block_k = !ok ? 0 : pass == FA_BACKWARD ? plan->bwd_bk : plan->fwd_bk;
 }
 
 fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {

@@ -502,12 +502,14 @@ static void test_overlaps(uint64_t *rng) {
         const char *want[2];
         float *input; /* what a refused call must leave alone */
     } bad[] = {{{"dq (bytes", "overlaps q (bytes"}, qkv}, {{"dv (bytes", "overlaps do (bytes"}, d_o},
-               {{"outputs dq and dk", "same buffer"}, NULL}};
-    for (int i = 0; i < 3; i++) {
+               {{"outputs dq and dk", "same buffer"}, NULL},
+               {{"outputs dk (bytes", "share elements"}, NULL}}; /* one element apart */
+    for (int i = 0; i < 4; i++) {
         a = g;
         if (i == 0) a.dq = qkv;
         if (i == 1) a.dv = d_o;
         if (i == 2) a.dk = (char *)a.dq;
+        if (i == 3) a.dv = (float *)a.dk + 1;
         if (bad[i].input) memcpy(saved, bad[i].input, bytes);
         const fa_status st = fa_backward(pl, &a);
         CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), bad[i].want[0]) && strstr(fa_last_error(), bad[i].want[1]),
@@ -515,7 +517,8 @@ static void test_overlaps(uint64_t *rng) {
               fa_last_error(), bad[i].want[0], bad[i].want[1]);
         CHECK(!bad[i].input || !memcmp(saved, bad[i].input, bytes), "overlap case %d: the refused call wrote its input", i);
     }
-    printf("%s overlaps: dq over q, dv over do, dq = dk refused, nothing written; packed dq, dk, dv bit-identical\n",
+    printf("%s overlaps: dq over q, dv over do, dq = dk, dv one element into dk refused, nothing written; packed dq, "
+           "dk, dv bit-identical\n",
            failures > before ? "FAIL" : "PASS");
     fa_plan_destroy(pl);
     free(qkv), free(o), free(d_o), free(lse), free(dqkv), free(saved);

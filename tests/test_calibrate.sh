@@ -51,6 +51,10 @@ fa bench $SHAPE --threads 1 --iters 1 --json
 [ $rc -eq 0 ] && grep -q '"forward": {[^}]*"predicted_seconds": [0-9.e-]*[1-9]' "$W/so" &&
   grep -q '"backward": {[^}]*"predicted_seconds": [0-9.e-]*[1-9]' "$W/so" &&
   ok "bench reports predicted beside measured seconds" || no "bench --json" "$(cat "$W/so" "$W/se")"
+fa bench $SHAPE --threads 3 --iters 1 --json
+[ $rc -eq 0 ] && grep -q '"forward": {[^}]*"predicted_seconds": null' "$W/so" &&
+  ok "bench without rates for 3 threads predicts null, as plan" ||
+  no "bench --threads 3 --json" "$(cat "$W/so" "$W/se")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -223,6 +223,17 @@ static void test_overlaps(uint64_t *rng) {
               fa_last_error());
         fa_plan_destroy(plan);
     }
+    /* rows 8 elements apart but 16 wide: each row writes over half of the next */
+    p.o_stride = (fa_strides){{2 * 40 * 16, 40 * 8, 8, 1}};
+    st = fa_plan_create(&p, &opt, &plan);
+    CHECK(st == FA_OK, "overlaps: plan with o rows overlapping: %s", fa_last_error());
+    if (st == FA_OK) {
+        st = fa_forward(plan, &good);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "o's strides") &&
+                  strstr(fa_last_error(), "its own address"),
+              "o rows overlapping: %d \"%s\"", st, fa_last_error());
+        fa_plan_destroy(plan);
+    }
     free(qol), free(k), free(v), free(bias), free(saved);
     printf("overlaps   o or lse over q, k, v, bias refused, nothing written; adjacent ones run: %s\n",
            failures == before ? "ok" : "FAIL");

@@ -141,12 +141,15 @@ int cli_bench(const cli_args *a) {
         have_rates = 0;
     if (a->json) {
         printf("{");
+        /* no cached rates (calibrate): null, as plan --json writes, never a prediction of 0 s */
+        char fps[32] = "null", bps[32] = "null";
+        if (have_rates) snprintf(fps, sizeof fps, "%.6g", pf.seconds), snprintf(bps, sizeof bps, "%.6g", pb.seconds);
         if (do_fwd)
             printf("\"forward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
-                   ", \"predicted_seconds\": %.6g}, ", tf, gf, cf.flops, have_rates ? pf.seconds : 0.0);
+                   ", \"predicted_seconds\": %s}, ", tf, gf, cf.flops, fps);
         if (do_bwd)
             printf("\"backward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
-                   ", \"predicted_seconds\": %.6g}, ", tb, gb, cb.flops, have_rates ? pb.seconds : 0.0);
+                   ", \"predicted_seconds\": %s}, ", tb, gb, cb.flops, bps);
         printf("\"peak_rss_bytes\": %" PRId64 ", \"iters\": %d}\n", rss, iters);
     } else {
         char hr[32], hp[32];

@@ -15,7 +15,7 @@ static const char options_help[] =
     "         [--seq-parallel ring|ulysses [--zigzag]]  (run, grad, bench; under mpirun)\n"
     "  --threads N    CPU threads, 1..1024 (default: OpenMP's, OMP_NUM_THREADS)\n"
     "  --window L R   keys i+off-L .. i+off+R are visible (off = Sk - Sq); -1: unbounded\n"
-    "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq, Sk]\n"
+    "  --alibi        float32 [Hq];  --bias float32 [B or 1, Hq or 1, Sq or 1, Sk]\n"
     "  --q-segments   int32 [B, Sq] with --kv-segments int32 [B, Sk]\n"
     "  --sinks s.npy  float32 [Hq] attention sinks (grad: --dsink ds.npy writes their gradient)\n"
     "  --bias-scale X scores get X * bias (default 1; the Pallas kernel's is --scale's)\n"
@@ -84,12 +84,12 @@ void cli_usage(const char *name) {
                "                       [--json]\n\n%s%s"
                "  --iters N  timed calls per pass after one warm-up (default 3); median reported\n"
                "  --pass P   time only the forward or only the backward (default both)\n"
-               "  --json     last stdout line: {\"forward\": {\"seconds\": s, \"gflops\": g},\n"
-               "             \"backward\": {...}, \"peak_rss_bytes\": N}\n",
+               "  --json     last stdout line: {\"forward\": {\"seconds\": s, \"gflops\": g,\n"
+               "             \"predicted_seconds\": p or null}, \"backward\": {...}, \"peak_rss_bytes\": N}\n",
                shape_help, options_help);
         printf("\ninference shapes: flashattn bench --decode --batch B --heads Hq [--kv-heads Hk] --head-dim D\n"
                "                    --cache-len N [--seq-q Sq_new] [--page-size P] [--cache-dtype int8|fp8]\n"
-               "                    (bf16 by default)\n"
+               "                    [--huge-pages] (bf16 by default; --huge-pages: the caches on 2 MiB pages)\n"
                "                  flashattn bench --varlen 128,4096,... --heads H --head-dim D [--causal]\n");
     }
 }

@@ -203,6 +203,11 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     B, Hq, Sq, D = q_dims
     _, Hk, Sk, _ = k_dims
     Dv = v_dims[3]
+    # the library reads head_dim_v 0 as "the same as head_dim" (fa_problem's default); a v
+    # whose head dim really is 0 must not become one of D columns, read past its end
+    for name, n in (("head_dim (of q and k)", D), ("head_dim_v (of v)", Dv)):
+        if int(n) == 0:
+            raise ValueError(f"{name} is 0: a zero head dim is an error (docs/semantics.md, \"Empty problems\")")
     p = _native.new_problem()
     for field, name, n in (("batch", "batch", B), ("heads_q", "heads", Hq), ("heads_kv", "kv_heads", Hk),
                            ("seq_q", "seq_q", Sq), ("seq_k", "seq_k", Sk), ("head_dim", "head_dim", D),

@@ -350,7 +350,31 @@ class AttentionCompiled(torch.autograd.Function):
         grads = [dq, dk, dv, dbias if bias_grad else None, *nones]
         if sinks is not None and ctx.needs_input_grad[16]:
             grads[16] = dsink  # inputs[16] is sinks
+        if torch.is_grad_enabled():  # create_graph=True: their own gradient must raise, not be silently 0
+            deps = [t for t in (q, k, v, bias, sinks, do) if t is not None and t.requires_grad]
+            if deps:
+                grads = [g if g is None else _RefusedDoubleGrad.apply(g, *deps) for g in grads]
         return tuple(grads)
+
+
+class _RefusedDoubleGrad(torch.autograd.Function):
+    """A gradient of the attention as it is, whose own gradient raises: the backward kernel
+    is not differentiable, so a double backward (create_graph=True, a gradient penalty)
+    would otherwise drop its second-order terms without a word (torch's SDPA raises too)."""
+    generate_vmap_rule = True  # torch.func.grad runs backwards with a graph, under vmap too
+
+    @staticmethod
+    def forward(g, *inputs):
+        return g.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, gg):
+        raise NotImplementedError("flashattn's attention backward is not differentiable: a double backward "
+                                  "(create_graph=True, e.g. a gradient penalty) is not supported")
 
 
 

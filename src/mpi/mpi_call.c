@@ -200,11 +200,26 @@ static fa_status enter(const fa_mpi_plan *plan, fa_mpi_stats *stats, const char 
     return plan ? FA_OK : fa_error(FA_ERR_NULL, "%s: plan is NULL", fn);
 }
 
+/* A rank without a plan (NULL: its fa_mpi_plan_create failed, say) still joins the first
+ * agreement of fa_mpi_begin as a failed rank, on a duplicate of comm as its peers do: they
+ * then return "rank r failed" instead of waiting for it. Its digest is unknown: it sends
+ * the MAX's identity, which leaves theirs as it is. */
+static fa_status join_without_plan(MPI_Comm comm, fa_status st) {
+    int rank = 0;
+    MPI_Comm dup;
+    if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_dup(comm, &dup) != MPI_SUCCESS) return st;
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    int64_t v[4] = {INT64_MIN, INT64_MIN, rank + 1, st};
+    MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT64_T, MPI_MAX, dup);
+    MPI_Comm_free(&dup);
+    return st;
+}
+
 /* A local mistake still joins the agreement, so that no peer waits for this rank. */
 fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_forward_args *a) {
     static const fa_mpi_forward_args none;
     fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_forward");
-    if (st) return st;
+    if (st) return join_without_plan(comm, st);
     st = check_forward(&plan->g, a);
     return (plan->method == FA_MPI_RING ? fa_mpi_ring_forward : fa_mpi_ulysses_forward)(comm, plan, a ? a : &none, st);
 }
@@ -212,7 +227,7 @@ fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_fo
 fa_status fa_mpi_backward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_backward_args *a) {
     static const fa_mpi_backward_args none;
     fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_backward");
-    if (st) return st;
+    if (st) return join_without_plan(comm, st);
     st = check_backward(&plan->g, a);
     return (plan->method == FA_MPI_RING ? fa_mpi_ring_backward : fa_mpi_ulysses_backward)(comm, plan, a ? a : &none,
                                                                                          st);

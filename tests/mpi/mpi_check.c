@@ -380,6 +380,20 @@ static void run_failures(void) {
         expect_all_fail("a rank whose plan is for another P", st, t0, R == P - 1 ? "communicator has" : NULL);
         fa_mpi_plan_destroy(pl);
     }
+    if (P > 1) { /* the last rank has no plan (its plan_create failed: a zero head dim there) */
+        fa_problem mine = p;
+        if (R == P - 1) mine.head_dim = 0;
+        pl = NULL;
+        fa_mpi_plan_create(&mine, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
+        t0 = fa_mpi_now();
+        st = fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
+        expect_all_fail("a rank with a NULL plan (forward)", st, t0, R == P - 1 ? "plan is NULL" : "failed");
+        fa_mpi_backward_args nb = {q, k, v, o, o, lse, o, o, o, NULL, NULL, NULL, NULL, NULL, NULL};
+        t0 = fa_mpi_now();
+        st = fa_mpi_backward(MPI_COMM_WORLD, pl, &nb);
+        expect_all_fail("a rank with a NULL plan (backward)", st, t0, R == P - 1 ? "plan is NULL" : "failed");
+        fa_mpi_plan_destroy(pl);
+    }
     fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_ZIGZAG, P, R, &pl);
     fa_mpi_forward_args bad = a;
     if (R == P - 1) bad.q = NULL;

@@ -94,3 +94,27 @@ def test_mask_arguments_checked_on_empty_calls(rng, B, H):
     assert flashattn.attention(q, q, q, mask=good).shape == q.shape
     assert tuple(fat.attention(*(torch.from_numpy(q),) * 3, mask=good).shape) == q.shape
     assert fj.attention(*(jnp.asarray(q),) * 3, mask=good, layout="bhsd").shape == q.shape
+
+
+def test_zero_value_head_dim_is_an_error(rng):
+    """v [..., 0]: the library reads head_dim_v 0 as "the same as head_dim", so a front that
+    passed it on ran a D-column problem over an empty v, reading (and, through out=, writing)
+    past its end. Every front refuses it by name, as it refuses D = 0."""
+    q = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    vbuf = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    obuf = np.full((1, 2, 3, 4), 7.0, np.float32)
+    with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+        flashattn.attention(q, q, vbuf[..., :0], out=obuf[..., :0])
+    assert np.all(obuf == 7.0)
+    with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+        flashattn.plan(batch=1, heads=2, seq_q=3, head_dim=4, head_dim_v=0)
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as fat
+    tq = torch.from_numpy(q)
+    for f in (fat.attention, fat.scaled_dot_product_attention):
+        with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+            f(tq, tq, tq[..., :0])
+    jnp = pytest.importorskip("jax.numpy")
+    import flashattn.jax as faj
+    with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+        faj.attention(jnp.asarray(q), jnp.asarray(q), jnp.asarray(q[..., :0]))

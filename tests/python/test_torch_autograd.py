@@ -222,3 +222,20 @@ def test_compile_fullgraph_with_mask_lse_and_shared_kv():
     got = torch.autograd.grad(torch.compile(f, fullgraph=True)(q, k), (q, k))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("front", ["attention", "sdpa"])
+def test_double_backward_raises(rng, front):
+    """A gradient penalty (create_graph=True, then a backward through the gradient): the
+    backward kernel is not differentiable, so the second backward raises, as torch's own
+    SDPA does, instead of dropping the second-order terms. A first-order create_graph
+    gradient still equals the plain one."""
+    f = fat.attention if front == "attention" else fat.scaled_dot_product_attention
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 2, 6, 8)).astype(np.float32)).requires_grad_()
+               for _ in range(3))
+    w = torch.from_numpy(rng.standard_normal((1, 2, 6, 8)).astype(np.float32))
+    gq, = torch.autograd.grad((f(q, k, v) * w).sum(), q, create_graph=True)
+    plain, = torch.autograd.grad((f(q, k, v) * w).sum(), q)
+    assert torch.equal(gq.detach(), plain)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        ((f(q, k, v) * w).sum() + gq.square().sum()).backward()
