@@ -227,8 +227,9 @@ typedef void (*fa_progress_fn)(void *ctx, int64_t done, int64_t total);
  * those of an input the problem uses (q, k, v, bias, slopes, segment ids, sinks, the
  * decode arrays); inputs may share memory with each other. A decode append writes the
  * caches k and v (and their scales) in place, which is allowed; nothing else may meet
- * them. An output stride of 0 over a dimension of more than one element is refused too
- * (docs/semantics.md, "Tensors and heads"). */
+ * them, and no element may be shared between them. An o whose own elements do not each
+ * have an address of their own (a stride of 0 over more than one element, strides that
+ * do not nest) is refused too (docs/semantics.md, "Tensors and heads"). */
 typedef struct {
     const void *q, *k, *v;
     void *o;
@@ -267,8 +268,10 @@ typedef struct {
 /* Tensors of one backward call: the forward's inputs, its saved o and lse, and do.
  * As in the forward, an output (dq, dk, dv, dbias, dsink) whose byte range meets an
  * input's is FA_ERR_INVALID naming both. Outputs may interleave (dq, dk and dv in one
- * packed dqkv buffer, at different offsets), but two that start at the same address are
- * refused, and so is a zero stride over more than one element of dq, dk or dv. */
+ * packed dqkv buffer, at different offsets), but two that share an element are refused
+ * (docs/semantics.md says how exactly), and so is dq, dk or dv whose own elements do not
+ * each have an address of their own (a zero stride over more than one element, or
+ * strides that do not nest). */
 typedef struct {
     const void *q, *k, *v, *o, *d_o;
     const float *lse;            /* [B, Hq, Sq] contiguous, required */

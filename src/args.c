@@ -140,12 +140,14 @@ fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a,
  * refused. Each tensor is compared as the byte range from its lowest to its highest element
  * (its strides and shape as the plan resolved them), which is exact for the usual layouts
  * and refuses a few interleavings of an output with an input whose elements would not meet.
- * Outputs against each other are compared by their first byte only: dq, dk and dv
- * interleaved in one packed dqkv buffer are disjoint and legitimate, and ranges would
- * refuse them. A decode append's caches (and scales) are read and written, in place by
- * design: against everything else their ranges are compared; against each other their
- * elements (share_elements), so that k and v of one combined [B, S, 2, Hk, D] cache pass
- * while any element both would write is refused. */
+ * Outputs against each other are compared by their elements (share_elements) where their
+ * strides allow it, else by their first byte only: dq, dk and dv interleaved in one packed
+ * dqkv buffer are disjoint and legitimate, and ranges would refuse them. A decode append's
+ * caches (and scales) are read and written, in place by design: against everything else
+ * their ranges are compared; against each other their elements, so that k and v of one
+ * combined [B, S, 2, Hk, D] cache pass while any element both would write is refused, and
+ * so is one whose elements cannot be shown apart. Each output's own elements must have
+ * their own addresses (check_output_layout). */
 
 enum { RD = 1, WR = 2 };
 
