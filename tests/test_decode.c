@@ -463,6 +463,14 @@ int main(void) {
         run_case(paged ? "fixed: D=72, 6 rows per kv head, 1 new, paged, bf16"
                        : "fixed: D=72, 6 rows per kv head, 1 new, bf16", &c);
         free_case(&c);
+        /* head dims the fused bf16 kernels do not take (not a multiple of 8, past 256): they
+         * once read them as multiples of 8 (wrong scores) or overran their q slices (a crash) */
+        make_case(&c, 2, 4, 2, 12, 1, FA_BF16, paged, 1, 0);
+        run_case(paged ? "fixed: D=12, 1 new, paged, bf16" : "fixed: D=12, 1 new, bf16", &c);
+        free_case(&c);
+        make_case(&c, 1, 2, 1, 264, 2, FA_BF16, paged, 0, 1);
+        run_case(paged ? "fixed: D=264, Sq 2, paged, bf16" : "fixed: D=264, Sq 2, bf16", &c);
+        free_case(&c);
     }
     fixed_lens = lens_b;
     {
@@ -472,7 +480,7 @@ int main(void) {
         free_case(&c);
     }
     fixed_lens = NULL;
-    n += 11;
+    n += 15;
     hand_counts();
     bad_inputs();
     overlapping_appends();

@@ -420,7 +420,8 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
                     p->v_stride.s[3] == 1 && p->v_stride.s[1] == p->head_dim_v && p->v_stride.s[2] == p->heads_kv * p->head_dim_v &&
                     p->head_dim == p->head_dim_v && (!p->page_size || fa_decode_tile(p) <= p->page_size);
     cx.direct = p->dtype == FA_BF16 && fa_cache_dtype(p) == FA_BF16 && p->k_stride.s[3] == 1 &&
-                p->v_stride.s[3] == 1 && cx.isa->decode != NULL && cx.isa->decode->step != NULL;
+                p->v_stride.s[3] == 1 && cx.isa->decode != NULL && cx.isa->decode->step != NULL &&
+                fa_decode_bf16_head_dim(p->head_dim); /* the kernels' head dims (decode_kernels.h) */
     cx.ct = fa_cache_dtype(p);
     cx.csz = fa_dtype_size(cx.ct);
     cx.conv = dec_conv(pl);

@@ -33,7 +33,7 @@
  * (a shuffle on Zen 4), which keeps them at one a cycle, and a score needs 4 partial sums
  * reduced, not 16. Measured per key (4 rows, D = 128): 20 cycles; a 128-bit broadcast per
  * vdpbf16ps 23.5; whole-row dot products reduced 16 lanes at a time 25.5. */
-#define QK_MAX_SLICES 16
+#define QK_MAX_SLICES (FA_DECODE_BF16_MAX_D / 16)
 static inline __m256i slice16(const uint16_t *x, int c, int d) {
     return _mm256_maskz_loadu_epi16(d - 16 * c >= 16 ? 0xffff : 0xff, x + 16 * c);
 }

@@ -96,7 +96,12 @@ void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dty
 int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                               float *acc, int ldacc);
 
-/* Scores of m query rows against n keys. */
+/* The head dims the bf16 kernels below take (their scores read q and key rows in 8-dim
+ * halves of 16-dim slices, 16 slices at most): decode.c sends them no other problem. */
+#define FA_DECODE_BF16_MAX_D 256
+static inline int fa_decode_bf16_head_dim(int64_t d) { return d >= 8 && d % 8 == 0 && d <= FA_DECODE_BF16_MAX_D; }
+
+/* Scores of m query rows against n keys (d: fa_decode_bf16_head_dim). */
 void fa_decode_qk_bf16(const uint16_t *q, int m, int d, const uint16_t *k, int64_t kstride, int n, float *s, int lds);
 /* acc += p V over n value rows. */
 void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o,
