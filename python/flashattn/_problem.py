@@ -204,10 +204,11 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     _, Hk, Sk, _ = k_dims
     Dv = v_dims[3]
     # the library reads head_dim_v 0 as "the same as head_dim" (fa_problem's default); a v
-    # whose head dim really is 0 must not become one of D columns, read past its end
-    for name, n in (("head_dim (of q and k)", D), ("head_dim_v (of v)", Dv)):
-        if int(n) == 0:
-            raise ValueError(f"{name} is 0: a zero head dim is an error (docs/semantics.md, \"Empty problems\")")
+    # whose head dim really is 0 must not become one of D columns, read past its end (a zero
+    # D the library refuses itself)
+    if int(Dv) == 0 and int(D) != 0:
+        raise ValueError("head_dim_v must be positive: v's head dim is 0, and a zero head dim is an error "
+                         "(docs/semantics.md, \"Empty problems\")")
     p = _native.new_problem()
     for field, name, n in (("batch", "batch", B), ("heads_q", "heads", Hq), ("heads_kv", "kv_heads", Hk),
                            ("seq_q", "seq_q", Sq), ("seq_k", "seq_k", Sk), ("head_dim", "head_dim", D),

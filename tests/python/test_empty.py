@@ -103,18 +103,18 @@ def test_zero_value_head_dim_is_an_error(rng):
     q = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
     vbuf = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
     obuf = np.full((1, 2, 3, 4), 7.0, np.float32)
-    with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+    with pytest.raises(ValueError, match="head_dim_v must be positive"):
         flashattn.attention(q, q, vbuf[..., :0], out=obuf[..., :0])
     assert np.all(obuf == 7.0)
-    with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+    with pytest.raises(ValueError, match="head_dim_v must be positive"):
         flashattn.plan(batch=1, heads=2, seq_q=3, head_dim=4, head_dim_v=0)
     torch = pytest.importorskip("torch")
     import flashattn.torch as fat
     tq = torch.from_numpy(q)
     for f in (fat.attention, fat.scaled_dot_product_attention):
-        with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+        with pytest.raises(ValueError, match="head_dim_v must be positive"):
             f(tq, tq, tq[..., :0])
     jnp = pytest.importorskip("jax.numpy")
     import flashattn.jax as faj
-    with pytest.raises(ValueError, match="head_dim_v .* is 0"):
+    with pytest.raises(ValueError, match="head_dim_v must be positive"):
         faj.attention(jnp.asarray(q), jnp.asarray(q), jnp.asarray(q[..., :0]))

@@ -162,3 +162,19 @@ def test_matches_jax_nn_dot_product_attention(causal, hk, with_bias):
     g2 = jax.grad(lambda *a: loss(theirs, *a), argnums)(q, k, v, bias)
     for name, a, r in zip(("dq", "dk", "dv", "dbias"), g1, g2):
         assert_close(name, a, r, 1e-5, 1e-5)
+
+
+def test_diag_offset_and_bias_scale_as_numpy(rng):
+    """flashattn.jax.attention takes diag_offset and bias_scale, as the numpy and torch
+    attention (and fj.plan) do: the same bits as numpy's, the cost estimate with them too."""
+    import flashattn
+    q = rng.standard_normal((2, 7, 2, 16)).astype(np.float32)  # bshd, Sq 7 < Sk 11
+    k, v = (rng.standard_normal((2, 11, 2, 16)).astype(np.float32) for _ in range(2))
+    bias = rng.standard_normal((2, 2, 7, 11)).astype(np.float32)
+    for off in (0, 3, -2):
+        kw = dict(causal=True, bias=bias, bias_scale=0.5, diag_offset=off, layout="bshd")
+        want, wl = flashattn.attention(q, k, v, return_lse=True, **kw)
+        got, gl = fj.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), return_lse=True, **kw)
+        assert np.array_equal(np.asarray(got), want) and np.array_equal(np.asarray(gl), wl), off
+        ce = fj.cost_estimate(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), **kw)
+        assert ce.flops == fj.plan(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), **kw).forward["flops"]

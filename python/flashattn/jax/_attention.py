@@ -344,7 +344,7 @@ def _check_plan(opt, q, k, v, bias, mask=None):
 
 def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
               q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, mask=None, threads=0,
-              sinks=None, dropout_p=None, seed=None, dropout_offset=None):
+              sinks=None, dropout_p=None, seed=None, dropout_offset=None, diag_offset=None, bias_scale=None):
     """Exact attention through the flashattn C library, as an XLA custom call.
 
     q [B, Sq, Hq, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv] for layout="bshd" (the default,
@@ -379,8 +379,12 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     dropout_offset: an int or integer scalar array. lse stays undropped and its gradient
     under dropout is not supported. Under vmap the mask's batch index is the folded one
     (a vmapped seed: each index its own seed, at its own batch indices).
+
+    diag_offset (an int; None: Sk - Sq, bottom-right) places the causal and window masks'
+    diagonal (0: top-left), and bias_scale multiplies the bias (the scores get
+    bias_scale * bias), as in the numpy and torch attention.
     """
     return call(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
                 alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                 layout=layout, return_lse=return_lse, mask=mask, threads=threads, sinks=sinks, dropout_p=dropout_p,
-                seed=seed, dropout_offset=dropout_offset)
+                seed=seed, dropout_offset=dropout_offset, diag_offset=diag_offset, bias_scale=bias_scale)

@@ -60,7 +60,7 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
 
 def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
                   q_segment_ids=None, kv_segment_ids=None, layout="bshd", pass_="forward", bias_grad=False,
-                  backend=None, mask=None, sinks=None):
+                  backend=None, mask=None, sinks=None, diag_offset=None, bias_scale=None):
     """A jax.experimental.pallas.CostEstimate (flops, transcendentals, bytes_accessed) of
     flashattn's kernel for this call, from the library's plan: exact for masks known from
     shapes (an upper bound with segment ids), in microseconds, from shapes alone.
@@ -79,7 +79,8 @@ def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=Non
         raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
     p = plan(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
              alibi_slopes=alibi_slopes, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-             layout=layout, bias_grad=bias_grad, backend=backend, mask=mask, sinks=sinks)
+             layout=layout, bias_grad=bias_grad, backend=backend, mask=mask, sinks=sinks, diag_offset=diag_offset,
+             bias_scale=bias_scale)
     c = p.forward if pass_ == "forward" else p.backward
     return pl.CostEstimate(flops=int(c["flops"]), transcendentals=int(c["transcendentals"]),
                            bytes_accessed=int(c["bytes_accessed"]))

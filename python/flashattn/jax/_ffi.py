@@ -125,6 +125,37 @@ def out_shapes(opt: Options, q, v):
     return o, (b, h, s)
 
 
+def _varying_axes(xs) -> tuple:
+    """The shard_map axes that some operand varies along (none outside shard_map, or on a JAX
+    without varying-axis types)."""
+    axes = set()
+    for x in xs:
+        if x is None:
+            continue
+        t = jax.typeof(x)
+        m = getattr(t, "manual_axis_type", None)
+        axes |= set(m.varying) if m is not None else set(getattr(t, "vma", ()) or ())
+    return tuple(sorted(axes))
+
+
+def varying_like(results, operands):
+    """The results of an FFI call, typed as varying along every shard_map axis its operands
+    vary along. A custom call is opaque to JAX's varying-axis types: typed invariant, its
+    results made a gradient inside shard_map fail (the backward's cotangents not of the
+    inputs' type) and let out_specs=P() pass one shard's value unchecked."""
+    axes = _varying_axes(operands)
+    if not axes:
+        return results
+    cast = getattr(jax.lax, "pcast", None)
+
+    def one(r):
+        need = tuple(a for a in axes if a not in _varying_axes([r]))
+        if not need:
+            return r
+        return cast(r, need, to="varying") if cast is not None else jax.lax.pvary(r, need)
+    return type(results)(one(r) for r in results)
+
+
 def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
     """(o, lse) from the forward handler."""
     register()
@@ -134,7 +165,8 @@ def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None, seed
         (jax.ShapeDtypeStruct(o_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
         vmap_method="expand_dims",
     )
-    return call(q, k, v, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed), **_attributes(opt))
+    operands = (q, k, v, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed))
+    return varying_like(call(*operands, **_attributes(opt)), operands)
 
 
 def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
@@ -146,6 +178,6 @@ def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q
     if sinks is not None:
         shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
     call = jax.ffi.ffi_call(BACKWARD_TARGET, tuple(shapes), vmap_method="expand_dims")
-    outs = call(q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed), bias_grad=np.int64(bias_grad),
-                **_attributes(opt))
+    operands = (q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed))
+    outs = varying_like(call(*operands, bias_grad=np.int64(bias_grad), **_attributes(opt)), operands)
     return (*outs[:3], outs[3] if bias_grad else None, outs[-1] if sinks is not None else None)

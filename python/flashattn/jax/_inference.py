@@ -113,7 +113,8 @@ def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
                             (jax.ShapeDtypeStruct(q.shape[:2] + v.shape[2:], q.dtype),
                              jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
                             vmap_method="sequential")
-    return call(q, k, v, cu_q, cu_k, *_optional(slopes, sinks, seed), **dict(attrs))
+    operands = (q, k, v, cu_q, cu_k, *_optional(slopes, sinks, seed))
+    return _ffi.varying_like(call(*operands, **dict(attrs)), operands)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -139,8 +140,9 @@ def _varlen_op_bwd(attrs, res, cotangents):
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
     if sinks is not None:
         shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
-    outs = jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="sequential")(
-        q, k, v, o, lse, do, cu_q, cu_k, *_optional(slopes, sinks, seed), **dict(attrs))
+    operands = (q, k, v, o, lse, do, cu_q, cu_k, *_optional(slopes, sinks, seed))
+    outs = _ffi.varying_like(jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="sequential")(
+        *operands, **dict(attrs)), operands)
     dq, dk, dv = outs[:3]
     dsink = outs[3] if sinks is not None else None
     if with_lse:
@@ -336,8 +338,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         operands += [jax.lax.stop_gradient(k_scale), jax.lax.stop_gradient(v_scale)]
     if k_prefix is not None:  # after the scales (jax_ffi_inference.c)
         operands += [jax.lax.stop_gradient(k_prefix), jax.lax.stop_gradient(v_prefix)]
-    outs = call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged),
-                cache_dtype=np.int64(code or 0), has_prefix=np.int64(k_prefix is not None), **attrs)
+    outs = _ffi.varying_like(call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged),
+                                  cache_dtype=np.int64(code or 0), has_prefix=np.int64(k_prefix is not None),
+                                  **attrs), operands)
     o, lse = outs[:2]
     kc, vc = outs[2:4] if k is not None else (k_cache, v_cache)  # read only: the caches as given
     if code is not None:
