@@ -108,6 +108,17 @@ def distinct(*tensors):
     return out
 
 
+def _no_memory(t):
+    """A meta or fake tensor (FakeTensorMode, torch.compile's tracing): no bytes to compare."""
+    if t.device.type == "meta":
+        return True
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:
+        return False
+    return isinstance(t, FakeTensor)
+
+
 def shares_memory(a, b):
     """Whether tensors a and b have a byte in common: exact on the CPU (numpy's
     shares_memory over views of their bytes, so that interleaved views of one buffer, k and
@@ -115,6 +126,8 @@ def shares_memory(a, b):
     byte ranges."""
     if a is None or b is None or a.numel() == 0 or b.numel() == 0:
         return False
+    if _no_memory(a) or _no_memory(b):  # every meta storage is at 0, a fake one has no pointer to ask
+        return a is b
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
 

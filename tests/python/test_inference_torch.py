@@ -190,6 +190,13 @@ def test_kvcache_fake_kernel():
     lens = torch.zeros(3, dtype=torch.int32, device="meta")
     o, lse = torch.ops.flashattn.kvcache_fwd(q, kc, vc, None, None, lens, None, None, True, -1, -1, 0.0, None)
     assert o.shape == (3, 2, 8, 24) and lse.shape == (3, 8, 2) and lse.dtype == torch.float32
+    # the public function with an append: meta tensors have no memory to share (every meta
+    # storage reads as address 0, which the overlap check once took for k_cache == v_cache)
+    kn, vn = torch.empty(3, 2, 2, 16, device="meta"), torch.empty(3, 2, 2, 24, device="meta")
+    o = fat.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=torch.zeros(3, dtype=torch.int32))
+    assert o.shape == (3, 2, 8, 24) and o.device.type == "meta"
+    with pytest.raises(ValueError, match="share memory"):  # the same tensor twice is still refused
+        fat.kvcache_attention(q, kc, kc, kn, kn, cache_seqlens=torch.zeros(3, dtype=torch.int32))
 
 
 # ---- bad input -------------------------------------------------------------------------

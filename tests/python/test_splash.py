@@ -28,6 +28,14 @@ def _masks(rng, Sq, Sk):
         ("local", sm.LocalMask((Sq, Sk), (int(rng.integers(0, 40)), int(rng.integers(0, 9))), offset=0)),
         ("local-left", sm.LocalMask((Sq, Sk), (None, 3), offset=int(rng.integers(0, 9)))),
         ("local-right", sm.LocalMask((Sq, Sk), (17, None), offset=-2)),
+        # a negative side (all keys on one side of the diagonal; flashattn's window reads -1
+        # as unbounded, which these once became): bounded, half-open, and empty
+        ("local-neg-left", sm.LocalMask((Sq, Sk), (-1, int(rng.integers(1, 9))), offset=int(rng.integers(-3, 4)))),
+        ("local-neg-right", sm.LocalMask((Sq, Sk), (int(rng.integers(2, 12)), -1), offset=0)),
+        ("local-neg-2", sm.LocalMask((Sq, Sk), (-2, 5), offset=1)),
+        ("local-neg-open", sm.LocalMask((Sq, Sk), (None, -3), offset=2)),
+        ("local-neg-open-right", sm.LocalMask((Sq, Sk), (-4, None), offset=0)),
+        ("local-empty", sm.LocalMask((Sq, Sk), (-3, 1), offset=0)),
         ("numpy", sm.NumpyMask(arr)),
         ("full", sm.FullMask((Sq, Sk))),
         ("and", sm.CausalMask((Sq, Sk)) & sm.NumpyMask(arr)),
@@ -52,7 +60,7 @@ def test_masks_as_built(rng, Sq, Sk):
         for block in ((0, 0), (16, 8), (7, 5)):
             got = fm.build(1, 1, Sq, Sk, diag_offset=0, block=block).to_dense()[0, 0]
             assert np.array_equal(got, _dense(m)), (name, block)
-    heads = sm.MultiHeadMask([m for _, m in ms[:4]])
+    heads = sm.MultiHeadMask([m for _, m in ms[:4]])  # causal, causal+off, local, local-left
     fm, shape = from_splash(heads)
     assert shape == (4, Sq, Sk)
     assert np.array_equal(fm.build(1, 4, Sq, Sk, diag_offset=0).to_dense()[0], _dense(heads))
@@ -108,6 +116,8 @@ def test_splash_cost_estimate(rng):
     sizes = [None, splash_kernel.BlockSizes(block_q=64, block_kv=256, block_kv_compute=128)]
     for name, m in _masks(rng, S, S) + [("heads", sm.MultiHeadMask([sm.CausalMask((S, S)),
                                                                      sm.LocalMask((S, S), (100, 0), offset=0)]))]:
+        if name == "local-empty":  # splash's own process_mask refuses a mask with no block
+            continue
         heads = m if isinstance(m, sm.MultiHeadMask) else sm.MultiHeadMask([m] * H)
         for bs in sizes:
             b = splash_kernel.BlockSizes.get_default() if bs is None else bs

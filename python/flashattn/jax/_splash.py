@@ -43,6 +43,22 @@ def _plain_q_sequence(m):
                                   "pass the unsharded mask")
 
 
+def _local(window_size, offset, m):
+    """LocalMask: keys i + offset - left <= j <= i + offset + right (None: unbounded), a side
+    of any sign. flashattn's window reads -1 as unbounded, so a window with a negative side
+    (its keys all on one side of the diagonal) is anchored at its other bound instead."""
+    left, right = window_size
+    if (left is None or left >= 0) and (right is None or right >= 0):
+        return masks.window(left, right, diag_offset=offset)
+    if left is not None and right is not None:
+        if left + right < 0:  # no key at all: the mask's own (all-false) array
+            return masks.from_array(np.asarray(m[:, :], np.bool_))
+        return masks.window(left + right, 0, diag_offset=offset + right)
+    if left is None:  # right < 0: keys up to i + offset + right
+        return masks.window(None, 0, diag_offset=offset + right)
+    return masks.window(0, None, diag_offset=offset - left)  # left < 0: keys from i + offset - left
+
+
 def _convert_2d(m, sm):
     """One [Sq, Sk] splash mask as a flashattn mask (its own alignment: top-left + offset)."""
     if isinstance(m, sm.CausalMask):
@@ -50,8 +66,7 @@ def _convert_2d(m, sm):
         return masks.causal(diag_offset=int(m.offset))
     if isinstance(m, sm.LocalMask):
         _plain_q_sequence(m)
-        left, right = m.window_size
-        return masks.window(left, right, diag_offset=int(m.offset))
+        return _local(m.window_size, int(m.offset), m)
     chunked = getattr(sm, "ChunkedCausalMask", None)
     if chunked is not None and isinstance(m, chunked):
         _plain_q_sequence(m)
