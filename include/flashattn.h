@@ -416,7 +416,10 @@ FA_API fa_status fa_dropout_keep_mask(float dropout_p, uint64_t seed, uint64_t o
 /* ---- errors and environment ------------------------------------------------------- */
 
 FA_API const char *fa_status_string(fa_status s);
-/* The message of the last failed call on this thread ("" if none). */
+/* The message of the last failed call on this thread ("" if none). fa_plan_create,
+ * fa_forward, fa_backward, fa_merge_states and fa_plan_cost_lengths clear it when they
+ * start, so after one of them succeeds it is "" again; the other calls leave it alone when
+ * they succeed. */
 FA_API const char *fa_last_error(void);
 /* 1 if this build has the CUDA backend and a device is present. */
 FA_API int fa_cuda_available(void);

@@ -6,8 +6,10 @@
  * default start method on Linux). A team of one thread never touches the pool, so the child
  * runs every call serially: same results (no figure of a plan depends on the threads that
  * run it, docs/semantics.md), one core. A process started anew (exec, multiprocessing's
- * "spawn") gets its threads back. The handler is registered with the first plan, before any
- * call of this library can have started the pool. */
+ * "spawn") gets its threads back. The handler is registered when the library is loaded,
+ * before anything of it can have started the pool (a plan's call, or fa_cpu_exp_rate: a
+ * handler registered with the first plan missed a parent that had only measured the exp
+ * rate, and a child that made its first plan after the fork). */
 #include "internal.h"
 
 #include <pthread.h>
@@ -19,8 +21,8 @@ static void in_child(void) { forked_child = 1; }
 static void register_handler(void) { pthread_atfork(NULL, NULL, in_child); }
 
 void fa_fork_guard(void) { pthread_once(&registered, register_handler); }
+__attribute__((constructor)) static void register_at_load(void) { fa_fork_guard(); }
 
-int fa_call_threads(const struct fa_plan *pl) {
-    if (forked_child) return 1;
-    return pl->threads > 0 ? pl->threads : 1;
-}
+int fa_threads_after_fork(int threads) { return forked_child ? 1 : threads; }
+
+int fa_call_threads(const struct fa_plan *pl) { return fa_threads_after_fork(pl->threads > 0 ? pl->threads : 1); }

@@ -162,9 +162,11 @@ fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *
 fa_status fa_cpu_empty_backward(const struct fa_plan *pl, const fa_backward_args *a);
 
 /* The threads a call runs on: the plan's, or 1 in a process forked after this library was
- * used (fork.c: libgomp's workers do not survive fork); fa_fork_guard registers the fork
- * handler (once, from fa_plan_create). */
+ * used (fork.c: libgomp's workers do not survive fork); fa_threads_after_fork does the same
+ * for a thread count of a call without a plan. fa_fork_guard registers the fork handler
+ * (once: when the library loads, and again harmlessly from fa_plan_create). */
 int fa_call_threads(const struct fa_plan *pl);
+int fa_threads_after_fork(int threads);
 void fa_fork_guard(void);
 
 /* Sets this thread's error message (printf-style) and returns status. */

@@ -56,5 +56,19 @@ fa bench $SHAPE --threads 3 --iters 1 --json
   ok "bench without rates for 3 threads predicts null, as plan" ||
   no "bench --threads 3 --json" "$(cat "$W/so" "$W/se")"
 
+# a cache that cannot be read (here a directory where the file goes) is a failure, never
+# "no rates" (the plan once printed "run calibrate" with exit 0 after a calibration)
+XDG_CACHE_HOME=$W/broken
+mkdir -p "$W/broken/flashattn/rates.json"
+fa plan $SHAPE --threads 1
+lines=$(wc -l <"$W/se")
+[ $rc -eq 1 ] && [ "$lines" -eq 1 ] && grep -q "cannot read the rates cache" "$W/se" && [ ! -s "$W/so" ] &&
+  ok "plan with an unreadable rates cache: exit 1, one line ($(cat "$W/se"))" ||
+  no "plan, unreadable rates cache" "exit $rc: $(cat "$W/so" "$W/se")"
+fa bench $SHAPE --threads 1 --iters 1 --json
+[ $rc -eq 1 ] && grep -q "cannot read the rates cache" "$W/se" && ok "bench with an unreadable rates cache: exit 1" ||
+  no "bench, unreadable rates cache" "exit $rc: $(cat "$W/se")"
+XDG_CACHE_HOME=$W/cache
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,8 +1,11 @@
 /* A process forked after the parent ran multi-threaded calls completes its own calls
  * (src/fork.c): the child runs the parent's plan and a new 2-thread plan, forward and
- * backward, and must reproduce the parent's outputs bit for bit. A child that hangs (GCC's
- * OpenMP runtime after fork) is killed by its alarm and the test fails. Random inputs,
- * seeded (FA_TEST_SEED replays). */
+ * backward, and must reproduce the parent's outputs bit for bit, and measures the exp rate
+ * on 2 threads. Before that, a parent whose only multi-threaded call was fa_cpu_exp_rate
+ * (no plan made yet: the fork handler was once registered with the first plan) forks a
+ * child that makes and runs a 2-thread plan. A child that hangs (GCC's OpenMP runtime
+ * after fork) is killed by its alarm and the test fails. Random inputs, seeded
+ * (FA_TEST_SEED replays). */
 #include "check.h"
 
 #include <signal.h>
@@ -34,6 +37,18 @@ static int run(const fa_plan *pl, float *out_o, float *gq, float *gk, float *gv)
 
 static int same(const float *a, const float *b) { return memcmp(a, b, sizeof(float) * (size_t)N) == 0; }
 
+/* The child's end: not killed (a hang meets its alarm), exit status 0. */
+static void wait_child(pid_t child, const char *what) {
+    CHECK(child > 0, "%s: fork failed", what);
+    if (child <= 0) return;
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child, "%s: waitpid failed", what);
+    CHECK(!WIFSIGNALED(status), "%s: the forked child was killed by signal %d (%s): it hung in a call", what,
+          WTERMSIG(status), WTERMSIG(status) == SIGALRM ? "its 60 s alarm" : "another signal");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: the forked child's outputs differ (or a call failed)",
+          what);
+}
+
 int main(void) {
     seed = check_seed("test_fork");
     uint64_t s = seed;
@@ -41,29 +56,35 @@ int main(void) {
     tu_fill(&s, FA_F32, k, N, 1.0);
     tu_fill(&s, FA_F32, v, N, 1.0);
     tu_fill(&s, FA_F32, d_o, N, 1.0);
-    fa_plan *pl = make_plan();
-    if (!pl) return check_finish("test_fork");
-    CHECK(run(pl, o, dq, dk, dv), "parent: %s", fa_last_error());
+    CHECK(fa_cpu_exp_rate(2) > 0, "parent: the exp rate on 2 threads"); /* libgomp's pool, no plan yet */
     fflush(stdout);
     pid_t child = fork();
     if (child == 0) {
         alarm(60); /* a hang ends the child with SIGALRM */
+        fa_plan *fresh = make_plan();
+        const int ok = fresh && run(fresh, o2, dq2, dk2, dv2);
+        fa_plan_destroy(fresh);
+        _exit(ok ? 0 : 1);
+    }
+    wait_child(child, "after the exp rate alone");
+    fa_plan *pl = make_plan();
+    if (!pl) return check_finish("test_fork");
+    CHECK(run(pl, o, dq, dk, dv), "parent: %s", fa_last_error());
+    fflush(stdout);
+    child = fork();
+    if (child == 0) {
+        alarm(60);
         int ok = run(pl, o2, dq2, dk2, dv2) && same(o, o2) && same(dq, dq2) && same(dk, dk2) && same(dv, dv2);
         fa_plan *fresh = make_plan();
         ok = ok && fresh && run(fresh, o2, dq2, dk2, dv2) && same(o, o2) && same(dq, dq2);
         fa_plan_destroy(fresh);
+        ok = ok && fa_cpu_exp_rate(2) > 0;
         _exit(ok ? 0 : 1);
     }
-    CHECK(child > 0, "fork failed");
-    int status = 0;
-    if (child > 0) {
-        CHECK(waitpid(child, &status, 0) == child, "waitpid failed");
-        CHECK(!WIFSIGNALED(status), "the forked child was killed by signal %d (%s): it hung in a call", WTERMSIG(status),
-              WTERMSIG(status) == SIGALRM ? "its 60 s alarm" : "another signal");
-        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the forked child's outputs differ from the parent's (or a call failed)");
-    }
+    wait_child(child, "after a plan's calls");
     fa_plan_destroy(pl);
-    if (!failures) printf("PASS a forked child ran the parent's and a new 2-thread plan, same bits\n");
+    if (!failures)
+        printf("PASS forked children ran the parent's and new 2-thread plans (same bits) and the exp rate, after a "
+               "plan's calls and after the exp rate alone\n");
     return check_finish("test_fork");
 }

@@ -420,5 +420,6 @@ int cli_plan_create(const fa_problem *p, const fa_options *o, fa_plan **plan) {
     /* an FA_ISA or OMP_NUM_THREADS the library refused is the environment's fault, not the problem's */
     const char *m = fa_last_error();
     int env = m && (strncmp(m, "FA_ISA", 6) == 0 || strncmp(m, "OpenMP", 6) == 0);
-    return cli_fail_status(st, env ? "environment" : "invalid problem");
+    return cli_fail_status(st, env ? "environment" : st == FA_ERR_INVALID || st == FA_ERR_OVERFLOW ? "invalid problem"
+                                                                                                 : "plan");
 }

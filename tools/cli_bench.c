@@ -5,6 +5,7 @@
 #include "measure.h"
 #include "rates.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,8 +135,13 @@ int cli_bench(const cli_args *a) {
     /* predicted seconds from the cached rates (`flashattn calibrate`), when there are some */
     cli_rates rates;
     cli_prediction pf = {0}, pb = {0};
-    int have_rates = fa_plan_backend(plan) == FA_BACKEND_CPU &&
-                     !cli_rates_load(fa_cpu_isa(), fa_plan_threads(plan), &rates);
+    const int loaded =
+        fa_plan_backend(plan) == FA_BACKEND_CPU ? cli_rates_load(fa_cpu_isa(), fa_plan_threads(plan), &rates) : 1;
+    if (loaded < 0) { /* not "no rates": the cache could not be read */
+        rc = cli_fail(1, "bench: cannot read the rates cache (`flashattn calibrate`): %s", strerror(errno));
+        goto done;
+    }
+    int have_rates = loaded == 0;
     if (have_rates && (cli_rates_predict(&rates, plan, FA_FORWARD, &pf) ||
                        cli_rates_predict(&rates, plan, FA_BACKWARD, &pb)))
         have_rates = 0;

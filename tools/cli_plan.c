@@ -3,9 +3,11 @@
 #include "cli.h"
 #include "rates.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* x in the largest of seven units, each base times the last ("%.2f" but plain units whole). */
@@ -45,16 +47,13 @@ static void json_cost(const char *name, const fa_cost *c, int64_t bq, int64_t bk
 
 static const char *tf(int b) { return b ? "true" : "false"; }
 
-/* Both passes' predicted seconds from the cached rates (rates.h); 0 when there are none
- * for this kernel set and thread count, or the plan is not a CPU plan. */
-static int predict(const fa_plan *plan, cli_prediction *f, cli_prediction *b) {
-    cli_rates r;
-    if (fa_plan_backend(plan) != FA_BACKEND_CPU) return 0;
-    if (cli_rates_load(fa_cpu_isa(), fa_plan_threads(plan), &r)) return 0;
-    return !cli_rates_predict(&r, plan, FA_FORWARD, f) && !cli_rates_predict(&r, plan, FA_BACKWARD, b);
+/* Both passes' predicted seconds from the cached rates r (rates.h; NULL: none for this
+ * kernel set and thread count, or not a CPU plan); 0 when there are none. */
+static int predict(const fa_plan *plan, const cli_rates *r, cli_prediction *f, cli_prediction *b) {
+    return r && !cli_rates_predict(r, plan, FA_FORWARD, f) && !cli_rates_predict(r, plan, FA_BACKWARD, b);
 }
 
-static void print_json(const fa_plan *plan, const fa_cost *f, const fa_cost *b, int64_t budget) {
+static void print_json(const fa_plan *plan, const cli_rates *r, const fa_cost *f, const fa_cost *b, int64_t budget) {
     const fa_problem *p = fa_plan_problem(plan);
     int64_t fq, fk, bq, bk;
     fa_plan_blocks(plan, FA_FORWARD, &fq, &fk);
@@ -70,7 +69,7 @@ static void print_json(const fa_plan *plan, const fa_cost *f, const fa_cost *b, 
     printf(", \"memory_budget\": %" PRId64 ", \"isa\": \"%s\", \"threads\": %d", budget,
            cuda ? "cuda" : fa_cpu_isa(), fa_plan_threads(plan));
     cli_prediction pf, pb;
-    if (predict(plan, &pf, &pb))
+    if (predict(plan, r, &pf, &pb))
         printf(", \"predicted_seconds\": {\"forward\": %.6g, \"backward\": %.6g}", pf.seconds, pb.seconds);
     else
         printf(", \"predicted_seconds\": null");
@@ -102,7 +101,7 @@ static void human_row(const char *name, int64_t f, int64_t b, int bytes) {
     printf("  %-17s %22" PRId64 " %-11s %22" PRId64 " %s\n", name, f, hf, b, hb);
 }
 
-static void print_human(const fa_plan *plan, const fa_cost *f, const fa_cost *b, int64_t budget,
+static void print_human(const fa_plan *plan, const cli_rates *r, const fa_cost *f, const fa_cost *b, int64_t budget,
                         int budget_given) {
     const fa_problem *p = fa_plan_problem(plan);
     int64_t fq, fk, bq, bk;
@@ -147,7 +146,7 @@ static void print_human(const fa_plan *plan, const fa_cost *f, const fa_cost *b,
     human_row("peak_bytes", f->peak_bytes, b->peak_bytes, 1);
     human_row("naive_peak_bytes", f->naive_peak_bytes, b->naive_peak_bytes, 1);
     cli_prediction pf, pb;
-    if (predict(plan, &pf, &pb)) {
+    if (predict(plan, r, &pf, &pb)) {
         printf("  %-17s %22.4g %-11s %22.4g %s\n", "predicted_seconds", pf.seconds, "s", pb.seconds, "s");
         printf("    (max(flops / (%.0f GFLOP/s x tile efficiency %.2f | %.2f) + exps, bytes / bandwidth);\n"
                "     rates from `flashattn calibrate`)\n", pf.peak_gflops, pf.efficiency, pb.efficiency);
@@ -188,9 +187,17 @@ int cli_plan(const cli_args *a) {
         fa_plan_destroy(plan);
         return cli_fail_status(st, "plan cost");
     }
+    cli_rates r; /* a cache that cannot be read is a failure, not "no rates" */
+    const int loaded = fa_plan_backend(plan) == FA_BACKEND_CPU ? cli_rates_load(fa_cpu_isa(), fa_plan_threads(plan), &r)
+                                                               : 1;
+    if (loaded < 0) {
+        const int e = errno;
+        fa_plan_destroy(plan);
+        return cli_fail(1, "plan: cannot read the rates cache (`flashattn calibrate`): %s", strerror(e));
+    }
     int64_t budget = a->has_budget ? a->budget : default_budget();
-    if (a->json) print_json(plan, &f, &b, budget);
-    else print_human(plan, &f, &b, budget, a->has_budget);
+    if (a->json) print_json(plan, loaded ? NULL : &r, &f, &b, budget);
+    else print_human(plan, loaded ? NULL : &r, &f, &b, budget, a->has_budget);
     fa_plan_destroy(plan);
     return 0;
 }

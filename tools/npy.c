@@ -278,9 +278,14 @@ static int read_header_fp(const char *path, FILE *f, int accepted, npy_header *h
     return 0;
 }
 
+/* An input that cannot be opened is bad input (exit 2), unless the system failed rather
+ * than the path (out of memory, out of descriptors, an I/O error: exit 1, docs/cli.md). */
 static FILE *open_input(const char *path, char *err, size_t errlen, int *rc) {
     FILE *f = fopen(path, "rb");
-    if (!f) *rc = fail(2, err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) {
+        const int e = errno, system = e == ENOMEM || e == EMFILE || e == ENFILE || e == EIO || e == EINTR;
+        *rc = fail(system ? 1 : 2, err, errlen, "%s: cannot open: %s", path, strerror(e));
+    }
     return f;
 }
 

@@ -29,12 +29,14 @@ int cli_rates_path(char *buf, size_t len) {
     return n < 0 || (size_t)n >= len;
 }
 
-/* Reads every "key": number pair of the file; anything else is skipped. A missing or
- * unreadable file is an empty list. */
-static void read_kv(const char *path, kv_list *kv) {
+/* Reads every "key": number pair of the file; anything else is skipped. A missing file is
+ * an empty list; one that cannot be opened or read otherwise (out of memory, permissions,
+ * an I/O error) is -1 with errno set, so that no caller takes it for "no rates". */
+static int read_kv(const char *path, kv_list *kv) {
     kv->n = 0;
     FILE *f = fopen(path, "r");
-    if (!f) return;
+    if (!f) return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
+    errno = 0; /* what a failed read leaves here says why (EISDIR, EIO) */
     int c;
     while ((c = fgetc(f)) != EOF && kv->n < MAX_KEYS) {
         if (c != '"') continue;
@@ -49,7 +51,10 @@ static void read_kv(const char *path, kv_list *kv) {
             kv->val[kv->n++] = v;
         }
     }
+    const int bad = ferror(f), why = errno ? errno : EIO;
     fclose(f);
+    errno = why;
+    return bad ? -1 : 0;
 }
 
 static void set_kv(kv_list *kv, const char *key, double v) {
@@ -103,8 +108,13 @@ int cli_rates_load(const char *isa, int threads, cli_rates *r) {
     char path[4096], key[KEY_LEN];
     if (cli_rates_path(path, sizeof path)) return 1;
     kv_list *kv = malloc(sizeof *kv);
-    if (!kv) return 1;
-    read_kv(path, kv);
+    if (!kv) return -1; /* errno: ENOMEM */
+    if (read_kv(path, kv)) {
+        const int e = errno;
+        free(kv);
+        errno = e;
+        return -1;
+    }
     memset(r, 0, sizeof *r);
     snprintf(r->isa, sizeof r->isa, "%s", isa);
     r->threads = threads;
@@ -141,7 +151,11 @@ int cli_rates_save(const cli_rates *r, char *err, size_t errlen) {
         snprintf(err, errlen, "out of memory");
         return 1;
     }
-    read_kv(path, kv);
+    if (read_kv(path, kv)) {
+        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+        free(kv);
+        return 1;
+    }
     cli_rates copy = *r;
     field f[16];
     int nf = fields_of(&copy, f);

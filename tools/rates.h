@@ -45,7 +45,8 @@ typedef struct {
  * set (or the path does not fit). */
 int cli_rates_path(char *buf, size_t len);
 
-/* Looks up the entry for (isa, threads) in the cache. 0 found, 1 no file or no entry. */
+/* Looks up the entry for (isa, threads) in the cache. 0 found, 1 no file or no entry, -1
+ * the cache could not be read (errno says why: out of memory, an I/O error). */
 int cli_rates_load(const char *isa, int threads, cli_rates *r);
 
 /* Writes r into the cache (other entries kept), creating the directory. 0 on success;
