@@ -377,7 +377,6 @@ class _RefusedDoubleGrad(torch.autograd.Function):
                                   "(create_graph=True, e.g. a gradient penalty) is not supported")
 
 
-
 class _RefusedLseGrad(torch.autograd.Function):
     """lse as it is, whose gradient raises: lse under dropout, which the attention
     Function leaves without one (a gradient through it would be silently missing)."""

@@ -128,11 +128,14 @@ def out_shapes(opt: Options, q, v):
 def _varying_axes(xs) -> tuple:
     """The shard_map axes that some operand varies along (none outside shard_map, or on a JAX
     without varying-axis types)."""
+    typeof = getattr(jax, "typeof", None)  # older JAX: no varying-axis types to keep
+    if typeof is None:
+        return ()
     axes = set()
     for x in xs:
         if x is None:
             continue
-        t = jax.typeof(x)
+        t = typeof(x)
         m = getattr(t, "manual_axis_type", None)
         axes |= set(m.varying) if m is not None else set(getattr(t, "vma", ()) or ())
     return tuple(sorted(axes))
