@@ -106,6 +106,12 @@ for c in "" "--causal" "--window 3 2" "--causal --window 6 0"; do
   else no "varlen grad ${c:-plain} counts" "grad counted '$flops $trans', plan's backward '$pb' (exit $rc: $(cat "$W/se"))"; fi
   rm -f "$OUT"/*
 done
+# sinks' gradient from a packed grad (once not written, with exit 0): float32 [Hq]
+gen sk.npy '<f4' 4 --seed $((S0 + 7))
+fa grad $VL --causal $GR --sinks "$I/sk.npy" --dsink "$OUT/ds.npy"
+if [ $rc -eq 0 ] && [ "$("$NPY" info "$OUT/ds.npy" 2>&1)" = "<f4 4 finite" ]; then ok "varlen grad --dsink: float32 [4] written"
+else no "varlen grad --dsink" "exit $rc: $(cat "$W/se"); $("$NPY" info "$OUT/ds.npy" 2>&1)"; fi
+rm -f "$OUT"/*
 fa plan --heads 4 --kv-heads 2 --head-dim 16 --v-head-dim 8 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --causal
 if [ $rc -eq 0 ] && grep -q "flash backward" "$W/so" && grep -q "^  flops " "$W/so"; then ok "varlen plan (human): both passes' cost"
 else no "varlen plan (human)" "exit $rc: $(cat "$W/se")"; fi
@@ -190,6 +196,22 @@ if [ $rc -ne 0 ]; then no "decode --update-cache" "exit $rc: $(cat "$W/se")"
 elif ! "$TI" cache "$W/kc0.npy" "$OUTK/kc.npy" "$I/lens.npy" "$I/kn.npy" >"$W/ref" || \
      ! "$TI" cache "$W/vc0.npy" "$OUTK/vc.npy" "$I/lens.npy" "$I/vn.npy" >>"$W/ref"; then no "decode --update-cache" "$(cat "$W/ref")"
 else ok "decode --update-cache: both caches rewritten with the new rows at cache_seqlens[b], the rest unchanged"; fi
+rm -f "$OUT"/*
+# computed in bf16 from float32 files: only the appended rows change (bf16-rounded); the
+# rows already cached keep their float32 bits (a run once rewrote every row rounded)
+cp "$W/kc0.npy" "$OUTK/kc.npy"; cp "$W/vc0.npy" "$OUTK/vc.npy"
+fa run --q "$I/dq.npy" --k "$OUTK/kc.npy" --v "$OUTK/vc.npy" --cache-seqlens "$I/lens.npy" --causal \
+  --k-new "$I/kn.npy" --v-new "$I/vn.npy" --update-cache --dtype bf16 --out "$OUT/o.npy"
+if [ $rc -ne 0 ]; then no "decode --update-cache --dtype bf16" "exit $rc: $(cat "$W/se")"
+elif ! "$TI" cache "$W/kc0.npy" "$OUTK/kc.npy" "$I/lens.npy" "$I/kn.npy" --bf16 >"$W/ref" || \
+     ! "$TI" cache "$W/vc0.npy" "$OUTK/vc.npy" "$I/lens.npy" "$I/vn.npy" --bf16 >>"$W/ref"; then
+  no "decode --update-cache --dtype bf16" "$(cat "$W/ref")"
+else ok "decode --update-cache --dtype bf16: only the new rows change (bf16), the cached ones keep their f32 bits"; fi
+rm -f "$OUT"/*
+# --progress on a decode run reports as dense and packed runs do
+fa run --q "$I/dq.npy" --k "$W/kc0.npy" --v "$W/vc0.npy" --cache-seqlens "$I/lens.npy" --out "$OUT/o.npy" --progress
+if [ $rc -eq 0 ] && grep -q "100%" "$W/se"; then ok "decode --progress: $(tail -n 1 "$W/se")"
+else no "decode --progress" "exit $rc: $(cat "$W/se")"; fi
 rm -f "$OUT"/*
 cp "$W/kc0.npy" "$OUTK/kc.npy"; cp "$W/vc0.npy" "$OUTK/vc.npy"
 expect_bad "decode: cache_seqlens + new tokens past the capacity" "cache_seqlens\[1\]" run --q "$I/dq.npy" \

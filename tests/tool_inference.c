@@ -190,12 +190,24 @@ static int cmd_decode(int argc, char **argv) {
     return against(fa_ref_decode, &p, &a, &o, &l);
 }
 
+/* x rounded to bf16 (nearest, ties to even), as a float: what a run with --dtype bf16 appends. */
+static float to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 static int cmd_cache(int argc, char **argv) {
-    if (argc < 4) return die("usage: cache OLD NEW LENS KN [--table BT]", NULL);
+    if (argc < 4) return die("usage: cache OLD NEW LENS KN [--table BT | --bf16]", NULL);
     arr old, now, lens, kn, bt = {0};
+    const int bf16 = argc > 4 && !strcmp(argv[4], "--bf16"); /* the new rows as bf16 gives them */
     if (load(argv[0], "<f4", &old) || load(argv[1], "<f4", &now) || load(argv[2], "<i4", &lens) ||
-        load(argv[3], "<f4", &kn) || (argc > 5 && load(argv[5], "<i4", &bt)))
+        load(argv[3], "<f4", &kn) || (argc > 5 && !bf16 && load(argv[5], "<i4", &bt)))
         return 3;
+    if (bf16)
+        for (int64_t i = 0; i < kn.n; i++) ((float *)kn.data)[i] = to_bf16(((float *)kn.data)[i]);
     if (old.n != now.n) return printf("the cache changed shape\n"), 1;
     float *want = old.data;
     const int32_t *len = lens.data, *table = bt.data;

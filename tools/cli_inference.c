@@ -137,7 +137,7 @@ typedef struct {
     const char *flag, *path;
     int ndim;
     int64_t shape[4];
-    int slot; /* 0 o, 1 lse (f32), 2 the k cache, 3 the v cache, 4 dq, 5 dk, 6 dv */
+    int slot; /* 0 o, 1 lse (f32), 2 the k cache, 3 the v cache, 4 dq, 5 dk, 6 dv, 7 dsink (f32) */
     npy_out file;
 } out_file;
 
@@ -147,7 +147,7 @@ typedef struct {
     int32_t *lens_q, *lens_k, *table;
     void *q, *k, *v, *kn, *vn, *o, *d_o, *dq, *dk, *dv, *kp, *vp;
     float *lse;
-    out_file outs[5];
+    out_file outs[8];
     int nout, opened;
     fa_plan *plan;
     cli_extras x;
@@ -281,6 +281,27 @@ static int backward(const cli_args *a, run_state *s, const fa_problem *p, fa_cou
     return st == FA_OK ? 0 : cli_fail_status(st, "backward");
 }
 
+/* --update-cache of a cache computed in another dtype than its file's (bf16 from float32,
+ * say): the file's own values (read again as float32, exact for float32 and f16 files) with
+ * only the appended rows replaced by theirs, so that the rows already cached keep their
+ * precision. cache: the cache the call wrote, as float32; row: floats per (row, all heads). */
+static int keep_cached_rows(const cli_args *a, const run_state *s, const fa_problem *p, int v, const float *cache,
+                            float **out) {
+    const npy_header *h = v ? &s->hv : &s->hk;
+    int rc = cli_read_tensor(v ? "--v" : "--k", v ? a->v : a->k, FA_F32, h, (void **)out);
+    if (rc) return rc;
+    const int64_t row = h->shape[2] * h->shape[3];
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t i = 0; i < p->seq_q; i++) {
+            const int64_t t = (int64_t)s->lens_q[b] + i;
+            const int64_t r = s->table ? (int64_t)s->table[b * p->max_pages + t / p->page_size] * p->page_size +
+                                             t % p->page_size
+                                       : b * p->seq_k + t;
+            memcpy(*out + r * row, cache + r * row, sizeof(float) * (size_t)row);
+        }
+    return 0;
+}
+
 int cli_run_inference(const cli_args *a) {
     const int grad = a->cmd == CMD_GRAD;
     if (cli_need_files(a)) return 2;
@@ -314,6 +335,8 @@ int cli_run_inference(const cli_args *a) {
         add_out(&s, "--dq", a->dq, 4, 3, s.hq.shape);
         add_out(&s, "--dk", a->dk, 5, 3, s.hk.shape);
         add_out(&s, "--dv", a->dv, 6, 3, s.hv.shape);
+        const int64_t hq[1] = {p.heads_q};
+        if (p.has_sinks) add_out(&s, "--dsink", a->dsink, 7, 1, hq); /* float32 [Hq], as dense runs write it */
     }
     /* files, not strings: with --update-cache, --out ./kc.npy would replace the --k cache kc.npy */
     for (int i = 0; i < s.nout; i++)
@@ -364,16 +387,21 @@ int cli_run_inference(const cli_args *a) {
     if (st != FA_OK) return release(&s), cli_fail_status(st, "forward");
     if (grad && (rc = backward(a, &s, &p, &counts))) return release(&s), rc; /* --count: the backward's */
 
-    const void *data[7] = {s.o, s.lse, s.k, s.v, s.dq, s.dk, s.dv};
+    const void *data[8] = {s.o, s.lse, s.k, s.v, s.dq, s.dk, s.dv, s.x.dsink};
     for (int i = 0; i < s.nout && !rc; i++) {
         const int slot = s.outs[i].slot;
         const float *x = data[slot];
         float *conv = NULL;
-        if (slot != 1 && p.dtype != FA_F32) {
+        if (slot != 1 && slot != 7 && p.dtype != FA_F32) {
             int64_t n = 1;
             for (int d = 0; d < s.outs[i].ndim; d++) n *= s.outs[i].shape[d];
             if (!(conv = cli_to_f32(p.dtype, data[slot], n))) rc = cli_fail(1, "%s: out of memory", s.outs[i].flag);
             x = conv;
+            float *kept = NULL; /* a cache: its rows as they were but the appended ones */
+            if (!rc && (slot == 2 || slot == 3) && !(rc = keep_cached_rows(a, &s, &p, slot == 3, conv, &kept))) {
+                fa_free(conv);
+                x = conv = kept;
+            }
         }
         if (!rc && (rc = npy_out_write(&s.outs[i].file, s.outs[i].ndim, s.outs[i].shape, x, err, sizeof err)))
             cli_fail(rc, "%s %s", s.outs[i].flag, err);

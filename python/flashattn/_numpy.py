@@ -328,16 +328,19 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
                                 dbias=None if dbias is None else dbias.ctypes.data,
                                 dsink=None if dsink is None else dsink.ctypes.data, **c.common_ptrs())
     handle.backward(args)
-    if bias_grad and c.grad_scale is not None:
-        dbias *= c.grad_scale
-    extra = ((_own_shape(dbias, c.bias_own, bias),) if bias_grad else ()) + (() if dsink is None else (dsink,))
+    if bias_grad:  # summed over what this front widened, then scaled: the chain rule's order, as torch and JAX take it
+        dbias = _own_shape(dbias, c.bias_own, bias)
+        if c.grad_scale is not None:
+            dbias *= np.float32(c.grad_scale)
+    extra = ((dbias,) if bias_grad else ()) + (() if dsink is None else (dsink,))
     return (dq, dk, dv) + extra
 
 
 def _own_shape(dbias, own, bias):
-    """dbias of the library's bias shape summed over the dims the caller's bias broadcast."""
+    """dbias of the library's bias shape summed over the dims the caller's bias broadcast
+    (none: as it is; numpy's add-reduce over no axis would turn -0.0 into +0.0)."""
     axes = tuple(i for i in range(4) if own[i] == 1 and dbias.shape[i] != 1)
-    return dbias.sum(axis=axes, keepdims=True).reshape(np.shape(bias))
+    return (dbias.sum(axis=axes, keepdims=True) if axes else dbias).reshape(np.shape(bias))
 
 
 def dropout_keep_rate(dropout_p):

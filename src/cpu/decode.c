@@ -29,6 +29,7 @@
 #include "decode_kernels.h"
 #include "guard.h"
 #include "isa.h"
+#include "progress.h"
 #include "scores.h"
 #include "softmax_row.h"
 #include "vexp.h"
@@ -453,6 +454,8 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     char *scratch_base = (char *)(first + B + 1);
 
     int64_t flops = prefix_counts.flops, trans = prefix_counts.transcendentals, next_item = 0;
+    fa_progress progress; /* items (a sequence's chunk of keys) done, as the forward counts query tiles */
+    fa_progress_init(&progress, a->progress, a->progress_ctx, items);
 #pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
     {
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
@@ -475,6 +478,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
             /* the item's index names its staged q (fa_decode_cache_tile.q_tag: nonzero) */
             dec_item(&cx, mine, b, k0, k1, nb, nk0, cx.partials + it * Hk * part_floats, &cnt, &carry,
                      (uint64_t)it + 1);
+            fa_progress_step(&progress, 1);
         }
 #pragma omp barrier
 #pragma omp for schedule(static)

@@ -105,3 +105,24 @@ def test_combination_matches_reference(mask_kind, sinks_on, p_drop, bias_row):
         assert g.shape == rg.shape, name
         err = (g - rg).abs().max().item()
         assert err <= 1e-4 * (1 + rg.abs().max().item()), f"{name}: {err}"
+
+
+@pytest.mark.parametrize("bias_scale", [-0.7, 0.3])
+def test_masked_scaled_dbias_same_bits_in_numpy_and_torch(rng, bias_scale):
+    """A bias of the call's full shape with a boolean mask and bias_scale: numpy's dbias is
+    bias_scale times the library's, as torch's autograd gives it, to the bit, signed zeros at
+    the hidden keys included (numpy once summed over no axis, which makes -0.0 +0.0, and
+    scaled before it summed)."""
+    import torch
+    q, do = (rng.standard_normal((1, 2, 5, 8)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((1, 2, 7, 8)).astype(np.float32) for _ in range(2))
+    bias = rng.standard_normal((1, 2, 5, 7)).astype(np.float32)
+    mask = rng.random((5, 7)) < 0.7
+    mask[:, 0] = True
+    kw = dict(bias_scale=bias_scale, mask=mask)
+    o, lse = flashattn.attention(q, k, v, bias=bias, return_lse=True, **kw)
+    db_np = flashattn.attention_backward(q, k, v, o, lse, do, bias=bias, bias_grad=True, **kw)[3]
+    tb = torch.from_numpy(bias).requires_grad_()
+    ft.attention(*(torch.from_numpy(x) for x in (q, k, v)), bias=tb, bias_scale=bias_scale,
+                 mask=torch.from_numpy(mask)).backward(torch.from_numpy(do))
+    assert np.array_equal(db_np.view(np.uint32), tb.grad.numpy().view(np.uint32))
