@@ -135,7 +135,10 @@ fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_arg
 fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a);
 /* The decode call's checks of its arguments' contents, before anything is written
  * (cpu/decode_check.c). */
-fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a);
+/* scratch: fa_decode_check_bytes of the call's workspace (the check runs before the call
+ * uses it, so the figure counts the larger of the two). */
+fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a, void *scratch);
+int64_t fa_decode_check_bytes(const struct fa_plan *pl);
 /* A shared prefix (cpu/cascade.c): its chunks (of a size from the shapes) and tiles; its partials, per
  * (chunk, kv head) R = B x (Hq / Hk) x seq_q rows of Dv accumulators, then R maxima, then
  * R sums (row b x M + r: sequence b's decode row r); its workspace (partials, then threads x
@@ -145,6 +148,8 @@ int64_t fa_cascade_chunks(const struct fa_plan *pl);
 int64_t fa_cascade_tiles(const struct fa_plan *pl); /* per kv head: each chunk starts its own tiles */
 int64_t fa_cascade_partial_floats(const struct fa_plan *pl);
 int64_t fa_cascade_workspace_bytes(const struct fa_plan *pl);
+/* A packed backward's bytes for one sequence's dsink, after the dense workspace (varlen.c). */
+int64_t fa_varlen_dsink_bytes(const struct fa_plan *pl);
 fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args *a, char *ws, fa_counts *cnt);
 
 /* Hands a pass's totals to the caller's fa_counts (NULL: not asked for). */

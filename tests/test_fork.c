@@ -70,11 +70,16 @@ int main(void) {
     fa_plan *pl = make_plan();
     if (!pl) return check_finish("test_fork");
     CHECK(run(pl, o, dq, dk, dv), "parent: %s", fa_last_error());
+    fa_cost before; /* a plan's figures do not depend on the process (the backward's workspace once did) */
+    CHECK(fa_plan_cost(pl, FA_BACKWARD, &before) == FA_OK, "parent: cost: %s", fa_last_error());
     fflush(stdout);
     child = fork();
     if (child == 0) {
         alarm(60);
-        int ok = run(pl, o2, dq2, dk2, dv2) && same(o, o2) && same(dq, dq2) && same(dk, dk2) && same(dv, dv2);
+        fa_cost after;
+        int ok = fa_plan_cost(pl, FA_BACKWARD, &after) == FA_OK && after.workspace_bytes == before.workspace_bytes &&
+                 after.peak_bytes == before.peak_bytes;
+        ok = ok && run(pl, o2, dq2, dk2, dv2) && same(o, o2) && same(dq, dq2) && same(dk, dk2) && same(dv, dv2);
         fa_plan *fresh = make_plan();
         ok = ok && fresh && run(fresh, o2, dq2, dk2, dv2) && same(o, o2) && same(dq, dq2);
         fa_plan_destroy(fresh);

@@ -323,9 +323,12 @@ _PLAN_CACHE_SIZE = 256
 
 
 def cached_plan(problem, options):
-    """Plans are pure functions of (problem, options): reuse them across calls of the same
-    shapes (a plan costs microseconds, but per-call overhead matters for small tensors)."""
-    key = _plan_key(problem) + bytes(options)
+    """Plans are pure functions of (problem, options) and the environment the library reads
+    at every plan (FA_ISA, OMP_NUM_THREADS: docs/environment.md): reuse them across calls of
+    the same shapes (a plan costs microseconds, but per-call overhead matters for small
+    tensors), and not across a change of those variables."""
+    env = "\0".join(os.environ.get(v, "") for v in ("FA_ISA", "OMP_NUM_THREADS")).encode()
+    key = _plan_key(problem) + bytes(options) + env
     handle = _PLAN_CACHE.get(key)
     if handle is None:
         handle = plan_handle(problem, options)

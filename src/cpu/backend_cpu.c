@@ -96,8 +96,10 @@ int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
         if (lo <= hi) items += p->heads_kv * fa_decode_chunks(pl, b, lo, hi);
     }
     const wide partial = (wide)(p->heads_q / p->heads_kv) * p->seq_q * (p->head_dim_v + 2) * 4;
-    return narrow(items * partial + ((wide)p->batch + 1) * 8 + (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl) +
-                  fa_cascade_workspace_bytes(pl)); /* INT64_MAX when it overflows: narrowed to -1 here */
+    const wide run = items * partial + ((wide)p->batch + 1) * 8 + (wide)pl->threads * fa_cpu_decode_scratch_bytes(pl) +
+                     fa_cascade_workspace_bytes(pl);
+    const wide check = fa_decode_check_bytes(pl); /* the appends' check, before the run, in the same bytes */
+    return narrow(run > check ? run : check); /* INT64_MAX when it overflows: narrowed to -1 here */
 }
 
 /* Dense: threads x the driver's per-thread scratch (the backward adds delta, 4 B per query
@@ -115,7 +117,7 @@ static int64_t cpu_workspace_bytes(const fa_plan *pl, fa_pass pass) {
             if (w < 0) return -1;
             if (w > most) most = w;
         }
-        return most;
+        return pass == FA_BACKWARD ? narrow((wide)most + fa_varlen_dsink_bytes(pl)) : most; /* varlen.c */
     }
     if (pass == FA_FORWARD) return narrow((wide)pl->threads * fa_cpu_forward_scratch_bytes(pl));
     return fa_cpu_backward_workspace_bytes(pl);

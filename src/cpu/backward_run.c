@@ -16,7 +16,9 @@ int64_t fa_cpu_backward_scratch_bytes(const struct fa_plan *plan) {
  * does not fit int64. The cost model's workspace_bytes (backend_cpu.c) is this figure. */
 int64_t fa_cpu_backward_workspace_bytes(const struct fa_plan *plan) {
     const fa_problem *p = &plan->p;
-    const int threads = fa_call_threads(plan);
+    /* the plan's threads, as the forward's figure takes them: a forked child runs fewer
+     * (fa_call_threads) in the same bytes, and no figure of a plan depends on the process */
+    const int threads = plan->threads > 0 ? plan->threads : 1;
     const __int128 rows = (__int128)p->batch * p->heads_q * p->seq_q;
     const __int128 delta = (rows * 4 + FA_BWD_ALIGN - 1) / FA_BWD_ALIGN * FA_BWD_ALIGN;
     const __int128 need = FA_BWD_ALIGN + delta + (__int128)threads * fa_cpu_backward_scratch_bytes(plan);

@@ -111,7 +111,9 @@ int64_t fa_cascade_workspace_bytes(const struct fa_plan *pl) {
                          cas_align(isa->packed_bytes(T, p->head_dim, p->dtype)) +
                          cas_align(isa->packed_bytes(T, p->head_dim_v, p->dtype)) + cas_align(RB * T * 4);
     const wide partials = (wide)fa_cascade_chunks(pl) * p->heads_kv * R * (p->head_dim_v + 2) * 4;
-    const wide total = partials + (wide)pl->threads * scratch;
+    /* last: each sequence's view of the masks (cas_view), aligned */
+    const wide views = CASCADE_ALIGN + (wide)p->batch * (wide)sizeof(struct fa_plan);
+    const wide total = partials + (wide)pl->threads * scratch + views;
     return total > INT64_MAX ? INT64_MAX : (int64_t)total;
 }
 
@@ -246,9 +248,11 @@ static void cas_view(const struct fa_plan *pl, int64_t b, struct fa_plan *v) {
 
 fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args *a, char *ws, fa_counts *cnt) {
     const fa_problem *p = &pl->p;
-    struct fa_plan *views = fa_malloc(sizeof *views * (size_t)p->batch);
-    if (!views) return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate the shared prefix's %lld sequence views",
-                                (long long)p->batch);
+    /* the views lie in the workspace, after the threads' scratch (fa_cascade_workspace_bytes) */
+    char *after = ws + fa_cascade_partial_floats(pl) * (int64_t)sizeof(float) +
+                  (int64_t)pl->threads * cas_scratch_bytes(pl);
+    struct fa_plan *views =
+        (struct fa_plan *)(after + (CASCADE_ALIGN - (uintptr_t)after % CASCADE_ALIGN) % CASCADE_ALIGN);
     for (int64_t b = 0; b < p->batch; b++) cas_view(pl, b, &views[b]);
     const fa_isa *isa = cas_isa(pl);
     cas_ctx cx = {pl, p, isa, a, views, fa_dtype_size(p->dtype), cas_rows(p), p->heads_q / p->heads_kv * p->seq_q,
@@ -271,7 +275,6 @@ fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args 
         flops += c.flops;
         trans += c.transcendentals;
     }
-    fa_free(views);
     cnt->flops += flops;
     cnt->transcendentals += trans;
     return FA_OK;

@@ -399,13 +399,16 @@ static void dec_append(const dec_ctx *cx, void *cache, const fa_strides *st, con
 
 fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    fa_status st = fa_cpu_decode_check(pl, a);
-    if (st) return st;
     const int threads = fa_call_threads(pl);
     const int64_t need = fa_decode_workspace_bytes(pl), scratch = fa_cpu_decode_scratch_bytes(pl);
     char *ws = a->workspace, *owned = NULL;
     if (!ws && !(ws = owned = fa_malloc((size_t)need))) /* the allocation-failure hook sees it */
         return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate %lld bytes of decode workspace", (long long)need);
+    fa_status st = fa_cpu_decode_check(pl, a, ws); /* in the workspace, before the call uses it */
+    if (st) {
+        fa_free(owned);
+        return st;
+    }
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
                   p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0, 1, 0};

@@ -30,13 +30,12 @@ static int dec_write_order(const void *x, const void *y) {
  * holds). The written runs, one per (sequence, page), sorted by page and first row: a run
  * that starts before the furthest end so far on its page overlaps it; then each page a
  * sequence reads, found among them by bisection. */
-static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_args *a) {
+static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_args *a, void *scratch) {
     const fa_problem *p = &pl->p;
     const int64_t ps = p->page_size, Sq = p->seq_q;
-    int64_t n = 0;
+    int64_t n = 0; /* at most (Sq - 1) / ps + 2 a sequence: fa_decode_check_bytes */
     for (int64_t b = 0; b < p->batch; b++) n += (pl->lens[b] + Sq - 1) / ps - pl->lens[b] / ps + 1;
-    dec_write *w = fa_malloc(sizeof *w * (size_t)n);
-    if (!w) return fa_error(FA_ERR_NO_MEMORY, "fa_forward: cannot allocate the check of %lld appended runs", (long long)n);
+    dec_write *w = (dec_write *)((char *)scratch + (8 - (uintptr_t)scratch % 8) % 8);
     int64_t k = 0;
     for (int64_t b = 0; b < p->batch; b++) {
         const int64_t first = pl->lens[b], last = first + Sq - 1;
@@ -77,7 +76,6 @@ static fa_status dec_check_appends(const struct fa_plan *pl, const fa_forward_ar
                              (long long)w[lo].j, (long long)b, (long long)(j * ps + w[lo].r0), (long long)b,
                              (long long)j);
         }
-    fa_free(w);
     return s;
 }
 
@@ -175,7 +173,14 @@ static fa_status dec_check_quant(const struct fa_plan *pl, const fa_forward_args
 
 /* internal.h: every block-table entry a call uses, the appends' rows and a quantized cache's
  * scales, before anything is written (the pointers were checked at the entry, args.c). */
-fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a) {
+int64_t fa_decode_check_bytes(const struct fa_plan *pl) {
+    const fa_problem *p = &pl->p;
+    if (!p->page_size || !p->has_new_kv) return 0;
+    const __int128 n = (__int128)p->batch * ((p->seq_q - 1) / p->page_size + 2) * (__int128)sizeof(dec_write) + 8;
+    return n > INT64_MAX ? INT64_MAX : (int64_t)n;
+}
+
+fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a, void *scratch) {
     const fa_problem *p = &pl->p;
     if (!p->page_size) return fa_dtype_quantized(fa_cache_dtype(p)) ? dec_check_quant(pl, a) : FA_OK;
     for (int64_t b = 0; b < p->batch; b++) {
@@ -187,6 +192,6 @@ fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a
                                 (long long)b, (long long)j, id, (long long)p->num_pages);
         }
     }
-    fa_status s = p->has_new_kv ? dec_check_appends(pl, a) : FA_OK;
+    fa_status s = p->has_new_kv ? dec_check_appends(pl, a, scratch) : FA_OK;
     return !s && fa_dtype_quantized(fa_cache_dtype(p)) ? dec_check_quant(pl, a) : s;
 }

@@ -158,11 +158,22 @@ fa_status fa_cpu_varlen_forward(const struct fa_plan *pl, const fa_forward_args 
                          a->progress_ctx, a->counts, forward_sequence);
 }
 
-/* The backward's arguments, and with sinks the sums of the sequences' dsink. */
+/* The backward's arguments. */
 typedef struct {
     const fa_backward_args *a;
-    float *dsink_seq; /* [Hq]: one sequence's dsink, before it joins a->dsink */
 } varlen_backward_args;
+
+/* With sinks, one sequence's dsink [Hq], before it joins the caller's: the backward
+ * workspace's last bytes (fa_varlen_dsink_bytes, counted in the plan's workspace_bytes),
+ * after the sequences' shared dense workspace. */
+int64_t fa_varlen_dsink_bytes(const struct fa_plan *pl) {
+    return pl->p.has_sinks ? 64 + pl->p.heads_q * (int64_t)sizeof(float) : 0;
+}
+static float *dsink_of_sequence(const struct fa_plan *pl, char *ws, int64_t *dense_bytes) {
+    *dense_bytes = pl->bwd.workspace_bytes - fa_varlen_dsink_bytes(pl);
+    char *at = ws + *dense_bytes;
+    return (float *)(at + (64 - (uintptr_t)at % 64) % 64);
+}
 
 static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_plan *sub, int64_t b, const void *args,
                                    char *ws, fa_counts *c, seq_progress *sp) {
@@ -181,30 +192,26 @@ static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_pla
         return FA_OK;
     }
     fa_backward_args sa = *a;
-    SEQUENCE_VIEW(sa, a, pl, b, es, ws, pl->bwd.workspace_bytes, c, sp);
+    int64_t dense_bytes;
+    float *dsink_seq = dsink_of_sequence(pl, ws, &dense_bytes);
+    SEQUENCE_VIEW(sa, a, pl, b, es, ws, dense_bytes, c, sp);
     sa.o = row_ptr(a->o, &p->o_stride, cq[b], es);
     sa.d_o = row_ptr(a->d_o, &p->o_stride, cq[b], es);
     sa.lse = a->lse + cq[b];
     sa.dq = (void *)row_ptr(a->dq, &p->q_stride, cq[b], es);
     sa.dk = (void *)row_ptr(a->dk, &p->k_stride, ck[b], es);
     sa.dv = (void *)row_ptr(a->dv, &p->v_stride, ck[b], es);
-    sa.dsink = va->dsink_seq;
+    sa.dsink = p->has_sinks ? dsink_seq : NULL;
     fa_status s = fa_cpu_backward(sub, &sa);
     if (!s && p->has_sinks) /* sequence by sequence, in order: the same sum for any threads */
-        for (int64_t h = 0; h < p->heads_q; h++) a->dsink[h] += va->dsink_seq[h];
+        for (int64_t h = 0; h < p->heads_q; h++) a->dsink[h] += dsink_seq[h];
     return s;
 }
 
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a) {
-    varlen_backward_args va = {a, NULL};
-    if (pl->p.has_sinks) { /* a sequence without keys or queries adds nothing to dsink */
-        if (!(va.dsink_seq = fa_malloc((size_t)pl->p.heads_q * sizeof(float))))
-            return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate dsink for %lld heads",
-                            (long long)pl->p.heads_q);
+    varlen_backward_args va = {a};
+    if (pl->p.has_sinks) /* a sequence without keys or queries adds nothing to dsink */
         for (int64_t h = 0; h < pl->p.heads_q; h++) a->dsink[h] = 0.0f;
-    }
-    fa_status s = each_sequence(pl, &va, a->workspace, pl->bwd.workspace_bytes, "backward", a->progress,
-                                a->progress_ctx, a->counts, backward_sequence);
-    fa_free(va.dsink_seq);
-    return s;
+    return each_sequence(pl, &va, a->workspace, pl->bwd.workspace_bytes, "backward", a->progress, a->progress_ctx,
+                         a->counts, backward_sequence);
 }

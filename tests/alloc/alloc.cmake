@@ -1,6 +1,7 @@
 # Allocation-failure tests, only in a build with FA_ALLOC_FAILURE_INJECTION (tests/run_all.sh's
 # ASan build): the library (test_alloc_failure; test_alloc_failure_varlen for a packed
-# cu_seqlens plan; test_alloc_failure_decode for a kv-cache decode plan) and the CLI's run and grad, dense and packed (test_cli_alloc_failure.sh),
+# cu_seqlens plan; test_alloc_failure_decode for a kv-cache decode plan; test_alloc_workspace: a
+# caller's workspace of workspace_bytes, no allocation) and the CLI's run and grad, dense and packed (test_cli_alloc_failure.sh),
 # the n-th allocation failing for every n reached.
 if(FA_ALLOC_FAILURE_INJECTION)
   add_executable(test_alloc_failure ${CMAKE_CURRENT_SOURCE_DIR}/tests/alloc/test_alloc_failure.c)
@@ -15,6 +16,10 @@ if(FA_ALLOC_FAILURE_INJECTION)
   target_include_directories(test_alloc_failure_decode PRIVATE include src tests)
   target_link_libraries(test_alloc_failure_decode PRIVATE fa_ref flashattn_static m)
   add_test(NAME test_alloc_failure_decode COMMAND test_alloc_failure_decode)
+  add_executable(test_alloc_workspace ${CMAKE_CURRENT_SOURCE_DIR}/tests/alloc/test_alloc_workspace.c)
+  target_include_directories(test_alloc_workspace PRIVATE include src tests)
+  target_link_libraries(test_alloc_workspace PRIVATE flashattn_static m)
+  add_test(NAME test_alloc_workspace COMMAND test_alloc_workspace)
   add_test(NAME test_cli_alloc_failure
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/alloc/test_cli_alloc_failure.sh ${CMAKE_BINARY_DIR})
   set_tests_properties(test_alloc_failure test_alloc_failure_varlen test_alloc_failure_decode test_cli_alloc_failure

@@ -114,3 +114,16 @@ def test_budget_strings():
     with pytest.raises(ValueError, match="budget"):
         p.fits("lots")
     assert p.fits("1.5M") and not p.fits("1.5K")
+
+
+def test_plan_cache_follows_fa_isa(monkeypatch):
+    """FA_ISA is read at every plan (docs/environment.md): a shape planned before the variable
+    changed is planned again, not taken from the front's plan cache with the old kernel set.
+    Seen through a kernel set no CPU has: the library refuses it at the plan."""
+    import numpy as np
+    q = np.ones((1, 1, 8, 16), np.float32)
+    monkeypatch.setenv("FA_ISA", "scalar")
+    flashattn.attention(q, q, q)  # planned (and cached) with the scalar kernels
+    monkeypatch.setenv("FA_ISA", "no-such-kernels")
+    with pytest.raises(ValueError, match="FA_ISA"):
+        flashattn.attention(q, q, q)
