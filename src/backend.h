@@ -6,7 +6,8 @@
  * parallel with any inference shape, ...) is FA_ERR_INVALID, in words that name both
  * features (fa_supports_common, called first by every entry's supports); a limit of one
  * backend, build or device (f32 on CUDA, no CUDA built) is FA_ERR_UNSUPPORTED, as
- * docs/semantics.md says. Nowhere else refuses a combination. */
+ * docs/semantics.md says, and a run where no device is at all FA_ERR_BACKEND (the cuda
+ * entry's supports, last). Nowhere else refuses a combination. */
 #ifndef FA_BACKEND_H
 #define FA_BACKEND_H
 

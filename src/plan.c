@@ -215,6 +215,7 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
             pl->be = order[i];
             if (!(s = pl->be->supports(&pl->p, FA_FORWARD, FA_USE_RUN))) break;
         }
+        if (!s) fa_clear_error(); /* a backend passed over is no failure of the call's */
     }
     pl->backend = pl->be->id;
     return s;

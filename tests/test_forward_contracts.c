@@ -285,8 +285,37 @@ static void test_progress(uint64_t seed) {
     free(q), free(k), free(v), free(out), free(lse), free(dq), free(dk), free(dv);
 }
 
+/* A cuda plan made where no device is: its figures are there, a run says "no CUDA device"
+ * (once, from the backend's supports) rather than cudart's first failing call naming an
+ * argument. Skipped where the build has no CUDA or a device is present. */
+static void test_cuda_plan_without_device(void) {
+    if (fa_cuda_available()) return;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 1, p.heads_q = 2, p.seq_q = p.seq_k = 64, p.head_dim = 64, p.dtype = FA_F16, p.has_alibi = 1;
+    fa_options opt = {FA_BACKEND_CUDA, 0, 0, 0};
+    fa_plan *pl = NULL;
+    if (fa_plan_create(&p, &opt, &pl) != FA_OK) { /* a build without CUDA refuses the backend itself */
+        printf("cuda plan without a device: skipped (%s)\n", fa_last_error());
+        return;
+    }
+    fa_cost c;
+    CHECK(fa_plan_cost(pl, FA_FORWARD, &c) == FA_OK && c.flops > 0, "cuda plan without a device: cost %s",
+          fa_last_error());
+    uint16_t *x = calloc(2 * 2 * 64 * 64, sizeof *x); /* q = k = v, then o */
+    const float slopes[2] = {0.5f, 0.25f};
+    fa_forward_args a = {.q = x, .k = x, .v = x, .o = x + 2 * 64 * 64, .alibi_slopes = slopes};
+    const fa_status st = fa_forward(pl, &a);
+    CHECK(st == FA_ERR_BACKEND && strstr(fa_last_error(), "no CUDA device"), "cuda run without a device: %s (%s)",
+          fa_status_string(st), fa_last_error());
+    free(x);
+    fa_plan_destroy(pl);
+    printf("cuda plan without a device: figures, and a run refused (%s)\n", fa_last_error());
+}
+
 int main(void) {
     check_seed("test_forward_contracts"); /* the data of the progress test */
+    test_cuda_plan_without_device();
     test_vexp();
     test_p_rounding();
     test_errors();

@@ -52,6 +52,11 @@ static fa_status cuda_supports(const fa_problem *p, fa_pass pass, unsigned uses)
     if (p->heads_q > 65535 || p->batch > 65535)
         return fa_error(FA_ERR_UNSUPPORTED, "the cuda backend launches at most 65535 heads and batches, got %lld and %lld",
                         (long long)p->heads_q, (long long)p->batch);
+    /* a cuda plan's figures need no device; running it does (said here, once, rather than
+     * as cudart's first failing call, "driver version is insufficient", on an argument) */
+    if (!fa_cuda_available())
+        return fa_error(FA_ERR_BACKEND, "no CUDA device is available to this process: a cuda plan gives its cost "
+                                        "figures without one, but runs only on a device (use backend cpu)");
     return FA_OK;
 }
 
