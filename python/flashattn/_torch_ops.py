@@ -357,19 +357,24 @@ class AttentionCompiled(torch.autograd.Function):
         return tuple(grads)
 
 
-class _RefusedDoubleGrad(torch.autograd.Function):
-    """A gradient of the attention as it is, whose own gradient raises: the backward kernel
-    is not differentiable, so a double backward (create_graph=True, a gradient penalty)
-    would otherwise drop its second-order terms without a word (torch's SDPA raises too)."""
-    generate_vmap_rule = True  # torch.func.grad runs backwards with a graph, under vmap too
+class _RefusedGrad(torch.autograd.Function):
+    """A tensor as it is (its first input; the others only make it depend on them), whose
+    gradient raises: subclasses say why in backward."""
 
     @staticmethod
-    def forward(g, *inputs):
-        return g.clone()
+    def forward(x, *inputs):
+        return x.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         pass
+
+
+class _RefusedDoubleGrad(_RefusedGrad):
+    """A gradient of the attention: the backward kernel is not differentiable, so a double
+    backward (create_graph=True, a gradient penalty) would otherwise drop its second-order
+    terms without a word (torch's SDPA raises too)."""
+    generate_vmap_rule = True  # torch.func.grad runs backwards with a graph, under vmap too
 
     @staticmethod
     def backward(ctx, gg):
@@ -377,17 +382,9 @@ class _RefusedDoubleGrad(torch.autograd.Function):
                                   "(create_graph=True, e.g. a gradient penalty) is not supported")
 
 
-class _RefusedLseGrad(torch.autograd.Function):
-    """lse as it is, whose gradient raises: lse under dropout, which the attention
-    Function leaves without one (a gradient through it would be silently missing)."""
-
-    @staticmethod
-    def forward(lse, *inputs):
-        return lse.clone()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
+class _RefusedLseGrad(_RefusedGrad):
+    """lse under dropout, which the attention Function leaves without a gradient (one
+    through it would be silently missing)."""
 
     @staticmethod
     def backward(ctx, dlse):
