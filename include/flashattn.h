@@ -364,6 +364,9 @@ FA_API void fa_plan_destroy(fa_plan *plan);
 
 /* ---- query the plan --------------------------------------------------------------- */
 
+/* The plan's cost of a pass (docs/semantics.md). A plan whose backward the library does not
+ * run (kv-cache decoding, lengths per call: fa_backward refuses it, naming why) states a
+ * backward of all zeros, and fa_plan_blocks gives it 0 x 0 tiles. */
 FA_API fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out);
 /* The exact cost of one call with these lengths (those the plan's kind takes, the others
  * NULL; checked as fa_forward checks them): what that call's counts report. O(batch). For
@@ -374,7 +377,8 @@ FA_API fa_status fa_plan_cost_lengths(const fa_plan *plan, fa_pass pass, const i
 FA_API int fa_plan_exact(const fa_plan *plan);
 FA_API fa_backend fa_plan_backend(const fa_plan *plan);
 /* The tiles a pass runs (block_q x block_k); 0s for a pass other than FA_FORWARD or
- * FA_BACKWARD (fa_last_error says why); nothing written for a NULL plan. */
+ * FA_BACKWARD (fa_last_error says why) and for the backward of a plan that has none
+ * (fa_plan_cost); nothing written for a NULL plan. */
 FA_API void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t *block_k);
 FA_API int fa_plan_threads(const fa_plan *plan);
 FA_API const fa_problem *fa_plan_problem(const fa_plan *plan);

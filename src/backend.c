@@ -42,6 +42,10 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
     if (varlen && decode)
         return fa_error(FA_ERR_INVALID, "packed variable-length batches (cu_seqlens) do not combine with kv-cache "
                                         "decoding (cache_seqlens)");
+    if (!varlen && !decode && (p->has_new_kv || p->page_size || p->num_pages || p->max_pages))
+        return fa_error(FA_ERR_INVALID, "%s need kv-cache decoding (cache_seqlens, or lengths_per_call "
+                                        "FA_LENGTHS_CACHE)",
+                        p->has_new_kv ? "new keys and values (has_new_kv)" : "pages (page_size, num_pages, max_pages)");
     if (varlen && (p->has_new_kv || p->page_size || p->num_pages || p->max_pages))
         return fa_error(FA_ERR_INVALID, "%s do not combine with packed variable-length batches (cu_seqlens): they "
                                         "belong to kv-cache decoding",
@@ -82,7 +86,7 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
     if (p->shared_prefix_len && p->has_diag_offset)
         return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) does not combine with a diagonal offset "
                                         "(has_diag_offset): its masks align bottom-right over prefix and cache");
-    if (p->lengths_per_call && pass == FA_BACKWARD)
+    if (p->lengths_per_call == FA_LENGTHS_PACKED && pass == FA_BACKWARD) /* decoding's: below */
         return fa_error(FA_ERR_INVALID, "lengths per call (lengths_per_call) does not combine with the backward pass: "
                                         "plan the backward with its lengths (cu_seqlens)");
     if (fa_dtype_quantized(fa_cache_dtype(p)) && !decode) /* varlen, dense: decoding's caches only */

@@ -27,7 +27,12 @@ typedef struct fa_backend_entry {
     /* FA_OK if this backend runs problem p (defaults of heads_kv and head_dim_v resolved)
      * for pass; else the status and fa_error's message. uses: FA_USE_* bits. */
     fa_status (*supports)(const fa_problem *p, fa_pass pass, unsigned uses);
-    /* Threads, ISA and tiles of both passes into pl (the options' block sizes where given). */
+    /* FA_OK if it runs the options' block sizes (block_q, block_k; 0 = its own) for p; else
+     * FA_ERR_UNSUPPORTED and why (NULL: it runs any). Asked with supports, so that AUTO passes
+     * over a backend that would refuse them rather than fail. */
+    fa_status (*takes_blocks)(const fa_problem *p, const fa_options *o);
+    /* Threads, ISA and tiles of both passes into pl (the options' block sizes where given,
+     * which takes_blocks accepted). */
     fa_status (*choose_blocks)(struct fa_plan *pl, const fa_options *o);
     /* Scratch of a pass (bytes, -1 if it overflows int64): what the pass allocates when the
      * caller passes none, and the cost model's workspace_bytes. */

@@ -6,6 +6,8 @@
  * at the end. */
 #include "backend.h"
 
+#include <string.h>
+
 typedef __int128 wide;
 typedef fa_tile_walk tile_walk;
 
@@ -193,9 +195,7 @@ static fa_status empty_cost(struct fa_plan *pl) {
     const wide fwd[8] = {0, 0, B * p->heads_q * p->seq_q, out, out, 0, in + out, in + out};
     /* dq, dk, dv, dbias, dsink */
     const wide bin = in + 2 * t.o + t.lse, bout = t.q + t.k + t.v + t.dbias + t.sinks;
-    /* decoding has no backward: its figures are all 0, as a non-empty decode plan's are */
-    const wide bwd[8] = {0, 0, 0, decode ? 0 : bout, decode ? 0 : bout, 0, decode ? 0 : bin + bout,
-                         decode ? 0 : bin + bout};
+    const wide bwd[8] = {0, 0, 0, bout, bout, 0, bin + bout, bin + bout}; /* decoding's: 0 (fa_cost_compute) */
     fa_cost *c[2] = {&pl->fwd, &pl->bwd};
     const wide *f[2] = {fwd, bwd};
     for (int k = 0; k < 2; k++)
@@ -207,10 +207,21 @@ static fa_status empty_cost(struct fa_plan *pl) {
     return FA_OK;
 }
 
-fa_status fa_cost_compute(struct fa_plan *pl) {
+static fa_status compute(struct fa_plan *pl) {
     if (fa_problem_empty(&pl->p) && pl->shape != FA_SHAPE_VARLEN) return empty_cost(pl);
     if (pl->shape != FA_SHAPE_DENSE) return fa_cost_inference(pl); /* cost_inference.c */
     const shared_sums ss = shared(pl);
     fa_status s = forward_cost(pl, &ss);
-    return s ? s : backward_cost(pl, &ss);
+    return s || pl->bwd_none ? s : backward_cost(pl, &ss);
+}
+
+/* A plan whose backward no backend runs (its supports say so: decoding, lengths per call)
+ * states none: every backward figure is 0, for every shape alike (docs/semantics.md), and
+ * fa_backward gives the reason. Callers have no error pending: the refusal's is dropped. */
+fa_status fa_cost_compute(struct fa_plan *pl) {
+    pl->bwd_none = pl->be->supports(&pl->p, FA_BACKWARD, 0) != FA_OK;
+    if (pl->bwd_none) fa_clear_error();
+    fa_status s = compute(pl);
+    if (!s && pl->bwd_none) memset(&pl->bwd, 0, sizeof pl->bwd);
+    return s;
 }

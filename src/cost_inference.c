@@ -82,7 +82,7 @@ static fa_status varlen_cost(fa_plan *pl) {
     in += 2 * o + lse, out = q + k + v + sinks; /* the backward also reads o, do, lse; writes dq, dk, dv, dsink */
     bwd[6] = in + out + bwd[5], bwd[7] = in + out + score;
     fa_status s = store_cost(&pl->fwd, fwd, "forward");
-    return s ? s : store_cost(&pl->bwd, bwd, "backward");
+    return s || pl->bwd_none ? s : store_cost(&pl->bwd, bwd, "backward"); /* none: 0s (fa_cost_compute) */
 }
 
 /* Chunks of sequence b that some row sees, and its computed tiles and their keys (a plan
@@ -186,11 +186,7 @@ static fa_status decode_cost(fa_plan *pl) {
     const wide in = q + cache + knew + table + slopes + sinks + B * 4 + prefix, out = o + lse;
     const wide sk_all = p->seq_k + p->shared_prefix_len; /* the naive score matrix: prefix keys too */
     const wide f[8] = {flops, useful, trans, bytes, min, work, in + out + work, in + out + B * Hq * Sq * sk_all * 4};
-    fa_status s = store_cost(&pl->fwd, f, "decode");
-    if (s) return s;
-    const fa_cost none = {0};
-    pl->bwd = none; /* decoding has no backward pass */
-    return FA_OK;
+    return store_cost(&pl->fwd, f, "decode"); /* no backward: its 0s (fa_cost_compute) */
 }
 
 fa_status fa_cost_inference(fa_plan *pl) {

@@ -28,6 +28,8 @@ struct fa_plan {
                              * FA_FWD_MAX_ROWS_SLICED; 0: whole pairs */
     int64_t bwd_bq, bwd_bk; /* backward tile */
     int bwd_fused;          /* CPU backward: one pass (backward_fused.c), else two passes */
+    int bwd_none;           /* no backend runs this plan's backward (decoding, lengths per call:
+                             * fa_supports_common): its backward figures and blocks are 0 (cost.c) */
     float scale;
     int64_t off;            /* Sk - Sq: masks align bottom-right */
     fa_cost fwd, bwd;       /* computed once, at plan time */

@@ -207,13 +207,16 @@ static fa_status choose_backend(fa_plan *pl, const fa_options *o) {
     if (b != FA_BACKEND_AUTO) {
         pl->be = fa_backend_of(b);
         s = pl->be->supports(&pl->p, FA_FORWARD, 0);
+        if (!s && pl->be->takes_blocks) s = pl->be->takes_blocks(&pl->p, o);
     } else {
         int n;
         const fa_backend_entry *const *order = fa_backend_order(&n);
         for (int i = 0; i < n; i++) {
             if (order[i]->present && !order[i]->present()) continue;
             pl->be = order[i];
-            if (!(s = pl->be->supports(&pl->p, FA_FORWARD, FA_USE_RUN))) break;
+            s = pl->be->supports(&pl->p, FA_FORWARD, FA_USE_RUN);
+            if (!s && pl->be->takes_blocks) s = pl->be->takes_blocks(&pl->p, o);
+            if (!s) break;
         }
         if (!s) fa_clear_error(); /* a backend passed over is no failure of the call's */
     }
@@ -281,8 +284,9 @@ void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t
     if (!plan) return;
     const int ok = pass == FA_FORWARD || pass == FA_BACKWARD; /* else 0s and the reason, as fa_plan_cost says */
     if (!ok) fa_error(FA_ERR_INVALID, "fa_plan_blocks: pass %d is not FA_FORWARD or FA_BACKWARD", (int)pass);
-    if (block_q) *block_q = !ok ? 0 : pass == FA_BACKWARD ? plan->bwd_bq : plan->fwd_bq;
-    if (block_k) *block_k = !ok ? 0 : pass == FA_BACKWARD ? plan->bwd_bk : plan->fwd_bk;
+    const int none = pass == FA_BACKWARD && plan->bwd_none; /* a plan with no backward: 0 x 0 */
+    if (block_q) *block_q = !ok || none ? 0 : pass == FA_BACKWARD ? plan->bwd_bq : plan->fwd_bq;
+    if (block_k) *block_k = !ok || none ? 0 : pass == FA_BACKWARD ? plan->bwd_bk : plan->fwd_bk;
 }
 
 fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {

@@ -162,14 +162,9 @@ fa_status fa_validate_inference(fa_plan *pl) {
     fa_problem *p = &pl->p;
     const int varlen = p->cu_seqlens_q || p->cu_seqlens_k || p->lengths_per_call == FA_LENGTHS_PACKED;
     const int decode = p->cache_seqlens || p->lengths_per_call == FA_LENGTHS_CACHE;
-    if (!varlen && !decode) {
-        if (p->shared_prefix_len) /* refused by the backend's supports; also a bad value */
-            return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) needs kv-cache decoding");
-        if (p->has_new_kv || p->page_size || p->num_pages || p->max_pages)
-            return fa_error(FA_ERR_INVALID, "has_new_kv and pages need cache_seqlens (kv-cache decoding)");
-        return FA_OK;
-    }
-    /* combinations with other features were refused by the backend's supports (backend.h) */
+    /* combinations with other features, and decoding's parts without it (new rows, pages, a
+     * shared prefix), were refused by the backend's supports (fa_supports_common) */
+    if (!varlen && !decode) return FA_OK;
     const char *what = varlen ? "cu_seqlens" : "cache_seqlens";
     if (p->batch > INT32_MAX) return fa_error(FA_ERR_INVALID, "batch %lld is too large for %s", (long long)p->batch, what);
     fa_status s;

@@ -38,14 +38,30 @@ else no "decode --lengths-per-call" "o, lse or caches differ from the plain run"
 cmp -s "$W/plain/count" "$W/per/count" && [ -n "$(flops "$W/per/count")" ] &&
   ok "decode --lengths-per-call: --count $(cat "$W/per/count") == the plain run's" ||
   no "decode counts" "$(cat "$W/per/count") vs $(cat "$W/plain/count")"
-P="plan --heads 4 --kv-heads 2 --head-dim 16 --seq-k 32 --k-new $W/kn.npy --v-new $W/vn.npy --causal --json"
-fa $P --cache-seqlens "$W/lens.npy" --lengths-per-call && cp "$W/so" "$W/cap"
-fa $P --cache-seqlens "$W/full.npy" && cp "$W/so" "$W/fullplan"
-fa $P --cache-seqlens "$W/lens.npy" && cp "$W/so" "$W/lensplan"
+P="plan --heads 4 --kv-heads 2 --head-dim 16 --seq-k 32 --k-new $W/kn.npy --v-new $W/vn.npy --causal"
+fa $P --json --cache-seqlens "$W/lens.npy" --lengths-per-call && cp "$W/so" "$W/cap"
+fa $P --json --cache-seqlens "$W/full.npy" && cp "$W/so" "$W/fullplan"
+fa $P --json --cache-seqlens "$W/lens.npy" && cp "$W/so" "$W/lensplan"
 c=$(flops "$W/cap") f=$(flops "$W/fullplan") l=$(flops "$W/lensplan")
 [ -n "$c" ] && [ "$c" = "$f" ] && [ "$l" -lt "$c" ] &&
   ok "plan --lengths-per-call: the capacity plan ($c flops, every cache full; these lengths: $l)" ||
   no "plan --lengths-per-call" "capacity '$c', full '$f', lengths '$l' ($(cat "$W/se"))"
+# decoding and lengths per call have no backward (docs/semantics.md): null in the JSON, no
+# backward column or budget line in the human form; a dense plan keeps both
+fa plan --heads 4 --head-dim 16 --cu-seqlens-q "$W/lens.npy" --cu-seqlens-k "$W/lens.npy" --lengths-per-call --json
+cp "$W/so" "$W/packedplan"
+fa plan --batch 1 --heads 4 --head-dim 16 --seq 8 --json && cp "$W/so" "$W/denseplan"
+fa $P --cache-seqlens "$W/lens.npy" && cp "$W/so" "$W/decodehuman"
+bad=""
+for f in cap fullplan packedplan; do
+  grep -q '"backward": null' "$W/$f" && grep -q '"fits_backward": null' "$W/$f" || bad="$bad $f: $(cat "$W/$f")"
+done
+grep -q '"backward": {"flops": [1-9]' "$W/denseplan" && grep -q '"fits_backward": true' "$W/denseplan" ||
+  bad="$bad dense: $(cat "$W/denseplan")"
+grep -q "no backward: decoding has none" "$W/decodehuman" && ! grep -q "flash backward" "$W/decodehuman" ||
+  bad="$bad human: $(cat "$W/decodehuman")"
+[ -z "$bad" ] && ok "plan: decoding and lengths per call show no backward (JSON null), a dense plan both passes" ||
+  no "plan with no backward" "$bad"
 cp "$W/kc.npy" "$W/kc_keep.npy"
 fa run --q "$W/q.npy" --k "$W/kc.npy" --v "$W/vc.npy" --cache-seqlens "$W/past.npy" --k-new "$W/kn.npy" \
   --v-new "$W/vn.npy" --update-cache --lengths-per-call --out "$W/o_past.npy"

@@ -61,5 +61,23 @@ rc=$?
 [ $rc = 2 ] && grep -q "cu-seqlens.*cache-seqlens" se
 check "plan with --cache-seqlens and --cu-seqlens-*: exit 2" $? "exit $rc, $(cat se)"
 
+# AUTO on a GPU machine (tests/fake_gpu.c stands in for one; built with the CUDA backend):
+# the GPU by default; block sizes the GPU lacks go to the CPU, which runs them, where naming
+# cuda is its refusal (FA_ERR_UNSUPPORTED: exit 1, naming the block sizes)
+if [ -e "$BUILD/libfa_fake_gpu.so" ]; then
+  gpu() { LD_PRELOAD="$BUILD/libfa_fake_gpu.so" "$BUILD/flashattn" plan --batch 1 --heads 2 --seq 64 --head-dim 64 \
+    --dtype f16 "$@" >so 2>se; }
+  gpu && grep -q "^backend   cuda" so
+  check "AUTO on a GPU machine plans on cuda" $? "$(cat so se)"
+  gpu --block-q 64 --block-k 64 && grep -q "^backend   cpu" so && grep -q "forward 64 x 64" so
+  check "AUTO with block sizes cuda lacks plans on the cpu" $? "$(cat so se)"
+  gpu --block-q 64 --backend cuda
+  rc=$?
+  [ $rc = 1 ] && grep -q "block sizes 64x0 (block_q, block_k) are not built" se
+  check "--backend cuda with block sizes it lacks: exit 1 (unsupported)" $? "exit $rc, $(cat se)"
+else
+  echo "skip AUTO on a GPU machine: no CUDA backend in this build (tests/fake_gpu.c not built)"
+fi
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

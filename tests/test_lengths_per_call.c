@@ -206,6 +206,27 @@ static void window_workspace(void) {
 }
 
 /* A packed batch of capacity 60 x 80 rows, several calls with other lengths. */
+/* A plan the library runs no backward of (fa_plan_cost in flashattn.h): all its backward
+ * figures 0, at the plan and for given lengths, and 0 x 0 tiles, with no error left behind
+ * (the cost model asked the backend table and dropped the refusal's message). */
+static void no_backward(const fa_plan *pl, const char *what, const int32_t *lens, const int32_t *cq, const int32_t *ck) {
+    if (!pl) return;
+    fa_cost c, l, zero = {0};
+    memset(&c, 0x5a, sizeof c), memset(&l, 0x5a, sizeof l);
+    int64_t bq = -1, bk = -1;
+    fa_plan_blocks(pl, FA_BACKWARD, &bq, &bk);
+    CHECK(fa_plan_cost(pl, FA_BACKWARD, &c) == FA_OK && !memcmp(&c, &zero, sizeof c) && bq == 0 && bk == 0,
+          "%s: the backward figures are not 0 (flops %lld, peak %lld, tiles %lld x %lld)", what, (long long)c.flops,
+          (long long)c.peak_bytes, (long long)bq, (long long)bk);
+    CHECK(fa_plan_cost_lengths(pl, FA_BACKWARD, lens, cq, ck, &l) == FA_OK && !memcmp(&l, &zero, sizeof l),
+          "%s: the backward figures of given lengths are not 0 (flops %lld): %s", what, (long long)l.flops,
+          fa_last_error());
+    CHECK(!*fa_last_error(), "%s: the costs left an error: %s", what, fa_last_error());
+    fa_plan_cost(pl, FA_FORWARD, &c);
+    fa_plan_blocks(pl, FA_FORWARD, &bq, &bk);
+    CHECK(c.flops > 0 && bq > 0 && bk > 0, "%s: the forward's figures are 0", what);
+}
+
 static void packed_calls(fa_dtype dt) {
     fa_problem p;
     fa_problem_init(&p);
@@ -271,6 +292,8 @@ static void packed_calls(fa_dtype dt) {
     fa_backward_args ba = {0};
     CHECK(one && fa_backward(one, &ba) == FA_ERR_INVALID && strstr(fa_last_error(), "lengths per call"),
           "packed: the backward of a per-call plan: %s", fa_last_error());
+    int32_t cq1[B + 1] = {0, 5, 10, 15};
+    no_backward(one, "packed per-call plan", NULL, cq1, cq1);
     /* past capacity: an error, o untouched */
     int32_t cq[B + 1] = {0, 20, 40, 61}, ck[B + 1] = {0, 10, 20, 30};
     fa_forward_args a = {0};
@@ -496,6 +519,12 @@ static void misuse(void) {
           "misuse: cu_seqlens to a decode plan: %s", fa_last_error());
     a.cu_seqlens_q = a.cu_seqlens_k = NULL, a.cache_seqlens = L.lens;
     CHECK(fa_forward(fixed, &a) == FA_OK, "misuse: a plan made with lengths called with the same: %s", fa_last_error());
+    no_backward(one, "decode per-call plan", L.lens, NULL, NULL);
+    fa_backward_args none = {0}; /* decoding's reason, not the packed batches' advice */
+    CHECK(fa_backward(one, &none) == FA_ERR_INVALID && strstr(fa_last_error(), "decoding has no backward") &&
+              !strstr(fa_last_error(), "cu_seqlens"),
+          "misuse: the backward of a decode per-call plan: %s", fa_last_error());
+    no_backward(fixed, "decode plan made with lengths", NULL, NULL, NULL);
     fa_cost c1, c2;
     fa_plan_cost(fixed, FA_FORWARD, &c1);
     CHECK(fa_plan_cost_lengths(fixed, FA_FORWARD, NULL, NULL, NULL, &c2) == FA_OK && !memcmp(&c1, &c2, sizeof c1),

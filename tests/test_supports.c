@@ -124,6 +124,25 @@ int main(void) {
                 planned++;
             }
         }
+    /* decoding's parts without decoding: the same refusal on every backend (fa_supports_common) */
+    for (int be = 0; be < 2; be++)
+        for (int part = 0; part < 3; part++) {
+            fa_problem p;
+            fa_options o;
+            build(CAUSAL, CAUSAL, &p, &o);
+            o.backend = be ? FA_BACKEND_CUDA : FA_BACKEND_CPU;
+            if (part == 0) p.has_new_kv = 1;
+            else if (part == 1) p.page_size = 16, p.num_pages = 4, p.max_pages = 2;
+            else p.shared_prefix_len = 4;
+            fa_plan *pl = NULL;
+            const fa_status st = fa_plan_create(&p, &o, &pl);
+            const char *word = part == 0 ? "has_new_kv" : part == 1 ? "page_size" : "shared_prefix_len";
+            CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), word) && strstr(fa_last_error(), "cache_seqlens"),
+                  "%s without cache_seqlens on %s: got %s (%s), want FA_ERR_INVALID naming both", word,
+                  be ? "cuda" : "cpu", fa_status_string(st), fa_last_error());
+            fa_plan_destroy(pl);
+            refused++;
+        }
     printf("test_supports: %d pairs refused naming both features, %d pairs planned%s\n", refused, planned,
            failures ? "" : ": ok");
     if (failures) printf("test_supports: %d FAILED\n", failures);

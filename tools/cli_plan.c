@@ -60,16 +60,20 @@ static void print_json(const fa_plan *plan, const cli_rates *r, const fa_cost *f
     fa_plan_blocks(plan, FA_BACKWARD, &bq, &bk);
     int cuda = fa_plan_backend(plan) == FA_BACKEND_CUDA;
     printf("{\"backend\": \"%s\", ", cuda ? "cuda" : "cpu");
+    const int none = bq == 0; /* a plan with no backward (fa_plan_cost): null, not zeros */
     json_cost("forward", f, fq, fk);
     printf(", ");
-    json_cost("backward", b, bq, bk);
+    if (none) printf("\"backward\": null");
+    else json_cost("backward", b, bq, bk);
     printf(", \"exact\": %s, \"fits\": %s, \"fits_backward\": %s, \"naive_fits\": %s",
-           tf(fa_plan_exact(plan)), tf(f->peak_bytes <= budget), tf(b->peak_bytes <= budget),
+           tf(fa_plan_exact(plan)), tf(f->peak_bytes <= budget), none ? "null" : tf(b->peak_bytes <= budget),
            tf(f->naive_peak_bytes <= budget));
     printf(", \"memory_budget\": %" PRId64 ", \"isa\": \"%s\", \"threads\": %d", budget,
            cuda ? "cuda" : fa_cpu_isa(), fa_plan_threads(plan));
     cli_prediction pf, pb;
-    if (predict(plan, r, &pf, &pb))
+    if (predict(plan, r, &pf, &pb) && none)
+        printf(", \"predicted_seconds\": {\"forward\": %.6g, \"backward\": null}", pf.seconds);
+    else if (predict(plan, r, &pf, &pb))
         printf(", \"predicted_seconds\": {\"forward\": %.6g, \"backward\": %.6g}", pf.seconds, pb.seconds);
     else
         printf(", \"predicted_seconds\": null");
@@ -89,7 +93,8 @@ static void print_json(const fa_plan *plan, const cli_rates *r, const fa_cost *f
     else printf(", \"mask\": null}}\n");
 }
 
-static void human_row(const char *name, int64_t f, int64_t b, int bytes) {
+/* One figure of both passes (none: the plan has no backward, the forward's alone). */
+static void human_row(const char *name, int64_t f, int64_t b, int bytes, int none) {
     char hf[32], hb[32];
     if (bytes) {
         cli_human_bytes((double)f, hf, sizeof hf);
@@ -98,7 +103,8 @@ static void human_row(const char *name, int64_t f, int64_t b, int bytes) {
         cli_human_count((double)f, hf, sizeof hf);
         cli_human_count((double)b, hb, sizeof hb);
     }
-    printf("  %-17s %22" PRId64 " %-11s %22" PRId64 " %s\n", name, f, hf, b, hb);
+    if (none) printf("  %-17s %22" PRId64 " %s\n", name, f, hf);
+    else printf("  %-17s %22" PRId64 " %-11s %22" PRId64 " %s\n", name, f, hf, b, hb);
 }
 
 static void print_human(const fa_plan *plan, const cli_rates *r, const fa_cost *f, const fa_cost *b, int64_t budget,
@@ -132,21 +138,32 @@ static void print_human(const fa_plan *plan, const cli_rates *r, const fa_cost *
     printf("\n");
     if (cuda) printf("backend   cuda\n");
     else printf("backend   cpu (%s kernels, %d threads)\n", fa_cpu_isa(), fa_plan_threads(plan));
-    printf("blocks    forward %" PRId64 " x %" PRId64 ", backward %" PRId64 " x %" PRId64
-           " (query rows x keys)\n", fq, fk, bq, bk);
+    const int none = bq == 0; /* no backward: decoding, lengths per call (fa_plan_cost) */
+    if (none)
+        printf("blocks    forward %" PRId64 " x %" PRId64 " (query rows x keys); no backward: %s\n", fq, fk,
+               p->cache_seqlens || p->lengths_per_call == FA_LENGTHS_CACHE ? "decoding has none"
+                                                                           : "a plan of lengths per call has none");
+    else
+        printf("blocks    forward %" PRId64 " x %" PRId64 ", backward %" PRId64 " x %" PRId64
+               " (query rows x keys)\n", fq, fk, bq, bk);
     printf("cost%s\n", fa_plan_exact(plan) ? " (exact)"
                                            : " (upper bound: segment ids may skip more tiles)");
-    printf("  %-17s %34s %34s\n", "", "forward", "backward");
-    human_row("flops", f->flops, b->flops, 0);
-    human_row("flops_useful", f->flops_useful, b->flops_useful, 0);
-    human_row("transcendentals", f->transcendentals, b->transcendentals, 0);
-    human_row("bytes_accessed", f->bytes_accessed, b->bytes_accessed, 1);
-    human_row("min_bytes", f->min_bytes, b->min_bytes, 1);
-    human_row("workspace_bytes", f->workspace_bytes, b->workspace_bytes, 1);
-    human_row("peak_bytes", f->peak_bytes, b->peak_bytes, 1);
-    human_row("naive_peak_bytes", f->naive_peak_bytes, b->naive_peak_bytes, 1);
+    if (none) printf("  %-17s %34s\n", "", "forward");
+    else printf("  %-17s %34s %34s\n", "", "forward", "backward");
+    human_row("flops", f->flops, b->flops, 0, none);
+    human_row("flops_useful", f->flops_useful, b->flops_useful, 0, none);
+    human_row("transcendentals", f->transcendentals, b->transcendentals, 0, none);
+    human_row("bytes_accessed", f->bytes_accessed, b->bytes_accessed, 1, none);
+    human_row("min_bytes", f->min_bytes, b->min_bytes, 1, none);
+    human_row("workspace_bytes", f->workspace_bytes, b->workspace_bytes, 1, none);
+    human_row("peak_bytes", f->peak_bytes, b->peak_bytes, 1, none);
+    human_row("naive_peak_bytes", f->naive_peak_bytes, b->naive_peak_bytes, 1, none);
     cli_prediction pf, pb;
-    if (predict(plan, r, &pf, &pb)) {
+    if (predict(plan, r, &pf, &pb) && none) {
+        printf("  %-17s %22.4g %s\n", "predicted_seconds", pf.seconds, "s");
+        printf("    (max(flops / (%.0f GFLOP/s x tile efficiency %.2f) + exps, bytes / bandwidth);\n"
+               "     rates from `flashattn calibrate`)\n", pf.peak_gflops, pf.efficiency);
+    } else if (predict(plan, r, &pf, &pb)) {
         printf("  %-17s %22.4g %-11s %22.4g %s\n", "predicted_seconds", pf.seconds, "s", pb.seconds, "s");
         printf("    (max(flops / (%.0f GFLOP/s x tile efficiency %.2f | %.2f) + exps, bytes / bandwidth);\n"
                "     rates from `flashattn calibrate`)\n", pf.peak_gflops, pf.efficiency, pb.efficiency);
@@ -159,8 +176,9 @@ static void print_human(const fa_plan *plan, const cli_rates *r, const fa_cost *
            budget_given ? "" : " (this machine's memory; set with --memory-budget)");
     printf("  flash forward  %s (peak %s)\n", f->peak_bytes <= budget ? "fits" : "does NOT fit",
            cli_human_bytes((double)f->peak_bytes, hx, sizeof hx));
-    printf("  flash backward %s (peak %s)\n", b->peak_bytes <= budget ? "fits" : "does NOT fit",
-           cli_human_bytes((double)b->peak_bytes, hx, sizeof hx));
+    if (!none)
+        printf("  flash backward %s (peak %s)\n", b->peak_bytes <= budget ? "fits" : "does NOT fit",
+               cli_human_bytes((double)b->peak_bytes, hx, sizeof hx));
     printf("  naive forward  %s (peak %s)\n",
            f->naive_peak_bytes <= budget ? "fits" : "does NOT fit",
            cli_human_bytes((double)f->naive_peak_bytes, hx, sizeof hx));

@@ -27,7 +27,9 @@ class Plan:
     its figures mean").
 
     forward, backward: dicts of every fa_cost field (flops, flops_useful, transcendentals,
-    bytes_accessed, min_bytes, workspace_bytes, peak_bytes, naive_peak_bytes).
+    bytes_accessed, min_bytes, workspace_bytes, peak_bytes, naive_peak_bytes); backward is
+    None for a plan the library runs no backward of (kv-cache decoding, lengths per call:
+    docs/semantics.md, "A plan with no backward"), and so is blocks["backward"].
     exact: whether the figures are exact (False with segment ids: an upper bound; False with
     a mask: its hidden keys are data, so flops_useful counts them, an upper bound, while
     flops, bytes and memory stay exact). A problem with a zero batch, heads, seq_q or seq_k
@@ -39,11 +41,12 @@ class Plan:
         self._handle = handle
         self.mask = mask  # the flashattn.masks mask's library object (the plan holds its own reference too)
         self.forward = handle.cost(_native.FORWARD)
-        self.backward = handle.cost(_native.BACKWARD)
+        backward_blocks = handle.blocks(_native.BACKWARD)
+        none = backward_blocks == (0, 0)  # the library's sign of a plan with no backward
+        self.backward = None if none else handle.cost(_native.BACKWARD)
         self.exact = handle.exact and not masked
         self.backend = handle.backend
-        self.blocks = {"forward": handle.blocks(_native.FORWARD),
-                       "backward": handle.blocks(_native.BACKWARD)}
+        self.blocks = {"forward": handle.blocks(_native.FORWARD), "backward": None if none else backward_blocks}
         self.threads = handle.threads
         self.scale = handle.scale
 
@@ -53,6 +56,10 @@ class Plan:
         from ._problem_inference import int32_lengths
         arrays = [None if a is None else int32_lengths(n, a, "[...]") for n, a in
                   (("cache_seqlens", cache_seqlens), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))]
+        if pass_ not in ("forward", "backward"):
+            raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
+        if pass_ == "backward" and self.backward is None:
+            return None  # no backward, as .backward says
         which = _native.FORWARD if pass_ == "forward" else _native.BACKWARD
         return self._handle.cost_lengths(which, *arrays)
 
@@ -63,6 +70,9 @@ class Plan:
         if pass_ not in ("forward", "backward", "both"):
             raise ValueError(f"pass_ must be 'forward', 'backward' or 'both', got {pass_!r}")
         passes = ("forward", "backward") if pass_ == "both" else (pass_,)
+        if "backward" in passes and self.backward is None:
+            raise ValueError("this plan has no backward (kv-cache decoding or lengths per call): "
+                             "ask fits(budget, 'forward')")
         return all(getattr(self, p)["peak_bytes"] <= budget for p in passes)
 
     def naive_fits(self, budget_bytes):
@@ -72,7 +82,7 @@ class Plan:
     def as_dict(self):
         return {"backend": self.backend, "exact": self.exact, "blocks": self.blocks,
                 "threads": self.threads, "scale": self.scale,
-                "forward": dict(self.forward), "backward": dict(self.backward)}
+                "forward": dict(self.forward), "backward": None if self.backward is None else dict(self.backward)}
 
     def __repr__(self):
         f = self.forward

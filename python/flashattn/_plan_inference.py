@@ -63,8 +63,8 @@ def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_he
     plan.cost_lengths(cache_seqlens) gives a step's exact cost); q [batch, seq_q,
     heads, head_dim]; caches [batch, cache_len, kv_heads, head_dim] (head_dim_v for v), or
     paged: page_size, num_pages and max_pages (the block table's width) instead of
-    cache_len; new_kv: seq_q new tokens are appended. Forward only (the backward's figures
-    are zero). Its bytes are the cache bytes read: decoding is bound by them, not flops.
+    cache_len; new_kv: seq_q new tokens are appended. Forward only (.backward is None). Its
+    bytes are the cache bytes read: decoding is bound by them, not flops.
     cache_dtype "int8" or "fp8": a quantized cache (1-byte codes and an f32 scale per row
     and kv head, docs/caches.md)."""
     if (cache_seqlens is None) == (batch is None):

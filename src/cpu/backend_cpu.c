@@ -137,5 +137,5 @@ static fa_status cpu_backward(const fa_plan *pl, const fa_backward_args *a) {
 }
 
 /* id, name, present (always), supports, choose_blocks, workspace_bytes, forward, backward */
-const fa_backend_entry fa_backend_cpu_entry = {FA_BACKEND_CPU, "cpu", NULL, cpu_supports, cpu_choose_blocks,
+const fa_backend_entry fa_backend_cpu_entry = {FA_BACKEND_CPU, "cpu", NULL, cpu_supports, NULL, cpu_choose_blocks,
                                                cpu_workspace_bytes, cpu_forward, cpu_backward};

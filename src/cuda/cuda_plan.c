@@ -66,15 +66,23 @@ static void default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64
     *bk = pass == FA_BACKWARD ? fa_cuda_bwd_bk(hd) : fa_cuda_fwd_bk(hd);
 }
 
-/* Tiles are compiled in, so the defaults are the only sizes it runs. */
+/* Tiles are compiled in, so the defaults are the only sizes it runs (p: supports accepted it). */
+static fa_status cuda_takes_blocks(const fa_problem *p, const fa_options *o) {
+    int64_t bq, bk;
+    default_blocks(p, FA_FORWARD, &bq, &bk);
+    if ((o->block_q && o->block_q != bq) || (o->block_k && o->block_k != bk))
+        return fa_error(FA_ERR_UNSUPPORTED,
+                        "the cuda backend runs %lldx%lld tiles for this head dim; block sizes %lldx%lld (block_q, "
+                        "block_k) are not built",
+                        (long long)bq, (long long)bk, (long long)o->block_q, (long long)o->block_k);
+    return FA_OK;
+}
+
 static fa_status cuda_choose_blocks(fa_plan *pl, const fa_options *o) {
+    (void)o; /* cuda_takes_blocks accepted its block sizes: the defaults */
     pl->threads = 1;
     default_blocks(&pl->p, FA_FORWARD, &pl->fwd_bq, &pl->fwd_bk);
     default_blocks(&pl->p, FA_BACKWARD, &pl->bwd_bq, &pl->bwd_bk);
-    if ((o->block_q && o->block_q != pl->fwd_bq) || (o->block_k && o->block_k != pl->fwd_bk))
-        return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda backend runs %lldx%lld tiles for this head dim; block sizes %lldx%lld are not built",
-                        (long long)pl->fwd_bq, (long long)pl->fwd_bk, (long long)o->block_q, (long long)o->block_k);
     return FA_OK;
 }
 
@@ -88,6 +96,7 @@ int64_t fa_cuda_workspace_bytes(const struct fa_plan *plan, fa_pass pass) {
     return FA_CUDA_COUNTER_BYTES + (rows + 255) / 256 * 256;
 }
 
-/* id, name, present, supports, choose_blocks, workspace_bytes, forward, backward */
-const fa_backend_entry fa_backend_cuda_entry = {FA_BACKEND_CUDA, "cuda", cuda_present, cuda_supports, cuda_choose_blocks,
-                                                fa_cuda_workspace_bytes, fa_cuda_forward, fa_cuda_backward};
+/* id, name, present, supports, takes_blocks, choose_blocks, workspace_bytes, forward, backward */
+const fa_backend_entry fa_backend_cuda_entry = {FA_BACKEND_CUDA,    "cuda",           cuda_present, cuda_supports,
+                                                cuda_takes_blocks,  cuda_choose_blocks, fa_cuda_workspace_bytes,
+                                                fa_cuda_forward,    fa_cuda_backward};

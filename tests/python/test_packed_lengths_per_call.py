@@ -101,6 +101,26 @@ def test_capacity_plan_costs_each_call_exactly(rng):
         flashattn.plan_varlen(*one, batch=B, **kw)
 
 
+def test_plans_without_a_backward_say_so(rng):
+    """The library runs no backward for decoding or lengths per call (docs/semantics.md, "A
+    plan with no backward"): .backward and blocks["backward"] are None, fits() of the backward
+    refuses, cost_lengths of it is None; a plan of the same packed lengths has both passes."""
+    kw = dict(heads=HQ, kv_heads=HK, head_dim=D, dtype="bf16", causal=True)
+    cq, ck = prefix_sums(rng)
+    cap = flashattn.plan_varlen(None, None, batch=B, total_q=CAP_Q, total_k=CAP_K, **kw)
+    dec = flashattn.plan_kvcache([3, 0, 7], seq_q=1, heads=HQ, kv_heads=HK, head_dim=D, cache_len=16)
+    for p in (cap, dec):
+        assert p.backward is None and p.blocks["backward"] is None and p.as_dict()["backward"] is None
+        assert p.forward["flops"] > 0 and p.fits("1T")
+        with pytest.raises(ValueError, match="no backward"):
+            p.fits("1T", "both")
+    assert cap.cost_lengths(cu_seqlens_q=cq, cu_seqlens_k=ck, pass_="backward") is None
+    with pytest.raises(ValueError, match="pass_ must be"):
+        cap.cost_lengths(cu_seqlens_q=cq, cu_seqlens_k=ck, pass_="bwd")
+    fixed = flashattn.plan_varlen(cq, ck, **kw)
+    assert fixed.backward["flops"] > 0 and fixed.blocks["backward"][0] > 0 and fixed.fits("1T", "both")
+
+
 def test_lengths_past_the_capacities_are_an_error(rng):
     """A call whose prefix sums reach past the tensors' rows: the library's message, from the
     one plan reused (numpy, torch), nothing written into out=."""
