@@ -59,8 +59,8 @@ typedef struct {
     int64_t batch;      /* B */
     int64_t heads_q;    /* Hq */
     int64_t heads_kv;   /* Hk; Hq must be a multiple of Hk (GQA/MQA) */
-    int64_t seq_q;      /* Sq */
-    int64_t seq_k;      /* Sk */
+    int64_t seq_q;      /* Sq, at most INT32_MAX (FA_ERR_INVALID above) */
+    int64_t seq_k;      /* Sk, at most INT32_MAX */
     int64_t head_dim;   /* D, of q and k */
     int64_t head_dim_v; /* Dv, of v and o */
     fa_dtype dtype;     /* of q, k, v, o (and do, dq, dk, dv) */
@@ -84,7 +84,8 @@ typedef struct {
      * j <= i + off, windows are measured from i + off, ALiBi uses |i + off - j|. By default
      * off = Sk - Sq (bottom-right, as FlashAttention-2); has_diag_offset sets off =
      * diag_offset instead (0: top-left, as PyTorch's is_causal and the Pallas TPU kernel; any
-     * value: a block of a larger problem, as the sequence-parallel code uses). */
+     * value within +-INT32_MAX: a block of a larger problem, as the sequence-parallel code
+     * uses; FA_ERR_INVALID outside). */
     int has_diag_offset;
     int64_t diag_offset;
     /* Bias scale: s += bias_scale * bias (has_bias_scale; else 1). The Pallas TPU kernel adds

@@ -17,14 +17,17 @@ fa() { "$FA" "$@" >"$W/so" 2>"$W/se"; rc=$?; }
 
 fa calibrate --help
 [ $rc -eq 0 ] && grep -q "no-cache" "$W/so" && ok "calibrate --help" || no "calibrate --help" "exit $rc"
-for args in "--bogus" "--threads 0" "--threads x" "--threads"; do
+# calibrate parses as every subcommand does (cli_parse): twice, above the library's
+# thread limit, another subcommand's flag: bad input before any measuring
+for args in "--bogus" "--threads 0" "--threads x" "--threads" "--json --json" "--threads 2000" "--threads=1025" \
+  "--causal" "--no-cache --no-cache"; do
   fa calibrate $args
   lines=$(wc -l <"$W/se")
   [ $rc -eq 2 ] && [ "$lines" -eq 1 ] && [ ! -e "$W/cache" ] && ok "calibrate $args -> $(cat "$W/se")" ||
     no "calibrate $args" "exit $rc, $lines stderr lines"
 done
 
-fa calibrate --threads 1 --no-cache --json
+fa calibrate --threads=1 --no-cache --json
 fma=$(sed -n 's/.*"fma_gflops": \([0-9.e+]*\).*/\1/p' "$W/so")
 eff=$(sed -n 's/.*"eff_backward_f32": \([0-9.e+]*\).*/\1/p' "$W/so")
 [ $rc -eq 0 ] && [ -n "$fma" ] && [ -n "$eff" ] && [ ! -e "$W/cache/flashattn/rates.json" ] &&

@@ -38,8 +38,14 @@ case $out in *'"dropout": 0.100000001'*) ok "plan --json has dropout" ;; *) no "
 # the exact keep rate the 8-bit threshold implies (docs/semantics.md): 230 / 256 for p = 0.1
 case $out in *'"dropout_keep_rate": 0.8984375'*) ok "plan --json has the keep rate" ;; *) no "plan --json keep rate" "$out" ;; esac
 
+# seeds are decimal, or hex after 0x (docs/cli.md): never octal
+for pair in "010:10" "0x10:16" "0X1f:31" "007:7"; do
+  "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.1 --seed "${pair%%:*}" >"$W/so" 2>&1
+  grep -q "seed ${pair#*:})" "$W/so" && ok "--seed ${pair%%:*} is seed ${pair#*:}" || no "--seed ${pair%%:*}" "$(cat "$W/so")"
+done
 for bad in "--dropout 1" "--dropout -0.1" "--dropout nan" "--dropout x" "--seed 3" "--dropout 0.1 --seed -1" \
-           "--dropout 0.1 --seed 18446744073709551616"; do
+           "--dropout 0.1 --seed 18446744073709551616" "--dropout 0.1 --seed 0x" "--dropout 0.1 --seed +5" \
+           "--dropout 0.1 --seed 0x-5" "--dropout 0.1 --seed 08x"; do
   "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 $bad >/dev/null 2>"$W/se"
   rc=$?
   [ $rc -eq 2 ] && [ "$(wc -l <"$W/se")" -eq 1 ] && ok "$bad: exit 2 ($(cat "$W/se"))" || no "$bad" "exit $rc: $(cat "$W/se")"

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { CMD_PLAN = 1, CMD_RUN = 2, CMD_GRAD = 4, CMD_BENCH = 8 };
+enum { CMD_PLAN = 1, CMD_RUN = 2, CMD_GRAD = 4, CMD_BENCH = 8, CMD_CALIBRATE = 16 };
 
 typedef struct {
     int cmd;           /* one CMD_* */
@@ -38,6 +38,7 @@ typedef struct {
 
     /* subcommand flags */
     int json, count;
+    int no_cache; /* calibrate: measure and print only */
     int has_budget;
     int64_t budget;
     int iters;                 /* 0: not given */
@@ -156,7 +157,8 @@ int cli_bench_inference(const cli_args *a);
 int cli_plan(const cli_args *a);
 int cli_run(const cli_args *a);  /* run and grad */
 int cli_bench(const cli_args *a);
-int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate.c) */
+int cli_calibrate(const cli_args *a); /* cli_calibrate.c: --threads, --no-cache, --json */
+void cli_calibrate_usage(void);
 
 /* cli_run.c: progress of a long CPU call on stderr, every 10%, "flashattn: forward 40%
  * (1200/3000 tiles)" (fa_forward_args.progress with a cli_progress as its ctx), shown where
@@ -165,6 +167,7 @@ int cli_calibrate(int argc, char **argv); /* parses its own flags (cli_calibrate
 typedef struct {
     const char *pass;   /* "forward", "backward" */
     int64_t last_tenth; /* -1 at the start */
+    const char *unit;   /* what the library counts: NULL "tiles"; decoding's "work items" */
 } cli_progress;
 void cli_progress_report(void *ctx, int64_t done, int64_t total);
 int cli_progress_wanted(const cli_args *a, const fa_plan *plan);

@@ -24,7 +24,7 @@ typedef enum {
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
     F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_CACHE_DTYPE, F_LENGTHS_PER_CALL,
-    F_PROGRESS, F_COUNT_OF_FLAGS
+    F_PROGRESS, F_NO_CACHE, F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -53,15 +53,15 @@ static const struct {
     [F_SCALE] = OWN("--scale", 1, ALL), [F_ALIBI] = FILE_ARG("--alibi", alibi, ALL),
     [F_BIAS] = FILE_ARG("--bias", bias, ALL), [F_Q_SEG] = FILE_ARG("--q-segments", q_segments, ALL),
     [F_KV_SEG] = FILE_ARG("--kv-segments", kv_segments, ALL), [F_BACKEND] = OWN("--backend", 1, ALL),
-    [F_THREADS] = OWN("--threads", 1, ALL), [F_BLOCK_Q] = I64("--block-q", block_q, 1, ALL),
+    [F_THREADS] = OWN("--threads", 1, ALL | CMD_CALIBRATE), [F_BLOCK_Q] = I64("--block-q", block_q, 1, ALL),
     [F_BLOCK_K] = I64("--block-k", block_k, 1, ALL), [F_BUDGET] = OWN("--memory-budget", 1, CMD_PLAN),
-    [F_JSON] = ON("--json", json, CMD_PLAN | CMD_BENCH), [F_COUNT] = ON("--count", count, FILES),
+    [F_JSON] = ON("--json", json, CMD_PLAN | CMD_BENCH | CMD_CALIBRATE), [F_COUNT] = ON("--count", count, FILES),
     [F_ITERS] = {"--iters", 1, CMD_BENCH, V_INT, offsetof(cli_args, iters), 1},
     [F_Q] = FILE_ARG("--q", q, FILES), [F_K] = FILE_ARG("--k", k, FILES), [F_V] = FILE_ARG("--v", v, FILES),
     [F_OUT] = FILE_ARG("--out", out, FILES), [F_LSE] = FILE_ARG("--lse", lse, FILES),
     [F_DO] = FILE_ARG("--do", d_o, CMD_GRAD), [F_DQ] = FILE_ARG("--dq", dq, CMD_GRAD),
     [F_DK] = FILE_ARG("--dk", dk, CMD_GRAD), [F_DV] = FILE_ARG("--dv", dv, CMD_GRAD),
-    [F_PASS] = OWN("--pass", 1, CMD_BENCH), [F_HELP] = ON("--help", help, ALL),
+    [F_PASS] = OWN("--pass", 1, CMD_BENCH), [F_HELP] = ON("--help", help, ALL | CMD_CALIBRATE),
     [F_BIAS_SCALE] = OWN("--bias-scale", 1, ALL), [F_DIAG_OFFSET] = OWN("--diag-offset", 1, ALL),
     [F_TOP_LEFT] = OWN("--top-left", 0, ALL), [F_DBIAS] = FILE_ARG("--dbias", dbias, CMD_GRAD),
     [F_SEQ_PARALLEL] = OWN("--seq-parallel", 1, FILES | CMD_BENCH),
@@ -89,6 +89,7 @@ static const struct {
     [F_DOCUMENTS] = FILE_ARG("--documents", documents, ALL), [F_MASK] = FILE_ARG("--mask", mask, ALL),
     [F_CACHE_DTYPE] = OWN("--cache-dtype", 1, CMD_PLAN | CMD_BENCH),
     [F_LENGTHS_PER_CALL] = ON("--lengths-per-call", lengths_per_call, CMD_PLAN | CMD_RUN),
+    [F_NO_CACHE] = ON("--no-cache", no_cache, CMD_CALIBRATE),
 };
 
 int cli_fail(int code, const char *fmt, ...) {
@@ -273,8 +274,11 @@ static int apply(cli_args *a, flag_id id, char **v) {
     case F_SEED: {
         char *end;
         errno = 0;
-        const unsigned long long x = strtoull(v[0], &end, 0);
-        if (!*v[0] || *end || v[0][0] == '-' || v[0][0] == ' ' || errno == ERANGE)
+        /* decimal, or hex after 0x (docs/cli.md): never octal, so 010 is ten */
+        const int hex = v[0][0] == '0' && (v[0][1] == 'x' || v[0][1] == 'X');
+        const unsigned long long x = strtoull(v[0], &end, hex ? 16 : 10);
+        if (!*v[0] || *end || v[0][0] == '-' || v[0][0] == '+' || v[0][0] == ' ' || errno == ERANGE ||
+            (hex && !v[0][2]))
             return cli_fail(2, "--seed: '%s' is not an integer in 0 .. 2^64-1", v[0]);
         a->has_seed = 1, a->seed = (uint64_t)x;
         return 0;

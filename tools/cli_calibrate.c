@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(void) {
+void cli_calibrate_usage(void) {
     printf("usage: flashattn calibrate [--threads N] [--no-cache] [--json]\n\n"
            "Measures this machine's rates for the CPU kernel set in use (f32 FMA and vdpbf16ps\n"
            "peaks, memory read bandwidth, exp throughput, and the tile efficiency of each pass\n"
@@ -23,35 +23,19 @@ static void usage(void) {
            "$XDG_CACHE_HOME/flashattn/rates.json (default ~/.cache/...), one entry per kernel set\n"
            "and thread count. `plan` and `bench` then print predicted seconds per pass:\n"
            "  max(flops / (peak x efficiency) + transcendentals / exp rate, bytes / bandwidth)\n"
+           "(on amx, bf16's efficiency exceeds 1: its tiles multiply faster than vdpbf16ps)\n"
            "  --threads N  threads to measure with (default: OpenMP's default, as plans use)\n"
            "  --no-cache   measure and print only; leave the cache as it is\n"
            "  --json       one JSON object on stdout\n");
 }
 
-int cli_calibrate(int argc, char **argv) {
-    int threads = 0, cache = 1, json = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage();
-            return 0;
-        } else if (!strcmp(a, "--no-cache")) {
-            cache = 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--threads")) {
-            if (i + 1 >= argc) return cli_fail(2, "--threads needs a value");
-            char *end;
-            errno = 0;
-            long v = strtol(argv[++i], &end, 10);
-            if (!*argv[i] || *end || errno || v < 1 || v > 4096)
-                return cli_fail(2, "--threads: '%.40s' is not a thread count in 1..4096", argv[i]);
-            threads = (int)v;
-        } else {
-            return cli_fail(2, "calibrate: unknown flag '%.40s' (--threads, --no-cache, --json)", a);
-        }
-    }
-    if (!threads) threads = omp_get_max_threads();
+/* Its flags are parsed by cli_parse, as every subcommand's (--threads checked there). */
+int cli_calibrate(const cli_args *a) {
+    const int cache = !a->no_cache, json = a->json;
+    int threads = a->threads ? a->threads : omp_get_max_threads();
+    if (threads > FA_MAX_THREADS) /* OMP_NUM_THREADS above the library's limit: before any measuring */
+        return cli_fail(2, "calibrate: %d threads (OMP_NUM_THREADS) is above the maximum of %d", threads,
+                        FA_MAX_THREADS);
     cli_rates r;
     char err[512];
     if (cli_rates_measure(threads, !json, &r, err, sizeof err)) return cli_fail(1, "calibrate: %s", err);

@@ -275,7 +275,7 @@ static int backward(const cli_args *a, run_state *s, const fa_problem *p, fa_cou
     bw.q = s->q, bw.k = s->k, bw.v = s->v, bw.o = s->o, bw.lse = s->lse, bw.d_o = s->d_o;
     bw.dq = s->dq, bw.dk = s->dk, bw.dv = s->dv, bw.alibi_slopes = s->x.slopes, bw.counts = counts;
     bw.sinks = s->x.sinks, bw.dsink = s->x.dsink;
-    cli_progress pb = {"backward", -1};
+    cli_progress pb = {"backward", -1, NULL};
     if (cli_progress_wanted(a, s->plan)) bw.progress = cli_progress_report, bw.progress_ctx = &pb;
     fa_status st = fa_backward(s->plan, &bw);
     return st == FA_OK ? 0 : cli_fail_status(st, "backward");
@@ -377,7 +377,8 @@ int cli_run_inference(const cli_args *a) {
     fw.sinks = s.x.sinks;
     fw.k_new = s.kn, fw.v_new = s.vn, fw.block_table = s.table, fw.counts = grad ? NULL : &counts;
     fw.k_prefix = s.kp, fw.v_prefix = s.vp;
-    cli_progress ps = {"forward", -1}; /* as dense runs show it (a long packed batch is as slow) */
+    /* as dense runs show it (a long packed batch is as slow); decoding counts its work items */
+    cli_progress ps = {"forward", -1, varlen ? NULL : "work items"};
     if (cli_progress_wanted(a, s.plan)) fw.progress = cli_progress_report, fw.progress_ctx = &ps;
     if (a->lengths_per_call) {
         if (varlen) fw.cu_seqlens_q = s.lens_q, fw.cu_seqlens_k = s.lens_k;

@@ -130,8 +130,8 @@ void cli_progress_report(void *ctx, int64_t done, int64_t total) {
     int64_t tenth = done * 10 / total;
     if (tenth == ps->last_tenth) return;
     ps->last_tenth = tenth;
-    fprintf(stderr, "flashattn: %s %3d%% (%" PRId64 "/%" PRId64 " tiles)\n", ps->pass, (int)(done * 100 / total),
-            done, total);
+    fprintf(stderr, "flashattn: %s %3d%% (%" PRId64 "/%" PRId64 " %s)\n", ps->pass, (int)(done * 100 / total),
+            done, total, ps->unit ? ps->unit : "tiles");
 }
 
 int cli_progress_wanted(const cli_args *a, const fa_plan *plan) {
@@ -215,7 +215,7 @@ int cli_run(const cli_args *a) {
         if (dx[i] && (rc = cli_mem_put(&mem, dx[i], xb[i], 1, &ddx[i]))) goto done_dev;
 
     const int show = cli_progress_wanted(a, plan);
-    cli_progress ps = {"forward", -1};
+    cli_progress ps = {"forward", -1, NULL};
     fa_forward_args fw;
     memset(&fw, 0, sizeof fw);
     if (show) fw.progress = cli_progress_report, fw.progress_ctx = &ps;
@@ -237,7 +237,7 @@ int cli_run(const cli_args *a) {
         bw.q_segment_ids = fw.q_segment_ids, bw.kv_segment_ids = fw.kv_segment_ids;
         bw.sinks = x.sinks, bw.dsink = x.dsink;
         bw.counts = a->count ? &counts : NULL;
-        cli_progress pb = {"backward", -1};
+        cli_progress pb = {"backward", -1, NULL};
         if (show) bw.progress = cli_progress_report, bw.progress_ctx = &pb;
         st = fa_backward(plan, &bw);
         if (st != FA_OK) {

@@ -55,13 +55,16 @@ void cli_usage(const char *name) {
                "exit codes: 0 ok, 2 bad input (one line on stderr), 1 other failures\n");
         return;
     }
-    if (strcmp(name, "plan") == 0) {
+    if (strcmp(name, "calibrate") == 0) {
+        cli_calibrate_usage();
+    } else if (strcmp(name, "plan") == 0) {
         printf("usage: flashattn plan SHAPE OPTIONS [--memory-budget SIZE] [--json]\n\n%s%s"
                "  --memory-budget  bytes, or e.g. 24G, 1.5T (K, M, G, T, P, E are powers of 1024;\n"
                "                   at most 2^63-1; whole bytes only); default: this machine's memory\n"
-               "  --json           one JSON object: backend, forward{...}, backward{...}, exact,\n"
-               "                   fits, fits_backward, naive_fits\n"
-               "option files are read for their headers only.\n", shape_help, options_help);
+               "  --json           one JSON object: backend, forward{...}, backward{...} (null: no\n"
+               "                   backward), exact, fits, fits_backward, naive_fits, predicted_seconds\n"
+               "option files are read for their headers only (their sizes checked against them).\n%s",
+               shape_help, options_help, inference_help);
     } else if (strcmp(name, "run") == 0) {
         printf("usage: flashattn run --q q.npy --k k.npy --v v.npy OPTIONS --out o.npy\n"
                "                     [--lse lse.npy] [--dtype f32|f16|bf16] [--count]\n\n%s"
@@ -84,8 +87,9 @@ void cli_usage(const char *name) {
                "                       [--json]\n\n%s%s"
                "  --iters N  timed calls per pass after one warm-up (default 3); median reported\n"
                "  --pass P   time only the forward or only the backward (default both)\n"
-               "  --json     last stdout line: {\"forward\": {\"seconds\": s, \"gflops\": g,\n"
-               "             \"predicted_seconds\": p or null}, \"backward\": {...}, \"peak_rss_bytes\": N}\n",
+               "  --json     last stdout line: {\"forward\": {\"seconds\": s, \"gflops\": g, \"flops\": f,\n"
+               "             \"predicted_seconds\": p or null}, \"backward\": {...}, \"peak_rss_bytes\": N,\n"
+               "             \"iters\": N}\n",
                shape_help, options_help);
         printf("\ninference shapes: flashattn bench --decode --batch B --heads Hq [--kv-heads Hk] --head-dim D\n"
                "                    --cache-len N [--seq-q Sq_new] [--page-size P] [--cache-dtype int8|fp8]\n"
@@ -98,20 +102,19 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         int cmd;
-    } cmds[] = {{"plan", CMD_PLAN}, {"run", CMD_RUN}, {"grad", CMD_GRAD}, {"bench", CMD_BENCH}};
+    } cmds[] = {{"plan", CMD_PLAN},
+                {"run", CMD_RUN},
+                {"grad", CMD_GRAD},
+                {"bench", CMD_BENCH},
+                {"calibrate", CMD_CALIBRATE}};
     if (argc < 2) {
         cli_usage(NULL);
-        return cli_fail(2, "missing command (plan, run, grad or bench)");
+        return cli_fail(2, "missing command (plan, run, grad, bench or calibrate)");
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         cli_usage(NULL);
         return 0;
-    }
-    if (strcmp(argv[1], "calibrate") == 0) { /* takes no problem flags: parses its own */
-        int rc = cli_calibrate(argc - 2, argv + 2);
-        if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
-        return rc;
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         if (strcmp(argv[1], cmds[i].name) != 0) continue;
@@ -124,6 +127,7 @@ int main(int argc, char **argv) {
         }
         switch (cmds[i].cmd) {
         case CMD_PLAN: rc = cli_plan(&a); break;
+        case CMD_CALIBRATE: rc = cli_calibrate(&a); break;
         case CMD_BENCH: rc = a.seq_parallel ? cli_mpi_bench(&a) : cli_bench(&a); break;
         default: rc = a.seq_parallel ? cli_mpi_run(&a) : cli_run(&a); break;
         }

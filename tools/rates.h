@@ -9,7 +9,9 @@
  *
  * peak is the arithmetic peak of the instruction the kernels multiply with, on the plan's
  * thread count: vdpbf16ps for bf16 where the kernel set has it (avx512bf16, amx), else the
- * f32 FMA (f16 and, on other sets, bf16 are multiplied in f32). exp_rate is the kernel
+ * f32 FMA (f16 and, on other sets, bf16 are multiplied in f32). The amx set multiplies bf16
+ * in the tile unit, faster than vdpbf16ps: its bf16 efficiency then exceeds 1, as the
+ * model needs (the peak stays vdpbf16ps's: the tile unit's is not measured). exp_rate is the kernel
  * set's own exp (fa_isa.exp_sum) on L1-resident rows, all threads at once. efficiency is
  * the tile efficiency: the fraction of the peak the library's products reach inside a real
  * pass (packing, masking, softmax bookkeeping, edge tiles, threading all included),
