@@ -63,7 +63,7 @@ static XLA_FFI_Error *read_options(icall *c, int decode) {
         (e = fj_attr_i64(f, "has_alibi", &has_alibi)) || (e = fj_attr_i64(f, "threads", &c->threads)) ||
         (e = fj_attr_i64(f, "has_sinks", &has_sinks)))
         return e;
-    if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld does not fit int32", (long long)c->threads);
+    if (c->threads < 0 || c->threads > INT32_MAX) return BAD(c, "threads = %lld is negative or does not fit int32", (long long)c->threads);
     if (decode) {
         if ((e = fj_attr_i64(f, "has_new_kv", &c->has_new_kv)) || (e = fj_attr_i64(f, "paged", &c->paged)) ||
             (e = fj_attr_i64(f, "cache_dtype", &c->cache_dtype)) || (e = fj_attr_i64(f, "has_prefix", &c->has_prefix)))

@@ -6,6 +6,7 @@ header fails with ImportError naming the struct instead of passing garbage to C.
 """
 import ctypes
 import os
+import threading
 
 c_int64 = ctypes.c_int64
 c_void_p = ctypes.c_void_p
@@ -16,6 +17,7 @@ F32, F16, BF16 = 0, 1, 2
 INT8, FP8_E4M3 = 3, 4  # kv-cache element types only (docs/caches.md)
 BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
 FORWARD, BACKWARD = 0, 1
+MAX_THREADS = 1024  # FA_MAX_THREADS
 OK, ERR_INVALID, ERR_NULL, ERR_OVERFLOW = 0, 1, 2, 3
 ERR_UNSUPPORTED, ERR_NO_MEMORY = 4, 5
 
@@ -320,19 +322,23 @@ def _plan_key(problem):
 
 _PLAN_CACHE = {}
 _PLAN_CACHE_SIZE = 256
+_PLAN_CACHE_LOCK = threading.Lock()  # callers on several threads: fa_plan_create releases the GIL
 
 
 def cached_plan(problem, options):
     """Plans are pure functions of (problem, options) and the environment the library reads
-    at every plan (FA_ISA, OMP_NUM_THREADS: docs/environment.md): reuse them across calls of
-    the same shapes (a plan costs microseconds, but per-call overhead matters for small
-    tensors), and not across a change of those variables."""
-    env = "\0".join(os.environ.get(v, "") for v in ("FA_ISA", "OMP_NUM_THREADS")).encode()
+    at every plan (FA_ISA, OMP_NUM_THREADS, FA_BWD_SCHEDULE: docs/environment.md): reuse them
+    across calls of the same shapes (a plan costs microseconds, but per-call overhead
+    matters for small tensors), and not across a change of those variables. Safe from
+    several threads: the cache changes under a lock (a plan is made outside it)."""
+    env = "\0".join(os.environ.get(v, "") for v in ("FA_ISA", "OMP_NUM_THREADS", "FA_BWD_SCHEDULE")).encode()
     key = _plan_key(problem) + bytes(options) + env
-    handle = _PLAN_CACHE.get(key)
+    with _PLAN_CACHE_LOCK:
+        handle = _PLAN_CACHE.get(key)
     if handle is None:
         handle = plan_handle(problem, options)
-        if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
-            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
-        _PLAN_CACHE[key] = handle
+        with _PLAN_CACHE_LOCK:
+            while len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+                _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+            handle = _PLAN_CACHE.setdefault(key, handle)  # another thread's, if it got here first
     return handle

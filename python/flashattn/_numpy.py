@@ -96,7 +96,8 @@ def _bias_and_mask(bias, mask, dims, bias_scale):
             raise TypeError(f"mask must be a boolean array (True: attend), got dtype {m.dtype}; "
                             "an additive mask goes to bias=")
         m = np.where(m.reshape(broadcast_dims("mask", m.shape, *dims)), np.float32(0), np.float32(-np.inf))
-        b = m if bias is None else b + m
+        # where, not b + m: a NaN or inf bias at a key the mask hides stays hidden (b + -inf is NaN)
+        b = m if bias is None else np.where(m == 0, b, m).astype(np.float32)
     full = combined_bias_dims(own, None if mask is None else np.shape(mask), *dims)
     return _readable("bias", np.broadcast_to(b, full)), own, bias_scale
 

@@ -5,6 +5,8 @@ their layouts); strides are in elements. Options are checked here only where Pyt
 more than the library would (types, tuple shapes); everything else is the library's call,
 so the messages stay the library's.
 """
+import math
+
 import numpy as np
 
 from . import _native
@@ -94,23 +96,38 @@ def window_pair(window):
     return (_int("window left", left), _int("window right", right))
 
 
+def _index(name, v):
+    """v as a Python int: an integer (numpy's, a 0-dim integer tensor), not a bool;
+    ValueError naming the argument otherwise, a traced JAX value's included."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    try:
+        return int(v.__index__())
+    except TypeError:  # a traced JAX value: its value is not known when the call is built
+        raise ValueError(f"{name} must be an integer known when the call is built (a static value), "
+                         f"got {type(v).__name__}") from None
+
+
 def _int(name, v, bits=64):
     """v as a Python int that fits a signed C integer of `bits` bits (ctypes would wrap a
     larger one silently: 2**64 + 1 becomes 1); ValueError naming the argument otherwise.
     The range that makes sense is the library's to judge."""
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    v = int(v.__index__())
+    v = _index(name, v)
     if not -(2 ** (bits - 1)) <= v < 2 ** (bits - 1):
         raise ValueError(f"{name} = {v} does not fit a {bits}-bit signed integer")
     return v
 
 
 def _float(name, v):
+    """v as a float for one of the problem's float32 fields: a finite value beyond float32's
+    range is refused here by its own value (as float32 it would be reported as inf)."""
     try:
-        return float(v)
+        f = float(v)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {v!r}") from None
+    if math.isfinite(f) and abs(f) > float(np.finfo(np.float32).max):
+        raise ValueError(f"{name} = {f!r} does not fit float32")
+    return f
 
 
 def bias_dims(shape, batch, heads, seq_q, seq_k):
@@ -163,6 +180,9 @@ def fold_bias_scale(bias, bias_scale, masked):
     if not masked or bias_scale is None:
         return bias, bias_scale
     bias_scale = _float("bias_scale", bias_scale)
+    if isinstance(bias, np.ndarray):  # 0 or inf times the -inf, NaN or inf a hidden key may hold: no warning
+        with np.errstate(invalid="ignore", over="ignore"):
+            return bias * np.float32(bias_scale), None
     return (None if bias is None else bias * bias_scale), None
 
 
@@ -243,9 +263,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
 
 
 def _uint64(name, v):
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    v = int(v.__index__())
+    v = _index(name, v)
     if not 0 <= v < 2 ** 64:
         raise ValueError(f"{name} = {v} is not in 0 .. 2**64 - 1")
     return v
@@ -271,8 +289,12 @@ def set_dropout(p, dropout_p, seed, dropout_offset=None):
 
 def threads_int(threads):
     """threads= of every front and plan: None or 0, the library's default (fa_options.threads);
-    else an integer that fits int32."""
-    return 0 if threads is None else _int("threads", threads, 32)
+    else 1 .. the library's limit, checked here too, so that a call whose plan waits for
+    traced lengths (JAX) says so at trace time, in the library's words."""
+    t = 0 if threads is None else _int("threads", threads, 32)
+    if not 0 <= t <= _native.MAX_THREADS:
+        raise ValueError(f"threads must be 1..{_native.MAX_THREADS} (0 = default), got {t}")
+    return t
 
 
 def make_options(backend="auto", threads=0, block_q=0, block_k=0):

@@ -75,8 +75,13 @@ def threads_arg(threads):
 
 
 def float_or_none(name, x):
+    """A scalar option (scale, softcap, bias_scale, dropout_p) as a float; a tensor is refused as
+    F.scaled_dot_product_attention refuses a tensor scale: no gradient would reach it."""
     if x is None:
         return None
+    if isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a Python number, got a tensor: flashattn takes no gradient through "
+                        f"{name} (as F.scaled_dot_product_attention); pass float(...) of it for a constant")
     try:
         return float(x)
     except (TypeError, ValueError):
@@ -200,6 +205,6 @@ def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
             return bias, bias_scale
     m = four(mask_to_bias(mask), "mask")
     bias, bias_scale = fold_bias_scale(bias, bias_scale, True)
-    if bias is not None:
-        m = bias + m
+    if bias is not None:  # where, not bias + m: a NaN or inf bias at a hidden key stays hidden
+        m = torch.where(m == 0, bias, m)
     return expand_seq_dims(m, Sq, Sk), bias_scale

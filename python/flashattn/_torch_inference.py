@@ -445,6 +445,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     prefix = () if k_prefix is None else (k_prefix.detach().contiguous(), v_prefix.detach().contiguous())
     if k is not None:
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if c.requires_grad and torch.is_grad_enabled():  # torch's own rule for in-place writes
+                raise RuntimeError(f"{name} requires grad and is written in place (new k and v given); decoding has "
+                                   "no backward: pass a cache that does not require grad, or call under "
+                                   "torch.no_grad()")
             if not _layout.writable_strides(tuple(c.shape), tuple(c.stride())):
                 raise ValueError(f"{name} is written in place (new k and v given), so its elements must "
                                  f"not overlap (strides {tuple(c.stride())}); pass a dense cache")

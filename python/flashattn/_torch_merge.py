@@ -7,13 +7,16 @@ import torch
 
 from . import _native
 from ._merge import _DTYPE_IDS
+from ._problem import check_real
 from ._torch_ops import DTYPES
 
 
 def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
     """(o, lse) over the union of two disjoint key sets: o_a, o_b [..., H, Dv] of one dtype
-    (float32, float16, bfloat16), lse_a, lse_b [..., H] float32, CPU tensors; sinks [H]
-    float32 (attention-sink logits, added once: pass them to the final merge only)."""
+    (float32, float16, bfloat16), lse_a, lse_b [..., H] and sinks [H] real (float32 to the
+    library, as numpy's merge_states takes them), CPU tensors; sinks are attention-sink
+    logits, added once: pass them to the final merge only. Not differentiable: inputs that
+    require grad, with grad mode on, are refused rather than detached."""
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b), ("sinks", sinks)):
         if t is not None and (not isinstance(t, torch.Tensor) or t.device.type != "cpu"):
             raise ValueError(f"{name} must be a CPU tensor, got {type(t).__name__}"
@@ -23,14 +26,23 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
                          f"{o_a.dtype} and {tuple(o_b.shape)} {o_b.dtype}")
     if o_a.dtype not in DTYPES:
         raise ValueError(f"o_a and o_b must be float32, float16 or bfloat16, got {o_a.dtype}")
-    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
-        if tuple(t.shape) != tuple(o_a.shape[:-1]) or t.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32 of shape {tuple(o_a.shape[:-1])}, got {t.dtype} {tuple(t.shape)}")
+    if torch.is_grad_enabled():
+        grads = [n for n, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b), ("sinks", sinks))
+                 if t is not None and t.requires_grad]
+        if grads:
+            raise RuntimeError(f"merge_states is not differentiable, but {', '.join(grads)} require grad: "
+                               "detach() them, or merge under torch.no_grad()")
     heads, dv = o_a.shape[-2], o_a.shape[-1]
-    if sinks is not None and (tuple(sinks.shape) != (heads,) or sinks.dtype != torch.float32):
-        raise ValueError(f"sinks must be float32 of shape [H] = [{heads}], got {sinks.dtype} {tuple(sinks.shape)}")
-    o_a, o_b, lse_a, lse_b = (t.detach().contiguous() for t in (o_a, o_b, lse_a, lse_b))
-    sinks = None if sinks is None else sinks.detach().contiguous()
+    for name, t, shape in (("lse_a", lse_a, tuple(o_a.shape[:-1])), ("lse_b", lse_b, tuple(o_a.shape[:-1])),
+                           ("sinks", sinks, (heads,))):
+        if t is None:
+            continue
+        check_real(name, t.dtype, "[..., H]" if name != "sinks" else f"[H] = [{heads}]")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    o_a, o_b = o_a.contiguous(), o_b.contiguous()
+    lse_a, lse_b = (t.to(torch.float32).contiguous() for t in (lse_a, lse_b))
+    sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
     o, lse = torch.empty_like(o_a), torch.empty_like(lse_a)
     if lse.numel() == 0:  # no rows or heads (Dv 0 still merges the lse: the library's head_dim_v 0)
         return o, lse

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ._torch_args import autocast, check_floats, expand_seq_dims, mask_to_bias
+from ._torch_args import autocast, check_floats, expand_seq_dims, float_or_none, mask_to_bias
 from ._torch_ops import attention_function, seed_tensor
 
 
@@ -112,7 +112,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         k, v = _kv_heads(k, Hkv), _kv_heads(v, Hkv)
     q4, k4, v4 = _as_4d(q, batch, H), _as_4d(k, batch, Hkv), _as_4d(v, batch, Hkv)
     o, _ = attention_function().apply(q4, k4, v4, bias, None, None, None, bool(is_causal), -1, -1, 0.0,
-                                      None if scale is None else float(scale), "bhsd",
+                                      float_or_none("scale", scale), "bhsd",
                                       0 if is_causal else None, None, 0, None, dropout_p,
                                       seed_tensor() if dropout_p > 0 else None)
     o = o.reshape(*batch, H, L, Ev)

@@ -121,6 +121,12 @@ def test_bad_input_names_the_argument(rng):
         fj.varlen_attention(qn, kn, vn, cq, ck, max_seqlen_q=3)
     with pytest.raises(ValueError, match=r"cu_seqlens_k must be integers"):
         fj.varlen_attention(qn, kn, vn, cq, ck.astype(np.float32))
+    # concrete lengths past int32 are refused as numpy and torch refuse them (JAX's own
+    # int32 conversion would wrap 2**32 + n to n: another problem, silently)
+    wrap = cq.astype(np.int64)
+    wrap[-1] += 2**32
+    with pytest.raises(ValueError, match=r"cu_seqlens_q values must fit int32"):
+        fj.varlen_attention(qn, kn, vn, wrap, ck)
 
     d = page(make_decode(rng, "one_token"), rng)
     args = [jnp.asarray(d[n]) for n in ("q", "k_pages", "v_pages", "k", "v")]
@@ -135,6 +141,10 @@ def test_bad_input_names_the_argument(rng):
         fj.kvcache_attention(*args, over, d["table"])
     with pytest.raises(RUNTIME, match=r"cache_seqlens\[1\] = 70 plus 1 new tokens exceeds"):
         jax.block_until_ready(run(*args, jnp.asarray(over), jnp.asarray(d["table"])))
+    with pytest.raises(ValueError, match=r"cache_seqlens values must fit int32"):
+        fj.kvcache_attention(*args, d["lens"].astype(np.int64) + 2**32, d["table"])
+    with pytest.raises(ValueError, match=r"block_table values must fit int32"):
+        fj.kvcache_attention(*args, d["lens"], d["table"].astype(np.int64) + 2**32)
     with pytest.raises(ValueError, match=r"block_table must have shape \[batch, max_pages\] with batch = 4"):
         fj.kvcache_attention(*args, d["lens"], d["table"][:2])
     with pytest.raises(ValueError, match=r"k and v \(the new tokens\) go together"):

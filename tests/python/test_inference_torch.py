@@ -227,6 +227,11 @@ def test_bad_input_names_the_argument(rng):
     over[0] = 64
     with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 64 plus 1 new tokens exceeds the cache capacity 64"):
         fat.kvcache_attention(*args[:5], i32(over), i32(d["table"]))
+    # a cache that requires grad is not written in place (torch's rule for leaves; decoding has
+    # no backward); under no_grad it is
+    kg = kp.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match=r"k_cache requires grad and is written in place"):
+        fat.kvcache_attention(args[0], kg, vp, *args[3:], i32(d["table"]))
     for a, b in zip((kp, vp), before):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match=r"cache_seqlens must have shape \[batch\] = \[4\]"):

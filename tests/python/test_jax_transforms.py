@@ -148,6 +148,38 @@ def test_bad_options_raise_naming_the_problem(kw, match):
         fj.attention(*_qkv(), **kw)
 
 
+@pytest.mark.parametrize("name, value, match", [
+    ("dropout_p", 0.1, "dropout_p must be a Python number"),
+    ("causal", True, "causal must be a Python bool"),
+    ("window", 3, "window left must be an integer known when the call is built"),
+    ("threads", 2, "threads must be an integer known when the call is built"),
+])
+def test_traced_static_options_are_refused_in_words(name, value, match):
+    """Options the library takes at plan time cannot be traced: jit over them raises the
+    option's name, as a traced scale does, not JAX's conversion error."""
+    q, k, v = _qkv()
+
+    def f(x):
+        kw = {"window": (x, 0)} if name == "window" else {name: x}
+        return fj.attention(q, k, v, seed=1, **kw)
+    with pytest.raises(ValueError, match=match):
+        jax.jit(f)(value)
+
+
+@pytest.mark.parametrize("fn", ["attention", "varlen", "kvcache"])
+def test_threads_out_of_range_at_trace_time(fn):
+    """threads=-3 is the library's refusal in its words in every function, also where the
+    plan waits for the lengths (it once ran and failed with 'does not fit int32')."""
+    x = np.random.default_rng(0).standard_normal((1, 10, 2, 4)).astype(np.float32)
+    cu = np.array([0, 4, 10], np.int32)
+    call = {"attention": lambda: fj.attention(x, x, x, threads=-3),
+            "varlen": lambda: jax.jit(lambda c: fj.varlen_attention(x[0], x[0], x[0], c, c, threads=-3))(cu),
+            "kvcache": lambda: jax.jit(lambda n: fj.kvcache_attention(x[:, :1], x, x, cache_seqlens=n, threads=-3))(
+                np.array([5], np.int32))}[fn]
+    with pytest.raises(ValueError, match=r"threads must be 1\.\.1024 \(0 = default\), got -3"):
+        call()
+
+
 def test_library_rejections_surface_at_trace_time():
     # the library's own check (here: a window right of -1 with causal is allowed, but a
     # diag offset beyond int32 is not) comes back as ValueError with its message, under jit

@@ -118,3 +118,16 @@ def test_torch_merge_states_equals_numpy(rng):
     tb, _ = ft.merge_states(torch.from_numpy(oa).bfloat16(), torch.from_numpy(la), torch.from_numpy(ob).bfloat16(),
                             torch.from_numpy(lb))
     assert tb.dtype == torch.bfloat16
+    # lse and sinks of any real dtype, converted as numpy's merge_states converts them
+    t64 = [torch.from_numpy(x) for x in (oa, la.astype(np.float64), ob, lb.astype(np.float64))]
+    o64, l64 = ft.merge_states(*t64, sinks=torch.from_numpy(sinks.astype(np.float64)))
+    assert np.array_equal(o64.numpy(), o) and np.array_equal(l64.numpy(), lse)
+    # not differentiable: inputs that require grad are refused, not detached (no_grad merges)
+    oa_t = torch.from_numpy(oa).requires_grad_()
+    with pytest.raises(RuntimeError, match=r"merge_states is not differentiable, but o_a require grad"):
+        ft.merge_states(oa_t, *(torch.from_numpy(x) for x in (la, ob, lb)))
+    with torch.no_grad():
+        og, _ = ft.merge_states(oa_t, *(torch.from_numpy(x) for x in (la, ob, lb)))
+    assert not og.requires_grad
+    with pytest.raises(ValueError, match="lse_a must be real numbers"):
+        ft.merge_states(torch.from_numpy(oa), torch.from_numpy(la).bool(), torch.from_numpy(ob), torch.from_numpy(lb))

@@ -152,3 +152,45 @@ def test_jax_mask_with_bias_scale(rng, bias_scale):
     p = _attention.make_options(*(jnp.asarray(x) for x in (q, k, v)), bias=jnp.asarray(bias), mask=jnp.asarray(mask),
                                 bias_scale=bias_scale, layout="bhsd")[0]
     assert p.bias_scale is None  # folded into the bias the op gets
+
+
+@pytest.mark.parametrize("front", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("hidden, bias_scale", [(np.nan, None), (np.inf, None), (-np.inf, -1.0), (-np.inf, 0.0)])
+def test_mask_hides_a_nonfinite_bias(rng, front, hidden, bias_scale):
+    """A key the mask hides stays hidden whatever its bias entry holds (NaN, +-inf) and
+    whatever bias_scale is, as causal= and jax.nn's mask= hide it (docs/nonfinite.md): the
+    fronts lower the mask with where(), not bias + -inf, which is NaN there. o, lse and the
+    gradients against the reference with the hidden entries' bias irrelevant (finite)."""
+    q, k, v, do = (randn(rng, (1, 2, SQ, D)), randn(rng, (1, 2, SK, D)), randn(rng, (1, 2, SK, D)),
+                   randn(rng, (1, 2, SQ, D)))
+    mask = _mask(rng, (SQ, SK))
+    mask[:, 0] = True  # every row sees a key
+    finite = randn(rng, (1, 2, SQ, SK))
+    bias = np.where(mask, finite, hidden).astype(np.float32)
+    s = 1.0 if bias_scale is None else bias_scale
+    want_bias = np.where(mask, s * finite.astype(np.float64), -np.inf)
+    o_ref, lse_ref, _ = ref.forward(q, k, v, bias=want_bias)
+    grads_ref = ref.backward(q, k, v, do, bias=want_bias)
+    kw = dict(bias_scale=bias_scale)
+    if front == "numpy":
+        o, lse = flashattn.attention(q, k, v, bias=bias, mask=mask, return_lse=True, **kw)
+        grads = flashattn.attention_backward(q, k, v, o, lse, do, bias=bias, mask=mask, **kw)
+    elif front == "torch":
+        torch = pytest.importorskip("torch")
+        import flashattn.torch as fat
+        t = [torch.from_numpy(a).requires_grad_() for a in (q, k, v)]
+        o, lse = fat.attention(*t, bias=torch.from_numpy(bias), mask=torch.from_numpy(mask), return_lse=True, **kw)
+        o.backward(torch.from_numpy(do))
+        o, lse, grads = o.detach().numpy(), lse.detach().numpy(), [x.grad.numpy() for x in t]
+    else:
+        pytest.importorskip("jax")
+        import jax
+        import flashattn.jax as fj
+        f = lambda q, k, v: fj.attention(q, k, v, bias=bias, mask=mask, layout="bhsd", **kw)  # noqa: E731
+        o, vjp = jax.vjp(f, q, k, v)
+        grads = vjp(do)
+        lse = fj.attention(q, k, v, bias=bias, mask=mask, layout="bhsd", return_lse=True, **kw)[1]
+        o, lse, grads = np.asarray(o), np.asarray(lse), [np.asarray(g) for g in grads]
+    assert rel_err(o, o_ref) < FWD_TOL["f32"] and rel_err(lse, lse_ref) < FWD_TOL["f32"]
+    for name, g, r in zip(("dq", "dk", "dv"), grads, grads_ref):
+        assert rel_err(g, r) < BWD_TOL["f32"], name

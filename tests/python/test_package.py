@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import flashattn
@@ -32,6 +33,11 @@ def test_every_mirror_matches_the_library():
     for which, (name, mirror) in enumerate(_native.MIRRORS):
         assert _native.lib.fa_struct_size(which) == ctypes.sizeof(mirror), name
     assert _native.lib.fa_struct_size(99) == 0
+    # the constants the fronts check before the library does, against the public header
+    import pathlib
+    import re
+    header = (pathlib.Path(__file__).resolve().parents[2] / "include" / "flashattn.h").read_text()
+    assert int(re.search(r"#define FA_MAX_THREADS (\d+)", header).group(1)) == _native.MAX_THREADS
 
 
 SEED_PROBLEM = dict(batch=18, heads=32, seq_q=16384, head_dim=256, dtype="bf16")
@@ -88,6 +94,7 @@ def test_plan_is_keyword_only():
     ({"window": (-2, 3)}, "window"),
     ({"softcap": -1.0}, "softcap"),
     ({"scale": float("nan")}, "scale must be finite"),
+    ({"scale": 1e40}, r"scale = 1e\+40 does not fit float32"),  # not "got inf"
     ({"dtype": "f64"}, "dtype"),
     ({"backend": "tpu"}, "backend"),
     ({"bias_shape": (3, 8, 100, 100)}, "bias"),
@@ -127,3 +134,45 @@ def test_plan_cache_follows_fa_isa(monkeypatch):
     monkeypatch.setenv("FA_ISA", "no-such-kernels")
     with pytest.raises(ValueError, match="FA_ISA"):
         flashattn.attention(q, q, q)
+    monkeypatch.delenv("FA_ISA")
+    flashattn.attention(q, q, q)
+    monkeypatch.setenv("FA_BWD_SCHEDULE", "fussed")  # read at every plan too: a typo is refused
+    with pytest.raises(ValueError, match="FA_BWD_SCHEDULE must be 'fused' or 'two-pass'"):
+        flashattn.attention(q, q, q)
+
+
+def test_plan_cache_from_many_threads(monkeypatch):
+    """Calls from several threads whose shapes overflow the plan cache (fa_plan_create
+    releases the GIL, so threads interleave inside cached_plan): no call raises, and each
+    gets its own problem's answer. The cache is shrunk to 4 plans and the switch interval
+    made tiny so that evictions race within a second; the race once raised KeyError and
+    'dictionary changed size during iteration'."""
+    import threading
+    monkeypatch.setattr(_native, "_PLAN_CACHE_SIZE", 4)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    errors, wrong = [], []
+
+    def worker(t):
+        rng = np.random.default_rng(t)
+        for i in range(40):
+            S = 4 + (t * 40 + i) % 37
+            q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 1, 3, 4), (1, 1, S, 4), (1, 1, S, 4)))
+            try:
+                o = flashattn.attention(q, k, v, threads=1)
+            except Exception as e:  # noqa: BLE001 (any is the failure this test looks for)
+                errors.append(f"{type(e).__name__}: {e}")
+                continue
+            p = np.exp(q[0, 0] @ k[0, 0].T / 2.0)
+            if not np.allclose(o[0, 0], (p / p.sum(-1, keepdims=True)) @ v[0, 0], atol=1e-5):
+                wrong.append((t, i))
+    try:
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and not wrong, (errors[:3], wrong[:3])
+    assert len(_native._PLAN_CACHE) <= 4

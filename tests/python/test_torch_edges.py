@@ -137,3 +137,20 @@ def test_kvcache_zero_sizes_give_empty_results(q_shape, cache_shape):
     assert (o == 0).all() and (lse == float("-inf")).all() and torch.equal(kc, before)
     with pytest.raises(ValueError, match="softcap"):
         fat.kvcache_attention(q, kc, vc, softcap=-1.0)
+
+
+@pytest.mark.parametrize("name", ["scale", "softcap", "bias_scale", "dropout_p"])
+def test_tensor_scalars_are_refused_as_sdpa_refuses_them(name):
+    """A learnable temperature passed as scale= would get no gradient (the library takes a
+    float): TypeError, as F.scaled_dot_product_attention gives for a tensor scale, rather
+    than a silent float() that detaches it."""
+    q = torch.randn(1, 2, 5, 8)
+    t = torch.nn.Parameter(torch.tensor(0.5))
+    kw = {name: t, "bias": torch.randn(1, 2, 5, 5)} if name == "bias_scale" else {name: t}
+    with pytest.raises(TypeError, match=f"{name} must be a Python number, got a tensor"):
+        fat.attention(q, q, q, **kw)
+    if name == "scale":
+        with pytest.raises(TypeError, match="scale must be a Python number, got a tensor"):
+            fat.scaled_dot_product_attention(q, q, q, scale=t)
+    kw[name] = 0.5  # a number works
+    assert fat.attention(q, q, q, **kw).shape == q.shape

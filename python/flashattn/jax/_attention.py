@@ -80,6 +80,14 @@ def _cotangents_as_values(v, o, do, dlse):
     return v, o, jnp.concatenate([do, dlse.astype(o.dtype)[..., None]], axis=-1)
 
 
+def _flag(name, x):
+    """A static bool option (causal): a traced one is refused in words, not JAX's."""
+    try:
+        return bool(x)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        raise ValueError(f"{name} must be a Python bool (a static value), got {type(x).__name__}") from None
+
+
 def _finite(name, x):
     """A static, finite float option (None stays None: the library's default)."""
     if x is None:
@@ -118,7 +126,7 @@ def lower_bias(bias, mask, full, bias_scale=None):
     b, _ = fold_bias_scale(b, bias_scale, mask is not None)
     if mask is not None:
         m = jnp.where(mask.reshape(broadcast_dims("mask", mask.shape, *dims)), 0.0, -jnp.inf).astype(jnp.float32)
-        b = m if b is None else b + m
+        b = m if b is None else jnp.where(m == 0, b, m)  # not b + m: a NaN or inf bias at a hidden key stays hidden
     return None if b is None else jnp.broadcast_to(b, full)
 
 
@@ -159,7 +167,7 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
             check_real("sinks", sinks.dtype, f"[Hq] = [{hq}]")
         if tuple(sinks.shape) != (hq,):
             raise ValueError(f"sinks must have shape ({hq},) (one per query head), got {tuple(sinks.shape)}")
-    opt = Options(layout=layout, causal=bool(causal), window=_window(window), softcap=softcap or 0.0,
+    opt = Options(layout=layout, causal=_flag("causal", causal), window=_window(window), softcap=softcap or 0.0,
                   scale=_finite("scale", scale),
                   diag_offset=None if diag_offset is None else _int("diag_offset", diag_offset),
                   bias_scale=fold_bias_scale(None, _finite("bias_scale", bias_scale), mask is not None)[1],
@@ -175,6 +183,7 @@ def _dropout(dropout_p, seed, dropout_offset):
     and offset themselves are checked and become an operand in seed_words. Without dropout
     (None or 0) a seed or offset given is checked and unused, as in every front
     (_problem.set_dropout)."""
+    dropout_p = _finite("dropout_p", dropout_p)  # static: a traced one is refused in words
     if dropout_p is None or dropout_p == 0:
         if seed is not None:
             _u64_words("seed", seed, True)

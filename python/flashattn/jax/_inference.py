@@ -26,10 +26,10 @@ from jax.custom_derivatives import SymbolicZero
 from .. import _native
 from .._problem import _int, check_real, make_options as _library_options, threads_int
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_scale_dtype,
-                                  check_varlen_shapes, decode_problem, varlen_problem)
+                                  check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
 from . import _ffi
 from .._quant import cache_dtype_code
-from ._attention import _cotangents_as_values, _dropout, _finite, _window, seed_words
+from ._attention import _cotangents_as_values, _dropout, _finite, _flag, _window, seed_words
 from ._plan import _DTYPE_NAMES
 
 VARLEN_FORWARD_TARGET, VARLEN_BACKWARD_TARGET, KVCACHE_TARGET = (t for t, _ in _ffi.INFERENCE_TARGETS)
@@ -46,6 +46,8 @@ def _dtype(*arrays, names):
 
 
 def _lengths(name, x, ndim, desc):
+    if not isinstance(x, jax.core.Tracer):  # concrete: checked as numpy and torch check it, before
+        int32_lengths(name, np.asarray(x), desc, ndim=ndim)  # JAX's int32 conversion wraps 2**32 + 3 to 3
     x = jnp.asarray(x)
     if x.ndim != ndim or not jnp.issubdtype(x.dtype, jnp.integer):
         raise ValueError(f"{name} must be integers {desc}, got {x.dtype} of shape {tuple(x.shape)}")
@@ -96,7 +98,7 @@ def _attributes(causal, window, softcap, scale, has_alibi, threads=0, has_sinks=
     softcap = _finite("softcap", softcap) or 0.0
     scale = _finite("scale", scale)
     left, right = _window(window)
-    return dict(causal=i64(bool(causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
+    return dict(causal=i64(_flag("causal", causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
                 has_scale=i64(scale is not None), scale=f32(0.0 if scale is None else scale),
                 has_alibi=i64(has_alibi), threads=i64(threads_int(threads)), has_sinks=i64(has_sinks))
 
