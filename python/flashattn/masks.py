@@ -26,6 +26,9 @@ from . import _mask_native as native
 from ._problem import _int
 
 _CACHE_SIZE = 8
+# guards every mask's cache of built masks; one for the module, so that making a mask takes
+# no lock (torch.compile traces a mask made inside a compiled function)
+_BUILT_LOCK = threading.Lock()
 
 
 class Mask:
@@ -36,7 +39,6 @@ class Mask:
 
     def __init__(self):
         self._built = {}
-        self._lock = threading.Lock()
 
     def __and__(self, other):
         return _Combined("&", self, _check_mask(other))
@@ -55,11 +57,11 @@ class Mask:
                                               ("seq_k", seq_k)))
         diag = dims[3] - dims[2] if diag_offset is None else _int("diag_offset", diag_offset)
         key = (dims, diag, tuple(_int("mask block", b) for b in block))
-        with self._lock:
+        with _BUILT_LOCK:
             m = self._built.get(key)
         if m is None:
             m = self._build(dims, diag, key[2])
-            with self._lock:
+            with _BUILT_LOCK:
                 if len(self._built) >= _CACHE_SIZE:
                     self._built.pop(next(iter(self._built)))
                 self._built[key] = m

@@ -108,6 +108,10 @@ def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset):
     """The library's fa_mask for a flashattn.masks mask and a BlockMask (ANDed); None for a
     zero-size call, which computes nothing."""
     from ._torch_flex import from_block_mask
+    if torch.compiler.is_compiling():  # only fullgraph=True reaches the user: the others graph-break here
+        raise ValueError("a flashattn.masks mask or a BlockMask is built in Python, outside the graph: "
+                         "torch.compile(fullgraph=True) cannot hold it (compile without fullgraph: a graph "
+                         "break around the call), or pass a boolean mask= tensor")
     if block_mask is not None:
         bm = from_block_mask(block_mask)
         mask = bm if mask is None else mask & bm

@@ -209,3 +209,17 @@ def test_attention_with_flashattn_masks(rng):
         assert (o.double() - o_ref).abs().max().item() <= 1e-5 * o_ref.abs().max().item()
         for got, want in zip(mine, ref):
             assert (got.grad.double() - want.grad).abs().max().item() <= 5e-5 * want.grad.abs().max().item()
+
+
+def test_masks_under_torch_compile():
+    """A flashattn.masks mask is built in Python (docs/python.md): torch.compile runs it with
+    a graph break around the call, the same result as eager; fullgraph=True refuses it with
+    flashattn's words (not Dynamo's 'Unsupported context manager' from the mask's lock)."""
+    from flashattn import masks
+    q = torch.randn(1, 2, 40, 8)
+    f = lambda q: ft.attention(q, q, q, mask=masks.chunked(16))  # noqa: E731
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f)(q), f(q))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"(?s)built in Python, outside the graph.*fullgraph"):
+        torch.compile(f, fullgraph=True)(q)
