@@ -192,7 +192,8 @@ static fa_status empty_cost(struct fa_plan *pl) {
     if (decode) extra = B * 4 + (p->has_new_kv ? B * p->seq_q * Hk * (D + p->head_dim_v) * es : 0) +
                         (p->page_size ? B * p->max_pages * 4 : 0);
     const wide in = t.q + t.k + t.v + t.bias + t.slopes + t.segments + t.sinks + extra, out = t.o + t.lse;
-    const wide fwd[8] = {0, 0, B * p->heads_q * p->seq_q, out, out, 0, in + out, in + out};
+    /* rows see no key: a log each, and with sinks an exp (cpu/empty.c) */
+    const wide fwd[8] = {0, 0, B * p->heads_q * p->seq_q * (1 + p->has_sinks), out, out, 0, in + out, in + out};
     /* dq, dk, dv, dbias, dsink */
     const wide bin = in + 2 * t.o + t.lse, bout = t.q + t.k + t.v + t.dbias + t.sinks;
     const wide bwd[8] = {0, 0, 0, bout, bout, 0, bin + bout, bin + bout}; /* decoding's: 0 (fa_cost_compute) */

@@ -160,10 +160,11 @@ static inline void fa_counts_report(fa_counts *c, int64_t flops, int64_t transce
 }
 
 /* A problem with nothing to compute: a zero batch, query heads, seq_q or seq_k (packed:
- * totals; decode: seq_k is the cache's capacity). Its plan is valid; cpu/empty.c writes its
- * outputs (o = 0 and lse = -inf on rows without keys, zero gradients) and cost.c its figures. */
+ * totals; decode: seq_k is the cache's capacity, and a shared prefix's keys are keys too).
+ * Its plan is valid; cpu/empty.c writes its outputs (o = 0 and lse = -inf on rows without
+ * keys, zero gradients) and cost.c its figures. */
 static inline int fa_problem_empty(const fa_problem *p) {
-    return p->batch == 0 || p->heads_q == 0 || p->seq_q == 0 || p->seq_k == 0;
+    return p->batch == 0 || p->heads_q == 0 || p->seq_q == 0 || (p->seq_k == 0 && p->shared_prefix_len == 0);
 }
 fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *a);
 fa_status fa_cpu_empty_backward(const struct fa_plan *pl, const fa_backward_args *a);

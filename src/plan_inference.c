@@ -82,7 +82,9 @@ static fa_status validate_varlen(fa_plan *pl) {
         return fa_error(FA_ERR_NULL, "cu_seqlens_q and cu_seqlens_k go together, but %s is NULL",
                         p->cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q");
     fa_status s;
-    if ((s = fa_check_cu_seqlens(p, p->cu_seqlens_q, p->cu_seqlens_k, 1)) ||
+    /* a plan's lengths end at its packed rows; a capacity plan's stand-ins (capacity_lens) may
+     * not: with no sequences (batch 0) they are {0} whatever rows the tensors may have */
+    if ((s = fa_check_cu_seqlens(p, p->cu_seqlens_q, p->cu_seqlens_k, !pl->capacity)) ||
         (!pl->lens && (s = copy_lens(pl, p->cu_seqlens_q, p->batch + 1, p->cu_seqlens_k, p->batch + 1))))
         return s;
     p->cu_seqlens_q = pl->lens;

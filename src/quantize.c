@@ -10,7 +10,9 @@ float fa_quantize_row(fa_dtype t, fa_dtype from, const void *x, int64_t n, uint8
         const float a = fabsf(fa_load(from, x, i));
         amax = a > amax ? a : amax;
     }
-    const float scale = amax > 0.0f ? amax / fa_quant_max(t) : 1.0f;
+    /* 1 where amax is 0, or so small that amax / max underflows to 0 (a row of subnormals
+     * near 1e-44: its codes are then 0, within amax of it), which would give 0 / 0 codes */
+    const float q = amax / fa_quant_max(t), scale = q > 0.0f ? q : 1.0f;
     for (int64_t i = 0; i < n; i++) {
         const float y = fa_load(from, x, i) / scale; /* a division, not a reciprocal's product: the documented rule */
         codes[i * stride] = t == FA_INT8 ? (uint8_t)fa_f32_to_int8(y) : fa_f32_to_e4m3(y);

@@ -33,11 +33,12 @@ static inline double ind_value(fa_dtype t, uint8_t c) {
     if (t == FA_INT8) return (double)(int8_t)c;
     return (c & 0x80 ? -1.0 : 1.0) * e4m3_magnitude(c & 0x7f);
 }
-/* One row's codes and scale (scale = amax / 127 or / 448 in f32, 1 for amax 0; y = x / scale in f32). */
+/* One row's codes and scale (scale = amax / 127 or / 448 in f32; 1 where that is 0: amax 0, or
+ * small enough to underflow; y = x / scale in f32). */
 static inline float ind_quant(fa_dtype t, const float *x, int64_t n, uint8_t *codes) {
     float amax = 0.0f;
     for (int64_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    const float scale = amax > 0.0f ? amax / (t == FA_INT8 ? 127.0f : 448.0f) : 1.0f;
+    const float q = amax / (t == FA_INT8 ? 127.0f : 448.0f), scale = q > 0.0f ? q : 1.0f;
     for (int64_t i = 0; i < n; i++) {
         const float y = x[i] / scale;
         codes[i] = t == FA_INT8 ? (uint8_t)ind_int8(y) : ind_e4m3(y);

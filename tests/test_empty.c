@@ -187,6 +187,57 @@ static void test_decode(void) {
     printf("%s kv-cache decoding: no sequences, no query rows, a cache of no rows\n", failures > before ? "FAIL" : "PASS");
 }
 
+/* Rows that see no key at all (seq_k 0) with sinks: lse = sink_h, a log and the sink's exp
+ * per row in the counts and the plan alike (dense, decoding, packed); a packed plan of
+ * lengths per call with no key capacity writes the call's rows only, and counts what
+ * fa_plan_cost_lengths states. */
+static void test_keyless_calls(void) {
+    const int before = failures;
+    const float sinks[2] = {0.75f, -1.25f};
+    static const int32_t lens[2] = {0, 0}, cq[3] = {0, 2, 3}, ck[3] = {0, 0, 0};
+    for (int c = 0; c < 4; c++) { /* dense, decode, packed, packed per call (8 rows of capacity, 3 used) */
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = 2, p.heads_q = 2, p.seq_q = 3, p.seq_k = 0, p.head_dim = 8, p.has_sinks = c != 3;
+        if (c == 1) p.seq_q = 1, p.cache_seqlens = lens;
+        if (c == 2) p.cu_seqlens_q = cq, p.cu_seqlens_k = ck;
+        if (c == 3) p.seq_q = 8, p.lengths_per_call = FA_LENGTHS_PACKED;
+        fa_plan *pl = check_plan(&p, 2, 0, 0);
+        if (!pl) continue;
+        const int64_t L = c >= 2 ? 1 : 2, cap = L * 2 * p.seq_q, used = c == 3 ? 2 * 3 : cap; /* (rows x heads) */
+        float *q = buffer(FA_F32, cap * 8, 0), *o = buffer(FA_F32, cap * 8, 0), *lse = buffer(FA_F32, cap, 0);
+        float *k = buffer(FA_F32, 8, 0);
+        for (int64_t i = 0; i < cap * 8; i++) o[i] = NAN;
+        for (int64_t i = 0; i < cap; i++) lse[i] = NAN;
+        fa_counts cnt = {-1, -1};
+        fa_forward_args fa = {0};
+        fa.q = q, fa.k = k, fa.v = k, fa.o = o, fa.lse = lse, fa.counts = &cnt, fa.sinks = p.has_sinks ? sinks : NULL;
+        if (c == 3) fa.cu_seqlens_q = cq, fa.cu_seqlens_k = ck;
+        fa_cost fc;
+        CHECK(fa_forward(pl, &fa) == FA_OK && fa_plan_cost_lengths(pl, FA_FORWARD, NULL, c == 3 ? cq : NULL,
+                                                                   c == 3 ? ck : NULL, &fc) == FA_OK,
+              "keyless case %d: %s", c, fa_last_error());
+        const int64_t want = used * (1 + p.has_sinks); /* a log per row, and the sink's exp */
+        CHECK(cnt.flops == 0 && cnt.transcendentals == want && fc.transcendentals == want,
+              "keyless case %d: counts %lld, plan %lld, want %lld transcendentals", c, (long long)cnt.transcendentals,
+              (long long)fc.transcendentals, (long long)want);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < cap; i++) { /* lse [L, Hq, rows]; packed: [Hq, total] */
+            const int64_t h = c >= 2 ? i / p.seq_q : (i / p.seq_q) % 2, r = i % p.seq_q;
+            const int past = c == 3 && r >= 3;
+            const float want_lse = p.has_sinks ? sinks[h] : -INFINITY;
+            bad += past ? !isnan(lse[i]) : lse[i] != want_lse;
+        }
+        for (int64_t i = 0; i < cap * 8; i++) bad += (c == 3 && i >= 3 * 2 * 8) ? !isnan(o[i]) : o[i] != 0.0f;
+        CHECK(!bad, "keyless case %d: %lld elements of o or lse wrong (rows past a call's own left untouched)", c,
+              (long long)bad);
+        free(q), free(o), free(lse), free(k);
+        fa_plan_destroy(pl);
+    }
+    printf("%s rows without keys: sinks in lse and the counts; a per-call packed plan writes the call's rows\n",
+           failures > before ? "FAIL" : "PASS");
+}
+
 static void test_refused(void) {
     fa_problem p;
     fa_problem_init(&p);
@@ -208,6 +259,7 @@ static void test_refused(void) {
 int main(void) {
     check_seed("test_empty");
     test_refused();
+    test_keyless_calls();
     test_dense();
     test_packed();
     test_decode();

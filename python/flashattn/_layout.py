@@ -42,7 +42,10 @@ def passes_as_is(shape, strides):
 
 def non_overlapping(shape, strides):
     """Whether no two elements share memory: sorted by stride, each dim steps past the
-    whole extent of the smaller ones. Sufficient, and exact for the layouts people use."""
+    whole extent of the smaller ones. Sufficient, and exact for the layouts people use. A
+    tensor of no elements overlaps nothing (numpy gives an empty array all-zero strides)."""
+    if any(d == 0 for d in shape):
+        return True
     dims = sorted((s, d) for d, s in zip(shape, strides) if d != 1)
     extent = 1
     for s, d in dims:

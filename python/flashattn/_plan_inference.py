@@ -15,7 +15,7 @@ _DENSE = (0, 0, 0, 0)  # all-zero strides: the library's default packed / cache 
 def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, head_dim_v=None,
                 dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi=False,
                 diag_offset=None, backend="auto", threads=0, block_q=0, block_k=0, batch=None, total_q=None,
-                total_k=None):
+                total_k=None, sinks=False):
     """The Plan of varlen_attention over a packed batch: cu_seqlens_q, cu_seqlens_k int
     [batch + 1] prefix sums; q [total_q, heads, head_dim], k [total_k, kv_heads, head_dim],
     v [total_k, kv_heads, head_dim_v]. The cost is the sum of the sequences' own costs, for
@@ -25,7 +25,8 @@ def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, h
     the plan from capacities that varlen_attention's forward reuses for every call of those
     shapes (lengths per call). Its figures are the largest any call can have (every row and
     key in one sequence); plan.cost_lengths(cu_seqlens_q=, cu_seqlens_k=) is one call's
-    exact cost (prefix sums ending at or below the capacities)."""
+    exact cost (prefix sums ending at or below the capacities). sinks: the calls have attention
+    sinks (one more exp per row; dsink in the backward), as flashattn.plan's."""
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together: pass both or neither")
     per_call = cu_seqlens_q is None
@@ -50,14 +51,14 @@ def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, h
                        v_shape=(tk, kv_heads, head_dim_v), q_stride=(0, 0, 0), k_stride=(0, 0, 0),
                        v_stride=(0, 0, 0), o_stride=(0, 0, 0), dtype=dtype, cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=window, softcap=softcap, scale=scale,
-                       alibi=alibi, diag_offset=diag_offset, lengths_per_call=per_call)
+                       alibi=alibi, diag_offset=diag_offset, sinks=bool(sinks), lengths_per_call=per_call)
     return Plan(_native.plan_handle(p, make_options(backend, threads, block_q, block_k)))
 
 
 def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_heads=None,
                  head_dim_v=None, new_kv=False, page_size=None, num_pages=None, max_pages=None,
                  dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None, alibi=False,
-                 backend="auto", threads=0, batch=None, cache_dtype=None):
+                 backend="auto", threads=0, batch=None, cache_dtype=None, sinks=False, prefix_len=0):
     """The Plan of one kvcache_attention step: cache_seqlens int [batch], or None with batch=
     for a plan from capacities (lengths per call: its figures are those of full caches, and
     plan.cost_lengths(cache_seqlens) gives a step's exact cost); q [batch, seq_q,
@@ -66,7 +67,8 @@ def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_he
     cache_len; new_kv: seq_q new tokens are appended. Forward only (.backward is None). Its
     bytes are the cache bytes read: decoding is bound by them, not flops.
     cache_dtype "int8" or "fp8": a quantized cache (1-byte codes and an f32 scale per row
-    and kv head, docs/caches.md)."""
+    and kv head, docs/caches.md). sinks: the steps have attention sinks; prefix_len: the
+    keys of a shared prefix (k_prefix, v_prefix) every sequence attends to first."""
     if (cache_seqlens is None) == (batch is None):
         raise ValueError("give cache_seqlens (a plan of those lengths) or batch (lengths per call), not both")
     lens = None if cache_seqlens is None else int32_lengths("cache_seqlens", cache_seqlens, "[batch]")
@@ -84,5 +86,6 @@ def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_he
                        vc_stride=_DENSE, o_stride=_DENSE, dtype=dtype, cache_seqlens=lens,
                        has_new_kv=new_kv, max_pages=max_pages if paged else None, causal=causal,
                        window=window, softcap=softcap, scale=scale, alibi=alibi,
-                       cache_dtype=cache_dtype_code(cache_dtype))
+                       cache_dtype=cache_dtype_code(cache_dtype), sinks=bool(sinks),
+                       shared_prefix_len=_int("prefix_len", prefix_len))
     return Plan(_native.plan_handle(p, make_options(backend, threads)))

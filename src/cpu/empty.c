@@ -5,7 +5,9 @@
  * all zero (dk, dv of keys no row reads, dq of rows that read no key, dbias of entries
  * nobody adds to, dsink since o = 0 makes every row's do . o zero). Nothing is
  * allocated and the counts are 0 flops and, as the forward driver counts, one log per
- * row (the cost model, cost.c, states the same). */
+ * row and with sinks one exp (the cost model, cost.c and cost_inference.c, states the
+ * same). A packed call writes its own rows only: those of its cu_seqlens_q (a plan of
+ * lengths per call may have more rows than a call uses). */
 #include "../internal.h"
 
 #include <math.h>
@@ -27,16 +29,18 @@ static void zero_view(void *x, const fa_strides *st, fa_dtype t, int64_t n0, int
 fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
     const int64_t L = lead(pl);
+    /* the call's rows: a packed batch's end its own lengths' (the plan's view, lengths.c) */
+    const int64_t rows = pl->shape == FA_SHAPE_VARLEN ? p->cu_seqlens_q[p->batch] : p->seq_q;
     /* rows exist only when seq_k is the zero (B, Hq, Sq > 0): each sees no key */
-    zero_view(a->o, &p->o_stride, p->dtype, L, p->heads_q, p->seq_q, p->head_dim_v);
+    zero_view(a->o, &p->o_stride, p->dtype, L, p->heads_q, rows, p->head_dim_v);
     if (a->lse)
         for (int64_t b = 0; b < L; b++)
             for (int64_t h = 0; h < p->heads_q; h++)
-                for (int64_t i = 0; i < p->seq_q; i++)
+                for (int64_t i = 0; i < rows; i++)
                     a->lse[fa_lse_index(pl, b, h, i)] = p->has_sinks ? a->sinks[h] : -INFINITY;
-    if (a->counts) {
+    if (a->counts) { /* the log of each row's lse, and the sink's exp (sinks.h) */
         a->counts->flops = 0;
-        a->counts->transcendentals = L * p->heads_q * p->seq_q; /* the log of each row's lse */
+        a->counts->transcendentals = L * p->heads_q * rows * (1 + p->has_sinks);
     }
     return FA_OK;
 }

@@ -118,3 +118,18 @@ def test_zero_value_head_dim_is_an_error(rng):
     import flashattn.jax as faj
     with pytest.raises(ValueError, match="head_dim_v must be positive"):
         faj.attention(jnp.asarray(q), jnp.asarray(q), jnp.asarray(q[..., :0]))
+
+
+def test_zero_size_out_is_accepted():
+    """out= of no elements (numpy gives it all-zero strides) is an output like any other: the
+    call returns it, for every numpy function that takes out= (it was refused as overlapping)."""
+    q = np.ones((0, 2, 16), np.float32)
+    cu = np.array([0, 0], np.int32)
+    out = np.empty((0, 2, 16), np.float32)
+    assert flashattn.varlen_attention(q, q, q, cu, cu, out=out) is out
+    qd, cache = np.ones((0, 1, 2, 16), np.float32), np.ones((0, 4, 2, 16), np.float32)
+    out = np.empty((0, 1, 2, 16), np.float32)
+    assert flashattn.kvcache_attention(qd, cache, cache, cache_seqlens=np.zeros(0, np.int32), out=out) is out
+    qa = np.ones((0, 2, 4, 16), np.float32)
+    out = np.empty((0, 2, 4, 16), np.float32)
+    assert flashattn.attention(qa, qa, qa, out=out) is out

@@ -41,6 +41,26 @@ def test_capacity_plan_costs_each_step_exactly():
         fixed.cost_lengths(cache_seqlens=[1, 2, 4])
 
 
+def test_capacity_plans_describe_sinks_and_a_shared_prefix():
+    """plan_kvcache and plan_varlen take what their calls may have: sinks (one more exp per
+    row) and a shared prefix (its keys ahead of every sequence's: the useful flops of the
+    same batch with the prefix copied into each cache)."""
+    kw = dict(seq_q=1, heads=8, kv_heads=2, head_dim=32, dtype="bf16", causal=True)
+    lens = np.array([0, 5, 100], np.int32)
+    base = flashattn.plan_kvcache(lens, cache_len=256, **kw).forward
+    sinks = flashattn.plan_kvcache(lens, cache_len=256, sinks=True, **kw).forward
+    assert sinks["transcendentals"] == base["transcendentals"] + 3 * 8 * 1
+    cap = flashattn.plan_kvcache(None, batch=3, cache_len=256, sinks=True, **kw)
+    assert cap.cost_lengths(cache_seqlens=lens)["transcendentals"] == sinks["transcendentals"]
+    prefix = flashattn.plan_kvcache(lens, cache_len=256, prefix_len=40, **kw).forward
+    copied = flashattn.plan_kvcache(lens + 40, cache_len=296, **kw).forward
+    assert prefix["flops_useful"] == copied["flops_useful"]
+    cu = np.array([0, 3, 10], np.int32)
+    v = flashattn.plan_varlen(cu, cu, heads=4, head_dim=16, sinks=True)
+    assert v.forward["transcendentals"] == flashattn.plan_varlen(cu, cu, heads=4, head_dim=16).forward[
+        "transcendentals"] + 4 * 10
+
+
 def _state(s, v):
     """float64 state of scores s [..., K] and values v [..., K, Dv]."""
     m = s.max(axis=-1, keepdims=True)

@@ -137,3 +137,18 @@ def test_lengths_past_the_capacities_are_an_error(rng):
     import flashattn.torch as ft
     with pytest.raises(ValueError, match=rf"cu_seqlens_k\[{B}\] = {CAP_K + 3} reaches past"):
         ft.varlen_attention(*(torch.from_numpy(a) for a in (q, k, v, cq, bad)), **KW)
+
+
+def test_no_sequences_over_capacity_rows(rng):
+    """A batch of no sequences (cu_seqlens [0]) over tensors that have rows: a capacity plan
+    of batch 0 and a call with those lengths both work (the capacity stand-ins once had to end
+    at the rows, naming a cu_seqlens_q the caller never passed); nothing is computed, o = 0
+    and lse = -inf where the front fills them."""
+    q = rng.standard_normal((5, 2, 16)).astype(np.float32)
+    k = rng.standard_normal((7, 2, 16)).astype(np.float32)
+    cu = np.array([0], np.int32)
+    p = flashattn.plan_varlen(None, None, batch=0, total_q=5, total_k=7, heads=2, head_dim=16)
+    assert p.forward["flops"] == 0 and p.forward["transcendentals"] == 0
+    assert p.cost_lengths(cu_seqlens_q=cu, cu_seqlens_k=cu)["flops"] == 0
+    o, lse = flashattn.varlen_attention(q, k, k, cu, cu, return_lse=True)
+    assert o.shape == (5, 2, 16) and lse.shape == (2, 5)

@@ -102,6 +102,27 @@ def test_numpy_prefix_with_sinks_matches_reference(rng, with_sinks):
     np.testing.assert_array_equal(kc, appended(d, "k"))
 
 
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_prefix_over_caches_of_no_capacity(rng, with_sinks):
+    """Own caches of capacity 0 ([B, 0, Hk, D]) with a shared prefix: every row attends to
+    the prefix alone (the call is not an empty problem: it once gave o = 0, lse = -inf). The
+    plan's cost equals the kernels' counts."""
+    d = inputs(rng)
+    empty = np.zeros((B, 0, HK, D), np.float32)
+    sinks = d["sinks"] if with_sinks else None
+    o, lse = flashattn.kvcache_attention(d["q"], empty, empty, cache_seqlens=np.zeros(B, np.int32), causal=True,
+                                         sinks=sinks, k_prefix=d["kp"], v_prefix=d["vp"], return_lse=True)
+    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    for h in range(HQ):
+        s = np.einsum("bqd,kd->bqk", f(d["q"][:, :, h]), f(d["kp"][:, h // (HQ // HK)])) / np.sqrt(D)
+        s = np.where(np.arange(P)[None, :] <= np.arange(SQ)[:, None] + P - SQ, s, -np.inf)  # causal, bottom-right
+        m = s.max(-1, keepdims=True) if sinks is None else np.maximum(s.max(-1, keepdims=True), sinks[h])
+        w = np.exp(s - m)
+        z = w.sum(-1, keepdims=True) + (0.0 if sinks is None else np.exp(sinks[h] - m))
+        check("o", o[:, :, h], (w / z) @ f(d["vp"][:, h // (HQ // HK)]), TOL["f32"])
+        check("lse", lse[:, h], (m + np.log(z))[..., 0], TOL["f32"])
+
+
 def test_torch_prefix_compiled_matches_eager(rng):
     torch = pytest.importorskip("torch")
     import flashattn.torch as ft
