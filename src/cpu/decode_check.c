@@ -165,7 +165,7 @@ static fa_status dec_check_quant(const struct fa_plan *pl, const fa_forward_args
         const void *src = x ? a->v_new : a->k_new;
         for (int64_t i = 0; i < n; i++)
             if (!isfinite(fa_load(p->dtype, src, i)))
-                return fa_error(FA_ERR_INVALID, "fa_forward: %s element %lld is not finite; a %s cache cannot hold it",
+                return fa_error(FA_ERR_INVALID, "fa_forward: %s element %lld is not finite; an %s cache cannot hold it",
                                 x ? "v_new" : "k_new", (long long)i, fa_dtype_name(p->cache_dtype));
     }
     return FA_OK;
@@ -188,7 +188,8 @@ fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a
         for (int64_t j = 0; j < used; j++) {
             const int32_t id = a->block_table[b * p->max_pages + j];
             if (id < 0 || id >= p->num_pages)
-                return fa_error(FA_ERR_INVALID, "block_table[%lld][%lld] = %d is out of range [0, %lld) (num_pages)",
+                return fa_error(FA_ERR_INVALID,
+                                "fa_forward: block_table[%lld][%lld] = %d is out of range [0, %lld) (num_pages)",
                                 (long long)b, (long long)j, id, (long long)p->num_pages);
         }
     }
