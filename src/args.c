@@ -241,6 +241,36 @@ static int share_elements(const extent *a, const extent *b) {
     return differences_reach((int64_t)t, S, lo, hi, k, a->es);
 }
 
+/* Whether an element of a tensor (nested byte strides S ascending, counts d, es-byte
+ * elements; offsets from its first byte) has a byte in [lo, hi]. The elements of top index c
+ * span [c T, c T + R] (T its stride, R the reach below it, less than T: nested): only the
+ * first and the last c whose span meets the interval can miss it, any c between lies in it. */
+static int element_in(const int64_t *S, const int64_t *d, int k, int64_t lo, int64_t hi, int64_t es) {
+    if (k == 0) return lo <= es - 1 && hi >= 0;
+    int64_t R = es - 1;
+    for (int j = 0; j < k - 1; j++) R += (d[j] - 1) * S[j];
+    const int64_t T = S[k - 1];
+    int64_t c0 = lo - R <= 0 ? 0 : (lo - R + T - 1) / T, c1 = hi < 0 ? -1 : hi / T; /* ceil, floor */
+    c1 = c1 < d[k - 1] - 1 ? c1 : d[k - 1] - 1;
+    if (c0 > c1) return 0;
+    if (c1 - c0 >= 2) return 1;
+    return element_in(S, d, k - 1, lo - c0 * T, hi - c0 * T, es) || element_in(S, d, k - 1, lo - c1 * T, hi - c1 * T, es);
+}
+
+/* Whether a is dense (its elements fill every byte of its range) and b has an element in that
+ * range: then they share memory, whatever b's strides. 0 where a has gaps or b's dims do not
+ * nest (check_output_layout refused such outputs already). */
+static int dense_holds(const extent *a, const extent *b) {
+    int64_t n = a->es, S[4], lo[4], hi[4], d[4];
+    for (int i = 0; i < 4; i++)
+        if (__builtin_mul_overflow(n, a->d[i], &n)) return 0;
+    if ((uint64_t)n != (uint64_t)(a->hi - a->lo) + 1) return 0;
+    const int k = nested_differences(b, b, S, lo, hi);
+    if (k < 0) return 0;
+    for (int j = 0; j < k; j++) d[j] = hi[j] + 1;
+    return element_in(S, d, k, (int64_t)(a->lo - b->lo), (int64_t)(a->hi - b->lo), b->es);
+}
+
 /* FA_ERR_INVALID unless every element of an output (or of a cache an append writes) has its
  * own address: a stride of 0 over a dimension of more than one element writes them all to
  * one, and strides that do not nest (nested_differences) are not shown apart. */
@@ -273,7 +303,10 @@ static fa_status check_overlaps(const extent *e, int n, const char *fn) {
                 if (a->lo == b->lo)
                     return fa_error(FA_ERR_INVALID, "%s: outputs %s and %s are the same buffer (both start at %p)", fn,
                                     a->name, b->name, (void *)a->lo);
-                if (meet(a, b) && share_elements(a, b) == 1) /* interleaved is fine, a shared element is not */
+                /* interleaved is fine, a shared element is not: exact where the strides are the same, or
+                 * where one of the two is dense; other pairs are compared by their first byte alone */
+                const int shared = meet(a, b) ? share_elements(a, b) : 0;
+                if (shared == 1 || (shared < 0 && (dense_holds(a, b) || dense_holds(b, a))))
                     return fa_error(FA_ERR_INVALID, "%s: outputs %s (bytes %p..%p) and %s (bytes %p..%p) share "
                                     "elements", fn, a->name, (void *)a->lo, (void *)a->hi, b->name, (void *)b->lo,
                                     (void *)b->hi);

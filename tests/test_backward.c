@@ -525,6 +525,52 @@ static void test_overlaps(uint64_t *rng) {
     for (int t = 0; t < 3; t++) free(apart[t]);
 }
 
+/* Outputs of different strides whose elements meet, where one of them is dense (dsink, dbias,
+ * a dense dk): refused naming both, nothing written (they were let through when their strides
+ * differed: dsink inside dk came out wrong, dv over half of dk overwrote it). */
+static void test_overlaps_dense(uint64_t *rng) {
+    const int before = failures;
+    const int64_t H = 2, S = 16, D = 8, n = H * S * D;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 1, p.heads_q = H, p.seq_q = p.seq_k = S, p.head_dim = D, p.has_sinks = 1, p.causal = 1;
+    p.v_stride = (fa_strides){{H * S * 2 * D, S * 2 * D, 2 * D, 1}}; /* v (and dv): rows 2D apart; k dense */
+    p.has_bias = 1, p.bias_batch = 1, p.bias_heads = H, p.bias_grad = 1;
+    fa_plan *pl = check_plan(&p, 2, 0, 0);
+    if (!pl) return;
+    float *q = tu_alloc(sizeof(float) * n), *k = tu_alloc(sizeof(float) * n), *v = tu_alloc(sizeof(float) * 2 * n);
+    float *o = tu_alloc(sizeof(float) * n), *d_o = tu_alloc(sizeof(float) * n), *lse = tu_alloc(sizeof(float) * H * S);
+    float *bias = tu_alloc(sizeof(float) * H * S * S), *big = tu_alloc(sizeof(float) * 4 * n);
+    float *dq = tu_alloc(sizeof(float) * n), *dbias = tu_alloc(sizeof(float) * H * S * S), sinks[2] = {0.5f, -1.0f};
+    float dsink[2];
+    tu_fill(rng, FA_F32, q, n, 1.0), tu_fill(rng, FA_F32, k, n, 1.0), tu_fill(rng, FA_F32, v, 2 * n, 1.0);
+    tu_fill(rng, FA_F32, d_o, n, 1.0), tu_fill(rng, FA_F32, bias, H * S * S, 1.0);
+    const fa_forward_args f = {.q = q, .k = k, .v = v, .o = o, .lse = lse, .bias = bias, .sinks = sinks};
+    CHECK(fa_forward(pl, &f) == FA_OK, "dense overlaps: forward: %s", fa_last_error());
+    /* dk dense at big; dv (rows 2D apart) from big + 3 n or inside dk; dsink or dbias inside dk */
+    const fa_backward_args g = {.q = q, .k = k, .v = v, .o = o, .d_o = d_o, .lse = lse, .bias = bias,
+                                .sinks = sinks, .dq = dq, .dk = big, .dv = big + n, .dbias = dbias, .dsink = dsink};
+    CHECK(fa_backward(pl, &g) == FA_OK, "dense overlaps: apart: %s", fa_last_error());
+    for (int i = 0; i < 3; i++) {
+        fa_backward_args a = g;
+        if (i == 0) a.dsink = big + 4;         /* two floats inside dk */
+        if (i == 1) a.dv = big + n / 2 - 2 * D; /* its first rows over dk's second half */
+        if (i == 2) a.dbias = big + 8;          /* dbias over dk and past it (into dv's gaps) */
+        tu_poison(FA_F32, big, 4 * n);
+        const fa_status st = fa_backward(pl, &a);
+        int64_t written = 0;
+        for (int64_t x = 0; x < 4 * n; x++) written += !isnan(big[x]);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "share elements") && !written,
+              "dense overlap case %d: got %s \"%s\" (%lld elements written), want FA_ERR_INVALID: share elements", i,
+              fa_status_string(st), fa_last_error(), (long long)written);
+    }
+    printf("%s overlaps of a dense output (dsink, dbias, dk) with another of other strides refused, nothing written\n",
+           failures > before ? "FAIL" : "PASS");
+    fa_plan_destroy(pl);
+    void *x[] = {q, k, v, o, d_o, lse, bias, big, dq, dbias};
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) free(x[i]);
+}
+
 /* ---- (g) the shared case list (cases.h) -------------------------------------------------- */
 
 static void test_case_list(uint64_t *rng) {
@@ -570,5 +616,6 @@ int main(void) {
     test_bias_row(&rng);
     test_bad_args(&rng);
     test_overlaps(&rng);
+    test_overlaps_dense(&rng);
     return check_finish("test_backward");
 }
