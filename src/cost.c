@@ -49,7 +49,7 @@ static wide needed_inputs(const struct fa_plan *pl, const shared_sums *ss, int b
     /* segment ids of those rows and keys (with a mask: their mean over the heads) */
     if (p->has_segment_ids) need += (p->mask ? q_rows / p->heads_q + kv_rows / p->heads_kv : b * (rows + keys)) * 4;
     if (p->has_alibi) need += (wide)p->heads_q * 4;
-    if (p->has_sinks) need += (wide)p->heads_q * 4 * (backward ? 2 : 1); /* sinks; dsink written */
+    if (p->has_sinks) need += (wide)p->heads_q * 4; /* the sinks (the backward's dsink: among its outputs) */
     return need;
 }
 

@@ -16,6 +16,13 @@ fa_status fa_error(fa_status status, const char *fmt, ...) {
 
 void fa_clear_error(void) { last_error[0] = '\0'; }
 
+fa_status fa_error_in(fa_status s, const char *fn) {
+    if (!s) return s;
+    char why[sizeof last_error];
+    snprintf(why, sizeof why, "%s", last_error); /* a copy: fa_error rewrites the message */
+    return fa_error(s, "%s: %s", fn, why);
+}
+
 const char *fa_last_error(void) { return last_error; }
 
 const char *fa_status_string(fa_status s) {

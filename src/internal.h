@@ -184,6 +184,9 @@ fa_status fa_error(fa_status status, const char *fmt, ...)
 #endif
     ;
 void fa_clear_error(void);
+/* s unchanged, the message prefixed with the entry that refused ("fa_backward: ..."); FA_OK
+ * passes through. For refusals written without the entry's name (the backend table's). */
+fa_status fa_error_in(fa_status s, const char *fn);
 
 /* The cost model (cost.c): fills plan->fwd and plan->bwd. FA_ERR_OVERFLOW if a figure
  * does not fit int64. */

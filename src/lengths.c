@@ -6,7 +6,6 @@
  * lengths is one cheap call away (fa_plan_cost_lengths). */
 #include "backend.h"
 
-#include <stdio.h>
 #include <string.h>
 
 /* The first entry where a call's lengths differ from the plan's, as an error. */
@@ -26,13 +25,6 @@ static fa_status wrong_kind(const char *fn, const char *given, const char *kind)
 
 /* A call's bad lengths, judged by the plan's own checks (which name no function): their
  * message under the call's name, as the call's other errors are. */
-static fa_status called(fa_status s, const char *fn) {
-    if (!s) return s;
-    char why[512];
-    snprintf(why, sizeof why, "%s", fa_last_error()); /* a copy: fa_error rewrites the message */
-    return fa_error(s, "%s: %s", fn, why);
-}
-
 fa_status fa_call_plan(const fa_plan *pl, const int32_t *cache, const int32_t *cu_q, const int32_t *cu_k,
                        const char *fn, fa_plan *view, const fa_plan **use) {
     const fa_problem *p = &pl->p;
@@ -54,14 +46,14 @@ fa_status fa_call_plan(const fa_plan *pl, const int32_t *cache, const int32_t *c
         if (!cache)
             return fa_error(FA_ERR_NULL, "%s: cache_seqlens is NULL, but this plan takes its lengths with each call "
                                          "(lengths_per_call)", fn);
-        if ((s = fa_check_cache_seqlens(p, cache))) return called(s, fn);
+        if ((s = fa_check_cache_seqlens(p, cache))) return fa_error_in(s, fn);
         view->lens = (int32_t *)cache; /* read only: the view's drivers never write lengths */
         view->p.cache_seqlens = cache;
     } else {
         if (!cu_q || !cu_k)
             return fa_error(FA_ERR_NULL, "%s: %s is NULL, but this plan takes its lengths with each call "
                                          "(lengths_per_call)", fn, cu_q ? "cu_seqlens_k" : "cu_seqlens_q");
-        if ((s = fa_check_cu_seqlens(p, cu_q, cu_k, 0))) return called(s, fn);
+        if ((s = fa_check_cu_seqlens(p, cu_q, cu_k, 0))) return fa_error_in(s, fn);
         view->lens = NULL;
         view->p.cu_seqlens_q = cu_q;
         view->p.cu_seqlens_k = cu_k;

@@ -292,7 +292,7 @@ void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t
 fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
     fa_clear_error();
     if (!plan) return fa_error(FA_ERR_NULL, "fa_forward: plan is NULL");
-    fa_status s = plan->be->supports(&plan->p, FA_FORWARD, FA_USE_RUN);
+    fa_status s = fa_error_in(plan->be->supports(&plan->p, FA_FORWARD, FA_USE_RUN), "fa_forward");
     fa_plan view; /* the plan with this call's lengths (lengths.c) */
     const fa_plan *use = plan;
     if (!s && args)
@@ -306,7 +306,8 @@ fa_status fa_forward(const fa_plan *plan, const fa_forward_args *args) {
 fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args) {
     fa_clear_error();
     if (!plan) return fa_error(FA_ERR_NULL, "fa_backward: plan is NULL");
-    fa_status s = plan->be->supports(&plan->p, FA_BACKWARD, FA_USE_RUN); /* decoding has no backward */
+    /* decoding has no backward */
+    fa_status s = fa_error_in(plan->be->supports(&plan->p, FA_BACKWARD, FA_USE_RUN), "fa_backward");
     if (!s) s = fa_check_backward_args(&plan->p, args, plan->bwd.workspace_bytes, plan->backend == FA_BACKEND_CPU,
                                        "fa_backward");
     if (!s) s = fa_check_backward_overlaps(&plan->p, args, "fa_backward");

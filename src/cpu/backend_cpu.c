@@ -69,7 +69,7 @@ static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {
     fa_status s = fa_isa_select(&pl->isa);
     if (s) return s;
     const char *sched = getenv("FA_BWD_SCHEDULE"); /* read by fa_cpu_backward_fused_fits: a typo is no default */
-    if (sched && strcmp(sched, "fused") && strcmp(sched, "two-pass"))
+    if (sched && *sched && strcmp(sched, "fused") && strcmp(sched, "two-pass")) /* empty: as unset */
         return fa_error(FA_ERR_INVALID, "FA_BWD_SCHEDULE must be 'fused' or 'two-pass' (or unset), got '%.40s'", sched);
     pl->opt_bq = o->block_q, pl->opt_bk = o->block_k;
     fa_cpu_sequence_blocks(pl);

@@ -61,6 +61,13 @@ def test_plan_counts_the_sink_exps():
     sinks = flashattn.plan(batch=1, heads=2, seq_q=8, head_dim=16, sinks=True).as_dict()
     assert sinks["forward"]["transcendentals"] == base["forward"]["transcendentals"] + 2 * 8
     assert sinks["backward"]["transcendentals"] == base["backward"]["transcendentals"] + 2 * 8
+    # min_bytes: the sinks read once (4 B a head), and in the backward dsink written once (it
+    # was counted twice there); packed batches the same, once for all their sequences
+    assert sinks["forward"]["min_bytes"] == base["forward"]["min_bytes"] + 2 * 4
+    assert sinks["backward"]["min_bytes"] == base["backward"]["min_bytes"] + 2 * 2 * 4
+    cu = np.array([0, 3, 8], np.int32)
+    pv = [flashattn.plan_varlen(cu, cu, heads=2, head_dim=16, sinks=s).backward["min_bytes"] for s in (False, True)]
+    assert pv[1] == pv[0] + 2 * 2 * 4
 
 
 def test_numpy_varlen_and_kvcache(rng):
