@@ -248,13 +248,31 @@ done:
     return rc;
 }
 
+/* What decides the phases a rank runs (the command, the outputs it writes, --count, --json,
+ * the passes, --iters): the ranks agree on it before anything else, so that none waits in a
+ * phase its peers skip (--lse on one rank only once hung every rank). The problem and the
+ * per-head values are the library's agreement's. */
+static uint64_t phases_digest(const cli_args *a) {
+    const char *const outs[] = {a->out, a->lse, a->dq, a->dk, a->dv, a->dbias, a->dsink};
+    const int64_t f[] = {a->cmd, a->count, a->json, a->pass, a->iters, a->progress, a->seq_parallel, a->zigzag};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) h = (h ^ (uint64_t)f[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) h = (h ^ (outs[i] != NULL)) * 0x100000001b3ull;
+    return h;
+}
+
 int cli_mpi_with(const cli_args *a, int (*body)(const cli_args *, int P, int R)) {
     int init = 0;
     MPI_Initialized(&init);
     if (!init && MPI_Init(NULL, NULL) != MPI_SUCCESS) return cli_fail(1, "MPI_Init failed");
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     MPI_Comm_rank(MPI_COMM_WORLD, &R);
-    int rc = body(a, P, R);
+    const int64_t d = (int64_t)(phases_digest(a) >> 1);
+    int64_t v[2] = {d, -d};
+    MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    int rc = v[0] != -v[1] ? cli_fail(2, "--seq-parallel: the ranks were started with different commands or flags "
+                                         "(run or grad, --out, --lse, --count, --pass, ...): give every rank the same")
+                           : body(a, P, R);
     fflush(stdout);
     MPI_Finalize();
     return rc;

@@ -33,7 +33,7 @@ fa_status fa_mpi_fail(fa_mpi_call *c, fa_status st, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    c->st = fa_error(st, "rank %d: %s", c->pl->rank, msg);
+    c->st = fa_error(st, "rank %d: %s", c->rank, msg);
     return c->st;
 }
 
@@ -47,17 +47,35 @@ int fa_mpi_ok(fa_mpi_call *c, int mpi_rc, const char *what) {
 }
 
 /* One allreduce (MAX) of {digest, -digest, failing rank + 1, status}: equal digests mean
- * the ranks agree; the largest failing rank and status are known to all. */
+ * the ranks agree; the largest failing rank and status are known to all. A rank's failure
+ * comes first: its digest (a rank without a plan or arguments has none) says nothing then.
+ * The digest keeps 62 bits, so that its negation fits; what it mixes in must reach them. */
 #define DISAGREE (-1)
 static int agree(fa_mpi_call *c, uint64_t dig, fa_status local, int *failed_rank) {
-    int64_t d = (int64_t)(dig >> 2), v[4] = {d, -d, local != FA_OK ? c->pl->rank + 1 : 0, local};
+    int64_t d = (int64_t)(dig >> 2), v[4] = {d, -d, local != FA_OK ? c->rank + 1 : 0, local};
     double t0 = fa_mpi_now();
     int rc = MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT64_T, MPI_MAX, c->comm);
     c->stats.comm_wait_s += fa_mpi_now() - t0;
     if (!fa_mpi_ok(c, rc, "MPI_Allreduce (agreement)")) return (int)c->st;
     *failed_rank = (int)v[2] - 1;
-    if (v[0] != -v[1]) return DISAGREE;
-    return (int)v[3];
+    if (v[3] != FA_OK) return (int)v[3];
+    return v[0] != -v[1] ? DISAGREE : FA_OK;
+}
+
+/* The values of the call's per-head arrays (ALiBi slopes, sinks), which every rank must
+ * pass alike: set by the entries for fa_mpi_begin's agreement (0: none, or a failed check). */
+static _Thread_local uint64_t call_values;
+
+static uint64_t values_digest(int64_t heads, const float *slopes, const float *sinks) {
+    uint64_t h = 0x84222325cbf29ce4ull;
+    const float *arr[2] = {slopes, sinks};
+    for (int x = 0; x < 2; x++)
+        for (int64_t i = 0; arr[x] && i < heads; i++) {
+            uint32_t u;
+            memcpy(&u, &arr[x][i], sizeof u);
+            h = (h ^ (u + (uint64_t)x)) * 0x100000001b3ull;
+        }
+    return h * 0x9E3779B97F4A7C15ull; /* spread into the bits the agreement keeps */
 }
 
 fa_status fa_mpi_begin(fa_mpi_call *c, MPI_Comm comm, const fa_mpi_plan *pl, fa_pass pass,
@@ -65,9 +83,16 @@ fa_status fa_mpi_begin(fa_mpi_call *c, MPI_Comm comm, const fa_mpi_plan *pl, fa_
     memset(c, 0, sizeof *c);
     c->pl = pl;
     c->comm = MPI_COMM_NULL;
-    int size = 0, rank = 0;
+    c->rank = pl->rank;
+    int size = 0, rank = 0, init = 0, done = 0;
+    /* before any call on comm, which MPI's default error handler would abort on */
+    if (MPI_Initialized(&init) != MPI_SUCCESS || !init || MPI_Finalized(&done) != MPI_SUCCESS || done)
+        return fa_error(FA_ERR_INVALID, "MPI is %s: call MPI_Init before the sequence-parallel calls",
+                        init ? "finalized" : "not initialized");
+    if (comm == MPI_COMM_NULL) return fa_error(FA_ERR_INVALID, "the communicator is MPI_COMM_NULL");
     if (MPI_Comm_size(comm, &size) != MPI_SUCCESS || MPI_Comm_rank(comm, &rank) != MPI_SUCCESS)
         return fa_error(FA_ERR_INVALID, "not a valid communicator");
+    c->rank = rank; /* the communicator's: what the messages and the failed-rank field name */
     double t0 = fa_mpi_now();
     int rc = MPI_Comm_dup(comm, &c->comm);
     c->stats.comm_wait_s += fa_mpi_now() - t0;
@@ -82,13 +107,15 @@ fa_status fa_mpi_begin(fa_mpi_call *c, MPI_Comm comm, const fa_mpi_plan *pl, fa_
     if (c->st == FA_OK && rank != pl->rank)
         fa_mpi_fail(c, FA_ERR_INVALID, "the plan is for rank %d but this is rank %d", pl->rank, rank);
     int failed = -1;
-    int all = agree(c, pl->digest ^ (uint64_t)pass, c->st, &failed);
+    /* the pass and the per-head values into the digest's kept bits: ranks in another pass or
+     * with other slopes or sinks disagree (the pass once reached only the dropped low bits) */
+    int all = agree(c, pl->digest ^ ((uint64_t)(pass + 1) * 0xC2B2AE3D27D4EB4Full) ^ call_values, c->st, &failed);
     if (all == FA_OK) return FA_OK;
     MPI_Comm_free(&c->comm);
     if (c->st != FA_OK) return c->st; /* this rank's own failure, its message set */
     if (all == DISAGREE)
-        return fa_error(FA_ERR_INVALID, "ranks disagree on the problem (shapes, options, method "
-                        "or layout differ between ranks; seen by rank %d)", rank);
+        return fa_error(FA_ERR_INVALID, "ranks disagree on the problem (shapes, options, method, layout, the pass "
+                        "or the ALiBi slopes or sinks differ between ranks; seen by rank %d)", rank);
     return fa_error((fa_status)all, "rank %d failed before any traffic (%s); every rank stops",
                     failed, fa_status_string((fa_status)all));
 }
@@ -205,8 +232,11 @@ static fa_status enter(const fa_mpi_plan *plan, fa_mpi_stats *stats, const char 
  * then return "rank r failed" instead of waiting for it. Its digest is unknown: it sends
  * the MAX's identity, which leaves theirs as it is. */
 static fa_status join_without_plan(MPI_Comm comm, fa_status st) {
-    int rank = 0;
+    int rank = 0, init = 0, done = 0;
     MPI_Comm dup;
+    if (MPI_Initialized(&init) != MPI_SUCCESS || !init || MPI_Finalized(&done) != MPI_SUCCESS || done ||
+        comm == MPI_COMM_NULL) /* nothing to join: as fa_mpi_begin says */
+        return st;
     if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_dup(comm, &dup) != MPI_SUCCESS) return st;
     MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
     int64_t v[4] = {INT64_MIN, INT64_MIN, rank + 1, st};
@@ -221,6 +251,8 @@ fa_status fa_mpi_forward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_fo
     fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_forward");
     if (st) return join_without_plan(comm, st);
     st = check_forward(&plan->g, a);
+    call_values = st || !a ? 0 : values_digest(plan->g.heads_q, plan->g.has_alibi ? a->alibi_slopes : NULL,
+                                               plan->g.has_sinks ? a->sinks : NULL);
     return (plan->method == FA_MPI_RING ? fa_mpi_ring_forward : fa_mpi_ulysses_forward)(comm, plan, a ? a : &none, st);
 }
 
@@ -229,6 +261,8 @@ fa_status fa_mpi_backward(MPI_Comm comm, const fa_mpi_plan *plan, const fa_mpi_b
     fa_status st = enter(plan, a ? a->stats : NULL, "fa_mpi_backward");
     if (st) return join_without_plan(comm, st);
     st = check_backward(&plan->g, a);
+    call_values = st || !a ? 0 : values_digest(plan->g.heads_q, plan->g.has_alibi ? a->alibi_slopes : NULL,
+                                               plan->g.has_sinks ? a->sinks : NULL);
     return (plan->method == FA_MPI_RING ? fa_mpi_ring_backward : fa_mpi_ulysses_backward)(comm, plan, a ? a : &none,
                                                                                          st);
 }

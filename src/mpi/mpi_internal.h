@@ -62,6 +62,7 @@ double fa_mpi_now(void);
 typedef struct {
     MPI_Comm comm;
     const fa_mpi_plan *pl;
+    int rank;            /* this rank in the communicator (the plan's until it is known) */
     fa_status st;        /* first local failure (FA_OK while none) */
     fa_mpi_stats stats;
 } fa_mpi_call;

@@ -261,6 +261,15 @@ fa_status fa_mpi_plan_create(const fa_problem *global, const fa_options *opt,
                         "sequence parallel %s over %d ranks needs Sq and Sk divisible by %lld, got "
                         "Sq=%lld Sk=%lld", lname, nranks, (long long)parts,
                         (long long)global->seq_q, (long long)global->seq_k);
+    /* a pair of blocks aligns at the global offset plus the blocks' distance (up to Sq or Sk):
+     * that must stay a valid diag_offset on every rank, said here in the caller's terms */
+    const int64_t goff = global->has_diag_offset ? global->diag_offset : global->seq_k - global->seq_q;
+    const int64_t span = global->seq_q > global->seq_k ? global->seq_q : global->seq_k;
+    if ((goff < 0 ? -goff : goff) > (int64_t)INT32_MAX - span)
+        return fa_error(FA_ERR_INVALID,
+                        "sequence parallel needs |diag_offset| + max(Sq, Sk) within 2^31 - 1 (each pair of blocks "
+                        "aligns at the offset plus their distance), got diag_offset %lld with Sq=%lld Sk=%lld",
+                        (long long)goff, (long long)global->seq_q, (long long)global->seq_k);
     if (method == FA_MPI_ULYSSES && !divides(nranks, global->heads_kv))
         return fa_error(FA_ERR_INVALID,
                         "ulysses needs the kv heads (%lld) divisible by the number of ranks (%d); "

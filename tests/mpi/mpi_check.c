@@ -371,6 +371,32 @@ static void run_failures(void) {
         expect_all_fail("ranks disagreeing on the problem", st, t0, "disagree");
         fa_mpi_plan_destroy(pl);
     }
+    if (P > 1) { /* the last rank runs the backward while the others run the forward (it hung) */
+        fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
+        float *gq = tu_alloc(4 * (size_t)n), *gk = tu_alloc(4 * (size_t)n), *gv = tu_alloc(4 * (size_t)n);
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, gq, gk, gv, NULL, NULL, NULL, NULL, NULL, NULL};
+        t0 = fa_mpi_now();
+        st = R == P - 1 ? fa_mpi_backward(MPI_COMM_WORLD, pl, &b) : fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
+        expect_all_fail("ranks in different passes", st, t0, "disagree");
+        fa_mpi_plan_destroy(pl);
+        free(gq), free(gk), free(gv);
+        /* the last rank passes other sinks (each rank's rows would use its own, silently) */
+        fa_problem ps = p;
+        ps.has_sinks = 1;
+        fa_mpi_plan_create(&ps, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
+        float sinks[4] = {0.5f, -1.0f, 2.0f, R == P - 1 ? 0.25f : 0.0f};
+        fa_mpi_forward_args as = a;
+        as.sinks = sinks;
+        t0 = fa_mpi_now();
+        st = fa_mpi_forward(MPI_COMM_WORLD, pl, &as);
+        expect_all_fail("a rank with other sinks", st, t0, "disagree");
+        fa_mpi_plan_destroy(pl);
+    }
+    fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
+    t0 = fa_mpi_now(); /* every rank: a null communicator is an error, not MPI's abort */
+    st = fa_mpi_forward(MPI_COMM_NULL, pl, &a);
+    expect_all_fail("MPI_COMM_NULL", st, t0, "MPI_COMM_NULL");
+    fa_mpi_plan_destroy(pl);
     if (P > 1) { /* the last rank holds a plan made for one rank more (60 rows: P up to 5) */
         fa_problem p60 = p;
         p60.seq_q = p60.seq_k = 60;

@@ -134,8 +134,18 @@ expect2 "ranks given different problems" "disagree" -np 1 "$FA" run $IN --causal
   -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring
 expect2 "one rank cannot read its input" "cannot open" -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring : \
   -np 1 "$FA" run --q missing.npy --k k.npy --v v.npy --out o9.npy --seq-parallel ring
+# ranks started with other output flags or commands: the phases would differ (--lse on one
+# rank, or grad beside run, hung every rank); refused on every rank, nothing written
+expect2 "--lse on one rank only" "different commands or flags" -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring : \
+  -np 1 "$FA" run $IN --out o9.npy --lse l9.npy --seq-parallel ring
+expect2 "grad beside run" "different commands or flags" -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring : \
+  -np 1 "$FA" grad $IN --do do.npy --dq dq9.npy --dk dk9.npy --dv dv9.npy --seq-parallel ring
+[ ! -e l9.npy ] && [ ! -e dq9.npy ] && ok "different flags: nothing written" || no "different flags" "an output was written"
+# a plan that fails on one rank only (bench): every rank exits 2 (the others waited for it)
+expect2 "bench with a diag offset past the blocks' range" "diag_offset" -np 2 "$FA" bench --batch 1 --heads 2 --seq 64 \
+  --head-dim 16 --causal --diag-offset 2147483640 --seq-parallel ring --iters 1
 dt=$(($(date +%s) - t0))
-[ $dt -lt 30 ] && ok "failing ranks end the job in ${dt} s" || no "failing ranks" "took ${dt} s"
+[ $dt -lt 60 ] && ok "failing ranks end the job in ${dt} s" || no "failing ranks" "took ${dt} s"
 
 # bench: per-rank compute / comm-wait / merge
 mpi -np 2 "$FA" bench --batch 1 --heads 4 --seq 256 --head-dim 32 --causal --seq-parallel ring --zigzag --iters 2 --json
