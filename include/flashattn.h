@@ -359,7 +359,10 @@ FA_API void fa_problem_init(fa_problem *p);
 /* ---- plan ------------------------------------------------------------------------- */
 
 /* Validates the problem and options and fixes block sizes. No tensor data, no allocation
- * beyond the plan. On error *out is NULL and fa_last_error() names the problem. */
+ * beyond the plan. On error *out is NULL and fa_last_error() names the problem. A plan is
+ * not changed by the calls: several threads may run fa_forward / fa_backward on one plan at
+ * once (each its own tensors and workspace; fa_last_error is per thread), and destroy it
+ * once none is running. */
 FA_API fa_status fa_plan_create(const fa_problem *p, const fa_options *opt, fa_plan **out);
 FA_API void fa_plan_destroy(fa_plan *plan);
 
@@ -428,11 +431,14 @@ FA_API const char *fa_status_string(fa_status s);
 FA_API const char *fa_last_error(void);
 /* 1 if this build has the CUDA backend and a device is present. */
 FA_API int fa_cuda_available(void);
-/* The CPU microkernel set in use ("scalar", "avx512", ...); FA_ISA forces one. */
+/* The CPU microkernel set in use ("scalar", "avx512", ...); FA_ISA forces one ("none" where
+ * FA_ISA names a set this CPU or build cannot run: fa_last_error says why, as plans refuse it). */
 FA_API const char *fa_cpu_isa(void);
 /* Exponentials a second that kernel set's exp reaches on threads threads at once (rows of
  * 128 scores in L1, as the forward calls it; best of a few repetitions, about 0.1 s): the
- * figure `flashattn calibrate` (docs/cli.md) feeds its time model. 0 if threads < 1. */
+ * figure `flashattn calibrate` (docs/cli.md) feeds its time model. 0 if threads is not in
+ * 1..FA_MAX_THREADS, or FA_ISA names a kernel set this CPU cannot run (fa_cpu_isa then gives
+ * "none" and fa_last_error says why). */
 FA_API double fa_cpu_exp_rate(int threads);
 
 /* ---- dtypes and host buffers ------------------------------------------------------ */

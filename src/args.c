@@ -187,6 +187,11 @@ static extent flat(const void *ptr, const char *name, int use, int64_t a, int64_
     return strided(ptr, name, use, d, &st, es);
 }
 
+/* The caller's workspace: written by the call, so it may not lie over a tensor either. */
+static extent scratch(const void *ws, size_t size) {
+    return flat(ws, "workspace", WR, 1, 1, size > (size_t)INT64_MAX ? INT64_MAX : (int64_t)size, 1);
+}
+
 static int meet(const extent *a, const extent *b) { return a->lo <= b->hi && b->lo <= a->hi; }
 
 /* The dims of a and b (the same strides and element bytes) for comparing their elements:
@@ -367,6 +372,8 @@ fa_status fa_check_forward_overlaps(const fa_problem *p, const fa_forward_args *
         flat(a->cache_seqlens, "cache_seqlens", RD, 1, 1, B, 4),
         flat(a->cu_seqlens_q, "cu_seqlens_q", RD, 1, 1, B + 1, 4),
         flat(a->cu_seqlens_k, "cu_seqlens_k", RD, 1, 1, B + 1, 4),
+        scratch(a->workspace, a->workspace_size), /* written too: over a tensor it would change it */
+        flat(a->counts, "counts", WR, 1, 1, (int64_t)sizeof *a->counts, 1),
     };
     return check_overlaps(e, (int)(sizeof e / sizeof e[0]), fn);
 }
@@ -399,6 +406,8 @@ fa_status fa_check_backward_overlaps(const fa_problem *p, const fa_backward_args
         flat(p->has_segment_ids ? a->q_segment_ids : NULL, "q_segment_ids", RD, 1, B, Sq, 4),
         flat(p->has_segment_ids ? a->kv_segment_ids : NULL, "kv_segment_ids", RD, 1, B, Sk, 4),
         flat(p->has_sinks ? a->sinks : NULL, "sinks", RD, 1, 1, Hq, 4),
+        scratch(a->workspace, a->workspace_size),
+        flat(a->counts, "counts", WR, 1, 1, (int64_t)sizeof *a->counts, 1),
     };
     return check_overlaps(e, (int)(sizeof e / sizeof e[0]), fn);
 }

@@ -20,6 +20,12 @@ fa_status fa_dropout_keep_mask(float dropout_p, uint64_t seed, uint64_t offset, 
                         "i0 %lld, n_rows %lld, j0 %lld, n_cols %lld",
                         INT32_MAX, (long long)b, (long long)h, (long long)i0, (long long)n_rows, (long long)j0,
                         (long long)n_cols);
+    int64_t end, bytes;
+    if (__builtin_add_overflow(i0, n_rows, &end) || __builtin_add_overflow(j0, n_cols, &end) ||
+        __builtin_mul_overflow(n_rows, n_cols, &bytes)) /* the last row's and column's indices, the mask's bytes */
+        return fa_error(FA_ERR_OVERFLOW, "fa_dropout_keep_mask: i0 + n_rows, j0 + n_cols or n_rows x n_cols "
+                                         "overflows int64 (i0 %lld, n_rows %lld, j0 %lld, n_cols %lld)",
+                        (long long)i0, (long long)n_rows, (long long)j0, (long long)n_cols);
     if (n_rows && n_cols && !out) return fa_error(FA_ERR_NULL, "fa_dropout_keep_mask: out is NULL");
     fa_dropout d = fa_dropout_make(dropout_p, seed, offset);
     for (int64_t r = 0; r < n_rows; r++) fa_dropout_row(&d, b, h, i0 + r, j0, (int)n_cols, out + r * n_cols);

@@ -67,6 +67,8 @@ fa_status fa_plan_cost_lengths(const fa_plan *plan, fa_pass pass, const int32_t 
                                const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k, fa_cost *out) {
     fa_clear_error();
     if (!plan || !out) return fa_error(FA_ERR_NULL, "fa_plan_cost_lengths: %s is NULL", plan ? "out" : "plan");
+    if (pass != FA_FORWARD && pass != FA_BACKWARD)
+        return fa_error(FA_ERR_INVALID, "fa_plan_cost_lengths: pass %d is not FA_FORWARD or FA_BACKWARD", (int)pass);
     fa_plan view;
     const fa_plan *use;
     fa_status s = fa_call_plan(plan, cache_seqlens, cu_seqlens_q, cu_seqlens_k, "fa_plan_cost_lengths", &view, &use);

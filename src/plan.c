@@ -169,6 +169,8 @@ static fa_status validate_layout(fa_plan *pl) {
             return fa_error(FA_ERR_INVALID, "bias seq_q dim is %lld but must be 1 or seq_q (%lld) (0 = seq_q)",
                             (long long)p->bias_seq_q, (long long)p->seq_q);
         int64_t bd[4] = {p->bias_batch, p->bias_heads, p->bias_seq_q, p->seq_k};
+        for (int i = 0; i < 3; i++) /* a size-1 dim's stride is ignored (flashattn.h), its sign too */
+            if (bd[i] == 1 && p->bias_stride.s[i] < 0) p->bias_stride.s[i] = 0;
         if ((s = resolve_strides("bias", &p->bias_stride, bd, (int64_t)sizeof(float)))) return s;
         /* broadcast dims read the same slice whatever their stride says */
         if (p->bias_batch == 1) p->bias_stride.s[0] = 0;

@@ -77,6 +77,10 @@ static void test_generator(void) {
           "keep rate of a bad p");
     CHECK(fa_dropout_keep_mask(1.0f, 1, 0, 0, 0, 0, 1, 0, 1, m) == FA_ERR_INVALID, "p = 1 accepted");
     CHECK(fa_dropout_keep_mask(0.5f, 1, 0, 0, 0, -1, 1, 0, 1, m) == FA_ERR_INVALID, "a negative row accepted");
+    /* columns or rows past INT64_MAX: an overflow, refused (it returned FA_OK and wrote nothing) */
+    CHECK(fa_dropout_keep_mask(0.5f, 1, 0, 0, 0, 0, 1, INT64_MAX - 3, 8, m) == FA_ERR_OVERFLOW &&
+              fa_dropout_keep_mask(0.5f, 1, 0, 0, 0, INT64_MAX, 2, 0, 1, m) == FA_ERR_OVERFLOW,
+          "indices past INT64_MAX accepted: %s", fa_last_error());
 }
 
 /* The keep rate over a million elements within 4 sigma of T / 256. */

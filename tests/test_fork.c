@@ -57,6 +57,8 @@ int main(void) {
     tu_fill(&s, FA_F32, v, N, 1.0);
     tu_fill(&s, FA_F32, d_o, N, 1.0);
     CHECK(fa_cpu_exp_rate(2) > 0, "parent: the exp rate on 2 threads"); /* libgomp's pool, no plan yet */
+    CHECK(fa_cpu_exp_rate(FA_MAX_THREADS + 1) == 0 && fa_cpu_exp_rate(0) == 0, /* a team of INT_MAX killed the process */
+          "the exp rate of a thread count plans refuse is not 0");
     fflush(stdout);
     pid_t child = fork();
     if (child == 0) {

@@ -212,6 +212,25 @@ static void test_overlaps(uint64_t *rng) {
         CHECK(!memcmp(saved, bad[i].at, sizeof(float) * (size_t)(keep < n ? keep : n)),
               "%s over %s: the refused call wrote", bad[i].out, bad[i].in);
     }
+    /* the caller's workspace and the counts are written too: over k (an input) or o (an
+     * output) they are refused, k left as it was (a workspace over k once ran and overwrote it) */
+    fa_cost cost;
+    fa_plan_cost(plan, FA_FORWARD, &cost);
+    float *big = tu_alloc((size_t)cost.workspace_bytes + sizeof(float) * (size_t)n);
+    memcpy(big, k, sizeof(float) * (size_t)n);
+    for (int i = 0; i < 3; i++) {
+        fa_forward_args a = good;
+        a.k = big; /* k at the start of a buffer big enough for the workspace too */
+        if (i == 0) a.workspace = big, a.workspace_size = (size_t)cost.workspace_bytes;
+        if (i == 1) a.workspace = (char *)o - 64, a.workspace_size = (size_t)cost.workspace_bytes;
+        if (i == 2) a.counts = (fa_counts *)(void *)(big + 4);
+        memcpy(saved, big, sizeof(float) * (size_t)n);
+        st = fa_forward(plan, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), i == 2 ? "counts" : "workspace") &&
+                  !memcmp(saved, big, sizeof(float) * (size_t)n),
+              "workspace case %d: status %d \"%s\", or k changed", i, st, fa_last_error());
+    }
+    free(big);
     fa_plan_destroy(plan);
     /* an o stride of 0 over its rows writes every row to one address */
     p.o_stride = (fa_strides){{2 * 40 * 16, 40 * 16, 0, 1}};
@@ -234,6 +253,14 @@ static void test_overlaps(uint64_t *rng) {
               "o rows overlapping: %d \"%s\"", st, fa_last_error());
         fa_plan_destroy(plan);
     }
+    /* a size-1 bias dim's stride is ignored (flashattn.h), a negative one too: the same o */
+    fa_problem pb;
+    fa_problem_init(&pb);
+    pb.batch = 1, pb.heads_q = 2, pb.seq_q = 40, pb.seq_k = 40, pb.head_dim = 16, pb.has_bias = 1;
+    pb.bias_heads = 2, pb.bias_stride = (fa_strides){{-7, 40 * 40, 40, 1}};
+    st = fa_plan_create(&pb, &opt, &plan);
+    CHECK(st == FA_OK, "a negative stride over the bias's size-1 batch dim: %s", fa_last_error());
+    fa_plan_destroy(plan);
     free(qol), free(k), free(v), free(bias), free(saved);
     printf("overlaps   o or lse over q, k, v, bias refused, nothing written; adjacent ones run: %s\n",
            failures == before ? "ok" : "FAIL");

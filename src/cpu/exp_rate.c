@@ -15,7 +15,7 @@ static double now(void) {
 
 double fa_cpu_exp_rate(int threads) {
     const fa_isa *isa;
-    if (threads < 1 || fa_isa_select(&isa) != FA_OK) return 0;
+    if (threads < 1 || threads > FA_MAX_THREADS || fa_isa_select(&isa) != FA_OK) return 0; /* as plans refuse them */
     threads = fa_threads_after_fork(threads); /* internal.h: a forked child's team is one thread */
     const int n = 128, calls = 20000;
     double best = 0;

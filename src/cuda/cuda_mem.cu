@@ -46,6 +46,8 @@ extern "C" fa_status fa_cuda_synchronize(void) {
     return e == cudaSuccess ? FA_OK : cuda_fail(e, "cudaDeviceSynchronize");
 }
 extern "C" fa_status fa_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    if (!free_bytes || !total_bytes)
+        return fa_error(FA_ERR_NULL, "fa_cuda_mem_info: %s is NULL", !free_bytes ? "free_bytes" : "total_bytes");
     cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
     return e == cudaSuccess ? FA_OK : cuda_fail(e, "cudaMemGetInfo");
 }
@@ -71,6 +73,7 @@ extern "C" int fa_cuda_compute_capability(void) {
     return 10 * major + minor;
 }
 extern "C" fa_status fa_cuda_event_create(void **ev) {
+    if (!ev) return fa_error(FA_ERR_NULL, "fa_cuda_event_create: ev is NULL");
     cudaEvent_t e0;
     cudaError_t e = cudaEventCreate(&e0);
     *ev = e == cudaSuccess ? (void *)e0 : NULL;
@@ -84,6 +87,8 @@ extern "C" fa_status fa_cuda_event_record(void *ev, void *stream) {
     return e == cudaSuccess ? FA_OK : cuda_fail(e, "cudaEventRecord");
 }
 extern "C" fa_status fa_cuda_event_elapsed_ms(void *start, void *end, float *ms) {
+    if (!start || !end || !ms)
+        return fa_error(FA_ERR_NULL, "fa_cuda_event_elapsed_ms: %s is NULL", !start ? "start" : !end ? "end" : "ms");
     cudaError_t e = cudaEventSynchronize((cudaEvent_t)end);
     if (e == cudaSuccess) e = cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end);
     return e == cudaSuccess ? FA_OK : cuda_fail(e, "cudaEventElapsedTime");
@@ -104,6 +109,9 @@ template <int DT> __global__ void fill_kernel(void *ptr, size_t n, uint64_t seed
 }
 
 extern "C" fa_status fa_cuda_fill_random(void *ptr, size_t n, fa_dtype dt, uint64_t seed, float amp) {
+    if (dt != FA_F32 && dt != FA_F16 && dt != FA_BF16) /* the kernels write 4 or 2 bytes an element */
+        return fa_error(FA_ERR_INVALID, "fa_cuda_fill_random: dtype %d is not f32, f16 or bf16", (int)dt);
+    if (!ptr && n) return fa_error(FA_ERR_NULL, "fa_cuda_fill_random: ptr is NULL");
     const unsigned blocks = (unsigned)(n / 256 + 1 < 65536 ? n / 256 + 1 : 65536);
     if (dt == FA_F32) fill_kernel<FA_F32><<<blocks, 256>>>(ptr, n, seed, amp);
     else if (dt == FA_BF16) fill_kernel<FA_BF16><<<blocks, 256>>>(ptr, n, seed, amp);
