@@ -41,6 +41,11 @@ def pytest_report_header(config):
     return f"flashattn test seed: {SEED} (FA_TEST_SEED={SEED} repeats this run)"
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The seed again at the end, where -q (which drops the header) shows it too."""
+    terminalreporter.write_line(f"flashattn test seed: {SEED} (FA_TEST_SEED={SEED} repeats this run)")
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the run's seed and the test's name, so one test's draws do

@@ -140,7 +140,13 @@ def check_case(i):
     static = {n: x for n, x in kw.items() if n not in arrays}
     fn = jax.jit(lambda q, k, v, bias, mask, arrays, w: _both(q, k, v, bias, mask, dict(static, **arrays), rr, w))
     args = (q, k, v, bias, mask, arrays, w)
-    (ref, g_ref), (got, g_got) = fn.lower(*args).compile(FAST_COMPILE)(*args)
+    try:
+        compiled = fn.lower(*args).compile(FAST_COMPILE)
+    except jax.errors.JaxRuntimeError as e:  # jax.nn's bf16 dot: some shapes need XLA's optimizing passes
+        if "ElementalIrEmitter" not in str(e):
+            raise
+        compiled = fn.lower(*args).compile()
+    (ref, g_ref), (got, g_got) = compiled(*args)
     if rr:
         (ref, ref_lse), (got, got_lse) = ref, got
         assert got_lse.dtype == ref_lse.dtype and got_lse.shape == ref_lse.shape, what
