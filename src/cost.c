@@ -208,7 +208,7 @@ static fa_status empty_cost(struct fa_plan *pl) {
     return FA_OK;
 }
 
-static fa_status compute(struct fa_plan *pl) {
+fa_status fa_cost_figures(struct fa_plan *pl) {
     if (fa_problem_empty(&pl->p) && pl->shape != FA_SHAPE_VARLEN) return empty_cost(pl);
     if (pl->shape != FA_SHAPE_DENSE) return fa_cost_inference(pl); /* cost_inference.c */
     const shared_sums ss = shared(pl);
@@ -222,7 +222,7 @@ static fa_status compute(struct fa_plan *pl) {
 fa_status fa_cost_compute(struct fa_plan *pl) {
     pl->bwd_none = pl->be->supports(&pl->p, FA_BACKWARD, 0) != FA_OK;
     if (pl->bwd_none) fa_clear_error();
-    fa_status s = compute(pl);
+    fa_status s = fa_cost_figures(pl);
     if (!s && pl->bwd_none) memset(&pl->bwd, 0, sizeof pl->bwd);
     return s;
 }

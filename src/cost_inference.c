@@ -59,7 +59,7 @@ static fa_status varlen_cost(fa_plan *pl) {
             bwd[4] += Hq * sq * D * es;
             continue;
         }
-        fa_status s = fa_cost_compute(&sub); /* dense: the sequence as its own problem */
+        fa_status s = fa_cost_figures(&sub); /* dense: the sequence as its own problem (the parent's bwd_none) */
         if (s) return s;
         const fa_cost *f = &sub.fwd, *g = &sub.bwd;
         fwd[0] += f->flops, fwd[1] += f->flops_useful, fwd[2] += f->transcendentals, fwd[3] += f->bytes_accessed;

@@ -191,6 +191,9 @@ fa_status fa_error_in(fa_status s, const char *fn);
 /* The cost model (cost.c): fills plan->fwd and plan->bwd. FA_ERR_OVERFLOW if a figure
  * does not fit int64. */
 fa_status fa_cost_compute(struct fa_plan *plan);
+/* The figures alone, plan->bwd_none decided: a packed sequence's sub-plan (cost_inference.c),
+ * which inherits it from its parent. */
+fa_status fa_cost_figures(struct fa_plan *plan);
 /* What one (batch, head) computes under tiles of bq x bk, summed over its query tiles
  * (cost_walk.c, in closed form; tests/test_cost_walk.c checks it against the tile walk). */
 typedef struct {
