@@ -100,6 +100,10 @@ typedef struct {
     const int32_t *q_segment_ids, *kv_segment_ids; /* local rows, when has_segment_ids */
     fa_mpi_stats *stats;         /* optional */
     const float *sinks;          /* [Hq], when has_sinks (every rank the same) */
+    /* optional: this rank's progress (fa_progress_fn, flashattn.h): ring steps done out of P
+     * under FA_MPI_RING, the local call's tiles under FA_MPI_ULYSSES */
+    fa_progress_fn progress;
+    void *progress_ctx;
 } fa_mpi_forward_args;
 
 typedef struct {
@@ -111,6 +115,8 @@ typedef struct {
     fa_mpi_stats *stats;
     const float *sinks;          /* [Hq], when has_sinks */
     float *dsink;                /* [Hq], when has_sinks: the whole sum, the same on every rank */
+    fa_progress_fn progress;     /* optional, as in fa_mpi_forward_args */
+    void *progress_ctx;
 } fa_mpi_backward_args;
 
 /* Collective over comm (whose size and rank must be the plan's). */

@@ -33,8 +33,6 @@ static fa_mpi_method method_of(const cli_args *a) {
  * that has them before any file is read as a dense tensor; only their presence matters. */
 static int refuse_features(const cli_args *a) {
     static const int32_t mark[1] = {0}; /* never read: the refusal comes first */
-    if (a->dsink) /* the sinks themselves run (ring and ulysses merge them); their gradient has no output here */
-        return cli_fail(2, "--dsink does not combine with --seq-parallel: grad writes no dsink there yet");
     fa_problem p;
     fa_problem_init(&p);
     p.batch = p.heads_q = p.seq_q = p.seq_k = p.head_dim = 1;
@@ -98,6 +96,7 @@ typedef struct {
     int ndim;
     int64_t shape[4]; /* [B, H, S, D] (lse: D = 1, written 3-D) */
     int which;        /* q-like (0) or k-like (1) rows */
+    int whole;        /* not rows: the same on every rank, written from rank 0's (dsink [Hq]) */
     void *local;      /* this rank's rows, in dtype (lse: f32) */
     int is_f32;
     npy_out file;
@@ -105,6 +104,12 @@ typedef struct {
 
 /* Every rank's rows of an output to rank 0, which writes the whole tensor's temporary. */
 static int gather_write(output *o, fa_dtype t, fa_mpi_layout lay, int rc) {
+    if (o->whole) {
+        char err[NPY_ERR_LEN];
+        if (!rc && R == 0 && npy_out_write(&o->file, o->ndim, o->shape, o->local, err, sizeof err))
+            rc = cli_fail(1, "%s %s", o->flag, err);
+        return agree_rc(rc);
+    }
     int64_t B = o->shape[0], H = o->shape[1], S = o->shape[2], D = o->ndim == 4 ? o->shape[3] : 1;
     int64_t L = S / P, n = B * H * L * D;
     float *loc = o->is_f32 ? o->local : cli_to_f32(t, o->local, n);
@@ -145,6 +150,13 @@ static void print_counts(const fa_mpi_stats *s) {
     }
 }
 
+/* Rank 0 shows the progress a single process would (cli_progress_wanted): with --progress,
+ * or by itself for a forward over 500 GFLOP in all (this rank's share times P). */
+static int progress_wanted(const cli_args *a, const fa_mpi_plan *pl) {
+    fa_mpi_cost c;
+    return R == 0 && (a->progress || (fa_mpi_plan_cost(pl, FA_FORWARD, &c) == FA_OK && (double)c.flops * P > 5e11));
+}
+
 static int run_body(const cli_args *a) {
     const int grad = a->cmd == CMD_GRAD;
     const fa_mpi_layout lay = layout_of(a);
@@ -153,8 +165,8 @@ static int run_body(const cli_args *a) {
     fa_options opt;
     cli_extras x = {0};
     fa_mpi_plan *pl = NULL;
-    output outs[5];
-    int nout = 0, opened = 0;
+    output outs[6];
+    int nout = 0, opened = 0, dq_at = -1; /* dq, dk, dv: outs[dq_at..] (grad) */
     void *in[4] = {0};
     int32_t *ids[2] = {0};
     int rc = refuse_features(a);
@@ -166,13 +178,14 @@ static int run_body(const cli_args *a) {
     }
     if (!rc) {
         const int64_t B = p.batch, Hq = p.heads_q, Hk = p.heads_kv;
-        const struct { const char *flag, *path; int ndim, which, f32; int64_t s[4]; } want[5] = {
+        const struct { const char *flag, *path; int ndim, which, f32; int64_t s[4]; } want[6] = {
             {"--out", a->out, 4, 0, 0, {B, Hq, p.seq_q, p.head_dim_v}},
             {"--lse", a->lse, 3, 0, 1, {B, Hq, p.seq_q, 1}},
             {"--dq", a->dq, 4, 0, 0, {B, Hq, p.seq_q, p.head_dim}},
             {"--dk", a->dk, 4, 1, 0, {B, Hk, p.seq_k, p.head_dim}},
-            {"--dv", a->dv, 4, 1, 0, {B, Hk, p.seq_k, p.head_dim_v}}};
-        for (int i = 0; i < 5 && !rc; i++) {
+            {"--dv", a->dv, 4, 1, 0, {B, Hk, p.seq_k, p.head_dim_v}},
+            {"--dsink", a->dsink, 1, 0, 1, {Hq, 1, 1, 1}}};
+        for (int i = 0; i < 6 && !rc; i++) {
             if (!want[i].path) continue;
             for (int j = 0; j < nout && !rc; j++)
                 if (npy_same_file(outs[j].path, want[i].path))
@@ -180,9 +193,10 @@ static int run_body(const cli_args *a) {
             output *o = &outs[nout++];
             memset(o, 0, sizeof *o);
             o->flag = want[i].flag, o->path = want[i].path, o->ndim = want[i].ndim;
-            o->which = want[i].which, o->is_f32 = want[i].f32;
+            o->which = want[i].which, o->is_f32 = want[i].f32, o->whole = i == 5;
             memcpy(o->shape, want[i].s, sizeof o->shape);
-            int64_t n = o->shape[0] * o->shape[1] * o->shape[2] / P * o->shape[3];
+            if (i == 2) dq_at = nout - 1;
+            int64_t n = o->whole ? o->shape[0] : o->shape[0] * o->shape[1] * o->shape[2] / P * o->shape[3];
             o->local = malloc((size_t)n * (o->is_f32 ? 4 : fa_dtype_size(p.dtype)) + 1);
             if (!o->local) rc = cli_fail(1, "out of memory");
         }
@@ -211,8 +225,13 @@ static int run_body(const cli_args *a) {
     float *lse = a->lse ? outs[a->out ? 1 : 0].local : malloc((size_t)lrows * 4 + 1);
     fa_mpi_stats fs, bs;
     fa_status st = FA_ERR_NO_MEMORY;
+    /* ring: steps of the ring; Ulysses: the local call's tiles */
+    const char *unit = method_of(a) == FA_MPI_RING ? "ring steps" : NULL;
+    const int show = progress_wanted(a, pl);
+    cli_progress ps = {"forward", -1, unit}, pb = {"backward", -1, unit};
     if (o && lse) {
-        fa_mpi_forward_args fw = {in[0], in[1], in[2], o, lse, x.slopes, ids[0], ids[1], &fs, x.sinks};
+        fa_mpi_forward_args fw = {in[0], in[1], in[2], o, lse, x.slopes, ids[0], ids[1], &fs, x.sinks, NULL, NULL};
+        if (show) fw.progress = cli_progress_report, fw.progress_ctx = &ps;
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &fw);
         if (st != FA_OK) rc = cli_fail_status(st, "forward");
     } else {
@@ -221,11 +240,14 @@ static int run_body(const cli_args *a) {
         rc = cli_fail(1, "out of memory");
     }
     if (!rc && grad) {
-        output *g = &outs[nout - 3];
+        output *g = &outs[dq_at];
         fa_mpi_backward_args bw = {in[0], in[1], in[2], o, in[3], lse, g[0].local, g[1].local,
-                                   g[2].local, x.slopes, ids[0], ids[1], &bs, x.sinks, x.dsink};
+                                   g[2].local, x.slopes, ids[0], ids[1], &bs, x.sinks, x.dsink, NULL, NULL};
+        if (show) bw.progress = cli_progress_report, bw.progress_ctx = &pb;
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &bw);
         if (st != FA_OK) rc = cli_fail_status(st, "backward");
+        if (!rc && a->dsink) /* every rank holds the whole sum: rank 0 writes it (gather_write) */
+            memcpy(outs[nout - 1].local, x.dsink, (size_t)p.heads_q * sizeof(float));
     }
     if (!a->out) free(o);
     if (!a->lse) free(lse);

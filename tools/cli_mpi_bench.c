@@ -106,9 +106,9 @@ static int bench_body(const cli_args *a, int P, int R) {
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     double fig[2][NFIG] = {{0}}, *all = R == 0 ? calloc((size_t)P * 2 * NFIG, sizeof(double)) : NULL;
     int iters = a->iters ? a->iters : 3, passes[2] = {a->pass != 2, a->pass != 1};
-    fa_mpi_forward_args fw = {x[0], x[1], x[2], x[4], x[5], NULL, NULL, NULL, NULL, NULL};
+    fa_mpi_forward_args fw = {x[0], x[1], x[2], x[4], x[5], NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     fa_mpi_backward_args bw = {x[0], x[1], x[2], x[4], x[3], x[5], x[6], x[7], x[8],
-                               NULL, NULL, NULL, NULL, NULL, NULL};
+                               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     if (!rc && !passes[0]) { /* the backward reads the forward's o and lse */
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &fw);
         if (st != FA_OK) rc = cli_fail_status(st, "forward");

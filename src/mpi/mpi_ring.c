@@ -279,6 +279,7 @@ fa_status fa_mpi_ring_forward(MPI_Comm comm, const fa_mpi_plan *pl, const fa_mpi
             c.stats.merge_s += fa_mpi_now() - t2;
         }
         fa_mpi_wait(&c, &x);
+        if (a->progress && c.st == FA_OK) a->progress(a->progress_ctx, s + 1, R.P);
     }
     if (c.st == FA_OK && R.g->has_sinks) {
         const double t2 = fa_mpi_now();
@@ -379,6 +380,7 @@ fa_status fa_mpi_ring_backward(MPI_Comm comm, const fa_mpi_plan *pl,
             fa_mpi_isend(&c, &acc_out, mine, accb, R.right, TAG_ACC);
         }
         fa_mpi_wait(&c, &x);
+        if (a->progress && c.st == FA_OK) a->progress(a->progress_ctx, s + 1, R.P);
     }
     fa_mpi_wait(&c, &acc_in);
     fa_mpi_wait(&c, &acc_out);

@@ -271,6 +271,7 @@ fa_status fa_mpi_ulysses_forward(MPI_Comm comm, const fa_mpi_plan *pl,
         fw.q_segment_ids = r.ids[0], fw.kv_segment_ids = r.ids[1];
         fw.sinks = g->has_sinks ? a->sinks + pl->rank * Hp : NULL; /* this rank's heads' */
         fw.counts = &n;
+        fw.progress = a->progress, fw.progress_ctx = a->progress_ctx;
         run_kernel(&r.c, &r.z, 0, &fw);
         r.c.stats.counts = n;
     }
@@ -302,6 +303,7 @@ fa_status fa_mpi_ulysses_backward(MPI_Comm comm, const fa_mpi_plan *pl,
         bw.sinks = g->has_sinks ? a->sinks + pl->rank * Hp : NULL;
         bw.dsink = g->has_sinks ? a->dsink + pl->rank * Hp : NULL;
         bw.counts = &n;
+        bw.progress = a->progress, bw.progress_ctx = a->progress_ctx;
         run_kernel(&r.c, &r.z, 1, &bw);
         r.c.stats.counts = n;
     }

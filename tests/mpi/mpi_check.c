@@ -98,6 +98,18 @@ static double err_f(const fa_mpi_plan *pl, int which, const void *loc, const dou
 
 static int within(double e, double m) { return e <= TOL * (m > 0 ? m : 1); }
 
+/* What a call's progress callback saw: calls, the last (done, total), and whether done
+ * ever went down or past total. */
+typedef struct {
+    int calls, bad;
+    int64_t done, total;
+} seen_progress;
+static void note_progress(void *ctx, int64_t done, int64_t total) {
+    seen_progress *sp = ctx;
+    sp->bad |= done < sp->done || done > total || total <= 0 || (sp->calls && total != sp->total);
+    sp->calls++, sp->done = done, sp->total = total;
+}
+
 static void run_case(const tcase *tc, uint64_t seed) {
     const int64_t B = 2, D = 16, Dv = 8;
     fa_problem p;
@@ -177,6 +189,7 @@ static void run_case(const tcase *tc, uint64_t seed) {
     void *o[2], *dq[2], *dk[2], *dv[2];
     float *lse[2], *dsink[2];
     fa_mpi_stats fs[2], bs[2];
+    seen_progress fp = {0, 0, 0, 0}, bp = {0, 0, 0, 0}; /* the second run's */
     int ok = 1;
     for (int run = 0; run < 2; run++) {
         o[run] = tu_alloc(ES * (size_t)(B * Hq * lq * Dv)), lse[run] = tu_alloc(4 * (size_t)(B * Hq * lq));
@@ -187,16 +200,28 @@ static void run_case(const tcase *tc, uint64_t seed) {
         tu_poison(T, dq[run], B * Hq * lq * D), tu_poison(T, dk[run], B * Hk * lk * D);
         tu_poison(T, dv[run], B * Hk * lk * Dv);
         fa_mpi_forward_args ma = {lqv, lkv, lvv, o[run], lse[run], fw.alibi_slopes,
-                                  tc->seg ? lqs : NULL, tc->seg ? lks : NULL, &fs[run], fw.sinks};
+                                  tc->seg ? lqs : NULL, tc->seg ? lks : NULL, &fs[run], fw.sinks, NULL, NULL};
+        if (run) ma.progress = note_progress, ma.progress_ctx = &fp;
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &ma);
         if (st != FA_OK) { ok = 0; printf("rank %d: forward: %s\n", R, fa_last_error()); break; }
         fa_mpi_backward_args mb = {lqv, lkv, lvv, o[run], ldo, lse[run], dq[run], dk[run], dv[run],
                                    fw.alibi_slopes, ma.q_segment_ids, ma.kv_segment_ids, &bs[run], fw.sinks,
-                                   SINKS ? dsink[run] : NULL};
+                                   SINKS ? dsink[run] : NULL, NULL, NULL};
+        if (run) mb.progress = note_progress, mb.progress_ctx = &bp;
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &mb);
         if (st != FA_OK) { ok = 0; printf("rank %d: backward: %s\n", R, fa_last_error()); break; }
     }
     if (!all_ok(ok)) { report(tc->name, "runs", 0, NULL); return; }
+    /* progress: every rank's calls reach their total (the ring: its P steps) */
+    for (int pass = 0; pass < 2; pass++) {
+        const seen_progress *sp = pass ? &bp : &fp;
+        char what[160];
+        snprintf(what, sizeof what, "rank %d %s progress: %d calls, %lld/%lld%s", R, pass ? "backward" : "forward",
+                 sp->calls, (long long)sp->done, (long long)sp->total, sp->bad ? ", out of order" : "");
+        report(tc->name, pass ? "backward progress" : "forward progress",
+               sp->calls > 0 && !sp->bad && sp->done == sp->total && (tc->method != FA_MPI_RING || sp->total == P),
+               what);
+    }
     for (int run = 0; tc->bshd && run < 2; run++) {
         o[run] = permute(o[run], B, Hq, lq, Dv, 1), dq[run] = permute(dq[run], B, Hq, lq, D, 1);
         dk[run] = permute(dk[run], B, Hk, lk, D, 1), dv[run] = permute(dv[run], B, Hk, lk, Dv, 1);
@@ -359,7 +384,7 @@ static void run_failures(void) {
     tu_fill(&s, FA_F32, q, n, 1), tu_fill(&s, FA_F32, k, n, 1), tu_fill(&s, FA_F32, v, n, 1);
     tu_fill(&s, FA_F32, o, n, 1), tu_fill(&s, FA_F32, lse, n, 1);
     fa_mpi_plan *pl = NULL;
-    fa_mpi_forward_args a = {q, k, v, o, lse, NULL, NULL, NULL, NULL, NULL};
+    fa_mpi_forward_args a = {q, k, v, o, lse, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     double t0;
     fa_status st;
     if (P > 1) { /* the last rank has another problem (not causal) */
@@ -374,7 +399,7 @@ static void run_failures(void) {
     if (P > 1) { /* the last rank runs the backward while the others run the forward (it hung) */
         fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
         float *gq = tu_alloc(4 * (size_t)n), *gk = tu_alloc(4 * (size_t)n), *gv = tu_alloc(4 * (size_t)n);
-        fa_mpi_backward_args b = {q, k, v, o, o, lse, gq, gk, gv, NULL, NULL, NULL, NULL, NULL, NULL};
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, gq, gk, gv, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         t0 = fa_mpi_now();
         st = R == P - 1 ? fa_mpi_backward(MPI_COMM_WORLD, pl, &b) : fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
         expect_all_fail("ranks in different passes", st, t0, "disagree");
@@ -414,7 +439,7 @@ static void run_failures(void) {
         t0 = fa_mpi_now();
         st = fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
         expect_all_fail("a rank with a NULL plan (forward)", st, t0, R == P - 1 ? "plan is NULL" : "failed");
-        fa_mpi_backward_args nb = {q, k, v, o, o, lse, o, o, o, NULL, NULL, NULL, NULL, NULL, NULL};
+        fa_mpi_backward_args nb = {q, k, v, o, o, lse, o, o, o, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         t0 = fa_mpi_now();
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &nb);
         expect_all_fail("a rank with a NULL plan (backward)", st, t0, R == P - 1 ? "plan is NULL" : "failed");
@@ -446,7 +471,8 @@ static void run_failures(void) {
     fa_mpi_test_fail_kernel_rank = P - 1;
     for (int m = 0; m < 2 && !(m && P > 2); m++) { /* Ulysses: Hk = 2 */
         fa_mpi_plan_create(&p, &opt, m ? FA_MPI_ULYSSES : FA_MPI_RING, FA_MPI_ZIGZAG, P, R, &pl);
-        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL, NULL, NULL};
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n,
+                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         t0 = fa_mpi_now();
         st = m ? fa_mpi_backward(MPI_COMM_WORLD, pl, &b) : fa_mpi_forward(MPI_COMM_WORLD, pl, &a);
         expect_all_fail(m ? "a kernel failing in mid-call (ulysses backward)" : "a kernel failing in mid-call (ring forward)",
@@ -457,7 +483,8 @@ static void run_failures(void) {
     /* and the ring backward */
     fa_mpi_plan_create(&p, &opt, FA_MPI_RING, FA_MPI_CONTIGUOUS, P, R, &pl);
     {
-        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n, NULL, NULL, NULL, NULL, NULL, NULL};
+        fa_mpi_backward_args b = {q, k, v, o, o, lse, g, g + n, g + 2 * n,
+                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         fa_mpi_test_fail_kernel_rank = P - 1;
         t0 = fa_mpi_now();
         st = fa_mpi_backward(MPI_COMM_WORLD, pl, &b);

@@ -2,11 +2,11 @@
 # The command line under mpirun (docs/mpi.md): run and grad with --seq-parallel ring,
 # ring --zigzag and ulysses on P = 2 and 3 equal the single-process outputs (f32 bound) and
 # repeat bit for bit, also causal --top-left with Sq != Sk; --count prints one JSON line per
-# rank; bad input exits 2 on every rank with nothing written (shapes not divisible, Ulysses
-# with Hk % P != 0, --bias, --zigzag alone, any inference shape: cu_seqlens, a cache with
-# new rows or a block table); ranks given different problems, or one rank
-# failing to read its input, end every rank with exit 2 within seconds; bench
-# --seq-parallel --json reports per-rank times.
+# rank; --progress prints rank 0's progress; --dsink is written; bad input exits 2 on every
+# rank with nothing written (shapes not divisible, Ulysses with Hk % P != 0, --bias,
+# --zigzag alone, any inference shape: cu_seqlens, a cache with new rows or a block table);
+# ranks given different problems, or one rank failing to read its input, end every rank
+# with exit 2 within seconds; bench --seq-parallel --json reports per-rank times.
 # Exits 77 (skipped) where this build has no MPI. Usage: bash tests/mpi/test_mpi_cli.sh BUILD
 set -u
 BUILD=${1:-build}
@@ -85,6 +85,30 @@ mpi -np 3 "$FA" run --q q.npy --k k72.npy --v v72.npy --causal --top-left --out 
 if [ $rc = 0 ] && "$NPY" compare o2.npy o1.npy 1e-5 >cmp && "$NPY" compare l2.npy l1.npy 1e-5 >>cmp; then
   ok "P=3 ring --zigzag --causal --top-left, Sq=48 Sk=72: equals one process"
 else no "top-left" "exit $rc: $(cat cmp) $(head -c 300 se)"; fi
+
+# --progress under --seq-parallel: rank 0 alone prints its progress (ring steps; Ulysses, the
+# local call's tiles), forward and backward, ending at 100%; nothing on stdout
+for sp in "ring|ring steps" "ulysses|tiles"; do
+  IFS='|' read -r m unit <<<"$sp"
+  mpi -np 2 "$FA" grad $IN --do do.npy --causal --out o2.npy --dq dq2.npy --dk dk2.npy --dv dv2.npy --seq-parallel $m --progress
+  if [ $rc = 0 ] && grep -q "^flashattn: forward 100% (.* $unit)$" se && grep -q "^flashattn: backward 100% (.* $unit)$" se &&
+     [ "$(grep -c '100%' se)" = 2 ] && [ ! -s so ]; then
+    ok "P=2 $m --progress: rank 0's progress lines"
+  else no "$m --progress" "exit $rc: $(head -c 400 se)"; fi
+done
+
+# sinks' gradient: every rank holds the whole sum, rank 0 writes it (--dsink was refused)
+gen sinks.npy '<f4' 4 --seed $((S0 + 21))
+"$FA" grad $IN --do do.npy --sinks sinks.npy --causal --out o1.npy --dq dq1.npy --dk dk1.npy --dv dv1.npy \
+  --dsink ds1.npy >/dev/null
+for sp in "ring --zigzag" ulysses; do
+  rm -f ds2.npy
+  mpi -np 2 "$FA" grad $IN --do do.npy --sinks sinks.npy --causal --out o2.npy --dq dq2.npy --dk dk2.npy --dv dv2.npy \
+    --dsink ds2.npy --seq-parallel $sp
+  if [ $rc = 0 ] && "$NPY" compare ds2.npy ds1.npy 1e-5 >cmp && "$NPY" compare dq2.npy dq1.npy 1e-5 >>cmp; then
+    ok "P=2 $sp --sinks --dsink: dsink and dq equal one process's"
+  else no "$sp --dsink" "exit $rc: $(cat cmp 2>/dev/null) $(head -c 300 se)"; fi
+done
 
 # bad input: every rank exits 2, one line each, nothing written
 rm -f o9.npy
