@@ -169,7 +169,7 @@ def mask_to_bias(mask, name="mask"):
         got = type(mask).__name__ if not isinstance(mask, torch.Tensor) else mask.dtype
         raise TypeError(f"{name} must be a boolean torch.Tensor (True = attend), got {got}")
     # out of place, so that a mask vmapped over (torch.func.vmap) works too
-    return torch.zeros((), device=mask.device).masked_fill(~mask, float("-inf"))
+    return torch.zeros((), dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
 def expand_seq_dims(bias, seq_q, seq_k):

@@ -19,7 +19,7 @@ from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_pr
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in,
                           shares_memory, sinks_arg, threads_arg, window_sides)
-from ._torch_ops import (DTYPES, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
+from ._torch_ops import (DTYPES, F32, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
                          int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad, dropout_args,
                          seed_value)
 
@@ -74,7 +74,7 @@ def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, d
 
 def _no_key_lse(shape, sinks, device):
     """lse [Hq, rows] of rows that see no key: -inf, or each head's sink."""
-    lse = torch.full(shape, float("-inf"), device=device)
+    lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=device)
     if sinks is not None and lse.numel():
         lse.copy_(sinks.view(-1, 1).expand(shape))
     return lse
@@ -104,8 +104,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                             dropout=(dropout_p, seed))
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
-        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
-        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks),
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse, F32), alibi_slopes=ptr(alibi_slopes, F32),
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks, F32),
         cu_seqlens_q=cu_q.ctypes.data, cu_seqlens_k=cu_k.ctypes.data)))
     tq = _totals(cu_q)  # rows of no sequence, which the library does not touch
     o[tq:] = 0
@@ -134,7 +134,7 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
                      diag_offset, threads, has_sinks):  # nothing visible anywhere: every gradient is 0
         return tuple(torch.zeros_like(t) for t in (q, k, v)) + (
-            torch.zeros(sinks.shape if has_sinks else (0,), device=q.device),)
+            torch.zeros(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device),)
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     lse = lse.contiguous()
@@ -154,9 +154,10 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                             diag_offset, dev, has_sinks, dropout=(dropout_p, seed))
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
-        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse), dq=ptr(dq),
-        dk=ptr(dk), dv=ptr(dv), alibi_slopes=ptr(alibi_slopes), workspace=ptr(ws),
-        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks), dsink=ptr(dsink) if has_sinks else None)))
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse, F32), dq=ptr(dq),
+        dk=ptr(dk), dv=ptr(dv), alibi_slopes=ptr(alibi_slopes, F32), workspace=ptr(ws),
+        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks, F32),
+        dsink=ptr(dsink, F32) if has_sinks else None)))
     return dq, dk, dv, dsink
 
 
@@ -312,7 +313,7 @@ def _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, 
     P = 0 if k_prefix is None else k_prefix.shape[0]
     if cache_code is None and _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right,
                                              softcap, scale, threads, sinks is not None):
-        lse = torch.full((B, Hq, Sq), float("-inf"), device=q.device)
+        lse = torch.full((B, Hq, Sq), float("-inf"), dtype=torch.float32, device=q.device)
         if sinks is not None and lse.numel():
             lse.copy_(sinks.view(1, -1, 1).expand(B, Hq, Sq))
         return torch.zeros((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device), lse
@@ -338,10 +339,10 @@ def _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, 
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     table_ptr = None if table is None else table.ctypes.data
     dev.run(lambda: handle.forward(_native.ForwardArgs(
-        q=ptr(q), k=ptr(kc), v=ptr(vc), o=ptr(o), lse=ptr(lse), alibi_slopes=ptr(alibi_slopes),
+        q=ptr(q), k=ptr(kc), v=ptr(vc), o=ptr(o), lse=ptr(lse, F32), alibi_slopes=ptr(alibi_slopes, F32),
         k_new=ptr(k_new), v_new=ptr(v_new), block_table=table_ptr, workspace=ptr(ws),
-        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks), cache_seqlens=lens.ctypes.data,
-        k_scale=ptr(k_scale), v_scale=ptr(v_scale), k_prefix=ptr(k_prefix), v_prefix=ptr(v_prefix))))
+        workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks, F32), cache_seqlens=lens.ctypes.data,
+        k_scale=ptr(k_scale, F32), v_scale=ptr(v_scale, F32), k_prefix=ptr(k_prefix), v_prefix=ptr(v_prefix))))
     return o, lse
 
 

@@ -69,8 +69,18 @@ def readable(t):
     return t if _layout.passes_as_is(tuple(t.shape), tuple(t.stride())) else t.contiguous()
 
 
-def ptr(t):
-    return None if t is None else t.data_ptr()
+F32, I32 = torch.float32, torch.int32
+
+
+def ptr(t, dtype=None):
+    """t's address for the library, which reads it as dtype where given (f32 bias, lse,
+    slopes, sinks; int32 ids): a tensor of another dtype is a bug in the front, refused
+    here rather than read as other bits (a default-dtype f64 bias once was)."""
+    if t is None:
+        return None
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"flashattn: internal error: a {t.dtype} tensor where the library reads {dtype}")
+    return t.data_ptr()
 
 
 def int32_ids(name, t):
@@ -147,14 +157,15 @@ def _check_empty(q, k, v, bias, alibi, segment_ids, opts, threads, bias_grad=Fal
     vd = kd[:3] + [v.shape[3]]
     sub = [torch.empty(_layout.from_bhsd(L, d), dtype=q.dtype, device="meta") for d in (qd, kd, vd)]
     bsub = None if bias is None else torch.empty(
-        (1 if bias.shape[0] == 1 else qd[0], 1 if bias.shape[1] == 1 else qd[1], qd[2], kd[2]), device="meta")
+        (1 if bias.shape[0] == 1 else qd[0], 1 if bias.shape[1] == 1 else qd[1], qd[2], kd[2]), dtype=torch.float32,
+        device="meta")
     _native.cached_plan(_problem(*sub, None, bsub, alibi, segment_ids, opts, bias_grad, sinks),
                         make_options("cpu", threads))
 
 
 def empty_lse(shape, sinks, device):
     """lse [B, H, Sq] of rows that see no key: -inf, or each head's sink."""
-    lse = torch.full(shape, float("-inf"), device=device)
+    lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=device)
     if sinks is not None and lse.numel():
         lse.copy_(sinks.view(1, -1, 1).expand(shape))
     return lse
@@ -186,9 +197,9 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                                  dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
-        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse), bias=ptr(bias),
-        alibi_slopes=ptr(alibi_slopes), q_segment_ids=ptr(qs), kv_segment_ids=ptr(ks),
-        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks))))
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse, F32), bias=ptr(bias, F32),
+        alibi_slopes=ptr(alibi_slopes, F32), q_segment_ids=ptr(qs, I32), kv_segment_ids=ptr(ks, I32),
+        workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(), sinks=ptr(sinks, F32))))
     return o, lse
 
 
@@ -216,8 +227,8 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     if _empty_sizes(q, k, layout):  # nothing visible anywhere: every gradient is 0
         _check_empty(q, k, v, bias, alibi, segs, opts, threads, bias_grad, has_sinks)
         return tuple(torch.zeros_like(t) for t in (q, k, v)) + (
-            torch.zeros(bias.shape if bias_grad else (0,), device=q.device),
-            torch.zeros(sinks.shape if has_sinks else (0,), device=q.device))
+            torch.zeros(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device),
+            torch.zeros(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     bias = None if bias is None else readable(bias)
@@ -231,11 +242,11 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                                           (dropout_p, seed), mask), dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
-        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse),
-        dq=ptr(dq), dk=ptr(dk), dv=ptr(dv), dbias=ptr(dbias) if bias_grad else None,
-        bias=ptr(bias), alibi_slopes=ptr(alibi_slopes), q_segment_ids=ptr(qs),
-        kv_segment_ids=ptr(ks), workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(),
-        sinks=ptr(sinks), dsink=ptr(dsink) if has_sinks else None)))
+        q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse, F32),
+        dq=ptr(dq), dk=ptr(dk), dv=ptr(dv), dbias=ptr(dbias, F32) if bias_grad else None,
+        bias=ptr(bias, F32), alibi_slopes=ptr(alibi_slopes, F32), q_segment_ids=ptr(qs, I32),
+        kv_segment_ids=ptr(ks, I32), workspace=ptr(ws), workspace_size=ws_size, stream=dev.stream(),
+        sinks=ptr(sinks, F32), dsink=ptr(dsink, F32) if has_sinks else None)))
     return dq, dk, dv, dbias, dsink
 
 

@@ -154,3 +154,33 @@ def test_low_rank_masks_and_biases_broadcast(rng, shape):
     tb = torch.from_numpy(b).requires_grad_()
     fat.attention(t, t, t, bias=tb).sum().backward()
     assert tb.grad.shape == tb.shape and torch.isfinite(tb.grad).all()
+
+
+def test_results_do_not_depend_on_the_default_dtype(rng):
+    """torch.set_default_dtype(torch.float64) left every tensor the front made without a dtype
+    (a boolean mask's 0 / -inf bias, empty lse) in float64, and the library read the mask's f64
+    bits as f32: NaN outputs. Every such tensor is f32 now, whatever the default."""
+    import torch
+    B, H, Sq, Sk, D = 1, 2, 5, 7, 8
+    q, k, v = (torch.from_numpy(rng.standard_normal(s).astype(np.float32))
+               for s in ((B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, D)))
+    mask = torch.from_numpy(rng.random((B, 1, Sq, Sk)) < 0.6)
+    mask[..., 0] = True
+    bias = torch.from_numpy(rng.standard_normal((1, H, Sq, Sk)).astype(np.float32))
+    calls = [lambda: fat.attention(q, k, v, mask=mask), lambda: fat.attention(q, k, v, mask=mask, bias=bias),
+             lambda: fat.scaled_dot_product_attention(q, k, v, attn_mask=mask)]
+    want = [c() for c in calls]
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for c, w in zip(calls, want):
+            assert torch.equal(c(), w)
+        _, lse = fat.attention(q[:, :, :0], k, v, return_lse=True)
+        _, lse2 = fat.attention(q, k[:, :, :0], v[:, :, :0], return_lse=True)
+        assert lse.dtype == lse2.dtype == torch.float32
+        one, none = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32)
+        _, lv = fat.varlen_attention(q[0, :, :3].transpose(0, 1).contiguous(), k[0, :, :0].transpose(0, 1),
+                                     v[0, :, :0].transpose(0, 1), one, none, return_lse=True)
+        assert lv.dtype == torch.float32
+    finally:
+        torch.set_default_dtype(before)
