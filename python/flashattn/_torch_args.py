@@ -49,7 +49,12 @@ def _per_head(name, t, H, device):
 
 
 def alibi(alibi_slopes, H, device):
-    """alibi_slopes [H] as the library's f32 (not differentiated)."""
+    """alibi_slopes [H] as the library's f32. The library computes no gradient for them, so
+    slopes that require one are refused (they were detached, and their gradient silently
+    stayed None); detached or constant slopes pass."""
+    if isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.requires_grad and torch.is_grad_enabled():
+        raise TypeError("alibi_slopes requires grad, but flashattn computes no gradient for the ALiBi slopes; "
+                        "pass alibi_slopes.detach() (or learn a bias= instead)")
     s = _per_head("alibi_slopes", alibi_slopes, H, device)
     return None if s is None else s.detach()
 
@@ -75,13 +80,19 @@ def threads_arg(threads):
 
 
 def float_or_none(name, x):
-    """A scalar option (scale, softcap, bias_scale, dropout_p) as a float; a tensor is refused as
-    F.scaled_dot_product_attention refuses a tensor scale: no gradient would reach it."""
+    """A scalar option (scale, softcap, bias_scale, dropout_p) as a float. A tensor is taken as
+    F.scaled_dot_product_attention takes its scale: a 0-dim one that requires no gradient is
+    its value; one that requires a gradient (a learned temperature) or has dims is refused, as
+    there, since no gradient would reach it."""
     if x is None:
         return None
     if isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a Python number, got a tensor: flashattn takes no gradient through "
-                        f"{name} (as F.scaled_dot_product_attention); pass float(...) of it for a constant")
+        if x.dim() == 0 and not (x.requires_grad and torch.is_grad_enabled()):
+            return float(x)
+        raise TypeError(f"{name} must be a number or a 0-dim tensor that requires no grad, got a tensor of shape "
+                        f"{tuple(x.shape)}{' that requires grad' if x.requires_grad else ''}: flashattn takes no "
+                        f"gradient through {name} (as F.scaled_dot_product_attention); pass {name}.detach() for a "
+                        "constant")
     try:
         return float(x)
     except (TypeError, ValueError):

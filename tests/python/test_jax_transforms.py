@@ -272,3 +272,42 @@ def test_vmap_shared_seed_draws_the_folded_batch(rng, kind):
     gf = jax.grad(lambda q, k, v: jnp.sum(g_(q, k, v) * fold(w)), argnums=(0, 1, 2))(fold(q), fold(k), fold(v))
     for j, name in enumerate(("dq", "dk", "dv")):
         assert_close(name, fold(gv[j]), gf[j], 1e-6, 1e-6)
+
+
+def test_a_gradient_through_alibi_slopes_raises():
+    """The library computes no gradient for ALiBi slopes: differentiating in them gave zeros
+    (a stop_gradient), in attention and varlen_attention alike. TypeError now; a gradient in q
+    with constant slopes still runs and matches the reference."""
+    rng = seeded_rng("alibi-grad")
+    q, k, v = (jnp.asarray(_bshd(rng, 1, 6, 2, 8)) for _ in range(3))
+    slopes = jnp.asarray([0.5, -0.25], jnp.float32)
+    loss = lambda s, q: jnp.sum(fj.attention(q, k, v, alibi_slopes=s, layout="bshd") ** 2)  # noqa: E731
+    with pytest.raises(TypeError, match="no gradient for the ALiBi slopes"):
+        jax.grad(loss)(slopes, q)
+    with pytest.raises(TypeError, match="no gradient for the ALiBi slopes"):
+        jax.jit(jax.grad(loss))(slopes, q)
+    cu = jnp.asarray([0, 6], jnp.int32)
+    vl = lambda s: jnp.sum(fj.varlen_attention(q[0], k[0], v[0], cu, cu, alibi_slopes=s) ** 2)  # noqa: E731
+    with pytest.raises(TypeError, match="no gradient for the ALiBi slopes"):
+        jax.grad(vl)(slopes)
+    g = jax.grad(loss, argnums=1)(slopes, q)  # slopes constant: fine
+    assert g.shape == q.shape and bool(jnp.all(jnp.isfinite(g)))
+    assert float(jnp.max(jnp.abs(g))) > 0
+
+
+def test_a_gradient_through_decoding_raises():
+    """kvcache_attention runs forward only: its operands went through stop_gradient, so
+    jax.grad through a decode step gave zeros silently. A derivative that depends on any of
+    them raises TypeError naming it; the forward under jit is unchanged."""
+    rng = seeded_rng("decode-grad")
+    q = jnp.asarray(rng.standard_normal((1, 1, 2, 8)).astype(np.float32))
+    kc, vc = (jnp.asarray(rng.standard_normal((1, 5, 2, 8)).astype(np.float32)) for _ in range(2))
+    lens = np.asarray([5], np.int32)
+    f = lambda q, kc: jnp.sum(fj.kvcache_attention(q, kc, vc, cache_seqlens=lens)[0])  # noqa: E731
+    with pytest.raises(TypeError, match="kvcache_attention's q has no gradient"):
+        jax.grad(f)(q, kc)
+    with pytest.raises(TypeError, match="kvcache_attention's k_cache has no gradient"):
+        jax.grad(f, argnums=1)(q, kc)
+    with pytest.raises(TypeError, match="kvcache_attention's q has no gradient"):
+        jax.jvp(f, (q, kc), (q, kc))
+    assert float(jax.jit(f)(q, kc)) == float(f(q, kc))

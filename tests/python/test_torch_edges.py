@@ -2,6 +2,8 @@
 lse = -inf where there are no keys, zero gradients; D = 0 still refused), integers that do
 not fit the library's types (ValueError naming the argument, never a wrapped value),
 threads= per call, and dtype errors that say which dtypes work."""
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -140,17 +142,44 @@ def test_kvcache_zero_sizes_give_empty_results(q_shape, cache_shape):
 
 
 @pytest.mark.parametrize("name", ["scale", "softcap", "bias_scale", "dropout_p"])
-def test_tensor_scalars_are_refused_as_sdpa_refuses_them(name):
+def test_tensor_scalars_are_taken_as_sdpa_takes_them(name):
     """A learnable temperature passed as scale= would get no gradient (the library takes a
-    float): TypeError, as F.scaled_dot_product_attention gives for a tensor scale, rather
-    than a silent float() that detaches it."""
+    float): TypeError, as F.scaled_dot_product_attention gives for a tensor scale that
+    requires grad (or has dims), rather than a silent float() that detaches it; a 0-dim
+    tensor that requires none is its value there, and here (it was refused too)."""
     q = torch.randn(1, 2, 5, 8)
-    t = torch.nn.Parameter(torch.tensor(0.5))
-    kw = {name: t, "bias": torch.randn(1, 2, 5, 5)} if name == "bias_scale" else {name: t}
-    with pytest.raises(TypeError, match=f"{name} must be a Python number, got a tensor"):
-        fat.attention(q, q, q, **kw)
+    for t in (torch.nn.Parameter(torch.tensor(0.5)), torch.tensor([0.5])):
+        kw = {name: t, "bias": torch.randn(1, 2, 5, 5)} if name == "bias_scale" else {name: t}
+        with pytest.raises(TypeError, match=f"{name} must be a number or a 0-dim tensor that requires no grad"):
+            fat.attention(q, q, q, **kw)
+        if name == "scale":
+            with pytest.raises(TypeError, match="scale must be a number or a 0-dim tensor"):
+                fat.scaled_dot_product_attention(q, q, q, scale=t)
+    kw[name] = 0.5  # a number works, and a 0-dim tensor without grad is that number
+    seed = {"seed": 3} if name == "dropout_p" else {}
+    want = fat.attention(q, q, q, **kw, **seed)
+    for t in (torch.tensor(0.5), torch.tensor(0.5, dtype=torch.float64), torch.nn.Parameter(torch.tensor(0.5))):
+        kw[name] = t
+        with torch.no_grad() if t.requires_grad else contextlib.nullcontext():  # no grad mode: a value
+            assert torch.equal(fat.attention(q, q, q, **kw, **seed), want)
     if name == "scale":
-        with pytest.raises(TypeError, match="scale must be a Python number, got a tensor"):
-            fat.scaled_dot_product_attention(q, q, q, scale=t)
-    kw[name] = 0.5  # a number works
-    assert fat.attention(q, q, q, **kw).shape == q.shape
+        assert torch.equal(fat.scaled_dot_product_attention(q, q, q, scale=torch.tensor(0.5)),
+                           fat.scaled_dot_product_attention(q, q, q, scale=0.5))
+
+
+def test_alibi_slopes_that_require_grad_are_refused():
+    """The library computes no gradient for ALiBi slopes: learnable slopes were detached and
+    their .grad silently stayed None. Now TypeError; detached slopes, or any under no_grad, run."""
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    slopes = torch.nn.Parameter(torch.tensor([0.5, 0.25]))
+    with pytest.raises(TypeError, match="alibi_slopes requires grad"):
+        fat.attention(q, q, q, alibi_slopes=slopes)
+    with pytest.raises(TypeError, match="alibi_slopes requires grad"):
+        fat.varlen_attention(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1),
+                             torch.tensor([0, 5], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32),
+                             alibi_slopes=slopes)
+    o = fat.attention(q, q, q, alibi_slopes=slopes.detach())
+    o.sum().backward()
+    assert q.grad is not None and slopes.grad is None
+    with torch.no_grad():
+        assert torch.equal(fat.attention(q, q, q, alibi_slopes=slopes), o)

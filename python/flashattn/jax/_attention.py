@@ -248,6 +248,15 @@ def _unwrap(x):
     return None if x is None else x.value
 
 
+def refuse_slopes_grad(slopes):
+    """The library computes no gradient for ALiBi slopes: differentiating with respect to them
+    (symbolic_zeros: slopes.perturbed) raises, where a stop_gradient gave zeros silently."""
+    if slopes is not None and slopes.perturbed:
+        raise TypeError("flashattn computes no gradient for the ALiBi slopes, and this gradient "
+                        "depends on alibi_slopes: pass jax.lax.stop_gradient(alibi_slopes) (or learn a bias= "
+                        "instead)")
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed):
     return _ffi.forward(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed)
@@ -257,6 +266,7 @@ def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed):
     # symbolic_zeros: each argument comes as (value, perturbed); dbias is computed only
     # when the bias is being differentiated
     bias_grad = bias is not None and bias.perturbed
+    refuse_slopes_grad(slopes)
     q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed = map(_unwrap, (q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed))
     if bias_grad:  # at trace time, so that a library without dbias says so before anything runs
         plan_for(opt, q, k, v, bias, bias_grad=True)
@@ -323,8 +333,8 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
                                    dropout_p=dropout_p, seed=seed, dropout_offset=dropout_offset)
     if bias_shape is not None:  # outside the custom_vjp: autodiff takes the cast and broadcast back
         bias = lower_bias(bias, mask, bias_shape, bias_scale)
-    if slopes is not None:
-        slopes = jax.lax.stop_gradient(slopes.astype(jnp.float32))
+    if slopes is not None:  # no gradient: _op_fwd refuses to be differentiated in them
+        slopes = slopes.astype(jnp.float32)
     if q_seg is not None:
         q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
     sinks = None if sinks is None else jnp.asarray(sinks).astype(jnp.float32)  # differentiable
@@ -377,7 +387,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     nothing to o (docs/semantics.md, "Attention sinks"); lse includes it, a row with no
     visible key gets lse = sink; differentiable (the custom_vjp gives dsink).
 
-    Differentiable for q, k, v, bias and sinks (jax.custom_vjp through the library's backward);
+    Differentiable for q, k, v, bias and sinks (jax.custom_vjp through the library's backward;
+    a gradient with respect to alibi_slopes raises TypeError);
     works under jax.jit, jax.grad and jax.vmap (vmapped dims fold into the batch).
 
     dropout_p in [0, 1) (static) with seed (and dropout_offset) drops each weight after the

@@ -29,7 +29,7 @@ from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_p
                                   check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
 from . import _ffi
 from .._quant import cache_dtype_code
-from ._attention import _cotangents_as_values, _dropout, _finite, _flag, _window, seed_words
+from ._attention import _cotangents_as_values, _dropout, _finite, _flag, _window, refuse_slopes_grad, seed_words
 from ._plan import _DTYPE_NAMES
 
 VARLEN_FORWARD_TARGET, VARLEN_BACKWARD_TARGET, KVCACHE_TARGET = (t for t, _ in _ffi.INFERENCE_TARGETS)
@@ -72,6 +72,24 @@ def _dense(shape):
     return tuple(reversed(out))
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _no_grad(x, what):
+    """x itself, for an operand of a call that has no gradient (kvcache_attention): a gradient
+    or a tangent that depends on x raises TypeError naming it, where stop_gradient gave zeros."""
+    return x
+
+
+def _no_grad_jvp(what, primals, tangents):
+    (x,), (t,) = primals, tangents
+    if not isinstance(t, SymbolicZero):
+        raise TypeError(f"flashattn: {what} has no gradient (decoding runs forward only), and this "
+                        "derivative depends on it: pass jax.lax.stop_gradient of it")
+    return x, t
+
+
+_no_grad.defjvp(_no_grad_jvp, symbolic_zeros=True)
+
+
 def _slopes(alibi_slopes, hq):
     if alibi_slopes is None:
         return None
@@ -79,7 +97,7 @@ def _slopes(alibi_slopes, hq):
     check_real("alibi_slopes", s.dtype, f"[Hq] = [{hq}]")
     if tuple(s.shape) != (hq,):
         raise ValueError(f"alibi_slopes must have shape ({hq},) (one per query head), got {tuple(s.shape)}")
-    return jax.lax.stop_gradient(s.astype(jnp.float32))
+    return s.astype(jnp.float32)  # no gradient: _varlen_op_fwd refuses to be differentiated in them
 
 
 def _sinks(sinks, hq):
@@ -125,6 +143,7 @@ def _varlen_op(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
 
 
 def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
+    refuse_slopes_grad(slopes)
     q, k, v, cu_q, cu_k, slopes, sinks, seed = (None if x is None else x.value
                                                 for x in (q, k, v, cu_q, cu_k, slopes, sinks, seed))
     o, lse = _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed)
@@ -327,19 +346,20 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             results += [jax.ShapeDtypeStruct(k_scale.shape, jnp.float32)] * 2
             aliases.update({n_args: 4, n_args + 1: 5})
     call = jax.ffi.ffi_call(KVCACHE_TARGET, tuple(results), input_output_aliases=aliases, vmap_method="sequential")
-    operands = [jax.lax.stop_gradient(x) for x in (q, k_cache, v_cache)] + [lens]
+    ng = lambda x, name: _no_grad(x, f"kvcache_attention's {name}")  # noqa: E731
+    operands = [ng(q, "q"), ng(k_cache, "k_cache"), ng(v_cache, "v_cache"), lens]
     if k is not None:
-        operands += [jax.lax.stop_gradient(k), jax.lax.stop_gradient(v)]
+        operands += [ng(k, "k"), ng(v, "v")]
     if table is not None:
         operands.append(table)
     if slopes is not None:
-        operands.append(slopes)
+        operands.append(ng(slopes, "alibi_slopes"))
     if sinks is not None:
-        operands.append(jax.lax.stop_gradient(sinks))
+        operands.append(ng(sinks, "sinks"))
     if code is not None:  # last, as the handler reads them (jax_ffi_inference.c)
-        operands += [jax.lax.stop_gradient(k_scale), jax.lax.stop_gradient(v_scale)]
+        operands += [ng(k_scale, "k_scale"), ng(v_scale, "v_scale")]
     if k_prefix is not None:  # after the scales (jax_ffi_inference.c)
-        operands += [jax.lax.stop_gradient(k_prefix), jax.lax.stop_gradient(v_prefix)]
+        operands += [ng(k_prefix, "k_prefix"), ng(v_prefix, "v_prefix")]
     outs = _ffi.varying_like(call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged),
                                   cache_dtype=np.int64(code or 0), has_prefix=np.int64(k_prefix is not None),
                                   **attrs), operands)
