@@ -99,6 +99,9 @@ def window_pair(window):
 def _index(name, v):
     """v as a Python int: an integer (numpy's, a 0-dim integer tensor), not a bool;
     ValueError naming the argument otherwise, a traced JAX value's included."""
+    if type(v).__name__ == "_DimExpr":  # jax.export's symbolic dimension (shape polymorphism)
+        raise ValueError(f"{name} is the symbolic dimension {v!r}: flashattn plans from concrete shapes, so "
+                         "jax.export with shape polymorphism is not supported; export with concrete shapes")
     if isinstance(v, bool) or not hasattr(v, "__index__"):
         raise ValueError(f"{name} must be an integer, got {v!r}")
     try:

@@ -189,3 +189,24 @@ def test_implementation():
         fj.dot_product_attention(q, q, q, implementation="cudnn")
     with pytest.raises(ValueError, match="mask dtype"):
         fj.dot_product_attention(q, q, q, mask=jnp.ones((1, 1, 2, 2), jnp.float32))
+
+
+def test_a_traced_scale_runs_and_is_differentiated_as_in_jax_nn():
+    """jax.nn takes scale as a traced value (a jit argument, a learned temperature) and
+    differentiates it; the drop-in refused one (the library's scale is static). It now
+    multiplies query by it: the same outputs and d/dscale as jax.nn's, within f32 rounding."""
+    rng = np.random.default_rng([SEED, 17])
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 5, 4, 8)).astype(np.float32)) for _ in range(3))
+    loss = lambda f: (lambda s: jnp.sum(f(q, k, v, scale=s, is_causal=True) ** 2))  # noqa: E731
+    s = jnp.float32(0.3)
+    want_o = jax.jit(lambda s: jax.nn.dot_product_attention(q, k, v, scale=s, is_causal=True))(s)
+    got_o = jax.jit(lambda s: fj.dot_product_attention(q, k, v, scale=s, is_causal=True))(s)
+    np.testing.assert_allclose(np.asarray(got_o), np.asarray(want_o), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_o), np.asarray(fj.dot_product_attention(q, k, v, scale=0.3,
+                                                                                       is_causal=True)),
+                               rtol=1e-5, atol=1e-6)
+    want_g = jax.grad(loss(jax.nn.dot_product_attention))(s)
+    got_g = jax.jit(jax.grad(loss(fj.dot_product_attention)))(s)
+    np.testing.assert_allclose(float(got_g), float(want_g), rtol=1e-4)
+    with pytest.raises(ValueError, match="scale must be a scalar"):
+        jax.jit(lambda s: fj.dot_product_attention(q, k, v, scale=s))(jnp.ones(2))

@@ -311,3 +311,14 @@ def test_a_gradient_through_decoding_raises():
     with pytest.raises(TypeError, match="kvcache_attention's q has no gradient"):
         jax.jvp(f, (q, kc), (q, kc))
     assert float(jax.jit(f)(q, kc)) == float(f(q, kc))
+
+
+def test_symbolic_shapes_are_refused_naming_the_dimension():
+    """jax.export with shape polymorphism: flashattn plans from concrete shapes. The refusal
+    names the dimension and says so (it read "batch must be an integer, got b")."""
+    from jax import export
+    b, t = export.symbolic_shape("b, t")
+    spec = jax.ShapeDtypeStruct((b, t, 2, 8), jnp.float32)
+    for f in (lambda q: fj.dot_product_attention(q, q, q), lambda q: fj.attention(q, q, q, layout="bshd")):
+        with pytest.raises(ValueError, match="symbolic dimension b: flashattn plans from concrete shapes"):
+            export.export(jax.jit(f))(spec)

@@ -53,6 +53,15 @@ def _large_negative():
     return np.float32(-0.7 * np.finfo(np.float32).max)
 
 
+def _traced(x):
+    """Whether x has no value at trace time (a tracer, or an array holding one)."""
+    try:
+        float(x)
+        return False
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return isinstance(x, jax.core.Tracer) or isinstance(jnp.asarray(x), jax.core.Tracer)
+
+
 def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                           query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None,
                           implementation=None, return_residual=False):
@@ -64,7 +73,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     "xla" (both run flashattn; "cudnn" raises ValueError). return_residual: (out, lse) with
     lse [B, T, N] in key's dtype, not differentiated, as jax.nn returns it. Rows with no
     visible key follow jax.nn (the mean of all values; lse -0.7 * float32 max + log S).
-    float32, float16 and bfloat16 only. Differentiable in query, key, value and bias."""
+    float32, float16 and bfloat16 only. Differentiable in query, key, value and bias, and in a
+    traced scale (it then multiplies query)."""
     if implementation == "cudnn":
         raise ValueError("flashattn.jax.dot_product_attention runs flashattn's kernels; implementation='cudnn' "
                          "is jax.nn's cuDNN path: call jax.nn.dot_product_attention for it")
@@ -107,6 +117,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
             jnp.where(jnp.arange(T)[None, :] < q_len[:, None], 0, 1).astype(jnp.int32)
         kv_seg = jnp.zeros((B, S), jnp.int32) if kv_len is None else \
             jnp.where(jnp.arange(S)[None, :] < kv_len[:, None], 0, 2).astype(jnp.int32)
+    if scale is not None and _traced(scale):
+        # a traced scale (a jit argument, a learned temperature): the library takes its scale
+        # as a static number, so the scale multiplies q instead (jax.nn multiplies the f32
+        # logits; in q's dtype this adds one rounding of q) and JAX differentiates it there
+        s = jnp.asarray(scale, jnp.float32)
+        if s.shape != ():
+            raise ValueError(f"scale must be a scalar, got shape {s.shape}")
+        q, scale = (q.astype(jnp.float32) * s).astype(q.dtype), 1.0
     aligned = is_causal or window is not None
     o, lse = call(q, k, v, causal=is_causal, window=window, scale=scale, bias=bias, mask=mask,
                   q_segment_ids=q_seg, kv_segment_ids=kv_seg, layout="bshd", return_lse=True,
