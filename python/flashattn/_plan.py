@@ -1,7 +1,9 @@
 """flashattn.plan: the analytic cost of a problem from its shapes alone (no arrays)."""
+import numpy as np
+
 from . import _native
 from ._problem import combined_bias_dims, empty_dims, make_options, make_problem
-from .masks import Mask, build_for_call, from_array
+from .masks import Mask, build_for_call
 
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -104,20 +106,27 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
     which the fronts pass as a 0 / -inf bias): broadcastable to [batch, heads, seq_q, seq_k];
     with a mask the plan is not exact (see Plan). sinks: the problem has attention sinks
     (one more exp per row in the forward, and per row for dsink in the backward). mask: a
-    flashattn.masks mask, or a boolean array (taken as masks.from_array): built by the library
-    as a block-sparse mask, so the plan stays exact (flops count the blocks that run,
-    flops_useful the visible pairs)."""
+    flashattn.masks mask, built by the library as a block-sparse mask, so the plan stays
+    exact (flops count the blocks that run, flops_useful the visible pairs); or a boolean
+    array, planned as attention(mask=array) runs it, a 0 / -inf bias (as mask_shape=: not
+    exact). masks.from_array(array) is the block-sparse form of an array, for both."""
     seq_k = seq_q if seq_k is None else seq_k
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     kv_heads = heads if kv_heads is None else kv_heads
+    if mask is not None and mask_shape is not None:
+        raise ValueError("pass mask= or mask_shape=, not both")
+    if mask is not None and not isinstance(mask, Mask):
+        # a boolean array, as attention(mask=array) passes it: a 0 / -inf bias (the plan of the
+        # call with the same arguments; it was planned as masks.from_array, which the call is not)
+        if np.asarray(mask).dtype != np.bool_:
+            raise TypeError(f"mask must be a flashattn.masks mask or a boolean array (True: attend), got dtype "
+                            f"{np.asarray(mask).dtype}")
+        mask, mask_shape = None, np.shape(mask)
     if bias_shape is not None or mask_shape is not None:
         bias_shape = combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k)
     built = None
     if mask is not None:
-        if mask_shape is not None:
-            raise ValueError("pass mask= or mask_shape=, not both")
-        m = mask if isinstance(mask, Mask) else from_array(mask)
-        built = build_for_call(m, batch, heads, seq_q, seq_k, diag_offset=diag_offset,
+        built = build_for_call(mask, batch, heads, seq_q, seq_k, diag_offset=diag_offset,
                                empty=empty_dims(batch, heads, kv_heads, seq_q, seq_k))
     p = make_problem(q_dims=(batch, heads, seq_q, head_dim), k_dims=(batch, kv_heads, seq_k, head_dim),
                      v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=dtype, causal=causal,

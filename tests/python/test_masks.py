@@ -226,9 +226,41 @@ def test_plan_skips_blocks():
     dense = flashattn.plan(batch=1, heads=2, seq_q=S, head_dim=D)
     c = flashattn.plan(batch=1, heads=2, seq_q=S, head_dim=D, mask=masks.chunked(128))
     a = flashattn.plan(batch=1, heads=2, seq_q=S, head_dim=D,
-                       mask=masks.chunked(128).to_array(1, 2, S, S))
+                       mask=masks.from_array(masks.chunked(128).to_array(1, 2, S, S)))
     assert c.forward["flops"] < dense.forward["flops"] / 2
     assert (a.forward, a.backward) == (c.forward, c.backward)
+
+
+def test_plan_of_a_boolean_array_is_the_calls(rng, monkeypatch):
+    """flashattn.plan(mask=array) planned the array as masks.from_array (exact, empty blocks
+    skipped) while attention(mask=array) runs it as a 0 / -inf bias: the plan's figures were
+    not the call's. It now plans what the call runs (as mask_shape=, not exact), and
+    masks.from_array(array) is the block-sparse form for both; each plan equals its call's
+    counts."""
+    import ctypes
+    from flashattn import _native
+    counted = []
+    forward = _native.PlanHandle.forward
+
+    def spy(self, args):
+        c = _native.Counts()
+        args.counts = ctypes.pointer(c)
+        forward(self, args)
+        counted.append((c.flops, c.transcendentals))
+    monkeypatch.setattr(_native.PlanHandle, "forward", spy)
+    B, H, S, D = 1, 2, 256, 16
+    arr = np.tril(np.ones((S, S), bool)) & (rng.random((S, S)) < 0.9)
+    q, k, v = (randn(rng, (B, H, S, D)) for _ in range(3))
+    for m in (arr, masks.from_array(arr)):
+        p = flashattn.plan(batch=B, heads=H, seq_q=S, head_dim=D, mask=m, threads=1)
+        flashattn.attention(q, k, v, mask=m, threads=1)
+        assert counted[-1] == (p.forward["flops"], p.forward["transcendentals"])
+        assert p.exact == isinstance(m, masks.Mask)
+    b = flashattn.plan(batch=B, heads=H, seq_q=S, head_dim=D, mask_shape=arr.shape, threads=1)
+    a = flashattn.plan(batch=B, heads=H, seq_q=S, head_dim=D, mask=arr, threads=1)
+    assert (a.forward, a.backward, a.exact) == (b.forward, b.backward, b.exact)
+    with pytest.raises(TypeError, match="boolean array"):
+        flashattn.plan(batch=B, heads=H, seq_q=S, head_dim=D, mask=arr.astype(np.float32))
 
 
 def test_zero_sizes_with_a_mask():
