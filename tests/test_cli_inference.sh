@@ -247,6 +247,38 @@ cp "$W/kc0.npy" "$I/kc.npy"; cp "$W/vc0.npy" "$I/vc.npy"
 expect_bad "decode: --k-prefix without --v-prefix" "go together" run $DEC --k-prefix "$I/kp.npy" --out "$OUT/o.npy"
 expect_bad "decode: a prefix of another head dim" "k-prefix" run $DEC --k-prefix "$I/kp8.npy" --v-prefix "$I/vp.npy" --out "$OUT/o.npy"
 
+# option files whose features the inference shapes do not run are refused by the library's one
+# message naming both, before any file is checked against the shape (a shape check came first
+# and asked for a shape the combination then refused anyway); --alibi and --sinks combine
+gen b_any.npy '<f4' 1 4 1 300 --seed $((S0 + 19))
+gen b_dec.npy '<f4' 1 8 1 64 --seed $((S0 + 20))
+"$NPY" write "$I/qs_any.npy" '<i4' 1 37 -- 0 >/dev/null
+"$NPY" write "$I/ks_any.npy" '<i4' 1 45 -- 0 >/dev/null
+ints docs_any.npy 2 -- 5 32
+ints pl_any.npy 2 -- 1 2
+"$NPY" write "$I/m_any.npy" '|b1' 3 3 -- 1 >/dev/null
+VLR="run $VL --out $OUT/o.npy"
+DECR="run $DEC --out $OUT/o.npy"
+DECP="plan --heads 8 --kv-heads 1 --head-dim 16 --seq-k 64 --cache-seqlens $I/lens.npy"
+VLP="plan --heads 4 --kv-heads 2 --head-dim 16 --cu-seqlens-q $I/cq.npy --cu-seqlens-k $I/ck.npy"
+NV="with packed variable-length batches (cu_seqlens)" ND="with kv-cache decoding (cache_seqlens)"
+MASK="a block-sparse mask (mask) does not combine"
+for form in VLR DECR VLP DECP; do
+  case $form in VL*) with=$NV ;; *) with=$ND ;; esac
+  for f in "--bias $I/b_any.npy" "--bias $I/b_dec.npy" "--q-segments $I/qs_any.npy --kv-segments $I/ks_any.npy"            "--documents $I/docs_any.npy" "--mask $I/m_any.npy" "--prefix-len $I/pl_any.npy" "--prefix-len 3" "--mask-chunk 4"; do
+    case $f in --bias*) what="an additive bias (has_bias) does not combine" ;; --q-seg*) what="segment ids (has_segment_ids) do not combine" ;;
+      *) what=$MASK ;; esac
+    expect_bad "$form ${f%% *}: the library's refusal" "$what $with" ${!form} $f
+  done
+done
+expect_bad "varlen grad --bias --dbias: the library's refusal" "an additive bias (has_bias) does not combine $NV" \
+  grad $VG --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --bias "$I/b_any.npy" --dbias "$OUT/db.npy"
+gen al8.npy '<f4' 8 --seed $((S0 + 9))
+fa run $DEC --alibi "$I/al8.npy" --sinks "$I/al8.npy" --out "$OUT/o.npy"
+if [ $rc -eq 0 ] && [ "$("$NPY" info "$OUT/o.npy")" = "<f4 3,2,8,16 finite" ]; then ok "decode --alibi --sinks: they combine"
+else no "decode --alibi --sinks" "exit $rc: $(cat "$W/se")"; fi
+rm -f "$OUT"/*
+
 # paged: 10 pages of 16 rows, Hk=2; tables [3, 4] in shuffled order; sequences 0 and 1 share page 7
 gen pq.npy '<f4' 3 1 4 16 --seed $((S0 + 21))
 gen pk.npy '<f4' 10 16 2 16 --seed $((S0 + 22))

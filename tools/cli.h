@@ -108,6 +108,11 @@ typedef struct {
     float *sinks, *dsink; /* with --sinks (loaded): the sinks, and room for their gradient [Hq] */
 } cli_extras;
 int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x);
+/* Asks fa_plan_create whether the option files' features (bias, segment ids, slopes, sinks, a
+ * mask) combine with p and o, before cli_extras_load checks the files against p's shape: a
+ * combination the library refuses is its one message naming both features (exit 2 for
+ * FA_ERR_INVALID), never a shape the file could not take anyway. 0: they combine. */
+int cli_extras_supported(const cli_args *a, const fa_problem *p, const fa_options *o);
 /* cli_mask.c: the mask flags' block-sparse mask, built once (a plan input: its files are read
  * whole even by plan) and set as p->mask; the command line keeps it until exit. */
 int cli_mask_apply(const cli_args *a, fa_problem *p);

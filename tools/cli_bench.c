@@ -62,7 +62,7 @@ int cli_bench(const cli_args *a) {
     int rc = cli_shape_from_flags(a, &p);
     if (rc) return rc;
     cli_apply_options(a, &p, &opt);
-    if ((rc = cli_extras_load(a, &p, 0, &x))) return rc;
+    if ((rc = cli_extras_supported(a, &p, &opt)) || (rc = cli_extras_load(a, &p, 0, &x))) return rc;
     fa_plan *plan = NULL;
     if ((rc = cli_plan_create(&p, &opt, &plan))) return rc;
     fa_cost cf, cb;

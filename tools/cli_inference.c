@@ -317,7 +317,8 @@ int cli_run_inference(const cli_args *a) {
     }
     if (!rc) {
         cli_apply_options(a, &p, &opt);
-        rc = cli_extras_load(a, &p, 0, &s.x);
+        rc = cli_extras_supported(a, &p, &opt); /* the library's refusal before any file's shape check */
+        if (!rc) rc = cli_extras_load(a, &p, 0, &s.x);
     }
     if (!rc) rc = cli_plan_create(&p, &opt, &s.plan);
     if (rc) return release(&s), rc;

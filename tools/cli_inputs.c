@@ -1,6 +1,6 @@
 /* Input files: the optional bias, ALiBi slopes, segment ids and sinks (headers checked against the
- * problem, data read only when a command runs), and q/k/v/do tensors cast to the problem's
- * dtype. */
+ * problem, data read only when a command runs, after the library said their features combine
+ * with it), and q/k/v/do tensors cast to the problem's dtype. */
 #include "cli.h"
 
 #include <stdlib.h>
@@ -26,6 +26,26 @@ static int check_shape(const char *flag, const char *path, const npy_header *h, 
     npy_shape_str(ndim, want, exp, sizeof exp);
     return cli_fail(2, "%s %s: shape %s does not match the problem: want %s%s", flag, path, got,
                     exp, hint);
+}
+
+int cli_extras_supported(const cli_args *a, const fa_problem *p, const fa_options *o) {
+    const int masked = a->mask_chunk || a->prefix_len || a->documents || a->mask;
+    if (!a->bias && !a->q_segments && !a->alibi && !a->sinks && !masked) return 0;
+    fa_problem probe = *p;
+    /* a bias broadcast over everything, and any mask of the problem's shape: shapes every
+     * problem accepts, so that only the combination can be refused */
+    probe.has_bias = a->bias != NULL, probe.bias_batch = probe.bias_heads = 1, probe.bias_seq_q = 0;
+    probe.has_segment_ids = a->q_segments != NULL;
+    probe.has_alibi = a->alibi != NULL;
+    probe.has_sinks = a->sinks != NULL;
+    fa_mask *m = NULL;
+    const fa_mask_shape s = {1, 1, p->seq_q, p->seq_k, 0, 0};
+    if (masked && fa_mask_causal(&s, 0, &m) == FA_OK) probe.mask = m; /* else the mask flags say why */
+    fa_plan *pl = NULL;
+    int rc = cli_plan_create(&probe, o, &pl);
+    fa_plan_destroy(pl);
+    fa_mask_destroy(m);
+    return rc;
 }
 
 int cli_extras_load(const cli_args *a, fa_problem *p, int load, cli_extras *x) {

@@ -192,7 +192,8 @@ int cli_plan(const cli_args *a) {
     int rc = cli_inference_wanted(a) ? cli_inference_problem(a, &p, &lens) : cli_shape_from_flags(a, &p);
     if (rc) return fa_free(lens), rc;
     cli_apply_options(a, &p, &o);
-    rc = cli_extras_load(a, &p, 0, &x); /* headers only: a plan never reads tensor data */
+    rc = cli_extras_supported(a, &p, &o);
+    if (!rc) rc = cli_extras_load(a, &p, 0, &x); /* headers only: a plan never reads tensor data */
     if (rc) return fa_free(lens), rc;
     fa_plan *plan;
     rc = cli_plan_create(&p, &o, &plan);

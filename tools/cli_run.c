@@ -150,7 +150,7 @@ int cli_run(const cli_args *a) {
     cli_extras x = {0};
     int rc;
     if ((rc = cli_run_problem(a, &hq, &hk, &hv, &hdo, &p, &opt))) return rc;
-    if ((rc = cli_extras_load(a, &p, 0, &x))) return rc;
+    if ((rc = cli_extras_supported(a, &p, &opt)) || (rc = cli_extras_load(a, &p, 0, &x))) return rc;
 
     fa_plan *plan = NULL;
     if ((rc = cli_plan_create(&p, &opt, &plan))) return rc;
