@@ -75,8 +75,8 @@ typedef struct {
     float softcap;         /* 0: off; > 0: s = cap * tanh(s / cap) */
     int has_alibi;         /* slopes [Hq] f32, finite (checked by each call) */
     int has_bias;          /* additive f32 bias [bias_batch, bias_heads, bias_seq_q, Sk] */
-    int64_t bias_batch;    /* 1 or B */
-    int64_t bias_heads;    /* 1 or Hq */
+    int64_t bias_batch;    /* 1 or B; without has_bias it must stay unset (1, or 0) */
+    int64_t bias_heads;    /* 1 or Hq; without has_bias it must stay unset (1, or 0) */
     fa_strides bias_stride; /* all zeros: contiguous; a stride of a size-1 dim is ignored */
     int has_segment_ids;   /* q_segment_ids [B, Sq], kv_segment_ids [B, Sk], int32, contiguous */
 
@@ -89,7 +89,8 @@ typedef struct {
     int has_diag_offset;
     int64_t diag_offset;
     /* Bias scale: s += bias_scale * bias (has_bias_scale; else 1). The Pallas TPU kernel adds
-     * its bias before scaling, which is bias_scale = scale. Must be finite. */
+     * its bias before scaling, which is bias_scale = scale. Must be finite. Needs has_bias:
+     * has_bias_scale without a bias is FA_ERR_INVALID, as bias_grad's is. */
     int has_bias_scale;
     float bias_scale;
     /* The backward also writes dbias (fa_backward_args.dbias, f32, contiguous, the bias's
@@ -164,7 +165,8 @@ typedef struct {
     /* The bias's query dim (has_bias): 0 or seq_q, a bias row per query row; 1, one row
      * [bias_batch, bias_heads, 1, Sk] broadcast over every query row (its s[2] stride is
      * ignored), as a key-padding bias is; dbias then has that shape too, summed over the
-     * query rows in a fixed order (dbias itself is CPU-only, as bias_grad is). */
+     * query rows in a fixed order (dbias itself is CPU-only, as bias_grad is). Without
+     * has_bias it must be 0 (FA_ERR_INVALID otherwise). */
     int64_t bias_seq_q;
     /* Quantized kv caches (with cache_seqlens; docs/caches.md): has_cache_dtype with
      * cache_dtype FA_INT8 or FA_FP8_E4M3 makes k and v caches of 1-byte codes (strides in

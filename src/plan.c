@@ -132,8 +132,17 @@ static fa_status validate_scalars(fa_plan *pl) {
     if (p->lengths_per_call < FA_LENGTHS_AT_PLAN || p->lengths_per_call > FA_LENGTHS_PACKED)
         return fa_error(FA_ERR_INVALID, "lengths_per_call must be 0, FA_LENGTHS_CACHE (1) or FA_LENGTHS_PACKED (2), got %d",
                         p->lengths_per_call);
+    /* the bias's fields without a bias would be ignored silently: a caller's mistake */
     if (p->bias_grad && !p->has_bias)
         return fa_error(FA_ERR_INVALID, "bias_grad needs a bias (has_bias)");
+    if (p->has_bias_scale && !p->has_bias)
+        return fa_error(FA_ERR_INVALID, "bias_scale (has_bias_scale) needs a bias (has_bias)");
+    /* (0 and 1 are both unset: fa_problem_init's 1, or a problem zeroed by its caller) */
+    if (!p->has_bias && ((p->bias_batch != 0 && p->bias_batch != 1) || (p->bias_heads != 0 && p->bias_heads != 1) ||
+                         p->bias_seq_q != 0))
+        return fa_error(FA_ERR_INVALID, "bias_batch, bias_heads and bias_seq_q need a bias (has_bias): got %lld, %lld, "
+                                        "%lld without one (unset: 1, 1, 0)",
+                        (long long)p->bias_batch, (long long)p->bias_heads, (long long)p->bias_seq_q);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f)) /* NaN fails too */
         return fa_error(FA_ERR_INVALID, "dropout_p must be in [0, 1) (0 = off), got %g", (double)p->dropout_p);
     int64_t last;
@@ -177,8 +186,7 @@ static fa_status validate_layout(fa_plan *pl) {
         if (p->bias_heads == 1) p->bias_stride.s[1] = 0;
         if (p->bias_seq_q == 1) p->bias_stride.s[2] = 0;
     }
-    if (!p->has_bias_scale) p->bias_scale = 1.0f;
-    p->has_bias_scale = 1;
+    if (p->has_bias && !p->has_bias_scale) p->bias_scale = 1.0f, p->has_bias_scale = 1;
     p->bias_grad = p->bias_grad != 0;
     p->has_alibi = p->has_alibi != 0;
     p->has_bias = p->has_bias != 0;

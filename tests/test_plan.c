@@ -107,6 +107,15 @@ static void test_validation(void) {
     expect_bad("cuda bias_grad", p, &o, FA_ERR_UNSUPPORTED, "dbias");
     p = small(); p.bias_grad = 1;
     expect_bad("bias_grad without bias", p, NULL, FA_ERR_INVALID, "bias_grad");
+    /* the bias's other fields without a bias were ignored silently, as bias_grad's once was not */
+    p = small(); p.has_bias_scale = 1; p.bias_scale = 5.0f;
+    expect_bad("bias_scale without bias", p, NULL, FA_ERR_INVALID, "bias_scale (has_bias_scale) needs a bias (has_bias)");
+    p = small(); p.bias_seq_q = 1;
+    expect_bad("bias_seq_q 1 without bias", p, NULL, FA_ERR_INVALID, "bias_seq_q need a bias (has_bias)");
+    p = small(); p.bias_batch = 2;
+    expect_bad("bias_batch 2 without bias", p, NULL, FA_ERR_INVALID, "bias_batch");
+    p = small(); p.bias_heads = 4;
+    expect_bad("bias_heads 4 without bias", p, NULL, FA_ERR_INVALID, "bias_heads");
     p = small(); p.has_bias = 1; p.has_bias_scale = 1; p.bias_scale = NAN;
     expect_bad("bias_scale = NaN", p, NULL, FA_ERR_INVALID, "bias_scale");
     p = small(); p.has_bias = 1; p.has_bias_scale = 1; p.bias_scale = INFINITY;
@@ -119,7 +128,15 @@ static void test_validation(void) {
     CHECK(fa_plan_cost(NULL, FA_FORWARD, NULL) == FA_ERR_NULL, "cost of NULL plan");
     CHECK(fa_forward(NULL, NULL) == FA_ERR_NULL, "forward of NULL plan");
     CHECK(fa_backward(NULL, NULL) == FA_ERR_NULL, "backward of NULL plan");
-    printf("%s validation: 42 bad problems rejected with status and message\n",
+    /* unset bias fields pass: fa_problem_init's, zeroed ones, and a plan's own resolved problem */
+    fa_problem again;
+    p = small(); p.bias_batch = 0; p.bias_heads = 0;
+    CHECK(fa_plan_create(&p, NULL, &pl) == FA_OK, "zeroed bias fields without a bias: %s", fa_last_error());
+    if (pl) again = *fa_plan_problem(pl), fa_plan_destroy(pl), pl = NULL;
+    else again = small();
+    CHECK(fa_plan_create(&again, NULL, &pl) == FA_OK, "a plan's resolved problem, again: %s", fa_last_error());
+    fa_plan_destroy(pl);
+    printf("%s validation: 46 bad problems rejected with status and message\n",
            failures == n0 ? "PASS" : "FAIL");
 }
 
