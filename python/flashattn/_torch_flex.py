@@ -118,10 +118,15 @@ class _BlockMask(Mask):
         if (Sq, Sk) != self.seq:
             raise ValueError(f"the BlockMask is for (Q_LEN, KV_LEN) = {self.seq} but the call has Sq = {Sq}, Sk = {Sk}")
         Bm, Hm = self.kinds.shape[:2]
-        if Bm not in (1, B) or Hm not in (1, H):
-            raise ValueError(f"the BlockMask has B = {Bm}, H = {Hm}; the call has B = {B}, H = {H} (each 1 or equal)")
+        if 1 < Bm < B or 1 < Hm < H:
+            raise ValueError(f"the BlockMask has B = {Bm}, H = {Hm}; the call has B = {B}, H = {H} (each 1, equal "
+                             "or larger: flex_attention reads its first B and H)")
         kinds, bitmaps = self.kinds, self.bitmaps
-        if (Bm, Hm) != (B, H):  # shared over batch or heads: mask_mod at the call's every b and h
+        if Bm > B or Hm > H:  # flex_attention reads the first B batch items and H heads of a larger one
+            kinds = np.ascontiguousarray(kinds[:B if Bm > B else Bm, :H if Hm > H else Hm])
+            Bm, Hm = kinds.shape[:2]
+            bitmaps = None
+        if (Bm, Hm) != (B, H) or bitmaps is None:  # shared over batch or heads: mask_mod at the call's every b and h
             bitmaps, (Bm, Hm) = _bitmaps(self._src, kinds, B, H)
             kinds = np.broadcast_to(kinds, (Bm, Hm) + kinds.shape[2:])
         s = native.shape(Bm, Hm, Sq, Sk, *self.block)

@@ -223,3 +223,28 @@ def test_masks_under_torch_compile():
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"(?s)built in Python, outside the graph.*fullgraph"):
         torch.compile(f, fullgraph=True)(q)
+
+
+def test_a_larger_block_mask_serves_a_smaller_call_as_in_flex(rng):
+    """flex_attention takes a BlockMask made for more batch items or heads than the call has
+    (a mask built for a full batch, reused on a smaller last one) and reads its first B and
+    H; flashattn refused it ("each 1 or equal"). Now the same outputs and gradients as flex,
+    with a mask_mod that depends on b and h; fewer than the call's (but not 1) is refused."""
+    B, H, S, D = 2, 2, 130, 16
+    c = int(rng.integers(0, 5))
+    fn = lambda b, h, q, kv: (q >= kv) & (((q + kv * (b + 2) + 7 * h + c) % 5 != 0) | (q == kv))  # noqa: E731
+    bm = _block_mask(fn, 4, 3, S, S, 64)
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(B, H, S, D, generator=g, dtype=torch.float64) for _ in range(3))
+    o_flex = _flex(q, k, v, bm)
+    assert (o_flex - _flex(q, k, v, _block_mask(fn, B, H, S, S, 64))).abs().max().item() <= 1e-12
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    _dense_flex(*ref, _block_mask(fn, B, H, S, S, 64)).sum().backward()
+    mine = [t.to(torch.float32).requires_grad_() for t in (q, k, v)]
+    o = ft.attention(*mine, block_mask=bm)
+    o.sum().backward()
+    assert (o.double() - o_flex).abs().max().item() <= 1e-5 * o_flex.abs().max().item()
+    for got, want in zip(mine, ref):
+        assert (got.grad.double() - want.grad).abs().max().item() <= 5e-5 * want.grad.abs().max().item()
+    with pytest.raises(ValueError, match="each 1, equal or larger"):
+        ft.attention(*(torch.randn(3, H, S, D),) * 3, block_mask=_block_mask(fn, 2, H, S, S, 64))

@@ -198,3 +198,35 @@ def test_rows_with_no_visible_key_follow_sdpa(kind):
         assert (o[:, :, 2] == 0).all(), fn
         dq, = torch.autograd.grad(o.sum(), (q,))
         assert (dq[:, :, 2] == 0).all(), fn
+
+
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"mask": "bool"}, {"mask": "float"}, {"gqa": True},
+                                {"short_q": True}])
+def test_output_keeps_the_querys_memory_order(rng, kw):
+    """SDPA returns o in query's memory order: for the usual proj(x).view(B, L, H, E)
+    .transpose(1, 2) inputs it is a [B, L, H, E] tensor viewed as [B, H, L, E], so
+    o.transpose(1, 2).view(B, L, H * E) works; the drop-in returned a contiguous [B, H, L, E]
+    (that view raised). Values, strides and gradients as SDPA's."""
+    B, L, H, E = 2, 7, 4, 8
+    Hk = 2 if kw.get("gqa") else H
+    x = torch.from_numpy(rng.standard_normal((B, L, H, E)).astype(np.float32)).requires_grad_()
+    kv = torch.from_numpy(rng.standard_normal((B, L, Hk, 2 * E)).astype(np.float32)).requires_grad_()
+    q = x.transpose(1, 2)
+    k, v = kv[..., :E].transpose(1, 2), kv[..., E:].transpose(1, 2)
+    if kw.get("short_q"):
+        q = q[:, :, :3]
+    extra = {"is_causal": kw.get("is_causal", False), "enable_gqa": bool(kw.get("gqa"))}
+    if kw.get("mask") == "bool":
+        extra["attn_mask"] = torch.from_numpy(rng.random((q.shape[2], L)) < 0.7) | torch.eye(q.shape[2], L, dtype=bool)
+    elif kw.get("mask") == "float":
+        extra["attn_mask"] = torch.from_numpy(rng.standard_normal((1, H, q.shape[2], L)).astype(np.float32))
+    want = F.scaled_dot_product_attention(q, k, v, **extra)
+    got = fat.scaled_dot_product_attention(q, k, v, **extra)
+    assert got.stride() == want.stride() and got.shape == want.shape
+    check("o", got.detach().numpy(), want.detach().numpy(), FWD_TOL["f32"])
+    assert got.transpose(1, 2).view(B, q.shape[2], H * E).data_ptr() == got.data_ptr()
+    g = torch.from_numpy(rng.standard_normal(tuple(want.shape)).astype(np.float32))
+    gw = torch.autograd.grad(want, (x, kv), g)
+    gg = torch.autograd.grad(got, (x, kv), g)
+    for name, a, b in zip(("dx", "dkv"), gg, gw):
+        check(name, a.numpy(), b.numpy(), BWD_TOL["f32"])
