@@ -2,7 +2,7 @@
 import numpy as np
 
 from . import _native
-from ._problem import combined_bias_dims, empty_dims, make_options, make_problem
+from ._problem import combined_bias_dims, empty_dims, library_bias_scale, make_options, make_problem
 from .masks import Mask, build_for_call
 
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -122,6 +122,7 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
             raise TypeError(f"mask must be a flashattn.masks mask or a boolean array (True: attend), got dtype "
                             f"{np.asarray(mask).dtype}")
         mask, mask_shape = None, np.shape(mask)
+    bias_scale = library_bias_scale(bias_scale, bias_shape is not None, mask_shape is not None)  # as the call's
     if bias_shape is not None or mask_shape is not None:
         bias_shape = combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k)
     built = None

@@ -173,6 +173,16 @@ def combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k):
     return tuple(max(d[i] for d in dims) for i in range(3)) + (seq_k,)
 
 
+def library_bias_scale(bias_scale, has_bias, masked):
+    """The bias_scale the library gets (fold_bias_scale: none with a mask). A bias_scale without
+    a bias is refused, as the library refuses it: with only a boolean mask (which goes to the
+    library as a bias) it would otherwise vanish without a word."""
+    if bias_scale is not None and not has_bias:
+        raise ValueError("bias_scale needs a bias (bias=): there is no bias to scale"
+                         + (" (a boolean mask hides keys; it is not scaled)" if masked else ""))
+    return None if masked else bias_scale
+
+
 def fold_bias_scale(bias, bias_scale, masked):
     """(bias, bias_scale) as the library gets them where a boolean mask goes to it as a 0 / -inf
     bias added to bias (every front): with a mask the scale multiplies bias here and the
@@ -180,8 +190,9 @@ def fold_bias_scale(bias, bias_scale, masked):
     into NaN or +inf (docs/nonfinite.md); the gradient of the caller's bias is then bias_scale
     times the library's. Without a mask both pass as they are. bias: None, a numpy array, a
     torch tensor or a JAX array (float32 already)."""
+    scale = library_bias_scale(bias_scale, bias is not None, masked)
     if not masked or bias_scale is None:
-        return bias, bias_scale
+        return bias, scale
     bias_scale = _float("bias_scale", bias_scale)
     if isinstance(bias, np.ndarray):  # 0 or inf times the -inf, NaN or inf a hidden key may hold: no warning
         with np.errstate(invalid="ignore", over="ignore"):

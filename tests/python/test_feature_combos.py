@@ -126,3 +126,27 @@ def test_masked_scaled_dbias_same_bits_in_numpy_and_torch(rng, bias_scale):
     ft.attention(*(torch.from_numpy(x) for x in (q, k, v)), bias=tb, bias_scale=bias_scale,
                  mask=torch.from_numpy(mask)).backward(torch.from_numpy(do))
     assert np.array_equal(db_np.view(np.uint32), tb.grad.numpy().view(np.uint32))
+
+
+def test_bias_scale_without_a_bias_is_refused_by_every_front():
+    """bias_scale scales a bias: without one the library refuses it, and a boolean mask alone
+    (which the fronts pass as a bias) made it vanish without a word in every front. ValueError
+    naming bias_scale and the bias, in numpy, torch, JAX and the plan."""
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    import flashattn.jax as fj
+    import flashattn.torch as fat
+    q = np.random.default_rng(SEED).standard_normal((1, 2, 4, 8)).astype(np.float32)
+    m = np.tril(np.ones((4, 4), bool))
+    calls = {"numpy": lambda **kw: flashattn.attention(q, q, q, **kw),
+             "torch": lambda **kw: fat.attention(*(torch.from_numpy(q),) * 3,
+                                                 **{k: torch.from_numpy(v) if k == "mask" else v for k, v in kw.items()}),
+             "jax": lambda **kw: fj.attention(*(jnp.asarray(q),) * 3, layout="bhsd", **kw),
+             "plan": lambda **kw: flashattn.plan(batch=1, heads=2, seq_q=4, head_dim=8,
+                                                 **{"mask_shape" if k == "mask" else k: (4, 4) if k == "mask" else v
+                                                    for k, v in kw.items()})}
+    for name, f in calls.items():
+        for kw in ({"bias_scale": 2.0}, {"bias_scale": 2.0, "mask": m}):
+            with pytest.raises(ValueError, match="bias_scale.*needs a bias"):
+                f(**kw)
+        f(mask=m)  # without bias_scale the mask runs

@@ -110,15 +110,23 @@ def _scaled_mask_reference(q, k, v, do, bias, mask, bias_scale):
     full = _as_bias(mask) + (0.0 if bias is None else bias_scale * bias.astype(np.float64))
     o, lse, _ = ref.forward(q, k, v, bias=full)
     dq, dk, dv, db4 = ref.backward(q, k, v, do, bias=full)
-    return o, lse, dq, dk, dv, bias_scale * db4.sum(0, keepdims=True)
+    return o, lse, dq, dk, dv, (bias_scale or 0.0) * db4.sum(0, keepdims=True)
 
 
 @pytest.mark.parametrize("bias_scale", [-1.0, 0.0, 0.5])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
 def test_numpy_mask_with_bias_scale(rng, bias_scale, with_bias):
     """A mask with bias_scale <= 0 once gave NaN rows (the scale reached the mask's -inf):
-    the scale applies to the bias alone, forward and backward, dbias times bias_scale."""
+    the scale applies to the bias alone, forward and backward, dbias times bias_scale. Without
+    a bias there is nothing to scale: bias_scale is refused (ValueError), as the library
+    refuses it (it vanished without a word), and the mask runs without it."""
     q, k, v, bias, mask = _scaled_mask_case(rng, with_bias)
+    if not with_bias:
+        with pytest.raises(ValueError, match="bias_scale needs a bias"):
+            flashattn.attention(q, k, v, mask=mask, bias_scale=bias_scale)
+        with pytest.raises(ValueError, match="bias_scale needs a bias"):
+            flashattn.attention_backward(q, k, v, q, q[..., 0], q, mask=mask, bias_scale=bias_scale)
+        bias_scale = None
     o, lse = flashattn.attention(q, k, v, bias=bias, mask=mask, bias_scale=bias_scale, return_lse=True)
     do = randn(rng, o.shape)
     o_ref, lse_ref, *want = _scaled_mask_reference(q, k, v, do, bias, mask, bias_scale)

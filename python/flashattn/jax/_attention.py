@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._problem import (_int, broadcast_dims, check_real, combined_bias_dims, empty_dims, fold_bias_scale, threads_int,
+from .._problem import (_int, broadcast_dims, check_real, combined_bias_dims, empty_dims, fold_bias_scale,
+                        library_bias_scale, threads_int,
                         window_pair)
 from .._problem_inference import int32_lengths
 from . import _ffi
@@ -170,7 +171,7 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
     opt = Options(layout=layout, causal=_flag("causal", causal), window=_window(window), softcap=softcap or 0.0,
                   scale=_finite("scale", scale),
                   diag_offset=None if diag_offset is None else _int("diag_offset", diag_offset),
-                  bias_scale=fold_bias_scale(None, _finite("bias_scale", bias_scale), mask is not None)[1],
+                  bias_scale=library_bias_scale(_finite("bias_scale", bias_scale), bias is not None, mask is not None),
                   has_bias=bias_shape is not None,
                   has_alibi=alibi_slopes is not None, has_segment_ids=q_segment_ids is not None,
                   threads=threads_int(threads), has_sinks=sinks is not None,
