@@ -110,5 +110,10 @@ void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_
  * else (every key visible to every row, no softcap, ALiBi or bias): scores, row max,
  * exp, bf16 rounding of p, sum, rescale and p V, in registers. */
 void fa_decode_step_bf16(const fa_decode_step *t);
+/* The same step in the AMX tile unit (decode_bf16_amx.c; CPUs with AMX-BF16, the amx
+ * table's step): where fa_decode_step_bf16_amx_takes(t) (head and value dims multiples of 32
+ * up to 128, at most 16 rows); other steps go to fa_decode_step_bf16. */
+void fa_decode_step_bf16_amx(const fa_decode_step *t);
+int fa_decode_step_bf16_amx_takes(const fa_decode_step *t);
 
 #endif

@@ -337,13 +337,14 @@ static void amx_gemm_pb_pairs_rows(int m, const int *ns, int cols, const uint32_
     pb_blocks(m, 0, ns, cols, NULL, 0, pp, ldpp, b, o, ldo);
 }
 
-/* decode: the bf16 kernels of avx512bf16, the f16 and fp8 cache kernels of avx512, and the
- * int8 caches' step in the tile unit (decode_cache_amx.c); the first two prefetch three
+/* decode: the bf16 kernels of avx512bf16 (the whole step in the tile unit where its shapes
+ * fit: decode_bf16_amx.c), the f16 and fp8 cache kernels of avx512, and the int8 caches' step
+ * in the tile unit (decode_cache_amx.c); the first two prefetch three
  * times the lines they take on Zen 4, the whole next tile (isa.h, prefetch_x), so that the
  * driver reads only what the prefetches left (touch_rest) */
 static const fa_decode_kernels amx_decode = {.qk = fa_decode_qk_bf16,
                                              .pv = fa_decode_pv_bf16,
-                                             .step = fa_decode_step_bf16,
+                                             .step = fa_decode_step_bf16_amx,
                                              .cache_qk = fa_decode_cache_qk_avx512,
                                              .cache_pv = fa_decode_cache_pv_avx512,
                                              .cache_step = fa_decode_cache_step_amx,
