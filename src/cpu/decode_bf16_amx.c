@@ -1,7 +1,7 @@
 /* The bf16 decode step in the AMX tile unit (the amx table's `step`: bf16 caches of bf16
- * problems on CPUs with AMX-BF16, head and value dims multiples of 32 up to 128, at most 4
- * query rows a kv head, value rows without inf or NaN; other tiles take decode_avx512bf16.c's
- * step, fa_decode_step_bf16).
+ * problems on CPUs with AMX-BF16, head and value dims multiples of 32 up to 128, value rows
+ * without inf or NaN; other tiles take decode_avx512bf16.c's step, fa_decode_step_bf16). A
+ * kv head's query rows go 4 at a time, as in that step.
  *
  * Why: on the AMX Xeons measured here `vdpbf16ps` issues one every two cycles, so the
  * AVX512_BF16 step (32 of them per key and kv head at D = 128) took about 21 ns per key and
@@ -53,8 +53,8 @@ static const fa_tile_config cfg = {.palette = 1,
                                    .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
 
 int fa_decode_step_bf16_amx_takes(const fa_decode_step *t) {
-    return t->d % 32 == 0 && t->d <= DIM && t->dv % 32 == 0 && t->dv <= DIM && t->m >= 1 && t->m <= 4 &&
-           t->n >= 1 && t->n <= KEYS;
+    return t->d % 32 == 0 && t->d <= DIM && t->dv % 32 == 0 && t->dv <= DIM && t->m >= 1 && t->n >= 1 &&
+           t->n <= KEYS;
 }
 
 /* Whether a value row of the tile holds inf or NaN (bf16: exponent bits all ones). */
@@ -228,10 +228,15 @@ void fa_decode_step_bf16_amx(const fa_decode_step *t) {
     uint32_t pe[(KEYS / 16) * 16 * 16] __attribute__((aligned(64))), po[(KEYS / 16) * 16 * 16]
         __attribute__((aligned(64)));
     float alpha[4];
-    q_pairs(t->q, t->m, t->d, qb);
     fa_tiles_load(&cfg);
-    scores(t, qb, s);
-    softmax_pairs(t, s, alpha, pe, po);
-    weighted_values(t, pe, po, alpha);
+    for (int r0 = 0; r0 < t->m; r0 += 4) { /* 4 rows a pass, as in the AVX512_BF16 step */
+        fa_decode_step g = *t;
+        g.q += (int64_t)r0 * t->d, g.m = t->m - r0 < 4 ? t->m - r0 : 4;
+        g.mx += r0, g.sum += r0, g.acc += (int64_t)r0 * t->ldacc;
+        q_pairs(g.q, g.m, g.d, qb);
+        scores(&g, qb, s);
+        softmax_pairs(&g, s, alpha, pe, po);
+        weighted_values(&g, pe, po, alpha);
+    }
     fa_tiles_release();
 }
