@@ -222,6 +222,8 @@ static XLA_FFI_Error *build_problem(call *c) {
         return BAD(c, "q, k and v must share the batch size, got %lld, %lld and %lld", (long long)B,
                    (long long)k[0], (long long)v[0]);
     if (k[3] != q[3]) return BAD(c, "k has head_dim %lld but q has %lld", (long long)k[3], (long long)q[3]);
+    /* the library reads heads_kv 0 as heads_q: k and v with no heads would be read past their end */
+    if (Hk == 0 && Hq > 0) return BAD(c, "k and v have 0 heads but q has %lld", (long long)Hq);
     if (v[1] != Hk || v[2] != Sk)
         return BAD(c, "v has %lld heads and %lld keys but k has %lld and %lld", (long long)v[1], (long long)v[2],
                    (long long)Hk, (long long)Sk);

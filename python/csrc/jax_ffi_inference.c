@@ -138,7 +138,9 @@ static void set_sizes(fa_problem *p, int64_t batch, int64_t hq, int64_t hk, int6
                       int64_t dv) {
     p->batch = batch;
     p->heads_q = hq;
-    p->heads_kv = hk;
+    /* the library reads heads_kv 0 as heads_q: caches with no heads (and a q with some, which
+     * the Python front refuses first) must not be read as Hq heads; -1 makes the plan refuse */
+    p->heads_kv = hk == 0 && hq > 0 ? -1 : hk;
     p->seq_q = sq;
     p->seq_k = sk;
     p->head_dim = d;

@@ -221,6 +221,9 @@ def check_shapes(q_dims, k_dims, v_dims):
         raise ValueError(f"k has {Sk} keys but v has {vS}")
     if kD != D:
         raise ValueError(f"k has head_dim {kD} but q has {D}")
+    if Hk == 0 and Hq > 0:
+        raise ValueError(f"k and v have 0 heads but q has {Hq} (each query head reads a kv head; "
+                         "docs/semantics.md, \"Empty problems\")")
     if Hk > 0 and Hq % Hk:
         raise ValueError(f"q's heads ({Hq}) are not a multiple of k's and v's heads ({Hk})")
 
@@ -243,6 +246,11 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     if int(Dv) == 0 and int(D) != 0:
         raise ValueError("head_dim_v must be positive: v's head dim is 0, and a zero head dim is an error "
                          "(docs/semantics.md, \"Empty problems\")")
+    # likewise heads_kv 0 reads as "the same as heads_q": k and v with no heads would be read
+    # as Hq heads, past their ends
+    if int(Hk) == 0 and int(Hq) != 0:
+        raise ValueError(f"kv_heads is 0 but heads is {int(Hq)}: each query head reads a kv head (docs/semantics.md, "
+                         "\"Empty problems\")")
     p = _native.new_problem()
     for field, name, n in (("batch", "batch", B), ("heads_q", "heads", Hq), ("heads_kv", "kv_heads", Hk),
                            ("seq_q", "seq_q", Sq), ("seq_k", "seq_k", Sk), ("head_dim", "head_dim", D),

@@ -46,6 +46,8 @@ def check_varlen_shapes(q_shape, k_shape, v_shape):
         raise ValueError(f"k {tuple(k_shape)} and v {tuple(v_shape)} must agree in [total_k, heads]")
     if k_shape[2] != q_shape[2]:
         raise ValueError(f"k has head_dim {k_shape[2]} but q has {q_shape[2]}")
+    if k_shape[1] == 0 and q_shape[1] > 0:
+        raise ValueError(f"k and v have 0 heads but q has {q_shape[1]} (each query head reads a kv head)")
     if k_shape[1] > 0 and q_shape[1] % k_shape[1]:
         raise ValueError(f"q's heads ({q_shape[1]}) are not a multiple of k's and v's heads ({k_shape[1]})")
 
@@ -106,6 +108,8 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
     if kc_shape[3] != D:
         raise ValueError(f"k_cache has head_dim {kc_shape[3]} but q has {D}")
     Hk = kc_shape[2]
+    if Hk == 0 and Hq > 0:
+        raise ValueError(f"the caches have 0 heads but q has {Hq} (each query head reads a kv head)")
     if Hk > 0 and Hq % Hk:
         raise ValueError(f"q's heads ({Hq}) are not a multiple of the caches' heads ({Hk})")
     if new_shapes is not None:

@@ -133,3 +133,38 @@ def test_zero_size_out_is_accepted():
     qa = np.ones((0, 2, 4, 16), np.float32)
     out = np.empty((0, 2, 4, 16), np.float32)
     assert flashattn.attention(qa, qa, qa, out=out) is out
+
+
+def test_zero_kv_heads_under_query_heads_is_an_error(rng):
+    """k and v with 0 heads while q has some: the library reads heads_kv 0 as "the same as
+    heads_q", so every front ran Hq heads over empty k and v, reading (and through out=
+    writing) past their ends: garbage lse, a heap corrupted by the backward. Every front and
+    the plans refuse it by name (docs/semantics.md, "Empty problems": Hq = 0 is the empty one)."""
+    q = rng.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    kv = np.zeros((1, 0, 8, 8), np.float32)
+    out = np.full((1, 2, 8, 8), 7.0, np.float32)
+    with pytest.raises(ValueError, match="0 heads but q has 2"):
+        flashattn.attention(q, kv, kv, out=out)
+    assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match="0 heads but q has 2"):
+        flashattn.attention_backward(q, kv, kv, q, q[..., 0], q)
+    with pytest.raises(ValueError, match="kv_heads is 0 but heads is 2"):
+        flashattn.plan(batch=1, heads=2, kv_heads=0, seq_q=8, head_dim=8)
+    cu = np.array([0, 8], np.int32)
+    with pytest.raises(ValueError, match="0 heads but q has 2"):
+        flashattn.varlen_attention(q[0].transpose(1, 0, 2).copy(), kv[0].transpose(1, 0, 2), kv[0].transpose(1, 0, 2),
+                                   cu, cu)
+    cache = np.zeros((1, 8, 0, 8), np.float32)
+    with pytest.raises(ValueError, match="the caches have 0 heads but q has 2"):
+        flashattn.kvcache_attention(q[:, :, :1].transpose(0, 2, 1, 3).copy(), cache, cache, cache_seqlens=4)
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as fat
+    with pytest.raises(ValueError, match="0 heads but q has 2"):
+        fat.attention(torch.from_numpy(q), torch.from_numpy(kv), torch.from_numpy(kv))
+    jnp = pytest.importorskip("jax.numpy")
+    import flashattn.jax as faj
+    with pytest.raises(ValueError, match="0 heads but q has 2"):
+        faj.attention(jnp.asarray(q), jnp.asarray(kv), jnp.asarray(kv), layout="bhsd")
+    with pytest.raises(ValueError, match="0 heads but q has 2"):
+        faj.kvcache_attention(jnp.asarray(q[:, :, :1].transpose(0, 2, 1, 3)), jnp.asarray(cache), jnp.asarray(cache),
+                              cache_seqlens=4)

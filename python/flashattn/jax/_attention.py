@@ -53,7 +53,9 @@ def _check_qkv(q, k, v, layout):
         raise ValueError(f"k has head_dim {k.shape[3]} but q has {d}")
     if v.shape[head] != hk or v.shape[seq] != sk:
         raise ValueError(f"v has {v.shape[head]} heads and {v.shape[seq]} keys but k has {hk} and {sk}")
-    if (hk == 0 and hq != 0) or (hk != 0 and hq % hk != 0):
+    if hk == 0 and hq != 0:
+        raise ValueError(f"k and v have 0 heads but q has {hq} (each query head reads a kv head)")
+    if hk != 0 and hq % hk != 0:
         raise ValueError(f"q's heads ({hq}) must be a multiple of k's and v's heads ({hk})")
     return b, hq, sq, sk
 
