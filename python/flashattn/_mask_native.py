@@ -62,6 +62,10 @@ class NativeMask:
         _native.check(build(ctypes.byref(out)), what)
         self.ptr = out.value
 
+    def __reduce__(self):
+        raise TypeError("a built mask (the library's object) cannot be copied or pickled; copy or pickle the "
+                        "flashattn.masks mask it was built from")
+
     def __del__(self, _destroy=lib.fa_mask_destroy):
         ptr = getattr(self, "ptr", None)
         if ptr:

@@ -49,12 +49,22 @@ class Mask:
     def __bool__(self):
         raise TypeError("a flashattn mask has no truth value: combine masks with & and |, not `and` / `or`")
 
+    def __getstate__(self):
+        """copy, deepcopy and pickle take the description without the library objects built
+        from it (a copy builds its own; copied, the objects were freed under the original)."""
+        state = self.__dict__.copy()
+        state["_built"] = {}
+        return state
+
     def build(self, batch, heads, seq_q, seq_k, *, diag_offset=None, block=(0, 0)):
         """The library's fa_mask for a call of these shapes (a NativeMask; cached).
         diag_offset: the call's own (None: bottom-right, seq_k - seq_q); block: the mask's
         (block_q, block_k), 0 for the library's default (128)."""
         dims = tuple(_int(n, v) for n, v in (("batch", batch), ("heads", heads), ("seq_q", seq_q),
                                               ("seq_k", seq_k)))
+        for n, v in zip(("batch", "heads"), dims[:2]):
+            if v < 0:
+                raise ValueError(f"a mask's {n} must be >= 0, got {v}")
         diag = dims[3] - dims[2] if diag_offset is None else _int("diag_offset", diag_offset)
         key = (dims, diag, tuple(_int("mask block", b) for b in block))
         with _BUILT_LOCK:
@@ -178,6 +188,9 @@ class _PrefixLM(Mask):
 class _Documents(Mask):
     def __init__(self, lengths):
         super().__init__()
+        if np.ndim(lengths) == 0:
+            raise TypeError(f"documents(lengths): lengths must be a list of document lengths (one document of "
+                            f"{lengths!r} keys is [{lengths!r}]), or one such list per batch item, got {lengths!r}")
         rows = list(lengths)
         if rows and all(np.ndim(r) == 0 for r in rows):
             rows = [rows]  # one list: the same documents in every batch item
@@ -216,6 +229,10 @@ class _Array(Mask):
             raise TypeError(f"from_array takes a boolean array (True = attend), got dtype {a.dtype}")
         self.array = a.copy()  # immutable from here: a mask never changes under a plan
         self.array.flags.writeable = False
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.array.flags.writeable = False  # an unpickled array comes back writeable
 
     def _build(self, dims, diag, block):
         out, shape = _dense_dims("from_array's array", self.array.shape, dims)

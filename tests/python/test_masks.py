@@ -279,3 +279,42 @@ def test_attention_with_a_mask_in_half_precision(rng, dtype):
     bias = np.where(np.broadcast_to(want, (B, H, S, S)), 0.0, -np.inf)
     o = flashattn.attention(q, k, v, mask=m)
     assert rel_err(o, ref.forward(q, k, v, bias=bias)[0]) <= FWD_TOL[dtype]
+
+
+def test_copies_and_pickles_of_a_used_mask_build_their_own():
+    """A mask once built kept the library's object in its cache; copy.deepcopy duplicated the
+    cache's owner, so collecting the copy freed the object under the original (its next use
+    read freed memory and the process aborted), and pickle stored the raw pointer (a crash in
+    the process that loaded it). Copies and pickles now take the description only."""
+    import copy
+    import gc
+    import pickle
+    from flashattn._mask_native import NativeMask
+    for m in (masks.chunked(16) & masks.causal(), masks.from_array(np.tril(np.ones((40, 40), bool))),
+              masks.documents([10, 30]) | masks.window(3, 0)):
+        want = m.to_array(1, 2, 40, 40)
+        c = copy.deepcopy(m)
+        assert np.array_equal(c.to_array(1, 2, 40, 40), want)
+        del c
+        gc.collect()
+        assert np.array_equal(m.to_array(1, 2, 40, 40), want)  # the original's object still lives
+        p = pickle.loads(pickle.dumps(m))
+        assert np.array_equal(p.to_array(1, 2, 40, 40), want)
+        assert copy.copy(m).to_array(1, 2, 40, 40).shape == want.shape
+    a = pickle.loads(pickle.dumps(masks.from_array(np.ones((4, 4), bool))))
+    assert not a.array.flags.writeable  # immutable after unpickling too
+    built = masks.causal().build(1, 1, 8, 8)
+    assert isinstance(built, NativeMask)
+    for f in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be copied or pickled"):
+            f(built)
+
+
+def test_mask_argument_nits_name_the_argument():
+    """documents(8) raised Python's "'int' object is not iterable"; to_array took a negative
+    batch or heads count."""
+    with pytest.raises(TypeError, match=r"one document of 8 keys is \[8\]"):
+        masks.documents(8)
+    for dims in ((-1, 1, 4, 4), (1, -2, 4, 4)):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            masks.causal().to_array(*dims)
