@@ -188,7 +188,7 @@ class _PrefixLM(Mask):
 class _Documents(Mask):
     def __init__(self, lengths):
         super().__init__()
-        if np.ndim(lengths) == 0:
+        if not hasattr(lengths, "__iter__") or (isinstance(lengths, np.ndarray) and lengths.ndim == 0):
             raise TypeError(f"documents(lengths): lengths must be a list of document lengths (one document of "
                             f"{lengths!r} keys is [{lengths!r}]), or one such list per batch item, got {lengths!r}")
         rows = list(lengths)
