@@ -56,8 +56,15 @@ class Plan:
         """The exact cost (a dict like .forward) of one call of a lengths-per-call plan with
         these lengths (fa_plan_cost_lengths); a plan made with lengths takes only its own."""
         from ._problem_inference import int32_lengths
-        arrays = [None if a is None else int32_lengths(n, a, "[...]") for n, a in
-                  (("cache_seqlens", cache_seqlens), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))]
+        B = self._handle.problem.batch
+        arrays = []
+        for n, a, size in (("cache_seqlens", cache_seqlens, B), ("cu_seqlens_q", cu_seqlens_q, B + 1),
+                           ("cu_seqlens_k", cu_seqlens_k, B + 1)):
+            want = f"[{'batch' if size == B else 'batch + 1'}] = [{size}]"
+            a = None if a is None else int32_lengths(n, a, want)
+            if a is not None and a.shape[0] != size:  # the library reads exactly size entries
+                raise ValueError(f"{n} must have shape {want} (the plan's batch is {B}), got {a.shape}")
+            arrays.append(a)
         if pass_ not in ("forward", "backward"):
             raise ValueError(f"pass_ must be 'forward' or 'backward', got {pass_!r}")
         if pass_ == "backward" and self.backward is None:

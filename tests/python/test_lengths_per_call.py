@@ -151,3 +151,19 @@ def test_torch_merge_states_equals_numpy(rng):
     assert not og.requires_grad
     with pytest.raises(ValueError, match="lse_a must be real numbers"):
         ft.merge_states(torch.from_numpy(oa), torch.from_numpy(la).bool(), torch.from_numpy(ob), torch.from_numpy(lb))
+
+
+def test_cost_lengths_checks_the_arrays_against_the_plans_batch():
+    """cost_lengths read as many entries as the plan's batch from whatever array it got: one
+    too short was read past its end (garbage lengths, or a cost with no error), and a view
+    of a longer buffer was priced as the buffer. Now ValueError naming the shape."""
+    import numpy as np
+    import flashattn
+    p = flashattn.plan_kvcache(None, batch=4, seq_q=1, heads=2, kv_heads=2, head_dim=8, cache_len=64)
+    buf = np.array([10, 20, 30, 40], np.int32)
+    with pytest.raises(ValueError, match=r"cache_seqlens must have shape \[batch\] = \[4\]"):
+        p.cost_lengths(cache_seqlens=buf[:1])
+    assert p.cost_lengths(cache_seqlens=buf)["flops"] > 0
+    v = flashattn.plan_varlen(None, None, batch=2, heads=2, head_dim=8, total_q=16, total_k=16)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must have shape \[batch \+ 1\] = \[3\]"):
+        v.cost_lengths(cu_seqlens_q=np.array([0, 5], np.int32), cu_seqlens_k=np.array([0, 5, 9], np.int32))
