@@ -102,6 +102,22 @@ def _bias_and_mask(bias, mask, dims, bias_scale):
     return _readable("bias", np.broadcast_to(b, full)), own, bias_scale
 
 
+def _sizes_first(layout, q, k, v):
+    """The library's verdict on the problem's sizes before anything is copied or allocated:
+    a stride-0 view of 2**40 rows was copied (256 TiB), or o reserved, before it was asked.
+    Shapes alone, contiguous, f32 (the widest dtype: what passes here passes for any);
+    shapes that disagree are left to the checks after, which name the tensors."""
+    shapes = [np.shape(a) for a in (q, k, v)]
+    if any(len(s) != 4 for s in shapes):
+        return
+    qd, kd, vd = (_layout.to_bhsd(layout, s) for s in shapes)
+    try:
+        check_shapes(qd, kd, vd)
+    except ValueError:
+        return
+    _native.cached_plan(make_problem(q_dims=qd, k_dims=kd, v_dims=vd, dtype="f32"), make_options("cpu", 0))
+
+
 class _Call:
     """What both passes share: the checked q, k, v, the options' arrays, the problem."""
 
@@ -109,6 +125,7 @@ class _Call:
                  q_segment_ids, kv_segment_ids, layout, bias_scale=None, diag_offset=None, mask=None,
                  threads=0, sinks=None, dropout=(None, None, None)):
         self.layout = _layout.check_layout(layout)
+        _sizes_first(self.layout, q, k, v)
         q, k, v = (_readable(n, a) for n, a in (("q", q), ("k", k), ("v", v)))
         if not (q.dtype == k.dtype == v.dtype):
             raise ValueError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")

@@ -39,6 +39,8 @@ def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, h
         batch = _int("batch", batch)
         if batch < 0:
             raise ValueError(f"batch = {batch} is negative")
+        if batch >= 2**31 - 1:  # before the arrays below: cu_seqlens are int32 [batch + 1]
+            raise ValueError(f"batch = {batch} is too large: cu_seqlens_q and cu_seqlens_k are int32 [batch + 1]")
         cu_q = cu_k = np.zeros(batch + 1, np.int32)  # only their size counts: the batch
         tq, tk = total_q, total_k
     else:

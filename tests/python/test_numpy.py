@@ -224,3 +224,19 @@ def test_f16_and_bf16_inputs_in_one_call_are_rejected(rng):
     q, k, v = _qkv(rng, "f16")
     with pytest.raises(ValueError, match="one dtype"):
         flashattn.attention(q, k.astype(np_dtype("bf16")), v)
+
+
+def test_sizes_the_library_refuses_are_refused_before_any_copy_or_output():
+    """A stride-0 view of 2**31 query rows (no memory) was copied, or its output reserved,
+    before the library was asked: numpy's "Unable to allocate 512 GiB", where the library
+    answers at once that sequence lengths are limited. Now the library's ValueError first,
+    forward and backward; plan_varlen's batch likewise before its int32 arrays exist."""
+    small = np.zeros((1, 1, 1, 64), np.float32)
+    q = np.broadcast_to(small, (1, 1, 2**31, 64))
+    kv = np.zeros((1, 1, 16, 64), np.float32)
+    with pytest.raises(ValueError, match="sequence lengths are limited"):
+        flashattn.attention(q, kv, kv)
+    with pytest.raises(ValueError, match="sequence lengths are limited"):
+        flashattn.attention_backward(q, kv, kv, q, np.zeros((1, 1, 2**31), np.float32)[..., :1], q)
+    with pytest.raises(ValueError, match="batch = 1099511627776 is too large"):
+        flashattn.plan_varlen(None, None, batch=2**40, heads=1, head_dim=8, total_q=4)
