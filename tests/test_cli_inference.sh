@@ -330,6 +330,16 @@ if [ $rc -eq 0 ] && grep -q 'GB/s of cache read' "$W/so"; then ok "bench --decod
 fa bench --decode --batch 1 --heads 8 --kv-heads 2 --head-dim 64 --cache-len 4096 --dtype bf16 --iters 2 --json --huge-pages
 if [ $rc -eq 0 ] && grep -q '"huge_page_bytes": -\{0,1\}[0-9]' "$W/so"; then ok "bench --decode --huge-pages"
 else no "bench --decode --huge-pages" "exit $rc: $(cat "$W/so" "$W/se")"; fi
+# option files: the inference benchmarks time shapes alone; a combination the library refuses
+# is its message, a feature it runs is refused by name (both were ignored, exit 0)
+gen bal.npy '<f4' 8 --seed $((S0 + 27))
+gen bb.npy '<f4' 1 8 1 300 --seed $((S0 + 28))
+expect_bad "bench --decode --bias" "additive bias (has_bias) does not combine with kv-cache decoding" bench --decode \
+  --batch 2 --heads 8 --kv-heads 2 --head-dim 32 --cache-len 300 --iters 1 --bias "$I/bb.npy"
+expect_bad "bench --decode --alibi" "does not apply --alibi" bench --decode --batch 2 --heads 8 --kv-heads 2 \
+  --head-dim 32 --cache-len 300 --iters 1 --alibi "$I/bal.npy"
+expect_bad "bench --varlen --mask-chunk" "does not combine with packed variable-length" bench --varlen 16,70 \
+  --heads 2 --head-dim 16 --iters 1 --mask-chunk 8
 expect_bad "bench --huge-pages without --decode" "--huge-pages" bench --varlen 16,70 --heads 2 --head-dim 16 --huge-pages
 expect_bad "bench --huge-pages on a training bench" "--huge-pages" bench --batch 1 --heads 2 --seq 64 --head-dim 16 --huge-pages
 fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json

@@ -72,6 +72,22 @@ static void *zalloc_huge(size_t n, int *huge) {
     return x;
 }
 
+/* The inference benchmarks time the shapes alone, on random data: the library is asked first
+ * whether the option files' features combine with the problem (its message names both),
+ * then a feature it would run (ALiBi, sinks, a mask over dense rows) is refused here rather
+ * than dropped without a word: `run` with the same shapes takes the files. */
+static int refuse_option_files(const cli_args *a, const char *bench, const fa_problem *p, const fa_options *o) {
+    int rc = cli_extras_supported(a, p, o);
+    if (rc) return rc;
+    const char *flag = a->bias ? "--bias" : a->alibi ? "--alibi" : a->sinks ? "--sinks"
+                     : a->q_segments ? "--q-segments" : a->kv_segments ? "--kv-segments" : a->mask ? "--mask"
+                     : a->documents ? "--documents" : a->prefix_len ? "--prefix-len" : a->mask_chunk ? "--mask-chunk"
+                     : NULL;
+    return flag ? cli_fail(2, "bench %s times the shapes alone and does not apply %s (run takes it with the same shapes)",
+                           bench, flag)
+                : 0;
+}
+
 static int bench_decode(const cli_args *a) {
     /* the first one missing, by name (a given --cache-len is at least 1: cli_args.c) */
     const char *missing = !a->batch ? "--batch" : !a->heads ? "--heads" : !a->head_dim ? "--head-dim"
@@ -108,7 +124,8 @@ static int bench_decode(const cli_args *a) {
         }
     }
     fa_plan *pl = NULL;
-    int rc = cli_plan_create(&p, &opt, &pl);
+    int rc = refuse_option_files(a, "--decode", &p, &opt);
+    if (!rc) rc = cli_plan_create(&p, &opt, &pl);
     if (rc) return free(lens), free(table), rc;
     const size_t es = fa_dtype_size(p.dtype), cs = fa_dtype_size(p.has_cache_dtype ? p.cache_dtype : p.dtype);
     const int quant = p.has_cache_dtype && (p.cache_dtype == FA_INT8 || p.cache_dtype == FA_FP8_E4M3);
@@ -217,7 +234,8 @@ static int bench_varlen(const cli_args *a) {
     pk.seq_q = pk.seq_k = total, pk.cu_seqlens_q = pk.cu_seqlens_k = cu;
     pd.seq_q = pd.seq_k = longest, pd.has_segment_ids = 1; /* padded: rows past a length are segment 1/2 */
     fa_plan *plk = NULL, *pld = NULL;
-    if ((rc = cli_plan_create(&pk, &opt, &plk)) || (rc = cli_plan_create(&pd, &opt, &pld)))
+    if ((rc = refuse_option_files(a, "--varlen", &pk, &opt)) || (rc = cli_plan_create(&pk, &opt, &plk)) ||
+        (rc = cli_plan_create(&pd, &opt, &pld)))
         return free(cu), fa_plan_destroy(plk), rc;
     const size_t es = fa_dtype_size(pk.dtype);
     const int64_t Hq = pk.heads_q, Hk = pk.heads_kv, D = pk.head_dim, Dv = pk.head_dim_v, Pn = B * longest;
