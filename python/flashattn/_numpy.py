@@ -223,6 +223,9 @@ def _check_out(name, out, shape, dtype, inputs=()):
     if out.shape != shape or out.dtype != dtype:
         raise ValueError(f"{name} must be {dtype} of shape {shape}, got {out.dtype} of shape {out.shape}")
     st = _elem_strides(out)
+    if any(s < 0 for n, s in zip(out.shape, out.strides) if n > 1):
+        raise ValueError(f"{name} must have non-negative strides (the library's strides are >= 0), got strides "
+                         f"{out.strides}; pass a view without reversed dims, or a fresh array")
     if not out.flags.writeable or not out.flags.aligned or st is None or not _layout.writable_strides(shape, st):
         raise ValueError(f"{name} must be a writable, aligned array whose elements do not overlap "
                          f"(strides {out.strides})")

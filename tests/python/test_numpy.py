@@ -240,3 +240,12 @@ def test_sizes_the_library_refuses_are_refused_before_any_copy_or_output():
         flashattn.attention_backward(q, kv, kv, q, np.zeros((1, 1, 2**31), np.float32)[..., :1], q)
     with pytest.raises(ValueError, match="batch = 1099511627776 is too large"):
         flashattn.plan_varlen(None, None, batch=2**40, heads=1, head_dim=8, total_q=4)
+
+
+def test_out_with_a_reversed_dim_names_the_negative_stride(rng):
+    """A writable, aligned, non-overlapping out[..., ::-1, :] was refused as if its elements
+    overlapped; the message names the negative stride now."""
+    q = rng.standard_normal((1, 2, 8, 16)).astype(np.float32)
+    out = np.empty_like(q)
+    with pytest.raises(ValueError, match="non-negative strides"):
+        flashattn.attention(q, q, q, out=out[:, :, ::-1])
