@@ -9,18 +9,24 @@ _SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_bytes(budget):
-    """An int, or a string with a K, M, G or T suffix (powers of 1024), as the CLI takes."""
+    """A byte count >= 0: an int, or a string with a K, M, G or T suffix (powers of 1024), as
+    the CLI takes; at most 2**63 - 1 bytes either way (inf, NaN and negative budgets are
+    refused, as the CLI's --memory-budget refuses them)."""
     if isinstance(budget, str):
         text = budget.strip().upper().removesuffix("B").removesuffix("I")
         mult = _SUFFIX.get(text[-1:], 1)
         digits = text[:-1] if text[-1:] in _SUFFIX else text
         try:
-            value = float(digits)
+            value = float(digits) * mult
         except ValueError:
             raise ValueError(f"memory budget {budget!r} is not a number with an optional K/M/G/T suffix") from None
-        return int(value * mult)
+        if not 0 <= value < 2.0**63:  # NaN fails too
+            raise ValueError(f"memory budget {budget!r} must be a byte count from 0 to 2**63 - 1")
+        return int(value)
     if isinstance(budget, bool) or not hasattr(budget, "__index__"):
         raise ValueError(f"memory budget must be bytes (int) or a string like '24G', got {budget!r}")
+    if not 0 <= int(budget) < 2**63:
+        raise ValueError(f"memory budget {budget!r} must be a byte count from 0 to 2**63 - 1")
     return int(budget)
 
 

@@ -188,3 +188,14 @@ def test_numpy_dtype_error_names_the_dtype(rng, dtype, said):
     q = randn(rng, (1, 1, 4, 8)).astype(dtype)
     with pytest.raises(ValueError, match=f"q, k, v must be float32, float16 or bfloat16.*{said}"):
         flashattn.attention(q, q, q)
+
+
+def test_plan_fits_takes_byte_counts_only():
+    """fits("inf") raised OverflowError, fits("nan") numpy's message, fits("1e30") passed where
+    fits(1e30) was refused, fits(-1) answered False: every budget is a byte count from 0 to
+    2**63 - 1, or ValueError naming it."""
+    p = flashattn.plan(batch=1, heads=1, seq_q=8, head_dim=8)
+    for bad in ("inf", "nan", "1e30", -1, "-5G", 2**63):
+        with pytest.raises(ValueError, match="memory budget"):
+            p.fits(bad)
+    assert p.fits("24G") and p.fits(10**9) and not p.fits(0)
