@@ -17,7 +17,8 @@ attention function lowers them the way flashattn.torch.attention lowers any mask
 keys get -inf and follow the library's hidden-key rule (docs/nonfinite.md). GQA runs on
 the kv heads directly (no repeat_kv copy); softcap (Gemma 2) goes to the kernel.
 
-What differs from "sdpa": a query row that sees no key at all (the pad positions of a
+output_attentions=True gets no attention maps (flashattn never forms them), with a warning
+once, as "sdpa" gives. What differs from "sdpa": a query row that sees no key at all (the pad positions of a
 left-padded batch) gives o = 0 here; torch's SDPA gives 0 or NaN there depending on its
 version and kernel. Those rows are padding, which the model's loss and generate() ignore.
 Attention dropout (a module in training mode with attention_dropout > 0) runs flashattn's
@@ -30,6 +31,15 @@ import torch
 from . import torch as _ft
 
 NAME = "exact_attention"
+_WARNED = set()
+
+
+def _warn_once(message):
+    """transformers' own logger, once per message (its convention for what a backend cannot do)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        from transformers.utils import logging
+        logging.get_logger(__name__).warning(message)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -38,6 +48,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     [B, Hk, Sk, D]; returns (output [B, Sq, Hq, Dv], None)."""
     if kwargs.get("position_bias") is not None:
         raise NotImplementedError(f"{NAME}: position_bias (T5-style relative bias) is not supported")
+    if kwargs.get("output_attentions"):  # as transformers warns for "sdpa": said once, not silent
+        _warn_once(f"{NAME} never forms the attention weights: output_attentions=True returns no maps "
+                   "(attn_implementation='eager' does)")
     sq = query.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)

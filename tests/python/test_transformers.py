@@ -166,3 +166,21 @@ def test_gpt_oss_sinks_match_eager(rng, counted):
             continue
         e = (a.grad - b.grad).abs().max().item() / max(b.grad.abs().max().item(), 1e-30)
         assert e < 1e-4, f"gpt-oss: gradient of {n} off by {e:.3g} (seed {SEED})"
+
+
+def test_output_attentions_is_said_not_silently_empty(rng, counted, monkeypatch):
+    """output_attentions=True returned no maps without a word (sdpa warns); the backend now
+    warns once through transformers' logger, and the logits are still the model's."""
+    messages = []
+    monkeypatch.setattr(fhf, "_WARNED", set())
+    from transformers.utils import logging
+    monkeypatch.setattr(logging.get_logger(fhf.__name__), "warning", messages.append)
+    name = fhf.register()
+    ref, ours = _models(_configs()["llama"], name)
+    ids = torch.from_numpy(rng.integers(1, VOCAB, (1, 9)))
+    with torch.no_grad():
+        r = ours(input_ids=ids, output_attentions=True)
+        ours(input_ids=ids, output_attentions=True)
+        want = ref(input_ids=ids).logits
+    assert len(messages) == 1 and "output_attentions=True returns no maps" in messages[0]
+    assert torch.allclose(r.logits, want, atol=1e-5) and counted
