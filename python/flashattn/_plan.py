@@ -22,6 +22,8 @@ def parse_bytes(budget):
             raise ValueError(f"memory budget {budget!r} is not a number with an optional K/M/G/T suffix") from None
         if not 0 <= value < 2.0**63:  # NaN fails too
             raise ValueError(f"memory budget {budget!r} must be a byte count from 0 to 2**63 - 1")
+        if value != int(value):  # as the CLI's --memory-budget: 1.5K is 1536, 1.3K no whole number
+            raise ValueError(f"memory budget {budget!r} is not a whole number of bytes (1.5K is 1536; 1.3K is refused)")
         return int(value)
     if isinstance(budget, bool) or not hasattr(budget, "__index__"):
         raise ValueError(f"memory budget must be bytes (int) or a string like '24G', got {budget!r}")

@@ -195,7 +195,7 @@ def test_plan_fits_takes_byte_counts_only():
     fits(1e30) was refused, fits(-1) answered False: every budget is a byte count from 0 to
     2**63 - 1, or ValueError naming it."""
     p = flashattn.plan(batch=1, heads=1, seq_q=8, head_dim=8)
-    for bad in ("inf", "nan", "1e30", -1, "-5G", 2**63):
+    for bad in ("inf", "nan", "1e30", -1, "-5G", 2**63, "1.3K"):
         with pytest.raises(ValueError, match="memory budget"):
             p.fits(bad)
-    assert p.fits("24G") and p.fits(10**9) and not p.fits(0)
+    assert p.fits("24G") and p.fits(10**9) and not p.fits(0) and p.fits("1.5K") == p.fits(1536)
