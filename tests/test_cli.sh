@@ -327,6 +327,16 @@ bad "text after the header dict" "malformed" run --q "$I/garbage.npy" --k "$I/k.
 bad "version 2.0, truncated" "v2.npy.*truncated" run --q "$I/v2.npy" --k "$I/k.npy" --v "$I/v.npy" $O
 bad "missing file" "missing.npy.*cannot open" run --q "$I/missing.npy" --k "$I/k.npy" --v "$I/v.npy" $O
 bad "a directory as input" "not a regular file" run --q "$I" --k "$I/k.npy" --v "$I/v.npy" $O
+# a FIFO with no writer: opening it blocked until one came (the CLI hung); refused at once
+mkfifo "$W/fifo.npy"
+timeout 20 "$FA" run --q "$W/fifo.npy" --k "$I/k.npy" --v "$I/v.npy" $O >"$W/so" 2>"$W/se"
+rc=$?
+[ $rc -eq 2 ] && grep -q "not a regular file" "$W/se" && ok "a FIFO as input: exit 2 at once" ||
+  no "a FIFO as input" "exit $rc (124: hung), $(head -c 200 "$W/se")"
+timeout 20 "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --alibi "$W/fifo.npy" >"$W/so" 2>"$W/se"
+rc=$?
+[ $rc -eq 2 ] && grep -q "not a regular file" "$W/se" && ok "a FIFO as an option file: exit 2 at once" ||
+  no "a FIFO as an option file" "exit $rc (124: hung), $(head -c 200 "$W/se")"
 bad "a text file as input" "magic" run --q "$W/keep.txt" --k "$I/k.npy" --v "$I/v.npy" $O
 bad "unknown flag" "unknown option '--frobnicate'" run $QKV --frobnicate $O
 bad "flag of another command" "unknown option '--memory-budget'" run $QKV --memory-budget 1G $O
@@ -491,6 +501,21 @@ if [ $rc -ne 0 ]; then no "run after a killed run" "exit $rc: $(head -c 300 "$W/
 elif [ "$left" != "lse.npy o.npy " ]; then no "run after a killed run" "folder holds '$left', want 'lse.npy o.npy '"
 elif [ $rr -ne 0 ]; then no "run after a killed run" "values: $r"
 else ok "run after a killed run: exactly o.npy and lse.npy, o matches the reference ($r)"; fi
+
+# A failure while outputs are moved into place leaves every target untouched: --lse on a
+# file system with one free inode could not name its temporary after --out had already been
+# renamed over the old file. Needs a tmpfs mount (root); said so where there is none.
+mkdir -p "$W/ino" "$W/keep"
+if mount -t tmpfs -o size=1m,nr_inodes=2 tmpfs "$W/ino" 2>/dev/null; then
+  echo OLD >"$W/keep/o.npy"
+  fa run $QKV --out "$W/keep/o.npy" --lse "$W/ino/lse.npy"
+  [ $rc -eq 1 ] && [ "$(cat "$W/keep/o.npy")" = OLD ] && [ "$(ls -A "$W/keep")" = o.npy ] &&
+    ok "an output that cannot be moved into place leaves the others untouched" ||
+    no "outputs moved into place one by one" "exit $rc, o.npy now $(head -c 6 "$W/keep/o.npy" | od -c | head -1)"
+  umount "$W/ino"
+else
+  echo "skip an output that cannot be moved into place (no tmpfs mount here)"
+fi
 
 # ---- (4) crashes --------------------------------------------------------------------------
 [ $crashes -eq 0 ] && ok "no crash (exit >= 128) in $calls calls" || no "crash check" "$crashes of $calls calls crashed"

@@ -409,6 +409,8 @@ int cli_run_inference(const cli_args *a) {
             cli_fail(rc, "%s %s", s.outs[i].flag, err);
         fa_free(conv);
     }
+    for (int i = 0; i < s.nout && !rc; i++) /* every temporary named first: a failure replaces no target */
+        if ((rc = npy_out_prepare(&s.outs[i].file, err, sizeof err))) cli_fail(rc, "%s %s", s.outs[i].flag, err);
     for (int i = 0; i < s.nout && !rc; i++)
         if ((rc = npy_out_commit(&s.outs[i].file, err, sizeof err))) cli_fail(rc, "%s %s", s.outs[i].flag, err);
     if (!rc && a->count)

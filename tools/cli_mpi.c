@@ -256,6 +256,8 @@ static int run_body(const cli_args *a) {
     for (int i = 0; i < nout; i++) rc = gather_write(&outs[i], p.dtype, lay, rc);
     if (!rc && R == 0) {
         char err[NPY_ERR_LEN];
+        for (int i = 0; i < nout && !rc; i++) /* every temporary named first: a failure replaces no target */
+            if (npy_out_prepare(&outs[i].file, err, sizeof err)) rc = cli_fail(1, "%s %s", outs[i].flag, err);
         for (int i = 0; i < nout && !rc; i++)
             if (npy_out_commit(&outs[i].file, err, sizeof err)) rc = cli_fail(1, "%s %s", outs[i].flag, err);
     }

@@ -118,6 +118,10 @@ static int write_outputs(output *outs, int n, fa_dtype t) {
         fa_free(conv);
         if (rc) return cli_fail(rc, "%s %s", outs[i].flag, err);
     }
+    for (int i = 0; i < n; i++) { /* every temporary named first: a failure then replaces no target */
+        int rc = npy_out_prepare(&outs[i].file, err, sizeof err);
+        if (rc) return cli_fail(rc, "%s %s", outs[i].flag, err);
+    }
     for (int i = 0; i < n; i++) {
         int rc = npy_out_commit(&outs[i].file, err, sizeof err);
         if (rc) return cli_fail(rc, "%s %s", outs[i].flag, err);

@@ -281,7 +281,17 @@ static int read_header_fp(const char *path, FILE *f, int accepted, npy_header *h
 /* An input that cannot be opened is bad input (exit 2), unless the system failed rather
  * than the path (out of memory, out of descriptors, an I/O error: exit 1, docs/cli.md). */
 static FILE *open_input(const char *path, char *err, size_t errlen, int *rc) {
-    FILE *f = fopen(path, "rb");
+    /* O_NONBLOCK: opening a FIFO with no writer would block until one came (the CLI hung);
+     * such a path is refused as not a regular file before anything is read */
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    FILE *f = NULL;
+    if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        close(fd);
+        *rc = fail(2, err, errlen, "%s: not a regular file", path);
+        return NULL;
+    }
+    if (fd >= 0 && !(f = fdopen(fd, "rb"))) close(fd);
     if (!f) {
         const int e = errno, system = e == ENOMEM || e == EMFILE || e == ENFILE || e == EIO || e == EINTR;
         *rc = fail(system ? 1 : 2, err, errlen, "%s: cannot open: %s", path, strerror(e));
@@ -503,8 +513,19 @@ static int link_unnamed(npy_out *o) {
     return -1;
 }
 
+int npy_out_prepare(npy_out *o, char *err, size_t errlen) {
+    if (!o->written || (o->unnamed && !o->named && link_unnamed(o) != 0)) {
+        int e = errno;
+        int rc = fail(1, err, errlen, "%s: cannot move the output into place: %s", o->path,
+                      o->written ? strerror(e) : "nothing written");
+        npy_out_abort(o);
+        return rc;
+    }
+    return 0;
+}
+
 int npy_out_commit(npy_out *o, char *err, size_t errlen) {
-    if (!o->written || (o->unnamed && link_unnamed(o) != 0) || rename(o->tmp, o->path) != 0) {
+    if (!o->written || (o->unnamed && !o->named && link_unnamed(o) != 0) || rename(o->tmp, o->path) != 0) {
         int e = errno;
         int rc = fail(1, err, errlen, "%s: cannot move the output into place: %s", o->path,
                       o->written ? strerror(e) : "nothing written");

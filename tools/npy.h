@@ -57,6 +57,10 @@ int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen);
 int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data, char *err,
                   size_t errlen);
 int npy_out_commit(npy_out *o, char *err, size_t errlen);
+/* The part of npy_out_commit that can fail for want of room (a name for an unnamed file
+ * needs an inode): a command with several outputs prepares them all before it commits any,
+ * so that a failure leaves every target untouched (renames then only replace names). */
+int npy_out_prepare(npy_out *o, char *err, size_t errlen);
 void npy_out_abort(npy_out *o);
 
 /* Whether two output paths name one file, however spelled ("out/o.npy", "./out/o.npy", a
