@@ -325,6 +325,16 @@ _PLAN_CACHE_SIZE = 256
 _PLAN_CACHE_LOCK = threading.Lock()  # callers on several threads: fa_plan_create releases the GIL
 
 
+def _new_cache_lock_in_child():
+    """A fork while another thread held the lock left it held forever in the child (whose
+    only thread then hung at its first call): the child starts with a free one."""
+    global _PLAN_CACHE_LOCK
+    _PLAN_CACHE_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_cache_lock_in_child)
+
+
 def cached_plan(problem, options):
     """Plans are pure functions of (problem, options) and the environment the library reads
     at every plan (FA_ISA, OMP_NUM_THREADS, FA_BWD_SCHEDULE: docs/environment.md): reuse them

@@ -18,6 +18,7 @@ library's constructors; nothing is evaluated here but a from_fn predicate) and c
 those shapes. The plan of a call with a Mask stays exact: flops count the blocks that run,
 flops_useful the visible pairs.
 """
+import os
 import threading
 
 import numpy as np
@@ -29,6 +30,16 @@ _CACHE_SIZE = 8
 # guards every mask's cache of built masks; one for the module, so that making a mask takes
 # no lock (torch.compile traces a mask made inside a compiled function)
 _BUILT_LOCK = threading.Lock()
+
+
+def _new_built_lock_in_child():
+    """As _native's plan cache lock: a fork while another thread held it left it held in the
+    child for good."""
+    global _BUILT_LOCK
+    _BUILT_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_built_lock_in_child)
 
 
 class Mask:
