@@ -85,7 +85,8 @@ typedef struct {
      * off = Sk - Sq (bottom-right, as FlashAttention-2); has_diag_offset sets off =
      * diag_offset instead (0: top-left, as PyTorch's is_causal and the Pallas TPU kernel; any
      * value within +-INT32_MAX: a block of a larger problem, as the sequence-parallel code
-     * uses; FA_ERR_INVALID outside). */
+     * uses; FA_ERR_INVALID outside). It needs something to place: causal, a window or ALiBi
+     * (FA_ERR_INVALID without; a mask object carries its own diag_offset). */
     int has_diag_offset;
     int64_t diag_offset;
     /* Bias scale: s += bias_scale * bias (has_bias_scale; else 1). The Pallas TPU kernel adds

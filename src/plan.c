@@ -127,6 +127,10 @@ static fa_status validate_scalars(fa_plan *pl) {
     if (p->has_diag_offset && (p->diag_offset < -(int64_t)INT32_MAX || p->diag_offset > (int64_t)INT32_MAX))
         return fa_error(FA_ERR_INVALID, "diag_offset must be within +-%d, got %lld", INT32_MAX,
                         (long long)p->diag_offset);
+    /* a diagonal that places nothing would be ignored silently: a caller's mistake */
+    if (p->has_diag_offset && !fa_sched_aligns(p->causal, p->window_left, p->window_right, p->has_alibi))
+        return fa_error(FA_ERR_INVALID, "diag_offset (has_diag_offset) places causal, a window or ALiBi, and none is set "
+                                        "(a mask object carries its own diag_offset)");
     if (p->has_bias_scale && !isfinite(p->bias_scale))
         return fa_error(FA_ERR_INVALID, "bias_scale must be finite, got %g", (double)p->bias_scale);
     if (p->lengths_per_call < FA_LENGTHS_AT_PLAN || p->lengths_per_call > FA_LENGTHS_PACKED)

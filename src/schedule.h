@@ -57,6 +57,12 @@ FA_SCHED_FN int64_t fa_sched_off(int64_t sq, int64_t sk, int has_diag_offset, in
     return has_diag_offset ? diag_offset : sk - sq;
 }
 
+/* 1 if the diagonal (off) places anything: causal, a window (either side bounded) or ALiBi.
+ * A mask object carries its own diagonal, fixed when it was built (fa_mask_causal etc.). */
+FA_SCHED_FN int fa_sched_aligns(int causal, int64_t window_left, int64_t window_right, int alibi) {
+    return causal || window_left >= 0 || window_right >= 0 || alibi;
+}
+
 /* The masks of a problem of sq rows and sk keys. */
 FA_SCHED_FN fa_sched fa_sched_make(int64_t sq, int64_t sk, int has_diag_offset, int64_t diag_offset, int causal,
                                    int64_t window_left, int64_t window_right) {

@@ -94,6 +94,7 @@ static void case_init(tcase *c, const fa_problem *p, int mask, uint64_t *rng, in
         c->slopes = tu_alloc(sizeof(float) * (size_t)Hq);
         for (int64_t h = 0; h < Hq; h++) c->slopes[h] = (float)(0.01 + 0.3 * rnd01(rng));
     }
+    tu_keep_aligned_diag(q);
     if (mask & M_BIAS) {
         q->has_bias = 1;
         if (!(mask & M_ASIS)) {

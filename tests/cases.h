@@ -100,6 +100,7 @@ static inline fa_problem fa_case_problem(const fa_case *c) {
     }
     if (c->bias_scale != 0.0f) p.has_bias_scale = 1, p.bias_scale = c->bias_scale;
     p.has_alibi = c->alibi, p.has_segment_ids = c->seg;
+    tu_keep_aligned_diag(&p);
     return p;
 }
 

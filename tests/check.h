@@ -111,6 +111,12 @@ static inline double tu_uniform(uint64_t *s) {
 static inline int64_t tu_int(uint64_t *s, int64_t lo, int64_t hi) { /* [lo, hi] */
     return lo + (int64_t)(tu_next(s) % (uint64_t)(hi - lo + 1));
 }
+/* A diagonal offset places causal, windows and ALiBi, and the library refuses one that places
+ * nothing (fa_problem.has_diag_offset): generators that draw it apart from those drop it where
+ * nothing aligns. Call it once the problem's masks and ALiBi are set. */
+static inline void tu_keep_aligned_diag(fa_problem *p) {
+    if (!(p->causal || p->window_left >= 0 || p->window_right >= 0 || p->has_alibi)) p->has_diag_offset = 0;
+}
 /* Fills n elements of dtype t with uniform values times amp (rounded to the dtype). */
 static inline void tu_fill(uint64_t *s, fa_dtype t, void *x, int64_t n, double amp) {
     for (int64_t i = 0; i < n; i++) chk_store(t, x, i, (float)(tu_uniform(s) * amp));

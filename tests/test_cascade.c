@@ -152,8 +152,9 @@ static void refusals(void) {
     CHECK(fa_plan_create(&v, &opt, &pl) == FA_ERR_INVALID && strstr(fa_last_error(), "shared_prefix_len") &&
               strstr(fa_last_error(), "cu_seqlens"),
           "refusals: with packed batches: %s", fa_last_error());
-    v = p, v.has_diag_offset = 1;
-    CHECK(fa_plan_create(&v, &opt, &pl) == FA_ERR_INVALID && strstr(fa_last_error(), "has_diag_offset"),
+    v = p, v.has_diag_offset = 1, v.causal = 1;
+    CHECK(fa_plan_create(&v, &opt, &pl) == FA_ERR_INVALID && strstr(fa_last_error(), "has_diag_offset") &&
+              strstr(fa_last_error(), "shared_prefix_len"),
           "refusals: with a diagonal offset: %s", fa_last_error());
     v = p, v.shared_prefix_len = -1;
     CHECK(fa_plan_create(&v, &opt, &pl) == FA_ERR_INVALID && strstr(fa_last_error(), "shared_prefix_len"),

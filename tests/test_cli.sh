@@ -353,7 +353,9 @@ bad "--dsink without --sinks" "dsink needs --sinks" grad $QKV --do "$I/do.npy" $
 bad "--dbias on run" "unknown option '--dbias'" run $QKV --bias "$I/bias.npy" --dbias "$OUT/db.npy" $O
 bad "--dbias same file as --dq" "same file" grad $QKV --do "$I/do.npy" $G --bias "$I/bias.npy" --dbias "$OUT/dq.npy"
 bad "--diag-offset not an integer" "diag-offset.*not an integer" plan $SHAPE --diag-offset 1.5
-bad "--diag-offset too large" "diag_offset" run $QKV --diag-offset 99999999999 $O
+bad "--diag-offset too large" "diag_offset" run $QKV --diag-offset 99999999999 --causal $O
+bad "--diag-offset with nothing to place" "--diag-offset places --causal" run $QKV --diag-offset 3 $O
+bad "--top-left with nothing to place" "--top-left places --causal" run $QKV --top-left $O
 bad "--diag-offset too small" "diag-offset.*below" plan $SHAPE --diag-offset -99999999999
 bad "--top-left with --diag-offset" "not both" plan $SHAPE --top-left --diag-offset 2
 bad "bad --dtype" "dtype.*f64" plan $SHAPE --dtype f64

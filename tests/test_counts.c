@@ -77,6 +77,7 @@ static void test_random(int n) {
             p.bias_heads = tu_int(&rng, 0, 1) ? p.heads_q : 1;
         }
         p.has_alibi = (int)tu_int(&rng, 0, 3) == 0;
+        tu_keep_aligned_diag(&p);
         p.has_segment_ids = (int)tu_int(&rng, 0, 4) == 0;
         fa_options o = {FA_BACKEND_CPU, (int)tu_int(&rng, 1, 3), 0, 0};
         if (tu_int(&rng, 0, 4)) {

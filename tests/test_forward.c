@@ -140,6 +140,7 @@ static int run_case(const char *group, int idx, const tcase *c, group_stats *gs)
     p.has_alibi = c->alibi != 0, p.has_bias = c->bias, p.has_segment_ids = c->seg != 0;
     p.bias_batch = c->bias_b, p.bias_heads = c->bias_h;
     p.has_diag_offset = c->has_diag, p.diag_offset = c->diag;
+    tu_keep_aligned_diag(&p);
     p.has_bias_scale = c->has_bias_scale, p.bias_scale = c->bias_scale;
 
     const int64_t qd[4] = {c->B, c->Hq, c->Sq, c->D}, kd[4] = {c->B, c->Hk, c->Sk, c->D};

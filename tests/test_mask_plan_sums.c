@@ -91,6 +91,7 @@ static void one_case(uint64_t *r, int c) {
     p.causal = (int)tu_int(r, 0, 1);
     if (tu_int(r, 0, 2) == 0) p.window_left = tu_int(r, 0, 80), p.window_right = tu_int(r, -1, 40);
     if (tu_int(r, 0, 2) == 0) p.has_diag_offset = 1, p.diag_offset = tu_int(r, -30, 30);
+    tu_keep_aligned_diag(&p);
     fa_options o = {0};
     o.backend = FA_BACKEND_CPU;
     fa_plan *pl = NULL;

@@ -323,6 +323,7 @@ static void test_min_bytes(uint64_t *rs, uint64_t first_seed) {
         if (tu_int(rs, 0, 1)) p.window_left = tu_int(rs, -1, 20), p.window_right = tu_int(rs, -1, 20);
         if (tu_int(rs, 0, 3) == 0) p.has_diag_offset = 1, p.diag_offset = tu_int(rs, -90, 90);
         p.has_alibi = tu_int(rs, 0, 3) == 0;
+        tu_keep_aligned_diag(&p);
         p.seq_q = tu_int(rs, 1, 70), p.seq_k = tu_int(rs, 1, 70);
         if (shape == 0) {
             if (tu_int(rs, 0, 2) == 0) {

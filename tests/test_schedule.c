@@ -264,6 +264,7 @@ static void random_masks(fa_problem *p) {
         const int64_t d[] = {0, 3, -3, INT32_MAX, -INT32_MAX};
         p->has_diag_offset = 1, p->diag_offset = pick(d, 5);
     }
+    tu_keep_aligned_diag(p);
 }
 
 /* The plan of p (NULL, counted as a failure, if it is refused). */

@@ -147,6 +147,7 @@ static void test_huge_windows(void) {
             c.p.window_left = sides[w][0], c.p.window_right = sides[w][1];
             c.p.causal = v == 1;
             if (v == 2) c.p.has_diag_offset = 1, c.p.diag_offset = -7;
+            tu_keep_aligned_diag(&c.p);
             char label[128];
             snprintf(label, sizeof label, "window (%lld, %lld)%s", (long long)sides[w][0], (long long)sides[w][1],
                      v == 1 ? " causal" : v == 2 ? " diag -7" : "");
@@ -155,6 +156,7 @@ static void test_huge_windows(void) {
             scase e = c;
             if (e.p.window_left > ((int64_t)1 << 33)) e.p.window_left = -1;
             if (e.p.window_right > ((int64_t)1 << 33)) e.p.window_right = -1;
+            tu_keep_aligned_diag(&e.p); /* (unbounded both sides: nothing left to place) */
             fa_plan *a = sc_plan(&c, 8, 16), *b = sc_plan(&e, 8, 16);
             if (a && b) {
                 fa_cost ca[2], cb[2];

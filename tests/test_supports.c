@@ -50,7 +50,7 @@ static void build(int a, int b, fa_problem *p, fa_options *o) {
         case SOFTCAP: p->softcap = 5; break;
         case CAUSAL: p->causal = 1; break;
         case WINDOW: p->window_left = 4, p->window_right = 2; break;
-        case DIAG: p->has_diag_offset = 1, p->diag_offset = 3; break;
+        case DIAG: p->has_diag_offset = 1, p->diag_offset = 3, p->causal = 1; break; /* (something to place) */
         case VARLEN: p->cu_seqlens_q = cu_q, p->cu_seqlens_k = cu_k; break;
         case DECODE: p->cache_seqlens = cache; break;
         case NEW_KV:

@@ -293,6 +293,12 @@ static int apply(cli_args *a, flag_id id, char **v) {
     return cli_fail(1, "internal error: flag %d", (int)id);
 }
 
+/* 1 if the flags give something --diag-offset places in the problem: causal, a window or
+ * ALiBi (the library's rule, fa_problem.has_diag_offset). */
+static int cli_aligns(const cli_args *a) {
+    return a->causal || a->window_left >= 0 || a->window_right >= 0 || a->alibi != NULL;
+}
+
 int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     memset(a, 0, sizeof *a);
     a->cmd = cmd;
@@ -340,6 +346,9 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
     if (seen[F_DIAG_OFFSET] && seen[F_TOP_LEFT])
         return cli_fail(2, "%s: give either --diag-offset or --top-left, not both", name);
     if (a->has_bias_scale && !a->bias) return cli_fail(2, "%s: --bias-scale needs --bias", name);
+    if (a->has_diag_offset && !cli_aligns(a) && !a->mask_chunk && !a->prefix_len)
+        return cli_fail(2, "%s: %s places --causal, --window, --alibi, --mask-chunk and --prefix-len, and none is given",
+                        name, seen[F_TOP_LEFT] ? "--top-left" : "--diag-offset");
     if (a->has_seed && !a->has_dropout) return cli_fail(2, "%s: --seed needs --dropout", name);
     if (a->dbias && !a->bias) return cli_fail(2, "%s: --dbias needs --bias", name);
     if (a->dsink && !a->sinks) return cli_fail(2, "%s: --dsink needs --sinks", name);
@@ -408,7 +417,9 @@ void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o) {
         p->scale = a->scale;
     }
     if (a->has_bias_scale) p->has_bias_scale = 1, p->bias_scale = a->bias_scale;
-    if (a->has_diag_offset) p->has_diag_offset = 1, p->diag_offset = a->diag_offset;
+    /* the problem's diagonal places causal, windows and ALiBi; the mask flags' masks take it
+     * when they are built (cli_mask.c) */
+    if (a->has_diag_offset && cli_aligns(a)) p->has_diag_offset = 1, p->diag_offset = a->diag_offset;
     if (a->has_dropout) p->dropout_p = a->dropout, p->dropout_seed = a->seed; /* seed 0 unless given */
     p->bias_grad = a->dbias != NULL;
     memset(o, 0, sizeof *o);

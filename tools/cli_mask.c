@@ -130,7 +130,7 @@ int cli_mask_apply(const cli_args *a, fa_problem *p) {
     }
     /* one mask for every batch item unless a file gives per-item data */
     fa_mask_shape s = {a->prefix_len || a->documents ? p->batch : 1, 1, p->seq_q, p->seq_k, 0, 0};
-    const int64_t off = p->has_diag_offset ? p->diag_offset : p->seq_k - p->seq_q; /* as causal aligns */
+    const int64_t off = a->has_diag_offset ? a->diag_offset : p->seq_k - p->seq_q; /* as causal aligns */
     fa_mask *acc = NULL, *m = NULL;
     int rc = 0;
     if (a->mask_chunk) {

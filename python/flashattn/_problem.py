@@ -96,6 +96,22 @@ def window_pair(window):
     return (_int("window left", left), _int("window right", right))
 
 
+def problem_diag_offset(diag_offset, causal, window, alibi, masked):
+    """The diag_offset the library's problem gets (None: unset). It places causal, the
+    window and ALiBi (fa_problem.has_diag_offset, which the library refuses without one of
+    them); the masks a front builds for the call (masked: flashattn.masks objects) take it when
+    they are built, so with only such a mask the problem goes without it. Given with nothing
+    at all to place: ValueError, as the library would refuse it."""
+    if diag_offset is None:
+        return None
+    if causal or alibi or any(side >= 0 for side in window_pair(window)):
+        return diag_offset
+    if masked:
+        return None
+    raise ValueError("diag_offset places causal, window and ALiBi (and the masks built for the call), and none "
+                     "is given: it would change nothing")
+
+
 def _index(name, v):
     """v as a Python int: an integer (numpy's, a 0-dim integer tensor), not a bool;
     ValueError naming the argument otherwise, a traced JAX value's included."""
@@ -272,6 +288,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
         p.has_bias, p.bias_batch, p.bias_heads, p.bias_seq_q = 1, bb, bh, bq
     p.has_alibi = int(bool(alibi))
     p.has_segment_ids = int(bool(segment_ids))
+    diag_offset = problem_diag_offset(diag_offset, causal, window, alibi, bool(mask))
     if diag_offset is not None:
         p.has_diag_offset, p.diag_offset = 1, _int("diag_offset", diag_offset)
     if bias_scale is not None:

@@ -54,7 +54,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     sq = query.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
-    opts = dict(scale=scaling, softcap=softcap, diag_offset=0)  # top-left, as SDPA's is_causal
+    opts = dict(scale=scaling, softcap=softcap)
     if dropout:  # transformers passes 0.0 outside training
         opts["dropout_p"] = float(dropout)
     s_aux = kwargs.get("s_aux")
@@ -73,7 +73,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         # no mask: transformers found plain causal attention (or, for one query row or a
         # bidirectional model, full attention) exact here; a sliding window that matters
         # always comes as a mask (masking_utils._ignore_causal_mask_sdpa)
-        o = _ft.attention(query, key, value, causal=bool(is_causal and sq > 1), **opts)
+        causal = bool(is_causal and sq > 1)  # aligned top-left, as SDPA's is_causal
+        o = _ft.attention(query, key, value, causal=causal, diag_offset=0 if causal else None, **opts)
     return o.transpose(1, 2).contiguous(), None
 
 

@@ -41,7 +41,8 @@ void fa_mpi_pair_problem(const fa_mpi_plan *pl, const fa_mpi_seg *qs, const fa_m
     *out = *g;
     out->seq_q = qs->len;
     out->seq_k = ks->len;
-    out->has_diag_offset = 1;
+    /* each pair of blocks at its place in the global problem, where anything aligns at it */
+    out->has_diag_offset = fa_sched_aligns(g->causal, g->window_left, g->window_right, g->has_alibi);
     out->diag_offset = qs->gstart - ks->gstart + pl->goff;
     out->has_sinks = 0; /* a partial state: the ring adds the sink once, after every block */
     out->q_stride = fa_mpi_local_stride(&g->q_stride, g->batch, g->heads_q, pl->lq, g->head_dim);

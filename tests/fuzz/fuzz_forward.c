@@ -104,6 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.has_scale = c.has_scale, p.scale = c.scale;
     p.has_diag_offset = c.has_diag, p.diag_offset = c.diag;
     p.has_alibi = c.alibi != 0, p.has_bias = c.bias, p.has_segment_ids = c.seg != 0;
+    tu_keep_aligned_diag(&p);
     p.bias_batch = c.bias_b, p.bias_heads = c.bias_h;
     const int64_t qd[4] = {c.B, c.Hq, c.Sq, c.D}, kd[4] = {c.B, c.Hk, c.Sk, c.D};
     const int64_t vd[4] = {c.B, c.Hk, c.Sk, c.Dv}, od[4] = {c.B, c.Hq, c.Sq, c.Dv};

@@ -199,3 +199,26 @@ def test_plan_fits_takes_byte_counts_only():
         with pytest.raises(ValueError, match="memory budget"):
             p.fits(bad)
     assert p.fits("24G") and p.fits(10**9) and not p.fits(0) and p.fits("1.5K") == p.fits(1536)
+
+
+@pytest.mark.parametrize("front", ["numpy", "torch", "jax"])
+def test_diag_offset_needs_something_to_place(rng, front):
+    """diag_offset places causal, the window, ALiBi and the masks built for the call; given
+    with none of them it changed nothing, silently (library, fronts and CLI alike). Now
+    refused; with a flashattn.masks mask alone it still aligns the mask."""
+    from flashattn import masks
+    attention = _front(front)
+    q, k, v = (randn(rng, (1, 2, 8, 4)) for _ in range(3))
+    k, v = randn(rng, (1, 2, 12, 4)), randn(rng, (1, 2, 12, 4))
+    with pytest.raises(ValueError, match="diag_offset places causal"):
+        attention(q, k, v, diag_offset=3)
+    with pytest.raises(ValueError, match="diag_offset places causal"):
+        attention(q, k, v, diag_offset=0, window=(-1, -1))
+    # with something to place: accepted, and the offset matters
+    for kw in ({"causal": True}, {"window": (2, 1)}, {"alibi_slopes": np.array([0.5, 0.25], np.float32)}):
+        top, bottom = attention(q, k, v, diag_offset=0, **kw), attention(q, k, v, **kw)
+        assert not np.array_equal(top, bottom), kw
+    # a mask built for the call takes it (top-left chunks, not the default bottom-right)
+    want = attention(q, k, v, mask=masks.chunked(4, diag_offset=0))
+    np.testing.assert_array_equal(attention(q, k, v, mask=masks.chunked(4), diag_offset=0), want)
+    assert not np.array_equal(attention(q, k, v, mask=masks.chunked(4)), want)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _native
+from .._problem import problem_diag_offset
 
 _LIB_NAME = "libflashattn_jax.so"
 FORWARD_TARGET = "flashattn_forward"
@@ -84,6 +85,11 @@ def register() -> None:
     _registered = True
 
 
+def _diag(opt: Options):
+    """The problem's diag_offset (_problem.problem_diag_offset: a mask built for the call took it)."""
+    return problem_diag_offset(opt.diag_offset, opt.causal, opt.window, opt.has_alibi, opt.mask != 0)
+
+
 def _attributes(opt: Options) -> dict:
     i64, f32 = np.int64, np.float32
     return dict(
@@ -94,8 +100,8 @@ def _attributes(opt: Options) -> dict:
         softcap=f32(opt.softcap),
         has_scale=i64(opt.scale is not None),
         scale=f32(0.0 if opt.scale is None else opt.scale),
-        has_diag_offset=i64(opt.diag_offset is not None),
-        diag_offset=i64(0 if opt.diag_offset is None else opt.diag_offset),
+        has_diag_offset=i64(_diag(opt) is not None),
+        diag_offset=i64(0 if _diag(opt) is None else _diag(opt)),
         has_bias_scale=i64(opt.bias_scale is not None),
         bias_scale=f32(1.0 if opt.bias_scale is None else opt.bias_scale),
         has_bias=i64(opt.has_bias),

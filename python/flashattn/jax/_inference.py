@@ -24,7 +24,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
-from .._problem import _int, check_real, make_options as _library_options, threads_int
+from .._problem import _int, check_real, make_options as _library_options, problem_diag_offset, threads_int
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_scale_dtype,
                                   check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
 from . import _ffi
@@ -204,6 +204,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     slopes = _slopes(alibi_slopes, q.shape[1])
     sinks = _sinks(sinks, q.shape[1])
     attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads, sinks is not None)
+    diag_offset = problem_diag_offset(diag_offset, causal, window, slopes is not None, False)
     attrs.update(has_diag_offset=np.int64(diag_offset is not None),
                  diag_offset=np.int64(0 if diag_offset is None else _int("diag_offset", diag_offset)))
     drop = _dropout(dropout_p, seed, dropout_offset).get("dropout_p", 0.0)
