@@ -71,12 +71,16 @@ static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t
 
 static fa_status check_counts(const fa_problem *p) {
     /* every tensor's element count must fit int64 (the score matrix too: the naive figure),
-     * with a margin: 8 bytes an element, and 128 rows or keys (a tile's scratch) */
-    int64_t dims[][4] = {{p->batch, p->heads_q, p->seq_q, p->head_dim},
-                         {p->batch, p->heads_kv, p->seq_k, p->head_dim},
-                         {p->batch, p->heads_kv, p->seq_k, p->head_dim_v},
-                         {p->batch, p->heads_q, p->seq_q, p->head_dim_v},
-                         {p->batch, p->heads_q, p->seq_q, p->seq_k}};
+     * with a margin: 8 bytes an element, and 128 rows or keys (a tile's scratch). A packed
+     * batch's seq_q and seq_k are its totals: its tensors are [total, heads, dim] and its
+     * naive scores [heads, total_q, total_k] (cost.c), no batch factor. */
+    const int packed = p->cu_seqlens_q || p->cu_seqlens_k || p->lengths_per_call == FA_LENGTHS_PACKED;
+    const int64_t b = packed ? 1 : p->batch;
+    int64_t dims[][4] = {{b, p->heads_q, p->seq_q, p->head_dim},
+                         {b, p->heads_kv, p->seq_k, p->head_dim},
+                         {b, p->heads_kv, p->seq_k, p->head_dim_v},
+                         {b, p->heads_q, p->seq_q, p->head_dim_v},
+                         {b, p->heads_q, p->seq_q, p->seq_k}};
     const char *names[] = {"q", "k", "v", "o", "the score matrix"};
     for (int t = 0; t < 5; t++) {
         int64_t n = 8 * 128; /* bytes of a double, the widest element anyone stores, x a tile */
@@ -85,7 +89,9 @@ static fa_status check_counts(const fa_problem *p) {
         for (int i = 0; i < 4; i++)
             if (__builtin_mul_overflow(n, dims[t][i] ? dims[t][i] : 1, &n))
                 return fa_error(FA_ERR_OVERFLOW,
-                                "%s [%lld, %lld, %lld, %lld] is too large: its size overflows int64", names[t],
+                                "%s [%lld, %lld, %lld, %lld] is too large: the library counts its bytes, and a "
+                                "tile's, in int64 with a margin of 1024 (8-byte elements, 128-row tiles), and "
+                                "that overflows", names[t],
                                 (long long)dims[t][0], (long long)dims[t][1], (long long)dims[t][2],
                                 (long long)dims[t][3]);
     }

@@ -372,6 +372,32 @@ static void test_min_bytes(uint64_t *rs, uint64_t first_seed) {
            failures == n0 ? "PASS" : "FAIL", cases);
 }
 
+/* A packed batch's seq_q and seq_k are its totals: the size checks count its tensors as
+ * [total, heads, dim] and its naive scores as [heads, total_q, total_k], with no batch factor
+ * (256 sequences of 4096 tokens were refused as a [256, 32, 2^20, 2^20] score matrix). */
+static void test_packed_sizes(void) {
+    static int32_t cu[257];
+    for (int b = 0; b <= 256; b++) cu[b] = b * 4096;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 256, p.heads_q = p.heads_kv = 32, p.seq_q = p.seq_k = 256 * 4096, p.head_dim = 128;
+    p.dtype = FA_BF16, p.causal = 1, p.cu_seqlens_q = p.cu_seqlens_k = cu;
+    fa_plan *pl = NULL;
+    CHECK(fa_plan_create(&p, NULL, &pl) == FA_OK, "packed 256 x 4096 tokens: %s", fa_last_error());
+    if (pl) {
+        fa_cost c;
+        fa_plan_cost(pl, FA_FORWARD, &c);
+        /* useful flops: 256 causal sequences of 4096, 4 * H * D * (visible pairs) */
+        const int64_t pairs = 4096LL * 4097 / 2;
+        CHECK(c.flops_useful == 256 * 4 * 32 * 128 * pairs, "packed 256 x 4096: flops_useful %lld, want %lld",
+              (long long)c.flops_useful, (long long)(256 * 4 * 32 * 128 * pairs));
+        fa_plan_destroy(pl);
+    }
+    static int32_t one[2] = {0, INT32_MAX};
+    p.batch = 1, p.heads_q = p.heads_kv = 1, p.seq_q = p.seq_k = INT32_MAX, p.cu_seqlens_q = p.cu_seqlens_k = one;
+    expect_bad("packed scores past int64", p, NULL, FA_ERR_OVERFLOW, "the score matrix");
+}
+
 int main(void) {
     seed = tu_seed(); /* check.h's: CHECK prints it */
     uint64_t rng = seed;
@@ -381,6 +407,7 @@ int main(void) {
     test_seed();
     test_dbias_cost();
     test_min_bytes(&rng, seed);
+    test_packed_sizes();
     printf("%s\n", failures ? "FAILED" : "all plan tests passed");
     return failures != 0;
 }
