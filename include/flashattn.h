@@ -225,7 +225,10 @@ typedef struct fa_plan fa_plan;
 typedef void (*fa_progress_fn)(void *ctx, int64_t done, int64_t total);
 
 /* Tensors of one forward call. Pointers are host pointers for the CPU backend and device
- * pointers for CUDA. lse may be NULL (the kernel computes it anyway).
+ * pointers for CUDA. lse may be NULL (the kernel computes it anyway). A feature's tensors
+ * (bias, slopes, segment ids, sinks, the decode arrays) are given exactly when the problem has
+ * the feature: one given without it is FA_ERR_INVALID, naming it and the flag (it would be
+ * ignored), as in fa_backward_args (dbias without bias_grad, dsink without has_sinks).
  * Outputs may not share memory with inputs: FA_ERR_INVALID, naming both, when the bytes
  * of o or lse, from the lowest to the highest address its shape and strides reach, meet
  * those of an input the problem uses (q, k, v, bias, slopes, segment ids, sinks, the

@@ -1,7 +1,9 @@
 /* The one argument check of the public entries (fa_forward, fa_backward, and the MPI
- * entries): every pointer the problem needs (a tensor of 0 elements may be NULL), the caller's workspace
- * against the plan's workspace_bytes, and finite ALiBi slopes where they are in host
- * memory. One message style, "fa_forward: q is NULL"; the drivers trust what passed. */
+ * entries): every pointer the problem needs (a tensor of 0 elements may be NULL), no pointer
+ * for a feature the problem does not have (it would be ignored: a forgotten flag), the
+ * caller's workspace against the plan's workspace_bytes, and finite ALiBi slopes where they
+ * are in host memory. One message style, "fa_forward: q is NULL"; the drivers trust what
+ * passed. */
 #include "backend.h"
 
 #include <stddef.h>
@@ -11,7 +13,9 @@
 typedef struct {
     const void *ptr;
     const char *name;
-    int used;
+    const char *flag; /* the problem's field that enables it (NULL: always on) */
+    int on;           /* the problem has the feature */
+    int used;         /* ... and the tensor has elements: the pointer is required */
 } required;
 
 /* Whether a tensor of these dims has elements: one of 0 elements may be NULL (numpy and
@@ -42,8 +46,14 @@ static nonempty tensors_of(const fa_problem *p) {
 }
 
 static fa_status check_required(const required *r, size_t n, const char *fn) {
-    for (size_t i = 0; i < n; i++)
-        if (r[i].used && !r[i].ptr) return fa_error(FA_ERR_NULL, "%s: %s is NULL", fn, r[i].name);
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].on && r[i].used && !r[i].ptr)
+            return r[i].flag ? fa_error(FA_ERR_NULL, "%s: %s is NULL (the problem has %s)", fn, r[i].name, r[i].flag)
+                             : fa_error(FA_ERR_NULL, "%s: %s is NULL", fn, r[i].name);
+        if (!r[i].on && r[i].ptr)
+            return fa_error(FA_ERR_INVALID, "%s: %s is given, but the problem does not have %s: it would be ignored",
+                            fn, r[i].name, r[i].flag);
+    }
     return FA_OK;
 }
 
@@ -70,25 +80,25 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
     if (!a) return fa_error(FA_ERR_NULL, "%s: args is NULL", fn);
     const int decode = fa_problem_decode(p);
     const nonempty n = tensors_of(p);
+    const int quant = fa_dtype_quantized(fa_cache_dtype(p)), prefix = decode && p->shared_prefix_len > 0;
     const required r[] = {
-        {a->q, "q", n.q},
-        {a->k, decode ? "k (the key cache)" : "k", n.kv},
-        {a->v, decode ? "v (the value cache)" : "v", n.kv},
-        {a->o, "o", n.o},
-        {a->bias, "bias (the problem has_bias)", p->has_bias && n.bias},
-        {a->alibi_slopes, "alibi_slopes (the problem has_alibi)", p->has_alibi && n.slopes},
-        {a->q_segment_ids, "q_segment_ids (the problem has_segment_ids)", p->has_segment_ids && n.qseg},
-        {a->kv_segment_ids, "kv_segment_ids (the problem has_segment_ids)", p->has_segment_ids && n.kvseg},
-        {a->k_new, "k_new (the problem has_new_kv)", decode && p->has_new_kv && n.new_kv},
-        {a->v_new, "v_new (the problem has_new_kv)", decode && p->has_new_kv && n.new_kv},
-        {a->block_table, "block_table (the problem has page_size)", decode && p->page_size && n.table},
-        {a->sinks, "sinks (the problem has_sinks)", p->has_sinks && n.slopes},
-        {a->k_prefix, "k_prefix (the problem has shared_prefix_len)", decode && p->shared_prefix_len > 0 && n.kv},
-        {a->v_prefix, "v_prefix (the problem has shared_prefix_len)", decode && p->shared_prefix_len > 0 && n.kv},
-        {a->k_scale, "k_scale (the problem has a quantized cache_dtype)", fa_dtype_quantized(fa_cache_dtype(p)) && n.kv},
-        {a->v_scale, "v_scale (the problem has a quantized cache_dtype)", fa_dtype_quantized(fa_cache_dtype(p)) && n.kv},
-    };
-    fa_status s;
+        {a->q, "q", NULL, 1, n.q},
+        {a->k, decode ? "k (the key cache)" : "k", NULL, 1, n.kv},
+        {a->v, decode ? "v (the value cache)" : "v", NULL, 1, n.kv},
+        {a->o, "o", NULL, 1, n.o},
+        {a->bias, "bias", "has_bias", p->has_bias, n.bias},
+        {a->alibi_slopes, "alibi_slopes", "has_alibi", p->has_alibi, n.slopes},
+        {a->q_segment_ids, "q_segment_ids", "has_segment_ids", p->has_segment_ids, n.qseg},
+        {a->kv_segment_ids, "kv_segment_ids", "has_segment_ids", p->has_segment_ids, n.kvseg},
+        {a->k_new, "k_new", "has_new_kv", decode && p->has_new_kv, n.new_kv},
+        {a->v_new, "v_new", "has_new_kv", decode && p->has_new_kv, n.new_kv},
+        {a->block_table, "block_table", "page_size", decode && p->page_size, n.table},
+        {a->sinks, "sinks", "has_sinks", p->has_sinks, n.slopes},
+        {a->k_prefix, "k_prefix", "shared_prefix_len", prefix, n.kv},
+        {a->v_prefix, "v_prefix", "shared_prefix_len", prefix, n.kv},
+        {a->k_scale, "k_scale", "a quantized cache_dtype", quant, n.kv},
+        {a->v_scale, "v_scale", "a quantized cache_dtype", quant, n.kv},
+    };    fa_status s;
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
         (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
@@ -110,24 +120,23 @@ fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a,
     fa_status s;
     const nonempty n = tensors_of(p);
     const required r[] = {
-        {a->q, "q", n.q},
-        {a->k, "k", n.kv},
-        {a->v, "v", n.kv},
-        {a->o, "o", n.o},
-        {a->d_o, "do", n.o},
-        {a->lse, "lse", n.lse},
-        {a->dq, "dq", n.q},
-        {a->dk, "dk", n.kv},
-        {a->dv, "dv", n.kv},
-        {a->bias, "bias (the problem has_bias)", p->has_bias && n.bias},
-        {a->alibi_slopes, "alibi_slopes (the problem has_alibi)", p->has_alibi && n.slopes},
-        {a->q_segment_ids, "q_segment_ids (the problem has_segment_ids)", p->has_segment_ids && n.qseg},
-        {a->kv_segment_ids, "kv_segment_ids (the problem has_segment_ids)", p->has_segment_ids && n.kvseg},
-        {a->dbias, "dbias (the problem has bias_grad)", p->bias_grad && n.bias},
-        {a->sinks, "sinks (the problem has_sinks)", p->has_sinks && n.slopes},
-        {a->dsink, "dsink (the problem has_sinks)", p->has_sinks && n.slopes},
-    };
-    if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
+        {a->q, "q", NULL, 1, n.q},
+        {a->k, "k", NULL, 1, n.kv},
+        {a->v, "v", NULL, 1, n.kv},
+        {a->o, "o", NULL, 1, n.o},
+        {a->d_o, "do", NULL, 1, n.o},
+        {a->lse, "lse", NULL, 1, n.lse},
+        {a->dq, "dq", NULL, 1, n.q},
+        {a->dk, "dk", NULL, 1, n.kv},
+        {a->dv, "dv", NULL, 1, n.kv},
+        {a->bias, "bias", "has_bias", p->has_bias, n.bias},
+        {a->alibi_slopes, "alibi_slopes", "has_alibi", p->has_alibi, n.slopes},
+        {a->q_segment_ids, "q_segment_ids", "has_segment_ids", p->has_segment_ids, n.qseg},
+        {a->kv_segment_ids, "kv_segment_ids", "has_segment_ids", p->has_segment_ids, n.kvseg},
+        {a->dbias, "dbias", "bias_grad", p->bias_grad, n.bias},
+        {a->sinks, "sinks", "has_sinks", p->has_sinks, n.slopes},
+        {a->dsink, "dsink", "has_sinks", p->has_sinks, n.slopes},
+    };    if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
         (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
     if (host && (s = check_sinks(p, a->sinks, fn))) return s;

@@ -58,8 +58,9 @@ static void decode_one(fa_dtype dt, fa_dtype ct, int append, int64_t page, int64
     opt.backend = FA_BACKEND_CPU, opt.threads = threads;
     fa_plan *pl = NULL;
     fa_forward_args a = {0};
-    a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse, a.k_new = kn, a.v_new = vn, a.block_table = table;
-    a.k_scale = ks, a.v_scale = vs;
+    a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse, a.block_table = table;
+    if (p.has_new_kv) a.k_new = kn, a.v_new = vn; /* (the library refuses them without it) */
+    if (quant) a.k_scale = ks, a.v_scale = vs;
     if (fa_plan_create(&p, &opt, &pl) || fa_forward(pl, &a)) CHECK(0, "decode batch %lld: %s", (long long)B, fa_last_error());
     fa_plan_destroy(pl);
     memcpy(ox, o + at * qn * es, qn * es);

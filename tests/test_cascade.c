@@ -66,7 +66,9 @@ static void run(const ccase *cc) {
     fa_options opt = {0};
     opt.backend = FA_BACKEND_CPU, opt.threads = 2;
     fa_forward_args ua = {0};
-    ua.q = q, ua.k = uk, ua.v = uv, ua.o = uo, ua.lse = ulse, ua.k_new = kn, ua.v_new = vn, ua.alibi_slopes = slopes;
+    ua.q = q, ua.k = uk, ua.v = uv, ua.o = uo, ua.lse = ulse;
+    if (p.has_new_kv) ua.k_new = kn, ua.v_new = vn; /* (the library refuses a feature's tensors without it) */
+    ua.alibi_slopes = p.has_alibi ? slopes : NULL;
     const int64_t od[4] = {B, Sq, Hq, D}, ld[4] = {B, Hq, Sq, 1};
     const fa_strides dense = {{0, 0, 0, 0}};
     double *ro = tu_alloc(sizeof(double) * (size_t)nq), *rl = tu_alloc(sizeof(double) * B * Hq * Sq);

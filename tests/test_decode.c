@@ -91,8 +91,11 @@ static void free_case(dcase *c) {
 
 static fa_forward_args args_of(dcase *c, fa_counts *cnt) {
     fa_forward_args a = {0};
-    a.q = c->q, a.k = c->k, a.v = c->v, a.o = c->o, a.lse = c->lse, a.alibi_slopes = c->slopes, a.counts = cnt;
-    a.k_new = c->kn, a.v_new = c->vn, a.block_table = c->table;
+    a.q = c->q, a.k = c->k, a.v = c->v, a.o = c->o, a.lse = c->lse, a.counts = cnt;
+    /* a feature's tensors only where the problem has it (the library refuses the others) */
+    a.alibi_slopes = c->p.has_alibi ? c->slopes : NULL;
+    if (c->p.has_new_kv) a.k_new = c->kn, a.v_new = c->vn;
+    a.block_table = c->p.page_size ? c->table : NULL;
     return a;
 }
 

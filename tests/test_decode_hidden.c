@@ -56,7 +56,8 @@ static void run(const char *mask, fa_dtype dt, int64_t D, int kind, int64_t Sq, 
 
     double *ro = tu_alloc(sizeof(double) * (size_t)nq), *rl = tu_alloc(sizeof(double) * (size_t)(B * Hq * Sq));
     fa_forward_args a = {0};
-    a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse, a.k_new = kn, a.v_new = vn;
+    a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
+    if (p.has_new_kv) a.k_new = kn, a.v_new = vn; /* (the library refuses them without it) */
     fa_ref_decode(&p, &a, ro, rl); /* reads k_new/v_new for the new rows, as the call will */
     tu_poison(dt, o, nq);
     for (int64_t i = 0; i < B * Hq * Sq; i++) lse[i] = NAN;

@@ -70,7 +70,7 @@ static void run_dense(const dense_case *c, fa_dtype t, int nulls) {
     fa_counts cnt = {-1, -1};
     fa_forward_args fa;
     memset(&fa, 0, sizeof fa);
-    fa.q = q, fa.k = k, fa.v = v, fa.o = o, fa.lse = lse, fa.bias = bias, fa.counts = &cnt;
+    fa.q = q, fa.k = k, fa.v = v, fa.o = o, fa.lse = lse, fa.bias = p.has_bias ? bias : NULL, fa.counts = &cnt;
     fa_status st = fa_forward(pl, &fa);
     CHECK(st == FA_OK, "%s: fa_forward: %s", label, fa_last_error());
     expect_filled("o", label, t, o, no, 0.0f);
@@ -80,8 +80,8 @@ static void run_dense(const dense_case *c, fa_dtype t, int nulls) {
 
     fa_backward_args ba;
     memset(&ba, 0, sizeof ba);
-    ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = g, ba.lse = lse, ba.bias = bias;
-    ba.dq = dq, ba.dk = dk, ba.dv = dv, ba.dbias = dbias, ba.counts = &cnt;
+    ba.q = q, ba.k = k, ba.v = v, ba.o = o, ba.d_o = g, ba.lse = lse, ba.bias = p.has_bias ? bias : NULL;
+    ba.dq = dq, ba.dk = dk, ba.dv = dv, ba.dbias = p.bias_grad ? dbias : NULL, ba.counts = &cnt;
     cnt.flops = cnt.transcendentals = -1;
     st = fa_backward(pl, &ba);
     CHECK(st == FA_OK, "%s: fa_backward: %s", label, fa_last_error());

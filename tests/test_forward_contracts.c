@@ -167,6 +167,73 @@ static void test_errors(void) {
            failures == before ? "ok" : "FAIL", best, fa_cpu_isa());
 }
 
+/* A feature's tensor passed to a plan without the feature was ignored: a bias without
+ * has_bias, sinks without has_sinks, dbias without bias_grad ran as if they were not there
+ * (a forgotten flag gave a silently different answer). Each is refused naming the tensor
+ * and the flag, before anything is written. */
+static void test_unused_tensors(void) {
+    const int before = failures;
+    fa_problem p;
+    fa_problem_init(&p);
+    p.batch = 1, p.heads_q = 2, p.seq_q = 9, p.seq_k = 11, p.head_dim = 8;
+    fa_plan *plan = NULL;
+    fa_options opt = {FA_BACKEND_CPU, 1, 0, 0};
+    CHECK(fa_plan_create(&p, &opt, &plan) == FA_OK, "plan: %s", fa_last_error());
+    if (!plan) return;
+    float q[2 * 9 * 8], k[2 * 11 * 8], v[2 * 11 * 8], o[2 * 9 * 8], lse[2 * 9], g[2 * 9 * 8], d[3][2 * 11 * 8];
+    float any[9 * 11 * 8] = {0};
+    int32_t ids[11] = {0};
+    for (int i = 0; i < 2 * 11 * 8; i++) k[i] = v[i] = 0.01f * (float)(i % 17), q[i % (2 * 9 * 8)] = 0.02f * (float)(i % 5);
+    for (int i = 0; i < 2 * 9 * 8; i++) g[i] = 0.5f;
+    const struct {
+        const char *name, *flag;
+    } fwd[] = {{"bias", "has_bias"}, {"alibi_slopes", "has_alibi"}, {"q_segment_ids", "has_segment_ids"},
+               {"kv_segment_ids", "has_segment_ids"}, {"k_new", "has_new_kv"}, {"v_new", "has_new_kv"},
+               {"block_table", "page_size"}, {"sinks", "has_sinks"}, {"k_prefix", "shared_prefix_len"},
+               {"v_prefix", "shared_prefix_len"}, {"k_scale", "cache_dtype"}, {"v_scale", "cache_dtype"}};
+    for (size_t t = 0; t < sizeof fwd / sizeof fwd[0]; t++) {
+        fa_forward_args a = {.q = q, .k = k, .v = v, .o = o, .lse = lse};
+        switch (t) {
+        case 0: a.bias = any; break;
+        case 1: a.alibi_slopes = any; break;
+        case 2: a.q_segment_ids = ids; break;
+        case 3: a.kv_segment_ids = ids; break;
+        case 4: a.k_new = any; break;
+        case 5: a.v_new = any; break;
+        case 6: a.block_table = ids; break;
+        case 7: a.sinks = any; break;
+        case 8: a.k_prefix = any; break;
+        case 9: a.v_prefix = any; break;
+        case 10: a.k_scale = any; break;
+        default: a.v_scale = any; break;
+        }
+        tu_poison(FA_F32, o, 2 * 9 * 8);
+        const fa_status st = fa_forward(plan, &a);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), fwd[t].name) && strstr(fa_last_error(), fwd[t].flag),
+              "forward with %s and no %s: status %d, \"%s\"", fwd[t].name, fwd[t].flag, st, fa_last_error());
+        CHECK(isnan(o[0]) && isnan(o[2 * 9 * 8 - 1]), "forward with %s and no %s wrote o", fwd[t].name, fwd[t].flag);
+    }
+    fa_forward_args a = {.q = q, .k = k, .v = v, .o = o, .lse = lse};
+    CHECK(fa_forward(plan, &a) == FA_OK, "forward: %s", fa_last_error());
+    const char *bwd[][2] = {{"bias", "has_bias"}, {"dbias", "bias_grad"}, {"sinks", "has_sinks"},
+                            {"dsink", "has_sinks"}, {"alibi_slopes", "has_alibi"}};
+    for (size_t t = 0; t < sizeof bwd / sizeof bwd[0]; t++) {
+        fa_backward_args b = {.q = q, .k = k, .v = v, .o = o, .d_o = g, .lse = lse, .dq = d[0], .dk = d[1], .dv = d[2]};
+        if (t == 0) b.bias = any;
+        if (t == 1) b.dbias = any;
+        if (t == 2) b.sinks = any;
+        if (t == 3) b.dsink = any;
+        if (t == 4) b.alibi_slopes = any;
+        tu_poison(FA_F32, d[0], 2 * 9 * 8);
+        const fa_status st = fa_backward(plan, &b);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), bwd[t][0]) && strstr(fa_last_error(), bwd[t][1]),
+              "backward with %s and no %s: status %d, \"%s\"", bwd[t][0], bwd[t][1], st, fa_last_error());
+        CHECK(isnan(d[0][0]), "backward with %s and no %s wrote dq", bwd[t][0], bwd[t][1]);
+    }
+    fa_plan_destroy(plan);
+    printf("unused     a feature's tensors without the feature refused: %s\n", failures == before ? "ok" : "FAIL");
+}
+
 /* ---- outputs that share memory with inputs ------------------------------------------
  * o over k or v gave wrong values that depend on the tiles (o over q happened to work):
  * an output whose bytes meet an input's is refused naming both, before anything is
@@ -346,6 +413,7 @@ int main(void) {
     test_vexp();
     test_p_rounding();
     test_errors();
+    test_unused_tensors();
     uint64_t rng = seed ^ 0x6f7665726c617073ull; /* "overlaps" */
     test_overlaps(&rng);
     test_progress(seed);

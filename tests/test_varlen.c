@@ -58,7 +58,8 @@ static void free_case(vcase *c) {
 
 static fa_forward_args fwd_args(vcase *c, fa_counts *cnt) {
     fa_forward_args a = {0};
-    a.q = c->q, a.k = c->k, a.v = c->v, a.o = c->o, a.lse = c->lse, a.alibi_slopes = c->slopes, a.counts = cnt;
+    a.q = c->q, a.k = c->k, a.v = c->v, a.o = c->o, a.lse = c->lse, a.counts = cnt;
+    a.alibi_slopes = c->p.has_alibi ? c->slopes : NULL; /* (the library refuses slopes without has_alibi) */
     return a;
 }
 
@@ -113,7 +114,8 @@ static void run_case(const char *label, vcase *c) {
         if (p->dtype == FA_F32) {
             fa_backward_args g = {0};
             fa_counts bcnt = {0};
-            g.q = c->q, g.k = c->k, g.v = c->v, g.o = c->o, g.d_o = c->g, g.lse = c->lse, g.alibi_slopes = c->slopes;
+            g.q = c->q, g.k = c->k, g.v = c->v, g.o = c->o, g.d_o = c->g, g.lse = c->lse;
+            g.alibi_slopes = c->p.has_alibi ? c->slopes : NULL;
             g.dq = c->dq, g.dk = c->dk, g.dv = c->dv, g.counts = &bcnt;
             tu_poison(p->dtype, c->dq, nq), tu_poison(p->dtype, c->dk, nk), tu_poison(p->dtype, c->dv, nk);
             st = fa_backward(pl, &g);
