@@ -457,15 +457,16 @@ FA_API size_t fa_dtype_size(fa_dtype t);
  * round (to nearest, ties to even; NaN stays NaN: docs/semantics.md, "Rounding"); the same
  * dtype is a copy. f16 <-> bf16 goes through f32, which is exact. int8 and fp8_e4m3 convert
  * as codes with scale 1 (fa_quantize_rows' rounding, clamped or saturated; NaN to int8 is 0).
- * src and dst do not overlap. A dtype that is not an fa_dtype, or a NULL src or dst with
- * n > 0, converts nothing, writes nothing and leaves the reason in fa_last_error() (a
+ * src and dst may not overlap. A dtype that is not an fa_dtype, a NULL src or dst with
+ * n > 0, or src and dst sharing memory, converts nothing, writes nothing and leaves the reason in fa_last_error() (a
  * successful call leaves fa_last_error() as it was). */
 FA_API void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n);
 /* Quantizes rows of a kv cache (docs/caches.md): rows x width elements of dtype from
  * (f32, f16 or bf16; contiguous) into codes of dtype to (FA_INT8 or FA_FP8_E4M3; rows x width
  * bytes) and scales[rows] (f32), each row with scale = amax / 127 (int8) or amax / 448
  * (fp8), 1 where amax is 0, and codes x / scale rounded to nearest even, clamped to +-127 or
- * saturated to +-448. A non-finite element is FA_ERR_INVALID, and nothing is written. */
+ * saturated to +-448. A non-finite element, or src, codes and scales sharing memory, is
+ * FA_ERR_INVALID, and nothing is written. */
 FA_API fa_status fa_quantize_rows(fa_dtype to, fa_dtype from, const void *src, int64_t rows, int64_t width,
                                   void *codes, float *scales);
 /* malloc and free, the allocator of the library's own buffers. In a build with the test-only

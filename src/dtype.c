@@ -87,6 +87,15 @@ void fa_convert(fa_dtype from, const void *src, fa_dtype to, void *dst, size_t n
         fa_error(FA_ERR_NULL, "fa_convert: %s is NULL (n = %zu)", !src ? "src" : "dst", n);
         return;
     }
+    size_t sb, db; /* the buffers' bytes: they must not meet (an element read after one written) */
+    if (__builtin_mul_overflow(n, fa_dtype_size(from), &sb) || __builtin_mul_overflow(n, fa_dtype_size(to), &db)) {
+        fa_error(FA_ERR_OVERFLOW, "fa_convert: n = %zu elements overflow size_t bytes", n);
+        return;
+    }
+    if (n && (uintptr_t)dst < (uintptr_t)src + sb && (uintptr_t)src < (uintptr_t)dst + db) {
+        fa_error(FA_ERR_INVALID, "fa_convert: src and dst share memory (they must not overlap); nothing converted");
+        return;
+    }
     if (from == to) {
         if (n) memcpy(dst, src, n * fa_dtype_size(from));
         return;

@@ -86,6 +86,37 @@ static void quantizer(void) {
     fa_convert(FA_F32, f, FA_F16, h, 2);
     CHECK(h[0] == 0x3e00 && h[1] == 0xc000 && strstr(fa_last_error(), "dst is NULL"),
           "fa_convert f32 -> f16: %04x %04x \"%s\"", h[0], h[1], fa_last_error());
+    /* buffers over each other: codes written over rows not yet read gave wrong codes with
+     * FA_OK (8 of 32 in the auditor's case); refused, nothing written */
+    union {
+        float f[4 * 8];
+        uint8_t b[4 * 8 * 4];
+    } buf;
+    for (int i = 0; i < 32; i++) buf.f[i] = 0.25f * (float)(i % 7) - 0.6f;
+    uint8_t keep[sizeof buf];
+    memcpy(keep, &buf, sizeof buf);
+    float sc[4];
+    const struct {
+        const char *what, *said;
+        void *codes;
+        float *scales;
+    } over[] = {{"codes over src", "codes and src", buf.b + 32, sc},
+                {"scales over src", "scales and src", keep, buf.f + 30},
+                {"codes over scales", "codes and scales", buf.b + 200, (float *)(void *)(buf.b + 216)}};
+    uint8_t other[256];
+    for (int i = 0; i < 3; i++) {
+        void *codes = over[i].codes == keep ? other : over[i].codes;
+        const float *src = i == 2 ? (const float *)(void *)other : buf.f;
+        if (i == 2) memset(other, 0, sizeof other);
+        memcpy(&buf, keep, sizeof buf);
+        const fa_status st = fa_quantize_rows(FA_INT8, FA_F32, src, 4, 8, codes, over[i].scales);
+        CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), over[i].said) && !memcmp(&buf, keep, sizeof buf),
+              "quantize with %s: %s (%s)", over[i].what, fa_status_string(st), fa_last_error());
+    }
+    float conv[4] = {1, 2, 3, 4};
+    fa_convert(FA_F32, conv, FA_F16, (char *)conv + 2, 3);
+    CHECK(conv[0] == 1 && conv[3] == 4 && strstr(fa_last_error(), "share memory"), "fa_convert over itself: \"%s\"",
+          fa_last_error());
 }
 
 int main(void) {
