@@ -28,9 +28,20 @@ int fa_problem_varlen(const fa_problem *p) {
 }
 int fa_problem_decode(const fa_problem *p) { return p->cache_seqlens || p->lengths_per_call == FA_LENGTHS_CACHE; }
 
+/* The inference shapes as messages name them: by the field that made them (a plan from
+ * capacities has lengths_per_call and no arrays yet). */
+static const char *varlen_words(const fa_problem *p) {
+    return p->lengths_per_call == FA_LENGTHS_PACKED ? "packed variable-length batches (lengths_per_call FA_LENGTHS_PACKED)"
+                                                    : "packed variable-length batches (cu_seqlens)";
+}
+static const char *decode_words(const fa_problem *p) {
+    return p->lengths_per_call == FA_LENGTHS_CACHE ? "kv-cache decoding (lengths_per_call FA_LENGTHS_CACHE)"
+                                                   : "kv-cache decoding (cache_seqlens)";
+}
+
 const char *fa_inference_feature(const fa_problem *p) {
-    if (fa_problem_varlen(p)) return "packed variable-length batches (cu_seqlens)";
-    if (fa_problem_decode(p)) return "kv-cache decoding (cache_seqlens)";
+    if (fa_problem_varlen(p)) return varlen_words(p);
+    if (fa_problem_decode(p)) return decode_words(p);
     if (p->has_new_kv) return "new keys and values for the cache (has_new_kv)";
     if (p->page_size || p->num_pages || p->max_pages) return "a paged kv cache (page_size, num_pages, max_pages)";
     return NULL;
@@ -40,16 +51,15 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
     const int varlen = fa_problem_varlen(p), decode = fa_problem_decode(p);
     const char *shape = fa_inference_feature(p);
     if (varlen && decode)
-        return fa_error(FA_ERR_INVALID, "packed variable-length batches (cu_seqlens) do not combine with kv-cache "
-                                        "decoding (cache_seqlens)");
+        return fa_error(FA_ERR_INVALID, "%s do not combine with %s", varlen_words(p), decode_words(p));
     if (!varlen && !decode && (p->has_new_kv || p->page_size || p->num_pages || p->max_pages))
         return fa_error(FA_ERR_INVALID, "%s need kv-cache decoding (cache_seqlens, or lengths_per_call "
                                         "FA_LENGTHS_CACHE)",
                         p->has_new_kv ? "new keys and values (has_new_kv)" : "pages (page_size, num_pages, max_pages)");
     if (varlen && (p->has_new_kv || p->page_size || p->num_pages || p->max_pages))
-        return fa_error(FA_ERR_INVALID, "%s do not combine with packed variable-length batches (cu_seqlens): they "
-                                        "belong to kv-cache decoding",
-                        p->has_new_kv ? "new keys and values (has_new_kv)" : "pages (page_size, num_pages, max_pages)");
+        return fa_error(FA_ERR_INVALID, "%s do not combine with %s: they belong to kv-cache decoding",
+                        p->has_new_kv ? "new keys and values (has_new_kv)" : "pages (page_size, num_pages, max_pages)",
+                        varlen_words(p));
     if (uses & FA_USE_SEQ_PARALLEL) {
         if (shape) return fa_error(FA_ERR_INVALID, "sequence parallel (ring, ulysses) does not combine with %s", shape);
         if (fa_problem_empty(p))
@@ -63,13 +73,13 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
                                             "(ring, ulysses): it is not supported there");
     }
     if (decode && p->dropout_p > 0.0f)
-        return fa_error(FA_ERR_INVALID, "dropout (dropout_p > 0) does not combine with kv-cache decoding "
-                                        "(cache_seqlens): decoding is inference");
+        return fa_error(FA_ERR_INVALID, "dropout (dropout_p > 0) does not combine with %s: decoding is inference",
+                        decode_words(p));
     if (p->mask && (uses & FA_USE_SEQ_PARALLEL))
         return fa_error(FA_ERR_INVALID, "a block-sparse mask (mask) does not combine with sequence parallel (ring, "
                                         "ulysses): it is not supported there");
     if (varlen || decode) {
-        const char *what = varlen ? "packed variable-length batches (cu_seqlens)" : "kv-cache decoding (cache_seqlens)";
+        const char *what = varlen ? varlen_words(p) : decode_words(p);
         if (p->mask)
             return fa_error(FA_ERR_INVALID, "a block-sparse mask (mask) does not combine with %s: a mask is laid out "
                                             "for one dense [seq_q, seq_k] problem",
@@ -81,8 +91,8 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
     }
     if (p->shared_prefix_len && !decode)
         return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) needs kv-cache decoding (cache_seqlens or "
-                                        "lengths_per_call FA_LENGTHS_CACHE)%s",
-                        varlen ? "; it does not combine with packed variable-length batches (cu_seqlens)" : "");
+                                        "lengths_per_call FA_LENGTHS_CACHE)%s%s",
+                        varlen ? "; it does not combine with " : "", varlen ? varlen_words(p) : "");
     if (p->shared_prefix_len && p->has_diag_offset)
         return fa_error(FA_ERR_INVALID, "a shared prefix (shared_prefix_len) does not combine with a diagonal offset "
                                         "(has_diag_offset): its masks align bottom-right over prefix and cache");
@@ -92,14 +102,14 @@ fa_status fa_supports_common(const fa_problem *p, fa_pass pass, unsigned uses) {
     if (fa_dtype_quantized(fa_cache_dtype(p)) && !decode) /* varlen, dense: decoding's caches only */
         return fa_error(FA_ERR_INVALID, "a quantized kv cache (cache_dtype %s) does not combine with %s: it is a cache of "
                                         "kv-cache decoding (cache_seqlens)",
-                        fa_dtype_name(p->cache_dtype), varlen ? "packed variable-length batches (cu_seqlens)" :
+                        fa_dtype_name(p->cache_dtype), varlen ? varlen_words(p) :
                                                        pass == FA_BACKWARD ? "the backward pass" : "dense attention");
     if (fa_dtype_quantized(fa_cache_dtype(p)) && p->shared_prefix_len)
         return fa_error(FA_ERR_INVALID, "a quantized kv cache (cache_dtype %s) does not combine with a shared prefix "
                                         "(shared_prefix_len): the prefix is kept in the problem's dtype",
                         fa_dtype_name(p->cache_dtype));
     if (decode && pass == FA_BACKWARD)
-        return fa_error(FA_ERR_INVALID, "kv-cache decoding (cache_seqlens) does not combine with the backward pass: "
-                                        "decoding has no backward");
+        return fa_error(FA_ERR_INVALID, "%s does not combine with the backward pass: decoding has no backward",
+                        decode_words(p));
     return FA_OK;
 }

@@ -143,6 +143,31 @@ int main(void) {
             fa_plan_destroy(pl);
             refused++;
         }
+    /* a plan from capacities (lengths_per_call, no length arrays): its refusals name
+     * lengths_per_call, not the arrays it leaves NULL */
+    for (int lpc = FA_LENGTHS_CACHE; lpc <= FA_LENGTHS_PACKED; lpc++)
+        for (int part = 0; part < 3; part++) {
+            fa_problem p;
+            fa_options o;
+            build(CAUSAL, CAUSAL, &p, &o);
+            p.lengths_per_call = lpc;
+            if (part == 0) p.has_bias = 1;
+            else if (part == 1) p.has_segment_ids = 1;
+            fa_plan *pl = NULL;
+            fa_status st = fa_plan_create(&p, &o, &pl);
+            if (part == 2 && st == FA_OK) { /* the backward pass */
+                fa_backward_args none;
+                memset(&none, 0, sizeof none);
+                st = fa_backward(pl, &none);
+            }
+            CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "lengths_per_call") &&
+                      (part == 2 || (!strstr(fa_last_error(), "cache_seqlens)") && !strstr(fa_last_error(), "cu_seqlens)"))),
+                  "lengths_per_call %d with %s: got %s (%s), want a message naming lengths_per_call", lpc,
+                  part == 0 ? "a bias" : part == 1 ? "segment ids" : "the backward", fa_status_string(st),
+                  fa_last_error());
+            fa_plan_destroy(pl);
+            refused++;
+        }
     printf("test_supports: %d pairs refused naming both features, %d pairs planned%s\n", refused, planned,
            failures ? "" : ": ok");
     if (failures) printf("test_supports: %d FAILED\n", failures);
