@@ -43,6 +43,22 @@ configure_file(cmake/flashattn.pc.in ${CMAKE_CURRENT_BINARY_DIR}/flashattn.pc @O
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/flashattn.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
 
+# The MPI part, where it was built (CMakeLists.txt: MPI found): its header, libflashattn_mpi.so
+# (the core and src/mpi in one library: one copy of the library's state), an export set of
+# its own (find_package(flashattn) then finds MPI and imports flashattn::flashattn_mpi) and
+# flashattn_mpi.pc (compile with mpicc, which brings MPI's own flags).
+if(TARGET flashattn_mpi_shared)
+  set_target_properties(flashattn_mpi_shared PROPERTIES VERSION ${FA_VERSION} SOVERSION 0 EXPORT_NAME flashattn_mpi)
+  target_include_directories(flashattn_mpi_shared INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  install(TARGETS flashattn_mpi_shared EXPORT flashattnMpiTargets
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
+  install(FILES include/flashattn_mpi.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
+  install(EXPORT flashattnMpiTargets NAMESPACE flashattn:: DESTINATION ${FA_CMAKE_DIR} COMPONENT dev)
+  configure_file(cmake/flashattn_mpi.pc.in ${CMAKE_CURRENT_BINARY_DIR}/flashattn_mpi.pc @ONLY)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/flashattn_mpi.pc
+          DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
+endif()
+
 if(FA_PYTHON)
   # what pip builds (pyproject.toml's build.targets): the libraries the package loads, and
   # nothing else (the target "flashattn" would be ambiguous with the CLI's file name)

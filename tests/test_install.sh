@@ -44,4 +44,21 @@ static_libs=$(pkg-config --static --libs flashattn | sed 's/-lflashattn/-l:libfl
 # shellcheck disable=SC2046,SC2086
 $cc -std=c11 -o "$tmp/pc_static" "$src/tests/install/consumer.c" $(pkg-config --cflags flashattn) $static_libs -lm
 "$tmp/pc_static"
+# the MPI part, where this build has it: header, library, CMake target and pkg-config file,
+# a consumer built both ways and run on 1 and 2 ranks
+if [ -e "$build/libflashattn_mpi.so" ]; then
+  for f in include/flashattn_mpi.h lib/libflashattn_mpi.so lib/pkgconfig/flashattn_mpi.pc \
+           lib/cmake/flashattn/flashattnMpiTargets.cmake; do
+    [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed (the build has MPI)"; exit 1; }
+  done
+  [ -x "$tmp/cm/consumer_mpi" ] || { echo "FAIL: find_package(flashattn) gave no flashattn::flashattn_mpi"; exit 1; }
+  mpicc -std=c11 -o "$tmp/pc_mpi" "$src/tests/install/consumer_mpi.c" $(pkg-config --cflags --libs flashattn_mpi) -lm
+  for np in 1 2; do
+    for exe in "$tmp/cm/consumer_mpi" "$tmp/pc_mpi"; do
+      LD_LIBRARY_PATH=$prefix/lib timeout 120 mpirun --allow-run-as-root --oversubscribe -np $np "$exe"
+    done
+  done
+  libs_mpi=$(LD_LIBRARY_PATH=$prefix/lib ldd "$tmp/pc_mpi")
+  grep -q "$prefix/lib/libflashattn_mpi.so" <<<"$libs_mpi" || { echo "FAIL: pc_mpi does not load the installed libflashattn_mpi.so"; exit 1; }
+fi
 echo "PASS: installed header, libraries, CMake package and pkg-config file"
