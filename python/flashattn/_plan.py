@@ -1,29 +1,32 @@
 """flashattn.plan: the analytic cost of a problem from its shapes alone (no arrays)."""
+import re
+from fractions import Fraction
+
 import numpy as np
 
 from . import _native
 from ._problem import combined_bias_dims, empty_dims, library_bias_scale, make_options, make_problem
 from .masks import Mask, build_for_call
 
-_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_UNITS = "KMGTPE"  # powers of 1024, as the CLI's --memory-budget (tools/cli_args.c, cli_parse_bytes)
+_BYTES = re.compile(r"(\d*)(?:\.(\d*))?([KMGTPE])?(?:IB|B)?")
 
 
 def parse_bytes(budget):
-    """A byte count >= 0: an int, or a string with a K, M, G or T suffix (powers of 1024), as
-    the CLI takes; at most 2**63 - 1 bytes either way (inf, NaN and negative budgets are
-    refused, as the CLI's --memory-budget refuses them)."""
+    """A byte count >= 0: an int, or a string of digits with an optional fraction and a K, M,
+    G, T, P or E suffix (powers of 1024; "iB" or "B" after it allowed), taken exactly as the
+    CLI takes it: a whole number of bytes from 0 to 2**63 - 1 (1.5K is 1536; 1.3K, a fraction
+    of a byte, and anything past 2**63 - 1 are refused)."""
     if isinstance(budget, str):
-        text = budget.strip().upper().removesuffix("B").removesuffix("I")
-        mult = _SUFFIX.get(text[-1:], 1)
-        digits = text[:-1] if text[-1:] in _SUFFIX else text
-        try:
-            value = float(digits) * mult
-        except ValueError:
-            raise ValueError(f"memory budget {budget!r} is not a number with an optional K/M/G/T suffix") from None
-        if not 0 <= value < 2.0**63:  # NaN fails too
-            raise ValueError(f"memory budget {budget!r} must be a byte count from 0 to 2**63 - 1")
-        if value != int(value):  # as the CLI's --memory-budget: 1.5K is 1536, 1.3K no whole number
+        m = _BYTES.fullmatch(budget.strip().upper())
+        if not m or not (m.group(1) or m.group(2)):
+            raise ValueError(f"memory budget {budget!r} is not a number with an optional K/M/G/T/P/E suffix")
+        value = Fraction(f"{m.group(1) or 0}.{m.group(2) or 0}") * (1 << 10 * (_UNITS.index(m.group(3)) + 1)
+                                                                    if m.group(3) else 1)
+        if value.denominator != 1:  # as the CLI's --memory-budget: 1.5K is 1536, 1.3K no whole number
             raise ValueError(f"memory budget {budget!r} is not a whole number of bytes (1.5K is 1536; 1.3K is refused)")
+        if value >= 2**63:
+            raise ValueError(f"memory budget {budget!r} must be a byte count from 0 to 2**63 - 1")
         return int(value)
     if isinstance(budget, bool) or not hasattr(budget, "__index__"):
         raise ValueError(f"memory budget must be bytes (int) or a string like '24G', got {budget!r}")
