@@ -180,7 +180,8 @@ static fa_status backward_cost(struct fa_plan *pl, const shared_sums *ss) {
 /* A dense or decode problem with nothing to compute (fa_problem_empty; packed batches sum
  * their sequences in cost_inference.c, by the same rules): no flops; the forward writes o
  * and lse (rows exist only when seq_k is 0: one log each, as cpu/empty.c counts), the
- * backward zeros dq, dk, dv and dbias; nothing is read, no workspace. */
+ * backward zeros dq, dk, dv and dbias; nothing is read but the sinks where rows take lse =
+ * sink, no workspace. */
 static fa_status empty_cost(struct fa_plan *pl) {
     const fa_problem *p = &pl->p;
     const int decode = pl->shape == FA_SHAPE_DECODE;
@@ -192,8 +193,9 @@ static fa_status empty_cost(struct fa_plan *pl) {
     if (decode) extra = B * 4 + (p->has_new_kv ? B * p->seq_q * Hk * (D + p->head_dim_v) * es : 0) +
                         (p->page_size ? B * p->max_pages * 4 : 0);
     const wide in = t.q + t.k + t.v + t.bias + t.slopes + t.segments + t.sinks + extra, out = t.o + t.lse;
-    /* rows see no key: a log each, and with sinks an exp (cpu/empty.c) */
-    const wide fwd[8] = {0, 0, B * p->heads_q * p->seq_q * (1 + p->has_sinks), out, out, 0, in + out, in + out};
+    /* rows see no key: a log each, and with sinks an exp (cpu/empty.c), lse = sink read from sinks */
+    const wide rows = B * p->heads_q * p->seq_q, read = rows > 0 ? t.sinks : 0;
+    const wide fwd[8] = {0, 0, rows * (1 + p->has_sinks), out + read, out + read, 0, in + out, in + out};
     /* dq, dk, dv, dbias, dsink */
     const wide bin = in + 2 * t.o + t.lse, bout = t.q + t.k + t.v + t.dbias + t.sinks;
     const wide bwd[8] = {0, 0, 0, bout, bout, 0, bin + bout, bin + bout}; /* decoding's: 0 (fa_cost_compute) */

@@ -41,7 +41,7 @@ static fa_status varlen_cost(fa_plan *pl) {
     const fa_problem *p = &pl->p;
     const wide es = (wide)fa_dtype_size(p->dtype), Hq = p->heads_q, Hk = p->heads_kv;
     const wide D = p->head_dim, Dv = p->head_dim_v, tq = p->seq_q, tk = p->seq_k;
-    wide fwd[8] = {0}, bwd[8] = {0}, ran = 0;
+    wide fwd[8] = {0}, bwd[8] = {0}, ran = 0, keyless = 0; /* sequences computed; sequences of rows without keys */
     for (int64_t b = 0; b < p->batch; b++) {
         fa_plan sub;
         fa_varlen_subplan(pl, b, &sub);
@@ -52,11 +52,13 @@ static fa_status varlen_cost(fa_plan *pl) {
             continue;
         }
         if (sk == 0) { /* rows see no key: o = 0, lse = -inf or sink_h (a log each, + an exp with sinks); dq = 0 */
+            const wide sink_read = p->has_sinks ? Hq * 4 : 0; /* lse = sink */
             fwd[2] += Hq * sq * (1 + p->has_sinks);
-            fwd[3] += Hq * sq * (Dv * es + 4);
-            fwd[4] += Hq * sq * (Dv * es + 4);
+            fwd[3] += Hq * sq * (Dv * es + 4) + sink_read;
+            fwd[4] += Hq * sq * (Dv * es + 4) + sink_read;
             bwd[3] += Hq * sq * D * es;
             bwd[4] += Hq * sq * D * es;
+            keyless++;
             continue;
         }
         fa_status s = fa_cost_figures(&sub); /* dense: the sequence as its own problem (the parent's bwd_none) */
@@ -76,8 +78,8 @@ static fa_status varlen_cost(fa_plan *pl) {
     wide in = q + k + v + lens + slopes + sinks, out = o + lse;
     /* min_bytes: the sequences' own (each a dense problem's needed inputs and outputs), the
      * slopes and sinks (the backward: and dsink) once if any sequence reads them */
-    const wide extra = ran > 1 ? ran - 1 : 0;
-    fwd[4] -= extra * (slopes + sinks), bwd[4] -= extra * (slopes + 2 * sinks);
+    const wide extra = ran > 1 ? ran - 1 : 0, sink_extra = ran + keyless > 1 ? ran + keyless - 1 : 0;
+    fwd[4] -= extra * slopes + sink_extra * sinks, bwd[4] -= extra * (slopes + 2 * sinks);
     fwd[6] = in + out + fwd[5], fwd[7] = in + out + score;
     in += 2 * o + lse, out = q + k + v + sinks; /* the backward also reads o, do, lse; writes dq, dk, dv, dsink */
     bwd[6] = in + out + bwd[5], bwd[7] = in + out + score;

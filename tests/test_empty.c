@@ -218,6 +218,12 @@ static void test_keyless_calls(void) {
                                                                    c == 3 ? ck : NULL, &fc) == FA_OK,
               "keyless case %d: %s", c, fa_last_error());
         const int64_t want = used * (1 + p.has_sinks); /* a log per row, and the sink's exp */
+        /* bytes: o and lse written, and the sinks read (lse = sink) */
+        const int64_t io = used * 8 * 4 + used * 4 + (p.has_sinks ? 2 * 4 : 0);
+        /* (packed: each of the 2 keyless sequences reads them; min_bytes counts them once) */
+        const int64_t io_all = io + (c == 2 ? 2 * 4 : 0);
+        CHECK(fc.bytes_accessed == io_all && fc.min_bytes == io, "keyless case %d: bytes %lld, min %lld, want %lld, %lld",
+              c, (long long)fc.bytes_accessed, (long long)fc.min_bytes, (long long)io_all, (long long)io);
         CHECK(cnt.flops == 0 && cnt.transcendentals == want && fc.transcendentals == want,
               "keyless case %d: counts %lld, plan %lld, want %lld transcendentals", c, (long long)cnt.transcendentals,
               (long long)fc.transcendentals, (long long)want);
