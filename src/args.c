@@ -98,7 +98,8 @@ fa_status fa_check_forward_args(const fa_problem *p, const fa_forward_args *a, i
         {a->v_prefix, "v_prefix", "shared_prefix_len", prefix, n.kv},
         {a->k_scale, "k_scale", "a quantized cache_dtype", quant, n.kv},
         {a->v_scale, "v_scale", "a quantized cache_dtype", quant, n.kv},
-    };    fa_status s;
+    };
+    fa_status s;
     if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
         (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
@@ -136,7 +137,8 @@ fa_status fa_check_backward_args(const fa_problem *p, const fa_backward_args *a,
         {a->dbias, "dbias", "bias_grad", p->bias_grad, n.bias},
         {a->sinks, "sinks", "has_sinks", p->has_sinks, n.slopes},
         {a->dsink, "dsink", "has_sinks", p->has_sinks, n.slopes},
-    };    if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
+    };
+    if ((s = check_required(r, sizeof r / sizeof r[0], fn)) ||
         (s = check_workspace(a->workspace, a->workspace_size, workspace, fn)))
         return s;
     if (host && (s = check_sinks(p, a->sinks, fn))) return s;
