@@ -2,7 +2,9 @@
 fixed when JAX starts). The FFI calls' results vary along the manual axes their operands
 vary along: gradients inside shard_map equal the unsharded ones (they once failed on the
 cotangents' types), and out_specs=P() without a psum is refused as jax.nn's is (it once
-returned one shard's value). Seeded by the run's seed (conftest.py)."""
+returned one shard's value). A replicated bias or sinks gets its gradient summed over the
+shards, shard_map runs without jit, and the documented dropout recipe draws per-shard masks.
+Seeded by the run's seed (conftest.py)."""
 import os
 import subprocess
 import sys
@@ -52,8 +54,164 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_shard_map_gradients_and_varying_results():
+# A replicated differentiable operand (in_specs P()) beside a batch-sharded q: its gradient
+# is the sum over the shards, as jax.nn's (the custom_vjp's cotangent varied along the axis
+# and JAX raised "the manual axis types do not match"); and shard_map without jit (the
+# custom_vjp's symbolic_zeros raised NotImplementedError in an eager shard_map, even forward
+# only). References: jax.nn.dot_product_attention (bias) and float64 numpy (sinks).
+REPLICATED = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp, numpy as np
+    import flashattn.jax as fj
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax import shard_map
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    rng = np.random.default_rng(int(sys.argv[1]))
+    B, S, H, D = 4, 16, 2, 16
+    q, k, v = (jnp.asarray(rng.standard_normal((B, S, H, D)), jnp.float32) for _ in range(3))
+    sinks = jnp.asarray(rng.standard_normal(H), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal((1, H, 1, S)), jnp.float32)
+    sh = NamedSharding(mesh, P("b"))
+    qs, ks, vs = (jax.device_put(x, sh) for x in (q, k, v))
+
+    def sinks_ref(q, k, v, sinks):
+        # float64: o and d(sum o^2)/d sinks, causal; d o_i / d sink = -psink_i o_i
+        q, k, v, sinks = (np.asarray(x, np.float64) for x in (q, k, v, sinks))
+        s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(q.shape[-1])
+        s = np.where(np.tril(np.ones((q.shape[1], k.shape[1]), bool)), s, -np.inf)
+        sk = np.broadcast_to(sinks[None, :, None, None], s.shape[:3] + (1,))
+        m = np.maximum(s.max(-1, keepdims=True), sk)
+        e, es = np.exp(s - m), np.exp(sk - m)
+        z = e.sum(-1, keepdims=True) + es
+        o = np.einsum("bhij,bjhd->bihd", e / z, v)
+        psink = (es / z)[..., 0]  # [B, H, Sq]
+        return o, -np.einsum("bhi,bihd->h", psink, 2 * o * o)
+
+    def check(name, got, want, tol):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        assert err < tol, (name, err)
+
+    specs = (P("b"),) * 3 + (P(),)
+    if sys.argv[2] == "eager_forward":  # shard_map without jit, forward only
+        o = shard_map(lambda q, k, v, s: fj.attention(q, k, v, causal=True, sinks=s), mesh=mesh, in_specs=specs,
+                      out_specs=P("b"))(qs, ks, vs, sinks)
+        check("eager o", o, sinks_ref(q, k, v, sinks)[0], 1e-5)
+        o = shard_map(lambda q, k, v: fj.dot_product_attention(q, k, v, is_causal=True), mesh=mesh,
+                      in_specs=specs[:3], out_specs=P("b"))(qs, ks, vs)
+        check("eager drop-in o", o, jax.nn.dot_product_attention(q, k, v, is_causal=True), 1e-5)
+        cu = jnp.asarray([0, S], jnp.int32)
+        o = shard_map(lambda q, k, v: fj.varlen_attention(q[0], k[0], v[0], cu, cu)[None], mesh=mesh,
+                      in_specs=specs[:3], out_specs=P("b"))(qs[:2], ks[:2], vs[:2])
+        check("eager varlen o", o, jax.nn.dot_product_attention(q[:2], k[:2], v[:2]), 1e-5)
+        print("ok")
+        sys.exit(0)
+    for jit in (False, True):
+        wrap = jax.jit if jit else (lambda f: f)
+        # sinks: attention and varlen_attention (one sequence per device)
+        att = lambda q, k, v, s: fj.attention(q, k, v, causal=True, sinks=s)
+        loss = lambda q, k, v, s: jax.lax.psum((att(q, k, v, s) ** 2).sum(), "b")
+        g = wrap(jax.grad(shard_map(loss, mesh=mesh, in_specs=specs, out_specs=P()), argnums=3))(qs, ks, vs, sinks)
+        o_ref, g_ref = sinks_ref(q, k, v, sinks)
+        check(f"dsinks jit={jit}", g, g_ref, 1e-5)
+        o = wrap(shard_map(att, mesh=mesh, in_specs=specs, out_specs=P("b")))(qs, ks, vs, sinks)
+        check(f"o sinks jit={jit}", o, o_ref, 1e-5)
+        cu = jnp.asarray([0, S], jnp.int32)
+        vl = lambda q, k, v, s: fj.varlen_attention(q[0], k[0], v[0], cu, cu, causal=True, sinks=s)[None]
+        vloss = lambda q, k, v, s: jax.lax.psum((vl(q, k, v, s) ** 2).sum(), "b")
+        g = wrap(jax.grad(shard_map(vloss, mesh=mesh, in_specs=specs, out_specs=P()), argnums=3))(
+            qs[:2], ks[:2], vs[:2], sinks)
+        check(f"varlen dsinks jit={jit}", g, sinks_ref(q[:2], k[:2], v[:2], sinks)[1], 1e-5)
+        o = wrap(shard_map(vl, mesh=mesh, in_specs=specs, out_specs=P("b")))(qs[:2], ks[:2], vs[:2], sinks)
+        check(f"varlen o jit={jit}", o, o_ref[:2], 1e-5)
+        # bias [1, H, 1, S]: attention and the jax.nn drop-in, against jax.nn unsharded
+        want_o = jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True)
+        want_g = jax.grad(lambda b: (jax.nn.dot_product_attention(q, k, v, bias=b, is_causal=True) ** 2).sum())(bias)
+        for fname, f in (("attention", lambda q, k, v, b: fj.attention(q, k, v, causal=True, bias=b)),
+                         ("dot_product_attention",
+                          lambda q, k, v, b: fj.dot_product_attention(q, k, v, bias=b, is_causal=True))):
+            loss = lambda q, k, v, b: jax.lax.psum((f(q, k, v, b) ** 2).sum(), "b")
+            g = wrap(jax.grad(shard_map(loss, mesh=mesh, in_specs=specs, out_specs=P()), argnums=(0, 3)))(
+                qs, ks, vs, bias)
+            check(f"{fname} dbias jit={jit}", g[1], want_g, 1e-5)
+            check(f"{fname} dq jit={jit}", g[0],
+                  jax.grad(lambda q: (jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True) ** 2).sum())(q),
+                  1e-5)
+            o = wrap(shard_map(f, mesh=mesh, in_specs=specs, out_specs=P("b")))(qs, ks, vs, bias)
+            check(f"{fname} o jit={jit}", o, want_o, 1e-5)
+    print("ok")
+""")
+
+# Dropout inside shard_map: each shard draws the masks of its local batch indices, so without
+# more every shard drew the same masks. The documented recipe (docs/python.md, "Several
+# devices") folds the shard's index into the seed: each shard then draws its own masks,
+# checked against a float64 reference built from flashattn.dropout_keep_mask, forward and dv,
+# eager and jitted.
+DROPOUT = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp, numpy as np
+    import flashattn, flashattn.jax as fj
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax import shard_map
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    rng = np.random.default_rng(int(sys.argv[1]))
+    B, S, H, D, p = 4, 16, 2, 8, 0.5
+    q, k, v, w = (jnp.asarray(rng.standard_normal((B, S, H, D)), jnp.float32) for _ in range(4))
+    key = jax.random.key(int(rng.integers(1 << 62)))
+    sh = NamedSharding(mesh, P("b"))
+    qs, ks, vs, ws = (jax.device_put(x, sh) for x in (q, k, v, w))
+
+    def att(q, k, v):  # the recipe
+        return fj.attention(q, k, v, dropout_p=p, seed=jax.random.fold_in(key, jax.lax.axis_index("b")))
+
+    def loss(q, k, v, w):
+        return jax.lax.psum((att(q, k, v) * w).sum(), "b")
+
+    # the float64 reference: shard r's seed is fold_in(key, r), its items local indices 0, 1
+    keep = np.zeros((B, H, S, S), bool)
+    for r in range(2):
+        lo, hi = (int(x) for x in np.asarray(jax.random.key_data(jax.random.fold_in(key, r))))
+        for bl in range(2):
+            for h in range(H):
+                keep[2 * r + bl, h] = flashattn.dropout_keep_mask(p, lo | hi << 32, bl, h, S, S)
+    q64, k64, v64, w64 = (np.asarray(x, np.float64) for x in (q, k, v, w))
+    s = np.einsum("bihd,bjhd->bhij", q64, k64) / np.sqrt(D)
+    pr = np.exp(s - s.max(-1, keepdims=True))
+    pd = pr / pr.sum(-1, keepdims=True) * keep / (1 - p)
+    o_ref = np.einsum("bhij,bjhd->bihd", pd, v64)
+    dv_ref = np.einsum("bhij,bihd->bjhd", pd, w64)
+    assert not (keep[:2] == keep[2:]).all(), "the shards' masks agree"
+    for jit in (False, True):
+        wrap = jax.jit if jit else (lambda f: f)
+        o = np.asarray(wrap(shard_map(att, mesh=mesh, in_specs=(P("b"),) * 3, out_specs=P("b")))(qs, ks, vs))
+        assert np.abs(o - o_ref).max() < 1e-5 * np.abs(o_ref).max(), ("o", jit)
+        dv = np.asarray(wrap(jax.grad(shard_map(loss, mesh=mesh, in_specs=(P("b"),) * 4, out_specs=P()),
+                                      argnums=2))(qs, ks, vs, ws))
+        assert np.abs(dv - dv_ref).max() < 1e-5 * np.abs(dv_ref).max(), ("dv", jit)
+    print("ok")
+""")
+
+
+def _run(script, *args):
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(SEED)], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run([sys.executable, "-c", script, str(SEED), *args], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), f"seed {SEED}:\n{r.stdout}\n{r.stderr[-3000:]}"
+
+
+def test_shard_map_gradients_and_varying_results():
+    _run(SCRIPT)
+
+
+def test_shard_map_without_jit():
+    _run(REPLICATED, "eager_forward")
+
+
+def test_shard_map_replicated_bias_and_sinks():
+    _run(REPLICATED, "gradients")
+
+
+def test_shard_map_dropout_recipe_draws_per_shard_masks():
+    _run(DROPOUT)

@@ -274,6 +274,30 @@ def test_vmap_shared_seed_draws_the_folded_batch(rng, kind):
         assert_close(name, fold(gv[j]), gf[j], 1e-6, 1e-6)
 
 
+def test_dropout_lse_cotangent_judged_at_trace_time(rng):
+    """Under dropout a gradient through lse raises; lse unused is JAX's symbolic zero, no
+    gradient, also through checkpoint, scan and cond and under jit (the op runs inside a
+    jit of its own, for an eager shard_map: symbolic zeros must still reach its rule). An
+    explicit zeros cotangent passed to jax.vjp counts as a gradient (docs/python.md)."""
+    q, k, v, w = (_bshd(rng, 1, 12, 2, 8) for _ in range(4))
+    att = lambda q: fj.attention(q, k, v, dropout_p=0.3, seed=7, return_lse=True)  # noqa: E731
+    want = jax.grad(lambda q: jnp.sum(fj.attention(q, k, v, dropout_p=0.3, seed=7) * w))(q)
+    cases = {
+        "grad": lambda q: jnp.sum(att(q)[0] * w),
+        "checkpoint": lambda q: jnp.sum(jax.checkpoint(att)(q)[0] * w),
+        "scan": lambda q: jnp.sum(jax.lax.scan(lambda c, _: (c, att(c)), q, None, length=1)[1][0][0] * w),
+        "cond": lambda q: jnp.sum(jax.lax.cond(True, att, att, q)[0] * w),
+    }
+    for name, loss in cases.items():
+        for wrap in (lambda f: f, jax.jit):
+            assert_close(name, wrap(jax.grad(loss))(q), want, 1e-6, 1e-6)
+    assert float(jnp.abs(want).max()) > 0
+    with pytest.raises(NotImplementedError, match="gradient through lse"):
+        jax.grad(lambda q: jnp.sum(att(q)[1]))(q)
+    with pytest.raises(NotImplementedError, match="gradient through lse"):
+        jax.vjp(att, q)[1]((w, jnp.zeros((1, 2, 12), jnp.float32)))
+
+
 def test_a_gradient_through_alibi_slopes_raises():
     """The library computes no gradient for ALiBi slopes: differentiating in them gave zeros
     (a stop_gradient), in attention and varlen_attention alike. TypeError now; a gradient in q

@@ -301,6 +301,12 @@ def _op_bwd(opt, res, cotangents):
 
 _op.defvjp(_op_fwd, _op_bwd, symbolic_zeros=True)
 
+# The op as its own jit: a custom_vjp with symbolic_zeros (which the rules above read: is
+# the bias or are the slopes differentiated, is lse's cotangent a zero) raises
+# NotImplementedError in an eager (not jitted) shard_map; inside a jit JAX traces it to a
+# jaxpr first, and the eager shard_map runs that. Under an outer jit it is inlined.
+_op_jit = jax.jit(_op, static_argnums=0)
+
 
 def _ids_fit_int32(name, x):
     """Segment ids go to the library as int32: concrete ones (not traced) that do not fit
@@ -354,7 +360,11 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
         if sinks is not None:  # rows without keys: lse = sink
             lse = jnp.broadcast_to(sinks[None, :, None], lse_shape)
     else:
-        o, lse = _op(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed_words(opt.dropout_p, seed, dropout_offset))
+        # one varying-axis type for all operands (_ffi.vary_together: a replicated bias or
+        # sinks beside a sharded q gets its gradient summed over the shards)
+        operands = _ffi.vary_together(q, k, v, bias, slopes, q_seg, kv_seg, sinks,
+                                      seed_words(opt.dropout_p, seed, dropout_offset))
+        o, lse = _op_jit(opt, *operands)
     return (o, lse) if return_lse else o
 
 
@@ -400,8 +410,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     1, an integer scalar array (traced under jit: a new seed each step does not recompile),
     or a jax.random key (its two key-data words are the seed's low and high halves);
     dropout_offset: an int or integer scalar array. lse stays undropped and its gradient
-    under dropout is not supported. Under vmap the mask's batch index is the folded one
-    (a vmapped seed: each index its own seed, at its own batch indices).
+    under dropout is not supported (a symbolic zero, lse unused, is none; an explicit zeros
+    cotangent counts as one). Under vmap the mask's batch index is the folded one
+    (a vmapped seed: each index its own seed, at its own batch indices). Under shard_map
+    each shard draws at its local batch indices: fold jax.lax.axis_index into the seed
+    (docs/python.md, "Several devices").
 
     diag_offset (an int; None: Sk - Sq, bottom-right) places the causal and window masks'
     diagonal (0: top-left), and bias_scale multiplies the bias (the scores get

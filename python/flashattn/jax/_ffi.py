@@ -147,6 +147,17 @@ def _varying_axes(xs) -> tuple:
     return tuple(sorted(axes))
 
 
+def _vary(x, axes):
+    """x cast to vary along axes too (None stays None; a no-op cast where it already does)."""
+    if x is None:
+        return None
+    need = tuple(a for a in axes if a not in _varying_axes([x]))
+    if not need:
+        return x
+    cast = getattr(jax.lax, "pcast", None)
+    return cast(x, need, to="varying") if cast is not None else jax.lax.pvary(x, need)
+
+
 def varying_like(results, operands):
     """The results of an FFI call, typed as varying along every shard_map axis its operands
     vary along. A custom call is opaque to JAX's varying-axis types: typed invariant, its
@@ -155,14 +166,20 @@ def varying_like(results, operands):
     axes = _varying_axes(operands)
     if not axes:
         return results
-    cast = getattr(jax.lax, "pcast", None)
+    return type(results)(_vary(r, axes) for r in results)
 
-    def one(r):
-        need = tuple(a for a in axes if a not in _varying_axes([r]))
-        if not need:
-            return r
-        return cast(r, need, to="varying") if cast is not None else jax.lax.pvary(r, need)
-    return type(results)(one(r) for r in results)
+
+def vary_together(*xs):
+    """xs, each cast to vary along every shard_map axis that any of them varies along. For
+    the operands of a custom_vjp: its backward's cotangents come from an FFI call
+    (varying_like), so they vary along all those axes, and JAX requires each to have its
+    input's type. A replicated bias or sinks (in_specs P()) beside a batch-sharded q thus
+    enters the custom_vjp varying, and the cast's transpose, a psum, sums its gradient over
+    the shards, as jax.nn's is (it raised "the manual axis types do not match")."""
+    axes = _varying_axes(xs)
+    if not axes:
+        return xs
+    return tuple(_vary(x, axes) for x in xs)
 
 
 def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):

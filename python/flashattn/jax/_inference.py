@@ -174,6 +174,7 @@ def _varlen_op_bwd(attrs, res, cotangents):
 
 
 _varlen_op.defvjp(_varlen_op_fwd, _varlen_op_bwd, symbolic_zeros=True)
+_varlen_op_jit = jax.jit(_varlen_op, static_argnums=0)  # works in an eager shard_map (_attention._op_jit)
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
@@ -227,7 +228,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         if sinks is not None:  # rows without keys: lse = sink
             lse = jnp.broadcast_to(sinks[:, None], lse.shape)
     else:
-        o, lse = _varlen_op(tuple(sorted(attrs.items())), q, k, v, cu_q, cu_k, slopes, sinks, seed_operand)
+        # one varying-axis type for all operands: a replicated sinks gets its gradient summed
+        operands = _ffi.vary_together(q, k, v, cu_q, cu_k, slopes, sinks, seed_operand)
+        o, lse = _varlen_op_jit(tuple(sorted(attrs.items())), *operands)
     return (o, lse) if return_lse else o
 
 
