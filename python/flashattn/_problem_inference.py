@@ -114,9 +114,9 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
         raise ValueError(f"q's heads ({Hq}) are not a multiple of the caches' heads ({Hk})")
     if new_shapes is not None:
         want_k, want_v = (B, Sq, Hk, D), (B, Sq, Hk, vc_shape[3])
-        for name, s, want in (("k", new_shapes[0], want_k), ("v", new_shapes[1], want_v)):
+        for name, s, want, d in (("k", new_shapes[0], want_k, "D"), ("v", new_shapes[1], want_v, "Dv")):
             if tuple(s) != want:
-                raise ValueError(f"new {name} must have shape [B, Sq, Hk, D] = {want}, got {tuple(s)}")
+                raise ValueError(f"new {name} must have shape [B, Sq, Hk, {d}] = {want}, got {tuple(s)}")
 
 
 def check_prefix(k_prefix, v_prefix, kc_shape, vc_shape, dtype):

@@ -34,6 +34,18 @@ def check_floats(names, tensors):
         raise ValueError(f"flashattn runs on cpu and cuda tensors (meta: shapes only), got device {q.device}")
 
 
+def check_devices(q, named, host=()):
+    """Every tensor argument of a call on q's device, the one device the op runs on, else
+    ValueError naming it and both devices. Those named in host (lengths and block tables,
+    which the op reads on the host) may be on the CPU too. Without this, a meta tensor
+    beside CPU ones dispatched the op to its fake kernel: uninitialized outputs, nothing
+    computed or written."""
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and t.device != q.device and not (name in host and t.device.type == "cpu"):
+            also = " (or the CPU: it is read on the host)" if name in host and q.device.type != "cpu" else ""
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}{also}")
+
+
 def _per_head(name, t, H, device):
     """A per-head tensor [H] on q's device as the library's f32 (None stays None): real
     numbers (_problem.check_real, every front's rule)."""

@@ -17,8 +17,8 @@ from ._problem import dtype_code
 from ._quant import cache_dtype_code
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
-from ._torch_args import (alibi, autocast, check_floats, check_tensor, distinct, float_or_none, int_in,
-                          shares_memory, sinks_arg, threads_arg, window_sides)
+from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
+                          int_in, shares_memory, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import (DTYPES, F32, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
                          int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad, dropout_args,
                          seed_value)
@@ -225,6 +225,10 @@ class _Varlen(_VarlenCompiled):
 _varlen_fwd.register_autograd(_VarlenCompiled.backward, setup_context=_VarlenCompiled.setup_context)
 
 
+# the tensor arguments read on the host, which may be on the CPU beside tensors on a GPU
+_HOST = ("cu_seqlens_q", "cu_seqlens_k", "cache_seqlens", "block_table")
+
+
 def _int_tensor(name, t, shape_desc, ndim):
     """An integer tensor argument; its values are checked against int32 where the op runs."""
     if not isinstance(t, torch.Tensor):
@@ -266,6 +270,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     q, k, v = (check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
     q, k, v = autocast(q, k, v)
     check_floats(("q", "k", "v"), (q, k, v))
+    check_devices(q, (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                      ("alibi_slopes", alibi_slopes), ("sinks", sinks)), host=_HOST)
     check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     cu_q = _int_tensor("cu_seqlens_q", cu_seqlens_q, "[batch + 1]", 1)
     cu_k = _int_tensor("cu_seqlens_k", cu_seqlens_k, "[batch + 1]", 1)
@@ -418,6 +424,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     q, k_cache, v_cache = (check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")
+    check_devices(q, (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v), ("k_scale", k_scale),
+                      ("v_scale", v_scale), ("k_prefix", k_prefix), ("v_prefix", v_prefix),
+                      ("cache_seqlens", cache_seqlens), ("block_table", block_table),
+                      ("alibi_slopes", alibi_slopes), ("sinks", sinks)), host=_HOST)
     code = cache_dtype_code(cache_dtype)
     if code is None and (k_scale is not None or v_scale is not None):
         raise ValueError("k_scale and v_scale belong to a quantized cache: pass cache_dtype='int8' or 'fp8'")
@@ -433,8 +443,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             if s is None:
                 raise ValueError(f"{name} is required with a quantized cache_dtype (float32, shape {shp})")
             if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or tuple(s.shape) != shp or \
-                    not s.is_contiguous() or s.device != k_cache.device:
-                raise ValueError(f"{name} must be a contiguous float32 tensor of shape {shp} on the caches' device")
+                    not s.is_contiguous():  # its device: q's (check_devices)
+                raise ValueError(f"{name} must be a contiguous float32 tensor of shape {shp}")
     if k is not None:
         names += ["k", "v"]
         tensors += [check_tensor("k", k, 4), check_tensor("v", v, 4)]

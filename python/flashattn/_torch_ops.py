@@ -393,20 +393,58 @@ class _RefusedDoubleGrad(_RefusedGrad):
                                   "(create_graph=True, e.g. a gradient penalty) is not supported")
 
 
+LSE_GRAD_REFUSED = ("a gradient through lse with dropout (dropout_p > 0) is not supported: "
+                    "use o alone, or dropout_p=0")
+
+
 class _RefusedLseGrad(_RefusedGrad):
     """lse under dropout, which the attention Function leaves without a gradient (one
     through it would be silently missing)."""
 
     @staticmethod
     def backward(ctx, dlse):
-        raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported: "
-                                  "use o alone, or dropout_p=0")
+        raise NotImplementedError(LSE_GRAD_REFUSED)
+
+
+@torch.library.custom_op("flashattn::lse_grad_refused", mutates_args=())
+def _lse_grad_refused(dlse: torch.Tensor) -> torch.Tensor:
+    """lse's gradient under dropout where the backward runs (compiled graphs): one with a
+    nonzero (or NaN) element raises; zeros, which a compiled graph passes for an output that
+    got no gradient, give a 0-dim zero (a zero gradient through lse misses nothing)."""
+    if dlse.numel() and bool((dlse != 0).any()):
+        raise NotImplementedError(LSE_GRAD_REFUSED)
+    return torch.zeros((), dtype=torch.float32, device=dlse.device)
+
+
+@_lse_grad_refused.register_fake
+def _lse_grad_refused_fake(dlse):
+    return dlse.new_empty((), dtype=torch.float32)
+
+
+class _RefusedLseGradCompiled(_RefusedGrad):
+    """_RefusedLseGrad for torch.compile, which traces a backward ahead of time (when the
+    forward is compiled, whether or not a gradient ever reaches lse): one that raises there
+    fails every fullgraph=True compile with return_lse under dropout. The refusal is the
+    op flashattn::lse_grad_refused, run with the backward; its 0-dim zero is added to the
+    gradients of q, k and v (those that require one), so that the graph keeps it."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.metas = [(t.shape, t.dtype) for t in inputs[1:]]
+
+    @staticmethod
+    def backward(ctx, dlse):
+        z = torch.ops.flashattn.lse_grad_refused(dlse)
+        return (None,) + tuple(z.to(dtype).expand(shape) if need else None
+                               for (shape, dtype), need in zip(ctx.metas, ctx.needs_input_grad[1:]))
 
 
 def refused_lse_grad(lse, q, k, v):
     """lse under dropout for the caller: it requires grad where q, k or v do, and a
-    gradient reaching it raises NotImplementedError."""
-    return _RefusedLseGrad.apply(lse, q, k, v)
+    gradient reaching it raises NotImplementedError (compiled: a nonzero one, when the
+    backward runs)."""
+    fn = _RefusedLseGradCompiled if torch.compiler.is_compiling() else _RefusedLseGrad
+    return fn.apply(lse, q, k, v)
 
 
 class Attention(AttentionCompiled):

@@ -238,3 +238,80 @@ def test_bad_input_names_the_argument(rng):
         fat.kvcache_attention(*args[:5], i32(d["lens"][:2]), i32(d["table"]))
     with pytest.raises(ValueError, match=r"q, k_cache, v_cache, k, v must have one dtype"):
         fat.kvcache_attention(args[0].half(), *args[1:], i32(d["table"]))
+
+
+def _meta(x):
+    return torch.empty_like(x, device="meta")
+
+
+def test_every_tensor_argument_on_qs_device(rng):
+    """A length, page-table, cache, new-token or scale tensor on another device than q's
+    raises ValueError naming it and both devices, before anything is written (on meta beside
+    CPU tensors these once reached the ops' fake kernels: uninitialized outputs, an append
+    that wrote nothing). Lengths and block tables may also be on the CPU beside tensors on
+    another device (they are read on the host): meta q with CPU lengths gives shapes. The
+    calls with every tensor on the CPU then match the float64 reference."""
+    # packed batches
+    qn, kn, vn, cq, ck, kw = make_varlen(rng, "causal")
+    q, k, v = t(qn), t(kn), t(vn)
+    for i, name in enumerate(("cu_seqlens_q", "cu_seqlens_k")):
+        cus = [i32(cq), i32(ck)]
+        cus[i] = _meta(cus[i])
+        with pytest.raises(ValueError, match=f"{name} is on meta but q is on cpu"):
+            fat.varlen_attention(q, k, v, *cus, **_torch_kw(kw))
+    o_ref, lse_ref = ref.varlen(qn, kn, vn, cq, ck, **kw)
+    check("o", f64(fat.varlen_attention(q, k, v, i32(cq), i32(ck), **_torch_kw(kw))), o_ref, fwd_tol("f32", lse_ref))
+    o = fat.varlen_attention(*(_meta(x) for x in (q, k, v)), i32(cq), i32(ck), **_torch_kw(kw))
+    assert o.device.type == "meta" and o.shape == q.shape
+    # a dense cache with an append: nothing written when refused
+    d = make_decode(rng, "one_token")
+    T = _decode_tensors(d, "f32")
+    before = [T["k_cache"].clone(), T["v_cache"].clone()]
+    names = ("q", "k_cache", "v_cache", "k", "v", "cache_seqlens")
+    for name in names[1:]:
+        args = dict(T, cache_seqlens=i32(d["lens"]))
+        args[name] = _meta(args[name])
+        with pytest.raises(ValueError, match=f"{name} is on meta but q is on cpu"):
+            fat.kvcache_attention(*(args[n] for n in names), **_torch_kw(d["kw"]))
+        for a, b in zip((T["k_cache"], T["v_cache"]), before):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    o = fat.kvcache_attention(*(T[n] for n in names[:5]), i32(d["lens"]), **_torch_kw(d["kw"]))
+    o_ref, lse_ref = ref.decode(d["q"], *decode_rows(d), **d["kw"])
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+    # paged
+    d = page(make_decode(rng, "mqa_multi"), rng)
+    kp, vp = torch.from_numpy(d["k_pages"]), torch.from_numpy(d["v_pages"])
+    kn_, vn_ = (None if d[n] is None else torch.from_numpy(d[n]) for n in ("k", "v"))
+    args = (torch.from_numpy(d["q"]), kp, vp, kn_, vn_, i32(d["lens"]))
+    with pytest.raises(ValueError, match="block_table is on meta but q is on cpu"):
+        fat.kvcache_attention(*args, _meta(i32(d["table"])), **_torch_kw(d["kw"]))
+    o = fat.kvcache_attention(*args, i32(d["table"]), **_torch_kw(d["kw"]))
+    o_ref, lse_ref = ref.decode(d["q"], *decode_rows(d), **d["kw"])
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+    # a quantized cache (int8 codes, a scale per row and head): codes or scales elsewhere
+    B, S, Hk, D, lens = 2, 16, 2, 8, [5, 11]
+    qd = torch.from_numpy(rng.standard_normal((B, 1, 4, D)).astype(np.float32))
+    kf, vf = (torch.from_numpy(rng.standard_normal((B, S, Hk, D)).astype(np.float32)) for _ in range(2))
+    kc, ks, vc, vs = fat.quantize_cache(kf, vf, "int8")
+    quant = dict(k_cache=kc, v_cache=vc, k_scale=ks, v_scale=vs)
+    for name in quant:
+        bad = dict(quant, **{name: _meta(quant[name])})
+        with pytest.raises(ValueError, match=f"{name} is on meta but q is on cpu"):
+            fat.kvcache_attention(qd, bad["k_cache"], bad["v_cache"], cache_seqlens=i32(lens), cache_dtype="int8",
+                                  k_scale=bad["k_scale"], v_scale=bad["v_scale"])
+    o = fat.kvcache_attention(qd, kc, vc, cache_seqlens=i32(lens), cache_dtype="int8", k_scale=ks, v_scale=vs)
+    kq, vq = (c.double().numpy() * s.double().numpy()[..., None] for c, s in ((kc, ks), (vc, vs)))
+    o_ref, lse_ref = ref.decode(qd.double().numpy(), [kq[b, :n] for b, n in enumerate(lens)],
+                                [vq[b, :n] for b, n in enumerate(lens)])
+    check("o", f64(o), o_ref, fwd_tol("f32", lse_ref))
+
+
+def test_new_v_shape_names_dv():
+    """A wrong new-v shape is reported against [B, Sq, Hk, Dv] (v's head dim), not D."""
+    q, kc, vc = torch.randn(2, 1, 2, 8), torch.randn(2, 16, 2, 8), torch.randn(2, 16, 2, 4)
+    with pytest.raises(ValueError, match=r"new v must have shape \[B, Sq, Hk, Dv\] = \(2, 1, 2, 4\), "
+                                         r"got \(2, 1, 2, 8\)"):
+        fat.kvcache_attention(q, kc, vc, torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8), cache_seqlens=3)
+    with pytest.raises(ValueError, match=r"new k must have shape \[B, Sq, Hk, D\] = \(2, 1, 2, 8\), "
+                                         r"got \(2, 1, 2, 4\)"):
+        fat.kvcache_attention(q, kc, vc, torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4), cache_seqlens=3)

@@ -239,3 +239,54 @@ def test_double_backward_raises(rng, front):
     assert torch.equal(gq.detach(), plain)
     with pytest.raises(NotImplementedError, match="double backward"):
         ((f(q, k, v) * w).sum() + gq.square().sum()).backward()
+
+
+@pytest.mark.parametrize("front", ["attention", "varlen"])
+def test_compile_fullgraph_dropout_with_lse(front):
+    """torch.compile(fullgraph=True) of a call with dropout and return_lse whose lse gets no
+    gradient (Dynamo traces the lse refusal's backward ahead of time, and it once raised
+    there, failing every such compile): o's gradients equal eager's and the float64
+    reference with the kernels' keep mask; a gradient reaching lse still raises
+    NotImplementedError, when the backward runs, and o alone beside a returned lse does not."""
+    import flashattn
+    torch._dynamo.reset()
+    p, seed, H, S = 0.25, 3, 2, 8
+    gen = _gen()
+    q64, k64, v64 = _inputs(gen, B=1, Hq=H, Hk=H, Sq=S, Sk=S, D=16, Dv=16)
+    w = torch.randn(1, H, S, 16, generator=gen)
+    if front == "attention":
+        def call(q, k, v):
+            return fat.attention(q, k, v, dropout_p=p, seed=seed, return_lse=True)
+    else:  # one sequence, [S, H, D] rows
+        cu = torch.tensor([0, S], dtype=torch.int32)
+
+        def call(q, k, v):
+            o, lse = fat.varlen_attention(*(x[0].transpose(0, 1) for x in (q, k, v)), cu, cu, dropout_p=p,
+                                          seed=seed, return_lse=True)
+            return o.transpose(0, 1)[None], lse[None]
+
+    def loss(q, k, v):
+        o, lse = call(q, k, v)  # lse unused
+        return (o * w).sum()
+
+    ins = [x.float().requires_grad_() for x in (q64, k64, v64)]
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True)(*ins), ins)
+    eager = torch.autograd.grad(loss(*ins), ins)
+    keep = torch.from_numpy(np.stack([flashattn.dropout_keep_mask(p, seed, 0, h, S, S) for h in range(H)])[None])
+    r = [x.clone().requires_grad_() for x in (q64, k64, v64)]
+    wts = torch.softmax(r[0] @ r[1].transpose(-1, -2) / 4.0, -1) * keep / (1 - p)
+    want = torch.autograd.grad(((wts @ r[2]) * w.double()).sum(), r)
+    for name, g, e, ref in zip(("dq", "dk", "dv"), got, eager, want):
+        assert torch.equal(g, e), name
+        check(name, f64(g), ref.numpy(), BWD_TOL["f32"])
+    compiled = torch.compile(call, fullgraph=True)
+    o, lse = compiled(*ins)
+    with pytest.raises(NotImplementedError, match="through lse with dropout"):
+        lse.sum().backward()
+    o, lse = compiled(*ins)
+    with pytest.raises(NotImplementedError, match="through lse with dropout"):
+        ((o * w).sum() + lse.sum()).backward()
+    o, lse = compiled(*ins)
+    g = torch.autograd.grad((o * w).sum(), ins)  # o alone: lse's zero cotangent passes
+    for a, b in zip(g, eager):
+        assert torch.equal(a, b)
