@@ -114,12 +114,17 @@ int main(int argc, char **argv) {
         fb_ms = time_pass(plan, &fa, &ba, 1, (int)warmup, (int)iters);
         fa_cuda_free(d_o), fa_cuda_free(dq), fa_cuda_free(dk), fa_cuda_free(dv), fa_cuda_free(bws);
     }
-    const double ff = (double)fc.flops, fb = (double)bc.flops;
+    /* TFLOP/s of useful flops, the same count for every implementation (bench/RESULTS.md):
+     * the forward's visible pairs x 4D (the plan's flops_useful: 4 B H S^2 D, causal the
+     * pairs on or below the diagonal), the backward 2.5x that; the executed counts (the
+     * plan's flops, diagonal tiles whole, a two-pass backward of 14 B H S^2 D) beside them */
+    const double ff = (double)fc.flops_useful, fb = 2.5 * ff;
     printf("{\"impl\": \"flashattn\", \"B\": %lld, \"H\": %lld, \"S\": %lld, \"D\": %lld, \"causal\": %d, "
            "\"dtype\": \"%s\", \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, \"fwdbwd_ms\": %.4f, \"fwdbwd_tflops\": %.1f, "
-           "\"flops_fwd\": %lld, \"flops_bwd\": %lld, \"peak_bytes_plan\": %lld, \"peak_bytes_measured\": %lld}\n",
+           "\"flops_fwd\": %.0f, \"flops_bwd\": %.0f, \"exec_flops_fwd\": %lld, \"exec_flops_bwd\": %lld, "
+           "\"peak_bytes_plan\": %lld, \"peak_bytes_measured\": %lld}\n",
            (long long)B, (long long)H, (long long)S, (long long)D, causal, fa_dtype_name(dt), fwd_ms,
-           ff / (fwd_ms * 1e-3) / 1e12, fb_ms, backward ? (ff + fb) / (fb_ms * 1e-3) / 1e12 : 0.0,
+           ff / (fwd_ms * 1e-3) / 1e12, fb_ms, backward ? (ff + fb) / (fb_ms * 1e-3) / 1e12 : 0.0, ff, fb,
            (long long)fc.flops, (long long)bc.flops, (long long)fc.peak_bytes, peak_measured);
     fa_cuda_free(q), fa_cuda_free(k), fa_cuda_free(v), fa_cuda_free(o), fa_cuda_free(lse), fa_cuda_free(fws);
     fa_plan_destroy(plan);
