@@ -1,5 +1,6 @@
 /* `flashattn bench`: times the forward and backward passes on random data (one warm-up call,
- * then --iters timed calls; the median is reported) and prints GFLOP/s from the plan's flops.
+ * then --iters timed calls; the median is reported) and prints GFLOP/s from the plan's flops
+ * (executed) and from the useful count (forward: the visible pairs x 4D; backward 2.5x that). 
  * --pass forward|backward (beyond docs/cli.md's SHAPE flags) times one pass only. */
 #include "cli.h"
 #include "measure.h"
@@ -130,7 +131,11 @@ int cli_bench(const cli_args *a) {
         }
     }
     if (do_bwd && (rc = time_pass(&c, FA_BACKWARD, iters, &tb))) goto done;
+    /* executed flops (the plan's flops: what the kernels run) and useful ones (the forward's
+     * visible pairs x 4D, the backward 2.5x that: bench/RESULTS.md's count for every peer) */
+    const double uf = (double)cf.flops_useful, ub = 2.5 * uf;
     double gf = tf > 0 ? (double)cf.flops / tf * 1e-9 : 0, gb = tb > 0 ? (double)cb.flops / tb * 1e-9 : 0;
+    const double guf = tf > 0 ? uf / tf * 1e-9 : 0, gub = tb > 0 ? ub / tb * 1e-9 : 0;
     int64_t rss = peak_rss_bytes();
     /* predicted seconds from the cached rates (`flashattn calibrate`), when there are some */
     cli_rates rates;
@@ -152,19 +157,21 @@ int cli_bench(const cli_args *a) {
         if (have_rates) snprintf(fps, sizeof fps, "%.6g", pf.seconds), snprintf(bps, sizeof bps, "%.6g", pb.seconds);
         if (do_fwd)
             printf("\"forward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
-                   ", \"predicted_seconds\": %s}, ", tf, gf, cf.flops, fps);
+                   ", \"useful_gflops\": %.6g, \"flops_useful\": %.0f, \"predicted_seconds\": %s}, ", tf, gf, cf.flops,
+                   guf, uf, fps);
         if (do_bwd)
             printf("\"backward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
-                   ", \"predicted_seconds\": %s}, ", tb, gb, cb.flops, bps);
+                   ", \"useful_gflops\": %.6g, \"flops_useful\": %.0f, \"predicted_seconds\": %s}, ", tb, gb, cb.flops,
+                   gub, ub, bps);
         printf("\"peak_rss_bytes\": %" PRId64 ", \"iters\": %d}\n", rss, iters);
     } else {
         char hr[32], hp[32];
         if (do_fwd)
-            printf("forward   %10.4f s  %10.2f GFLOP/s  (%" PRId64 " flops, median of %d)\n", tf,
-                   gf, cf.flops, iters);
+            printf("forward   %10.4f s  %10.2f GFLOP/s executed (%" PRId64 " flops), %.2f useful, median of %d\n",
+                   tf, gf, cf.flops, guf, iters);
         if (do_bwd)
-            printf("backward  %10.4f s  %10.2f GFLOP/s  (%" PRId64 " flops, median of %d)\n", tb,
-                   gb, cb.flops, iters);
+            printf("backward  %10.4f s  %10.2f GFLOP/s executed (%" PRId64 " flops), %.2f useful (2.5x the forward's), "
+                   "median of %d\n", tb, gb, cb.flops, gub, iters);
         if (have_rates && do_fwd)
             printf("predicted forward  %8.4f s (measured/predicted %.2f)\n", pf.seconds, tf / pf.seconds);
         if (have_rates && do_bwd)
