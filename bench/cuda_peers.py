@@ -8,10 +8,19 @@ OURS_JSONL: bench/cuda_bench's lines; the peers run the same shapes (bf16, B H S
 causal; the backward where ours timed one) and divide the same flop counts, flashattn's
 plan figures (non-causal forward: 4 B H S^2 D). Timing: CUDA
 events around each call, warm-up first, the median of `iters`. A peer that cannot run a
-shape (backend refuses it, out of memory) is reported as n/a with the reason.
+shape (backend refuses it, out of memory) is reported as n/a with the reason. Before it is
+timed, each backend's forward output on the benchmark's inputs is checked against the math
+backend in float32 on the first and the last (b, h) (CHECK_ROWS query rows: a causal mask is
+top-left, so the first rows are the full problem's); error over max |reference| above
+CHECK_TOL (bf16, as bench/decode_peers.py) is reported as WRONG and not timed. The
+gradients are not checked. Inputs: torch.Generator seed 0 (fixed).
 """
 import json
 import sys
+
+SEED = 0
+CHECK_TOL = 4e-2  # bf16 against a float32 reference
+CHECK_ROWS = 1024
 
 
 def time_peers(ours_path, out_path, iters):
@@ -27,6 +36,20 @@ def time_peers(ours_path, out_path, iters):
                               backward=1 if r.get("fwdbwd_ms") else 0))
     backends = [("torch-flash", SDPBackend.FLASH_ATTENTION), ("torch-cudnn", SDPBackend.CUDNN_ATTENTION)]
     out = open(out_path, "w")
+    print(f"inputs: seed {SEED} (fixed), torch.Generator on cuda", file=sys.stderr, flush=True)
+
+    def check(be, q, k, v, causal):
+        """max error / max |reference| of backend be's output against the math backend in f32."""
+        with sdpa_kernel([be]):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        worst = 0.0
+        for b, h in ((0, 0), (q.shape[0] - 1, q.shape[1] - 1)):
+            sl = lambda t: t[b:b + 1, h:h + 1].float()
+            with sdpa_kernel([SDPBackend.MATH]):
+                ref = F.scaled_dot_product_attention(sl(q)[:, :, :CHECK_ROWS], sl(k), sl(v), is_causal=causal)
+            rel = (sl(o)[:, :, :CHECK_ROWS] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+            worst = max(worst, rel) if rel == rel else float("inf")  # NaN: wrong
+        return worst
 
     def median_ms(fn, warmup, iters):
         for _ in range(warmup):
@@ -47,9 +70,14 @@ def time_peers(ours_path, out_path, iters):
         for name, be in backends:
             rec = {"impl": name, "B": B, "H": H, "S": S, "D": D, "causal": int(causal)}
             try:
-                g = torch.Generator(device="cuda").manual_seed(0)
+                g = torch.Generator(device="cuda").manual_seed(SEED)
                 mk = lambda amp: ((torch.rand((B, H, S, D), device="cuda", generator=g) * 2 - 1) * amp).to(torch.bfloat16)
                 q, k, v = mk(2.0), mk(2.0), mk(1.0)
+                rel = check(be, q, k, v, causal)
+                rec["check_rel_err"] = rel
+                if not rel <= CHECK_TOL:
+                    raise ValueError("WRONG vs the math backend: error / max abs ref %.2e (tol %g); not timed"
+                                     % (rel, CHECK_TOL))
                 with sdpa_kernel([be]):
                     fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     ms = median_ms(fwd, warmup, iters)

@@ -5,7 +5,8 @@
 #           bandwidth (bench/bandwidth: 1 GiB arrays, far larger than the caches) measured in
 #           the same run, interleaved (bandwidth, decode, bandwidth, ...: a shared machine's
 #           load moves both alike), and against PyTorch CPU SDPA (enable_gqa=True) on the same
-#           shapes (bench/decode_peer.py).
+#           shapes (bench/decode_peer.py, in every round after the 4 KiB pages' runs; checked
+#           against float64 first: a wrong one shows WRONG and is not timed).
 #   varlen: 8 sequences of 128..4096 tokens packed (cu_seqlens) against the same batch padded
 #           to 4096 with segment ids, time per useful flop.
 # Prints a markdown section; with --record also appends it to bench/RESULTS.md.
@@ -34,6 +35,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.2f", (N
 ratio() { awk "BEGIN {printf \"%.2f\", $1 / $2}"; }
 ratios() { local -n xs=$1 ys=$2; for i in "${!xs[@]}"; do ratio "${xs[$i]}" "${ys[$i]}"; printf ' '; done; }
 declare -A R # R[page,what]: the rounds' values, space-separated
+R[4k,torch]="" TORCH_V="" TORCH_WRONG=""
 for r in $(seq "$ROUNDS"); do
     for page in 4k 2m; do
         hb="" hd=""
@@ -47,14 +49,20 @@ for r in $(seq "$ROUNDS"); do
         R[$page,bw1]+=" $(echo "$b1" | json read_gbytes_per_s)" R[$page,bw1c]+=" $(echo "$b1" | json read_gbytes_per_cpu_s)"
         R[$page,one]+=" $(echo "$o" | json gbytes_per_s)" R[$page,onec]+=" $(echo "$o" | json gbytes_per_cpu_s)"
         R[$page,huge]+=" $(echo "$d" | json huge_page_bytes)"
+        if [ $page = 4k ]; then # PyTorch in the same round (its own tensors: 4 KiB pages)
+            t=$("$PYTHON" bench/decode_peer.py --threads "$THREADS" --iters 10 2>/dev/null || true)
+            TORCH_V=$(echo "$t" | sed -n 's/.*"torch": "\([^"]*\)".*/\1/p')
+            w=$(echo "$t" | sed -n 's/.*"wrong": "\([^"]*\)".*/\1/p')
+            [ -n "$w" ] && TORCH_WRONG=$w
+            R[4k,torch]+=" $(echo "$t" | json gbytes_per_s)"
+        fi
         echo "bench: round $r, $page pages: bandwidth $(echo "$b" | json read_gbytes_per_s) GB/s," \
              "decode $(echo "$d" | json gbytes_per_s) GB/s (1 thread: $(echo "$b1" | json read_gbytes_per_s)," \
              "$(echo "$o" | json gbytes_per_s))" >&2
     done
 done
-torch_line=$("$PYTHON" bench/decode_peer.py --threads "$THREADS" --iters 10 2>/dev/null || echo '{}')
-TORCH=$(echo "$torch_line" | json gbytes_per_s)
-TORCH_V=$(echo "$torch_line" | sed -n 's/.*"torch": "\([^"]*\)".*/\1/p')
+TORCH=""
+[ -n "${R[4k,torch]// /}" ] && TORCH=$(median ${R[4k,torch]}) # the median over the rounds it ran in
 # A round's link: "shared" when the THREADS-thread read is under 1.5 x the one-thread read (the
 # threads share one memory link), else "own" (each has its own; a VM's placement can change
 # between rounds). Per page size: the decode / read ratio of each round (interleaved, so the
@@ -112,7 +120,7 @@ interleaved); the other columns are medians of the rounds' figures.
 | --- | --- | --- | --- | --- |
 $(decode_rows 4k "4 KiB pages")
 $(decode_rows 2m "2 MiB pages")
-| PyTorch $TORCH_V SDPA enable_gqa, $THREADS threads (its tensors, 4 KiB pages) | $(printf '%.3f' "${TORCH:-0}") | $( [ -n "$TORCH" ] && ratio $TORCH "$(median ${R[4k,bw]})" || echo n/a) | | |
+| PyTorch $TORCH_V SDPA enable_gqa, $THREADS threads (its tensors, 4 KiB pages)${TORCH_WRONG:+, $TORCH_WRONG} | $( [ -n "$TORCH" ] && printf '%.3f' "$TORCH" || echo "not timed") | $( [ -n "$TORCH" ] && ratio $TORCH "$(median ${R[4k,bw]})" || echo n/a) | | |
 
 The streaming read (bench/bandwidth) sums a 1 GiB array; "2 MiB pages": the caches and that
 array are allocated with madvise(MADV_HUGEPAGE) (\`flashattn bench --decode --huge-pages\`,

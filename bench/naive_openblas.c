@@ -11,7 +11,12 @@
  * GFLOP/s counts 2 (D + Dv) x the visible (i, j) pairs (flops_useful of the plan): 4 B H S^2 D
  * non-causal, 2 B H S (S + 1) D causal. Run it with OPENBLAS_NUM_THREADS and
  * OMP_NUM_THREADS set to the thread count (bench/run.sh does, with
- * OPENBLAS_CORETYPE=SKYLAKEX so OpenBLAS uses its AVX-512 kernels on any AVX-512 CPU). */
+ * OPENBLAS_CORETYPE=SKYLAKEX so OpenBLAS uses its AVX-512 kernels on any AVX-512 CPU).
+ *
+ * Before it is timed, the warm-up's output is checked against float64 (CHECK_ROWS query rows
+ * of every (b, h), error over max |reference| within CHECK_TOL); a wrong output prints WRONG
+ * (JSON: "wrong") and exits 1 untimed. Inputs: a fixed LCG (seed 0x9e3779b97f4a7c15),
+ * uniform in [-1, 1). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -92,6 +97,41 @@ static void attention(int64_t B, int64_t H, int64_t S, int64_t D, int causal, co
     }
 }
 
+enum { CHECK_ROWS = 16 };
+#define CHECK_TOL 1e-4
+
+/* max |o - ref| / max |ref| over CHECK_ROWS rows of every (b, h), ref in float64. */
+static double check_rows(int64_t B, int64_t H, int64_t S, int64_t D, int causal, const float *q,
+                         const float *k, const float *v, const float *o) {
+    double *p = malloc((size_t)S * sizeof(double)), err = 0, big = 0;
+    if (!p) return INFINITY;
+    const int64_t nrows = S < CHECK_ROWS ? S : CHECK_ROWS;
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const float *qh = q + bh * S * D, *kh = k + bh * S * D, *vh = v + bh * S * D;
+        for (int64_t r = 0; r < nrows; r++) {
+            const int64_t i = nrows > 1 ? r * (S - 1) / (nrows - 1) : 0, len = causal ? i + 1 : S;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < len; j++) {
+                double d = 0;
+                for (int64_t c = 0; c < D; c++) d += (double)qh[i * D + c] * (double)kh[j * D + c];
+                p[j] = d / sqrt((double)D);
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int64_t j = 0; j < len; j++) sum += p[j] = exp(p[j] - mx);
+            for (int64_t c = 0; c < D; c++) {
+                double ref = 0;
+                for (int64_t j = 0; j < len; j++) ref += p[j] * (double)vh[j * D + c];
+                ref /= sum;
+                const double e = fabs((double)o[bh * S * D + i * D + c] - ref);
+                err = (e > err || e != e) ? e : err; /* a NaN stays */
+                big = fabs(ref) > big ? fabs(ref) : big;
+            }
+        }
+    }
+    free(p);
+    return err / (big > 0 ? big : 1e-300);
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -137,6 +177,15 @@ int main(int argc, char **argv) {
     double pairs = causal ? (double)S * (double)(S + 1) / 2 : (double)S * (double)S;
     double flops = 2.0 * (double)(2 * D) * pairs * (double)(B * H);
     attention(B, H, S, D, causal, q, k, v, o, sbuf); /* warm-up */
+    const double rel = check_rows(B, H, S, D, causal, q, k, v, o);
+    if (!(rel <= CHECK_TOL)) {
+        if (json)
+            printf("{\"wrong\": \"WRONG vs float64: error / max abs ref %.2e (tol %g); not timed\", "
+                   "\"check_rel_err\": %.3g, \"check_tol\": %g}\n", rel, CHECK_TOL, rel, CHECK_TOL);
+        fprintf(stderr, "naive_openblas: WRONG vs float64: error / max abs ref %.2e (tol %g); not timed\n",
+                rel, CHECK_TOL);
+        return 1;
+    }
     double *t = malloc((size_t)reps * sizeof(double));
     for (int r = 0; r < reps; r++) {
         double t0 = now();
@@ -153,9 +202,9 @@ int main(int argc, char **argv) {
     if (json)
         printf("{\"seconds\": %.6f, \"median_seconds\": %.6f, \"max_seconds\": %.6f, \"gflops\": %.2f, "
                "\"flops_counted\": %.0f, \"peak_rss_mb\": %.1f, \"openblas_core\": \"%s\", "
-               "\"openblas_threads\": %d, \"checksum\": %.6g}\n",
+               "\"openblas_threads\": %d, \"checksum\": %.6g, \"check_rel_err\": %.3g, \"check_tol\": %g}\n",
                best, med, t[reps - 1], flops / best * 1e-9, flops, (double)ru.ru_maxrss / 1024.0,
-               openblas_get_corename(), openblas_get_num_threads(), check);
+               openblas_get_corename(), openblas_get_num_threads(), check, rel, CHECK_TOL);
     else
         printf("naive OpenBLAS (%s, %d threads) B=%lld H=%lld S=%lld D=%lld%s: %.4f s (median %.4f), "
                "%.1f GFLOP/s\n",

@@ -17,13 +17,22 @@ the backward) is shown beside it.
 "pred s" is `flashattn plan`'s predicted seconds (rates.h's model with the rates that
 `flashattn calibrate`, run at the start of the suite, measured), beside flashattn's median
 seconds; "meas/pred" their ratio.
-"% peak" divides by this machine's measured peak on the same thread count: the AVX-512
-FMA peak for f32 and f16 (flashattn multiplies f16 in f32), the vdpbf16ps peak for bf16.
+"% peak" divides by this machine's measured peak on the same thread count, for the ISA
+flashattn ran (bench_fa's "isa"): the AVX-512 FMA peak for f32 and f16 (flashattn multiplies
+f16 in f32), for bf16 the AMX peak under "amx", the vdpbf16ps peak under "avx512bf16".
+fwd+bwd rows: flashattn's seconds are per rep the forward's plus the backward's (rep i with
+rep i), then the best (and median) of those sums, as each peer's best combined step.
+
+Every peer checks its output against float64 before it is timed (peers.py, naive_openblas.c);
+one that fails shows WRONG in the table and is not timed. In each round a case runs
+flashattn and each peer as a process of its own, in an order rotated by one each round (the
+VM slows the second of two back-to-back runs by about 3%).
 """
 import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -37,8 +46,9 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def run_json(cmd, env, timeout):
-    """Runs cmd; returns the JSON objects it printed on stdout (one per line)."""
+def run_json(cmd, env, timeout, stderr_lines=None):
+    """Runs cmd; returns the JSON objects it printed on stdout (one per line); its stderr's
+    lines are added to stderr_lines when given."""
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
     t0 = time.time()
     try:
@@ -49,6 +59,8 @@ def run_json(cmd, env, timeout):
         return [{"error": f"timed out after {timeout} s"}]
     except OSError as e:
         return [{"error": str(e)}]
+    if stderr_lines is not None:
+        stderr_lines += p.stderr.splitlines()
     out = []
     for line in p.stdout.splitlines():
         line = line.strip()
@@ -106,7 +118,7 @@ TARGETS = [
     ("fwd f32 B1 H8 S4096 D128", "torch SDPA (f32)", "peer", 1.15),
     ("fwd bf16 S4096 D128", "torch SDPA (bf16)", "peer", 1.7),
     ("fwd f32 B1 H8 S4096 D128", "naive OpenBLAS (f32)", "peer", 1.3),
-    ("fwd bf16 S4096 D128", "vdpbf16ps peak", "peak", 80),
+    ("fwd bf16 S4096 D128", "bf16 peak", "peak", 80),  # the peak of flashattn's ISA (peak_of)
     ("fwd f32 B1 H8 S4096 D128", "FMA peak", "peak", 85),
     ("fwd+bwd f32 S4096 D128", "", "bwd", 0.75),
     ("fwd+bwd bf16 S4096 D128", "", "bwd", 0.75),
@@ -128,7 +140,7 @@ def target_lines(summary, med, span):
             label, fmt, unit = f"{name}: speed-up vs {what}", "{:.2f}x", "x"
         elif kind == "peak":
             xs = sm.get("pct", [])
-            label, fmt, unit = f"{name}: % of the {what} (executed flops)", "{:.0f}%", "%"
+            label, fmt, unit = f"{name}: % of the {sm.get('peak_name', what)} (executed flops)", "{:.0f}%", "%"
         else:  # the backward's useful rate / the forward's, (2.5 F / t_bwd) / (F / t_fwd), one process
             xs = sm.get("bwd_rate", [])
             label, fmt, unit = f"{name}: backward useful rate / forward's", "{:.2f}", ""
@@ -168,6 +180,8 @@ def main():
         venv_py = os.path.expanduser("~/.cache/flashattn/venv/bin/python")
     have_venv = os.path.exists(venv_py)
     T = str(args.threads)
+    log("inputs: fixed seeds: bench_fa fills q, k, v, do from seeds 1-4; peers.py numpy default_rng(0); "
+        "naive_openblas a fixed LCG (0x9e3779b97f4a7c15)")
     env = dict(os.environ, OMP_NUM_THREADS=T, OPENBLAS_NUM_THREADS=T, OPENBLAS_CORETYPE="SKYLAKEX")
     env.pop("FA_ISA", None)
 
@@ -205,10 +219,16 @@ def main():
             return None
         return ps["forward"] + ps["backward"] if c["backward"] else ps["forward"]
 
-    def peak_of(dtype):
-        key = "dpbf16" if dtype == "bf16" else "fma_f32"
+    def peak_of(dtype, isa):
+        """(the peak of the ISA flashattn ran for dtype, its name): bf16 multiplies in the AMX
+        tiles under "amx", with vdpbf16ps under "avx512bf16"; everything else in f32 FMAs."""
+        key, name = "fma_f32", "FMA peak"
+        if dtype == "bf16" and isa == "amx":
+            key, name = "amx_bf16", "AMX bf16 peak"
+        elif dtype == "bf16" and isa == "avx512bf16":
+            key, name = "dpbf16", "vdpbf16ps peak"
         v = peak.get(key) or {}
-        return v.get(T)
+        return v.get(T), name
 
     rows = []  # (case, ours record, [peer records])
     block_args = []
@@ -225,22 +245,46 @@ def main():
                 peers=("openblas", "numpy", "jax", "torch"), cli=False, isa=None, timeout=900):
         c = {"name": name, "batch": B, "heads": H, "seq": S, "head_dim": D, "dtype": dtype,
              "causal": causal, "backward": backward}
-        return c, lambda: one_round(c, B, H, S, D, dtype, causal, backward, reps, peers, cli, isa, timeout)
+        return c, lambda r: one_round(c, B, H, S, D, dtype, causal, backward, reps, peers, cli, isa, timeout, r)
 
-    def one_round(c, B, H, S, D, dtype, causal, backward, reps, peers, cli, isa, timeout):
-        cmd = [os.path.join(build, "bench_fa"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
-               "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--reps", str(reps), "--json"]
-        if causal:
-            cmd.append("--causal")
-        if backward:
-            cmd += ["--backward"]  # the forward is timed too: the row is forward + backward
-        cmd += block_args
-        e = dict(env)
-        if isa:
-            e["FA_ISA"] = isa
-        ours = run_json(cmd, e, timeout)[-1]
-        peer_recs = []
-        if cli and os.path.exists(os.path.join(build, "flashattn")):
+    said = set()  # the skips already said once
+
+    def openblas_missing():
+        """Why build/naive_openblas is not there."""
+        try:
+            with open(os.path.join(build, "CMakeCache.txt")) as f:
+                if "FA_OPENBLAS_LIB-NOTFOUND" in f.read():
+                    return "skipped: CMake found no libopenblas (install libopenblas-dev)"
+        except OSError:
+            pass
+        return "skipped: not built (cmake --build BUILD --target naive_openblas)"
+
+    def one_round(c, B, H, S, D, dtype, causal, backward, reps, peers, cli, isa, timeout, r):
+        """Round r of the case: flashattn and each peer, a process each, in an order rotated by
+        one each round; returns (ours, [peer records]), the peers in a fixed order."""
+        def ours_run():
+            cmd = [os.path.join(build, "bench_fa"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
+                   "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--reps", str(reps), "--json"]
+            if causal:
+                cmd.append("--causal")
+            if backward:
+                cmd += ["--backward"]  # the forward is timed too: the row is forward + backward
+            cmd += block_args
+            e = dict(env)
+            if isa:
+                e["FA_ISA"] = isa
+            err = []
+            ours = run_json(cmd, e, timeout, err)[-1]
+            if backward:  # rep i's forward + rep i's backward (bench_fa's progress lines)
+                t = {"forward": [], "backward": []}
+                for line in err:
+                    m = re.match(r"\s*(forward|backward) rep \d+: ([0-9.]+) s", line)
+                    if m:
+                        t[m.group(1)].append(float(m.group(2)))
+                ours["step_seconds"] = sorted(f + b for f, b in zip(t["forward"], t["backward"]))
+            return ours
+
+        def cli_run():
             cc = [os.path.join(build, "flashattn"), "bench", "--batch", str(B), "--heads", str(H), "--seq",
                   str(S), "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--backend", "cpu", "--json"]
             if causal:
@@ -253,29 +297,50 @@ def main():
                 rec = {"seconds": f["seconds"] + b["seconds"]} if "seconds" in f and "seconds" in b else {}
             else:
                 rec = rr.get("forward", {})
-            peer_recs.append(dict(rec, peer="flashattn CLI"))
-        if "openblas" in peers and dtype == "f32" and not backward and os.path.exists(os.path.join(build, "naive_openblas")):
-            cmd = [os.path.join(build, "naive_openblas"), str(B), str(H), str(S), str(D), "--reps",
+            return [dict(rec, peer="flashattn CLI")]
+
+        def openblas_run():
+            exe = os.path.join(build, "naive_openblas")
+            if not os.path.exists(exe):
+                why = openblas_missing()
+                if why not in said:
+                    said.add(why)
+                    log(f"naive OpenBLAS (f32): {why}")
+                return [{"peer": "naive OpenBLAS (f32)", "skipped": why}]
+            cmd = [exe, str(B), str(H), str(S), str(D), "--reps",
                    str(min(reps, 2) if S >= 16384 else reps), "--json"]
             if causal:
                 cmd.append("--causal")
-            rr = run_json(cmd, env, timeout)[-1]
-            peer_recs.append(dict(rr, peer="naive OpenBLAS (f32)"))
-        py_peers = [p for p in peers if p in ("numpy", "jax", "torch")]
-        if py_peers and have_venv:
+            return [dict(run_json(cmd, env, timeout)[-1], peer="naive OpenBLAS (f32)")]
+
+        def py_run(peer):
             cmd = [venv_py, os.path.join(HERE, "peers.py"), "--batch", str(B), "--heads", str(H), "--seq", str(S),
                    "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--reps",
-                   str(1 if S >= 16384 else reps), "--peers", ",".join(py_peers), "--json"]
+                   str(1 if S >= 16384 else reps), "--peers", peer, "--json"]
             if causal:
                 cmd.append("--causal")
             if backward:
                 cmd.append("--backward")
+            out = []
             for rr in run_json(cmd, env, timeout):
                 if "peer" in rr:
                     label = {"numpy": "numpy naive", "jax": "jax.nn.dot_product_attention",
                              "torch": "torch SDPA"}.get(rr["peer"], rr["peer"])
-                    peer_recs.append(dict(rr, peer=f"{label} ({rr.get('dtype', dtype)})"))
-        return ours, peer_recs
+                    out.append(dict(rr, peer=f"{label} ({rr.get('dtype', dtype)})"))
+            return out
+
+        runs = [ours_run]
+        if cli and os.path.exists(os.path.join(build, "flashattn")):
+            runs.append(cli_run)
+        if "openblas" in peers and dtype == "f32" and not backward:
+            runs.append(openblas_run)
+        if have_venv:
+            runs += [lambda p=p: py_run(p) for p in peers if p in ("numpy", "jax", "torch")]
+        turn = r % len(runs)
+        done = {}
+        for fn in runs[turn:] + runs[:turn]:
+            done[fn] = fn()
+        return done[ours_run], [rec for fn in runs[1:] for rec in done[fn]]
 
     started = time.time()
     load_start = f"{os.getloadavg()[0]:.2f}"
@@ -316,7 +381,7 @@ def main():
         for r in range(runs):
             log(f"[bench] round {r + 1} of {runs}")
             for (c, go), (ours_l, peer_d) in zip(specs, results):
-                ours, peer_recs = go()
+                ours, peer_recs = go(r)
                 ours_l.append(ours)
                 for pr in peer_recs:
                     peer_d.setdefault(pr["peer"], []).append(pr)
@@ -345,12 +410,12 @@ def main():
         rec = ours.get(pas) if isinstance(ours, dict) else None
         if not rec:
             return None
-        if c["backward"]:  # forward + backward: the sum of the two passes' figures
+        if c["backward"]:  # forward + backward: per rep the two passes' sum, best and median of those
             f = ours.get("forward") or {}
             if f.get("seconds"):  # the backward's useful rate over the forward's, same process
                 bwd_rate.setdefault(c["name"], []).append(2.5 * f["seconds"] / rec["seconds"])
-            rec = dict(rec, seconds=rec["seconds"] + f.get("seconds", 0),
-                       median_seconds=rec.get("median_seconds", rec["seconds"]) + f.get("median_seconds", 0),
+            step = ours.get("step_seconds") or [rec["seconds"] + f.get("seconds", 0)]
+            rec = dict(rec, seconds=step[0], median_seconds=step[len(step) // 2],
                        flops=rec["flops"] + f.get("flops", 0))
         secs = rec.get("estimated_full_seconds", rec["seconds"]) if ours.get("run_heads", 0) and \
             ours["run_heads"] < c["batch"] * c["heads"] else rec["seconds"]
@@ -365,21 +430,21 @@ def main():
     for c, ours_l, peer_d in rows:
         pas = "backward" if c["backward"] else "forward"
         uf = useful_flops(c, c["backward"])
-        pk = peak_of(c["dtype"])
         per = [ours_round(c, o) for o in ours_l]
         ok = [x for x in per if x]
         secs_l = [x[0] for x in ok]
         sm = {"ours": secs_l, "ratio": {}, "case": c, "bwd_rate": bwd_rate.get(c["name"], [])}
         summary[c["name"]] = sm
+        first = next((o for o in ours_l if isinstance(o, dict) and o.get(pas)), {})
+        pk, sm["peak_name"] = peak_of(c["dtype"], first.get("isa"))
         if ok:
             g_l = [uf / x[0] * 1e-9 for x in ok]
             ge_l = [x[1] / x[0] * 1e-9 for x in ok]
             sm["pct"] = [100 * g / pk for g in ge_l] if pk else []
-            first = next(o for o in ours_l if isinstance(o, dict) and o.get(pas))
             blocks = first.get("blocks", {}).get(pas, ["?", "?"])
             ours_s = span(secs_l, "{:.3f}")
             ours_g = f"{med(g_l):.1f} ({med(ge_l):.1f})"
-            frac = span(sm["pct"], "{:.0f}%") if pk else "?"
+            frac = f"{span(sm['pct'], '{:.0f}%')} ({sm['peak_name'].split(' peak')[0]})" if pk else "?"
             ours_isa = f"{first.get('isa')}, {blocks[0]}x{blocks[1]}"
         else:
             bad = next((o for o in ours_l if isinstance(o, dict)), {})
@@ -400,7 +465,9 @@ def main():
                 pcells = (f"{span(ps_l, '{:.3f}')} | {med([uf / t * 1e-9 for t in ps_l]):.1f} | "
                           f"{span(ratios, '{:.2f}x')}" if ratios else f"{span(ps_l, '{:.3f}')} | | ")
             else:
-                why = next((p.get("skipped") or p.get("error") for p in recs if p.get("skipped") or p.get("error")), "")
+                why = next((p.get("wrong") or p.get("skipped") or p.get("error") for p in recs
+                            if p.get("wrong") or p.get("skipped") or p.get("error")), "")
+                why = f"**{why}**" if why.startswith("WRONG") else why
                 pcells = f"{why} | | " if why else " | | "
             f0 = i == 0
             lines.append(f"| {c['name'] if f0 else ''} | {ours_s if f0 else ''} | {ours_g if f0 else ''} | "
@@ -440,9 +507,12 @@ def main():
                 f"(`lscpu`). {peak_line}.\n\n"
                 "Useful flops (the same count for every implementation): forward 4*B*H*Sq*Sk*D "
                 "(causal: the visible pairs, about half); fwd+bwd rows time forward + backward "
-                "for flashattn and every peer alike and count 3.5x (backward 2.5x the forward). "
+                "for flashattn and every peer alike and count 3.5x (backward 2.5x the forward); "
+                "flashattn's step is rep i's forward + rep i's backward. "
                 "GFLOP/s: useful, then in parentheses flashattn's executed flops (the plan's count); "
-                "% peak uses the executed figure. Seconds: the best of the reps within a round, then the median "
+                "% peak uses the executed figure, over the peak of the ISA flashattn ran (named in the cell). "
+                "Every peer is checked against float64 before it is timed (WRONG: failed, not timed); "
+                "flashattn and the peers run in an order rotated each round. Seconds: the best of the reps within a round, then the median "
                 f"over {max(1, args.runs)} rounds of the suite (range in parentheses); speed-up = peer seconds / "
                 "flashattn seconds, taken round by round (median, range). pred s: `flashattn plan`'s predicted "
                 "seconds from `flashattn "
