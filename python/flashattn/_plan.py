@@ -9,7 +9,8 @@ from ._problem import combined_bias_dims, empty_dims, library_bias_scale, make_o
 from .masks import Mask, build_for_call
 
 _UNITS = "KMGTPE"  # powers of 1024, as the CLI's --memory-budget (tools/cli_args.c, cli_parse_bytes)
-_BYTES = re.compile(r"(\d*)(?:\.(\d*))?([KMGTPE])?(?:IB|B)?")
+# digits, a fraction, then a unit letter (either case) with "iB" or "B" after it, or "B" alone
+_BYTES = re.compile(r"(\d*)(?:\.(\d*))?(?:([KMGTPEkmgtpe])(?:iB|B)?|B)?")
 
 
 def parse_bytes(budget):
@@ -18,10 +19,10 @@ def parse_bytes(budget):
     CLI takes it: a whole number of bytes from 0 to 2**63 - 1 (1.5K is 1536; 1.3K, a fraction
     of a byte, and anything past 2**63 - 1 are refused)."""
     if isinstance(budget, str):
-        m = _BYTES.fullmatch(budget.strip().upper())
+        m = _BYTES.fullmatch(budget)
         if not m or not (m.group(1) or m.group(2)):
             raise ValueError(f"memory budget {budget!r} is not a number with an optional K/M/G/T/P/E suffix")
-        value = Fraction(f"{m.group(1) or 0}.{m.group(2) or 0}") * (1 << 10 * (_UNITS.index(m.group(3)) + 1)
+        value = Fraction(f"{m.group(1) or 0}.{m.group(2) or 0}") * (1 << 10 * (_UNITS.index(m.group(3).upper()) + 1)
                                                                     if m.group(3) else 1)
         if value.denominator != 1:  # as the CLI's --memory-budget: 1.5K is 1536, 1.3K no whole number
             raise ValueError(f"memory budget {budget!r} is not a whole number of bytes (1.5K is 1536; 1.3K is refused)")

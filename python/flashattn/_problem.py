@@ -99,17 +99,19 @@ def window_pair(window):
 def problem_diag_offset(diag_offset, causal, window, alibi, masked):
     """The diag_offset the library's problem gets (None: unset). It places causal, the
     window and ALiBi (fa_problem.has_diag_offset, which the library refuses without one of
-    them); the masks a front builds for the call (masked: flashattn.masks objects) take it when
-    they are built, so with only such a mask the problem goes without it. Given with nothing
-    at all to place: ValueError, as the library would refuse it."""
+    them); the masks a front builds for the call take it when they are built (masked: a
+    flashattn.masks mask that read it, masks.took_call_offset), so with only such a mask the
+    problem goes without it. Given with nothing at all to place (a mask with its own offsets
+    or none, a BlockMask, a boolean array places nothing): ValueError, as the library would
+    refuse it."""
     if diag_offset is None:
         return None
     if causal or alibi or any(side >= 0 for side in window_pair(window)):
         return diag_offset
     if masked:
         return None
-    raise ValueError("diag_offset places causal, window and ALiBi (and the masks built for the call), and none "
-                     "is given: it would change nothing")
+    raise ValueError("diag_offset places causal, window and ALiBi (and flashattn.masks masks made without their own "
+                     "diag_offset: causal, window, chunked, prefix_lm), and none is given: it would change nothing")
 
 
 def _index(name, v):
@@ -288,7 +290,8 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
         p.has_bias, p.bias_batch, p.bias_heads, p.bias_seq_q = 1, bb, bh, bq
     p.has_alibi = int(bool(alibi))
     p.has_segment_ids = int(bool(segment_ids))
-    diag_offset = problem_diag_offset(diag_offset, causal, window, alibi, bool(mask))
+    from .masks import took_call_offset  # (masks imports this module)
+    diag_offset = problem_diag_offset(diag_offset, causal, window, alibi, took_call_offset(mask))
     if diag_offset is not None:
         p.has_diag_offset, p.diag_offset = 1, _int("diag_offset", diag_offset)
     if bias_scale is not None:

@@ -47,6 +47,8 @@ class Mask:
 
     # the block size a mask is given at (a FlexAttention BlockMask's); None: any
     fixed_block = None
+    # whether building it reads the call's diag_offset (a diagonal mask given without its own)
+    takes_call_offset = False
 
     def __init__(self):
         self._built = {}
@@ -119,6 +121,10 @@ class _Combined(Mask):
     def fixed_block(self):
         return self.a.fixed_block or self.b.fixed_block
 
+    @property
+    def takes_call_offset(self):
+        return self.a.takes_call_offset or self.b.takes_call_offset
+
     def _build(self, dims, diag, block):
         block = self.fixed_block or block  # both sides at the block size one of them is given at
         return native.combine(self.op, self.a.build(*dims, diag_offset=diag, block=block),
@@ -137,6 +143,10 @@ class _Causal(Mask):
         d = diag if self.diag_offset is None else self.diag_offset
         return native.causal(self._shape(dims, block), d)
 
+    @property
+    def takes_call_offset(self):
+        return self.diag_offset is None
+
     def __repr__(self):
         return f"causal(diag_offset={self.diag_offset})"
 
@@ -152,6 +162,10 @@ class _Window(Mask):
         d = diag if self.diag_offset is None else self.diag_offset
         return native.window(self._shape(dims, block), d, self.left, self.right)
 
+    @property
+    def takes_call_offset(self):
+        return self.diag_offset is None
+
     def __repr__(self):
         return f"window({self.left}, {self.right}, diag_offset={self.diag_offset})"
 
@@ -165,6 +179,10 @@ class _Chunked(Mask):
     def _build(self, dims, diag, block):
         d = diag if self.diag_offset is None else self.diag_offset
         return native.chunked(self._shape(dims, block), d, self.size)
+
+    @property
+    def takes_call_offset(self):
+        return self.diag_offset is None
 
     def __repr__(self):
         return f"chunked({self.size}, diag_offset={self.diag_offset})"
@@ -191,6 +209,10 @@ class _PrefixLM(Mask):
         _per_batch("prefix_lm's prefix_lengths", len(self.lengths), dims[0])
         d = diag if self.diag_offset is None else self.diag_offset
         return native.prefix_lm(self._shape(dims, block, batch=len(self.lengths)), d, self.lengths)
+
+    @property
+    def takes_call_offset(self):
+        return self.diag_offset is None
 
     def __repr__(self):
         return f"prefix_lm({self.lengths}, diag_offset={self.diag_offset})"
@@ -282,6 +304,10 @@ class _PerHead(Mask):
         if not self.masks:
             raise ValueError("per_head takes one mask per query head, got none")
 
+    @property
+    def takes_call_offset(self):
+        return any(m.takes_call_offset for m in self.masks)
+
     def _build(self, dims, diag, block):
         B, H, Sq, Sk = dims
         if len(self.masks) != H:
@@ -306,8 +332,20 @@ def build_for_call(mask, batch, heads, seq_q, seq_k, *, diag_offset=None, empty=
     there as on any call, as the call's other options are."""
     if seq_q and seq_k:
         built = mask.build(batch, heads, seq_q, seq_k, diag_offset=diag_offset)
+        _TAKES_OFFSET[built.ptr] = mask.takes_call_offset
         return None if empty else built
     return None
+
+
+# whether the library mask at an address was built from a description that reads the call's
+# diag_offset (build_for_call records it; the fronts' problems ask, _problem.problem_diag_offset)
+_TAKES_OFFSET = {}
+
+
+def took_call_offset(ptr):
+    """True if the mask built at ptr for a call read the call's diag_offset (False for one
+    with its own offsets or none: documents, arrays, predicates, FlexAttention BlockMasks)."""
+    return bool(ptr) and _TAKES_OFFSET.get(ptr, False)
 
 
 def causal(diag_offset=None):

@@ -222,6 +222,13 @@ def test_diag_offset_needs_something_to_place(rng, front):
     want = attention(q, k, v, mask=masks.chunked(4, diag_offset=0))
     np.testing.assert_array_equal(attention(q, k, v, mask=masks.chunked(4), diag_offset=0), want)
     assert not np.array_equal(attention(q, k, v, mask=masks.chunked(4)), want)
+    # (documents pack q and k alike: a square call)
+    np.testing.assert_array_equal(attention(q, q, q, mask=masks.chunked(4) & masks.documents([5, 3]), diag_offset=1),
+                                  attention(q, q, q, mask=masks.chunked(4, diag_offset=1) & masks.documents([5, 3])))
+    # a mask that does not read it (no diagonal, or its own offset) places nothing either
+    for m in (masks.documents([5, 3]), masks.chunked(4, diag_offset=1), masks.from_array(np.tril(np.ones((8, 8), bool)))):
+        with pytest.raises(ValueError, match="diag_offset places causal"):
+            attention(q, q, q, mask=m, diag_offset=0)
 
 
 def test_budget_strings_are_taken_exactly_as_the_cli_takes_them():
@@ -231,11 +238,14 @@ def test_budget_strings_are_taken_exactly_as_the_cli_takes_them():
     rounding let 1.0000000000000001K through as 1024)."""
     from flashattn._plan import parse_bytes
     for text, want in (("9007199254740993", 2**53 + 1), ("9223372036854775807", 2**63 - 1), ("1.5K", 1536),
-                       ("1.50k", 1536), (".5K", 512), ("24GiB", 24 << 30), ("24GB", 24 << 30), ("1P", 1 << 50),
+                       ("1.50k", 1536), (".5K", 512), ("24GiB", 24 << 30), ("24GB", 24 << 30), ("24giB", 24 << 30),
+                       ("512B", 512), ("1P", 1 << 50),
                        ("7E", 7 << 60), ("0", 0)):
         assert parse_bytes(text) == want, text
     for text, said in (("1.0000000000000001K", "whole number"), ("1.3K", "whole number"), ("1.5", "whole number"),
                        ("8E", "2\\*\\*63 - 1"), ("9223372036854775808", "2\\*\\*63 - 1"), ("1e3", "not a number"),
-                       ("-1", "not a number"), ("", "not a number"), ("K", "not a number")):
+                       ("-1", "not a number"), ("", "not a number"), ("K", "not a number"),
+                       ("24gib", "not a number"), ("24Gb", "not a number"), (" 24G", "not a number"),
+                       ("24G ", "not a number")):
         with pytest.raises(ValueError, match=said):
             parse_bytes(text)

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import _native
 from .._problem import problem_diag_offset
+from ..masks import took_call_offset
 
 _LIB_NAME = "libflashattn_jax.so"
 FORWARD_TARGET = "flashattn_forward"
@@ -87,7 +88,7 @@ def register() -> None:
 
 def _diag(opt: Options):
     """The problem's diag_offset (_problem.problem_diag_offset: a mask built for the call took it)."""
-    return problem_diag_offset(opt.diag_offset, opt.causal, opt.window, opt.has_alibi, opt.mask != 0)
+    return problem_diag_offset(opt.diag_offset, opt.causal, opt.window, opt.has_alibi, took_call_offset(opt.mask))
 
 
 def _attributes(opt: Options) -> dict:
