@@ -52,6 +52,12 @@ def _i64(values):
     return np.ascontiguousarray(values, dtype=np.int64).ctypes.data_as(P(c_int64))
 
 
+# whether the live mask at an address was built from a description that read the call's
+# diag_offset (masks.build_for_call records it, masks.took_call_offset reads it); an entry
+# goes with its mask
+TAKES_OFFSET = {}
+
+
 class NativeMask:
     """One fa_mask*, owned: built by one of the constructors below, destroyed with the object."""
 
@@ -66,9 +72,10 @@ class NativeMask:
         raise TypeError("a built mask (the library's object) cannot be copied or pickled; copy or pickle the "
                         "flashattn.masks mask it was built from")
 
-    def __del__(self, _destroy=lib.fa_mask_destroy):
+    def __del__(self, _destroy=lib.fa_mask_destroy, _takes=TAKES_OFFSET):
         ptr = getattr(self, "ptr", None)
         if ptr:
+            _takes.pop(ptr, None)
             _destroy(ptr)
             self.ptr = None
 

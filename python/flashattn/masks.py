@@ -332,20 +332,15 @@ def build_for_call(mask, batch, heads, seq_q, seq_k, *, diag_offset=None, empty=
     there as on any call, as the call's other options are."""
     if seq_q and seq_k:
         built = mask.build(batch, heads, seq_q, seq_k, diag_offset=diag_offset)
-        _TAKES_OFFSET[built.ptr] = mask.takes_call_offset
+        native.TAKES_OFFSET[built.ptr] = mask.takes_call_offset
         return None if empty else built
     return None
-
-
-# whether the library mask at an address was built from a description that reads the call's
-# diag_offset (build_for_call records it; the fronts' problems ask, _problem.problem_diag_offset)
-_TAKES_OFFSET = {}
 
 
 def took_call_offset(ptr):
     """True if the mask built at ptr for a call read the call's diag_offset (False for one
     with its own offsets or none: documents, arrays, predicates, FlexAttention BlockMasks)."""
-    return bool(ptr) and _TAKES_OFFSET.get(ptr, False)
+    return bool(ptr) and native.TAKES_OFFSET.get(ptr, False)
 
 
 def causal(diag_offset=None):
