@@ -119,7 +119,13 @@ def _index(name, v):
     ValueError naming the argument otherwise, a traced JAX value's included."""
     if type(v).__name__ == "_DimExpr":  # jax.export's symbolic dimension (shape polymorphism)
         raise ValueError(f"{name} is the symbolic dimension {v!r}: flashattn plans from concrete shapes, so "
-                         "jax.export with shape polymorphism is not supported; export with concrete shapes")
+                         "jax.export with shape polymorphism is not supported; export with concrete shapes, "
+                         "allowing flashattn's custom calls (they have no compatibility guarantee: the artifact "
+                         "runs only where the same flashattn is imported): jax.export.export(jax.jit(f), "
+                         "disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t) for t in "
+                         "('flashattn_forward', 'flashattn_backward', 'flashattn_varlen_forward', "
+                         "'flashattn_varlen_backward', 'flashattn_kvcache')])(*concrete_args) "
+                         "(docs/python.md, \"jax.export\")")
     if isinstance(v, bool) or not hasattr(v, "__index__"):
         raise ValueError(f"{name} must be an integer, got {v!r}")
     try:

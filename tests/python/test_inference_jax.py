@@ -152,3 +152,39 @@ def test_bad_input_names_the_argument(rng):
     # the caller's arrays are untouched whatever happened (JAX arrays are immutable; the
     # numpy inputs were copied in)
     assert _same_bits(args[1], d["k_pages"])
+
+
+def test_kvcache_takes_a_0d_jax_integer_as_every_sequences_length():
+    """cache_seqlens "an int": a 0-d integer JAX array (concrete, a jit argument, a scan's step
+    counter) is every sequence's length, as a Python int and a 0-d numpy integer are. It was
+    refused ("must have 1 dim", or under jit "must be integers ... got int32 of shape ()")."""
+    rng = np.random.default_rng([SEED, 31])
+    print(f"seed [{SEED}, 31]")
+    B, H, D, S = 2, 2, 8, 16
+    q, kn, vn = (jnp.asarray(rng.standard_normal((B, 1, H, D)), jnp.float32) for _ in range(3))
+    kc, vc = (jnp.asarray(rng.standard_normal((B, S, H, D)), jnp.float32) for _ in range(2))
+    want = fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=np.full(B, 3, np.int32))
+    for n in (3, np.int32(3), jnp.int32(3), jnp.asarray(3, jnp.int16)):
+        got = fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=n)
+        for a, b in zip(want, got):
+            assert _same_bits(a, b), type(n)
+    got = jax.jit(lambda n: fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=n))(jnp.int32(3))
+    for a, b in zip(want, got):
+        assert _same_bits(a, b)
+
+    def step(c, _):
+        kc, vc, t = c
+        o, kc, vc = fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=t)
+        return (kc, vc, t + 1), o
+
+    (kc3, vc3, t), os_ = jax.lax.scan(step, (kc, vc, jnp.int32(0)), None, length=3)
+    assert int(t) == 3
+    kc_ref, vc_ref = kc, vc
+    for i in range(3):
+        o, kc_ref, vc_ref = fj.kvcache_attention(q, kc_ref, vc_ref, kn, vn, cache_seqlens=i)
+        assert _same_bits(os_[i], o)
+    assert _same_bits(kc3, kc_ref) and _same_bits(vc3, vc_ref)
+    with pytest.raises(ValueError, match=r"cache_seqlens must be an int or integers \[batch\], got dtype float32"):
+        fj.kvcache_attention(q, kc, vc, cache_seqlens=jnp.float32(3))
+    with pytest.raises(ValueError, match=r"cache_seqlens must have 1 dim \[batch\] = \[2\], got shape \(2, 1\)"):
+        jax.jit(lambda n: fj.kvcache_attention(q, kc, vc, cache_seqlens=n))(jnp.ones((2, 1), jnp.int32))

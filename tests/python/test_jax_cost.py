@@ -79,6 +79,26 @@ def test_bad_arguments_raise():
         fj.cost_estimate(q, q, q, bias=3.0)
 
 
+def test_true_stands_for_the_fixed_shape_tensors_only():
+    """alibi_slopes, segment ids and sinks may be True (their shapes follow from q and k);
+    bias and mask may not: their broadcast shape changes the plan's memory figures, so True is refused
+    naming them (bias=True once crashed with AttributeError "'bool' object has no attribute
+    'dtype'")."""
+    q = _sds((1, 32, 2, 16), jnp.float32)
+    for kw in (dict(alibi_slopes=True), dict(q_segment_ids=True, kv_segment_ids=True), dict(sinks=True)):
+        assert fj.plan(q, q, q, **kw) is not None
+        fj.cost_estimate(q, q, q, **kw)
+    for fn in (fj.plan, fj.cost_estimate):
+        with pytest.raises(TypeError, match=r"bias must be an array or a jax.ShapeDtypeStruct, got True"):
+            fn(q, q, q, bias=True)
+        with pytest.raises(TypeError, match=r"mask must be a boolean array, a jax.ShapeDtypeStruct"):
+            fn(q, q, q, mask=True)
+    # what to pass instead: a ShapeDtypeStruct of the bias, whose shape changes the plan
+    small = fj.plan(q, q, q, bias=_sds((1, 1, 1, 32), jnp.float32)).forward
+    full = fj.plan(q, q, q, bias=_sds((1, 2, 32, 32), jnp.float32)).forward
+    assert full["min_bytes"] > small["min_bytes"] and full["peak_bytes"] > small["peak_bytes"]
+
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "seed_jax.py")
 
 

@@ -210,3 +210,18 @@ def test_a_traced_scale_runs_and_is_differentiated_as_in_jax_nn():
     np.testing.assert_allclose(float(got_g), float(want_g), rtol=1e-4)
     with pytest.raises(ValueError, match="scale must be a scalar"):
         jax.jit(lambda s: fj.dot_product_attention(q, k, v, scale=s))(jnp.ones(2))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_residual_with_no_keys_is_minus_inf_as_in_jax_nn(dtype):
+    """S = 0 keys: jax.nn's residual is logsumexp over nothing, -inf in every row, eager and
+    under jit; the drop-in gave the large negative number of a fully masked row
+    (-2.38e38, its fill for S >= 1) instead."""
+    q = jnp.ones((1, 3, 2, 8), dtype)
+    k = v = jnp.zeros((1, 0, 2, 8), dtype)
+    for f in (fj.dot_product_attention, jax.nn.dot_product_attention):
+        for run in (f, jax.jit(f, static_argnames="return_residual")):
+            o, lse = run(q, k, v, return_residual=True)
+            assert lse.shape == (1, 3, 2) and lse.dtype == dtype
+            assert bool(jnp.all(jnp.isneginf(lse))), (f, lse)
+            assert float(jnp.abs(o.astype(jnp.float32)).max()) == 0.0

@@ -34,9 +34,18 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
          q_segment_ids=None, kv_segment_ids=None, layout="bshd", bias_grad=False, backend=None,
          diag_offset=None, bias_scale=None, mask=None, threads=0, sinks=None):
     """The flashattn.Plan for a call of flashattn.jax.attention with these arguments
-    (arrays or ShapeDtypeStructs; the optional tensors may also be given as True). With a
-    boolean mask the plan is not exact: flops_useful counts the keys it hides (an upper
-    bound); with a flashattn.masks or splash attention mask it is exact."""
+    (arrays or ShapeDtypeStructs). alibi_slopes, q_segment_ids, kv_segment_ids and sinks
+    may also be given as True (present; their shapes are fixed by q, k). bias and a boolean
+    mask may not (TypeError): their broadcast shape is part of the plan (the memory it
+    counts), so give the array or a jax.ShapeDtypeStruct of it. With a boolean mask the
+    plan is not exact: flops_useful counts the keys it hides (an upper bound); with a
+    flashattn.masks or splash attention mask it is exact."""
+    for name, x, what in (("bias", bias, "an array or a jax.ShapeDtypeStruct"),
+                          ("mask", mask, "a boolean array, a jax.ShapeDtypeStruct, a flashattn.masks mask or a "
+                                         "splash attention mask")):
+        if isinstance(x, bool):
+            raise TypeError(f"{name} must be {what}, got {x!r}: its broadcast shape ([1 or B, 1 or Hq, 1 or Sq, Sk]) "
+                            "is part of the plan (its min_bytes and peak_bytes), so True cannot stand for it")
     fmask = None
     if mask is not None and not hasattr(mask, "dtype"):  # a flashattn mask or a splash mask
         _, hq, sq, sk = _check_qkv(_shaped(q), _shaped(k), _shaped(v), layout)
@@ -65,10 +74,11 @@ def cost_estimate(q, k, v, *, causal=False, window=None, softcap=None, scale=Non
     flashattn's kernel for this call, from the library's plan: exact for masks known from
     shapes (an upper bound with segment ids), in microseconds, from shapes alone.
 
-    Arguments as flashattn.jax.attention, as arrays or jax.ShapeDtypeStructs (alibi_slopes
-    and segment ids, sinks may be True). pass_: "forward" or "backward" (bias_grad: the backward
-    also computes dbias). backend: the library's tile schedule to count ("cpu", "cuda");
-    default: "cpu" when JAX's default backend is the CPU, else "cuda". mask: a boolean
+    Arguments as flashattn.jax.attention, as arrays or jax.ShapeDtypeStructs (alibi_slopes,
+    segment ids and sinks may be True; bias and a boolean mask may not: see plan). pass_:
+    "forward" or "backward" (bias_grad: the backward also computes dbias). backend: the
+    library's tile schedule to count ("cpu", "cuda"); default: "cpu" when JAX's default
+    backend is the CPU, else "cuda". mask: a boolean
     array (its shape: an upper bound), a flashattn.masks mask or a splash attention mask
     (exact: the blocks that run). The cost of the splash kernel itself for a splash mask is
     splash_cost_estimate's.

@@ -83,7 +83,36 @@ def register() -> None:
         jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_backward_cuda), platform="CUDA")
     except Exception:  # noqa: BLE001 - only the optional platform
         pass
+    _refuse_exported_masks()
     _registered = True
+
+
+def _refuse_exported_masks() -> None:
+    """jax.export of a call with a flashattn.masks mask raises ValueError: the call holds the
+    mask's address (attribute "mask", a pointer into this process), so the artifact would
+    read freed or foreign memory in any other process (a fresh one crashed). Judged where
+    the call is lowered, the one step that knows it is for export (the trace may come from
+    jit's cache): flashattn's targets go through JAX's own ffi_call lowering after this
+    check, every other target straight to it. A JAX without these internals keeps its
+    rule, and such an export is unchecked (docs/python.md, "jax.export")."""
+    try:
+        from jax._src import ffi as jffi
+        from jax._src.interpreters import mlir
+        base, prim, unwrap = jffi.ffi_call_lowering, jffi.ffi_call_p, jffi._unwrap_kwargs_hashable
+    except (ImportError, AttributeError):
+        return
+    ours = {FORWARD_TARGET, BACKWARD_TARGET}
+
+    def rule(ctx, *operands, target_name, attributes, **params):
+        if target_name in ours and getattr(getattr(ctx.module_context, "lowering_parameters", None),
+                                           "for_export", False) and unwrap(attributes).get("mask", 0):
+            raise ValueError("flashattn: jax.export of a call with a flashattn.masks mask is not supported: the "
+                             "compiled call holds the mask's address in this process, which no other process has. "
+                             "Export with a boolean mask= array (or jax.nn's mask=) instead, or keep the jitted "
+                             "function in this process")
+        return base(ctx, *operands, target_name=target_name, attributes=attributes, **params)
+
+    mlir.register_lowering(prim, rule)
 
 
 def _diag(opt: Options):

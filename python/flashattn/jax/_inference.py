@@ -4,8 +4,11 @@
 
 Shapes and dtypes are checked at trace time, naming the argument. The lengths
 (cu_seqlens, cache_seqlens) and page ids are data: where they are concrete (not traced)
-the problem is also planned at trace time, so the library's message comes as ValueError
-before anything runs; under jit the handler raises the same message when the call runs.
+the problem is planned with them at trace time, so the library's message comes as ValueError
+before anything runs; traced ones are planned from the capacities then (lengths per call:
+what depends on shapes and options alone is refused at trace time too), and the handler
+judges their values when the call runs (kvcache_attention; varlen_attention plans only
+with concrete lengths).
 
 JAX arrays are immutable, so kvcache_attention is functional: it returns the updated
 caches. With new tokens the custom call aliases each cache result to its cache argument
@@ -49,8 +52,10 @@ def _lengths(name, x, ndim, desc):
     if not isinstance(x, jax.core.Tracer):  # concrete: checked as numpy and torch check it, before
         int32_lengths(name, np.asarray(x), desc, ndim=ndim)  # JAX's int32 conversion wraps 2**32 + 3 to 3
     x = jnp.asarray(x)
-    if x.ndim != ndim or not jnp.issubdtype(x.dtype, jnp.integer):
-        raise ValueError(f"{name} must be integers {desc}, got {x.dtype} of shape {tuple(x.shape)}")
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integers {desc}, got dtype {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dim{'s' if ndim > 1 else ''} {desc}, got shape {tuple(x.shape)}")
     return x.astype(jnp.int32)
 
 
@@ -246,7 +251,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
 
     q [B, Sq_new, Hq, D]; k_cache, v_cache [B, S_cache_max, Hk, D] (Dv for v), or with
     block_table (int [B, max_pages]) paged [num_pages, page_size, Hk, D]; cache_seqlens
-    int [B] (an int, or None for full caches); k, v [B, Sq_new, Hk, D] the new tokens,
+    int [B] (an int: a Python or numpy integer or a 0-d integer array, traced too, for every
+    sequence; or None for full caches); k, v [B, Sq_new, Hk, D] the new tokens,
     appended at positions cache_seqlens[b]... Masks align bottom-right per sequence. o
     [B, Sq_new, Hq, Dv], lse [B, Hq, Sq_new] f32. With new tokens the caches alias the
     results: under jax.jit with the caches donated the update is in place; otherwise XLA
@@ -255,7 +261,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
 
     Donated caches and bad lengths: lengths known at trace time (Python ints, numpy or
     concrete arrays, even under jit) are judged then, before anything runs, so a bad one
-    raises ValueError and the donated caches stay intact. Lengths that are traced (jit
+    raises ValueError and the donated caches stay intact. With traced lengths the problem is
+    still planned at trace time, from the capacities (lengths per call), so what does not
+    depend on the length values (page size, a quantized cache with a prefix, more new tokens
+    than the cache holds) raises ValueError then too. Lengths that are traced (jit
     arguments) can only be judged when the call runs, after XLA has handed the donated
     buffers to it: the call then raises naming the argument, and the donated caches are
     gone (XLA deletes a donated argument whatever the outcome). Pass lengths you have not
@@ -315,6 +324,13 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     capacity = table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
+    if isinstance(cache_seqlens, jax.Array) and cache_seqlens.ndim == 0:  # an int as a JAX scalar
+        if not jnp.issubdtype(cache_seqlens.dtype, jnp.integer):  # (a scan's step counter): every sequence's
+            raise ValueError(f"cache_seqlens must be an int or integers [batch], got dtype {cache_seqlens.dtype}")
+        if isinstance(cache_seqlens, jax.core.Tracer):  # traced: broadcast as an operand
+            cache_seqlens = jnp.broadcast_to(cache_seqlens.astype(jnp.int32), (B,))
+        else:  # concrete: as a Python int, planned now
+            cache_seqlens = int(cache_seqlens)
     if np.ndim(cache_seqlens) == 0 and not isinstance(cache_seqlens, jax.Array):
         if isinstance(cache_seqlens, bool) or not hasattr(cache_seqlens, "__index__"):
             raise ValueError(f"cache_seqlens must be an int or integers [batch], got {cache_seqlens!r}")
@@ -328,16 +344,21 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     slopes = _slopes(alibi_slopes, q.shape[2])
     sinks = _sinks(sinks, q.shape[2])
     attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads, sinks is not None)
-    if host is not None:  # the library's verdict on the lengths now, as ValueError
-        o_shape = q.shape[:3] + v_cache.shape[3:]
-        p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
-                           q_stride=_dense(q.shape), kc_stride=_dense(k_cache.shape),
-                           vc_stride=_dense(v_cache.shape), o_stride=_dense(o_shape), dtype=dtype,
-                           cache_seqlens=host, has_new_kv=k is not None,
-                           max_pages=None if table is None else table.shape[1], causal=causal,
-                           window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None,
-                           sinks=sinks is not None, shared_prefix_len=P, cache_dtype=code)
-        _native.cached_plan(p, _library_options("cpu"))
+    # The library's verdict now, as ValueError, before anything runs (donated caches intact):
+    # with concrete lengths on them too; with traced ones a plan from the capacities (lengths
+    # per call, docs/semantics.md), whose verdict depends on shapes and options alone (page
+    # size, quantized cache with a prefix, more new tokens than the cache holds...), leaving
+    # only the lengths themselves to the call ("Donated caches and bad lengths" below).
+    o_shape = q.shape[:3] + v_cache.shape[3:]
+    p = decode_problem(q_shape=q.shape, kc_shape=k_cache.shape, vc_shape=v_cache.shape,
+                       q_stride=_dense(q.shape), kc_stride=_dense(k_cache.shape),
+                       vc_stride=_dense(v_cache.shape), o_stride=_dense(o_shape), dtype=dtype,
+                       cache_seqlens=host, has_new_kv=k is not None,
+                       max_pages=None if table is None else table.shape[1], causal=causal,
+                       window=_window(window), softcap=softcap, scale=scale, alibi=slopes is not None,
+                       sinks=sinks is not None, lengths_per_call=host is None, shared_prefix_len=P,
+                       cache_dtype=code)
+    _native.cached_plan(p, _library_options("cpu"))
     _ffi.register()
     results = [jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
                jax.ShapeDtypeStruct((B, q.shape[2], q.shape[1]), jnp.float32)]

@@ -137,7 +137,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         o = jnp.where(uniform[..., None], mean_v.astype(o.dtype), o)
     if not return_residual:
         return jnp.reshape(o, output_shape)
-    big = _large_negative()
-    fill = big + np.log(np.float32(max(S, 1)), dtype=np.float32)
+    if S == 0:  # jax.nn's logsumexp over no keys at all: -inf in every row
+        fill = -np.inf
+    else:  # rows whose keys are all masked: logsumexp of S large negative logits
+        fill = _large_negative() + np.log(np.float32(S), dtype=np.float32)
     residual = jnp.where(empty, fill, lse).astype(k.dtype)
     return jnp.reshape(o, output_shape), jnp.reshape(residual, output_shape[:-1])
