@@ -96,22 +96,24 @@ def window_pair(window):
     return (_int("window left", left), _int("window right", right))
 
 
-def problem_diag_offset(diag_offset, causal, window, alibi, masked):
+def problem_diag_offset(diag_offset, causal, window, alibi, masked, takes_masks=True):
     """The diag_offset the library's problem gets (None: unset). It places causal, the
     window and ALiBi (fa_problem.has_diag_offset, which the library refuses without one of
     them); the masks a front builds for the call take it when they are built (masked: a
     flashattn.masks mask that read it, masks.took_call_offset), so with only such a mask the
     problem goes without it. Given with nothing at all to place (a mask with its own offsets
     or none, a BlockMask, a boolean array places nothing): ValueError, as the library would
-    refuse it."""
+    refuse it; takes_masks: the call takes flashattn.masks masks (packed batches and kv caches
+    do not, and their message does not name them)."""
     if diag_offset is None:
         return None
     if causal or alibi or any(side >= 0 for side in window_pair(window)):
         return diag_offset
     if masked:
         return None
-    raise ValueError("diag_offset places causal, window and ALiBi (and flashattn.masks masks made without their own "
-                     "diag_offset: causal, window, chunked, prefix_lm), and none is given: it would change nothing")
+    masks = (" (and flashattn.masks masks made without their own diag_offset: causal, window, chunked, prefix_lm)"
+             if takes_masks else "")
+    raise ValueError(f"diag_offset places causal, window and ALiBi{masks}, and none is given: it would change nothing")
 
 
 def _index(name, v):
@@ -256,7 +258,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
                  scale=None, bias_shape=None, alibi=False, segment_ids=False,
                  q_stride=None, k_stride=None, v_stride=None, o_stride=None, bias_stride=None,
                  diag_offset=None, bias_scale=None, bias_grad=False, sinks=False, dropout_p=None, seed=None,
-                 dropout_offset=None, mask=None):
+                 dropout_offset=None, mask=None, takes_masks=True):
     """q_dims [B, Hq, Sq, D], k_dims [B, Hk, Sk, D], v_dims [B, Hk, Sk, Dv] (logical order);
     strides None for contiguous BHSD. The fronts check tensor shapes first (check_shapes),
     so that their messages name tensors; the rest is the library's to judge. mask: the
@@ -297,7 +299,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     p.has_alibi = int(bool(alibi))
     p.has_segment_ids = int(bool(segment_ids))
     from .masks import took_call_offset  # (masks imports this module)
-    diag_offset = problem_diag_offset(diag_offset, causal, window, alibi, took_call_offset(mask))
+    diag_offset = problem_diag_offset(diag_offset, causal, window, alibi, took_call_offset(mask), takes_masks)
     if diag_offset is not None:
         p.has_diag_offset, p.diag_offset = 1, _int("diag_offset", diag_offset)
     if bias_scale is not None:

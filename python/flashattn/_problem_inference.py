@@ -70,7 +70,7 @@ def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o
     (Tq, Hq, D), (Tk, Hk, _), Dv = q_shape, k_shape, v_shape[2]
     p = make_problem(q_dims=(B, Hq, Tq, D), k_dims=(B, Hk, Tk, D), v_dims=(B, Hk, Tk, Dv),
                      dtype=dtype, causal=causal, window=window, softcap=softcap, scale=scale,
-                     alibi=alibi, diag_offset=diag_offset, sinks=sinks,
+                     alibi=alibi, diag_offset=diag_offset, sinks=sinks, takes_masks=False,
                      q_stride=_packed_strides(q_stride), k_stride=_packed_strides(k_stride),
                      v_stride=_packed_strides(v_stride), o_stride=_packed_strides(o_stride))
     set_dropout(p, *dropout)

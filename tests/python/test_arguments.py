@@ -222,6 +222,8 @@ def test_diag_offset_needs_something_to_place(rng, front):
     want = attention(q, k, v, mask=masks.chunked(4, diag_offset=0))
     np.testing.assert_array_equal(attention(q, k, v, mask=masks.chunked(4), diag_offset=0), want)
     assert not np.array_equal(attention(q, k, v, mask=masks.chunked(4)), want)
+    with pytest.raises(ValueError, match="flashattn.masks masks"):  # a call that takes masks names them
+        attention(q, k, v, diag_offset=3)
     # (documents pack q and k alike: a square call)
     np.testing.assert_array_equal(attention(q, q, q, mask=masks.chunked(4) & masks.documents([5, 3]), diag_offset=1),
                                   attention(q, q, q, mask=masks.chunked(4, diag_offset=1) & masks.documents([5, 3])))
@@ -249,3 +251,14 @@ def test_budget_strings_are_taken_exactly_as_the_cli_takes_them():
                        ("24G ", "not a number")):
         with pytest.raises(ValueError, match=said):
             parse_bytes(text)
+
+
+def test_diag_offset_refusal_of_packed_and_cached_calls_names_no_masks(rng):
+    """Packed batches and kv caches take no flashattn.masks mask, so their refusal of a
+    diag_offset with nothing to place names only causal, the window and ALiBi (it named
+    the masks too, which those calls do not accept)."""
+    q = randn(rng, (8, 2, 4))
+    cu = np.array([0, 3, 8], np.int32)
+    with pytest.raises(ValueError, match="diag_offset places causal") as e:
+        flashattn.varlen_attention(q, q, q, cu, cu, diag_offset=1)
+    assert "masks" not in str(e.value), e.value

@@ -210,7 +210,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     slopes = _slopes(alibi_slopes, q.shape[1])
     sinks = _sinks(sinks, q.shape[1])
     attrs = _attributes(causal, window, softcap, scale, slopes is not None, threads, sinks is not None)
-    diag_offset = problem_diag_offset(diag_offset, causal, window, slopes is not None, False)
+    diag_offset = problem_diag_offset(diag_offset, causal, window, slopes is not None, False, takes_masks=False)
     attrs.update(has_diag_offset=np.int64(diag_offset is not None),
                  diag_offset=np.int64(0 if diag_offset is None else _int("diag_offset", diag_offset)))
     drop = _dropout(dropout_p, seed, dropout_offset).get("dropout_p", 0.0)
