@@ -208,6 +208,39 @@ elif ! "$TI" cache "$W/kc0.npy" "$OUTK/kc.npy" "$I/lens.npy" "$I/kn.npy" --bf16 
   no "decode --update-cache --dtype bf16" "$(cat "$W/ref")"
 else ok "decode --update-cache --dtype bf16: only the new rows change (bf16), the cached ones keep their f32 bits"; fi
 rm -f "$OUT"/*
+# caches named through symbolic links: --update-cache rewrites the files the links name and
+# leaves the links as they are (the rename went onto the link: it became a regular file with
+# the new rows, and the cache it named stayed stale). A relative link in another folder too.
+cp "$W/kc0.npy" "$OUTK/kc.npy"; cp "$W/vc0.npy" "$OUTK/vc.npy"
+mkdir -p "$W/links"; ln -sfn kc.npy "$OUTK/klink.npy"; ln -sfn ../upd/vc.npy "$W/links/vlink.npy"
+fa run --q "$I/dq.npy" --k "$OUTK/klink.npy" --v "$W/links/vlink.npy" --cache-seqlens "$I/lens.npy" --causal \
+  --k-new "$I/kn.npy" --v-new "$I/vn.npy" --update-cache --out "$OUT/o.npy"
+if [ $rc -ne 0 ]; then no "decode --update-cache through links" "exit $rc: $(cat "$W/se")"
+elif [ ! -L "$OUTK/klink.npy" ] || [ ! -L "$W/links/vlink.npy" ]; then no "decode --update-cache through links" "a link was replaced"
+elif ! "$TI" cache "$W/kc0.npy" "$OUTK/kc.npy" "$I/lens.npy" "$I/kn.npy" >"$W/ref" || \
+     ! "$TI" cache "$W/vc0.npy" "$OUTK/vc.npy" "$I/lens.npy" "$I/vn.npy" >>"$W/ref"; then
+  no "decode --update-cache through links" "the links' targets: $(cat "$W/ref")"
+elif [ -n "$(ls -A "$OUTK" | grep -v '^\(kc\|vc\|klink\)\.npy$')" ] || [ "$(ls -A "$W/links")" != vlink.npy ]; then
+  no "decode --update-cache through links" "left: $(ls -A "$OUTK" "$W/links" | tr '\n' ' ')"
+else ok "decode --update-cache through symbolic links: the linked caches rewritten, the links kept"; fi
+rm -f "$OUT"/*
+# --out through a link to the --k cache is the cache itself: refused (the files compared)
+cp "$W/kc0.npy" "$OUTK/kc.npy"; cp "$W/vc0.npy" "$OUTK/vc.npy"
+expect_bad "decode --update-cache: --out a link to the --k cache" "name the same file" run --q "$I/dq.npy" \
+  --k "$OUTK/kc.npy" --v "$OUTK/vc.npy" --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" --v-new "$I/vn.npy" \
+  --update-cache --out "$OUTK/klink.npy"
+[ -L "$OUTK/klink.npy" ] && cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && ok "refused: the link and the cache untouched" ||
+  no "refused --out link to the cache" "the link or the cache changed"
+rm -f "$OUTK/klink.npy"; rm -rf "$W/links"
+# stdout before the commit: --count to a full stdout is a failure with nothing written, the
+# caches included (the outputs were committed first, then the exit was 1)
+"$FA" run --q "$I/dq.npy" --k "$OUTK/kc.npy" --v "$OUTK/vc.npy" --cache-seqlens "$I/lens.npy" --causal \
+  --k-new "$I/kn.npy" --v-new "$I/vn.npy" --update-cache --out "$OUT/o.npy" --count >/dev/full 2>"$W/se"
+rc=$?
+if [ $rc -eq 1 ] && [ -z "$(ls -A "$OUT")" ] && cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && cmp -s "$OUTK/vc.npy" "$W/vc0.npy" &&
+   grep -q "cannot write to stdout" "$W/se"; then ok "decode --update-cache --count > /dev/full: exit 1, no output, caches untouched"
+else no "decode --count > /dev/full" "exit $rc, out: $(ls -A "$OUT"), $(cat "$W/se")"; fi
+rm -f "$OUT"/*
 # --progress on a decode run reports as dense and packed runs do
 fa run --q "$I/dq.npy" --k "$W/kc0.npy" --v "$W/vc0.npy" --cache-seqlens "$I/lens.npy" --out "$OUT/o.npy" --progress
 if [ $rc -eq 0 ] && grep -q "100%.*work items)" "$W/se"; then ok "decode --progress: $(tail -n 1 "$W/se")"

@@ -92,6 +92,10 @@ int cli_fail(int code, const char *fmt, ...)
 /* Maps a library status to an exit code (2 for the caller's mistakes, 1 otherwise) and
  * prints fa_last_error() with the given context. */
 int cli_fail_status(fa_status st, const char *context);
+/* Flushes stdout: 0, or 1 after its one line ("cannot write to stdout: ..."). Commands that
+ * write files print and flush everything for stdout before the files are moved into place,
+ * so that a stdout that cannot be written leaves no output (docs/cli.md, exit codes). */
+int cli_flush_stdout(void);
 
 /* cli_args.c: parses argv after the subcommand; prints help for --help. */
 int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a);
@@ -130,6 +134,9 @@ float *cli_to_f32(fa_dtype t, const void *x, int64_t n);
  * no hex or exponents; a fraction only where it gives whole bytes). Returns 0 on success,
  * -2 for a fraction of a byte, -1 for anything else refused. */
 int cli_parse_bytes(const char *s, int64_t *out);
+/* Whether s is a decimal integer as the flags take them: [+-]digits, nothing else (no
+ * spaces, no hex); docs/cli.md, "Numbers". */
+int cli_is_decimal_int(const char *s);
 
 /* Creates the plan; on failure prints and returns the exit code. */
 int cli_plan_create(const fa_problem *p, const fa_options *o, fa_plan **plan);

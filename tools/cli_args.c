@@ -104,18 +104,61 @@ int cli_fail(int code, const char *fmt, ...) {
     return code;
 }
 
+int cli_flush_stdout(void) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    const int e = errno;
+    return cli_fail(1, "cannot write to stdout%s%s", e ? ": " : "", e ? strerror(e) : "");
+}
+
 int cli_fail_status(fa_status st, const char *context) {
     const char *m = fa_last_error();
     int code = (st == FA_ERR_INVALID || st == FA_ERR_NULL || st == FA_ERR_OVERFLOW) ? 2 : 1;
     return cli_fail(code, "%s: %s", context, (m && *m) ? m : fa_status_string(st));
 }
 
+/* The command line's numbers (docs/cli.md, "Numbers"): decimal only, the whole value, no
+ * spaces of any kind (strtoll and strtod skip leading whitespace, tabs and newlines too; a
+ * check of s[0] == ' ' let "\t2" through), no hexadecimal (strtod takes "0x1p-3"),
+ * infinities or NaNs. Integers: [+-]digits. Reals: [+-]digits[.digits][e[+-]digits], or
+ * [+-].digits[e[+-]digits]. */
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static const char *digits(const char *s) {
+    while (is_digit(*s)) s++;
+    return s;
+}
+
+int cli_is_decimal_int(const char *s) {
+    if (*s == '+' || *s == '-') s++;
+    const char *e = digits(s);
+    return e > s && !*e;
+}
+
+static int is_decimal_real(const char *s) {
+    if (*s == '+' || *s == '-') s++;
+    const char *e = digits(s);
+    int n = (int)(e - s);
+    if (*e == '.') {
+        const char *f = digits(e + 1);
+        n += (int)(f - (e + 1));
+        e = f;
+    }
+    if (!n) return 0;
+    if (*e == 'e' || *e == 'E') {
+        const char *x = e + 1;
+        if (*x == '+' || *x == '-') x++;
+        e = digits(x);
+        if (e == x) return 0;
+    }
+    return !*e;
+}
+
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
     char *end;
+    if (!cli_is_decimal_int(s)) return cli_fail(2, "%s: '%s' is not an integer (decimal digits, optional sign)", flag, s);
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (!*s || *end || s[0] == ' ')
-        return cli_fail(2, "%s: '%s' is not an integer", flag, s);
     if (errno == ERANGE) return cli_fail(2, "%s: '%s' is out of range", flag, s);
     if (v < lo) return cli_fail(2, "%s: %lld is below %lld", flag, v, (long long)lo);
     *out = v;
@@ -133,12 +176,27 @@ static int parse_int(const char *flag, const char *s, int lo, int *out) {
 
 static int parse_float(const char *flag, const char *s, float *out) {
     char *end;
+    if (!is_decimal_real(s)) {
+        const double w = strtod(s, &end); /* say so where strtod would have taken an infinity or a NaN */
+        if (*s != ' ' && (*s < '\t' || *s > '\r') && !*end && !isfinite(w))
+            return cli_fail(2, "%s: '%s' is not a finite float32", flag, s);
+        return cli_fail(2, "%s: '%s' is not a number (decimal, as 0.125 or 1e-3)", flag, s);
+    }
     double v = strtod(s, &end);
-    if (!*s || *end || s[0] == ' ') return cli_fail(2, "%s: '%s' is not a number", flag, s);
-    if (!isfinite(v) || !isfinite((float)v))
+    if (*end || !isfinite(v) || !isfinite((float)v))
         return cli_fail(2, "%s: '%s' is not a finite float32", flag, s);
     *out = (float)v;
     return 0;
+}
+
+/* --seed: decimal digits, or 0x and hex digits; no sign, no spaces. */
+static int is_seed(const char *s) {
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        const char *h = s + 2;
+        while ((*h >= '0' && *h <= '9') || (*h >= 'a' && *h <= 'f') || (*h >= 'A' && *h <= 'F')) h++;
+        return h > s + 2 && !*h;
+    }
+    return *s && !*digits(s);
 }
 
 /* Sizes: decimal digits with an optional fraction, then an optional unit K, M, G, T, P or E
@@ -272,14 +330,14 @@ static int apply(cli_args *a, flag_id id, char **v) {
         if (!(a->dropout >= 0.0f && a->dropout < 1.0f)) return cli_fail(2, "--dropout: %s is not in [0, 1)", v[0]);
         return 0;
     case F_SEED: {
-        char *end;
+        char *end = NULL;
         errno = 0;
-        /* decimal, or hex after 0x (docs/cli.md): never octal, so 010 is ten */
+        /* decimal, or hex after 0x (docs/cli.md): never octal, so 010 is ten; no sign or
+         * space (strtoull skips "\t" and negates "-5" to 2^64-5) */
         const int hex = v[0][0] == '0' && (v[0][1] == 'x' || v[0][1] == 'X');
-        const unsigned long long x = strtoull(v[0], &end, hex ? 16 : 10);
-        if (!*v[0] || *end || v[0][0] == '-' || v[0][0] == '+' || v[0][0] == ' ' || errno == ERANGE ||
-            (hex && !v[0][2]))
-            return cli_fail(2, "--seed: '%s' is not an integer in 0 .. 2^64-1", v[0]);
+        const unsigned long long x = is_seed(v[0]) ? strtoull(v[0], &end, hex ? 16 : 10) : 0;
+        if (!is_seed(v[0]) || *end || errno == ERANGE)
+            return cli_fail(2, "--seed: '%s' is not an integer in 0 .. 2^64-1 (decimal, or hex after 0x)", v[0]);
         a->has_seed = 1, a->seed = (uint64_t)x;
         return 0;
     }

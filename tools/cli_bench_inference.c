@@ -199,9 +199,10 @@ static int bench_decode(const cli_args *a) {
 static int parse_lens(const char *s, int64_t *lens, int64_t *n) {
     *n = 0;
     while (*s) {
-        char *end;
-        const long long v = strtoll(s, &end, 10);
-        if (end == s || v < 0 || v > (1 << 24) || *n >= 4096 || (*end && *end != ','))
+        char *end = (char *)s;
+        /* decimal digits only (docs/cli.md, "Numbers"): strtoll would skip spaces and take a sign */
+        const long long v = *s >= '0' && *s <= '9' ? strtoll(s, &end, 10) : -1;
+        if (v < 0 || v > (1 << 24) || *n >= 4096 || (*end && *end != ','))
             return cli_fail(2, "--varlen: '%s' is not a comma-separated list of lengths in [0, 2^24]", s);
         lens[(*n)++] = v;
         s = *end ? end + 1 : end;

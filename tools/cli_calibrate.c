@@ -29,44 +29,58 @@ void cli_calibrate_usage(void) {
            "  --json       one JSON object on stdout\n");
 }
 
+typedef struct {
+    const cli_rates *r;
+    const char *path; /* "" with --no-cache */
+    int json;
+} report;
+
+/* The rates on stdout, flushed: with the cache, before it is replaced, so that a stdout that
+ * cannot be written fails the command with the cache as it was (docs/cli.md). */
+static int print_report(void *ctx) {
+    const report *rp = ctx;
+    const cli_rates *r = rp->r;
+    static const char *const dt[3] = {"f32", "f16", "bf16"};
+    if (rp->json) {
+        printf("{\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": %.4g, \"dpbf16_gflops\": %.4g, "
+               "\"read_gbps\": %.4g, \"exp_per_s\": %.4g",
+               r->isa, r->threads, r->fma_gflops, r->dpbf16_gflops, r->read_gbps, r->exp_per_s);
+        for (int pass = 0; pass < 2; pass++)
+            for (int t = 0; t < 3; t++)
+                printf(", \"eff_%s_%s\": %.4f", pass ? "backward" : "forward", dt[t], r->eff[pass][t]);
+        printf(", \"cache\": \"%s\"}\n", rp->path);
+    } else {
+        printf("kernel set   %s, %d thread%s\n", r->isa, r->threads, r->threads > 1 ? "s" : "");
+        printf("f32 FMA      %8.1f GFLOP/s\n", r->fma_gflops);
+        if (r->dpbf16_gflops > 0) printf("vdpbf16ps    %8.1f GFLOP/s\n", r->dpbf16_gflops);
+        else printf("vdpbf16ps    not on this CPU\n");
+        printf("read         %8.1f GB/s\n", r->read_gbps);
+        printf("exp          %8.3g per second\n", r->exp_per_s);
+        printf("tile efficiency (fraction of the peak inside a pass; B=1 H=%d S=1024 D=128)\n",
+               4 * r->threads);
+        for (int t = 0; t < 3; t++)
+            printf("  %-4s       forward %.3f, backward %.3f (of %.1f GFLOP/s)\n", dt[t], r->eff[0][t],
+                   r->eff[1][t], cli_rates_peak(r, (fa_dtype)t));
+        if (*rp->path) printf("cached in    %s\n", rp->path);
+        else printf("not cached (--no-cache)\n");
+    }
+    return cli_flush_stdout();
+}
+
 /* Its flags are parsed by cli_parse, as every subcommand's (--threads checked there). */
 int cli_calibrate(const cli_args *a) {
-    const int cache = !a->no_cache, json = a->json;
+    const int cache = !a->no_cache;
     int threads = a->threads ? a->threads : omp_get_max_threads();
     if (threads > FA_MAX_THREADS) /* OMP_NUM_THREADS above the library's limit: before any measuring */
         return cli_fail(2, "calibrate: %d threads (OMP_NUM_THREADS) is above the maximum of %d", threads,
                         FA_MAX_THREADS);
     cli_rates r;
     char err[512];
-    if (cli_rates_measure(threads, !json, &r, err, sizeof err)) return cli_fail(1, "calibrate: %s", err);
+    if (cli_rates_measure(threads, !a->json, &r, err, sizeof err)) return cli_fail(1, "calibrate: %s", err);
     char path[4096] = "";
-    if (cache) {
-        if (cli_rates_save(&r, err, sizeof err)) return cli_fail(1, "calibrate: %s", err);
-        cli_rates_path(path, sizeof path);
-    }
-    static const char *const dt[3] = {"f32", "f16", "bf16"};
-    if (json) {
-        printf("{\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": %.4g, \"dpbf16_gflops\": %.4g, "
-               "\"read_gbps\": %.4g, \"exp_per_s\": %.4g",
-               r.isa, r.threads, r.fma_gflops, r.dpbf16_gflops, r.read_gbps, r.exp_per_s);
-        for (int pass = 0; pass < 2; pass++)
-            for (int t = 0; t < 3; t++)
-                printf(", \"eff_%s_%s\": %.4f", pass ? "backward" : "forward", dt[t], r.eff[pass][t]);
-        printf(", \"cache\": \"%s\"}\n", path);
-        return 0;
-    }
-    printf("kernel set   %s, %d thread%s\n", r.isa, r.threads, r.threads > 1 ? "s" : "");
-    printf("f32 FMA      %8.1f GFLOP/s\n", r.fma_gflops);
-    if (r.dpbf16_gflops > 0) printf("vdpbf16ps    %8.1f GFLOP/s\n", r.dpbf16_gflops);
-    else printf("vdpbf16ps    not on this CPU\n");
-    printf("read         %8.1f GB/s\n", r.read_gbps);
-    printf("exp          %8.3g per second\n", r.exp_per_s);
-    printf("tile efficiency (fraction of the peak inside a pass; B=1 H=%d S=1024 D=128)\n",
-           4 * r.threads);
-    for (int t = 0; t < 3; t++)
-        printf("  %-4s       forward %.3f, backward %.3f (of %.1f GFLOP/s)\n", dt[t], r.eff[0][t],
-               r.eff[1][t], cli_rates_peak(&r, (fa_dtype)t));
-    if (cache) printf("cached in    %s\n", path);
-    else printf("not cached (--no-cache)\n");
-    return 0;
+    report rp = {&r, path, a->json};
+    if (!cache) return print_report(&rp);
+    if (cli_rates_path(path, sizeof path)) return cli_fail(1, "calibrate: no cache directory (set XDG_CACHE_HOME or HOME)");
+    const int rc = cli_rates_save(&r, print_report, &rp, err, sizeof err);
+    return rc < 0 ? 1 : rc ? cli_fail(1, "calibrate: %s", err) : 0;
 }

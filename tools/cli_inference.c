@@ -6,13 +6,16 @@
  * unnamed file, tools/npy.h) before any data is read; outputs, and with --update-cache the
  * rewritten caches, appear only when everything succeeded. The caches are rewritten as
  * float32 .npy at their own paths. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "cli.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int cli_inference_wanted(const cli_args *a) { return a->cu_seqlens_q || a->cu_seqlens_k || a->cache_seqlens; }
 
@@ -149,6 +152,7 @@ typedef struct {
     float *lse;
     out_file outs[8];
     int nout, opened;
+    char *cache_path[2]; /* --update-cache: where the k and v caches are rewritten (a link's target) */
     fa_plan *plan;
     cli_extras x;
 } run_state;
@@ -160,6 +164,19 @@ static void release(run_state *s) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fa_free(bufs[i]);
     cli_extras_free(&s->x);
     fa_plan_destroy(s->plan);
+    free(s->cache_path[0]), free(s->cache_path[1]);
+}
+
+/* Where a cache rewritten in place goes: the path itself, or where a symbolic link (a chain
+ * of them) ends, so that the file the link names is updated and the link stays a link (a
+ * rename onto the link would replace it with a regular file and leave its target stale). */
+static int cache_target(const char *flag, const char *path, char **out) {
+    struct stat st;
+    *out = NULL;
+    if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode)) return 0;
+    if (!(*out = realpath(path, NULL)))
+        return cli_fail(2, "%s %s: cannot resolve the symbolic link: %s", flag, path, strerror(errno));
+    return 0;
 }
 
 static void add_out(run_state *s, const char *flag, const char *path, int slot, int ndim, const int64_t *shape) {
@@ -329,8 +346,10 @@ int cli_run_inference(const cli_args *a) {
     add_out(&s, "--out", a->out, 0, varlen ? 3 : 4, o_shape);
     add_out(&s, "--lse", a->lse, 1, varlen ? 2 : 3, l_shape);
     if (a->update_cache) {
-        add_out(&s, "--k", a->k, 2, 4, s.hk.shape);
-        add_out(&s, "--v", a->v, 3, 4, s.hv.shape);
+        if ((rc = cache_target("--k", a->k, &s.cache_path[0])) || (rc = cache_target("--v", a->v, &s.cache_path[1])))
+            return release(&s), rc;
+        add_out(&s, "--k", s.cache_path[0] ? s.cache_path[0] : a->k, 2, 4, s.hk.shape);
+        add_out(&s, "--v", s.cache_path[1] ? s.cache_path[1] : a->v, 3, 4, s.hv.shape);
     }
     if (grad) { /* packed like q, k and v */
         add_out(&s, "--dq", a->dq, 4, 3, s.hq.shape);
@@ -411,10 +430,12 @@ int cli_run_inference(const cli_args *a) {
     }
     for (int i = 0; i < s.nout && !rc; i++) /* every temporary named first: a failure replaces no target */
         if ((rc = npy_out_prepare(&s.outs[i].file, err, sizeof err))) cli_fail(rc, "%s %s", s.outs[i].flag, err);
-    for (int i = 0; i < s.nout && !rc; i++)
-        if ((rc = npy_out_commit(&s.outs[i].file, err, sizeof err))) cli_fail(rc, "%s %s", s.outs[i].flag, err);
+    /* stdout written and flushed before any commit: a stdout that fails leaves no output */
     if (!rc && a->count)
         printf("{\"flops\": %" PRId64 ", \"transcendentals\": %" PRId64 "}\n", counts.flops, counts.transcendentals);
+    if (!rc) rc = cli_flush_stdout();
+    for (int i = 0; i < s.nout && !rc; i++)
+        if ((rc = npy_out_commit(&s.outs[i].file, err, sizeof err))) cli_fail(rc, "%s %s", s.outs[i].flag, err);
     release(&s);
     return rc;
 }

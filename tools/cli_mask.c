@@ -4,6 +4,8 @@
  * built once per process (cli_extras_load runs twice in run and bench) and freed at exit. */
 #include "cli.h"
 
+#include <errno.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,9 +37,10 @@ static int read_ints(const char *flag, const char *path, npy_header *h, int64_t 
 static int prefix_mask(const cli_args *a, const fa_mask_shape *s, int64_t off, fa_mask **m) {
     int64_t *lens = fa_malloc((size_t)s->batch * sizeof(int64_t)), one;
     if (!lens) return cli_fail(1, "--prefix-len: out of memory");
-    char *end;
-    one = strtoll(a->prefix_len, &end, 10);
-    if (*a->prefix_len && !*end) { /* a number: every batch item */
+    if (cli_is_decimal_int(a->prefix_len)) { /* a number (docs/cli.md, "Numbers"): every batch item */
+        errno = 0;
+        one = strtoll(a->prefix_len, NULL, 10);
+        if (errno == ERANGE) return fa_free(lens), cli_fail(2, "--prefix-len: '%s' is out of range", a->prefix_len);
         if (one < 0) return fa_free(lens), cli_fail(2, "--prefix-len: %lld is negative", (long long)one);
         for (int64_t b = 0; b < s->batch; b++) lens[b] = one;
     } else {

@@ -139,15 +139,19 @@ static int gather_write(output *o, fa_dtype t, fa_mpi_layout lay, int rc) {
     return rc;
 }
 
-static void print_counts(const fa_mpi_stats *s) {
+/* Each rank's line, flushed before any output is written: 1 where this rank's stdout
+ * failed (the ranks agree on it with the writing, so nothing is then committed). */
+static int print_counts(const fa_mpi_stats *s) {
+    int rc = 0;
     for (int r = 0; r < P; r++) { /* in rank order, as far as mpirun's forwarding keeps it */
         MPI_Barrier(MPI_COMM_WORLD);
         if (r != R) continue;
         printf("{\"rank\": %d, \"flops\": %" PRId64 ", \"transcendentals\": %" PRId64
                ", \"bytes_sent\": %" PRId64 ", \"bytes_received\": %" PRId64 "}\n",
                R, s->counts.flops, s->counts.transcendentals, s->bytes_sent, s->bytes_received);
-        fflush(stdout);
+        rc = cli_flush_stdout();
     }
+    return rc;
 }
 
 /* Rank 0 shows the progress a single process would (cli_progress_wanted): with --progress,
@@ -252,7 +256,7 @@ static int run_body(const cli_args *a) {
     if (!a->out) free(o);
     if (!a->lse) free(lse);
     if ((rc = agree_rc(rc))) goto done;
-    if (a->count) print_counts(grad ? &bs : &fs);
+    if (a->count) rc = print_counts(grad ? &bs : &fs); /* agreed on by gather_write, before any commit */
     for (int i = 0; i < nout; i++) rc = gather_write(&outs[i], p.dtype, lay, rc);
     if (!rc && R == 0) {
         char err[NPY_ERR_LEN];
@@ -272,6 +276,12 @@ done:
     return rc;
 }
 
+/* FNV-1a of n bytes, from h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
 /* What decides the phases a rank runs (the command, the outputs it writes, --count, --json,
  * the passes, --iters): the ranks agree on it before anything else, so that none waits in a
  * phase its peers skip (--lse on one rank only once hung every rank). The problem and the
@@ -285,18 +295,43 @@ static uint64_t phases_digest(const cli_args *a) {
     return h;
 }
 
+/* The output flags, whose paths every rank must give alike: only rank 0 writes, so another
+ * path on another rank would be silently ignored (docs/mpi.md). Compared as strings. */
+#define N_OUT_FLAGS 7
+static void output_flags(const cli_args *a, const char *flag[N_OUT_FLAGS], const char *path[N_OUT_FLAGS]) {
+    const char *const f[N_OUT_FLAGS] = {"--out", "--lse", "--dq", "--dk", "--dv", "--dbias", "--dsink"};
+    const char *const p[N_OUT_FLAGS] = {a->out, a->lse, a->dq, a->dk, a->dv, a->dbias, a->dsink};
+    for (int i = 0; i < N_OUT_FLAGS; i++) flag[i] = f[i], path[i] = p[i];
+}
+
 int cli_mpi_with(const cli_args *a, int (*body)(const cli_args *, int P, int R)) {
     int init = 0;
     MPI_Initialized(&init);
     if (!init && MPI_Init(NULL, NULL) != MPI_SUCCESS) return cli_fail(1, "MPI_Init failed");
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     MPI_Comm_rank(MPI_COMM_WORLD, &R);
-    const int64_t d = (int64_t)(phases_digest(a) >> 1);
-    int64_t v[2] = {d, -d};
-    MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-    int rc = v[0] != -v[1] ? cli_fail(2, "--seq-parallel: the ranks were started with different commands or flags "
-                                         "(run or grad, --out, --lse, --count, --pass, ...): give every rank the same")
-                           : body(a, P, R);
+    /* one agreement: the phases' digest, then each output path's (d and -d under MAX: equal
+     * on every rank exactly when the maximum of -d is minus the maximum of d) */
+    const char *flag[N_OUT_FLAGS], *path[N_OUT_FLAGS];
+    output_flags(a, flag, path);
+    int64_t v[2 * (1 + N_OUT_FLAGS)];
+    for (int i = 0; i <= N_OUT_FLAGS; i++) {
+        const uint64_t h = i == 0 ? phases_digest(a)
+                           : path[i - 1] ? fnv1a(0xcbf29ce484222325ull, path[i - 1], strlen(path[i - 1]) + 1)
+                                         : 0;
+        v[2 * i] = (int64_t)(h >> 1), v[2 * i + 1] = -(int64_t)(h >> 1);
+    }
+    MPI_Allreduce(MPI_IN_PLACE, v, 2 * (1 + N_OUT_FLAGS), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    int rc = 0;
+    if (v[0] != -v[1])
+        rc = cli_fail(2, "--seq-parallel: the ranks were started with different commands or flags "
+                         "(run or grad, --out, --lse, --count, --pass, ...): give every rank the same");
+    for (int i = 1; !rc && i <= N_OUT_FLAGS; i++)
+        if (v[2 * i] != -v[2 * i + 1])
+            rc = cli_fail(2, "--seq-parallel: %s %s: the ranks were given different %s paths (rank 0 writes every "
+                             "output): give every rank the same",
+                          flag[i - 1], path[i - 1], flag[i - 1]);
+    if (!rc) rc = body(a, P, R);
     fflush(stdout);
     MPI_Finalize();
     return rc;

@@ -103,8 +103,10 @@ static size_t elems(const output *o) {
     return n;
 }
 
-/* Converts and writes every output to its temporary, then renames them all into place. */
-static int write_outputs(output *outs, int n, fa_dtype t) {
+/* Converts and writes every output to its temporary, prints --count's line (count: NULL for
+ * none) and flushes stdout, then renames them all into place: a stdout that cannot be
+ * written leaves no output. */
+static int write_outputs(output *outs, int n, fa_dtype t, const fa_counts *count) {
     char err[NPY_ERR_LEN];
     for (int i = 0; i < n; i++) {
         const float *x = outs[i].data;
@@ -122,6 +124,9 @@ static int write_outputs(output *outs, int n, fa_dtype t) {
         int rc = npy_out_prepare(&outs[i].file, err, sizeof err);
         if (rc) return cli_fail(rc, "%s %s", outs[i].flag, err);
     }
+    if (count)
+        printf("{\"flops\": %" PRId64 ", \"transcendentals\": %" PRId64 "}\n", count->flops, count->transcendentals);
+    if (cli_flush_stdout()) return 1;
     for (int i = 0; i < n; i++) {
         int rc = npy_out_commit(&outs[i].file, err, sizeof err);
         if (rc) return cli_fail(rc, "%s %s", outs[i].flag, err);
@@ -255,10 +260,7 @@ int cli_run(const cli_args *a) {
         outs[i].data = outs[i].slot == 10 ? x.dsink : h[outs[i].slot];
         outs[i].is_f32 = outs[i].slot == 5 || outs[i].slot >= 9;
     }
-    if ((rc = write_outputs(outs, nout, p.dtype))) goto done_dev;
-    if (a->count)
-        printf("{\"flops\": %" PRId64 ", \"transcendentals\": %" PRId64 "}\n", counts.flops,
-               counts.transcendentals);
+    if ((rc = write_outputs(outs, nout, p.dtype, a->count ? &counts : NULL))) goto done_dev;
 
 done_dev:
     for (int i = 0; i < 4; i++) cli_mem_free(&mem, dx[i], ddx[i]);

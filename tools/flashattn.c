@@ -131,7 +131,8 @@ int main(int argc, char **argv) {
         case CMD_BENCH: rc = a.seq_parallel ? cli_mpi_bench(&a) : cli_bench(&a); break;
         default: rc = a.seq_parallel ? cli_mpi_run(&a) : cli_run(&a); break;
         }
-        if (fflush(stdout) != 0 && rc == 0) rc = cli_fail(1, "cannot write to stdout");
+        if (rc == 0) rc = cli_flush_stdout();
+        else fflush(stdout);
         return rc;
     }
     return cli_fail(2, "unknown command '%.40s' (plan, run, grad, bench or calibrate)", argv[1]);

@@ -443,6 +443,33 @@ int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
     return 0;
 }
 
+/* Makes the named temporary where there is no unnamed file (now that the data is ready). */
+static int ensure_file(npy_out *o, char *err, size_t errlen) {
+    if (o->f) return 0;
+    int fd = make_named_tmp(o);
+    if (fd < 0 || !(o->f = fdopen(fd, "wb"))) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return fail(2, err, errlen, "%s: cannot create output: %s", o->path, strerror(e));
+    }
+    o->named = 1;
+    return 0;
+}
+
+/* Ends the writing: an unnamed file is flushed and stays open (its fd is what commit links),
+ * a named one is closed. ok: whether every write succeeded; e: the errno of a failed one. */
+static int finish_write(npy_out *o, int ok, int e, char *err, size_t errlen) {
+    if (o->unnamed) ok = fflush(o->f) == 0 && ok;
+    else {
+        ok = (fclose(o->f) == 0) && ok;
+        o->f = NULL;
+    }
+    if (!ok && !e) e = errno;
+    if (!ok) return fail(1, err, errlen, "%s: writing failed: %s", o->path, strerror(e));
+    o->written = 1;
+    return 0;
+}
+
 int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data, char *err,
                   size_t errlen) {
     char sh[256], dict[400];
@@ -460,15 +487,8 @@ int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data,
                              (unsigned char)(hlen >> 8)};
     int64_t count = 1;
     for (int i = 0; i < ndim; i++) count *= shape[i];
-    if (!o->f) { /* no unnamed file: the named temporary, now that the data is ready */
-        int fd = make_named_tmp(o);
-        if (fd < 0 || !(o->f = fdopen(fd, "wb"))) {
-            int e = errno;
-            if (fd >= 0) close(fd);
-            return fail(2, err, errlen, "%s: cannot create output: %s", o->path, strerror(e));
-        }
-        o->named = 1;
-    }
+    int rc = ensure_file(o, err, errlen);
+    if (rc) return rc;
     errno = 0;
     int ok = fwrite(pre, 1, 10, o->f) == 10 && fwrite(dict, 1, hlen, o->f) == hlen;
     if (host_is_little_endian()) {
@@ -480,16 +500,15 @@ int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data,
             ok = fwrite(&x, sizeof x, 1, o->f) == 1;
         }
     }
-    int e = errno;
-    if (o->unnamed) ok = fflush(o->f) == 0 && ok; /* stays open: its fd is what commit links */
-    else {
-        ok = (fclose(o->f) == 0) && ok;
-        o->f = NULL;
-    }
-    if (!ok && !e) e = errno;
-    if (!ok) return fail(1, err, errlen, "%s: writing failed: %s", o->path, strerror(e));
-    o->written = 1;
-    return 0;
+    return finish_write(o, ok, ok ? 0 : errno, err, errlen);
+}
+
+int npy_out_write_bytes(npy_out *o, const void *data, size_t len, char *err, size_t errlen) {
+    int rc = ensure_file(o, err, errlen);
+    if (rc) return rc;
+    errno = 0;
+    const int ok = fwrite(data, 1, len, o->f) == len;
+    return finish_write(o, ok, ok ? 0 : errno, err, errlen);
 }
 
 /* Gives the unnamed file the temporary's name (linkat cannot replace a target; rename then

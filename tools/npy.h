@@ -56,6 +56,8 @@ typedef struct {
 int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen);
 int npy_out_write(npy_out *o, int ndim, const int64_t *shape, const float *data, char *err,
                   size_t errlen);
+/* The same for any file's bytes (the rates cache, tools/rates.c): written whole, once. */
+int npy_out_write_bytes(npy_out *o, const void *data, size_t len, char *err, size_t errlen);
 int npy_out_commit(npy_out *o, char *err, size_t errlen);
 /* The part of npy_out_commit that can fail for want of room (a name for an unnamed file
  * needs an inode): a command with several outputs prepares them all before it commits any,

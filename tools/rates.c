@@ -1,6 +1,7 @@
 /* The rates cache (a flat JSON object of "<isa>/t<threads>/<name>": number) and the time
  * model (rates.h says what it is). */
 #include "rates.h"
+#include "npy.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -140,8 +141,8 @@ static int make_parents(char *path) {
     return 0;
 }
 
-int cli_rates_save(const cli_rates *r, char *err, size_t errlen) {
-    char path[4096], tmp[4200], key[KEY_LEN];
+int cli_rates_save(const cli_rates *r, int (*before_commit)(void *ctx), void *ctx, char *err, size_t errlen) {
+    char path[4096], key[KEY_LEN], nerr[NPY_ERR_LEN];
     if (cli_rates_path(path, sizeof path)) {
         snprintf(err, errlen, "no cache directory (set XDG_CACHE_HOME or HOME)");
         return 1;
@@ -163,21 +164,44 @@ int cli_rates_save(const cli_rates *r, char *err, size_t errlen) {
         snprintf(key, sizeof key, "%.31s/t%d/%.31s", r->isa, r->threads, f[i].name);
         set_kv(kv, key, *f[i].at);
     }
-    /* written to a temporary file, then renamed: readers never see half a file */
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *out = make_parents(path) ? NULL : fopen(tmp, "w");
-    if (!out) {
-        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
-        free(kv);
+    /* the text in memory first, then the file as the command's outputs are written (npy.h):
+     * an unnamed or mkstemp temporary beside it, renamed onto it only when whole, removed on
+     * any failure and by an interrupting signal; concurrent calibrations never share one */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    int bad = !mem;
+    if (mem) {
+        fprintf(mem, "{\n");
+        for (int i = 0; i < kv->n; i++)
+            fprintf(mem, "  \"%s\": %.6g%s\n", kv->key[i], kv->val[i], i + 1 < kv->n ? "," : "");
+        fprintf(mem, "}\n");
+        bad = ferror(mem) != 0;
+        bad = fclose(mem) != 0 || bad;
+    }
+    free(kv);
+    if (bad) {
+        snprintf(err, errlen, "out of memory");
+        free(text);
         return 1;
     }
-    fprintf(out, "{\n");
-    for (int i = 0; i < kv->n; i++)
-        fprintf(out, "  \"%s\": %.6g%s\n", kv->key[i], kv->val[i], i + 1 < kv->n ? "," : "");
-    fprintf(out, "}\n");
-    int bad = fclose(out) != 0 || rename(tmp, path) != 0;
-    if (bad) snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-    free(kv);
+    npy_out o;
+    memset(&o, 0, sizeof o);
+    if (make_parents(path)) {
+        snprintf(err, errlen, "cannot create the directory of %s: %s", path, strerror(errno));
+        bad = 1;
+    } else if (npy_out_open(&o, path, nerr, sizeof nerr) || npy_out_write_bytes(&o, text, len, nerr, sizeof nerr) ||
+               npy_out_prepare(&o, nerr, sizeof nerr)) {
+        snprintf(err, errlen, "%s", nerr);
+        bad = 1;
+    } else if (before_commit && before_commit(ctx)) {
+        bad = -1; /* the caller said why */
+    } else if (npy_out_commit(&o, nerr, sizeof nerr)) {
+        snprintf(err, errlen, "%s", nerr);
+        bad = 1;
+    }
+    npy_out_abort(&o); /* removes any temporary; nothing after a commit */
+    free(text);
     return bad;
 }
 

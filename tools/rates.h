@@ -51,9 +51,12 @@ int cli_rates_path(char *buf, size_t len);
  * the cache could not be read (errno says why: out of memory, an I/O error). */
 int cli_rates_load(const char *isa, int threads, cli_rates *r);
 
-/* Writes r into the cache (other entries kept), creating the directory. 0 on success;
- * otherwise 1 with why in err. */
-int cli_rates_save(const cli_rates *r, char *err, size_t errlen);
+/* Writes r into the cache (other entries kept), creating the directory. The new file is
+ * written whole to a temporary beside the cache (tools/npy.h's outputs: never a fixed name,
+ * removed on any failure and by SIGINT, SIGTERM, SIGHUP, SIGPIPE), then before_commit (if
+ * not NULL) runs and, where it returns 0, the temporary is renamed onto the cache. 0 on
+ * success; 1 with why in err; -1 when before_commit failed (the cache untouched). */
+int cli_rates_save(const cli_rates *r, int (*before_commit)(void *ctx), void *ctx, char *err, size_t errlen);
 
 /* Measures every rate on `threads` threads with the kernel set fa_cpu_isa() names (a few
  * seconds); progress lines on stderr when verbose. 0 on success; 1 with why in err. */

@@ -5,7 +5,7 @@
 # rank; --progress prints rank 0's progress; --dsink is written; bad input exits 2 on every
 # rank with nothing written (shapes not divisible, Ulysses with Hk % P != 0, --bias,
 # --zigzag alone, any inference shape: cu_seqlens, a cache with new rows or a block table);
-# ranks given different problems, or one rank failing to read its input, end every rank
+# ranks given different problems or output paths, or one rank failing to read its input, end every rank
 # with exit 2 within seconds; bench --seq-parallel --json reports per-rank times.
 # Exits 77 (skipped) where this build has no MPI. Usage: bash tests/mpi/test_mpi_cli.sh BUILD
 set -u
@@ -165,6 +165,21 @@ expect2 "--lse on one rank only" "different commands or flags" -np 1 "$FA" run $
 expect2 "grad beside run" "different commands or flags" -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring : \
   -np 1 "$FA" grad $IN --do do.npy --dq dq9.npy --dk dk9.npy --dv dv9.npy --seq-parallel ring
 [ ! -e l9.npy ] && [ ! -e dq9.npy ] && ok "different flags: nothing written" || no "different flags" "an output was written"
+# ranks given different output paths: only rank 0 writes, so another rank's path was neither
+# used nor refused (exit 0, its file never written); refused on every rank, naming the flag
+rm -f o8.npy dq8.npy
+expect2 "--out differs between ranks" "\-\-out .*different \-\-out paths" -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring : \
+  -np 1 "$FA" run $IN --out o8.npy --seq-parallel ring
+expect2 "--out on rank 1 in a missing folder" "different \-\-out paths" -np 1 "$FA" run $IN --out o9.npy --seq-parallel ring : \
+  -np 1 "$FA" run $IN --out nodir/o9.npy --seq-parallel ring
+expect2 "--dq differs between ranks (grad)" "different \-\-dq paths" -np 1 "$FA" grad $IN --do do.npy --dq dq9.npy \
+  --dk dk9.npy --dv dv9.npy --seq-parallel ring : -np 1 "$FA" grad $IN --do do.npy --dq dq8.npy --dk dk9.npy --dv dv9.npy \
+  --seq-parallel ring
+expect2 "--lse spelled ./l9.npy on one rank" "different \-\-lse paths" -np 1 "$FA" run $IN --out o9.npy --lse l9.npy \
+  --seq-parallel ring : -np 1 "$FA" run $IN --out o9.npy --lse ./l9.npy --seq-parallel ring
+[ "$(grep -c '^flashattn: ' se)" = 2 ] && ok "different paths: every rank says so" || no "different paths" "$(cat se)"
+[ ! -e o8.npy ] && [ ! -e dq8.npy ] && [ ! -e dq9.npy ] && [ ! -e l9.npy ] && ok "different paths: nothing written" ||
+  no "different paths" "an output was written"
 # a plan that fails on one rank only (bench): every rank exits 2 (the others waited for it)
 expect2 "bench with a diag offset past the blocks' range" "diag_offset" -np 2 "$FA" bench --batch 1 --heads 2 --seq 64 \
   --head-dim 16 --causal --diag-offset 2147483640 --seq-parallel ring --iters 1
