@@ -24,7 +24,9 @@ version and kernel. Those rows are padding, which the model's loss and generate(
 Attention dropout (a module in training mode with attention_dropout > 0) runs flashattn's
 dropout, its seed drawn from torch's generator (torch.manual_seed reproduces it; the keep
 mask is flashattn's own, docs/semantics.md, "Dropout"). Attention sinks (gpt-oss passes its
-per-head `sinks` parameter as `s_aux`) go to the kernel as sinks=, with their gradient.
+per-head `sinks` parameter as `s_aux`) go to the kernel as sinks=, with their gradient; T5's
+relative `position_bias` goes as bias= (with the mask's -inf where it hides a key), with its
+gradient; queries of batch 1 against keys of batch B are broadcast, as "sdpa" does.
 """
 import torch
 
@@ -46,12 +48,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                       is_causal=None, softcap=None, **kwargs):
     """transformers' attention-function signature: query [B, Hq, Sq, D], key and value
     [B, Hk, Sk, D]; returns (output [B, Sq, Hq, Dv], None)."""
-    if kwargs.get("position_bias") is not None:
-        raise NotImplementedError(f"{NAME}: position_bias (T5-style relative bias) is not supported")
     if kwargs.get("output_attentions"):  # as transformers warns for "sdpa": said once, not silent
         _warn_once(f"{NAME} never forms the attention weights: output_attentions=True returns no maps "
                    "(attn_implementation='eager' does)")
-    sq = query.shape[2]
+    sq, sk = query.shape[2], key.shape[2]
+    if query.shape[0] == 1 and key.shape[0] > 1:  # learned queries of batch 1: broadcast, as SDPA does
+        query = query.expand(key.shape[0], *query.shape[1:])
+    # T5's relative position bias [1 or B, Hq, Sq, Sk] (learned: its gradient flows), added
+    # to the scores as "sdpa" adds it (with the mask's -inf where a key is hidden)
+    position_bias = kwargs.get("position_bias")
+    if position_bias is not None:
+        position_bias = position_bias.to(torch.float32)[..., :sq, :sk]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     opts = dict(scale=scaling, softcap=softcap)
@@ -67,14 +74,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             bias.masked_fill_(~attention_mask, float("-inf"))
         else:  # an additive float mask (a custom mask function)
             bias = attention_mask.to(torch.float32)
-        bias = bias[..., :sq, : key.shape[2]]
+        bias = bias[..., :sq, :sk]
+        if position_bias is not None:
+            bias = bias + position_bias
         o = _ft.attention(query, key, value, bias=bias, **opts)
     else:
         # no mask: transformers found plain causal attention (or, for one query row or a
         # bidirectional model, full attention) exact here; a sliding window that matters
         # always comes as a mask (masking_utils._ignore_causal_mask_sdpa)
         causal = bool(is_causal and sq > 1)  # aligned top-left, as SDPA's is_causal
-        o = _ft.attention(query, key, value, causal=causal, diag_offset=0 if causal else None, **opts)
+        o = _ft.attention(query, key, value, causal=causal, diag_offset=0 if causal else None, bias=position_bias,
+                          **opts)
     return o.transpose(1, 2).contiguous(), None
 
 

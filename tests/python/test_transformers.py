@@ -184,3 +184,53 @@ def test_output_attentions_is_said_not_silently_empty(rng, counted, monkeypatch)
         want = ref(input_ids=ids).logits
     assert len(messages) == 1 and "output_attentions=True returns no maps" in messages[0]
     assert torch.allclose(r.logits, want, atol=1e-5) and counted
+
+
+@pytest.mark.skipif(not hasattr(transformers, "T5Config"), reason="this transformers has no T5")
+def test_t5_position_bias_matches_sdpa(rng, counted):
+    """T5's learned relative position bias (position_bias) goes to the kernel as bias=, added
+    to the mask as "sdpa" adds it (it was refused with NotImplementedError): logits and every
+    parameter's gradient, the relative-bias table's included, with a padded encoder batch."""
+    name = fhf.register()
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
+                                dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    torch.manual_seed(SEED % 2**31)
+    ref = transformers.T5ForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation="sdpa")
+    ours = transformers.T5ForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation=name)
+    ours.load_state_dict(ref.state_dict())
+    ids, mask = _batch(rng, [9, 5], 9)
+    dec = torch.from_numpy(rng.integers(1, VOCAB, (2, 6)))
+    out = {}
+    for tag, model in (("ref", ref), ("ours", ours)):
+        model.zero_grad()
+        before = len(counted)
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+        logits.square().mean().backward()
+        out[tag] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        if tag == "ours":
+            assert len(counted) - before == 3 * 2, "flashattn did not run in every attention layer"
+    (want, gwant), (got, ggot) = out["ref"], out["ours"]
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item(), f"logits differ (seed {SEED})"
+    assert any("relative_attention_bias" in n for n in gwant)
+    for n, g in gwant.items():
+        err = (ggot[n] - g).abs().max().item() / max(g.abs().max().item(), 1e-30)
+        assert err < 1e-4, f"{n}: relative gradient error {err:.3g} (seed {SEED})"
+
+
+def test_query_batch_of_one_broadcasts_as_sdpa():
+    """Queries of batch 1 against keys of batch B (learned queries) are broadcast, as
+    transformers' "sdpa" broadcasts them (they were refused: batch sizes differ), gradient of
+    the shared queries summed over the batch."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    torch.manual_seed(SEED % 2**31)
+    module = torch.nn.Module()
+    module.is_causal = False
+    q = torch.randn(1, 4, 3, 8, requires_grad=True)
+    k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8)
+    want, _ = sdpa_attention_forward(module, q, k, v, None)
+    (gwant,) = torch.autograd.grad(want.square().sum(), q)
+    got, _ = fhf.attention_forward(module, q, k, v, None)
+    (ggot,) = torch.autograd.grad(got.square().sum(), q)
+    assert got.shape == want.shape == (2, 3, 4, 8)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ggot, gwant, rtol=1e-5, atol=1e-5)
