@@ -120,8 +120,8 @@ static fa_status validate_scalars(fa_plan *pl) {
     if (p->dtype != FA_F32 && p->dtype != FA_F16 && p->dtype != FA_BF16)
         return fa_error(FA_ERR_INVALID, "dtype %d is not f32, f16 or bf16", (int)p->dtype);
     if (p->has_cache_dtype && p->cache_dtype != p->dtype && !fa_dtype_quantized(p->cache_dtype))
-        return fa_error(FA_ERR_INVALID, "cache_dtype %d must be the dtype (%s), int8 or fp8_e4m3", (int)p->cache_dtype,
-                        fa_dtype_name(p->dtype));
+        return fa_error(FA_ERR_INVALID, "cache_dtype %s (%d) must be the dtype (%s), int8 or fp8_e4m3",
+                        fa_dtype_name(p->cache_dtype), (int)p->cache_dtype, fa_dtype_name(p->dtype));
     if ((s = check_counts(p))) return s;
     if (p->has_scale && !isfinite(p->scale))
         return fa_error(FA_ERR_INVALID, "scale must be finite, got %g", (double)p->scale);

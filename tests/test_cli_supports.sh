@@ -73,8 +73,16 @@ if [ -e "$BUILD/libfa_fake_gpu.so" ]; then
   check "AUTO with block sizes cuda lacks plans on the cpu" $? "$(cat so se)"
   gpu --block-q 64 --backend cuda
   rc=$?
-  [ $rc = 1 ] && grep -q "block sizes 64x0 (block_q, block_k) are not built" se
+  [ $rc = 1 ] && grep -q "block sizes 64x0 (block_q, block_k; 0: the backend's) cannot set them" se
   check "--backend cuda with block sizes it lacks: exit 1 (unsupported)" $? "exit $rc, $(cat se)"
+  # the forward's own tiles: taken for the forward alone, the backward ran its 64 x 128
+  # regardless; block sizes set both passes (as on the cpu), so cuda refuses them, naming both
+  gpu --block-q 128 --block-k 64 --backend cuda
+  rc=$?
+  [ $rc = 1 ] && grep -q "128x64 forward and 64x128 backward; block sizes 128x64" se
+  check "--backend cuda with its forward's tiles (not its backward's): exit 1, both named" $? "exit $rc, $(cat se)"
+  gpu --block-q 128 --block-k 64 && grep -q "^backend   cpu" so && grep -q "forward 128 x 64, backward 128 x 64" so
+  check "AUTO with the cuda forward's tiles plans on the cpu, which runs them in both passes" $? "$(cat so se)"
 else
   echo "skip AUTO on a GPU machine: no CUDA backend in this build (tests/fake_gpu.c not built)"
 fi

@@ -503,7 +503,7 @@ static void refusals(void) {
     p.cache_seqlens = lens, p.seq_q = 1;
     p.cache_dtype = FA_F16;
     st = fa_plan_create(&p, &opt, &pl);
-    CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "cache_dtype"), "an f16 cache of bf16 attention: %s (%s)",
+    CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "cache_dtype f16"), "an f16 cache of bf16 attention: %s (%s)",
           fa_status_string(st), fa_last_error());
     p.cache_dtype = FA_FP8_E4M3;
     opt.backend = FA_BACKEND_CUDA;

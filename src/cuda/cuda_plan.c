@@ -66,15 +66,22 @@ static void default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64
     *bk = pass == FA_BACKWARD ? fa_cuda_bwd_bk(hd) : fa_cuda_fwd_bk(hd);
 }
 
-/* Tiles are compiled in, so the defaults are the only sizes it runs (p: supports accepted it). */
+/* Tiles are compiled in, so the defaults are the only sizes it runs (p: supports accepted it).
+ * Block sizes set both passes' tiles (as on the CPU), so they are taken only where both
+ * passes run them: the forward's and the backward's differ for every head dim, so any
+ * explicit size is refused, naming both, rather than taken for the forward alone. */
 static fa_status cuda_takes_blocks(const fa_problem *p, const fa_options *o) {
-    int64_t bq, bk;
-    default_blocks(p, FA_FORWARD, &bq, &bk);
-    if ((o->block_q && o->block_q != bq) || (o->block_k && o->block_k != bk))
+    int64_t fq, fk, bq, bk;
+    default_blocks(p, FA_FORWARD, &fq, &fk);
+    default_blocks(p, FA_BACKWARD, &bq, &bk);
+    const int q_ok = !o->block_q || (o->block_q == fq && o->block_q == bq);
+    const int k_ok = !o->block_k || (o->block_k == fk && o->block_k == bk);
+    if (!q_ok || !k_ok)
         return fa_error(FA_ERR_UNSUPPORTED,
-                        "the cuda backend runs %lldx%lld tiles for this head dim; block sizes %lldx%lld (block_q, "
-                        "block_k) are not built",
-                        (long long)bq, (long long)bk, (long long)o->block_q, (long long)o->block_k);
+                        "the cuda backend runs compiled tiles for this head dim, %lldx%lld forward and %lldx%lld "
+                        "backward; block sizes %lldx%lld (block_q, block_k; 0: the backend's) cannot set them",
+                        (long long)fq, (long long)fk, (long long)bq, (long long)bk, (long long)o->block_q,
+                        (long long)o->block_k);
     return FA_OK;
 }
 
