@@ -196,8 +196,9 @@ typedef struct {
                            node exists, else CPU; check fa_plan_backend() before passing
                            host or device pointers */
     int threads;      /* CPU threads, 1..FA_MAX_THREADS; 0: OpenMP's default */
-    int64_t block_q;  /* query rows per tile, both passes; 0: chosen by the library (CUDA takes only 0:
-                       * its compiled tiles differ between the passes; AUTO then plans on the CPU) */
+    int64_t block_q;  /* query rows per tile, both passes; 0: chosen by the library (CUDA runs compiled
+                       * tiles: it takes a size only where its forward and backward tiles both have it,
+                       * else refuses, and AUTO plans on the CPU) */
     int64_t block_k;  /* keys per tile; 0: chosen by the library */
 } fa_options;
 
