@@ -10,7 +10,7 @@ from .masks import Mask, build_for_call
 
 _UNITS = "KMGTPE"  # powers of 1024, as the CLI's --memory-budget (tools/cli_args.c, cli_parse_bytes)
 # digits, a fraction, then a unit letter (either case) with "iB" or "B" after it, or "B" alone
-_BYTES = re.compile(r"(\d*)(?:\.(\d*))?(?:([KMGTPEkmgtpe])(?:iB|B)?|B)?")
+_BYTES = re.compile(r"([0-9]*)(?:\.([0-9]*))?(?:([KMGTPEkmgtpe])(?:iB|B)?|B)?")  # ASCII digits only, as the CLI
 
 
 def parse_bytes(budget):
@@ -141,6 +141,8 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
             raise TypeError(f"mask must be a flashattn.masks mask or a boolean array (True: attend), got dtype "
                             f"{np.asarray(mask).dtype}")
         mask, mask_shape = None, np.shape(mask)
+    if bias_grad and bias_shape is None:  # as the call refuses it: a boolean mask's 0 / -inf bias has no gradient
+        raise ValueError("bias_grad needs a bias (bias_shape=); a mask is not one")
     bias_scale = library_bias_scale(bias_scale, bias_shape is not None, mask_shape is not None)  # as the call's
     if bias_shape is not None or mask_shape is not None:
         bias_shape = combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k)

@@ -248,7 +248,8 @@ def test_budget_strings_are_taken_exactly_as_the_cli_takes_them():
                        ("8E", "2\\*\\*63 - 1"), ("9223372036854775808", "2\\*\\*63 - 1"), ("1e3", "not a number"),
                        ("-1", "not a number"), ("", "not a number"), ("K", "not a number"),
                        ("24gib", "not a number"), ("24Gb", "not a number"), (" 24G", "not a number"),
-                       ("24G ", "not a number")):
+                       ("24G ", "not a number"), ("\u0661K", "not a number"), ("\uff11G", "not a number"),
+                       ("\u0663", "not a number")):  # digits of other scripts: the CLI takes ASCII only
         with pytest.raises(ValueError, match=said):
             parse_bytes(text)
 
@@ -262,3 +263,29 @@ def test_diag_offset_refusal_of_packed_and_cached_calls_names_no_masks(rng):
     with pytest.raises(ValueError, match="diag_offset places causal") as e:
         flashattn.varlen_attention(q, q, q, cu, cu, diag_offset=1)
     assert "masks" not in str(e.value), e.value
+
+
+def test_bias_grad_without_a_bias_is_refused_by_every_plan(rng):
+    """bias_grad with a boolean mask but no bias: the call refuses it (a mask's 0 / -inf bias
+    has no gradient), flashattn.plan counted a dbias for it and flashattn.jax.plan /
+    cost_estimate dropped the flag silently; every front now refuses it, naming bias_grad."""
+    mask = rng.random((1, 1, 8, 8)) < 0.7
+    shape = dict(batch=1, heads=2, seq_q=8, head_dim=4)
+    for kw in ({"mask": mask}, {"mask_shape": mask.shape}, {}):
+        with pytest.raises(ValueError, match="bias_grad needs a bias"):
+            flashattn.plan(**shape, bias_grad=True, **kw)
+    flashattn.plan(**shape, bias_grad=True, bias_shape=(1, 2, 8, 8), mask=mask)  # with a bias: planned
+    q, k, v = (randn(rng, (1, 2, 8, 4)) for _ in range(3))
+    o, lse = flashattn.attention(q, k, v, mask=mask, return_lse=True)
+    with pytest.raises(ValueError, match="bias_grad needs a bias"):
+        flashattn.attention_backward(q, k, v, o, lse, o, mask=mask, bias_grad=True)
+    pytest.importorskip("jax")
+    import jax
+    import flashattn.jax as fj
+    s = jax.ShapeDtypeStruct((1, 8, 2, 4), np.float32)
+    for kw in ({"mask": jax.ShapeDtypeStruct((1, 1, 8, 8), np.bool_)}, {}):
+        with pytest.raises(ValueError, match="bias_grad needs a bias"):
+            fj.plan(s, s, s, bias_grad=True, **kw)
+        with pytest.raises(ValueError, match="bias_grad needs a bias"):
+            fj.cost_estimate(s, s, s, pass_="backward", bias_grad=True, **kw)
+    fj.plan(s, s, s, bias_grad=True, bias=jax.ShapeDtypeStruct((1, 2, 8, 8), np.float32))

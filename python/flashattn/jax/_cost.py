@@ -61,9 +61,10 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
                                    kv_segment_ids=kv_segment_ids, layout=layout, diag_offset=diag_offset,
                                    bias_scale=bias_scale, shapes_only=True, mask=mask, threads=threads,
                                    sinks=sinks)
-    with_bias = bias is not None
+    if bias_grad and bias is None:  # as flashattn.plan and the library: dropped silently before
+        raise ValueError("bias_grad needs a bias (bias=); a mask is not one")
     bias = None if bias_shape is None else _Shape(bias_shape)
-    return plan_for(opt, q, k, v, bias, backend=backend, bias_grad=bias_grad and with_bias,
+    return plan_for(opt, q, k, v, bias, backend=backend, bias_grad=bias_grad,
                     masked=mask is not None, mask=fmask)
 
 
