@@ -428,7 +428,7 @@ for isa in amx avx512bf16 avx512 avx2; do
   FA_ISA=$isa bad "FA_ISA=$isa (plan)" "FA_ISA=$isa" plan $SHAPE --backend cpu
 done
 # FA_BWD_SCHEDULE other than fused or two-pass is bad input too (docs/environment.md)
-FA_BWD_SCHEDULE=fussed bad "FA_BWD_SCHEDULE=fussed" "FA_BWD_SCHEDULE must be 'fused' or 'two-pass'.*'fussed'" run $QKV $CPU $O
+FA_BWD_SCHEDULE=fussed bad "FA_BWD_SCHEDULE=fussed" "^flashattn: environment: FA_BWD_SCHEDULE must be 'fused' or 'two-pass'.*'fussed'" run $QKV $CPU $O
 # .npy descr: exactly what numpy writes here ('<f4', '<f2', '<i4'); a NUL inside the string
 # is malformed, '=f4' and '|f4' (which numpy never writes) are refused by name.
 nul_npy() { # a [2, 2] file whose descr is '<f4' followed by a NUL byte

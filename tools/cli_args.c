@@ -490,9 +490,11 @@ void cli_apply_options(const cli_args *a, fa_problem *p, fa_options *o) {
 int cli_plan_create(const fa_problem *p, const fa_options *o, fa_plan **plan) {
     fa_status st = fa_plan_create(p, o, plan);
     if (st == FA_OK) return 0;
-    /* an FA_ISA or OMP_NUM_THREADS the library refused is the environment's fault, not the problem's */
+    /* an FA_ISA, FA_BWD_SCHEDULE or OMP_NUM_THREADS the library refused is the environment's
+     * fault, not the problem's */
     const char *m = fa_last_error();
-    int env = m && (strncmp(m, "FA_ISA", 6) == 0 || strncmp(m, "OpenMP", 6) == 0);
+    int env = m && (strncmp(m, "FA_ISA", 6) == 0 || strncmp(m, "FA_BWD_SCHEDULE", 15) == 0 ||
+                    strncmp(m, "OpenMP", 6) == 0);
     return cli_fail_status(st, env ? "environment" : st == FA_ERR_INVALID || st == FA_ERR_OVERFLOW ? "invalid problem"
                                                                                                  : "plan");
 }

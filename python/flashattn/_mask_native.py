@@ -72,10 +72,11 @@ class NativeMask:
         raise TypeError("a built mask (the library's object) cannot be copied or pickled; copy or pickle the "
                         "flashattn.masks mask it was built from")
 
-    def __del__(self, _destroy=lib.fa_mask_destroy, _takes=TAKES_OFFSET):
+    def __del__(self, _destroy=lib.fa_mask_destroy, _takes=TAKES_OFFSET, _forget=_native.forget_mask):
         ptr = getattr(self, "ptr", None)
         if ptr:
             _takes.pop(ptr, None)
+            _forget(ptr)  # the cached plans that hold it go too (each plan holds the mask)
             _destroy(ptr)
             self.ptr = None
 

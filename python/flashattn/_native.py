@@ -322,14 +322,23 @@ def _plan_key(problem):
 
 _PLAN_CACHE = {}
 _PLAN_CACHE_SIZE = 256
-_PLAN_CACHE_LOCK = threading.Lock()  # callers on several threads: fa_plan_create releases the GIL
+# callers on several threads (fa_plan_create releases the GIL); reentrant, for a mask's
+# destructor (forget_mask) that a collection runs on a thread inside the lock
+_PLAN_CACHE_LOCK = threading.RLock()
+_PLANS_OF_MASK = {}  # a library mask's address -> the cache keys of the plans that hold it (forget_mask)
+# OpenMP's default thread count now (what a plan with threads = 0 asks for: omp_get_max_threads,
+# which torch.set_num_threads and omp_set_num_threads change, per calling thread), found through
+# the library's own OpenMP runtime; None where it cannot be (the key then has the environment only)
+_omp_max_threads = getattr(lib, "omp_get_max_threads", None)
+if _omp_max_threads is not None:
+    _omp_max_threads.restype, _omp_max_threads.argtypes = ctypes.c_int, []
 
 
 def _new_cache_lock_in_child():
     """A fork while another thread held the lock left it held forever in the child (whose
     only thread then hung at its first call): the child starts with a free one."""
     global _PLAN_CACHE_LOCK
-    _PLAN_CACHE_LOCK = threading.Lock()
+    _PLAN_CACHE_LOCK = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_new_cache_lock_in_child)
@@ -341,14 +350,37 @@ def cached_plan(problem, options):
     across calls of the same shapes (a plan costs microseconds, but per-call overhead
     matters for small tensors), and not across a change of those variables. Safe from
     several threads: the cache changes under a lock (a plan is made outside it)."""
-    env = "\0".join(os.environ.get(v, "") for v in ("FA_ISA", "OMP_NUM_THREADS", "FA_BWD_SCHEDULE")).encode()
-    key = _plan_key(problem) + bytes(options) + env
+    env = "\0".join(os.environ.get(v, "") for v in ("FA_ISA", "OMP_NUM_THREADS", "FA_BWD_SCHEDULE"))
+    if not options.threads and _omp_max_threads is not None:
+        env += f"\0{_omp_max_threads()}"  # a plan cached before torch.set_num_threads(1) kept its 2
+    key = _plan_key(problem) + bytes(options) + env.encode()
+    mask = problem.mask or 0
     with _PLAN_CACHE_LOCK:
         handle = _PLAN_CACHE.get(key)
     if handle is None:
         handle = plan_handle(problem, options)
         with _PLAN_CACHE_LOCK:
             while len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
-                _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+                _drop(next(iter(_PLAN_CACHE)))
             handle = _PLAN_CACHE.setdefault(key, handle)  # another thread's, if it got here first
+            if mask:
+                _PLANS_OF_MASK.setdefault(mask, set()).add(key)
     return handle
+
+
+def _drop(key):
+    """Removes one cache entry (under the lock), and its place in _PLANS_OF_MASK."""
+    _PLAN_CACHE.pop(key, None)
+    for ptr, keys in list(_PLANS_OF_MASK.items()):
+        keys.discard(key)
+        if not keys:
+            _PLANS_OF_MASK.pop(ptr, None)
+
+
+def forget_mask(ptr):
+    """Drops the cached plans that hold the library mask at ptr, whose owner is being
+    destroyed: each plan keeps its own reference to its mask, so a cached plan kept a mask
+    the user had let go of (up to the cache's 256 plans: gigabytes of bitmaps at S = 4096)."""
+    with _PLAN_CACHE_LOCK:
+        for key in _PLANS_OF_MASK.pop(ptr, ()):
+            _PLAN_CACHE.pop(key, None)

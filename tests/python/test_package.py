@@ -176,3 +176,50 @@ def test_plan_cache_from_many_threads(monkeypatch):
         sys.setswitchinterval(interval)
     assert not errors and not wrong, (errors[:3], wrong[:3])
     assert len(_native._PLAN_CACHE) <= 4
+
+
+def test_plan_cache_lets_a_deleted_mask_go():
+    """Each plan holds its own reference to its library mask, so the plan cache kept every
+    mask a call had used after the user let go of it (up to 256 plans: 20 masks of 4096 x
+    4096 held 390 MB). A built mask's destructor now drops the cached plans that hold it."""
+    import gc
+    from flashattn import masks
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 1, 64, 8)).astype(np.float32)
+    before = len(_native._PLAN_CACHE)
+    for i in range(5):
+        m = masks.from_array(rng.random((64, 64)) < 0.5)
+        flashattn.attention(q, q, q, mask=m)
+        del m
+        gc.collect()
+    assert len(_native._PLAN_CACHE) == before, "cached plans still hold deleted masks"
+    assert not _native._PLANS_OF_MASK
+
+
+def test_plan_cache_follows_the_openmp_thread_count(monkeypatch):
+    """A plan with the default thread count takes OpenMP's (omp_get_max_threads, which
+    torch.set_num_threads and omp_set_num_threads change); the cache keyed it by
+    OMP_NUM_THREADS alone, so a shape planned before such a change kept the old count."""
+    omp = _native._omp_max_threads
+    if omp is None:
+        pytest.skip("no OpenMP runtime reachable through the library")
+    setter = _native.lib.omp_set_num_threads
+    setter.argtypes = [ctypes.c_int]
+    seen, real = [], _native.cached_plan
+
+    def spy(problem, options):
+        handle = real(problem, options)
+        seen.append(handle.threads)
+        return handle
+
+    monkeypatch.setattr(_native, "cached_plan", spy)
+    was = omp()
+    q = np.random.default_rng(4).standard_normal((1, 2, 32, 8)).astype(np.float32)
+    try:
+        for n in (2, 1, 3, 1):
+            setter(n)
+            seen.clear()
+            flashattn.attention(q, q, q)  # the same shapes each time: planned once per count
+            assert seen == [n], (n, seen)
+    finally:
+        setter(was)
