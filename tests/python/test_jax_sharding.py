@@ -215,3 +215,76 @@ def test_shard_map_replicated_bias_and_sinks():
 
 def test_shard_map_dropout_recipe_draws_per_shard_masks():
     _run(DROPOUT)
+
+
+# Plain jit with sharded inputs (no shard_map): the FFI calls are partitioned along batch and
+# heads (_partition.py, custom_partitioning). Before, XLA gathered every operand onto each
+# device (an all-gather in the compiled program) and ran the whole problem there, the output
+# replicated. Now: the output keeps q's batch / heads sharding, the compiled program gathers
+# nothing for a plain call, o, lse, dq, dk and dv are bit-identical to the unsharded call's,
+# and dbias (over a broadcast batch) and dsink, the shards' parts summed, equal it to
+# rounding. GQA
+# heads split where Hq and Hk both divide; dropout stays whole (its keep mask is drawn at
+# global indices) and equals the unsharded call's; a block-sparse mask broadcast over the
+# batch splits along it; vmap of the jitted function still runs.
+JIT_SHARDED = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp, numpy as np
+    import flashattn.jax as fj
+    from flashattn import masks
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((2,), ("x",))
+    rng = np.random.default_rng(int(sys.argv[1]))
+    B, S, Hq, Hk, D = 4, 48, 4, 2, 16
+    q = jnp.asarray(rng.standard_normal((B, S, Hq, D)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((B, S, Hk, D)), jnp.float32) for _ in range(2))
+    bias = jnp.asarray(rng.standard_normal((1, Hq, S, S)), jnp.float32)
+    sinks = jnp.asarray(rng.standard_normal((Hq,)), jnp.float32)
+
+    def put(spec, *xs):
+        return [jax.device_put(x, NamedSharding(mesh, spec)) for x in xs]
+
+    def same(got, want, what):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert a.shape == b.shape and bool(jnp.array_equal(a, b)), (what, float(jnp.abs(a - b).max()))
+
+    def fwd(q, k, v, bias, sinks):
+        return fj.attention(q, k, v, causal=True, bias=bias, sinks=sinks, return_lse=True)
+
+    def grads(q, k, v, bias, sinks):
+        return jax.grad(lambda *a: (fwd(*a)[0] ** 2).sum(), argnums=(0, 1, 2, 3, 4))(q, k, v, bias, sinks)
+
+    for spec, axis in ((P("x"), 0), (P(None, None, "x"), 2)):  # batch, then heads (GQA: 4 and 2 heads)
+        qs, ks, vs = put(spec, q, k, v)
+        f = jax.jit(fwd)
+        o, lse = f(qs, ks, vs, bias, sinks)
+        assert o.sharding.spec[axis] == "x", (spec, o.sharding)
+        text = f.lower(qs, ks, vs, bias, sinks).compile().as_text()
+        assert "all-gather" not in text, (spec, "the forward gathered its operands")
+        same((o, lse), fwd(q, k, v, bias, sinks), ("forward", spec))
+        g = jax.jit(grads)(qs, ks, vs, bias, sinks)
+        assert g[0].sharding.spec[axis] == "x", (spec, g[0].sharding)
+        want = grads(q, k, v, bias, sinks)
+        same(g[:3], want[:3], ("dq, dk, dv", spec))
+        for a, b, name in zip(g[3:], want[3:], ("dbias", "dsink")):  # the shards' parts summed: another order
+            assert float(jnp.abs(a - b).max()) <= 1e-6 * float(jnp.abs(b).max()), (name, spec)
+    # dropout: whole on each device (the keep mask's global indices), equal to the unsharded call
+    qs, ks, vs = put(P("x"), q, k, v)
+    drop = lambda q, k, v: fj.attention(q, k, v, dropout_p=0.2, seed=7)
+    same(jax.jit(drop)(qs, ks, vs), drop(q, k, v), "dropout")
+    # a block-sparse mask broadcast over the batch: split along it
+    m = masks.chunked(16)
+    fm = jax.jit(lambda q, k, v: fj.attention(q, k, v, mask=m))
+    om = fm(qs, ks, vs)
+    assert om.sharding.spec[0] == "x", om.sharding
+    same(om, fj.attention(q, k, v, mask=m), "mask")
+    # vmap of the jitted call (its batching rule: the plain call)
+    same(jax.vmap(jax.jit(lambda q: fj.attention(q, k, v)))(jnp.stack([q, q])),
+         jnp.stack([fj.attention(q, k, v)] * 2), "vmap")
+    print("ok")
+""")
+
+
+def test_plain_jit_with_sharded_inputs_runs_each_shard_on_its_device():
+    _run(JIT_SHARDED)

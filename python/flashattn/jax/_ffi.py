@@ -19,6 +19,7 @@ import numpy as np
 from .. import _native
 from .._problem import problem_diag_offset
 from ..masks import took_call_offset
+from . import _partition
 
 _LIB_NAME = "libflashattn_jax.so"
 FORWARD_TARGET = "flashattn_forward"
@@ -150,6 +151,33 @@ def _extras(bias, slopes, q_seg, kv_seg, sinks=None, seed=None) -> list:
     return [x for x in (bias, slopes, q_seg, kv_seg, sinks, seed) if x is not None]
 
 
+def _extra_names(bias, slopes, q_seg, kv_seg, sinks=None, seed=None) -> list:
+    """_extras' operands' names (_partition.roles)."""
+    names = ("bias", "slopes", "q_seg", "kv_seg", "sinks", "seed")
+    return [n for n, x in zip(names, (bias, slopes, q_seg, kv_seg, sinks, seed)) if x is not None]
+
+
+def raw_call(kind, opt, bias_grad, names, *operands):
+    """The FFI call itself ("forward" or "backward") on operands (named as names), a tuple of
+    its results, shaped from the operands (a shard's, when partitioned: _partition)."""
+    x = dict(zip(names, operands))
+    if kind == "forward":
+        o_shape, lse_shape = out_shapes(opt, x["q"], x["v"])
+        shapes = [jax.ShapeDtypeStruct(o_shape, x["q"].dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)]
+    else:
+        shapes = [jax.ShapeDtypeStruct(x[n].shape, x[n].dtype) for n in ("q", "k", "v")]
+        if bias_grad:
+            shapes.append(jax.ShapeDtypeStruct(x["bias"].shape, jnp.float32))
+        if "sinks" in x:
+            shapes.append(jax.ShapeDtypeStruct(x["sinks"].shape, jnp.float32))
+    call = jax.ffi.ffi_call(FORWARD_TARGET if kind == "forward" else BACKWARD_TARGET, tuple(shapes),
+                            vmap_method="expand_dims")
+    attrs = _attributes(opt)
+    if kind == "backward":
+        attrs["bias_grad"] = np.int64(bias_grad)
+    return tuple(call(*operands, **attrs))
+
+
 def out_shapes(opt: Options, q, v):
     """o's and lse's shapes: o in q's layout with v's head dim, lse [B, H, Sq]."""
     if opt.layout == "bshd":
@@ -215,25 +243,17 @@ def vary_together(*xs):
 def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
     """(o, lse) from the forward handler."""
     register()
-    o_shape, lse_shape = out_shapes(opt, q, v)
-    call = jax.ffi.ffi_call(
-        FORWARD_TARGET,
-        (jax.ShapeDtypeStruct(o_shape, q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)),
-        vmap_method="expand_dims",
-    )
     operands = (q, k, v, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed))
-    return varying_like(call(*operands, **_attributes(opt)), operands)
+    names = ["q", "k", "v", *_extra_names(bias, slopes, q_seg, kv_seg, sinks, seed)]
+    res = _partition.call("forward", opt, False, names, ["o", "lse"], operands)
+    return varying_like(res, operands)
 
 
 def backward(opt: Options, bias_grad: bool, q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
     """(dq, dk, dv, dbias or None, dsink or None) from the backward handler."""
     register()
-    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
-    if bias_grad:
-        shapes.append(jax.ShapeDtypeStruct(bias.shape, jnp.float32))
-    if sinks is not None:
-        shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
-    call = jax.ffi.ffi_call(BACKWARD_TARGET, tuple(shapes), vmap_method="expand_dims")
     operands = (q, k, v, o, lse, do, *_extras(bias, slopes, q_seg, kv_seg, sinks, seed))
-    outs = varying_like(call(*operands, bias_grad=np.int64(bias_grad), **_attributes(opt)), operands)
+    names = ["q", "k", "v", "o", "lse", "do", *_extra_names(bias, slopes, q_seg, kv_seg, sinks, seed)]
+    outs_named = ["dq", "dk", "dv"] + ["dbias"] * bool(bias_grad) + ["dsink"] * (sinks is not None)
+    outs = varying_like(_partition.call("backward", opt, bias_grad, names, outs_named, operands), operands)
     return (*outs[:3], outs[3] if bias_grad else None, outs[-1] if sinks is not None else None)

@@ -1,0 +1,188 @@
+"""The FFI calls under plain jit with sharded inputs: split along batch and heads.
+
+A custom call is opaque to XLA's partitioner, which therefore gathered every operand onto
+each device and ran the whole problem there (every device all of the work, the output
+replicated). Each call now goes through jax.experimental.custom_partitioning: where q is
+sharded along its batch or heads dimension, every operand that has that dimension is
+split the same way and each device runs its own slice of the problem, since attention is
+independent per (batch, head); the other dimensions (sequences, head dims) are gathered,
+as before. Results are bit-identical to the unsharded call: each (batch, head) runs the
+same schedule over the same keys.
+
+Heads are split only where both Hq and Hk divide by the shards (a shard of query heads then
+holds exactly its kv heads' groups). A dimension stays whole where its slices would change
+the answer: with dropout (its keep mask is drawn at each (b, h)'s global index, which a
+slice does not know) and, for a block-sparse mask, along a dimension it is not broadcast
+over (the library mask is built for the whole problem). The backward's dbias and dsink sum
+over the batch (and dbias over the heads where the bias is broadcast over them): their
+per-device parts are summed across the shards (psum).
+
+vmap goes to the plain call (custom_vmap: the partitioned one has no batching rule), as do
+calls inside shard_map, which already run per shard (_ffi.varying_like).
+"""
+import ctypes
+import math
+
+import jax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
+
+# The dimensions' roles: b batch, h query heads, g kv heads, s query rows, t keys, d head
+# dim, e value head dim; None: a dimension of its own (broadcast, or the seed's words).
+_LAYOUT = {"bshd": ("b", "s", "h"), "bhsd": ("b", "h", "s")}
+
+
+def _tensor(layout, heads, seq, dim):
+    b, x, y = _LAYOUT[layout]
+    roles = {"b": "b", "s": seq, "h": heads}
+    return (roles[b], roles[x], roles[y], dim)
+
+
+def roles(opt, n_extra_names):
+    """Per operand name, its dimensions' roles (see above)."""
+    q = _tensor(opt.layout, "h", "s", "d")
+    return {"q": q, "k": _tensor(opt.layout, "g", "t", "d"), "v": _tensor(opt.layout, "g", "t", "e"),
+            "o": _tensor(opt.layout, "h", "s", "e"), "do": _tensor(opt.layout, "h", "s", "e"), "lse": ("b", "h", "s"),
+            "dq": q, "dk": _tensor(opt.layout, "g", "t", "d"), "dv": _tensor(opt.layout, "g", "t", "e"),
+            "bias": ("b", "h", "s", "t"), "dbias": ("b", "h", "s", "t"), "slopes": ("h",), "q_seg": ("b", "s"),
+            "kv_seg": ("b", "t"), "sinks": ("h",), "dsink": ("h",), "seed": (None,)}
+
+
+def _sizes(roles_of, shapes):
+    """The full size of each role, from the operands that have it (q, k, v always do)."""
+    sizes = {}
+    for r, shape in zip(roles_of, shapes):
+        for role, n in zip(r, shape):
+            if role is not None and role not in sizes and role in "bhgstde":
+                sizes[role] = n
+    return sizes
+
+
+def _full(role, n, sizes):
+    """The role a dimension of size n plays: its own where it is broadcast (size 1 under a
+    larger full size) or has no role."""
+    return role if role is not None and sizes.get(role) == n else None
+
+
+def _axes_size(mesh, axes):
+    if axes is None:
+        return 1
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    return math.prod(mesh.shape[a] for a in names)
+
+
+def _names(axes):
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _mask_dims(ptr):
+    """(batch, heads) of the library mask at ptr (1: broadcast over that dimension)."""
+    from .._mask_native import MaskShape, lib
+    s = MaskShape()
+    lib.fa_mask_get_shape(ctypes.c_void_p(ptr), ctypes.byref(s))
+    return s.batch, s.heads
+
+
+def _split(opt, mesh, q_spec, q_roles, sizes):
+    """The mesh axes the batch and the heads are split over (None: whole), from q's sharding."""
+    spec = tuple(q_spec) + (None,) * (4 - len(tuple(q_spec)))
+    pick = {role: spec[i] for i, role in enumerate(q_roles) if role in ("b", "h")}
+    if opt.dropout_p > 0:
+        return None, None
+    mb, mh = _mask_dims(opt.mask) if opt.mask else (1, 1)
+    bax, hax = pick.get("b"), pick.get("h")
+    nb, nh = _axes_size(mesh, bax), _axes_size(mesh, hax)
+    if bax is None or nb == 1 or sizes["b"] % nb or mb != 1:
+        bax = None
+    if hax is None or nh == 1 or sizes["h"] % nh or sizes["g"] % nh or mh != 1 or set(_names(hax)) & set(_names(bax)):
+        hax = None
+    return bax, hax
+
+
+def _spec(r, shape, sizes, bax, hax):
+    parts = []
+    for role, n in zip(r, shape):
+        role = _full(role, n, sizes)
+        parts.append(bax if role == "b" else hax if role in ("h", "g") else None)
+    return PartitionSpec(*parts)
+
+
+def _rule(in_roles, in_shapes, out_roles, out_shapes, sizes):
+    """The Shardy rule: one factor per role (by its full size), one of its own for every
+    other dimension."""
+    own = iter("ijklmnopqruvwxyzACDEFGHIJKLMNOPQRSTUVWXYZ")
+    letter = {"b": "b", "h": "h", "g": "g", "s": "s", "t": "t", "d": "d", "e": "e"}
+
+    def value(r, shape):
+        return " ".join(letter[_full(role, n, sizes)] if _full(role, n, sizes) else next(own)
+                        for role, n in zip(r, shape)) or ""
+    ins = ", ".join(value(r, s) for r, s in zip(in_roles, in_shapes))
+    outs = ", ".join(value(r, s) for r, s in zip(out_roles, out_shapes))
+    return f"{ins} -> {outs}"
+
+
+_CACHE = {}
+
+
+def call(kind, opt, bias_grad, in_names, out_names, operands):
+    """_ffi.raw_call(kind, ...) on operands, through custom_partitioning along batch and heads;
+    the plain call inside shard_map, and under vmap (custom_vmap)."""
+    from ._ffi import _varying_axes, raw_call
+
+    def plain(*xs):
+        return raw_call(kind, opt, bias_grad, in_names, *xs)
+    if _varying_axes(operands):  # inside shard_map: each shard is its own call already
+        return plain(*operands)
+    key = (kind, opt, bool(bias_grad), tuple(in_names), tuple(out_names),
+           tuple((tuple(x.shape), str(x.dtype)) for x in operands))
+    fn = _CACHE.get(key)
+    if fn is None:
+        shapes = jax.eval_shape(plain, *operands)
+        fn = _partitioned(plain, opt, in_names, out_names, [tuple(x.shape) for x in operands],
+                          [tuple(s.shape) for s in shapes])
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        _CACHE[key] = fn
+    return fn(*operands)
+
+
+def _partitioned(plain, opt, in_names, out_names, in_shapes, out_shapes):
+    r = roles(opt, len(in_names))
+    in_roles, out_roles = [r[n] for n in in_names], [r[n] for n in out_names]
+    sizes = _sizes(in_roles, in_shapes)
+
+    def decide(mesh, arg_shapes):
+        q_spec = getattr(arg_shapes[0].sharding, "spec", PartitionSpec())
+        bax, hax = _split(opt, mesh, q_spec, in_roles[0], sizes)
+        args = tuple(NamedSharding(mesh, _spec(ro, s, sizes, bax, hax)) for ro, s in zip(in_roles, in_shapes))
+        outs = tuple(NamedSharding(mesh, _spec(ro, s, sizes, bax, hax)) for ro, s in zip(out_roles, out_shapes))
+        return bax, hax, args, outs
+
+    def infer(mesh, arg_shapes, result_shape):
+        return decide(mesh, arg_shapes)[3]
+
+    def partition(mesh, arg_shapes, result_shape):
+        bax, hax, args, outs = decide(mesh, arg_shapes)
+        # outputs without a full batch (or heads) dimension sum over it: their shards' parts add
+        sums = []
+        for ro, s in zip(out_roles, out_shapes):
+            full = {_full(role, n, sizes) for role, n in zip(ro, s)}
+            sums.append(_names(bax) * ("b" not in full) + _names(hax) * ("h" not in full and "g" not in full))
+
+        def lower(*xs):
+            res = plain(*xs)
+            return tuple(jax.lax.psum(y, axes) if axes else y for y, axes in zip(res, sums))
+        return mesh, lower, outs, args
+
+    part = custom_partitioning(lambda *xs: plain(*xs))
+    part.def_partition(infer_sharding_from_operands=infer, partition=partition,
+                       sharding_rule=_rule(in_roles, in_shapes, out_roles, out_shapes, sizes))
+
+    vm = jax.custom_batching.custom_vmap(lambda *xs: part(*xs))
+
+    @vm.def_vmap
+    def _batched(axis_size, in_batched, *xs):
+        out = jax.vmap(plain, in_axes=tuple(0 if b else None for b in in_batched), axis_size=axis_size)(*xs)
+        return out, tuple(True for _ in out)
+
+    return vm
