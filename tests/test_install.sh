@@ -33,6 +33,19 @@ libs_shared=$(ldd "$tmp/cm/consumer_shared") libs_static=$(ldd "$tmp/cm/consumer
 grep -q "$prefix/lib/libflashattn.so" <<<"$libs_shared" || { echo "FAIL: consumer_shared does not load $prefix/lib/libflashattn.so"; exit 1; }
 if grep -q libflashattn <<<"$libs_static"; then echo "FAIL: consumer_static loads libflashattn"; exit 1; fi
 
+echo "== find_package(flashattn) from a C++-only project, and without MPI or CUDA findable"
+cmake -S "$src/tests/install/cxx" -B "$tmp/cxx" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$tmp/cxx" >/dev/null
+"$tmp/cxx/consumer_cxx_shared"
+"$tmp/cxx/consumer_cxx_static"
+# a project of the shared library alone needs neither (the static library's dependencies are
+# looked for quietly): configured with both hidden
+cmake -S "$src/tests/install" -B "$tmp/nodeps" -DCMAKE_PREFIX_PATH="$prefix" -DSHARED_ONLY=ON \
+      -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON \
+      -DCMAKE_DISABLE_FIND_PACKAGE_OpenMP=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$tmp/nodeps" --target consumer_shared >/dev/null
+"$tmp/nodeps/consumer_shared"
+
 echo "== pkg-config flashattn"
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 cc=${CC:-cc}
