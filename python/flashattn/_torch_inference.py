@@ -483,7 +483,9 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             raise ValueError(f"block_table must have shape [batch, max_pages] with batch = {B}, "
                              f"got {tuple(block_table.shape)}")
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    if cache_seqlens is None or not isinstance(cache_seqlens, torch.Tensor):
+    # an int (or a 0-d integer); an array of lengths is a tensor here, as every integer argument
+    # of the torch front (a numpy array had __index__ and raised numpy's own TypeError)
+    if cache_seqlens is None or (not isinstance(cache_seqlens, torch.Tensor) and getattr(cache_seqlens, "ndim", 0) == 0):
         n = capacity if cache_seqlens is None else cache_seqlens
         if isinstance(n, bool) or not hasattr(n, "__index__"):
             raise ValueError(f"cache_seqlens must be an int or an int32 tensor [batch], got {cache_seqlens!r}")

@@ -236,6 +236,11 @@ def test_bad_input_names_the_argument(rng):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match=r"cache_seqlens must have shape \[batch\] = \[4\]"):
         fat.kvcache_attention(*args[:5], i32(d["lens"][:2]), i32(d["table"]))
+    # lengths as a numpy array: named, as every integer argument that is not a tensor (it
+    # raised numpy's "only 0-dimensional arrays can be converted to Python scalars")
+    for lens in (np.asarray(d["lens"], np.int32), np.asarray(d["lens"][:1], np.int32)):
+        with pytest.raises(ValueError, match=r"cache_seqlens must be an int32 torch.Tensor"):
+            fat.kvcache_attention(*args[:5], lens, i32(d["table"]))
     with pytest.raises(ValueError, match=r"q, k_cache, v_cache, k, v must have one dtype"):
         fat.kvcache_attention(args[0].half(), *args[1:], i32(d["table"]))
 
