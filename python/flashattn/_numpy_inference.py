@@ -181,6 +181,9 @@ def _writable_cache(name, a):
         raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
     if a.size == 0:  # nothing to write (numpy gives empty arrays any strides, zeros too)
         return a
+    if any(x < 0 for x in a.strides):  # named, as out= names it
+        raise ValueError(f"{name} is written in place (new k and v given), so it must have non-negative strides "
+                         f"(the library's strides are >= 0), got strides {a.strides}")
     st = _elem_strides(a)
     if not a.flags.writeable or not a.flags.aligned or st is None or not _layout.writable_strides(a.shape, st):
         raise ValueError(f"{name} is written in place (new k and v given), so it must be a writable, "

@@ -149,7 +149,11 @@ def _int(name, v, bits=64):
 
 def _float(name, v):
     """v as a float for one of the problem's float32 fields: a finite value beyond float32's
-    range is refused here by its own value (as float32 it would be reported as inf)."""
+    range is refused here by its own value (as float32 it would be reported as inf). A string
+    or a bool is not a number here ("0.3" and True were taken as 0.3 and 1.0), as the integer
+    options refuse them."""
+    if isinstance(v, (str, bytes, bool, np.bool_)):
+        raise ValueError(f"{name} must be a number, got {v!r}")
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -196,7 +200,10 @@ def combined_bias_dims(bias_shape, mask_shape, batch, heads, seq_q, seq_k):
             for n, s in (("bias", bias_shape), ("mask", mask_shape)) if s is not None]
     if not dims:
         return None
-    return tuple(max(d[i] for d in dims) for i in range(3)) + (seq_k,)
+    # per dim: 1 where every shape broadcasts it, else its full size (0 included: a size-1 dim
+    # of one beside a 0 of the other is 0, as numpy broadcasts them; max made it 1)
+    return tuple(1 if all(d[i] == 1 for d in dims) else min(d[i] for d in dims if d[i] != 1)
+                 for i in range(3)) + (seq_k,)
 
 
 def library_bias_scale(bias_scale, has_bias, masked):

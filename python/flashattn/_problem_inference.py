@@ -17,6 +17,8 @@ from ._problem import make_problem, set_dropout
 def int32_lengths(name, a, shape_desc, ndim=1):
     """An int32 contiguous numpy copy (or view) of a host length array or table."""
     a = np.asarray(a)
+    if a.size == 0 and a.dtype == np.float64:  # [] is float64 to numpy, though no float was given
+        a = a.astype(np.int64)
     if a.dtype.kind not in "iu":
         raise ValueError(f"{name} must be integers {shape_desc}, got dtype {a.dtype}")
     if a.ndim != ndim:

@@ -289,3 +289,26 @@ def test_bias_grad_without_a_bias_is_refused_by_every_plan(rng):
         with pytest.raises(ValueError, match="bias_grad needs a bias"):
             fj.cost_estimate(s, s, s, pass_="backward", bias_grad=True, **kw)
     fj.plan(s, s, s, bias_grad=True, bias=jax.ShapeDtypeStruct((1, 2, 8, 8), np.float32))
+
+
+def test_float_options_refuse_strings_and_bools(rng):
+    """scale="0.3", scale=True and softcap="2" were taken as float(v); a float option is a
+    number, as the integer options refuse strings and bools."""
+    q = randn(rng, (1, 1, 4, 8))
+    for kw in ({"scale": "0.3"}, {"scale": True}, {"softcap": "2"}, {"scale": np.bool_(True)}):
+        with pytest.raises(ValueError, match="must be a number"):
+            flashattn.attention(q, q, q, **kw)
+    flashattn.attention(q, q, q, scale=np.float32(0.3), softcap=2)  # numbers of any kind still are
+
+
+def test_inference_messages_name_the_cause(rng):
+    """An empty cu_seqlens list was said to be float64 (numpy's dtype for []), and a cache with
+    a reversed dim was said not to be writable, aligned and non-overlapping; both now say
+    what is wrong."""
+    q = randn(rng, (4, 2, 8))
+    with pytest.raises(ValueError, match=r"must both be \[batch \+ 1\]"):
+        flashattn.varlen_attention(q, q, q, [], [])
+    kc = randn(rng, (1, 8, 2, 8))[:, :, ::-1]
+    new = randn(rng, (1, 1, 2, 8))
+    with pytest.raises(ValueError, match="k_cache .* must have non-negative strides"):
+        flashattn.kvcache_attention(new, kc, kc.copy(), new, new, np.array([3], np.int32))

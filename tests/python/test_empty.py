@@ -168,3 +168,19 @@ def test_zero_kv_heads_under_query_heads_is_an_error(rng):
     with pytest.raises(ValueError, match="0 heads but q has 2"):
         faj.kvcache_attention(jnp.asarray(q[:, :, :1].transpose(0, 2, 1, 3)), jnp.asarray(cache), jnp.asarray(cache),
                               cache_seqlens=4)
+
+
+@pytest.mark.parametrize("B, H, Sq, bias_shape, mask_shape", [
+    (0, 2, 3, (1, 1, 1, 4), (0, 2, 3, 4)), (1, 2, 0, (1, 1, 1, 4), (2, 0, 4)),
+    (0, 2, 3, (0, 2, 3, 4), (3, 4)), (1, 0, 3, (0, 3, 4), (1, 1, 3, 4))])
+def test_bias_and_mask_on_empty_calls(rng, B, H, Sq, bias_shape, mask_shape):
+    """A bias and a boolean mask together on a zero B, H or Sq: the combined shape took the
+    larger of a 1 and a 0 (1), and numpy's broadcast then failed ("operands could not be
+    broadcast together"); empty outputs now, and zero gradients, as with either alone."""
+    q, k = randn(rng, (B, H, Sq, 8)), randn(rng, (B, H, 4, 8))
+    bias, mask = randn(rng, bias_shape), rng.random(mask_shape) < 0.5
+    o, lse = flashattn.attention(q, k, k, bias=bias, mask=mask, return_lse=True)
+    assert o.shape == (B, H, Sq, 8) and lse.shape == (B, H, Sq)
+    dq, dk, dv, dbias = flashattn.attention_backward(q, k, k, o, lse, o, bias=bias, mask=mask, bias_grad=True)
+    assert dq.shape == q.shape and dk.shape == k.shape and dbias.shape == bias.shape
+    assert not dk.any() and not dv.any() and not dbias.any()
