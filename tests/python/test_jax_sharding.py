@@ -279,6 +279,24 @@ JIT_SHARDED = textwrap.dedent("""
     om = fm(qs, ks, vs)
     assert om.sharding.spec[0] == "x", om.sharding
     same(om, fj.attention(q, k, v, mask=m), "mask")
+    # jax.export of a sharded call: lowered as the plain call (the partitioning is a callback
+    # into this process, which JAX cannot serialize: it raised "serialization of host_callbacks")
+    from jax import export
+    targets = ("flashattn_forward", "flashattn_backward")
+    ex = export.export(jax.jit(lambda q, k, v: fj.attention(q, k, v, causal=True)),
+                       disabled_checks=[export.DisabledSafetyCheck.custom_call(t) for t in targets])(qs, ks, vs)
+    same(ex.call(qs, ks, vs), fj.attention(q, k, v, causal=True), "export")
+    # Explicit mesh axes (jax.set_mesh): the gradient has its inputs' types (JAX raised "Custom
+    # VJP bwd rule must produce an output with the same type"); the forward's result is typed
+    # replicated (documented)
+    from jax.sharding import AxisType
+    emesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(emesh):
+        qe, ke, ve = (jax.device_put(x, P("x")) for x in (q, k, v))
+        loss = lambda q, k, v: (fj.attention(q, k, v, causal=True) ** 2).sum()
+        ge = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qe, ke, ve)
+        assert all(jax.typeof(a).sharding.spec[0] == "x" for a in ge), [jax.typeof(a) for a in ge]
+    same(ge, jax.grad(loss, argnums=(0, 1, 2))(q, k, v), "explicit axes: gradients")
     # vmap of the jitted call (its batching rule: the plain call)
     same(jax.vmap(jax.jit(lambda q: fj.attention(q, k, v)))(jnp.stack([q, q])),
          jnp.stack([fj.attention(q, k, v)] * 2), "vmap")

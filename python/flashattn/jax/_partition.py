@@ -18,7 +18,10 @@ over the batch (and dbias over the heads where the bias is broadcast over them):
 per-device parts are summed across the shards (psum).
 
 vmap goes to the plain call (custom_vmap: the partitioned one has no batching rule), as do
-calls inside shard_map, which already run per shard (_ffi.varying_like).
+calls inside shard_map, which already run per shard (_ffi.varying_like), and a call lowered
+for jax.export: the partitioning is a callback into this process, which an exported artifact
+cannot hold (JAX raises "serialization of host_callbacks is not yet implemented"), so there
+the call lowers as the plain one and XLA gathers its operands, as before partitioning.
 """
 import ctypes
 import math
@@ -175,8 +178,10 @@ def _partitioned(plain, opt, in_names, out_names, in_shapes, out_shapes):
         return mesh, lower, outs, args
 
     part = custom_partitioning(lambda *xs: plain(*xs))
+    partition.flashattn = True  # ours: lowered plainly for export (_export_lowers_plainly)
     part.def_partition(infer_sharding_from_operands=infer, partition=partition,
                        sharding_rule=_rule(in_roles, in_shapes, out_roles, out_shapes, sizes))
+    _export_lowers_plainly()
 
     vm = jax.custom_batching.custom_vmap(lambda *xs: part(*xs))
 
@@ -186,3 +191,31 @@ def _partitioned(plain, opt, in_names, out_names, in_shapes, out_shapes):
         return out, tuple(True for _ in out)
 
     return vm
+
+
+_EXPORT_RULE = []
+
+
+def _export_lowers_plainly():
+    """Once: flashattn's custom_partitioning calls, lowered for jax.export, lower as their body
+    (the plain FFI call), as JAX lowers any of them on one device; every other call, and ours
+    outside export, goes to JAX's own rule. A JAX without these internals keeps its rule, and
+    such an export fails as JAX says (docs/python.md, "Several devices")."""
+    if _EXPORT_RULE:
+        return
+    _EXPORT_RULE.append(True)
+    try:
+        from jax._src import core
+        from jax._src import custom_partitioning as jcp
+        from jax._src.interpreters import mlir
+        base, prim = jcp._custom_partitioning_lowering_rule, jcp.custom_partitioning_p
+    except (ImportError, AttributeError):
+        return
+
+    def rule(ctx, *values, call, partition, **params):
+        if getattr(partition, "flashattn", False) and getattr(
+                getattr(ctx.module_context, "lowering_parameters", None), "for_export", False):
+            return mlir.lower_fun(core.jaxpr_as_fun(call), multiple_results=True)(ctx, *values)
+        return base(ctx, *values, call=call, partition=partition, **params)
+
+    mlir.register_lowering(prim, rule)
