@@ -543,6 +543,7 @@ bad "--prefix-len '\\t4' (no such number; a file name)" "prefix-len .4: .*(no su
 bad "bench --varlen ' 8,16'" "varlen: ' 8,16' is not a comma-separated list" bench --varlen ' 8,16' --heads 2 --head-dim 16 --iters 1
 bad "bench --varlen '8, 16'" "varlen: ' 16' is not a comma-separated list" bench --varlen '8, 16' --heads 2 --head-dim 16 --iters 1
 bad "bench --varlen '8,+16'" "varlen: '\+16' is not a comma-separated list" bench --varlen '8,+16' --heads 2 --head-dim 16 --iters 1
+bad "bench --varlen '8,16,'" "varlen: '16,' ends with a comma" bench --varlen '8,16,' --heads 2 --head-dim 16 --iters 1
 # the decimal forms still taken: exponents, a leading or trailing point, a sign
 for x in 1e-3 .5 5. +0.25 -2 1E+1; do
   fa plan $SHAPE --scale "$x" --json

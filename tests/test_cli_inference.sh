@@ -231,6 +231,11 @@ expect_bad "decode --update-cache: --out a link to the --k cache" "name the same
   --update-cache --out "$OUTK/klink.npy"
 [ -L "$OUTK/klink.npy" ] && cmp -s "$OUTK/kc.npy" "$W/kc0.npy" && ok "refused: the link and the cache untouched" ||
   no "refused --out link to the cache" "the link or the cache changed"
+# --v a link to the --k cache: refused, the message naming the file (it printed the resolved
+# path after freeing it: garbage bytes)
+expect_bad "decode --update-cache: --v a link to the --k cache" "--k and --v name the same file .*kc.npy\$" run \
+  --q "$I/dq.npy" --k "$OUTK/kc.npy" --v "$OUTK/klink.npy" --cache-seqlens "$I/lens.npy" --k-new "$I/kn.npy" \
+  --v-new "$I/vn.npy" --update-cache --out "$OUT/o.npy"
 rm -f "$OUTK/klink.npy"; rm -rf "$W/links"
 # stdout before the commit: --count to a full stdout is a failure with nothing written, the
 # caches included (the outputs were committed first, then the exit was 1)

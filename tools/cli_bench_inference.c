@@ -205,6 +205,8 @@ static int parse_lens(const char *s, int64_t *lens, int64_t *n) {
         if (v < 0 || v > (1 << 24) || *n >= 4096 || (*end && *end != ','))
             return cli_fail(2, "--varlen: '%s' is not a comma-separated list of lengths in [0, 2^24]", s);
         lens[(*n)++] = v;
+        if (*end && !end[1]) /* a comma with no length after it: "4,4," */
+            return cli_fail(2, "--varlen: '%s' ends with a comma", s);
         s = *end ? end + 1 : end;
     }
     if (!*n) return cli_fail(2, "--varlen: no lengths given");

@@ -361,9 +361,12 @@ int cli_run_inference(const cli_args *a) {
     /* files, not strings: with --update-cache, --out ./kc.npy would replace the --k cache kc.npy */
     for (int i = 0; i < s.nout; i++)
         for (int j = 0; j < i; j++)
-            if (npy_same_file(s.outs[i].path, s.outs[j].path))
-                return release(&s), cli_fail(2, "%s and %s name the same file %s", s.outs[j].flag, s.outs[i].flag,
-                                             s.outs[i].path);
+            if (npy_same_file(s.outs[i].path, s.outs[j].path)) {
+                /* said before release: a cache's path is the realpath release frees */
+                rc = cli_fail(2, "%s and %s name the same file %s", s.outs[j].flag, s.outs[i].flag, s.outs[i].path);
+                release(&s);
+                return rc;
+            }
     char err[NPY_ERR_LEN];
     for (; s.opened < s.nout; s.opened++)
         if ((rc = npy_out_open(&s.outs[s.opened].file, s.outs[s.opened].path, err, sizeof err)))

@@ -26,7 +26,8 @@ dropout, its seed drawn from torch's generator (torch.manual_seed reproduces it;
 mask is flashattn's own, docs/semantics.md, "Dropout"). Attention sinks (gpt-oss passes its
 per-head `sinks` parameter as `s_aux`) go to the kernel as sinks=, with their gradient; T5's
 relative `position_bias` goes as bias= (with the mask's -inf where it hides a key), with its
-gradient; queries of batch 1 against keys of batch B are broadcast, as "sdpa" does.
+gradient; a batch of 1 (queries, or keys and values) against a batch of B is broadcast, as
+"sdpa" does.
 """
 import torch
 
@@ -52,8 +53,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         _warn_once(f"{NAME} never forms the attention weights: output_attentions=True returns no maps "
                    "(attn_implementation='eager' does)")
     sq, sk = query.shape[2], key.shape[2]
-    if query.shape[0] == 1 and key.shape[0] > 1:  # learned queries of batch 1: broadcast, as SDPA does
+    # a batch of 1 against a larger one (learned queries, or keys and values shared by the
+    # batch): broadcast, as SDPA does
+    if query.shape[0] == 1 and key.shape[0] > 1:
         query = query.expand(key.shape[0], *query.shape[1:])
+    elif key.shape[0] == 1 and value.shape[0] == 1 and query.shape[0] > 1:
+        key, value = (x.expand(query.shape[0], *x.shape[1:]) for x in (key, value))
     # T5's relative position bias [1 or B, Hq, Sq, Sk] (learned: its gradient flows), added
     # to the scores as "sdpa" adds it (with the mask's -inf where a key is hidden)
     position_bias = kwargs.get("position_bias")

@@ -67,9 +67,9 @@ static void default_blocks(const fa_problem *p, fa_pass pass, int64_t *bq, int64
 }
 
 /* Tiles are compiled in, so the defaults are the only sizes it runs (p: supports accepted it).
- * Block sizes set both passes' tiles (as on the CPU), so they are taken only where both
- * passes run them: the forward's and the backward's differ for every head dim, so any
- * explicit size is refused, naming both, rather than taken for the forward alone. */
+ * Block sizes set both passes' tiles (as on the CPU), so each is taken only where both passes
+ * run it (block_q never: 128 forward, 64 backward; block_k 64 at head dims over 128), else
+ * refused, naming both passes' tiles, rather than taken for the forward alone. */
 static fa_status cuda_takes_blocks(const fa_problem *p, const fa_options *o) {
     int64_t fq, fk, bq, bk;
     default_blocks(p, FA_FORWARD, &fq, &fk);

@@ -297,6 +297,14 @@ JIT_SHARDED = textwrap.dedent("""
         ge = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qe, ke, ve)
         assert all(jax.typeof(a).sharding.spec[0] == "x" for a in ge), [jax.typeof(a) for a in ge]
     same(ge, jax.grad(loss, argnums=(0, 1, 2))(q, k, v), "explicit axes: gradients")
+    # the packed batch's custom_vjp too (its own backward): two sequences of B * S / 2 rows
+    cu = jnp.asarray([0, B * S // 2, B * S], jnp.int32)
+    qp, kp, vp = (x[:, :, :Hk].reshape(B * S, Hk, D) for x in (q, k, v))
+    vloss = lambda q, k, v: (fj.varlen_attention(q, k, v, cu, cu, causal=True) ** 2).sum()
+    with jax.set_mesh(emesh):
+        gv = jax.jit(jax.grad(vloss, argnums=(0, 1, 2)))(*(jax.device_put(x, P("x")) for x in (qp, kp, vp)))
+        assert all(jax.typeof(a).sharding.spec[0] == "x" for a in gv), [jax.typeof(a) for a in gv]
+    same(gv, jax.grad(vloss, argnums=(0, 1, 2))(qp, kp, vp), "explicit axes: packed gradients")
     # vmap of the jitted call (its batching rule: the plain call)
     same(jax.vmap(jax.jit(lambda q: fj.attention(q, k, v)))(jnp.stack([q, q])),
          jnp.stack([fj.attention(q, k, v)] * 2), "vmap")

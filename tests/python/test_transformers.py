@@ -220,7 +220,8 @@ def test_t5_position_bias_matches_sdpa(rng, counted):
 def test_query_batch_of_one_broadcasts_as_sdpa():
     """Queries of batch 1 against keys of batch B (learned queries) are broadcast, as
     transformers' "sdpa" broadcasts them (they were refused: batch sizes differ), gradient of
-    the shared queries summed over the batch."""
+    the shared queries summed over the batch; and keys and values of batch 1 against queries
+    of batch B likewise."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     torch.manual_seed(SEED % 2**31)
     module = torch.nn.Module()
@@ -234,3 +235,14 @@ def test_query_batch_of_one_broadcasts_as_sdpa():
     assert got.shape == want.shape == (2, 3, 4, 8)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ggot, gwant, rtol=1e-5, atol=1e-5)
+    # and the other way: keys and values of batch 1 shared by queries of batch 2
+    q2 = torch.randn(2, 4, 3, 8)
+    k1, v1 = (torch.randn(1, 4, 5, 8, requires_grad=True) for _ in range(2))
+    want, _ = sdpa_attention_forward(module, q2, k1, v1, None)
+    gwant = torch.autograd.grad(want.square().sum(), (k1, v1))
+    got, _ = fhf.attention_forward(module, q2, k1, v1, None)
+    ggot = torch.autograd.grad(got.square().sum(), (k1, v1))
+    assert got.shape == want.shape == (2, 3, 4, 8)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ggot, gwant):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -280,6 +280,7 @@ def _op_fwd(opt, q, k, v, bias, slopes, q_seg, kv_seg, sinks, seed):
 
 def _op_bwd(opt, res, cotangents):
     q, k, v, o, lse, bias, slopes, q_seg, kv_seg, sinks, seed, marker = res
+    primals = (q, k, v, bias, sinks)  # the cotangents' types (v is widened below when lse has one)
     do, dlse = cotangents
     with_lse = not isinstance(dlse, SymbolicZero)
     if with_lse and opt.dropout_p > 0:  # lse's cotangent rides on dP, which dropout scales
@@ -296,29 +297,8 @@ def _op_bwd(opt, res, cotangents):
             # (the value column carries it to the scores only); lse is [B, H, Sq] in both layouts
             dlse_bhs = jnp.swapaxes(dlse, 1, 2) if opt.layout == "bshd" else dlse
             dsink = dsink + jnp.sum(jnp.exp(sinks[None, :, None] - lse) * dlse_bhs, axis=(0, 2))
-    dq, dk, dv, dbias, dsink = (_as_typed(ct, x) for ct, x in ((dq, q), (dk, k), (dv, v), (dbias, bias), (dsink, sinks)))
+    dq, dk, dv, dbias, dsink = (_ffi.typed_like(ct, x) for ct, x in zip((dq, dk, dv, dbias, dsink), primals))
     return dq, dk, dv, dbias, None, None, None, dsink, None
-
-
-def _explicit(x):
-    """x's sharding where it is typed (an Explicit mesh axis, jax.set_mesh), else None."""
-    sh = getattr(jax.typeof(x), "sharding", None) if x is not None and hasattr(jax, "typeof") else None
-    mesh = getattr(sh, "mesh", None)
-    types = getattr(mesh, "axis_types", ())
-    if sh is None or not any(str(t).endswith("Explicit") for t in types):
-        return None
-    return sh
-
-
-def _as_typed(ct, x):
-    """A cotangent with its primal's type: under Explicit mesh axes the FFI calls' results are
-    typed replicated, and a custom_vjp's cotangents must carry their inputs' shardings (JAX
-    raised "Custom VJP bwd rule must produce an output with the same type as the args tuple"):
-    resharded to them (docs/python.md, "Several devices")."""
-    sh = None if ct is None else _explicit(x)
-    if sh is None or jax.typeof(ct).sharding == sh:
-        return ct
-    return jax.sharding.reshard(ct, sh)
 
 
 _op.defvjp(_op_fwd, _op_bwd, symbolic_zeros=True)

@@ -240,6 +240,25 @@ def vary_together(*xs):
     return tuple(_vary(x, axes) for x in xs)
 
 
+def _explicit(x):
+    """x's sharding where it is typed (an Explicit mesh axis, jax.set_mesh), else None."""
+    sh = getattr(jax.typeof(x), "sharding", None) if x is not None and hasattr(jax, "typeof") else None
+    types = getattr(getattr(sh, "mesh", None), "axis_types", ())
+    return sh if sh is not None and any(str(t).endswith("Explicit") for t in types) else None
+
+
+def typed_like(ct, x):
+    """A cotangent with its primal's type: under Explicit mesh axes the FFI calls' results are
+    typed replicated, and a custom_vjp's cotangents must carry their inputs' shardings (JAX
+    raised "Custom VJP bwd rule must produce an output with the same type as the args tuple"):
+    resharded to them (docs/python.md, "Several devices"). Every custom_vjp of the JAX front
+    returns its cotangents through this."""
+    sh = None if ct is None else _explicit(x)
+    if sh is None or jax.typeof(ct).sharding == sh:
+        return ct
+    return jax.sharding.reshard(ct, sh)
+
+
 def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
     """(o, lse) from the forward handler."""
     register()

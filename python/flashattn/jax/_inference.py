@@ -157,6 +157,7 @@ def _varlen_op_fwd(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
 
 def _varlen_op_bwd(attrs, res, cotangents):
     q, k, v, o, lse, cu_q, cu_k, slopes, sinks, seed = res
+    primals = (q, k, v, sinks)  # the cotangents' types (_ffi.typed_like; v is widened below)
     do, dlse = cotangents
     with_lse = not isinstance(dlse, SymbolicZero)
     if with_lse and seed is not None:  # lse's cotangent rides on dP, which dropout scales
@@ -175,6 +176,7 @@ def _varlen_op_bwd(attrs, res, cotangents):
         dv = dv[..., :-1]
         if sinks is not None:  # lse's cotangent reaches the sink directly (as in _attention.py)
             dsink = dsink + jnp.sum(jnp.exp(sinks[:, None] - lse) * dlse, axis=1)
+    dq, dk, dv, dsink = (_ffi.typed_like(ct, x) for ct, x in zip((dq, dk, dv, dsink), primals))
     return dq, dk, dv, None, None, None, dsink, None
 
 
