@@ -41,7 +41,7 @@ def _tensor(layout, heads, seq, dim):
     return (roles[b], roles[x], roles[y], dim)
 
 
-def roles(opt, n_extra_names):
+def roles(opt):
     """Per operand name, its dimensions' roles (see above)."""
     q = _tensor(opt.layout, "h", "s", "d")
     return {"q": q, "k": _tensor(opt.layout, "g", "t", "d"), "v": _tensor(opt.layout, "g", "t", "e"),
@@ -150,7 +150,7 @@ def call(kind, opt, bias_grad, in_names, out_names, operands):
 
 
 def _partitioned(plain, opt, in_names, out_names, in_shapes, out_shapes):
-    r = roles(opt, len(in_names))
+    r = roles(opt)
     in_roles, out_roles = [r[n] for n in in_names], [r[n] for n in out_names]
     sizes = _sizes(in_roles, in_shapes)
 
