@@ -326,6 +326,7 @@ _PLAN_CACHE_SIZE = 256
 # destructor (forget_mask) that a collection runs on a thread inside the lock
 _PLAN_CACHE_LOCK = threading.RLock()
 _PLANS_OF_MASK = {}  # a library mask's address -> the cache keys of the plans that hold it (forget_mask)
+_MASK_OF_PLAN = {}  # and back: a cache key -> its plan's mask address (_drop)
 # OpenMP's default thread count now (what a plan with threads = 0 asks for: omp_get_max_threads,
 # which torch.set_num_threads and omp_set_num_threads change, per calling thread), found through
 # the library's own OpenMP runtime; None where it cannot be (the key then has the environment only)
@@ -365,16 +366,19 @@ def cached_plan(problem, options):
             handle = _PLAN_CACHE.setdefault(key, handle)  # another thread's, if it got here first
             if mask:
                 _PLANS_OF_MASK.setdefault(mask, set()).add(key)
+                _MASK_OF_PLAN[key] = mask
     return handle
 
 
 def _drop(key):
     """Removes one cache entry (under the lock), and its place in _PLANS_OF_MASK."""
     _PLAN_CACHE.pop(key, None)
-    for ptr, keys in list(_PLANS_OF_MASK.items()):
+    mask = _MASK_OF_PLAN.pop(key, None)
+    keys = _PLANS_OF_MASK.get(mask)
+    if keys is not None:
         keys.discard(key)
         if not keys:
-            _PLANS_OF_MASK.pop(ptr, None)
+            del _PLANS_OF_MASK[mask]
 
 
 def forget_mask(ptr):
@@ -384,3 +388,4 @@ def forget_mask(ptr):
     with _PLAN_CACHE_LOCK:
         for key in _PLANS_OF_MASK.pop(ptr, ()):
             _PLAN_CACHE.pop(key, None)
+            _MASK_OF_PLAN.pop(key, None)

@@ -85,6 +85,7 @@ def register() -> None:
     except Exception:  # noqa: BLE001 - only the optional platform
         pass
     _refuse_exported_masks()
+    _partition.lower_plainly_for_export()
     _registered = True
 
 

@@ -113,12 +113,10 @@ def _spec(r, shape, sizes, bax, hax):
 def _rule(in_roles, in_shapes, out_roles, out_shapes, sizes):
     """The Shardy rule: one factor per role (by its full size), one of its own for every
     other dimension."""
-    own = iter("ijklmnopqruvwxyzACDEFGHIJKLMNOPQRSTUVWXYZ")
-    letter = {"b": "b", "h": "h", "g": "g", "s": "s", "t": "t", "d": "d", "e": "e"}
+    own = iter("ijklmnopqruvwxyzACDEFGHIJKLMNOPQRSTUVWXYZ")  # no role's letter among them
 
     def value(r, shape):
-        return " ".join(letter[_full(role, n, sizes)] if _full(role, n, sizes) else next(own)
-                        for role, n in zip(r, shape)) or ""
+        return " ".join(_full(role, n, sizes) or next(own) for role, n in zip(r, shape))
     ins = ", ".join(value(r, s) for r, s in zip(in_roles, in_shapes))
     outs = ", ".join(value(r, s) for r, s in zip(out_roles, out_shapes))
     return f"{ins} -> {outs}"
@@ -178,10 +176,9 @@ def _partitioned(plain, opt, in_names, out_names, in_shapes, out_shapes):
         return mesh, lower, outs, args
 
     part = custom_partitioning(lambda *xs: plain(*xs))
-    partition.flashattn = True  # ours: lowered plainly for export (_export_lowers_plainly)
+    partition.flashattn = True  # ours: lowered plainly for export (lower_plainly_for_export)
     part.def_partition(infer_sharding_from_operands=infer, partition=partition,
                        sharding_rule=_rule(in_roles, in_shapes, out_roles, out_shapes, sizes))
-    _export_lowers_plainly()
 
     vm = jax.custom_batching.custom_vmap(lambda *xs: part(*xs))
 
@@ -193,17 +190,12 @@ def _partitioned(plain, opt, in_names, out_names, in_shapes, out_shapes):
     return vm
 
 
-_EXPORT_RULE = []
-
-
-def _export_lowers_plainly():
-    """Once: flashattn's custom_partitioning calls, lowered for jax.export, lower as their body
-    (the plain FFI call), as JAX lowers any of them on one device; every other call, and ours
-    outside export, goes to JAX's own rule. A JAX without these internals keeps its rule, and
-    such an export fails as JAX says (docs/python.md, "Several devices")."""
-    if _EXPORT_RULE:
-        return
-    _EXPORT_RULE.append(True)
+def lower_plainly_for_export():
+    """Installed once (_ffi.register): flashattn's custom_partitioning calls, lowered for
+    jax.export, lower as their body (the plain FFI call), as JAX lowers any of them on one
+    device; every other call, and ours outside export, goes to JAX's own rule. A JAX without
+    these internals keeps its rule, and such an export fails as JAX says (docs/python.md,
+    "Several devices")."""
     try:
         from jax._src import core
         from jax._src import custom_partitioning as jcp
