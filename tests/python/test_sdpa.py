@@ -71,6 +71,29 @@ def f64(x):
     return x.detach().to(torch.float64).numpy()
 
 
+def roundoff_scales(q, k, v, kw, do):
+    """Float64 scales for the roundoff in dq, dk and a float mask's gradient: dS = P*(dP - D)
+    cancels (to 0 where a row sees one key: P = 1, dP = D), so its error is relative to the
+    terms |P*dP| + |P*D| before the cancellation, and dq's and dk's to those terms times |k|
+    and |q|. Returns (dq scale, dk scale, the terms)."""
+    q, k, v = (x.detach().double() for x in (q, k, v))
+    if kw["enable_gqa"] and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        k, v = (x.repeat_interleave(q.shape[-3] // x.shape[-3], dim=-3) for x in (k, v))
+    scale = kw["scale"] if kw["scale"] is not None else q.shape[-1] ** -0.5
+    s = q @ k.transpose(-1, -2) * scale
+    m = kw["attn_mask"]
+    if m is not None:
+        s = s + (m.double() if m.is_floating_point() else torch.zeros(m.shape).double().masked_fill(~m, -torch.inf))
+    if kw["is_causal"]:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -torch.inf)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    dp = do.double() @ v.transpose(-1, -2)
+    d = (do.double() * (p @ v)).sum(-1, keepdim=True)
+    terms = p * (dp.abs() + d.abs())
+    top = lambda t: float(t.max()) if t.numel() else 0.0  # noqa: E731 (no keys: nothing cancels)
+    return top(terms @ k.abs()) * scale, top(terms.transpose(-1, -2) @ q.abs()) * scale, terms
+
+
 @pytest.mark.parametrize("i", range(N_CASES))
 def test_matches_sdpa(i):
     seed = [SEED, i]
@@ -96,19 +119,19 @@ def test_matches_sdpa(i):
     do = torch.from_numpy(rng.standard_normal(o.shape).astype(np.float32)).to(o.dtype)
     got = torch.autograd.grad(o, ins, do, allow_unused=True)
     want = list(torch.autograd.grad(r, ref_ins, do.float(), allow_unused=True))
-    scales = [None] * 3
+    sq, sk, terms = roundoff_scales(*ref_ins[:3], kw, do)
+    scales = [sq, sk, None]
     if float_mask:  # summed over broadcast dims: bounded relative to the sum of |terms|
         dfull = torch.zeros_like(ref_ins[3]) if want[3] is None else want[3]
         want[3] = dfull.sum_to_size(mask.shape)
-        scales.append(float(dfull.abs().sum_to_size(mask.shape).max()) if dfull.numel() else 0.0)
+        scales.append(float(terms.sum_to_size(mask.shape).max()) if dfull.numel() else 0.0)
     for name, g, w, x, sc in zip(("dq", "dk", "dv", "dmask"), got, want, ins, scales):
         g = torch.zeros_like(x) if g is None else g
         w = torch.zeros_like(x, dtype=torch.float32) if w is None else w
         assert g.shape == x.shape and g.dtype == x.dtype, (name, where)
         if g.numel():
-            # relative to max|ref|, or to 0.1 (the scale of dp for these inputs) where the
-            # gradient is mathematically 0 (a single key)
-            err = np.abs(f64(g) - f64(w)).max() / max(np.abs(f64(w)).max(), sc or 0.0, 0.1)
+            # relative to max|ref|, or to the scale of the terms that cancel in it (roundoff_scales)
+            err = np.abs(f64(g) - f64(w)).max() / max(np.abs(f64(w)).max(), sc or 0.0, 1e-30)
             assert err <= BWD_TOL[dtype], f"{name}, {where}: error {err:.2e} > {BWD_TOL[dtype]:.1e}"
 
 
