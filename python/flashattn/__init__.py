@@ -11,6 +11,7 @@
     flashattn.masks                      masks as data: causal, window, chunked, prefix_lm,
                                          documents, from_array, from_fn, & and | (mask=)
     flashattn.quantize_cache(k, v, dtype)          int8 / fp8 kv caches and their scales
+    with flashattn.progress(): ...       progress of the long calls in the block
     import flashattn.torch               PyTorch tensors (autograd, torch.compile)
     import flashattn.jax                 JAX arrays (jit, grad, vmap)
 
@@ -23,11 +24,12 @@ from ._numpy_inference import kvcache_attention, varlen_attention, varlen_attent
 from ._merge import merge_states
 from ._plan import Plan, plan
 from ._plan_inference import plan_kvcache, plan_varlen
+from ._progress import progress
 from ._quant import quantize_cache
 
 __all__ = ["masks", "plan", "Plan", "attention", "attention_backward", "varlen_attention",
            "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache", "merge_states",
-           "quantize_cache", "cuda_available", "cpu_isa", "dropout_keep_mask", "dropout_keep_rate"]
+           "quantize_cache", "progress", "cuda_available", "cpu_isa", "dropout_keep_mask", "dropout_keep_rate"]
 
 
 def cuda_available():

@@ -4,6 +4,7 @@ Everything here follows include/flashattn.h exactly. At import the size of every
 compared with what the library reports (fa_struct_size), so a mirror that fell behind the
 header fails with ImportError naming the struct instead of passing garbage to C.
 """
+import contextvars
 import ctypes
 import os
 import threading
@@ -291,10 +292,39 @@ class PlanHandle:
         return p
 
     def forward(self, args):
-        check(lib.fa_forward(self.ptr, ctypes.byref(args)), "forward")
+        _run_reporting(lambda: lib.fa_forward(self.ptr, ctypes.byref(args)), args, "forward")
 
     def backward(self, args):
-        check(lib.fa_backward(self.ptr, ctypes.byref(args)), "backward")
+        _run_reporting(lambda: lib.fa_backward(self.ptr, ctypes.byref(args)), args, "backward")
+
+
+# flashattn.progress: the callback of the calls made inside its block, in this context
+PROGRESS = contextvars.ContextVar("flashattn.progress", default=None)
+
+
+def _run_reporting(call, args, what):
+    """Runs a forward or backward call, with the progress callback of flashattn.progress where
+    one is set: the C library calls it from a worker thread (at most once per percent, one at
+    a time); ctypes takes the GIL around it. An exception it raises is kept and raised after
+    the call, which cannot be stopped half-way (its outputs are complete)."""
+    fn = PROGRESS.get()
+    if fn is None:
+        return check(call(), what)
+    failed = []
+
+    def report(_ctx, done, total):
+        if not failed:
+            try:
+                fn(what, int(done), int(total))
+            except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: raised after the call)
+                failed.append(e)
+    args.progress = PROGRESS_FN(report)  # the struct holds the ctypes object for the call
+    try:
+        check(call(), what)
+    finally:
+        args.progress = PROGRESS_FN()
+    if failed:
+        raise failed[0]
 
 
 def plan_handle(problem, options=None):

@@ -1,0 +1,109 @@
+"""flashattn.progress: the progress of the numpy and torch fronts' CPU calls, as the CLI's
+--progress reports it (python/flashattn/_progress.py, docs/python.md)."""
+import threading
+
+import numpy as np
+import pytest
+
+import flashattn
+
+from conftest import randn
+
+
+def _recorder():
+    seen = []
+    return seen, (lambda what, done, total: seen.append((what, done, total)))
+
+
+def _well_formed(reports, what):
+    """Strictly increasing done of one total, ending at it, from one call's reports."""
+    assert reports and all(w == what for w, _, _ in reports), reports
+    totals = {t for _, _, t in reports}
+    done = [d for _, d, _ in reports]
+    assert len(totals) == 1 and done == sorted(set(done)) and done[-1] == totals.pop() and done[0] > 0, reports
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_forward_and_backward_report_their_work(rng, threads):
+    q, k, v = (randn(rng, (1, 4, 600, 32)) for _ in range(3))
+    seen, fn = _recorder()
+    with flashattn.progress(fn):
+        o, lse = flashattn.attention(q, k, v, causal=True, return_lse=True, threads=threads)
+    _well_formed(seen, "forward")
+    del seen[:]
+    with flashattn.progress(fn):
+        flashattn.attention_backward(q, k, v, o, lse, randn(rng, o.shape), causal=True, threads=threads)
+    _well_formed(seen, "backward")
+    del seen[:]
+    flashattn.attention(q, k, v, threads=threads)  # outside the block: no reports
+    assert seen == []
+    # the reports change nothing of the result
+    np.testing.assert_array_equal(o, flashattn.attention(q, k, v, causal=True, threads=threads))
+
+
+def test_decode_and_packed_calls_report(rng):
+    kc, vc = (randn(rng, (2, 700, 2, 32)) for _ in range(2))
+    q = randn(rng, (2, 1, 4, 32))
+    seen, fn = _recorder()
+    with flashattn.progress(fn):
+        flashattn.kvcache_attention(q, kc, vc, cache_seqlens=np.array([700, 300], np.int32))
+    _well_formed(seen, "forward")
+    del seen[:]
+    qp, kp = randn(rng, (500, 4, 32)), randn(rng, (500, 4, 32))
+    with flashattn.progress(fn):
+        flashattn.varlen_attention(qp, kp, kp, np.array([0, 200, 500], np.int32), np.array([0, 200, 500], np.int32))
+    _well_formed(seen, "forward")
+
+
+def test_default_prints_every_tenth_on_stderr(rng, capfd):
+    q = randn(rng, (1, 8, 1024, 32))
+    with flashattn.progress():
+        flashattn.attention(q, q, q)
+    lines = capfd.readouterr().err.splitlines()
+    assert lines and all(line.startswith("flashattn: forward ") for line in lines), lines
+    assert lines[-1].split()[2] == "100%" and len(lines) <= 10, lines
+
+
+def test_an_exception_of_the_callback_is_raised_after_the_call(rng):
+    q = randn(rng, (1, 4, 600, 32))
+    calls = []
+
+    def fail(what, done, total):
+        calls.append(done)
+        raise KeyError("stop here")
+    with pytest.raises(KeyError, match="stop here"), flashattn.progress(fail):
+        flashattn.attention(q, q, q, threads=2)
+    assert len(calls) == 1  # no reports after the first exception
+
+
+def test_blocks_nest_and_other_threads_are_not_reported(rng):
+    q = randn(rng, (1, 4, 600, 32))
+    outer, fo = _recorder()
+    inner, fi = _recorder()
+    other = threading.Thread(target=lambda: [flashattn.attention(q, q, q) for _ in range(5)])
+    with flashattn.progress(fo):
+        other.start()
+        with flashattn.progress(fi):
+            flashattn.attention(q, q, q)
+        other.join()
+        assert outer == []
+        flashattn.attention(q, q, q)
+    _well_formed(inner, "forward")
+    _well_formed(outer, "forward")
+
+
+def test_not_callable_is_refused():
+    with pytest.raises(TypeError, match="callable"), flashattn.progress(3):
+        pass
+
+
+def test_torch_forward_and_backward_report(rng):
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as fat
+    q, k, v = (torch.from_numpy(randn(rng, (1, 4, 600, 32))).requires_grad_() for _ in range(3))
+    seen, fn = _recorder()
+    with flashattn.progress(fn):
+        fat.attention(q, k, v, causal=True).sum().backward()
+    assert [w for w, _, _ in seen][0] == "forward" and seen[-1][0] == "backward", seen
+    _well_formed([r for r in seen if r[0] == "forward"], "forward")
+    _well_formed([r for r in seen if r[0] == "backward"], "backward")
