@@ -73,5 +73,14 @@ fa bench $SHAPE --threads 1 --iters 1 --json
   no "bench, unreadable rates cache" "exit $rc: $(cat "$W/se")"
 XDG_CACHE_HOME=$W/cache
 
+# the cache's path in --json is a JSON string: a directory with a quote and a backslash in its
+# name is escaped (it was printed as it is, which no JSON reader takes)
+XDG_CACHE_HOME=$W/'odd"dir\x'
+fa calibrate --threads 1 --json
+[ $rc -eq 0 ] && grep -qF '"cache": "'"$W"'/odd\"dir\\x/flashattn/rates.json"}' "$W/so" &&
+  ok "calibrate --json escapes the cache's path ($(grep -o '"cache": .*' "$W/so"))" ||
+  no "calibrate --json, odd cache path" "exit $rc: $(cat "$W/so" "$W/se")"
+XDG_CACHE_HOME=$W/cache
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -100,7 +100,17 @@ grep -q "refuses empty problems" "$DOC" && ok "docs/cli.md: empty problems are r
   no "docs/cli.md empty problems" "does not say the command line refuses them"
 for c in plan run grad bench; do
   fa $c --help; [ $rc -eq 0 ] && grep -q "usage: flashattn $c" "$W/so" && ok "$c --help" || no "$c --help" "exit $rc"
+  fa help $c; [ $rc -eq 0 ] && grep -q "usage: flashattn $c" "$W/so" && ok "help $c" || no "help $c" "exit $rc"
 done
+# help that cannot be written fails as any other stdout (exit 1, said); help of no command is refused
+for args in "--help" "run --help"; do
+  "$FA" $args >/dev/full 2>"$W/se"; rc=$?
+  [ $rc -eq 1 ] && grep -q "cannot write to stdout" "$W/se" && ok "$args > /dev/full: exit 1" ||
+    no "$args > /dev/full" "exit $rc: $(cat "$W/se")"
+done
+fa --help bogus
+[ $rc -eq 2 ] && grep -q "at most a command's name.*bogus" "$W/se" && ok "help of no command: exit 2 ($(cat "$W/se"))" ||
+  no "help of no command" "exit $rc: $(cat "$W/se")"
 
 # ---- (2) run and grad on small files -------------------------------------------------------
 # On the CPU: the counts, block sizes and float32 inputs below are the CPU backend's (the
@@ -353,9 +363,22 @@ bad "--dsink without --sinks" "dsink needs --sinks" grad $QKV --do "$I/do.npy" $
 bad "--dbias on run" "unknown option '--dbias'" run $QKV --bias "$I/bias.npy" --dbias "$OUT/db.npy" $O
 bad "--dbias same file as --dq" "same file" grad $QKV --do "$I/do.npy" $G --bias "$I/bias.npy" --dbias "$OUT/dq.npy"
 bad "--diag-offset not an integer" "diag-offset.*not an integer" plan $SHAPE --diag-offset 1.5
-bad "--diag-offset too large" "diag_offset" run $QKV --diag-offset 99999999999 --causal $O
+bad "--diag-offset too large" "--diag-offset: 99999999999 is above 2147483647" run $QKV --diag-offset 99999999999 --causal $O
+bad "--diag-offset one past the bound" "--diag-offset: 2147483648 is above 2147483647" run $QKV --diag-offset 2147483648 --causal $O
 bad "--diag-offset with nothing to place" "--diag-offset places --causal" run $QKV --diag-offset 3 $O
 bad "--top-left with nothing to place" "--top-left places --causal" run $QKV --top-left $O
+# plan describes every option that changes the problem (it left out the diagonal's alignment,
+# the bias scale and sinks, whose costs it did count)
+fa plan $SHAPE --causal --top-left --json
+[ $rc -eq 0 ] && grep -q '"diag_offset": 0, "bias_scale": null, "sinks": false' "$W/so" &&
+  ok "plan --json: the diagonal offset" || no "plan --json --top-left" "exit $rc: $(cat "$W/so" "$W/se")"
+fa plan $SHAPE --causal --diag-offset 3
+[ $rc -eq 0 ] && grep -q '^problem .*, causal, diagonal offset 3' "$W/so" &&
+  ok "plan: the diagonal offset" || no "plan --diag-offset" "exit $rc: $(head -1 "$W/so")"
+fa bench $SHAPE --pass forward --iters 1 --threads 1 --json
+[ $rc -eq 0 ] && grep -q '"forward": {.*}, "backward": null, "peak_rss_bytes"' "$W/so" &&
+  ok "bench --pass forward --json: the backward is null, as plan writes a pass it has not" ||
+  no "bench --pass forward --json" "exit $rc: $(cat "$W/so" "$W/se")"
 bad "--diag-offset too small" "diag-offset.*below" plan $SHAPE --diag-offset -99999999999
 bad "--top-left with --diag-offset" "not both" plan $SHAPE --top-left --diag-offset 2
 bad "bad --dtype" "dtype.*f64" plan $SHAPE --dtype f64
@@ -379,6 +402,14 @@ bad "--out and --lse, an existing file and its hard link" "same file" run $QKV -
 rm -f "$W/existing_link.npy" "$OUT"/d.npy "$OUT"/dk.npy "$OUT"/o.npy # what a failing case above would leave
 printf 'precious' >"$OUT/existing.npy"
 bad "output directory missing" "nodir/o.npy.*cannot create" run $QKV --out "$OUT/nodir/o.npy"
+# names as long as the directory takes: 250 bytes leaves no room for the temporary's suffix,
+# which failed the run after computing (exit 1); 256 is refused before anything is read
+long=$(printf 'o%.0s' $(seq 246)).npy
+fa run $QKV --out "$OUT/$long"
+[ $rc -eq 0 ] && [ -s "$OUT/$long" ] && [ -z "$(ls -A "$OUT" | grep -v "^existing.npy$\|^$long$")" ] &&
+  ok "an output name of 250 bytes" || no "an output name of 250 bytes" "exit $rc: $(cat "$W/se")"
+rm -f "$OUT/$long"
+bad "an output name of 256 bytes" "file name too long \(256 bytes" run $QKV --out "$OUT/oo$long.npy"
 bad "q and k dtypes differ" "dtype" run --q "$I/q16.npy" --k "$I/k.npy" --v "$I/v.npy" $O
 bad "shape flag disagrees with the files" "--batch 3 does not match" run $QKV --batch 3 $O
 bad "bad do.npy with every output named (grad)" "trunc.npy.*truncated" grad $QKV --do "$I/trunc.npy" $G --out "$OUT/o.npy"

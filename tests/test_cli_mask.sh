@@ -22,6 +22,8 @@ json_field() {
 "$NPY" write "$W/pre.npy" '<i4' 2 -- 33 150
 "$NPY" write "$W/tril.npy" '|b1' 200 200 -- tril
 "$NPY" write "$W/bad_docs.npy" '<i8' 2 -- 70 100
+"$NPY" write "$W/pre0d.npy" '<i4' -- 33
+"$NPY" write "$W/pre2d.npy" '<i4' 2 1 -- 33 150
 "$NPY" write "$W/small.npy" '|b1' 20 20 -- tril
 SHAPE="--batch 2 --heads 2 --seq 200 --head-dim 16"
 QKV="--q $W/q.npy --k $W/k.npy --v $W/v.npy --backend cpu"
@@ -71,6 +73,9 @@ bad "--documents not summing to Sq" "documents" plan $SHAPE --documents "$W/bad_
 bad "--mask of another shape" "--mask" plan $SHAPE --mask "$W/small.npy"
 bad "--mask not bool" "--mask" plan $SHAPE --mask "$W/q.npy"
 bad "--prefix-len -3" "--prefix-len" plan $SHAPE --prefix-len -3
+# --prefix-len takes [B] only; its message said "1 or 2 dims" (--documents' rule) of a 0-d file
+bad "--prefix-len of a 0-d file" "want 1 dim, got 0" plan $SHAPE --prefix-len "$W/pre0d.npy"
+bad "--prefix-len of a 2-d file" "want 1 dim, got 2" plan $SHAPE --prefix-len "$W/pre2d.npy"
 bad "--mask-chunk 0" "--mask-chunk" plan $SHAPE --mask-chunk 0
 bad "--documents with Sq != Sk" "documents" plan --batch 2 --heads 2 --seq-q 100 --seq-k 200 --head-dim 16 --documents "$W/docs.npy"
 echo "$pass passed, $fail failed"

@@ -29,6 +29,8 @@ plain=$(sed -n 's/.*"forward": {[^}]*"transcendentals": \([0-9]*\).*/\1/p' "$W/p
 [ -n "$counted" ] && [ "$counted" = "$planned" ] && [ $((planned - plain)) -eq $((2 * 4 * 30)) ] &&
   ok "run --count ($counted transcendentals) == plan, one more exp per row than without sinks" ||
   no "counts" "counted '$counted', planned '$planned', without sinks '$plain'"
+grep -q '"sinks": true' "$W/plan" && grep -q '"sinks": false' "$W/plan0" &&
+  ok "plan --json says the problem has sinks" || no "plan --json sinks" "$(cat "$W/plan")"
 
 "$FA" grad $QKV --do "$W/do.npy" --causal --sinks "$W/sinks.npy" --out "$W/o.npy" --dq "$W/dq.npy" \
   --dk "$W/dk.npy" --dv "$W/dv.npy" --dsink "$W/ds.npy" >"$W/so" 2>"$W/se"

@@ -322,7 +322,10 @@ static int apply(cli_args *a, flag_id id, char **v) {
         return parse_float(f, v[0], &a->bias_scale);
     case F_DIAG_OFFSET:
         a->has_diag_offset = 1;
-        return parse_i64(f, v[0], -(int64_t)INT32_MAX, &a->diag_offset);
+        if (parse_i64(f, v[0], -(int64_t)INT32_MAX, &a->diag_offset)) return 2;
+        if (a->diag_offset > INT32_MAX) /* the library's bound (docs/semantics.md), named by the flag */
+            return cli_fail(2, "%s: %lld is above %d", f, (long long)a->diag_offset, INT32_MAX);
+        return 0;
     case F_TOP_LEFT: a->has_diag_offset = 1, a->diag_offset = 0; return 0;
     case F_DROPOUT:
         a->has_dropout = 1;

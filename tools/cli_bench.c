@@ -159,10 +159,14 @@ int cli_bench(const cli_args *a) {
             printf("\"forward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
                    ", \"useful_gflops\": %.6g, \"flops_useful\": %.0f, \"predicted_seconds\": %s}, ", tf, gf, cf.flops,
                    guf, uf, fps);
+        else
+            printf("\"forward\": null, "); /* a pass not run: null, as plan --json writes */
         if (do_bwd)
             printf("\"backward\": {\"seconds\": %.6g, \"gflops\": %.6g, \"flops\": %" PRId64
                    ", \"useful_gflops\": %.6g, \"flops_useful\": %.0f, \"predicted_seconds\": %s}, ", tb, gb, cb.flops,
                    gub, ub, bps);
+        else
+            printf("\"backward\": null, ");
         printf("\"peak_rss_bytes\": %" PRId64 ", \"iters\": %d}\n", rss, iters);
     } else {
         char hr[32], hp[32];

@@ -35,6 +35,16 @@ typedef struct {
     int json;
 } report;
 
+/* A path as the characters of a JSON string: quotes, backslashes and control bytes escaped
+ * (a cache directory is the user's: XDG_CACHE_HOME may hold any of them). */
+static void print_json_chars(const char *s) {
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') printf("\\%c", *c);
+        else if (*c < 0x20) printf("\\u%04x", *c);
+        else putchar(*c);
+    }
+}
+
 /* The rates on stdout, flushed: with the cache, before it is replaced, so that a stdout that
  * cannot be written fails the command with the cache as it was (docs/cli.md). */
 static int print_report(void *ctx) {
@@ -48,7 +58,9 @@ static int print_report(void *ctx) {
         for (int pass = 0; pass < 2; pass++)
             for (int t = 0; t < 3; t++)
                 printf(", \"eff_%s_%s\": %.4f", pass ? "backward" : "forward", dt[t], r->eff[pass][t]);
-        printf(", \"cache\": \"%s\"}\n", rp->path);
+        printf(", \"cache\": \"");
+        print_json_chars(rp->path);
+        printf("\"}\n");
     } else {
         printf("kernel set   %s, %d thread%s\n", r->isa, r->threads, r->threads > 1 ? "s" : "");
         printf("f32 FMA      %8.1f GFLOP/s\n", r->fma_gflops);

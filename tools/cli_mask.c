@@ -13,15 +13,15 @@ static fa_mask *built; /* the command's mask, freed at exit */
 
 static void free_built(void) { fa_mask_destroy(built); }
 
-/* An int32 or int64 .npy of at most 2 dims, as int64 (malloc'ed). */
-static int read_ints(const char *flag, const char *path, npy_header *h, int64_t **out) {
+/* An int32 or int64 .npy of 1 to max_dims dims, as int64 (malloc'ed). */
+static int read_ints(const char *flag, const char *path, int max_dims, npy_header *h, int64_t **out) {
     char err[NPY_ERR_LEN];
     void *raw;
     int rc = npy_read(path, NPY_I32 | NPY_I64, h, &raw, err, sizeof err);
     if (rc) return cli_fail(rc, "%s %s", flag, err);
-    if (h->ndim < 1 || h->ndim > 2) {
+    if (h->ndim < 1 || h->ndim > max_dims) {
         fa_free(raw);
-        return cli_fail(2, "%s %s: want 1 or 2 dims, got %d", flag, path, h->ndim);
+        return cli_fail(2, "%s %s: want %s, got %d", flag, path, max_dims == 1 ? "1 dim" : "1 or 2 dims", h->ndim);
     }
     int64_t *v = fa_malloc((size_t)(h->count ? h->count : 1) * sizeof(int64_t));
     if (!v) {
@@ -46,7 +46,7 @@ static int prefix_mask(const cli_args *a, const fa_mask_shape *s, int64_t off, f
     } else {
         npy_header h;
         int64_t *v;
-        int rc = read_ints("--prefix-len", a->prefix_len, &h, &v);
+        int rc = read_ints("--prefix-len", a->prefix_len, 1, &h, &v);
         if (rc) return fa_free(lens), rc;
         if (h.ndim != 1 || h.shape[0] != s->batch) {
             fa_free(v), fa_free(lens);
@@ -64,7 +64,7 @@ static int prefix_mask(const cli_args *a, const fa_mask_shape *s, int64_t off, f
 static int documents_mask(const cli_args *a, const fa_mask_shape *s, fa_mask **m) {
     npy_header h;
     int64_t *v;
-    int rc = read_ints("--documents", a->documents, &h, &v);
+    int rc = read_ints("--documents", a->documents, 2, &h, &v);
     if (rc) return rc;
     const int64_t rows = h.ndim == 2 ? h.shape[0] : 1, n = h.ndim == 2 ? h.shape[1] : h.shape[0];
     if (h.ndim == 2 && rows != s->batch) {

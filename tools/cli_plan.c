@@ -86,6 +86,11 @@ static void print_json(const fa_plan *plan, const cli_rates *r, const fa_cost *f
            fa_dtype_name(p->dtype), (double)fa_plan_scale(plan), tf(p->causal), p->window_left,
            p->window_right, (double)p->softcap, tf(p->has_bias), tf(p->has_alibi),
            tf(p->has_segment_ids), (double)p->dropout_p, fa_dropout_keep_rate(p->dropout_p));
+    if (p->has_diag_offset) printf(", \"diag_offset\": %" PRId64, p->diag_offset);
+    else printf(", \"diag_offset\": null"); /* causal and windows aligned bottom-right */
+    if (p->has_bias_scale) printf(", \"bias_scale\": %.9g", (double)p->bias_scale);
+    else printf(", \"bias_scale\": null");
+    printf(", \"sinks\": %s", tf(p->has_sinks));
     int64_t vis = 0, full = 0, part = 0;
     if (p->mask && fa_mask_stats(p->mask, &vis, &full, &part) == FA_OK)
         printf(", \"mask\": {\"visible_pairs\": %" PRId64 ", \"full_blocks\": %" PRId64 ", \"partial_blocks\": %" PRId64
@@ -121,10 +126,13 @@ static void print_human(const fa_plan *plan, const cli_rates *r, const fa_cost *
     if (p->causal) printf(", causal");
     if (p->window_left >= 0 || p->window_right >= 0)
         printf(", window (%" PRId64 ", %" PRId64 ")", p->window_left, p->window_right);
+    if (p->has_diag_offset) printf(", diagonal offset %" PRId64, p->diag_offset);
     if (p->softcap > 0) printf(", softcap %.6g", (double)p->softcap);
     if (p->has_bias)
         printf(", bias [%" PRId64 ", %" PRId64 ", %s, Sk]", p->bias_batch, p->bias_heads,
                p->bias_seq_q == 1 && p->seq_q != 1 ? "1" : "Sq");
+    if (p->has_bias_scale) printf(", bias scale %.6g", (double)p->bias_scale);
+    if (p->has_sinks) printf(", sinks");
     if (p->has_alibi) printf(", alibi");
     if (p->has_segment_ids) printf(", segment ids");
     if (p->has_cache_dtype && p->cache_dtype != p->dtype) /* the cost counts its codes and scales */

@@ -113,8 +113,15 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
-        cli_usage(NULL);
-        return 0;
+        /* flashattn help [command]: the command's help, as `flashattn <command> --help` */
+        const char *of = NULL;
+        for (size_t i = 0; argc == 3 && i < sizeof cmds / sizeof cmds[0]; i++)
+            if (strcmp(argv[2], cmds[i].name) == 0) of = cmds[i].name;
+        if (argc > 3 || (argc == 3 && !of))
+            return cli_fail(2, "%s takes at most a command's name (plan, run, grad, bench or calibrate), not '%s'",
+                            argv[1], argv[argc - 1]);
+        cli_usage(of);
+        return cli_flush_stdout();
     }
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         if (strcmp(argv[1], cmds[i].name) != 0) continue;
@@ -123,7 +130,7 @@ int main(int argc, char **argv) {
         if (rc) return rc;
         if (a.help) {
             cli_usage(cmds[i].name);
-            return 0;
+            return cli_flush_stdout();
         }
         switch (cmds[i].cmd) {
         case CMD_PLAN: rc = cli_plan(&a); break;

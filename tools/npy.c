@@ -416,9 +416,23 @@ int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
         return fail(1, err, errlen, "%s: out of memory", path);
     }
     memcpy(o->path, path, n + 1);
-    snprintf(o->tmp, n + 16, "%s.tmp-XXXXXX", path);
     char dbuf[4096];
     const char *dir = dir_of(path, dbuf, sizeof dbuf);
+    /* The name is checked now, not when the finished data is moved into place: a name too
+     * long fails at once, and one that fits but leaves no room for the temporary's suffix
+     * gets a temporary of a short name of its own in the same directory. */
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    long name_max = pathconf(dir, _PC_NAME_MAX);
+    if (name_max <= 0) name_max = 255;
+    if ((long)strlen(base) > name_max) {
+        npy_out_abort(o);
+        return fail(2, err, errlen, "%s: file name too long (%zu bytes; this directory takes %ld)", path,
+                    strlen(base), name_max);
+    }
+    if ((long)strlen(base) + 11 <= name_max)
+        snprintf(o->tmp, n + 16, "%s.tmp-XXXXXX", path);
+    else
+        snprintf(o->tmp, n + 16, "%.*s.fa-XXXXXX", (int)(base - path), path);
     /* An unnamed file in the target's directory (Linux O_TMPFILE): a run killed before the
      * commit leaves nothing behind. Where the file system has none, the named temporary is
      * made only when the data is ready (npy_out_write); the directory is checked now. */

@@ -6,16 +6,16 @@ from . import _native
 
 
 def _print_every_tenth():
-    """The CLI's report (docs/cli.md): a line on stderr at every tenth of a call."""
+    """The CLI's report (docs/cli.md): a line on stderr when a call passes a tenth."""
     last = {}
 
     def report(what, done, total):
         tenth = done * 10 // total
-        if tenth > last.get(what, 0) or (done == total and last.get(what) != 10):
+        if tenth != last.get(what):
             last[what] = tenth
-            print(f"flashattn: {what:<8} {tenth * 10:3d}% ({done}/{total})", file=sys.stderr, flush=True)
-            if done == total:
-                last.pop(what)
+            print(f"flashattn: {what} {done * 100 // total:3d}% ({done}/{total})", file=sys.stderr, flush=True)
+        if done == total:  # the next call of this pass starts anew
+            del last[what]
     return report
 
 

@@ -61,7 +61,7 @@ def test_default_prints_every_tenth_on_stderr(rng, capfd):
         flashattn.attention(q, q, q)
     lines = capfd.readouterr().err.splitlines()
     assert lines and all(line.startswith("flashattn: forward ") for line in lines), lines
-    assert lines[-1].split()[2] == "100%" and len(lines) <= 10, lines
+    assert lines[-1].split()[2] == "100%" and len(lines) <= 11, lines  # tenths 0 to 10
 
 
 def test_an_exception_of_the_callback_is_raised_after_the_call(rng):
