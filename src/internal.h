@@ -168,6 +168,11 @@ static inline int fa_problem_empty(const fa_problem *p) {
 }
 fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *a);
 fa_status fa_cpu_empty_backward(const struct fa_plan *pl, const fa_backward_args *a);
+/* The sum over rows [r0, r1) of (b, h) of delta = do . o, for rows that see no key: their
+ * share of dsink_h is minus this (the sink's probability is 1 there), 0 for finite do, NaN
+ * when do holds NaN or inf, as in rows whose keys are all hidden (empty.c). */
+double fa_keyless_delta_sum(const struct fa_plan *pl, const fa_backward_args *a, int64_t b, int64_t h, int64_t r0,
+                            int64_t r1);
 
 /* The threads a call runs on: the plan's, or 1 in a process forked after this library was
  * used (fork.c: libgomp's workers do not survive fork); fa_threads_after_fork does the same
@@ -311,6 +316,13 @@ static inline fa_status fa_check_slopes(const fa_problem *p, const float *slopes
 /* Index of lse[b, h, i]: [B, Hq, Sq] contiguous, or a packed sequence's rows of [Hq, total_q]. */
 static inline int64_t fa_lse_index(const struct fa_plan *pl, int64_t b, int64_t h, int64_t i) {
     return (b * pl->p.heads_q + h) * (pl->lse_rows ? pl->lse_rows : pl->p.seq_q) + i;
+}
+
+/* What dimension i of an fa_strides is, for messages: [B, H, S, D] (a paged cache's first is
+ * its pages). */
+static inline const char *fa_stride_dim_name(int i) {
+    static const char *const names[4] = {"batch or page", "heads", "rows", "head dim"};
+    return i >= 0 && i < 4 ? names[i] : "?";
 }
 
 /* Element offset of [b, h, s, d] in a tensor with strides st. */

@@ -55,7 +55,8 @@ static fa_status resolve_strides(const char *name, fa_strides *st, const int64_t
     int zero = 1;
     for (int i = 0; i < 4; i++) {
         if (st->s[i] < 0)
-            return fa_error(FA_ERR_INVALID, "%s stride %d is negative (%lld)", name, i, (long long)st->s[i]);
+            return fa_error(FA_ERR_INVALID, "%s's stride of dim %d (%s) is negative: %lld", name, i,
+                            fa_stride_dim_name(i), (long long)st->s[i]);
         if (st->s[i] != 0) zero = 0;
     }
     if (zero) {

@@ -101,7 +101,9 @@ static fa_status validate_varlen(fa_plan *pl) {
 /* A paged cache's strides are not negative and its largest byte offset fits int64. */
 static fa_status check_pages_reach(const char *name, const fa_strides *st, const int64_t dims[4], int64_t es) {
     for (int i = 0; i < 4; i++)
-        if (st->s[i] < 0) return fa_error(FA_ERR_INVALID, "%s stride %d is negative (%lld)", name, i, (long long)st->s[i]);
+        if (st->s[i] < 0)
+            return fa_error(FA_ERR_INVALID, "%s's stride of dim %d (%s) is negative: %lld", name, i,
+                            fa_stride_dim_name(i), (long long)st->s[i]);
     return fa_check_reach(name, st, dims, es);
 }
 

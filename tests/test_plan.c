@@ -68,7 +68,7 @@ static void test_validation(void) {
     p = small(); p.has_bias = 1; p.bias_heads = 2;
     expect_bad("bias heads 2", p, NULL, FA_ERR_INVALID, "bias heads");
     p = small(); p.q_stride.s[2] = -16;
-    expect_bad("negative stride", p, NULL, FA_ERR_INVALID, "q stride");
+    expect_bad("negative stride", p, NULL, FA_ERR_INVALID, "q's stride of dim 2 (rows) is negative: -16");
     p = small(); p.k_stride = (fa_strides){{INT64_MAX / 2, INT64_MAX / 2, 1, 1}};
     expect_bad("stride overflow", p, NULL, FA_ERR_OVERFLOW, "k strides");
     /* element offsets that fit int64 but whose bytes do not: the kernels' offset x element

@@ -3,7 +3,9 @@
  * query rows but no keys (seq_k 0) each row gets o = 0 and lse = -inf (with sinks, lse =
  * sink_h), as a row that sees no key does (docs/semantics.md); the backward's gradients are
  * all zero (dk, dv of keys no row reads, dq of rows that read no key, dbias of entries
- * nobody adds to, dsink since o = 0 makes every row's do . o zero). Nothing is
+ * nobody adds to), and dsink_h is minus the sum of the rows' do . o: zero, since o = 0, but
+ * NaN where do holds NaN or inf, as for a row whose keys are all hidden
+ * (docs/nonfinite.md). Nothing is
  * allocated and the counts are 0 flops and, as the forward driver counts, one log per
  * row and with sinks one exp (the cost model, cost.c and cost_inference.c, states the
  * same). A packed call writes its own rows only: those of its cu_seqlens_q (a plan of
@@ -45,6 +47,17 @@ fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *
     return FA_OK;
 }
 
+double fa_keyless_delta_sum(const struct fa_plan *pl, const fa_backward_args *a, int64_t b, int64_t h, int64_t r0,
+                            int64_t r1) {
+    const fa_problem *p = &pl->p;
+    double sum = 0.0;
+    for (int64_t i = r0; i < r1; i++)
+        for (int64_t x = 0; x < p->head_dim_v; x++)
+            sum += (double)fa_load(p->dtype, a->d_o, fa_offset(&p->o_stride, b, h, i, x)) *
+                   fa_load(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, x));
+    return sum;
+}
+
 fa_status fa_cpu_empty_backward(const struct fa_plan *pl, const fa_backward_args *a) {
     const fa_problem *p = &pl->p;
     const int64_t L = lead(pl);
@@ -53,7 +66,13 @@ fa_status fa_cpu_empty_backward(const struct fa_plan *pl, const fa_backward_args
     zero_view(a->dv, &p->v_stride, p->dtype, L, p->heads_kv, p->seq_k, p->head_dim_v);
     const int64_t nb = p->bias_grad ? p->bias_batch * p->bias_heads * p->bias_seq_q * p->seq_k : 0;
     if (nb) memset(a->dbias, 0, sizeof(float) * (size_t)nb);
-    if (p->has_sinks && p->heads_q) memset(a->dsink, 0, sizeof(float) * (size_t)p->heads_q);
+    /* rows (B, Hq, Sq > 0) exist only when seq_k is the zero; a packed call's: its own */
+    const int64_t rows = pl->shape == FA_SHAPE_VARLEN ? p->cu_seqlens_q[p->batch] : p->seq_q;
+    for (int64_t h = 0; p->has_sinks && h < p->heads_q; h++) {
+        double sum = 0.0;
+        for (int64_t b = 0; b < L; b++) sum += fa_keyless_delta_sum(pl, a, b, h, 0, rows);
+        a->dsink[h] = (float)-sum;
+    }
     if (a->counts) a->counts->flops = a->counts->transcendentals = 0;
     return FA_OK;
 }

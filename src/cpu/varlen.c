@@ -189,6 +189,8 @@ static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_pla
     }
     if (sub->p.seq_k == 0) {
         zero_rows(a->dq, &p->q_stride, p->dtype, p->heads_q, p->head_dim, cq[b], cq[b + 1]);
+        for (int64_t h = 0; p->has_sinks && h < p->heads_q; h++) /* 0, or NaN from do (empty.c) */
+            a->dsink[h] -= (float)fa_keyless_delta_sum(pl, a, 0, h, cq[b], cq[b + 1]);
         return FA_OK;
     }
     fa_backward_args sa = *a;
@@ -210,7 +212,7 @@ static fa_status backward_sequence(const struct fa_plan *pl, const struct fa_pla
 
 fa_status fa_cpu_varlen_backward(const struct fa_plan *pl, const fa_backward_args *a) {
     varlen_backward_args va = {a};
-    if (pl->p.has_sinks) /* a sequence without keys or queries adds nothing to dsink */
+    if (pl->p.has_sinks) /* a sequence without queries adds nothing to dsink, one without keys 0 (or NaN) */
         for (int64_t h = 0; h < pl->p.heads_q; h++) a->dsink[h] = 0.0f;
     return each_sequence(pl, &va, a->workspace, pl->bwd.workspace_bytes, "backward", a->progress, a->progress_ctx,
                          a->counts, backward_sequence);

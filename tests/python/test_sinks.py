@@ -271,3 +271,32 @@ def test_jax_vmap_keeps_dsink_per_example(rng):
         want = jax.grad(f, argnums=(0, 3))(q[i], k[i], v[i], sinks)
         np.testing.assert_array_equal(got[0][i], want[0])
         np.testing.assert_array_equal(got[1][i], want[1])
+
+
+def test_nan_in_do_of_rows_without_keys_reaches_dsink(rng):
+    """docs/nonfinite.md: NaN in do at any row of head h makes dsink_h NaN, a row without keys
+    included, the same whether the row's keys are all hidden, the problem has none (Sk = 0:
+    it gave 0) or a packed sequence has none (its rows were skipped); finite do gives 0."""
+    sinks = sinks_of(rng)
+    q = randn(rng, (1, H, 3, D))
+    kv = {"hidden": [randn(rng, (1, HK, 5, D)) for _ in range(2)], "no keys": [randn(rng, (1, HK, 0, D))] * 2}
+    for name, (k, v) in kv.items():
+        m = np.zeros((3, k.shape[2]), bool)
+        o, lse = flashattn.attention(q, k, v, sinks=sinks, return_lse=True, mask=m if name == "hidden" else None)
+        for poison in (False, True):
+            do = randn(rng, o.shape)
+            if poison:
+                do[0, 1, 2, 0] = np.nan
+            *_, ds = flashattn.attention_backward(q, k, v, o, lse, do, sinks=sinks, mask=m if name == "hidden" else None)
+            want = [0, np.nan, 0, 0] if poison else [0, 0, 0, 0]
+            np.testing.assert_array_equal(ds, np.float32(want), err_msg=f"{name}, NaN in do: {poison}")
+    # packed: sequence 0 has no keys, sequence 1 has; NaN in sequence 0's do reaches dsink
+    qp, kp, vp = randn(rng, (7, H, D)), randn(rng, (4, HK, D)), randn(rng, (4, HK, D))
+    cq, ck = np.array([0, 3, 7], np.int32), np.array([0, 0, 4], np.int32)
+    o, lse = flashattn.varlen_attention(qp, kp, vp, cq, ck, sinks=sinks, return_lse=True)
+    do = randn(rng, o.shape)
+    *_, ds = flashattn.varlen_attention_backward(qp, kp, vp, o, lse, do, cq, ck, sinks=sinks)
+    assert np.isfinite(ds).all()
+    do[1, 2, 0] = np.nan  # a row of sequence 0, head 2
+    *_, ds_nan = flashattn.varlen_attention_backward(qp, kp, vp, o, lse, do, cq, ck, sinks=sinks)
+    assert np.isnan(ds_nan[2]) and np.array_equal(np.delete(ds_nan, 2), np.delete(ds, 2)), ds_nan
