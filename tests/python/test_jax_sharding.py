@@ -226,7 +226,8 @@ def test_shard_map_dropout_recipe_draws_per_shard_masks():
 # rounding. GQA
 # heads split where Hq and Hk both divide; dropout stays whole (its keep mask is drawn at
 # global indices) and equals the unsharded call's; a block-sparse mask broadcast over the
-# batch splits along it; vmap of the jitted function still runs.
+# batch splits along it; a packed batch splits along its heads; vmap of the jitted function
+# still runs.
 JIT_SHARDED = textwrap.dedent("""
     import os, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -305,6 +306,26 @@ JIT_SHARDED = textwrap.dedent("""
         gv = jax.jit(jax.grad(vloss, argnums=(0, 1, 2)))(*(jax.device_put(x, P("x")) for x in (qp, kp, vp)))
         assert all(jax.typeof(a).sharding.spec[0] == "x" for a in gv), [jax.typeof(a) for a in gv]
     same(gv, jax.grad(vloss, argnums=(0, 1, 2))(qp, kp, vp), "explicit axes: packed gradients")
+    # a packed batch sharded along its heads (its only batch-like dimension): each device runs
+    # its heads, forward and backward (dsink per head), bit-identical, no gather (it gathered)
+    T = B * S // 2
+    qv = q.reshape(T * 2, Hq, D)[:T]
+    kv_, vv = (x.reshape(T * 2, Hk, D)[:T] for x in (k, v))
+    cuv = jnp.asarray([0, T // 3, T], jnp.int32)
+    pfwd = lambda q, k, v, s: fj.varlen_attention(q, k, v, cuv, cuv, causal=True, sinks=s, return_lse=True)
+    ploss = lambda q, k, v, s: (pfwd(q, k, v, s)[0] ** 2).sum() + pfwd(q, k, v, s)[1].sum()
+    qh, kh, vh = put(P(None, "x"), qv, kv_, vv)
+    pf, pg = jax.jit(pfwd), jax.jit(jax.grad(ploss, argnums=(0, 1, 2, 3)))
+    ov, lv = pf(qh, kh, vh, sinks)
+    assert ov.sharding.spec[1] == "x" and lv.sharding.spec[0] == "x", (ov.sharding, lv.sharding)
+    for fn, what in ((pf, "forward"), (pg, "backward")):
+        assert "all-gather" not in fn.lower(qh, kh, vh, sinks).compile().as_text(), ("packed", what, "gathered")
+    same((ov, lv), pfwd(qv, kv_, vv, sinks), "packed forward")
+    gv = pg(qh, kh, vh, sinks)
+    assert gv[0].sharding.spec[1] == "x" and gv[3].sharding.spec[0] == "x", [a.sharding for a in gv]
+    same(gv, jax.grad(ploss, argnums=(0, 1, 2, 3))(qv, kv_, vv, sinks), "packed gradients")
+    pdrop = lambda q, k, v: fj.varlen_attention(q, k, v, cuv, cuv, dropout_p=0.2, seed=3)
+    same(jax.jit(pdrop)(qh, kh, vh), pdrop(qv, kv_, vv), "packed dropout (whole)")
     # vmap of the jitted call (its batching rule: the plain call)
     same(jax.vmap(jax.jit(lambda q: fj.attention(q, k, v)))(jnp.stack([q, q])),
          jnp.stack([fj.attention(q, k, v)] * 2), "vmap")

@@ -30,7 +30,7 @@ from .. import _native
 from .._problem import _int, check_real, make_options as _library_options, problem_diag_offset, threads_int
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_scale_dtype,
                                   check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
-from . import _ffi
+from . import _ffi, _partition
 from .._quant import cache_dtype_code
 from ._attention import _cotangents_as_values, _dropout, _finite, _flag, _window, refuse_slopes_grad, seed_words
 from ._plan import _DTYPE_NAMES
@@ -132,14 +132,23 @@ def _optional(*xs):
     return [x for x in xs if x is not None]
 
 
+def _extra_names(slopes, sinks, seed):
+    return [n for n, x in (("slopes", slopes), ("sinks", sinks), ("seed", seed)) if x is not None]
+
+
 def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
     _ffi.register()
-    call = jax.ffi.ffi_call(VARLEN_FORWARD_TARGET,
-                            (jax.ShapeDtypeStruct(q.shape[:2] + v.shape[2:], q.dtype),
-                             jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
-                            vmap_method="sequential")
+
+    def plain(q, k, v, *rest):  # results shaped from the operands: a device's heads when split
+        call = jax.ffi.ffi_call(VARLEN_FORWARD_TARGET,
+                                (jax.ShapeDtypeStruct(q.shape[:2] + v.shape[2:], q.dtype),
+                                 jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
+                                vmap_method="sequential")
+        return call(q, k, v, *rest, **dict(attrs))
     operands = (q, k, v, cu_q, cu_k, *_optional(slopes, sinks, seed))
-    return _ffi.varying_like(call(*operands, **dict(attrs)), operands)
+    names = ["q", "k", "v", "cu_q", "cu_k"] + _extra_names(slopes, sinks, seed)
+    return _ffi.varying_like(_partition.call_plain(plain, _partition.VARLEN_ROLES, ("varlen_forward", attrs), names,
+                                                   ["o", "lse"], operands, whole=seed is not None), operands)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -164,12 +173,17 @@ def _varlen_op_bwd(attrs, res, cotangents):
         raise NotImplementedError("a gradient through lse with dropout (dropout_p > 0) is not supported")
     v, o, do = _cotangents_as_values(v, o, do, dlse.T if with_lse else None)  # lse [Hq, total_q]
     _ffi.register()
-    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
-    if sinks is not None:
-        shapes.append(jax.ShapeDtypeStruct(sinks.shape, jnp.float32))
+
+    def plain(*xs):  # results shaped from the operands: a device's heads when split
+        shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs[:3]]
+        if sinks is not None:
+            shapes.append(jax.ShapeDtypeStruct((xs[0].shape[1],), jnp.float32))
+        return jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="sequential")(*xs, **dict(attrs))
     operands = (q, k, v, o, lse, do, cu_q, cu_k, *_optional(slopes, sinks, seed))
-    outs = _ffi.varying_like(jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="sequential")(
-        *operands, **dict(attrs)), operands)
+    names = ["q", "k", "v", "o", "lse", "do", "cu_q", "cu_k"] + _extra_names(slopes, sinks, seed)
+    outs = _ffi.varying_like(_partition.call_plain(
+        plain, _partition.VARLEN_ROLES, ("varlen_backward", attrs), names,
+        ["dq", "dk", "dv"] + (["dsink"] if sinks is not None else []), operands, whole=seed is not None), operands)
     dq, dk, dv = outs[:3]
     dsink = outs[3] if sinks is not None else None
     if with_lse:

@@ -1,4 +1,5 @@
-"""The FFI calls under plain jit with sharded inputs: split along batch and heads.
+"""The FFI calls under plain jit with sharded inputs: split along batch and heads (packed
+batches: heads).
 
 A custom call is opaque to XLA's partitioner, which therefore gathered every operand onto
 each device and ran the whole problem there (every device all of the work, the output
@@ -86,13 +87,13 @@ def _mask_dims(ptr):
     return s.batch, s.heads
 
 
-def _split(opt, mesh, q_spec, q_roles, sizes):
+def _split(mesh, q_spec, q_roles, sizes, whole, mask):
     """The mesh axes the batch and the heads are split over (None: whole), from q's sharding."""
-    spec = tuple(q_spec) + (None,) * (4 - len(tuple(q_spec)))
+    spec = tuple(q_spec) + (None,) * (len(q_roles) - len(tuple(q_spec)))
     pick = {role: spec[i] for i, role in enumerate(q_roles) if role in ("b", "h")}
-    if opt.dropout_p > 0:
+    if whole:
         return None, None
-    mb, mh = _mask_dims(opt.mask) if opt.mask else (1, 1)
+    mb, mh = _mask_dims(mask) if mask else (1, 1)
     bax, hax = pick.get("b"), pick.get("h")
     nb, nh = _axes_size(mesh, bax), _axes_size(mesh, hax)
     if bax is None or nb == 1 or sizes["b"] % nb or mb != 1:
@@ -125,36 +126,52 @@ def _rule(in_roles, in_shapes, out_roles, out_shapes, sizes):
 _CACHE = {}
 
 
+# A packed batch's operands (_inference.py): no batch dimension, so only the heads split;
+# rows s and keys t are the packed totals, cu_seqlens whole on every device.
+VARLEN_ROLES = {"q": ("s", "h", "d"), "k": ("t", "g", "d"), "v": ("t", "g", "e"), "o": ("s", "h", "e"),
+                "do": ("s", "h", "e"), "lse": ("h", "s"), "dq": ("s", "h", "d"), "dk": ("t", "g", "d"),
+                "dv": ("t", "g", "e"), "cu_q": (None,), "cu_k": (None,), "slopes": ("h",), "sinks": ("h",),
+                "dsink": ("h",), "seed": (None,)}
+
+
 def call(kind, opt, bias_grad, in_names, out_names, operands):
-    """_ffi.raw_call(kind, ...) on operands, through custom_partitioning along batch and heads;
-    the plain call inside shard_map, and under vmap (custom_vmap)."""
-    from ._ffi import _varying_axes, raw_call
+    """_ffi.raw_call(kind, ...) on operands, through custom_partitioning along batch and heads
+    (call_plain)."""
+    from ._ffi import raw_call
 
     def plain(*xs):
         return raw_call(kind, opt, bias_grad, in_names, *xs)
+    return call_plain(plain, roles(opt), (kind, opt, bool(bias_grad)), in_names, out_names, operands,
+                      whole=opt.dropout_p > 0, mask=opt.mask)
+
+
+def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=False, mask=0):
+    """plain(*operands) (an FFI call whose results are shaped from its operands) through
+    custom_partitioning along batch and heads, the dimensions' roles role_of[name]; the plain
+    call inside shard_map, and under vmap (custom_vmap). key: what else plain depends on.
+    whole: no split (dropout); mask: the library mask's address (0: none)."""
+    from ._ffi import _varying_axes
     if _varying_axes(operands):  # inside shard_map: each shard is its own call already
         return plain(*operands)
-    key = (kind, opt, bool(bias_grad), tuple(in_names), tuple(out_names),
-           tuple((tuple(x.shape), str(x.dtype)) for x in operands))
+    key = (key, tuple(in_names), tuple(out_names), tuple((tuple(x.shape), str(x.dtype)) for x in operands))
     fn = _CACHE.get(key)
     if fn is None:
         shapes = jax.eval_shape(plain, *operands)
-        fn = _partitioned(plain, opt, in_names, out_names, [tuple(x.shape) for x in operands],
-                          [tuple(s.shape) for s in shapes])
+        fn = _partitioned(plain, role_of, in_names, out_names, [tuple(x.shape) for x in operands],
+                          [tuple(s.shape) for s in shapes], whole, mask)
         if len(_CACHE) > 256:
             _CACHE.clear()
         _CACHE[key] = fn
     return fn(*operands)
 
 
-def _partitioned(plain, opt, in_names, out_names, in_shapes, out_shapes):
-    r = roles(opt)
+def _partitioned(plain, r, in_names, out_names, in_shapes, out_shapes, whole, mask):
     in_roles, out_roles = [r[n] for n in in_names], [r[n] for n in out_names]
     sizes = _sizes(in_roles, in_shapes)
 
     def decide(mesh, arg_shapes):
         q_spec = getattr(arg_shapes[0].sharding, "spec", PartitionSpec())
-        bax, hax = _split(opt, mesh, q_spec, in_roles[0], sizes)
+        bax, hax = _split(mesh, q_spec, in_roles[0], sizes, whole, mask)
         args = tuple(NamedSharding(mesh, _spec(ro, s, sizes, bax, hax)) for ro, s in zip(in_roles, in_shapes))
         outs = tuple(NamedSharding(mesh, _spec(ro, s, sizes, bax, hax)) for ro, s in zip(out_roles, out_shapes))
         return bax, hax, args, outs
