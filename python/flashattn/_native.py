@@ -414,7 +414,11 @@ def _drop(key):
 def forget_mask(ptr):
     """Drops the cached plans that hold the library mask at ptr, whose owner is being
     destroyed: each plan keeps its own reference to its mask, so a cached plan kept a mask
-    the user had let go of (up to the cache's 256 plans: gigabytes of bitmaps at S = 4096)."""
+    the user had let go of (up to the cache's 256 plans: gigabytes of bitmaps at S = 4096).
+    At interpreter exit, with this module's globals already cleared, there is nothing to
+    drop (it raised TypeError from every mask's __del__ then)."""
+    if _PLAN_CACHE_LOCK is None or _PLANS_OF_MASK is None:
+        return
     with _PLAN_CACHE_LOCK:
         for key in _PLANS_OF_MASK.pop(ptr, ()):
             _PLAN_CACHE.pop(key, None)

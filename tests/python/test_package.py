@@ -196,6 +196,20 @@ def test_plan_cache_lets_a_deleted_mask_go():
     assert not _native._PLANS_OF_MASK
 
 
+def test_a_mask_deleted_at_interpreter_exit_is_quiet():
+    """At exit the interpreter clears this module's globals before the last masks' __del__
+    runs: forget_mask then raised TypeError (None as a lock) from each, printed as 'Exception
+    ignored in NativeMask.__del__' after a passing run. A fresh interpreter that keeps masks
+    alive to the end prints nothing on stderr."""
+    code = ("import numpy as np, flashattn\nfrom flashattn import masks\n"
+            "q = np.ones((1, 1, 64, 8), np.float32)\n"
+            "keep = [masks.chunked(16), masks.from_array(np.tri(64, dtype=bool))]\n"
+            "for m in keep: flashattn.attention(q, q, q, mask=m)\n"
+            "import flashattn._native as n\nn._keep_until_exit = keep\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+
+
 def test_plan_cache_follows_the_openmp_thread_count(monkeypatch):
     """A plan with the default thread count takes OpenMP's (omp_get_max_threads, which
     torch.set_num_threads and omp_set_num_threads change); the cache keyed it by
