@@ -25,8 +25,15 @@ _CONVERTED = weakref.WeakKeyDictionary()
 
 
 def _block_kinds(bm):
-    """[B', H', nq, nk] int8 fa_block_kind from the BlockMask's index lists."""
-    nq = bm.kv_num_blocks.shape[-1]
+    """[B', H', nq, nk] int8 fa_block_kind from the BlockMask's index lists: the rows of
+    ceil(Q_LEN / BLOCK_SIZE[0]) query blocks, as flex_attention reads them (a BlockMask may
+    list more, e.g. after _adjust to a shorter Q_LEN; one that lists fewer is refused: the
+    library would read past its rows)."""
+    nq = -(-bm.seq_lengths[0] // bm.BLOCK_SIZE[0])
+    listed = bm.kv_num_blocks.shape[-1]
+    if listed < nq:
+        raise ValueError(f"block_mask lists {listed} query blocks of {bm.BLOCK_SIZE[0]} rows, but its Q_LEN "
+                         f"{bm.seq_lengths[0]} needs {nq}: its block lists do not cover its seq_lengths")
     nk = -(-bm.seq_lengths[1] // bm.BLOCK_SIZE[1])
     Bm, Hm = bm.kv_num_blocks.shape[:2]
     kinds = np.zeros((Bm, Hm, nq, nk), np.int8)
@@ -36,6 +43,7 @@ def _block_kinds(bm):
         idx = idx.detach().cpu().numpy().astype(np.int64)
         slot = np.arange(idx.shape[-1])
         listed = slot[None, None, None, :] < num[..., None]  # the first num entries of each row count
+        listed[:, :, nq:] = False  # rows past Q_LEN's blocks: flex_attention never reads them
         b, h, q, s = np.nonzero(listed)
         kv = idx[b, h, q, s]
         keep = kv < nk  # padded lists may hold indices past the sequence
@@ -115,6 +123,9 @@ class _BlockMask(Mask):
 
     def _build(self, dims, diag, block):
         B, H, Sq, Sk = dims
+        # a zero batch or heads computes nothing: the mask is built for one (the library's
+        # masks have at least one of each) and broadcasts over none
+        B, H = max(B, 1), max(H, 1)
         if (Sq, Sk) != self.seq:
             raise ValueError(f"the BlockMask is for (Q_LEN, KV_LEN) = {self.seq} but the call has Sq = {Sq}, Sk = {Sk}")
         Bm, Hm = self.kinds.shape[:2]
@@ -136,15 +147,29 @@ class _BlockMask(Mask):
         return f"<flashattn mask of a BlockMask {self.kinds.shape}, blocks {self.block}>"
 
 
-def from_block_mask(bm):
-    """The flashattn mask of a BlockMask (converted once per BlockMask object)."""
+def _parts(bm):
+    """What a conversion depends on: mask_mod and the block lists (a user may assign any of
+    them on the BlockMask, as torch's messages suggest for mask_mod)."""
+    return (bm.mask_mod, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
+            tuple(bm.seq_lengths), tuple(bm.BLOCK_SIZE))
+
+
+def from_block_mask(bm, device=None):
+    """The flashattn mask of a BlockMask (converted once per BlockMask object and contents).
+    device: the call's (q's); the BlockMask must be on it, as flex_attention requires."""
     if not all(hasattr(bm, a) for a in ("kv_num_blocks", "kv_indices", "mask_mod", "BLOCK_SIZE", "seq_lengths")):
         raise TypeError(f"block_mask must be a torch.nn.attention.flex_attention.BlockMask, got {type(bm).__name__}")
+    dev = bm.kv_num_blocks.device
+    if device is not None and dev != device:
+        raise ValueError(f"block_mask is on {dev} but q is on {device} (flex_attention wants them on one device)")
+    if dev.type == "meta":
+        raise ValueError("block_mask is on the meta device: it holds no blocks to read")
+    parts = _parts(bm)
     try:
-        m = _CONVERTED.get(bm)
+        seen = _CONVERTED.get(bm)
     except TypeError:  # not weakly referenceable: convert every time
         return _BlockMask(bm)
-    if m is None:
-        m = _BlockMask(bm)
-        _CONVERTED[bm] = m
-    return m
+    if seen is None or any(a is not b for a, b in zip(seen[0], parts)):
+        seen = (parts, _BlockMask(bm))
+        _CONVERTED[bm] = seen
+    return seen[1]

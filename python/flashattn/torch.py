@@ -78,9 +78,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     Sk = kd[2]
     refuse_bool_bias(bias)
     native_mask = None
+    if q.device.type == "meta" and getattr(getattr(block_mask, "kv_num_blocks", None), "device", None) == q.device:
+        block_mask = None  # shapes only (meta in, meta out): no blocks to read, none needed
     if isinstance(mask, Mask) or block_mask is not None:
         native_mask = _native_mask(mask if isinstance(mask, Mask) else None, block_mask, B, H, Sq, Sk,
-                                   kd[1], diag_offset)
+                                   kd[1], diag_offset, None if q.device.type == "meta" else q.device)
         if isinstance(mask, Mask):
             mask = None
     for name, t in (("bias", bias), ("mask", mask)):
@@ -104,7 +106,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     return (o, lse) if return_lse else o
 
 
-def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset):
+def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset, device):
     """The library's fa_mask for a flashattn.masks mask and a BlockMask (ANDed); None for a
     zero-size call, which computes nothing."""
     from ._torch_flex import from_block_mask
@@ -113,7 +115,7 @@ def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset):
                          "torch.compile(fullgraph=True) cannot hold it (compile without fullgraph: a graph "
                          "break around the call), or pass a boolean mask= tensor")
     if block_mask is not None:
-        bm = from_block_mask(block_mask)
+        bm = from_block_mask(block_mask, device)
         mask = bm if mask is None else mask & bm
     return build_for_call(mask, B, H, Sq, Sk, diag_offset=int_in("diag_offset", diag_offset, optional=True),
                           empty=empty_dims(B, H, Hk, Sq, Sk))

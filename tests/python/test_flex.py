@@ -248,3 +248,57 @@ def test_a_larger_block_mask_serves_a_smaller_call_as_in_flex(rng):
         assert (got.grad.double() - want.grad).abs().max().item() <= 5e-5 * want.grad.abs().max().item()
     with pytest.raises(ValueError, match="each 1, equal or larger"):
         ft.attention(*(torch.randn(3, H, S, D),) * 3, block_mask=_block_mask(fn, 2, H, S, S, 64))
+
+
+def test_block_lists_must_cover_seq_lengths(rng):
+    """A BlockMask whose lists hold fewer query-block rows than its Q_LEN needs made the library
+    read past them (garbage kinds, or a wrong answer where the bytes were 0): refused. One
+    that lists more (made for a longer Q_LEN) is read as flex_attention reads it, its first
+    rows per head: head 1 read head 0's extra rows (error 0.48)."""
+    causal = lambda b, h, q, kv: q >= kv  # noqa: E731
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(1, 2, 256, 16, generator=g) for _ in range(3))
+    bm = _block_mask(causal, None, 2, 256, 256, 128)
+    short = flex.BlockMask.from_kv_blocks(bm.kv_num_blocks[:, :, :1], bm.kv_indices[:, :, :1],
+                                          seq_lengths=(256, 256), mask_mod=causal)
+    with pytest.raises(ValueError, match="lists 1 query blocks of 128 rows, but its Q_LEN 256 needs 2"):
+        ft.attention(q, k, v, block_mask=short)
+    with pytest.raises(ValueError, match="needs 2"):
+        ft.flex_cost(short, q, k, v)
+    long = _block_mask(causal, None, 2, 512, 256, 128)
+    more = flex.BlockMask.from_kv_blocks(long.kv_num_blocks, long.kv_indices, long.full_kv_num_blocks,
+                                         long.full_kv_indices, seq_lengths=(256, 256), mask_mod=causal)
+    want = _flex(q, k, v, bm)
+    assert (ft.attention(q, k, v, block_mask=more) - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+def test_zero_batch_or_heads_and_devices(rng):
+    """A zero batch or zero heads gives an empty output, as with every other mask (the mask
+    was built for batch 0 and refused); a BlockMask on another device than q is refused
+    naming both (torch's 'Cannot copy out of meta tensor' came through); meta q with a meta
+    BlockMask gives the output's shape; flex_cost of a meta BlockMask says it has no blocks."""
+    causal = lambda b, h, q, kv: q >= kv  # noqa: E731
+    bm = _block_mask(causal, None, None, 256, 256, 128)
+    q = torch.randn(1, 2, 256, 16)
+    assert ft.attention(q[:0], q[:0], q[:0], block_mask=bm).shape == (0, 2, 256, 16)
+    assert ft.attention(q[:, :0], q[:, :0], q[:, :0], block_mask=bm).shape == (1, 0, 256, 16)
+    meta = bm.to("meta")
+    with pytest.raises(ValueError, match="block_mask is on meta but q is on cpu"):
+        ft.attention(q, q, q, block_mask=meta)
+    qm = q.to("meta")
+    assert ft.attention(qm, qm, qm, block_mask=meta).shape == q.shape
+    assert ft.attention(qm, qm, qm, block_mask=bm).shape == q.shape
+    with pytest.raises(ValueError, match="meta device: it holds no blocks"):
+        ft.flex_cost(meta, q, q, q)
+
+
+def test_a_reassigned_mask_mod_is_used(rng):
+    """torch's own messages tell users to assign mask_mod on a BlockMask; the conversion,
+    cached per BlockMask object, kept the old one (an output 3.3 away from flex's)."""
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(1, 2, 256, 16, generator=g) for _ in range(3))
+    bm = _block_mask(lambda b, h, qi, ki: (qi - ki) % 3 != 0, None, None, 256, 256, 128)
+    ft.attention(q, k, v, block_mask=bm)
+    bm.mask_mod = lambda b, h, qi, ki: (qi - ki) % 5 != 0
+    want = _flex(q, k, v, bm)
+    assert (ft.attention(q, k, v, block_mask=bm) - want).abs().max().item() <= 1e-5 * want.abs().max().item()

@@ -183,3 +183,14 @@ def test_readme_figures():
         c = fj.splash_cost_estimate(m, q, q, q)
         assert [x.strip() for x in row.groups()] == [f"{c.flops:.4g}", f"{c.transcendentals:.4g}",
                                                      f"{c.bytes_accessed:.4g}"], name
+
+
+def test_and_of_multi_head_masks_is_refused_saying_how():
+    """& of two MultiHeadMasks (a LogicalAnd of shape [H, Sq, Sk], which splash refuses too):
+    the message named that shape as one it takes; it now says to combine per head."""
+    S = 128
+    a = sm.MultiHeadMask([sm.CausalMask((S, S))] * 2)
+    b = sm.MultiHeadMask([sm.LocalMask((S, S), (8, 8), offset=0)] * 2)
+    q = jax.numpy.ones((1, S, 2, 16), jax.numpy.float32)
+    with pytest.raises(ValueError, match="not a MultiHeadMask.*combine per head"):
+        fj.attention(q, q, q, mask=a & b)

@@ -112,6 +112,10 @@ def _from_splash(m):
                 seen[key] = _convert_2d(head, sm)
             out.append(seen[key])
         return masks.per_head(out), tuple(m.shape)
+    if len(m.shape) == 3:  # & or | of MultiHeadMasks (splash refuses them too)
+        raise ValueError(f"a splash mask of shape {m.shape} that is not a MultiHeadMask ({type(m).__name__}: & or | "
+                         "of MultiHeadMasks) is not taken: combine per head, MultiHeadMask([a & b for a, b in "
+                         "zip(x.masks, y.masks)])")
     if len(m.shape) != 2:
         raise ValueError(f"a splash mask must be [Sq, Sk] or a MultiHeadMask [H, Sq, Sk], got shape {m.shape}")
     return _convert_2d(m, sm), (None,) + tuple(m.shape)
