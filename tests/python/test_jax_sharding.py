@@ -226,8 +226,8 @@ def test_shard_map_dropout_recipe_draws_per_shard_masks():
 # rounding. GQA
 # heads split where Hq and Hk both divide; dropout stays whole (its keep mask is drawn at
 # global indices) and equals the unsharded call's; a block-sparse mask broadcast over the
-# batch splits along it; a packed batch splits along its heads; vmap of the jitted function
-# still runs.
+# batch splits along it; a packed batch splits along its heads, a kv cache along batch and
+# heads (paged: heads); vmap of the jitted function still runs.
 JIT_SHARDED = textwrap.dedent("""
     import os, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -326,6 +326,40 @@ JIT_SHARDED = textwrap.dedent("""
     same(gv, jax.grad(ploss, argnums=(0, 1, 2, 3))(qv, kv_, vv, sinks), "packed gradients")
     pdrop = lambda q, k, v: fj.varlen_attention(q, k, v, cuv, cuv, dropout_p=0.2, seed=3)
     same(jax.jit(pdrop)(qh, kh, vh), pdrop(qv, kv_, vv), "packed dropout (whole)")
+    # kv-cache decoding: a dense cache splits along batch and kv heads, a paged one along kv
+    # heads (its pages are every batch item's: a batch-sharded q leaves it whole), an int8
+    # cache and its scales alike; appends included, donated or not; bit-identical, and a
+    # dense call gathers nothing (every operand was gathered)
+    Sn = 2
+    qd = jnp.asarray(rng.standard_normal((B, Sn, Hq, D)), jnp.float32)
+    kc, vc = (jnp.asarray(rng.standard_normal((B, S, Hk, D)), jnp.float32) for _ in range(2))
+    kn, vn = (jnp.asarray(rng.standard_normal((B, Sn, Hk, D)), jnp.float32) for _ in range(2))
+    lens = jnp.asarray(rng.integers(0, S - Sn, B), jnp.int32)
+    dec = lambda q, kc, vc, kn, vn: fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True,
+                                                         sinks=sinks, return_lse=True)
+    want = dec(qd, kc, vc, kn, vn)
+    for spec, axis in ((P("x"), 0), (P(None, None, "x"), 2)):
+        f = jax.jit(dec)
+        xs = put(spec, qd, kc, vc, kn, vn)
+        assert "all-gather" not in f.lower(*xs).compile().as_text(), ("kvcache", spec, "gathered")
+        got = f(*xs)
+        assert got[0].sharding.spec[axis] == "x" and got[2].sharding.spec[axis] == "x", [g.sharding for g in got]
+        same(got, want, ("kvcache", spec))
+        same(jax.jit(dec, donate_argnums=(1, 2))(*put(spec, qd, kc, vc, kn, vn)), want, ("kvcache donated", spec))
+    npg, ps = 2 * B * S // 16, 16
+    kp, vp = (jnp.asarray(rng.standard_normal((npg, ps, Hk, D)), jnp.float32) for _ in range(2))
+    table = jnp.asarray(rng.permutation(npg)[:B * (S // ps)].reshape(B, S // ps), jnp.int32)
+    pdec = lambda q, kp, vp, kn, vn: fj.kvcache_attention(q, kp, vp, kn, vn, cache_seqlens=lens, block_table=table)
+    want = pdec(qd, kp, vp, kn, vn)
+    for spec in (P(None, None, "x"), P("x")):
+        got = jax.jit(pdec)(*put(spec, qd), *put(P(None, None, "x"), kp, vp), *put(spec, kn, vn))
+        same(got, want, ("paged", spec))
+    kq, ksc, vq, vsc = fj.quantize_cache(kc, vc, "int8")
+    qdec = lambda q, kq, vq, ks, vs, kn, vn: fj.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens,
+                                                                  cache_dtype="int8", k_scale=ks, v_scale=vs)
+    want = qdec(qd, kq, vq, ksc, vsc, kn, vn)
+    for spec in (P("x"), P(None, None, "x")):
+        same(jax.jit(qdec)(*put(spec, qd, kq, vq, ksc, vsc, kn, vn)), want, ("int8 cache", spec))
     # vmap of the jitted call (its batching rule: the plain call)
     same(jax.vmap(jax.jit(lambda q: fj.attention(q, k, v)))(jnp.stack([q, q])),
          jnp.stack([fj.attention(q, k, v)] * 2), "vmap")

@@ -376,34 +376,49 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                        cache_dtype=code)
     _native.cached_plan(p, _library_options("cpu"))
     _ffi.register()
-    results = [jax.ShapeDtypeStruct(q.shape[:3] + v_cache.shape[3:], q.dtype),
-               jax.ShapeDtypeStruct((B, q.shape[2], q.shape[1]), jnp.float32)]
-    aliases = None
-    if k is not None:  # the updated caches, aliased to the cache arguments
-        results += [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)]
-        aliases = {1: 2, 2: 3}
-        if code is not None:  # and the scales, the last two arguments
-            n_args = 6 + (table is not None) + (slopes is not None) + (sinks is not None)
-            results += [jax.ShapeDtypeStruct(k_scale.shape, jnp.float32)] * 2
-            aliases.update({n_args: 4, n_args + 1: 5})
-    call = jax.ffi.ffi_call(KVCACHE_TARGET, tuple(results), input_output_aliases=aliases, vmap_method="sequential")
     ng = lambda x, name: _no_grad(x, f"kvcache_attention's {name}")  # noqa: E731
-    operands = [ng(q, "q"), ng(k_cache, "k_cache"), ng(v_cache, "v_cache"), lens]
+    operands, names = [ng(q, "q"), ng(k_cache, "k_cache"), ng(v_cache, "v_cache"), lens], ["q", "k_cache", "v_cache",
+                                                                                          "lens"]
     if k is not None:
         operands += [ng(k, "k"), ng(v, "v")]
+        names += ["k", "v"]
     if table is not None:
         operands.append(table)
+        names.append("table")
     if slopes is not None:
         operands.append(ng(slopes, "alibi_slopes"))
+        names.append("slopes")
     if sinks is not None:
         operands.append(ng(sinks, "sinks"))
+        names.append("sinks")
     if code is not None:  # last, as the handler reads them (jax_ffi_inference.c)
         operands += [ng(k_scale, "k_scale"), ng(v_scale, "v_scale")]
+        names += ["k_scale", "v_scale"]
     if k_prefix is not None:  # after the scales (jax_ffi_inference.c)
         operands += [ng(k_prefix, "k_prefix"), ng(v_prefix, "v_prefix")]
-    outs = _ffi.varying_like(call(*operands, has_new_kv=np.int64(k is not None), paged=np.int64(paged),
-                                  cache_dtype=np.int64(code or 0), has_prefix=np.int64(k_prefix is not None),
-                                  **attrs), operands)
+        names += ["k_prefix", "v_prefix"]
+    out_names = ["o", "lse"] + (["k_cache", "v_cache"] + (["k_scale", "v_scale"] if code is not None else [])
+                                if k is not None else [])
+    call_attrs = dict(has_new_kv=np.int64(k is not None), paged=np.int64(paged), cache_dtype=np.int64(code or 0),
+                      has_prefix=np.int64(k_prefix is not None), **attrs)
+
+    def plain(*xs):  # results shaped from the operands: a device's batch items or heads when split
+        q, kc, vc = xs[:3]
+        results = [jax.ShapeDtypeStruct(q.shape[:3] + vc.shape[3:], q.dtype),
+                   jax.ShapeDtypeStruct((q.shape[0], q.shape[2], q.shape[1]), jnp.float32)]
+        aliases = None
+        if k is not None:  # the updated caches, aliased to the cache arguments
+            results += [jax.ShapeDtypeStruct(kc.shape, kc.dtype), jax.ShapeDtypeStruct(vc.shape, vc.dtype)]
+            aliases = {1: 2, 2: 3}
+            if code is not None:  # and the scales, the last two arguments before a prefix
+                n_args = names.index("k_scale")
+                results += [jax.ShapeDtypeStruct(xs[n_args].shape, jnp.float32)] * 2
+                aliases.update({n_args: 4, n_args + 1: 5})
+        return jax.ffi.ffi_call(KVCACHE_TARGET, tuple(results), input_output_aliases=aliases,
+                                vmap_method="sequential")(*xs, **call_attrs)
+    outs = _ffi.varying_like(_partition.call_plain(
+        plain, _partition.kvcache_roles(paged, set(names) | set(out_names)), ("kvcache", tuple(sorted(call_attrs.items()))),
+        names, out_names, operands, whole=("b",) if paged else ()), operands)
     o, lse = outs[:2]
     kc, vc = outs[2:4] if k is not None else (k_cache, v_cache)  # read only: the caches as given
     if code is not None:

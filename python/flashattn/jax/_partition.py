@@ -1,5 +1,5 @@
 """The FFI calls under plain jit with sharded inputs: split along batch and heads (packed
-batches: heads).
+batches and paged caches: heads).
 
 A custom call is opaque to XLA's partitioner, which therefore gathered every operand onto
 each device and ran the whole problem there (every device all of the work, the output
@@ -88,11 +88,12 @@ def _mask_dims(ptr):
 
 
 def _split(mesh, q_spec, q_roles, sizes, whole, mask):
-    """The mesh axes the batch and the heads are split over (None: whole), from q's sharding."""
-    spec = tuple(q_spec) + (None,) * (len(q_roles) - len(tuple(q_spec)))
-    pick = {role: spec[i] for i, role in enumerate(q_roles) if role in ("b", "h")}
-    if whole:
+    """The mesh axes the batch and the heads are split over (None: whole), from q's sharding.
+    whole: True (nothing splits) or the roles that stay whole."""
+    if whole is True:
         return None, None
+    spec = tuple(q_spec) + (None,) * (len(q_roles) - len(tuple(q_spec)))
+    pick = {role: spec[i] for i, role in enumerate(q_roles) if role in ("b", "h") and role not in (whole or ())}
     mb, mh = _mask_dims(mask) if mask else (1, 1)
     bax, hax = pick.get("b"), pick.get("h")
     nb, nh = _axes_size(mesh, bax), _axes_size(mesh, hax)
@@ -134,6 +135,19 @@ VARLEN_ROLES = {"q": ("s", "h", "d"), "k": ("t", "g", "d"), "v": ("t", "g", "e")
                 "dsink": ("h",), "seed": (None,)}
 
 
+def kvcache_roles(paged, names):
+    """A decode call's operands (_inference.kvcache_attention), results and updated caches: a
+    dense cache [B, S, Hk, D] splits along batch and kv heads, a paged one [pages, page_size,
+    Hk, D] along kv heads only (its pages are every batch item's); a shared prefix [P, Hk, D]
+    along kv heads; the new tokens and lengths along batch."""
+    cache = (None, None, "g") if paged else ("b", "t", "g")
+    r = {"q": ("b", "s", "h", "d"), "k_cache": cache + ("d",), "v_cache": cache + ("e",), "lens": ("b",),
+         "k": ("b", "s", "g", "d"), "v": ("b", "s", "g", "e"), "table": ("b", None), "slopes": ("h",),
+         "sinks": ("h",), "k_scale": cache, "v_scale": cache, "k_prefix": (None, "g", "d"),
+         "v_prefix": (None, "g", "e"), "o": ("b", "s", "h", "e"), "lse": ("b", "h", "s")}
+    return {n: r[n] for n in names}
+
+
 def call(kind, opt, bias_grad, in_names, out_names, operands):
     """_ffi.raw_call(kind, ...) on operands, through custom_partitioning along batch and heads
     (call_plain)."""
@@ -149,7 +163,8 @@ def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=Fals
     """plain(*operands) (an FFI call whose results are shaped from its operands) through
     custom_partitioning along batch and heads, the dimensions' roles role_of[name]; the plain
     call inside shard_map, and under vmap (custom_vmap). key: what else plain depends on.
-    whole: no split (dropout); mask: the library mask's address (0: none)."""
+    whole: True, no split (dropout), or the roles that stay whole ("b" for a paged cache,
+    which every batch item writes); mask: the library mask's address (0: none)."""
     from ._ffi import _varying_axes
     if _varying_axes(operands):  # inside shard_map: each shard is its own call already
         return plain(*operands)
