@@ -9,7 +9,11 @@
  * "spawn") gets its threads back. The handler is registered when the library is loaded,
  * before anything of it can have started the pool (a plan's call, or fa_cpu_exp_rate: a
  * handler registered with the first plan missed a parent that had only measured the exp
- * rate, and a child that made its first plan after the fork). */
+ * rate, and a child that made its first plan after the fork). Nor may a call take one of
+ * libgomp's process-wide locks (a reduction of two variables, a critical section): a fork
+ * while another thread of the parent held one left it held in the child, whose first call
+ * hung there; the drivers sum counts with atomics (cpu/counts_sum.h) and report progress
+ * under a lock of the call's own (cpu/progress.h); tests/test_fork_locks.sh checks. */
 #include "internal.h"
 
 #include <pthread.h>

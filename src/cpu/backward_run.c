@@ -2,6 +2,7 @@
  * arguments, the workspace, delta, the threads, progress and counts. What a schedule
  * computes, and in which order, is in its own file (backward.c, backward_fused.c). */
 #include "backward_run.h"
+#include "counts_sum.h"
 #include "progress.h"
 
 #include <omp.h>
@@ -66,11 +67,12 @@ fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int
     const fa_bwd_ctx c = {pl, a, delta, fa_dtype_size(p->dtype),
                           fa_score_ctx_make(pl, a->bias, a->alibi_slopes, a->q_segment_ids, a->kv_segment_ids),
                           fa_plan_dropout(pl)};
-    int64_t flops = 0, trans = 0;
+    fa_counts_sum sum;
+    fa_counts_sum_init(&sum, 0, 0);
     fa_progress progress;
     fa_progress_init(&progress, a->progress, a->progress_ctx, steps);
 
-#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+#pragma omp parallel num_threads(threads)
     {
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch_bytes;
         mine += (FA_BWD_ALIGN - (uintptr_t)mine % FA_BWD_ALIGN) % FA_BWD_ALIGN; /* within the slack */
@@ -87,10 +89,10 @@ fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < items; t++) fa_progress_step(&progress, item(&c, mine, t, &cnt));
-        flops += cnt.flops;
-        trans += cnt.transcendentals;
+        fa_counts_sum_add(&sum, &cnt);
     }
-    if (p->has_sinks) trans += rows; /* one exp per row for dsink */
-    fa_counts_report(a->counts, flops, trans);
+    const fa_counts total = fa_counts_sum_get(&sum);
+    /* with sinks, one exp per row for dsink */
+    fa_counts_report(a->counts, total.flops, total.transcendentals + (p->has_sinks ? rows : 0));
     return FA_OK;
 }

@@ -19,6 +19,7 @@
  * + i), applied element by element by the score rule (scores.h); every prefix tile is
  * computed for every row. */
 #include "guard.h"
+#include "counts_sum.h"
 #include "isa.h"
 #include "scores.h"
 #include "softmax_row.h"
@@ -261,8 +262,9 @@ fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args 
     const int64_t Hk = p->heads_kv, items = fa_cascade_chunks(pl) * Hk, P = p->shared_prefix_len;
     const int64_t scratch = cas_scratch_bytes(pl), CH = cas_chunk(pl);
     char *scratch_base = ws + fa_cascade_partial_floats(pl) * (int64_t)sizeof(float);
-    int64_t flops = 0, trans = 0;
-#pragma omp parallel num_threads(fa_call_threads(pl)) reduction(+ : flops, trans)
+    fa_counts_sum sum;
+    fa_counts_sum_init(&sum, 0, 0);
+#pragma omp parallel num_threads(fa_call_threads(pl))
     {
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
         mine += (CASCADE_ALIGN - (uintptr_t)mine % CASCADE_ALIGN) % CASCADE_ALIGN;
@@ -272,10 +274,10 @@ fa_status fa_cpu_cascade_prefix(const struct fa_plan *pl, const fa_forward_args 
             const int64_t ch = it / Hk, k0 = ch * CH;
             cas_item(&cx, mine, ch, it % Hk, k0, k0 + CH < P ? k0 + CH : P, &c);
         }
-        flops += c.flops;
-        trans += c.transcendentals;
+        fa_counts_sum_add(&sum, &c);
     }
-    cnt->flops += flops;
-    cnt->transcendentals += trans;
+    const fa_counts total = fa_counts_sum_get(&sum);
+    cnt->flops += total.flops;
+    cnt->transcendentals += total.transcendentals;
     return FA_OK;
 }

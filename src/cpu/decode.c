@@ -29,6 +29,7 @@
 #include "decode_kernels.h"
 #include "guard.h"
 #include "isa.h"
+#include "counts_sum.h"
 #include "progress.h"
 #include "scores.h"
 #include "softmax_row.h"
@@ -456,10 +457,12 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.first = first;
     char *scratch_base = (char *)(first + B + 1);
 
-    int64_t flops = prefix_counts.flops, trans = prefix_counts.transcendentals, next_item = 0;
+    int64_t next_item = 0;
+    fa_counts_sum sum;
+    fa_counts_sum_init(&sum, prefix_counts.flops, prefix_counts.transcendentals);
     fa_progress progress; /* items (a sequence's chunk of keys) done, as the forward counts query tiles */
     fa_progress_init(&progress, a->progress, a->progress_ctx, items);
-#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+#pragma omp parallel num_threads(threads)
     {
         char *mine = scratch_base + (int64_t)omp_get_thread_num() * scratch;
         mine += (DEC_ALIGN - (uintptr_t)mine % DEC_ALIGN) % DEC_ALIGN;
@@ -489,10 +492,10 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
             const int64_t bb = r / (p->heads_q * p->seq_q), h = r / p->seq_q % p->heads_q, i = r % p->seq_q;
             dec_merge(&cx, bb, h, i, first[bb + 1] - first[bb], &cnt);
         }
-        flops += cnt.flops;
-        trans += cnt.transcendentals;
+        fa_counts_sum_add(&sum, &cnt);
     }
     fa_free(owned);
-    fa_counts_report(a->counts, flops, trans);
+    const fa_counts total = fa_counts_sum_get(&sum);
+    fa_counts_report(a->counts, total.flops, total.transcendentals);
     return FA_OK;
 }

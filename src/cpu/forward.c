@@ -24,6 +24,7 @@
 #include "dropout.h"
 #include "guard.h"
 #include "isa.h"
+#include "counts_sum.h"
 #include "progress.h"
 #include "scores.h"
 #include "../sinks.h"
@@ -478,10 +479,11 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
 
     const int64_t qtiles = (p->seq_q + cx.bq - 1) / cx.bq, run = run_length(pl, cx.bq);
     const int64_t runs = (qtiles + run - 1) / run, items = p->batch * p->heads_q * runs;
-    int64_t flops = 0, trans = 0;
+    fa_counts_sum sum;
+    fa_counts_sum_init(&sum, 0, 0);
     fa_progress progress;
     fa_progress_init(&progress, a->progress, a->progress_ctx, p->batch * p->heads_q * qtiles); /* query tiles */
-#pragma omp parallel num_threads(threads) reduction(+ : flops, trans)
+#pragma omp parallel num_threads(threads)
     {
         const fwd_scratch sc = carve_scratch(pl, ws + (int64_t)omp_get_thread_num() * per_thread);
         fa_counts cnt = {0, 0};
@@ -493,10 +495,10 @@ fa_status fa_cpu_forward(const struct fa_plan *pl, const fa_forward_args *a) {
             forward_item(&cx, &sc, bh / p->heads_q, bh % p->heads_q, qr * run, qt1, &cnt);
             fa_progress_step(&progress, qt1 - qr * run);
         }
-        flops += cnt.flops;
-        trans += cnt.transcendentals;
+        fa_counts_sum_add(&sum, &cnt);
     }
     fa_free(owned);
-    fa_counts_report(a->counts, flops, trans);
+    const fa_counts total = fa_counts_sum_get(&sum);
+    fa_counts_report(a->counts, total.flops, total.transcendentals);
     return FA_OK;
 }
