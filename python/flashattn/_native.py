@@ -7,6 +7,7 @@ header fails with ImportError naming the struct instead of passing garbage to C.
 import contextvars
 import ctypes
 import os
+import signal
 import threading
 
 c_int64 = ctypes.c_int64
@@ -306,11 +307,14 @@ def _run_reporting(call, args, what):
     """Runs a forward or backward call, with the progress callback of flashattn.progress where
     one is set: the C library calls it from a worker thread (at most once per percent, one at
     a time); ctypes takes the GIL around it. An exception it raises is kept and raised after
-    the call, which cannot be stopped half-way (its outputs are complete)."""
+    the call, which cannot be stopped half-way (its outputs are complete). So is Ctrl-C: on
+    the main thread Python runs its SIGINT handler inside whatever Python code runs next,
+    here the callback, where ctypes would print the KeyboardInterrupt and drop it; for the
+    call the handler is one that notes the signal, and the one it replaced runs after."""
     fn = PROGRESS.get()
     if fn is None:
         return check(call(), what)
-    failed = []
+    failed, interrupts = [], []
 
     def report(_ctx, done, total):
         if not failed:
@@ -319,10 +323,17 @@ def _run_reporting(call, args, what):
             except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: raised after the call)
                 failed.append(e)
     args.progress = PROGRESS_FN(report)  # the struct holds the ctypes object for the call
+    old = None
+    if threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGINT)):
+        old = signal.signal(signal.SIGINT, lambda signum, frame: interrupts.append((signum, frame)))
     try:
         check(call(), what)
     finally:
         args.progress = PROGRESS_FN()
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+            for signum, frame in interrupts:
+                old(signum, frame)  # Python's default raises KeyboardInterrupt here
     if failed:
         raise failed[0]
 

@@ -107,3 +107,22 @@ def test_torch_forward_and_backward_report(rng):
     assert [w for w, _, _ in seen][0] == "forward" and seen[-1][0] == "backward", seen
     _well_formed([r for r in seen if r[0] == "forward"], "forward")
     _well_formed([r for r in seen if r[0] == "backward"], "backward")
+
+
+def test_ctrl_c_during_a_reported_call_is_raised():
+    """Python runs a SIGINT handler in the next Python code of the main thread: the progress
+    callback, where ctypes printed the KeyboardInterrupt and dropped it (the loop ran on).
+    Now it is raised when the call returns."""
+    import subprocess
+    import sys
+    code = ("import os, signal, threading, time, numpy as np, flashattn\n"
+            "q = np.ones((1, 8, 1500, 64), np.float32)\n"
+            "threading.Thread(target=lambda: (time.sleep(0.3), os.kill(os.getpid(), signal.SIGINT))).start()\n"
+            "try:\n"
+            "    with flashattn.progress(lambda *a: None):\n"
+            "        for _ in range(200): flashattn.attention(q, q, q, threads=2)\n"
+            "    print('finished')\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "interrupted True" and "Exception ignored" not in r.stderr, (r.stdout, r.stderr[-2000:])
