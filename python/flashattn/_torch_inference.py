@@ -133,8 +133,10 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     has_sinks = sinks is not None
     if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
                      diag_offset, threads, has_sinks):  # nothing visible anywhere: every gradient is 0
-        return tuple(torch.zeros_like(t) for t in (q, k, v)) + (
-            torch.zeros(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device),)
+        # but dsink_h = -sum of do . o over head h's rows (o = 0): 0, or NaN from do, as the library
+        dsink = (0.0 - (do.float() * o.float()).sum([0, 2]) if has_sinks
+                 else torch.zeros((0,), dtype=torch.float32, device=q.device))
+        return tuple(torch.zeros_like(t) for t in (q, k, v)) + (dsink,)
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     lse = lse.contiguous()

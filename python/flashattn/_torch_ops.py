@@ -224,11 +224,14 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     seed = seed_value(seed)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
-    if _empty_sizes(q, k, layout):  # nothing visible anywhere: every gradient is 0
+    if _empty_sizes(q, k, layout):  # nothing visible anywhere: every gradient is 0 but dsink's
         _check_empty(q, k, v, bias, alibi, segs, opts, threads, bias_grad, has_sinks)
+        # dsink_h = -sum of do . o over head h's rows (o = 0): 0, or NaN from do, as the library
+        heads = 1 if layout == "bhsd" else 2
+        dsink = (0.0 - (do.float() * o.float()).sum([d for d in range(4) if d != heads]) if has_sinks
+                 else torch.zeros((0,), dtype=torch.float32, device=q.device))
         return tuple(torch.zeros_like(t) for t in (q, k, v)) + (
-            torch.zeros(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device),
-            torch.zeros(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
+            torch.zeros(bias.shape if bias_grad else (0,), dtype=torch.float32, device=q.device), dsink)
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     bias = None if bias is None else readable(bias)

@@ -53,7 +53,7 @@ static float dsink_head(const fa_plan *pl, const fa_backward_args *a, const floa
         for (int64_t i = 0; i < p->seq_q; i++)
             sum += (double)(expf(a->sinks[h] - a->lse[fa_lse_index(pl, b, h, i)]) *
                             delta[(b * p->heads_q + h) * p->seq_q + i]);
-    return (float)-sum;
+    return (float)(0.0 - sum); /* +0 for a zero sum, as the other paths give */
 }
 
 fa_status fa_bwd_run(const fa_plan *pl, const fa_backward_args *a, char *ws, int64_t scratch_bytes,

@@ -71,7 +71,7 @@ fa_status fa_cpu_empty_backward(const struct fa_plan *pl, const fa_backward_args
     for (int64_t h = 0; p->has_sinks && h < p->heads_q; h++) {
         double sum = 0.0;
         for (int64_t b = 0; b < L; b++) sum += fa_keyless_delta_sum(pl, a, b, h, 0, rows);
-        a->dsink[h] = (float)-sum;
+        a->dsink[h] = (float)(0.0 - sum); /* +0 for a zero sum, as the kernels give */
     }
     if (a->counts) a->counts->flops = a->counts->transcendentals = 0;
     return FA_OK;

@@ -300,3 +300,45 @@ def test_nan_in_do_of_rows_without_keys_reaches_dsink(rng):
     do[1, 2, 0] = np.nan  # a row of sequence 0, head 2
     *_, ds_nan = flashattn.varlen_attention_backward(qp, kp, vp, o, lse, do, cq, ck, sinks=sinks)
     assert np.isnan(ds_nan[2]) and np.array_equal(np.delete(ds_nan, 2), np.delete(ds, 2)), ds_nan
+
+
+@pytest.mark.parametrize("front", ["torch", "jax"])
+def test_nan_in_do_without_keys_reaches_dsink_in_every_front(rng, front):
+    """The fronts fill problems without keys themselves (no library call): their dsink was 0
+    whatever do held, while the library's is NaN there (docs/nonfinite.md). Dense and packed,
+    Sk = 0; finite do still gives 0, and o stays +0."""
+    sinks = np.array([0.5, -1.0, 2.0, 0.25], np.float32)
+    q = randn(rng, (1, 3, H, D))  # bshd
+    k = np.zeros((1, 0, H, D), np.float32)
+    cu, cuk = np.array([0, 3], np.int32), np.array([0, 0], np.int32)
+    for poison in (False, True):
+        do = randn(rng, q.shape)
+        if poison:
+            do[0, 2, 1, 3] = np.nan
+        want = np.float32([0, np.nan, 0, 0] if poison else [0, 0, 0, 0])
+        if front == "torch":
+            torch = pytest.importorskip("torch")
+            import flashattn.torch as fat
+            got = []
+            for packed in (False, True):
+                s = torch.from_numpy(sinks).requires_grad_()
+                if packed:
+                    o = fat.varlen_attention(torch.from_numpy(q[0]), torch.from_numpy(k[0]), torch.from_numpy(k[0]),
+                                             torch.from_numpy(cu), torch.from_numpy(cuk), sinks=s)
+                    o.backward(torch.from_numpy(do[0]))
+                else:
+                    o = fat.attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(k), sinks=s,
+                                      layout="bshd")
+                    o.backward(torch.from_numpy(do))
+                assert not torch.signbit(o).any()
+                got.append(s.grad.numpy())
+        else:
+            jax = pytest.importorskip("jax")
+            import jax.numpy as jnp
+            import flashattn.jax as fj
+            qj, kj = jnp.asarray(q), jnp.asarray(k)
+            got = [np.asarray(jax.grad(lambda s: (fj.attention(qj, kj, kj, sinks=s) * do).sum())(jnp.asarray(sinks))),
+                   np.asarray(jax.grad(lambda s: (fj.varlen_attention(qj[0], kj[0], kj[0], jnp.asarray(cu), jnp.asarray(cuk),
+                                                                      sinks=s) * do[0]).sum())(jnp.asarray(sinks)))]
+        for g, what in zip(got, ("dense", "packed")):
+            np.testing.assert_array_equal(g, want, err_msg=f"{front} {what}, NaN in do: {poison}")

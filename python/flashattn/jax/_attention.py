@@ -359,8 +359,9 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     if empty_dims(b, hq, sq, sk):  # nothing to compute: filled here, outside the XLA call
         o_shape, lse_shape = _ffi.out_shapes(opt, q, v)
         o, lse = jnp.zeros(o_shape, q.dtype), jnp.full(lse_shape, -jnp.inf, jnp.float32)
-        if sinks is not None:  # rows without keys: lse = sink
-            lse = jnp.broadcast_to(sinks[None, :, None], lse_shape)
+        if sinks is not None:  # rows without keys: lse = sink, and o = 0 with a zero derivative in the
+            lse = jnp.broadcast_to(sinks[None, :, None], lse_shape)  # sink: dsink gets NaN from do, as the library
+            o = o + _zero_along_heads(sinks, o_shape, 2 if opt.layout == "bshd" else 1).astype(q.dtype)
     else:
         # one varying-axis type for all operands (_ffi.vary_together: a replicated bias or
         # sinks beside a sharded q gets its gradient summed over the shards)
@@ -368,6 +369,15 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
                                       seed_words(opt.dropout_p, seed, dropout_offset))
         o, lse = _op_jit(opt, *operands)
     return (o, lse) if return_lse else o
+
+
+def _zero_along_heads(sinks, shape, axis):
+    """Zeros of shape that depend on sinks [H] (along axis) with a zero derivative: the rows
+    of a problem without keys, o = 0 whatever the sink, whose dsink term is do . 0 (0, or
+    NaN where do is: docs/nonfinite.md)."""
+    idx = [None] * len(shape)
+    idx[axis] = slice(None)
+    return jnp.broadcast_to(0.0 * sinks[tuple(idx)], shape) + 0.0  # + 0.0: no -0.0 from a negative sink
 
 
 def _check_plan(opt, q, k, v, bias, mask=None):

@@ -32,7 +32,8 @@ from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_p
                                   check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
 from . import _ffi, _partition
 from .._quant import cache_dtype_code
-from ._attention import _cotangents_as_values, _dropout, _finite, _flag, _window, refuse_slopes_grad, seed_words
+from ._attention import (_cotangents_as_values, _dropout, _finite, _flag, _window, _zero_along_heads,
+                         refuse_slopes_grad, seed_words)
 from ._plan import _DTYPE_NAMES
 
 VARLEN_FORWARD_TARGET, VARLEN_BACKWARD_TARGET, KVCACHE_TARGET = (t for t, _ in _ffi.INFERENCE_TARGETS)
@@ -246,8 +247,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads: filled here, outside the XLA call
         o = jnp.zeros(q.shape[:2] + v.shape[2:], q.dtype)
         lse = jnp.full((q.shape[1], q.shape[0]), -jnp.inf, jnp.float32)
-        if sinks is not None:  # rows without keys: lse = sink
+        if sinks is not None:  # rows without keys: lse = sink, o = 0 with a zero derivative in the sink
             lse = jnp.broadcast_to(sinks[:, None], lse.shape)
+            o = o + _zero_along_heads(sinks, o.shape, 1).astype(q.dtype)
     else:
         # one varying-axis type for all operands: a replicated sinks gets its gradient summed
         operands = _ffi.vary_together(q, k, v, cu_q, cu_k, slopes, sinks, seed_operand)
