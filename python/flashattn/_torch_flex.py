@@ -148,10 +148,13 @@ class _BlockMask(Mask):
 
 
 def _parts(bm):
-    """What a conversion depends on: mask_mod and the block lists (a user may assign any of
-    them on the BlockMask, as torch's messages suggest for mask_mod)."""
-    return (bm.mask_mod, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
-            tuple(bm.seq_lengths), tuple(bm.BLOCK_SIZE))
+    """What a conversion depends on: mask_mod and the block lists, each with its version
+    counter where it is a tensor (a user may assign any of them on the BlockMask, as torch's
+    messages suggest for mask_mod, or edit a list in place: flex_attention reads them at
+    every call)."""
+    return tuple((x, getattr(x, "_version", None)) for x in (
+        bm.mask_mod, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)) + (
+        tuple(bm.seq_lengths), tuple(bm.BLOCK_SIZE))
 
 
 def from_block_mask(bm, device=None):
@@ -169,7 +172,8 @@ def from_block_mask(bm, device=None):
         seen = _CONVERTED.get(bm)
     except TypeError:  # not weakly referenceable: convert every time
         return _BlockMask(bm)
-    if seen is None or any(a is not b for a, b in zip(seen[0], parts)):
+    if seen is None or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(seen[0][:5], parts[:5])) \
+            or seen[0][5:] != parts[5:]:
         seen = (parts, _BlockMask(bm))
         _CONVERTED[bm] = seen
     return seen[1]

@@ -79,6 +79,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     refuse_bool_bias(bias)
     native_mask = None
     if q.device.type == "meta" and getattr(getattr(block_mask, "kv_num_blocks", None), "device", None) == q.device:
+        if tuple(block_mask.seq_lengths) != (Sq, Sk):  # the shapes are checked all the same
+            raise ValueError(f"the BlockMask is for (Q_LEN, KV_LEN) = {tuple(block_mask.seq_lengths)} but the call "
+                             f"has Sq = {Sq}, Sk = {Sk}")
         block_mask = None  # shapes only (meta in, meta out): no blocks to read, none needed
     if isinstance(mask, Mask) or block_mask is not None:
         native_mask = _native_mask(mask if isinstance(mask, Mask) else None, block_mask, B, H, Sq, Sk,

@@ -302,3 +302,12 @@ def test_a_reassigned_mask_mod_is_used(rng):
     bm.mask_mod = lambda b, h, qi, ki: (qi - ki) % 5 != 0
     want = _flex(q, k, v, bm)
     assert (ft.attention(q, k, v, block_mask=bm) - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+    # block lists edited in place (flex_attention reads them at every call): every block gone
+    bm.kv_num_blocks.zero_()
+    if bm.full_kv_num_blocks is not None:
+        bm.full_kv_num_blocks.zero_()
+    assert ft.attention(q, k, v, block_mask=bm).abs().max().item() == 0.0
+    # meta: the BlockMask's lengths are checked as on the CPU
+    meta = _block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 256, 256, 128).to("meta")
+    with pytest.raises(ValueError, match="Q_LEN, KV_LEN"):
+        ft.attention(*(torch.empty(1, 2, 100, 16, device="meta"),) * 3, block_mask=meta)
