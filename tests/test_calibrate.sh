@@ -80,6 +80,12 @@ fa calibrate --threads 1 --json
 [ $rc -eq 0 ] && grep -qF '"cache": "'"$W"'/odd\"dir\\x/flashattn/rates.json"}' "$W/so" &&
   ok "calibrate --json escapes the cache's path ($(grep -o '"cache": .*' "$W/so"))" ||
   no "calibrate --json, odd cache path" "exit $rc: $(cat "$W/so" "$W/se")"
+# a byte that is no part of UTF-8 (a JSON text is Unicode) is written as U+FFFD, valid JSON
+XDG_CACHE_HOME=$W/$'bad\xffbyte'
+fa calibrate --threads 1 --json
+[ $rc -eq 0 ] && grep -qF 'bad\ufffdbyte/flashattn/rates.json"}' "$W/so" && ! LC_ALL=C grep -q $'\xff' "$W/so" &&
+  ok "calibrate --json: a byte not UTF-8 in the cache's path as \\ufffd" ||
+  no "calibrate --json, non-UTF-8 cache path" "exit $rc: $(cat "$W/so" "$W/se")"
 XDG_CACHE_HOME=$W/cache
 
 echo "$pass passed, $fail failed"

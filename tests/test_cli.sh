@@ -375,6 +375,11 @@ fa plan $SHAPE --causal --top-left --json
 fa plan $SHAPE --causal --diag-offset 3
 [ $rc -eq 0 ] && grep -q '^problem .*, causal, diagonal offset 3' "$W/so" &&
   ok "plan: the diagonal offset" || no "plan --diag-offset" "exit $rc: $(head -1 "$W/so")"
+bad "help names the word it does not take" "not 'bogus'" --help bogus run
+bad "bench --decode --pass backward" "--pass backward does not combine with --decode" bench --decode --batch 1 \
+  --heads 2 --seq 64 --head-dim 16 --pass backward
+bad "bench --varlen --pass backward" "--pass backward does not combine with --varlen" bench --varlen 8,16 \
+  --heads 2 --head-dim 16 --pass backward
 fa bench $SHAPE --pass forward --iters 1 --threads 1 --json
 [ $rc -eq 0 ] && grep -q '"forward": {.*}, "backward": null, "peak_rss_bytes"' "$W/so" &&
   ok "bench --pass forward --json: the backward is null, as plan writes a pass it has not" ||

@@ -55,6 +55,9 @@ static int time_pass(const bench_ctx *c, fa_pass pass, int iters, double *median
 }
 
 int cli_bench(const cli_args *a) {
+    if ((a->decode || a->varlen_lens) && a->pass == 2) /* they time the forward alone */
+        return cli_fail(2, "bench: --pass backward does not combine with %s (its benchmark times the forward)",
+                        a->decode ? "--decode" : "--varlen");
     if (a->decode || a->varlen_lens) return cli_bench_inference(a); /* cli_bench_inference.c */
     if (a->huge_pages) return cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
     fa_problem p;

@@ -35,13 +35,31 @@ typedef struct {
     int json;
 } report;
 
-/* A path as the characters of a JSON string: quotes, backslashes and control bytes escaped
- * (a cache directory is the user's: XDG_CACHE_HOME may hold any of them). */
+/* Bytes of a valid UTF-8 sequence starting at c (1 to 4), or 0 where none starts there. */
+static int utf8_length(const unsigned char *c) {
+    const int n = c[0] < 0x80 ? 1
+                  : (c[0] & 0xe0) == 0xc0 ? 2
+                  : (c[0] & 0xf0) == 0xe0 ? 3
+                  : (c[0] & 0xf8) == 0xf0 ? 4
+                                          : 0;
+    for (int i = 1; i < n; i++)
+        if ((c[i] & 0xc0) != 0x80) return 0; /* also stops at the string's end */
+    if (n == 2 && c[0] < 0xc2) return 0;     /* overlong */
+    if (n == 3 && ((c[0] == 0xe0 && c[1] < 0xa0) || (c[0] == 0xed && c[1] >= 0xa0))) return 0; /* overlong, surrogate */
+    if (n == 4 && ((c[0] == 0xf0 && c[1] < 0x90) || c[0] > 0xf4 || (c[0] == 0xf4 && c[1] >= 0x90))) return 0;
+    return n;
+}
+
+/* A path as the characters of a JSON string: quotes, backslashes and control bytes escaped,
+ * and a byte that is no part of valid UTF-8 (a JSON text is Unicode) as U+FFFD (a cache
+ * directory is the user's: XDG_CACHE_HOME may hold any byte). */
 static void print_json_chars(const char *s) {
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') printf("\\%c", *c);
-        else if (*c < 0x20) printf("\\u%04x", *c);
-        else putchar(*c);
+    for (const unsigned char *c = (const unsigned char *)s; *c;) {
+        const int n = utf8_length(c);
+        if (n == 0) printf("\\ufffd"), c++;
+        else if (*c == '"' || *c == '\\') printf("\\%c", *c), c++;
+        else if (*c < 0x20) printf("\\u%04x", *c), c++;
+        else fwrite(c, 1, (size_t)n, stdout), c += n;
     }
 }
 

@@ -115,11 +115,11 @@ int main(int argc, char **argv) {
         strcmp(argv[1], "help") == 0) {
         /* flashattn help [command]: the command's help, as `flashattn <command> --help` */
         const char *of = NULL;
-        for (size_t i = 0; argc == 3 && i < sizeof cmds / sizeof cmds[0]; i++)
+        for (size_t i = 0; argc >= 3 && i < sizeof cmds / sizeof cmds[0]; i++)
             if (strcmp(argv[2], cmds[i].name) == 0) of = cmds[i].name;
-        if (argc > 3 || (argc == 3 && !of))
+        if (argc > 3 || (argc == 3 && !of)) /* names the first word it does not take */
             return cli_fail(2, "%s takes at most a command's name (plan, run, grad, bench or calibrate), not '%s'",
-                            argv[1], argv[argc - 1]);
+                            argv[1], argv[of ? 3 : 2]);
         cli_usage(of);
         return cli_flush_stdout();
     }
