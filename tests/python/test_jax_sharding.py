@@ -297,7 +297,12 @@ JIT_SHARDED = textwrap.dedent("""
         loss = lambda q, k, v: (fj.attention(q, k, v, causal=True) ** 2).sum()
         ge = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(qe, ke, ve)
         assert all(jax.typeof(a).sharding.spec[0] == "x" for a in ge), [jax.typeof(a) for a in ge]
+        # through lse too (its cotangent joins v, o, do as a column: concatenate raised
+        # ShardingTypeError on the column's replicated type)
+        lloss = lambda q, k, v: (lambda o, l: (o ** 2).sum() + l.sum())(*fj.attention(q, k, v, return_lse=True))
+        gl = jax.jit(jax.grad(lloss, argnums=(0, 1, 2)))(qe, ke, ve)
     same(ge, jax.grad(loss, argnums=(0, 1, 2))(q, k, v), "explicit axes: gradients")
+    same(gl, jax.jit(jax.grad(lloss, argnums=(0, 1, 2)))(q, k, v), "explicit axes: gradients through lse")
     # the packed batch's custom_vjp too (its own backward): two sequences of B * S / 2 rows
     cu = jnp.asarray([0, B * S // 2, B * S], jnp.int32)
     qp, kp, vp = (x[:, :, :Hk].reshape(B * S, Hk, D) for x in (q, k, v))
@@ -354,6 +359,19 @@ JIT_SHARDED = textwrap.dedent("""
     for spec in (P(None, None, "x"), P("x")):
         got = jax.jit(pdec)(*put(spec, qd), *put(P(None, None, "x"), kp, vp), *put(spec, kn, vn))
         same(got, want, ("paged", spec))
+    # traced lengths leave the batch whole (heads still split): a bad one on one device's
+    # batch items failed that device alone, its peer waited in the next collective and XLA
+    # aborted the process; now the call raises naming the whole batch's index
+    bad = lens.at[1].set(S - Sn + 1)
+    tdec = jax.jit(lambda q, kc, vc, kn, vn, l: fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=l)[0].sum())
+    try:
+        tdec(*put(P("x"), qd, kc, vc, kn, vn, bad)).block_until_ready()
+    except jax.errors.JaxRuntimeError as e:
+        assert "cache_seqlens[1]" in str(e), str(e)
+    else:
+        raise AssertionError("a traced length past the capacity was taken")
+    tdo = jax.jit(lambda q, kc, vc, kn, vn, l: fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=l))
+    same(tdo(*put(P("x"), qd, kc, vc, kn, vn, lens)), tdo(qd, kc, vc, kn, vn, lens), "traced lengths")
     kq, ksc, vq, vsc = fj.quantize_cache(kc, vc, "int8")
     qdec = lambda q, kq, vq, ks, vs, kn, vn: fj.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=lens,
                                                                   cache_dtype="int8", k_scale=ks, v_scale=vs)

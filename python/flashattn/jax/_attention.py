@@ -75,11 +75,13 @@ def _cotangents_as_values(v, o, do, dlse):
     dlse adds dlse_i to every dp_ij of row i: the library's backward gets it as one more
     value column, ones in v, dlse in do, and 0 in o so that the row term rowsum(do * o)
     leaves it out (the caller drops dv's last column)."""
-    do = jnp.zeros(o.shape, o.dtype) if isinstance(do, SymbolicZero) else do.astype(o.dtype)
+    do = jnp.zeros_like(o) if isinstance(do, SymbolicZero) else do.astype(o.dtype)
     if dlse is None:
         return v, o, do
-    v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
-    o = jnp.concatenate([o, jnp.zeros(o.shape[:-1] + (1,), o.dtype)], axis=-1)
+    # the columns as slices of the tensors they join (ones_like / zeros_like): under Explicit
+    # mesh axes they carry those tensors' sharding types, which concatenate requires
+    v = jnp.concatenate([v, jnp.ones_like(v[..., :1])], axis=-1)
+    o = jnp.concatenate([o, jnp.zeros_like(o[..., :1])], axis=-1)
     return v, o, jnp.concatenate([do, dlse.astype(o.dtype)[..., None]], axis=-1)
 
 

@@ -404,6 +404,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     call_attrs = dict(has_new_kv=np.int64(k is not None), paged=np.int64(paged), cache_dtype=np.int64(code or 0),
                       has_prefix=np.int64(k_prefix is not None), **attrs)
 
+    # A split along the batch needs concrete lengths, judged now: traced ones are judged by
+    # the call, and a bad length on one device's batch items alone would fail that device
+    # while its peers wait for it in the next collective (XLA then aborts the process); a
+    # split along the heads gives every device every length, so all fail alike.
     def plain(*xs):  # results shaped from the operands: a device's batch items or heads when split
         q, kc, vc = xs[:3]
         results = [jax.ShapeDtypeStruct(q.shape[:3] + vc.shape[3:], q.dtype),
@@ -420,7 +424,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                                 vmap_method="sequential")(*xs, **call_attrs)
     outs = _ffi.varying_like(_partition.call_plain(
         plain, _partition.kvcache_roles(paged, set(names) | set(out_names)), ("kvcache", tuple(sorted(call_attrs.items()))),
-        names, out_names, operands, whole=("b",) if paged else ()), operands)
+        names, out_names, operands, whole=("b",) if paged or host is None else ()), operands)
     o, lse = outs[:2]
     kc, vc = outs[2:4] if k is not None else (k_cache, v_cache)  # read only: the caches as given
     if code is not None:
