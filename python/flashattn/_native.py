@@ -318,10 +318,13 @@ def _run_reporting(call, args, what):
 
     def report(_ctx, done, total):
         if not failed:
+            token = PROGRESS.set(None)  # a call the callback makes reports nothing (no recursion)
             try:
                 fn(what, int(done), int(total))
             except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: raised after the call)
                 failed.append(e)
+            finally:
+                PROGRESS.reset(token)
     args.progress = PROGRESS_FN(report)  # the struct holds the ctypes object for the call
     old = None
     if threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGINT)):

@@ -233,6 +233,15 @@ def fold_bias_scale(bias, bias_scale, masked):
     return (None if bias is None else bias * bias_scale), None
 
 
+def check_sinks_finite(values, what="attention"):
+    """The library's rule for sinks (src/args.c, check_sinks), for the fronts that fill a
+    problem without keys themselves (no library call to judge them): every sink finite."""
+    values = np.asarray(values, np.float64).reshape(-1)
+    for h, x in enumerate(values):
+        if not math.isfinite(x):
+            raise ValueError(f"{what}: sinks[{h}] (head {h}) is {x:g}; sinks must be finite")
+
+
 def empty_dims(*dims):
     """Whether a problem with these sizes has no element to compute (a zero B, H, Sq or Sk);
     the torch and JAX fronts fill such calls' outputs themselves (their tensors may live on a

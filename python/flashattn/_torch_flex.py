@@ -151,10 +151,19 @@ def _parts(bm):
     """What a conversion depends on: mask_mod and the block lists, each with its version
     counter where it is a tensor (a user may assign any of them on the BlockMask, as torch's
     messages suggest for mask_mod, or edit a list in place: flex_attention reads them at
-    every call)."""
-    return tuple((x, getattr(x, "_version", None)) for x in (
+    every call). State that mask_mod reads is not tracked (make a new BlockMask)."""
+    return tuple((x, _version(x)) for x in (
         bm.mask_mod, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)) + (
         tuple(bm.seq_lengths), tuple(bm.BLOCK_SIZE))
+
+
+def _version(x):
+    """A tensor's version counter; None for what has none (mask_mod, None, and inference
+    tensors, which track none: a BlockMask made under torch.inference_mode)."""
+    try:
+        return getattr(x, "_version", None)
+    except RuntimeError:
+        return None
 
 
 def from_block_mask(bm, device=None):

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _layout, _native
-from ._problem import dtype_code
+from ._problem import check_sinks_finite, dtype_code
 from ._quant import cache_dtype_code
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
@@ -90,6 +90,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 seed: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
                      diag_offset, threads, sinks is not None):
+        if sinks is not None and sinks.device.type != "meta":  # the library's rule, with no call to apply it
+            check_sinks_finite(sinks.detach().cpu().numpy(), "varlen forward")
         return (torch.zeros(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device),
                 _no_key_lse((q.shape[1], q.shape[0]), sinks, q.device))
     q, k, v = readable(q), readable(k), readable(v)

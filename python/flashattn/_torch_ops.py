@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _layout, _native
-from ._problem import make_options, make_problem
+from ._problem import check_sinks_finite, make_options, make_problem
 
 DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -184,6 +184,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
     if _empty_sizes(q, k, layout):
         _check_empty(q, k, v, bias, alibi, segs, opts, threads, sinks=has_sinks)
+        if has_sinks and sinks.device.type != "meta":  # the library's rule, with no library call to apply it
+            check_sinks_finite(sinks.detach().cpu().numpy(), "forward")
         return (torch.zeros(o_shape(q, v, layout), dtype=q.dtype, device=q.device),
                 empty_lse(lse_shape(q, layout), sinks, q.device))
     q, k, v = readable(q), readable(k), readable(v)

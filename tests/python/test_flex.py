@@ -311,3 +311,16 @@ def test_a_reassigned_mask_mod_is_used(rng):
     meta = _block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 256, 256, 128).to("meta")
     with pytest.raises(ValueError, match="Q_LEN, KV_LEN"):
         ft.attention(*(torch.empty(1, 2, 100, 16, device="meta"),) * 3, block_mask=meta)
+
+
+def test_block_mask_made_under_inference_mode(rng):
+    """The usual inference pattern: a BlockMask built under torch.inference_mode. Its tensors
+    track no version counter, and reading one raised RuntimeError in the conversion cache."""
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v = (torch.randn(1, 2, 256, 16, generator=g) for _ in range(3))
+    with torch.inference_mode():
+        bm = _block_mask(lambda b, h, qi, ki: qi >= ki, None, None, 256, 256, 128)
+        want = _flex(q, k, v, bm)
+        got = ft.attention(q, k, v, block_mask=bm)
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+    assert torch.equal(ft.attention(q, k, v, block_mask=bm), got)  # outside it too

@@ -126,3 +126,19 @@ def test_ctrl_c_during_a_reported_call_is_raised():
             "    print('interrupted', signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.stdout.strip() == "interrupted True" and "Exception ignored" not in r.stderr, (r.stdout, r.stderr[-2000:])
+
+
+def test_a_callback_that_calls_flashattn_does_not_recurse(rng):
+    """On the thread that made the call (OpenMP's first thread) the block is in the callback's
+    context: a call the callback made reported again, and so on (RecursionError). Calls made
+    by the callback report nothing."""
+    q = randn(rng, (1, 4, 600, 32))
+    small = randn(rng, (1, 1, 8, 8))
+    seen, fn = _recorder()
+
+    def callback(what, done, total):
+        fn(what, done, total)
+        flashattn.attention(small, small, small)
+    with flashattn.progress(callback):
+        flashattn.attention(q, q, q, threads=1)
+    _well_formed(seen, "forward")

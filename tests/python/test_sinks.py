@@ -342,3 +342,30 @@ def test_nan_in_do_without_keys_reaches_dsink_in_every_front(rng, front):
                                                                       sinks=s) * do[0]).sum())(jnp.asarray(sinks)))]
         for g, what in zip(got, ("dense", "packed")):
             np.testing.assert_array_equal(g, want, err_msg=f"{front} {what}, NaN in do: {poison}")
+
+
+@pytest.mark.parametrize("front", ["torch", "jax"])
+def test_non_finite_sinks_without_keys_are_refused_as_by_the_library(front):
+    """With no keys the fronts fill the outputs themselves: an inf or NaN sink went through
+    (torch: o = 0, lse = inf; JAX: NaN in o), while numpy and every call with keys refuse it
+    (docs/semantics.md, "Attention sinks")."""
+    q = np.ones((1, 3, H, D), np.float32)  # bshd
+    k = np.zeros((1, 0, H, D), np.float32)
+    for bad in (np.inf, np.nan):
+        s = np.zeros(H, np.float32)
+        s[1] = bad
+        if front == "torch":
+            torch = pytest.importorskip("torch")
+            import flashattn.torch as fat
+            with pytest.raises(ValueError, match=r"sinks\[1\] \(head 1\) is (inf|nan); sinks must be finite"):
+                fat.attention(*(torch.from_numpy(x) for x in (q, k, k)), sinks=torch.from_numpy(s), layout="bshd")
+            with pytest.raises(ValueError, match=r"sinks\[1\]"):
+                fat.varlen_attention(*(torch.from_numpy(x[0]) for x in (q, k, k)), torch.tensor([0, 3], dtype=torch.int32),
+                                     torch.tensor([0, 0], dtype=torch.int32), sinks=torch.from_numpy(s))
+        else:
+            pytest.importorskip("jax")
+            import flashattn.jax as fj
+            with pytest.raises(ValueError, match=r"sinks\[1\] \(head 1\) is (inf|nan); sinks must be finite"):
+                fj.attention(q, k, k, sinks=s)
+            with pytest.raises(ValueError, match=r"sinks\[1\]"):
+                fj.varlen_attention(q[0], k[0], k[0], np.array([0, 3], np.int32), np.array([0, 0], np.int32), sinks=s)

@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._problem import (_int, broadcast_dims, check_real, combined_bias_dims, empty_dims, fold_bias_scale,
-                        library_bias_scale, threads_int,
-                        window_pair)
+from .._problem import (_int, broadcast_dims, check_real, check_sinks_finite, combined_bias_dims, empty_dims,
+                        fold_bias_scale, library_bias_scale, threads_int, window_pair)
 from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
@@ -376,10 +375,15 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
 def _zero_along_heads(sinks, shape, axis):
     """Zeros of shape that depend on sinks [H] (along axis) with a zero derivative: the rows
     of a problem without keys, o = 0 whatever the sink, whose dsink term is do . 0 (0, or
-    NaN where do is: docs/nonfinite.md)."""
+    NaN where do is: docs/nonfinite.md). s - s: +0 and a cotangent ct - ct, +0 or NaN (0 * s
+    gave -0 for a negative cotangent sum). Concrete sinks are judged by the library's rule
+    here, since no library call sees them; a traced non-finite one gives o = 0."""
+    if not isinstance(sinks, jax.core.Tracer):
+        check_sinks_finite(np.asarray(sinks), "attention")
+    s = jnp.where(jnp.isfinite(sinks), sinks, 0.0)
     idx = [None] * len(shape)
     idx[axis] = slice(None)
-    return jnp.broadcast_to(0.0 * sinks[tuple(idx)], shape) + 0.0  # + 0.0: no -0.0 from a negative sink
+    return jnp.broadcast_to((s - s)[tuple(idx)], shape)
 
 
 def _check_plan(opt, q, k, v, bias, mask=None):
