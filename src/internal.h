@@ -330,4 +330,17 @@ static inline int64_t fa_offset(const fa_strides *st, int64_t b, int64_t h, int6
     return b * st->s[0] + h * st->s[1] + s * st->s[2] + d * st->s[3];
 }
 
+/* The backward's delta of row r of the flattened [B, Hq, Sq] rows: rowsum(dO * o), in f32
+ * (a packed batch: B = 1, Sq its rows). The backward's tiles use it (cpu/backward_tile.h),
+ * and so does dsink over rows without keys (cpu/empty.c). */
+static inline float fa_bwd_delta_row(const fa_problem *p, const fa_backward_args *a, int64_t r) {
+    const int64_t Hq = p->heads_q, Sq = p->seq_q;
+    const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
+    float sum = 0.0f;
+    for (int64_t x = 0; x < p->head_dim_v; x++)
+        sum += fa_load(p->dtype, a->d_o, fa_offset(&p->o_stride, b, h, i, x)) *
+               fa_load(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, x));
+    return sum;
+}
+
 #endif /* FA_INTERNAL_H */

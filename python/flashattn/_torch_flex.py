@@ -148,13 +148,13 @@ class _BlockMask(Mask):
 
 
 def _parts(bm):
-    """What a conversion depends on: mask_mod and the block lists, each with its version
-    counter where it is a tensor (a user may assign any of them on the BlockMask, as torch's
-    messages suggest for mask_mod, or edit a list in place: flex_attention reads them at
-    every call). State that mask_mod reads is not tracked (make a new BlockMask)."""
-    return tuple((x, _version(x)) for x in (
-        bm.mask_mod, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)) + (
-        tuple(bm.seq_lengths), tuple(bm.BLOCK_SIZE))
+    """What a conversion depends on: the objects (mask_mod and the block lists, compared by
+    identity: a user may assign any of them on the BlockMask, as torch's messages suggest for
+    mask_mod) and values (the lists' version counters, for edits in place: flex_attention
+    reads them at every call; the lengths and block size). State that mask_mod reads is not
+    tracked (make a new BlockMask)."""
+    objects = (bm.mask_mod, bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
+    return objects, (tuple(_version(x) for x in objects), tuple(bm.seq_lengths), tuple(bm.BLOCK_SIZE))
 
 
 def _version(x):
@@ -176,13 +176,12 @@ def from_block_mask(bm, device=None):
         raise ValueError(f"block_mask is on {dev} but q is on {device} (flex_attention wants them on one device)")
     if dev.type == "meta":
         raise ValueError("block_mask is on the meta device: it holds no blocks to read")
-    parts = _parts(bm)
+    objects, values = _parts(bm)
     try:
         seen = _CONVERTED.get(bm)
     except TypeError:  # not weakly referenceable: convert every time
         return _BlockMask(bm)
-    if seen is None or any(a[0] is not b[0] or a[1] != b[1] for a, b in zip(seen[0][:5], parts[:5])) \
-            or seen[0][5:] != parts[5:]:
-        seen = (parts, _BlockMask(bm))
+    if seen is None or seen[1] != values or any(a is not b for a, b in zip(seen[0], objects)):
+        seen = (objects, values, _BlockMask(bm))
         _CONVERTED[bm] = seen
-    return seen[1]
+    return seen[2]

@@ -70,17 +70,6 @@ static inline int64_t fa_bwd_lay_tile(const fa_plan *pl, char *base, int64_t off
     return fa_bwd_lay(base, off, &t->tr, 4 * bq * bk);
 }
 
-/* Delta of row r of the flattened [B, Hq, Sq] rows: rowsum(dO * o), in f32. */
-static inline float fa_bwd_delta_row(const fa_problem *p, const fa_backward_args *a, int64_t r) {
-    const int64_t Hq = p->heads_q, Sq = p->seq_q;
-    const int64_t b = r / (Hq * Sq), h = r / Sq % Hq, i = r % Sq;
-    float sum = 0.0f;
-    for (int64_t x = 0; x < p->head_dim_v; x++)
-        sum += fa_load(p->dtype, a->d_o, fa_offset(&p->o_stride, b, h, i, x)) *
-               fa_load(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, x));
-    return sum;
-}
-
 /* A block of a [B, H, S, W] tensor starting at [b, h, r0, 0]. */
 static inline fa_tile_src fa_bwd_src(const fa_bwd_ctx *c, const void *base, const fa_strides *st, int64_t b,
                                      int64_t h, int64_t r0) {

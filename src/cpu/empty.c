@@ -50,11 +50,8 @@ fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *
 double fa_keyless_delta_sum(const struct fa_plan *pl, const fa_backward_args *a, int64_t b, int64_t h, int64_t r0,
                             int64_t r1) {
     const fa_problem *p = &pl->p;
-    double sum = 0.0;
-    for (int64_t i = r0; i < r1; i++)
-        for (int64_t x = 0; x < p->head_dim_v; x++)
-            sum += (double)fa_load(p->dtype, a->d_o, fa_offset(&p->o_stride, b, h, i, x)) *
-                   fa_load(p->dtype, a->o, fa_offset(&p->o_stride, b, h, i, x));
+    double sum = 0.0; /* the rows' deltas, as the kernels' dsink sums them (backward_run.c) */
+    for (int64_t i = r0; i < r1; i++) sum += fa_bwd_delta_row(p, a, (b * p->heads_q + h) * p->seq_q + i);
     return sum;
 }
 
