@@ -113,3 +113,35 @@ def backward(q, k, v, do, *, o_saved=None, causal=False, window=(-1, -1), softca
     dk = dk_full.reshape(B, Hk, Hq // Hk, Sk, D).sum(2)
     dv = dv_full.reshape(B, Hk, Hq // Hk, Sk, dv_full.shape[-1]).sum(2)
     return dq, dk, dv, dbias
+
+
+U32 = 2.0**-24  # float32's unit roundoff: the library accumulates in float32
+
+
+def cancel_floor(q, k, v, do, bias_shape=None, **kw):
+    """Bounds on the float32 roundoff of dq and dk where they cancel: dS = P*(dP - delta) is 0
+    where a row sees one key (P = 1, dP = delta), so a computed dq or dk that should be 0 is
+    roundoff of the terms |P*dP| + |P*delta| (dot products of Sk + Dv terms: n unit roundoffs
+    of them), times |k| or |q| (dk summed over the query heads that share a key). Float64,
+    with forward's masks and options (kw as backward's). Returns (dq floor, dk floor); a
+    gradient within BWD_TOL of max|ref| or within its floor is right. With bias_shape, a third:
+    dbias's, the terms summed over the bias's broadcast dims (m more additions)."""
+    o, _, p = forward(q, k, v, **kw)
+    _, _, sc = scores(q, k, scale=kw.get("scale"), softcap=kw.get("softcap", 0.0), bias=kw.get("bias"),
+                      alibi_slopes=kw.get("alibi_slopes"), bias_scale=kw.get("bias_scale"),
+                      diag_offset=kw.get("diag_offset"))
+    Hq, Hk = q.shape[1], k.shape[1]
+    do = np.asarray(do, np.float64)
+    v64, k64 = (_expand_heads(np.asarray(x, np.float64), Hq) for x in (v, k))
+    terms = p * (np.abs(do @ np.swapaxes(v64, -1, -2)) + np.abs((do * o).sum(-1, keepdims=True)))
+    n = k.shape[2] + v.shape[-1]
+    dq = np.abs(sc) * terms @ np.abs(k64)
+    dk = (np.abs(sc) * np.swapaxes(terms, -1, -2) @ np.abs(np.asarray(q, np.float64)))
+    dk = dk.reshape(dk.shape[0], Hk, Hq // Hk, *dk.shape[2:]).sum(2)
+    out = (n * U32 * dq.max(initial=0.0), n * U32 * dk.max(initial=0.0))
+    if bias_shape is not None:
+        lead = terms.ndim - len(bias_shape)
+        summed = terms.sum(tuple(range(lead)) + tuple(lead + i for i, d in enumerate(bias_shape) if d == 1))
+        m = terms.size // max(int(np.prod(bias_shape)), 1)
+        out += ((n + m) * U32 * summed.max(initial=0.0),)
+    return out

@@ -38,10 +38,14 @@ def test_numpy_mask_forward_backward(rng, shape, causal):
     dq, dk, dv, dbias = flashattn.attention_backward(q, k, v, o, lse, do, mask=mask, bias=bias, causal=causal,
                                                      window=(3, None), bias_grad=True)
     want = ref.backward(q, k, v, do, bias=full_bias, causal=causal, window=(3, -1))
-    for got, w in zip((dq, dk, dv), want[:3]):
-        assert rel_err(got, w) <= BWD_TOL["f32"]
+    # within BWD_TOL of max|ref|, or, where a gradient cancels to 0 (every row seeing one key:
+    # FA_TEST_SEED=770305289), within the roundoff of the terms that cancel in it
+    floors = ref.cancel_floor(q, k, v, do, bias.shape, bias=full_bias, causal=causal, window=(3, -1))
+    for got, w, floor in zip((dq, dk, dv), want[:3], floors[:2] + (0.0,)):
+        assert rel_err(got, w) <= BWD_TOL["f32"] or np.abs(got - w).max() <= floor, (rel_err(got, w), floor)
     assert dbias.shape == bias.shape
-    assert rel_err(dbias, want[3].sum(0, keepdims=True)) <= BWD_TOL["f32"]
+    w = want[3].sum(0, keepdims=True)
+    assert rel_err(dbias, w) <= BWD_TOL["f32"] or np.abs(dbias - w).max() <= floors[2], (rel_err(dbias, w), floors[2])
 
 
 def test_numpy_mask_with_segment_ids_and_gqa(rng):
