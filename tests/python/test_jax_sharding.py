@@ -229,7 +229,7 @@ def test_shard_map_dropout_recipe_draws_per_shard_masks():
 # batch splits along it; a packed batch splits along its heads, a kv cache along batch and
 # heads (paged: heads); vmap of the jitted function still runs.
 JIT_SHARDED = textwrap.dedent("""
-    import os, sys
+    import os, sys, warnings
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     import jax, jax.numpy as jnp, numpy as np
     import flashattn.jax as fj
@@ -288,10 +288,35 @@ JIT_SHARDED = textwrap.dedent("""
                        disabled_checks=[export.DisabledSafetyCheck.custom_call(t) for t in targets])(qs, ks, vs)
     same(ex.call(qs, ks, vs), fj.attention(q, k, v, causal=True), "export")
     # Explicit mesh axes (jax.set_mesh): the gradient has its inputs' types (JAX raised "Custom
-    # VJP bwd rule must produce an output with the same type"); the forward's result is typed
-    # replicated (documented)
+    # VJP bwd rule must produce an output with the same type"); the results are typed split
+    # along batch or heads as q is, as jax.nn's are, with nothing gathered (they were typed
+    # replicated: every layer's o gathered onto every device); dbias and dsink the shards'
+    # parts summed; jax.nn's drop-in too (its GQA fill of empty rows repeated along the
+    # sharded heads: jnp.repeat raised "Please pass sharding to `jnp.repeat`")
     from jax.sharding import AxisType
     emesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+    want_f, want_g = fwd(q, k, v, bias, sinks), grads(q, k, v, bias, sinks)
+    nn_mask = jnp.asarray(rng.random((B, 1, S, S)) < 0.05)  # rows with no visible key among them
+    nn = lambda q, k, v: fj.dot_product_attention(q, k, v, mask=nn_mask)
+    for spec, axis in ((P("x"), 0), (P(None, None, "x"), 2)):
+        with jax.set_mesh(emesh):
+            qe, ke, ve = (jax.device_put(x, spec) for x in (q, k, v))
+            fe = jax.jit(fwd)
+            oe, lse_e = fe(qe, ke, ve, bias, sinks)
+            assert jax.typeof(oe).sharding.spec[axis] == "x", jax.typeof(oe)
+            assert jax.typeof(lse_e).sharding.spec[1 if axis == 2 else 0] == "x", jax.typeof(lse_e)
+            assert "all-gather" not in fe.lower(qe, ke, ve, bias, sinks).compile().as_text(), ("explicit", spec)
+            ge5 = jax.jit(grads)(qe, ke, ve, bias, sinks)
+            assert all(jax.typeof(a).sharding.spec[axis] == "x" for a in ge5[:3]), [jax.typeof(a) for a in ge5]
+            one = jax.jit(nn)(qe, ke, ve)
+            assert jax.typeof(one).sharding.spec[axis] == "x", jax.typeof(one)
+        same((oe, lse_e), want_f, ("explicit axes: forward", spec))
+        same(ge5[:3], want_g[:3], ("explicit axes: dq, dk, dv", spec))
+        for a, b, name in zip(ge5[3:], want_g[3:], ("dbias", "dsink")):
+            assert float(jnp.abs(a - b).max()) <= 1e-6 * float(jnp.abs(b).max()), ("explicit axes", name, spec)
+        # (rows with no visible key are XLA's mean of v, its sum's order the shard's own)
+        ref_nn = jax.jit(nn)(q, k, v)
+        assert float(jnp.abs(one - ref_nn).max()) <= 1e-6 * float(jnp.abs(ref_nn).max()), ("explicit axes: nn", spec)
     with jax.set_mesh(emesh):
         qe, ke, ve = (jax.device_put(x, P("x")) for x in (q, k, v))
         loss = lambda q, k, v: (fj.attention(q, k, v, causal=True) ** 2).sum()
@@ -351,6 +376,11 @@ JIT_SHARDED = textwrap.dedent("""
         assert got[0].sharding.spec[axis] == "x" and got[2].sharding.spec[axis] == "x", [g.sharding for g in got]
         same(got, want, ("kvcache", spec))
         same(jax.jit(dec, donate_argnums=(1, 2))(*put(spec, qd, kc, vc, kn, vn)), want, ("kvcache donated", spec))
+        with jax.set_mesh(emesh), warnings.catch_warnings():  # Explicit axes: the caches typed split,
+            warnings.simplefilter("error")  # so the donated buffers are used ("not usable" warned)
+            got = jax.jit(dec, donate_argnums=(1, 2))(*(jax.device_put(x, spec) for x in (qd, kc, vc, kn, vn)))
+            assert all(jax.typeof(g).sharding.spec[axis] == "x" for g in got[:1] + got[2:]), [jax.typeof(g) for g in got]
+        same(got, want, ("kvcache donated, explicit axes", spec))
     npg, ps = 2 * B * S // 16, 16
     kp, vp = (jnp.asarray(rng.standard_normal((npg, ps, Hk, D)), jnp.float32) for _ in range(2))
     table = jnp.asarray(rng.permutation(npg)[:B * (S // ps)].reshape(B, S // ps), jnp.int32)

@@ -133,8 +133,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     empty = jnp.isneginf(lse)
     uniform = empty if q_len is None else empty & (jnp.arange(T)[None, :] < q_len[:, None])[:, :, None]
     if S > 0:
-        mean_v = jnp.repeat(jnp.mean(v.astype(jnp.float32), axis=1), N // K, axis=1)[:, None]  # [B, 1, N, H]
-        o = jnp.where(uniform[..., None], mean_v.astype(o.dtype), o)
+        # each kv head's mean for its group of query heads, the heads split as [K, N // K]
+        # (reshapes, not jnp.repeat: under Explicit mesh axes a repeat along sharded heads
+        # asks for an out_sharding, and these reshapes keep the heads' split)
+        mean_v = jnp.mean(v.astype(jnp.float32), axis=1)[:, None, :, None, :]  # [B, 1, K, 1, H]
+        grouped = (B, T, K, N // K)
+        o = jnp.where(uniform.reshape(grouped)[..., None], mean_v.astype(o.dtype),
+                      o.reshape(grouped + o.shape[-1:])).reshape(o.shape)
     if not return_residual:
         return jnp.reshape(o, output_shape)
     if S == 0:  # jax.nn's logsumexp over no keys at all: -inf in every row

@@ -18,6 +18,10 @@ over (the library mask is built for the whole problem). The backward's dbias and
 over the batch (and dbias over the heads where the bias is broadcast over them): their
 per-device parts are summed across the shards (psum).
 
+Under Explicit mesh axes, where q's type is split along batch or heads, the call runs in
+shard_map over the same split instead (_explicit_call): custom_partitioning's results are
+typed replicated there, which made XLA gather them.
+
 vmap goes to the plain call (custom_vmap: the partitioned one has no batching rule), as do
 calls inside shard_map, which already run per shard (_ffi.varying_like), and a call lowered
 for jax.export: the partitioning is a callback into this process, which an exported artifact
@@ -168,6 +172,9 @@ def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=Fals
     from ._ffi import _varying_axes
     if _varying_axes(operands):  # inside shard_map: each shard is its own call already
         return plain(*operands)
+    typed = _explicit_call(plain, role_of, in_names, out_names, operands, whole, mask)
+    if typed is not None:
+        return typed
     key = (key, tuple(in_names), tuple(out_names), tuple((tuple(x.shape), str(x.dtype)) for x in operands))
     fn = _CACHE.get(key)
     if fn is None:
@@ -178,6 +185,45 @@ def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=Fals
             _CACHE.clear()
         _CACHE[key] = fn
     return fn(*operands)
+
+
+def _explicit_call(plain, r, in_names, out_names, operands, whole, mask):
+    """Under Explicit mesh axes (jax.make_mesh's default), q typed as split along batch or heads: the
+    plain call in shard_map over the same split, so that its results are typed split as
+    jax.nn's are. custom_partitioning splits the work there too, but its results are typed
+    replicated, and XLA then gathered every output (each layer's o onto every device). None
+    where q is not typed or not split along batch or heads (the partitioned call, as before)."""
+    from ._ffi import _explicit, varying_like
+    sh = _explicit(operands[0])
+    if sh is None:
+        return None
+    in_roles, out_roles = [r[n] for n in in_names], [r[n] for n in out_names]
+    in_shapes = [tuple(x.shape) for x in operands]
+    sizes = _sizes(in_roles, in_shapes)
+    bax, hax = _split(sh.mesh, sh.spec, in_roles[0], sizes, whole, mask)
+    if bax is None and hax is None:
+        return None
+    out_shapes = [tuple(s.shape) for s in jax.eval_shape(plain, *operands)]
+    in_specs = tuple(_spec(ro, s, sizes, bax, hax) for ro, s in zip(in_roles, in_shapes))
+    out_specs = tuple(_spec(ro, s, sizes, bax, hax) for ro, s in zip(out_roles, out_shapes))
+    sums = _sum_axes(out_roles, out_shapes, sizes, bax, hax)
+
+    def body(*xs):
+        res = varying_like(plain(*xs), xs)
+        return tuple(jax.lax.psum(y, axes) if axes else y for y, axes in zip(res, sums))
+    xs = tuple(jax.sharding.reshard(x, NamedSharding(sh.mesh, s)) for x, s in zip(operands, in_specs))
+    return jax.shard_map(body, mesh=sh.mesh, in_specs=in_specs, out_specs=out_specs)(*xs)
+
+
+def _sum_axes(out_roles, out_shapes, sizes, bax, hax):
+    """Per result, the mesh axes its shards' parts are summed over: those of the batch (or
+    heads) where it has no full batch (or heads) dimension (dbias over a broadcast batch,
+    dsink over the batch)."""
+    sums = []
+    for ro, s in zip(out_roles, out_shapes):
+        full = {_full(role, n, sizes) for role, n in zip(ro, s)}
+        sums.append(_names(bax) * ("b" not in full) + _names(hax) * ("h" not in full and "g" not in full))
+    return sums
 
 
 def _partitioned(plain, r, in_names, out_names, in_shapes, out_shapes, whole, mask):
@@ -196,11 +242,7 @@ def _partitioned(plain, r, in_names, out_names, in_shapes, out_shapes, whole, ma
 
     def partition(mesh, arg_shapes, result_shape):
         bax, hax, args, outs = decide(mesh, arg_shapes)
-        # outputs without a full batch (or heads) dimension sum over it: their shards' parts add
-        sums = []
-        for ro, s in zip(out_roles, out_shapes):
-            full = {_full(role, n, sizes) for role, n in zip(ro, s)}
-            sums.append(_names(bax) * ("b" not in full) + _names(hax) * ("h" not in full and "g" not in full))
+        sums = _sum_axes(out_roles, out_shapes, sizes, bax, hax)
 
         def lower(*xs):
             res = plain(*xs)
