@@ -188,9 +188,9 @@ def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=Fals
 
 
 def _explicit_call(plain, r, in_names, out_names, operands, whole, mask):
-    """Under Explicit mesh axes (jax.make_mesh's default), q typed as split along batch or heads: the
-    plain call in shard_map over the same split, so that its results are typed split as
-    jax.nn's are. custom_partitioning splits the work there too, but its results are typed
+    """Under Explicit mesh axes (jax.make_mesh's default), q typed as split along batch or
+    heads: the plain call in shard_map over the same split, so that its results are typed
+    split as jax.nn's are. custom_partitioning splits the work there too, but its results are typed
     replicated, and XLA then gathered every output (each layer's o onto every device). None
     where q is not typed or not split along batch or heads (the partitioned call, as before)."""
     from ._ffi import _explicit, varying_like
