@@ -1,6 +1,8 @@
 /* Quantization of kv-cache rows (quantize.h; docs/caches.md, "Quantized caches"). */
 #include "quantize.h"
 
+#include <float.h>
+
 #include "dtype.h"
 #include "internal.h"
 
@@ -10,9 +12,11 @@ float fa_quantize_row(fa_dtype t, fa_dtype from, const void *x, int64_t n, uint8
         const float a = fabsf(fa_load(from, x, i));
         amax = a > amax ? a : amax;
     }
-    /* 1 where amax is 0, or so small that amax / max underflows to 0 (a row of subnormals
-     * near 1e-44: its codes are then 0, within amax of it), which would give 0 / 0 codes */
-    const float q = amax / fa_quant_max(t), scale = q > 0.0f ? q : 1.0f;
+    /* 1 where amax is 0 (0 / 0 codes otherwise). FLT_MIN where amax / max is below it: a
+     * subnormal quotient keeps too few bits, rounded far below amax / max, and the codes then
+     * passed the clamp (up to 126 times the error bound at amax 2.7e-43). x / FLT_MIN is exact
+     * and within +-max there. */
+    const float q = amax / fa_quant_max(t), scale = q >= FLT_MIN ? q : amax > 0.0f ? FLT_MIN : 1.0f;
     for (int64_t i = 0; i < n; i++) {
         const float y = fa_load(from, x, i) / scale; /* a division, not a reciprocal's product: the documented rule */
         codes[i * stride] = t == FA_INT8 ? (uint8_t)fa_f32_to_int8(y) : fa_f32_to_e4m3(y);

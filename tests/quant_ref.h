@@ -7,6 +7,7 @@
 
 #include "flashattn.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -38,7 +39,8 @@ static inline double ind_value(fa_dtype t, uint8_t c) {
 static inline float ind_quant(fa_dtype t, const float *x, int64_t n, uint8_t *codes) {
     float amax = 0.0f;
     for (int64_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    const float q = amax / (t == FA_INT8 ? 127.0f : 448.0f), scale = q > 0.0f ? q : 1.0f;
+    const float q = amax / (t == FA_INT8 ? 127.0f : 448.0f);
+    const float scale = amax == 0.0f ? 1.0f : q < FLT_MIN ? FLT_MIN : q; /* docs/caches.md */
     for (int64_t i = 0; i < n; i++) {
         const float y = x[i] / scale;
         codes[i] = t == FA_INT8 ? (uint8_t)ind_int8(y) : ind_e4m3(y);

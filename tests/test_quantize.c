@@ -23,6 +23,11 @@ static void quantizer(void) {
                 x[2 * W + i] = (float)(i % 2 ? (e4m3_magnitude(i + 1) + e4m3_magnitude(i + 2)) / 2
                                               : -(e4m3_magnitude(i) + e4m3_magnitude(i + 1)) / 2);
             x[2 * W + W - 1] = 448.0f;
+            for (int i = 0; i < W; i++) { /* amax / max subnormal: 2.7e-43 (scale 2^-126, codes at */
+                x[3 * W + i] = (float)(tu_uniform(&rng) * 2.6e-43); /* the clamp before), 60 FLT_MIN */
+                x[4 * W + i] = (float)(tu_uniform(&rng) * 60.0) * FLT_MIN;
+            }
+            x[3 * W + 5] = -2.66e-43f;
             char src[ROWS * W * 4];
             float xr[ROWS * W]; /* the values as the source dtype holds them */
             for (int i = 0; i < ROWS * W; i++) chk_store(ft, src, i, x[i]), xr[i] = chk_load(ft, src, i);
@@ -39,6 +44,14 @@ static void quantizer(void) {
             CHECK(!bad, "quantize %s from %s: %d codes or scales differ from the independent rule", fa_dtype_name(t),
                   fa_dtype_name(ft), bad);
             CHECK(gs[0] == 1.0f && !got[0], "quantize %s: a zero row gave scale %g", fa_dtype_name(t), gs[0]);
+            /* the error bound of docs/caches.md, every row: int8 scale / 2 (plus x / scale's f32
+             * rounding: 2^-24 |x|, doubled for slack), fp8 2^-4 |x| + 2^-10 scale */
+            bad = 0;
+            for (int i = 0; i < ROWS * W; i++) {
+                const double sc = gs[i / W], back = ind_value(t, got[i]) * sc, err = fabs(back - xr[i]);
+                bad += err > (t == FA_INT8 ? sc / 2 + ldexp(fabs(xr[i]), -23) : ldexp(fabs(xr[i]), -4) + ldexp(sc, -10));
+            }
+            CHECK(!bad, "quantize %s from %s: %d elements past the error bound", fa_dtype_name(t), fa_dtype_name(ft), bad);
             /* fa_convert: codes with scale 1, and back */
             uint8_t conv[W];
             fa_convert(FA_F32, x + W, t, conv, W);

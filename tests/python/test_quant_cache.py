@@ -20,8 +20,9 @@ def independent_quantize(x, kind):
     x = np.asarray(x, np.float32)
     amax = np.abs(x).max(axis=-1)
     top = np.float32(127 if kind == "int8" else 448)
-    q = (amax / top).astype(np.float32)  # 0 for amax 0, and where a subnormal amax underflows
-    scale = np.where(q > 0, q, np.float32(1)).astype(np.float32)
+    q = (amax / top).astype(np.float32)
+    tiny = np.finfo(np.float32).tiny  # 2^-126: the scale of a nonzero row whose quotient is below it
+    scale = np.where(amax == 0, np.float32(1), np.maximum(q, tiny)).astype(np.float32)
     y = (x / scale[..., None]).astype(np.float32)
     if kind == "int8":
         return np.clip(np.rint(y), -127, 127).astype(np.int8), scale
@@ -42,8 +43,12 @@ def test_quantize_cache_matches_independent_rule(rng, kind, dtype):
     k = randn(rng, (3, 17, 2, 40), dtype, scale=3.0)
     v = randn(rng, (3, 17, 2, 40), dtype)
     k[0, 0, 0] = 0  # a zero row: scale 1, codes 0
-    k[0, 1, 0] = 0  # a row of subnormals whose amax / 448 underflows: scale 1, zero codes (once 0 / 0: NaN)
+    k[0, 1, 0] = 0  # a row of subnormals whose amax / 448 underflows: scale 2^-126, zero codes (once 0 / 0: NaN)
     k[0, 1, 0, :3] = np.array([1e-44, -3e-45, 1e-45], np.float32).astype(k.dtype) if dtype == "f32" else 0
+    if dtype == "f32":  # amax / max subnormal: its rounding put codes past the clamp; 60 times 2^-126
+        k[0, 2, 0] = rng.uniform(-2.6e-43, 2.6e-43, 40).astype(np.float32)
+        k[0, 2, 0, 5] = np.float32(-2.66e-43)
+        k[0, 2, 1] = (rng.uniform(-60, 60, 40) * np.finfo(np.float32).tiny).astype(np.float32)
     if kind == "int8":  # ties at scale 1: amax 127 and halves
         k[1, 0, 1] = np.arange(40, dtype=np.float32) - 19.5
         k[1, 0, 1, 0] = 127
@@ -54,7 +59,14 @@ def test_quantize_cache_matches_independent_rule(rng, kind, dtype):
         assert np.array_equal(bits(got), bits(want)), f"codes differ (seed {SEED})"
         assert np.array_equal(gs, ws), f"scales differ (seed {SEED})"
     assert ks[0, 0, 0] == 1 and not bits(kq[0, 0, 0]).any()
-    assert ks[0, 1, 0] == 1 and np.all(kq[0, 1, 0].astype(np.float32) == 0)  # 0 codes (fp8: -0 too)
+    tiny = np.finfo(np.float32).tiny
+    assert ks[0, 1, 0] == (tiny if dtype == "f32" else 1) and np.all(kq[0, 1, 0].astype(np.float32) == 0)  # fp8 -0 too
+    # docs/caches.md's bound on every element: int8 scale / 2, fp8 2^-4 |x| + 2^-10 scale
+    x = np.asarray(k, np.float64)
+    err = np.abs(dequantize(kq, ks) - x)
+    sc = ks[..., None].astype(np.float64)  # int8: plus x / scale's f32 rounding, 2^-24 of |x| (times 2: slack)
+    bound = sc / 2 + np.abs(x) * 2.0**-23 if kind == "int8" else np.abs(x) / 16 + sc / 1024
+    assert np.all(err <= bound), f"past the error bound (seed {SEED})"
 
 
 def test_quantize_cache_refuses_non_finite():
