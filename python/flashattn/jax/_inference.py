@@ -285,8 +285,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     than the cache holds) raises ValueError then too. Lengths that are traced (jit
     arguments) can only be judged when the call runs, after XLA has handed the donated
     buffers to it: the call then raises naming the argument, and the donated caches are
-    gone (XLA deletes a donated argument whatever the outcome). Pass lengths you have not
-    checked as concrete values, or do not donate the caches.
+    gone (XLA deletes a donated argument whatever the outcome). So with a bad scale (NaN,
+    inf, negative) in a row the call reads or a non-finite new token to quantize, whatever the
+    lengths: they are data, judged when the call runs. Pass lengths you have not checked as
+    concrete values, or do not donate the caches.
 
     cache_dtype "int8" or "fp8" (docs/caches.md): k_cache, v_cache hold jnp.int8 or
     jnp.float8_e4m3fn codes (flashattn.jax.quantize_cache makes them) and k_scale, v_scale
