@@ -347,6 +347,11 @@ FA_API fa_status fa_mask_from_blocks(const fa_mask_shape *s, const int8_t *kinds
  * heads equal or one of them 1 (broadcast). */
 FA_API fa_status fa_mask_and(const fa_mask *a, const fa_mask *b, fa_mask **out);
 FA_API fa_status fa_mask_or(const fa_mask *a, const fa_mask *b, fa_mask **out);
+/* One mask per query head: masks[h] (heads 1 each; seq_q, seq_k and blocks equal; batch
+ * equal or 1) is head h's, n >= 1 of them. Each block's kind is kept as that head's mask has
+ * it, so the blocks visited are the heads' own. Built in time linear in the blocks (plus the
+ * partial blocks' bitmaps): a mask per head needs no dense array. */
+FA_API fa_status fa_mask_stack_heads(const fa_mask *const *masks, int64_t n, fa_mask **out);
 /* Drops the caller's reference (plans keep their own); NULL is fine. */
 FA_API void fa_mask_destroy(fa_mask *m);
 

@@ -367,3 +367,47 @@ static fa_status combine(const fa_mask *a, const fa_mask *b, int is_or, fa_mask 
 
 fa_status fa_mask_and(const fa_mask *a, const fa_mask *b, fa_mask **out) { return combine(a, b, 0, out); }
 fa_status fa_mask_or(const fa_mask *a, const fa_mask *b, fa_mask **out) { return combine(a, b, 1, out); }
+
+/* Heads stacked: head h's blocks and rows are masks[h]'s (its batch broadcast where 1). */
+static int stack_block(void *ctx, int64_t b, int64_t h, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    const fa_mask *const *m = ctx;
+    (void)r1, (void)c1;
+    const fa_sched_mask v = fa_mask_view(m[h], b, 0);
+    return fa_sched_mask_block(&v, r0 / v.bq, c0 / v.bk);
+}
+
+static void stack_row(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
+    const fa_mask *const *m = ctx;
+    const fa_sched_mask v = fa_mask_view(m[h], b, 0);
+    view_row(&v, i, c0, c1, out);
+}
+
+fa_status fa_mask_stack_heads(const fa_mask *const *masks, int64_t n, fa_mask **out) {
+    const char *fn = "fa_mask_stack_heads";
+    if (!out) return fa_error(FA_ERR_NULL, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!masks) return fa_error(FA_ERR_NULL, "%s: masks is NULL", fn);
+    if (n < 1) return fa_error(FA_ERR_INVALID, "%s: n must be at least 1 (a mask per query head), got %lld", fn, (long long)n);
+    for (int64_t h = 0; h < n; h++)
+        if (!masks[h]) return fa_error(FA_ERR_NULL, "%s: masks[%lld] is NULL", fn, (long long)h);
+    fa_mask_shape s = masks[0]->s;
+    for (int64_t h = 0; h < n; h++) {
+        const fa_mask_shape *x = &masks[h]->s;
+        if (x->heads != 1)
+            return fa_error(FA_ERR_INVALID, "%s: masks[%lld] has %lld heads; each must have 1 (it is one head's)", fn,
+                            (long long)h, (long long)x->heads);
+        if (x->seq_q != s.seq_q || x->seq_k != s.seq_k || x->block_q != s.block_q || x->block_k != s.block_k)
+            return fa_error(FA_ERR_INVALID, "%s: masks[%lld] is %lld x %lld in blocks of %lld x %lld, masks[0] %lld x "
+                                            "%lld in blocks of %lld x %lld (sequences and blocks must be equal)", fn,
+                            (long long)h, (long long)x->seq_q, (long long)x->seq_k, (long long)x->block_q,
+                            (long long)x->block_k, (long long)s.seq_q, (long long)s.seq_k, (long long)s.block_q,
+                            (long long)s.block_k);
+        if (x->batch != s.batch && x->batch != 1 && s.batch != 1)
+            return fa_error(FA_ERR_INVALID, "%s: masks[%lld] has batch %lld, another %lld: each must be equal or 1", fn,
+                            (long long)h, (long long)x->batch, (long long)s.batch);
+        s.batch = x->batch > s.batch ? x->batch : s.batch;
+    }
+    s.heads = n;
+    const fa_mask_source src = {stack_block, stack_row, (void *)masks, 1};
+    return fa_mask_build(&s, &src, fn, out);
+}

@@ -3,7 +3,7 @@
  * parameters; the dense array (fa_mask_to_dense), the block kinds (fa_mask_block: empty iff
  * no element is visible, full iff all are, except from_blocks, which keeps its kinds) and the
  * statistics (fa_mask_stats) must all agree with the definition. Then AND / OR with
- * broadcasting, and the errors. */
+ * broadcasting, heads stacked (fa_mask_stack_heads), and the errors. */
 #include "check.h"
 #include "mask_defs.h"
 
@@ -191,6 +191,96 @@ static void combinations(uint64_t *r) {
     }
 }
 
+/* A mask per head (fa_mask_stack_heads): head h's elements and block kinds are its own
+ * mask's, batch 1 broadcast; kinds from from_blocks kept as given; the errors. */
+static void stacked_heads(uint64_t *r) {
+    for (int round = 0; round < 20; round++) {
+        const int64_t B = 2, H = tu_int(r, 1, 4), sq = tu_int(r, 1, 40), sk = tu_int(r, 1, 40);
+        const int64_t bq = pick_block(r), bk = pick_block(r);
+        fa_mask *heads[4] = {0};
+        fa_mask_shape sh[4];
+        uint8_t *dense[4];
+        int8_t *given[4] = {0};
+        for (int64_t h = 0; h < H; h++) {
+            sh[h] = (fa_mask_shape){tu_int(r, 0, 1) ? B : 1, 1, sq, sk, bq, bk};
+            const int64_t n = sh[h].batch * sq * sk;
+            dense[h] = tu_alloc((size_t)n);
+            const int density = (int)tu_int(r, 0, 4);
+            for (int64_t x = 0; x < n; x++) dense[h][x] = (uint8_t)((int)(tu_next(r) % 4) < density);
+            if (tu_int(r, 0, 2) == 0) { /* from blocks: every block partial, its bitmap the elements */
+                fa_mask_shape g;
+                CHECK(fa_mask_from_dense(&sh[h], dense[h], &heads[h]) == FA_OK && fa_mask_get_shape(heads[h], &g) == FA_OK,
+                      "from_dense: %s", fa_last_error());
+                const int64_t nqb = (sq + g.block_q - 1) / g.block_q, nkb = (sk + g.block_k - 1) / g.block_k;
+                const int64_t nblk = sh[h].batch * nqb * nkb, area = g.block_q * g.block_k;
+                uint8_t *bits = tu_alloc((size_t)(nblk * area));
+                given[h] = tu_alloc((size_t)nblk);
+                memset(bits, 0, (size_t)(nblk * area));
+                for (int64_t x = 0; x < nblk; x++) {
+                    const int64_t b = x / (nqb * nkb), qb = x / nkb % nqb, kb = x % nkb;
+                    given[h][x] = FA_BLOCK_PARTIAL;
+                    for (int64_t i = qb * g.block_q; i < sq && i < (qb + 1) * g.block_q; i++)
+                        for (int64_t j = kb * g.block_k; j < sk && j < (kb + 1) * g.block_k; j++)
+                            bits[x * area + (i - qb * g.block_q) * g.block_k + (j - kb * g.block_k)] =
+                                dense[h][(b * sq + i) * sk + j];
+                }
+                fa_mask_destroy(heads[h]);
+                CHECK(fa_mask_from_blocks(&sh[h], given[h], bits, &heads[h]) == FA_OK, "from_blocks: %s", fa_last_error());
+                free(bits);
+            } else {
+                CHECK(fa_mask_from_dense(&sh[h], dense[h], &heads[h]) == FA_OK, "from_dense: %s", fa_last_error());
+            }
+        }
+        fa_mask *m = NULL;
+        int64_t batch = 1;
+        for (int64_t h = 0; h < H; h++) batch = sh[h].batch > batch ? sh[h].batch : batch;
+        CHECK(fa_mask_stack_heads((const fa_mask *const *)heads, H, &m) == FA_OK, "stack_heads: %s", fa_last_error());
+        fa_mask_shape so = {batch, H, sq, sk, bq, bk};
+        fa_mask_shape g;
+        fa_mask_get_shape(heads[0], &g);
+        const int64_t nqb = (sq + g.block_q - 1) / g.block_q, nkb = (sk + g.block_k - 1) / g.block_k;
+        uint8_t *e = tu_alloc((size_t)(batch * H * sq * sk));
+        int8_t *kinds = tu_alloc((size_t)(batch * H * nqb * nkb));
+        int any_given = 0;
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t hb = sh[h].batch == 1 ? 0 : b;
+                memcpy(e + (b * H + h) * sq * sk, dense[h] + hb * sq * sk, (size_t)(sq * sk));
+                for (int64_t x = 0; x < nqb * nkb; x++)
+                    kinds[(b * H + h) * nqb * nkb + x] = (int8_t)fa_mask_block(heads[h], hb, 0, x / nkb, x % nkb);
+                any_given |= given[h] != NULL;
+            }
+        if (m) check_against("stack_heads", m, &so, e, any_given ? kinds : NULL);
+        for (int64_t h = 0; h < H; h++) fa_mask_destroy(heads[h]), free(dense[h]), free(given[h]);
+        if (m) { /* the stack holds its own copy: the heads are gone */
+            uint8_t *again = tu_alloc((size_t)(batch * H * sq * sk));
+            CHECK(fa_mask_to_dense(m, again) == FA_OK && !memcmp(again, e, (size_t)(batch * H * sq * sk)),
+                  "stack_heads after its heads were destroyed");
+            free(again);
+        }
+        fa_mask_destroy(m), free(e), free(kinds);
+    }
+    fa_mask_shape s1 = {1, 1, 8, 8, 4, 4}, s2 = {1, 1, 8, 9, 4, 4}, s3 = {1, 2, 8, 8, 4, 4}, sb2 = {2, 1, 8, 8, 4, 4},
+                  sb3 = {3, 1, 8, 8, 4, 4};
+    fa_mask *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL, *m = (fa_mask *)1;
+    CHECK(fa_mask_causal(&s1, 0, &a) == FA_OK && fa_mask_causal(&s2, 0, &b) == FA_OK && fa_mask_causal(&s3, 0, &c) == FA_OK &&
+              fa_mask_causal(&sb2, 0, &d) == FA_OK && fa_mask_causal(&sb3, 0, &e) == FA_OK,
+          "causal: %s", fa_last_error());
+    const fa_mask *ab[2] = {a, b}, *ac[2] = {a, c}, *an[2] = {a, NULL}, *de[2] = {d, e};
+    CHECK(fa_mask_stack_heads(ab, 2, &m) == FA_ERR_INVALID && m == NULL && strstr(fa_last_error(), "masks[1]"),
+          "sequences differ: %s", fa_last_error());
+    CHECK(fa_mask_stack_heads(ac, 2, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "2 heads"), "a head of 2: %s",
+          fa_last_error());
+    CHECK(fa_mask_stack_heads(an, 2, &m) == FA_ERR_NULL && strstr(fa_last_error(), "masks[1] is NULL"), "NULL head: %s",
+          fa_last_error());
+    CHECK(fa_mask_stack_heads(de, 2, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "batch"), "batch 2 and 3: %s",
+          fa_last_error());
+    CHECK(fa_mask_stack_heads(ab, 0, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "at least 1"), "n 0: %s",
+          fa_last_error());
+    CHECK(fa_mask_stack_heads(NULL, 1, &m) == FA_ERR_NULL && fa_mask_stack_heads(ab, 1, NULL) == FA_ERR_NULL, "NULLs");
+    fa_mask_destroy(a), fa_mask_destroy(b), fa_mask_destroy(c), fa_mask_destroy(d), fa_mask_destroy(e);
+}
+
 static void errors(void) {
     fa_mask *m = (fa_mask *)1;
     fa_mask_shape s = {1, 1, 8, 8, 0, 0};
@@ -238,6 +328,7 @@ int main(void) {
     uint64_t r = check_seed("test_mask");
     constructors(&r);
     combinations(&r);
+    stacked_heads(&r);
     errors();
     return check_finish("test_mask");
 }

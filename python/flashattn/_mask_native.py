@@ -31,6 +31,7 @@ _SIG = {
     "fa_mask_from_blocks": [P(MaskShape), ctypes.c_void_p, ctypes.c_void_p, P(ctypes.c_void_p)],
     "fa_mask_and": [ctypes.c_void_p, ctypes.c_void_p, P(ctypes.c_void_p)],
     "fa_mask_or": [ctypes.c_void_p, ctypes.c_void_p, P(ctypes.c_void_p)],
+    "fa_mask_stack_heads": [P(ctypes.c_void_p), c_int64, P(ctypes.c_void_p)],
     "fa_mask_get_shape": [ctypes.c_void_p, P(MaskShape)],
     "fa_mask_to_dense": [ctypes.c_void_p, ctypes.c_void_p],
     "fa_mask_stats": [ctypes.c_void_p, P(c_int64), P(c_int64), P(c_int64)],
@@ -145,3 +146,9 @@ def from_blocks(s, kinds, bitmaps, what="mask from blocks"):
 def combine(op, a, b):
     fn = lib.fa_mask_and if op == "&" else lib.fa_mask_or
     return NativeMask(lambda out: fn(a.ptr, b.ptr, out), f"mask {op} mask")
+
+
+def stack_heads(masks):
+    """A mask per query head (NativeMasks of 1 head each) as one [batch, len(masks)] mask."""
+    ptrs = (ctypes.c_void_p * len(masks))(*(m.ptr for m in masks))
+    return NativeMask(lambda out: lib.fa_mask_stack_heads(ptrs, len(masks), out), "masks.per_head")
