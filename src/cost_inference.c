@@ -71,6 +71,11 @@ static fa_status varlen_cost(fa_plan *pl) {
         if (f->workspace_bytes > fwd[5]) fwd[5] = f->workspace_bytes;
         if (g->workspace_bytes > bwd[5]) bwd[5] = g->workspace_bytes;
     }
+    if (pl->capacity && ran) { /* made from capacities: the most any call's tiles can take (backend_cpu.c) */
+        const wide most = pl->be->workspace_bytes(pl, FA_FORWARD);
+        if (most < 0) return fa_error(FA_ERR_OVERFLOW, "the forward's workspace does not fit in int64");
+        if (most > fwd[5]) fwd[5] = most;
+    }
     const wide q = tq * Hq * D * es, k = tk * Hk * D * es, v = tk * Hk * Dv * es, o = tq * Hq * Dv * es;
     const wide lse = tq * Hq * 4, lens = 2 * ((wide)p->batch + 1) * 4, slopes = p->has_alibi ? Hq * 4 : 0;
     const wide sinks = p->has_sinks ? Hq * 4 : 0;

@@ -345,6 +345,48 @@ static void packed_bounds(void) {
         }
 }
 
+/* The workspace bound where a sequence's tiles depend on its lengths the most: bf16, D of
+ * 128 or 256, 2048 keys and more (wider key tiles where a window's walk allows them), a
+ * window with an explicit diagonal offset; the capacity's one sequence once chose narrower
+ * tiles than a shorter call (167 x 2545 rows, window 53 82, offset 95: 394496 bytes, a call
+ * of 91 x 2478 426752). 40 random capacities, 20 calls each (the first the case above). */
+static void packed_bounds_wide_tiles(void) {
+    for (int it = 0; it < 40 && !failures; it++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = it ? tu_int(&rng, 1, 3) : 1, p.heads_q = p.heads_kv = it ? tu_int(&rng, 1, 2) : 2;
+        p.head_dim = p.head_dim_v = it && tu_int(&rng, 0, 1) ? 128 : 256, p.dtype = FA_BF16;
+        p.seq_q = it ? tu_int(&rng, 1, 600) : 167, p.seq_k = it ? tu_int(&rng, 2048, 3200) : 2545;
+        p.causal = it ? (int)tu_int(&rng, 0, 1) : 1;
+        p.window_left = it ? tu_int(&rng, 0, 300) : 53, p.window_right = it ? tu_int(&rng, -1, 300) : 82;
+        p.has_diag_offset = 1, p.diag_offset = it ? tu_int(&rng, -200, 2600) : 95;
+        p.lengths_per_call = FA_LENGTHS_PACKED;
+        fa_options opt = {0};
+        opt.backend = FA_BACKEND_CPU, opt.threads = it ? (int)tu_int(&rng, 1, 2) : 1;
+        fa_cost cap;
+        fa_plan *one = capacity_plan(&p, &opt, "packed bounds (wide tiles)", &cap);
+        if (!one) return;
+        for (int call = 0; call < 20 && !failures; call++) {
+            int32_t cq[4] = {0}, ck[4] = {0};
+            for (int64_t b = 0; b < p.batch; b++) {
+                cq[b + 1] = cq[b] + (int32_t)tu_int(&rng, 0, p.seq_q - cq[b]);
+                ck[b + 1] = ck[b] + (int32_t)tu_int(&rng, 0, p.seq_k - ck[b]);
+            }
+            if (!it && !call) cq[1] = 91, ck[1] = 2478;
+            fa_cost c;
+            fa_status st = fa_plan_cost_lengths(one, FA_FORWARD, NULL, cq, ck, &c);
+            CHECK(st == FA_OK && c.workspace_bytes <= cap.workspace_bytes && c.peak_bytes <= cap.peak_bytes,
+                  "packed bounds (wide tiles): %lld x %lld D %lld window %lld %lld offset %lld, a call of %d x %d: "
+                  "workspace %lld (capacity %lld), peak %lld (%lld)%s%s",
+                  (long long)p.seq_q, (long long)p.seq_k, (long long)p.head_dim, (long long)p.window_left,
+                  (long long)p.window_right, (long long)p.diag_offset, cq[1], ck[1], (long long)c.workspace_bytes,
+                  (long long)cap.workspace_bytes, (long long)c.peak_bytes, (long long)cap.peak_bytes, st ? ": " : "",
+                  st ? fa_last_error() : "");
+        }
+        fa_plan_destroy(one);
+    }
+}
+
 /* The same bounds over random capacities: Sq != Sk, GQA, causal, a window finite on both
  * sides or one, an explicit diagonal offset, chosen tiles, 1 or 2 threads; 30 random splits
  * each (empty sequences too) into up to 5 sequences, of which the first runs in a workspace
@@ -558,6 +600,7 @@ int main(void) {
     window_workspace();
     packed_bounds();
     packed_bounds_random();
+    packed_bounds_wide_tiles();
     decode_bounds_random();
     misuse();
     return check_finish("test_lengths_per_call");

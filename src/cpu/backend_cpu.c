@@ -107,8 +107,37 @@ int64_t fa_decode_workspace_bytes(const fa_plan *pl) {
     return narrow(run > check ? run : check); /* INT64_MAX when it overflows: narrowed to -1 here */
 }
 
+/* A packed-batch plan made from capacities (lengths per call) bounds every call's workspace
+ * (docs/semantics.md). A call's sequences choose their tiles from their own lengths (batch
+ * invariance), and a shorter one may choose wider tiles than the capacity sequence does (a
+ * window's walk in wider_keys, the rows' count in default_blocks: 426752 bytes against the
+ * capacity's 394496 at 91 of 167 rows, window 53 82), so the bound is the largest scratch of
+ * any tiles the rules can choose, each at the capacity's lengths: at fixed tiles every piece
+ * of it grows with the lengths (forward.c, scratch_sizes). */
+static int64_t capacity_forward_scratch(const fa_plan *pl) {
+    fa_plan sub;
+    fa_varlen_subplan(pl, 0, &sub); /* the capacity's stand-in lengths: one sequence of every row and key */
+    const fa_isa_tiles *t = sub.isa->tiles;
+    const int64_t widths[] = {t->bk, t->bf16_open_bk, t->long_bk, t->bf16_long_bk};
+    int64_t rows = t->bq > t->open_bq ? t->bq : t->open_bq, most = 0;
+    rows = rows > t->bf16_open_bq ? rows : t->bf16_open_bq;
+    for (int64_t bq = pl->opt_bq ? pl->opt_bq : rows;; bq /= 2) { /* default_blocks halves the rows down to 32 */
+        for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+            int64_t q = bq, k = pl->opt_bk ? pl->opt_bk : widths[i];
+            if (k <= 0) continue; /* a width this table does not have */
+            if (!pl->opt_bq || !pl->opt_bk) fa_mask_fit_tile(sub.p.mask, &q, &k);
+            sub.fwd_bq = pl->opt_bq ? pl->opt_bq : q, sub.fwd_bk = pl->opt_bk ? pl->opt_bk : k;
+            const int64_t s = fa_cpu_forward_scratch_bytes(&sub);
+            most = s > most ? s : most;
+        }
+        if (pl->opt_bq || bq <= 32) break;
+    }
+    return most;
+}
+
 /* Dense: threads x the driver's per-thread scratch (the backward adds delta, 4 B per query
- * row); packed batches: the largest sequence's (they share it); decode: its carve-up. */
+ * row); packed batches: the largest sequence's (they share it), for a capacity plan the
+ * largest any call's can be; decode: its carve-up. */
 static int64_t cpu_workspace_bytes(const fa_plan *pl, fa_pass pass) {
     const fa_problem *p = &pl->p;
     if (pl->shape == FA_SHAPE_DECODE) return pass == FA_FORWARD ? fa_decode_workspace_bytes(pl) : 0;
@@ -121,6 +150,11 @@ static int64_t cpu_workspace_bytes(const fa_plan *pl, fa_pass pass) {
             const int64_t w = cpu_workspace_bytes(&sub, pass);
             if (w < 0) return -1;
             if (w > most) most = w;
+        }
+        if (pl->capacity && pass == FA_FORWARD && p->seq_q > 0 && p->seq_k > 0) {
+            const wide w = (wide)pl->threads * capacity_forward_scratch(pl);
+            if (w > most) most = narrow(w);
+            if (most < 0) return -1;
         }
         return pass == FA_BACKWARD ? narrow((wide)most + fa_varlen_dsink_bytes(pl)) : most; /* varlen.c */
     }
