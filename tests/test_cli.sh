@@ -219,6 +219,18 @@ case "$last" in
   '{"forward": {"seconds": '*'"backward": {"seconds": '*'"peak_rss_bytes": '*) [ $rc -eq 0 ] && ok "bench --json" || no "bench" "exit $rc" ;;
   *) no "bench --json" "exit $rc, last line '$last' $(head -c 200 "$W/se")" ;;
 esac
+# bench's useful flops are the plan's, under the same key (with Dv != D the backward's was
+# 2.5x the forward's, not the plan's 2(3D + 2Dv) a pair)
+VD="--batch 1 --heads 2 --seq 64 --head-dim 32 --v-head-dim 8 --causal $CPU"
+fa bench $VD --iters 1 --json
+jb=$(tail -n 1 "$W/so")
+fa plan $VD --json
+jp=$(cat "$W/so")
+for s in forward backward; do
+  a=$(json_field "$jb" $s flops_useful) b=$(json_field "$jp" $s flops_useful)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok "bench's $s flops_useful is the plan's ($a, Dv != D)" ||
+    no "bench's $s flops_useful" "bench '$a', plan '$b'"
+done
 
 # --backend cuda: where a device is present, run and grad agree with the CPU (bf16); else
 # they fail cleanly (exit 1, one line, no output), never as bad input.

@@ -134,9 +134,11 @@ int cli_bench(const cli_args *a) {
         }
     }
     if (do_bwd && (rc = time_pass(&c, FA_BACKWARD, iters, &tb))) goto done;
-    /* executed flops (the plan's flops: what the kernels run) and useful ones (the forward's
-     * visible pairs x 4D, the backward 2.5x that: bench/RESULTS.md's count for every peer) */
-    const double uf = (double)cf.flops_useful, ub = 2.5 * uf;
+    /* executed flops (the plan's flops: what the kernels run) and useful ones (the plan's
+     * flops_useful: 2(D + Dv) and 2(3D + 2Dv) a visible pair, so visible pairs x 4D and 2.5x
+     * that where Dv = D, bench/RESULTS.md's count for every peer; under the same JSON key as
+     * plan --json's, the same figure: 2.5x the forward's was another where Dv != D) */
+    const double uf = (double)cf.flops_useful, ub = (double)cb.flops_useful;
     double gf = tf > 0 ? (double)cf.flops / tf * 1e-9 : 0, gb = tb > 0 ? (double)cb.flops / tb * 1e-9 : 0;
     const double guf = tf > 0 ? uf / tf * 1e-9 : 0, gub = tb > 0 ? ub / tb * 1e-9 : 0;
     int64_t rss = peak_rss_bytes();
