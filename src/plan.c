@@ -295,7 +295,9 @@ fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out) {
     return FA_OK;
 }
 
-int fa_plan_exact(const fa_plan *plan) { return plan && !plan->p.has_segment_ids; }
+/* Not for segment ids (their tiles skip by the data) nor for a plan made from capacities
+ * (lengths per call: its figures are the capacity's; a call's own are fa_plan_cost_lengths). */
+int fa_plan_exact(const fa_plan *plan) { return plan && !plan->p.has_segment_ids && !plan->capacity; }
 fa_backend fa_plan_backend(const fa_plan *plan) { return plan ? plan->backend : FA_BACKEND_AUTO; }
 int fa_plan_threads(const fa_plan *plan) { return plan ? plan->threads : 0; }
 const fa_problem *fa_plan_problem(const fa_plan *plan) { return plan ? &plan->p : NULL; }

@@ -144,7 +144,11 @@ static void decode_loop(fa_dtype dt, int paged, int threads) {
 /* A plan made from capacities and its forward cost (NULL, counted as a failure, if either fails). */
 static fa_plan *capacity_plan(const fa_problem *p, const fa_options *opt, const char *label, fa_cost *cap) {
     fa_plan *pl = NULL;
-    if (fa_plan_create(p, opt, &pl) == FA_OK && fa_plan_cost(pl, FA_FORWARD, cap) == FA_OK) return pl;
+    if (fa_plan_create(p, opt, &pl) == FA_OK && fa_plan_cost(pl, FA_FORWARD, cap) == FA_OK) {
+        /* its figures are the capacity's, not a call's: not exact (a call's: fa_plan_cost_lengths) */
+        CHECK(!fa_plan_exact(pl), "%s: a plan made from capacities says its figures are exact", label);
+        return pl;
+    }
     CHECK(0, "%s: plan: %s", label, fa_last_error());
     fa_plan_destroy(pl);
     return NULL;

@@ -155,7 +155,9 @@ static void print_human(const fa_plan *plan, const cli_rates *r, const fa_cost *
         printf("blocks    forward %" PRId64 " x %" PRId64 ", backward %" PRId64 " x %" PRId64
                " (query rows x keys)\n", fq, fk, bq, bk);
     printf("cost%s\n", fa_plan_exact(plan) ? " (exact)"
-                                           : " (upper bound: segment ids may skip more tiles)");
+                       : p->lengths_per_call ? " at capacity (lengths per call: without the flag, plan gives a call's "
+                                               "exact cost)"
+                                             : " (upper bound: segment ids may skip more tiles)");
     if (none) printf("  %-17s %34s\n", "", "forward");
     else printf("  %-17s %34s %34s\n", "", "forward", "backward");
     human_row("flops", f->flops, b->flops, 0, none);

@@ -34,6 +34,9 @@ def test_capacity_plan_costs_each_step_exactly():
         assert one.cost_lengths(cache_seqlens=lens) == flashattn.plan_kvcache(lens, **kw).forward
     full = flashattn.plan_kvcache([255] * 3, **kw).forward
     assert one.forward == full  # the plan's own figures: every cache full
+    # ... the capacity's, not a call's: not exact (a call's exact cost is cost_lengths)
+    assert not one.exact and flashattn.plan_kvcache([255] * 3, **kw).exact
+    assert not flashattn.plan_varlen(None, None, batch=2, heads=2, head_dim=8, total_q=16, total_k=16).exact
     with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 256 plus 1 new tokens exceeds"):
         one.cost_lengths(cache_seqlens=[0, 256, 0])
     fixed = flashattn.plan_kvcache([1, 2, 3], **kw)
