@@ -399,6 +399,16 @@ fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlen
 plain=$(fwd_bytes)
 fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --dtype bf16 --cache-dtype int8 --json
 quant=$(fwd_bytes)
+# problem.inference says what seq_k is (the caches' capacity) and the cache's type; a plan made
+# from capacities is not exact (its figures are the capacity's, a call's are plan's without
+# the flag): it said exact, and the problem object was a dense one's
+if grep -q '"inference": {"shape": "decode", "lengths_per_call": false, "cache_dtype": "int8", "page_size": 0' "$W/so" &&
+  grep -q '"exact": true' "$W/so"; then ok "plan --json: problem.inference of a decode plan"
+else no "plan --json: problem.inference" "$(cat "$W/so")"; fi
+fa plan --batch 3 --heads 8 --kv-heads 2 --head-dim 16 --seq-k 64 --cache-seqlens "$I/lens.npy" --lengths-per-call --json
+if grep -q '"inference": {"shape": "decode", "lengths_per_call": true' "$W/so" && grep -q '"exact": false' "$W/so"; then
+  ok "plan --lengths-per-call --json: exact false, lengths_per_call true"
+else no "plan --lengths-per-call --json" "$(cat "$W/so" "$W/se")"; fi
 if [ $rc -eq 0 ] && [ -n "$quant" ] && [ "$quant" -lt "$plain" ]; then ok "plan --cache-dtype int8: fewer bytes ($quant < $plain)"
 else no "plan --cache-dtype int8" "bytes '$quant' vs '$plain' (exit $rc: $(cat "$W/se"))"; fi
 # the human form names the cache dtype its figures count (it once printed the problem without it)

@@ -54,6 +54,12 @@ check_counts "all four ANDed" "--mask-chunk 64 --prefix-len 10 --documents $W/do
 fa run $QKV --causal --out "$W/o_causal.npy"
 check_counts "--documents one --causal" "--documents $W/one.npy --causal" one
 check_counts "--prefix-len 0" "--prefix-len 0" prefix0
+# problem.mask names the mask's own batch and heads, whose pairs visible_pairs sums: a chunked
+# mask is one (batch, head), 200 rows in chunks of 48 (4 x 48 x 49 / 2 + 8 x 9 / 2 = 4740)
+fa plan $SHAPE --mask-chunk 48 --json
+if grep -q '"mask": {"batch": 1, "heads": 1, "block_q": 128, "block_k": 128, "visible_pairs": 4740' "$W/so"; then
+  ok "plan --json: problem.mask's batch, heads and visible pairs"
+else no "plan --json: problem.mask" "$(cat "$W/so")"; fi
 for m in tril one prefix0; do
   if cmp -s "$W/o_causal.npy" "$W/o_$m.npy"; then ok "$m gives --causal's o bit for bit"
   else no "$m" "o differs from --causal's"; fi

@@ -91,10 +91,26 @@ static void print_json(const fa_plan *plan, const cli_rates *r, const fa_cost *f
     if (p->has_bias_scale) printf(", \"bias_scale\": %.9g", (double)p->bias_scale);
     else printf(", \"bias_scale\": null");
     printf(", \"sinks\": %s", tf(p->has_sinks));
+    /* the inference shapes: what seq_k means there (a cache's capacity), pages, cache type */
+    const int packed = p->cu_seqlens_q || p->lengths_per_call == FA_LENGTHS_PACKED;
+    const int decode = p->cache_seqlens || p->lengths_per_call == FA_LENGTHS_CACHE;
+    if (packed || decode) {
+        printf(", \"inference\": {\"shape\": \"%s\", \"lengths_per_call\": %s", packed ? "packed" : "decode",
+               tf(p->lengths_per_call != 0));
+        if (decode)
+            printf(", \"cache_dtype\": \"%s\", \"page_size\": %" PRId64 ", \"num_pages\": %" PRId64
+                   ", \"max_pages\": %" PRId64 ", \"new_kv\": %s, \"shared_prefix_len\": %" PRId64,
+                   fa_dtype_name(p->has_cache_dtype ? p->cache_dtype : p->dtype), p->page_size, p->num_pages,
+                   p->max_pages, tf(p->has_new_kv), p->shared_prefix_len);
+        printf("}");
+    } else printf(", \"inference\": null");
     int64_t vis = 0, full = 0, part = 0;
-    if (p->mask && fa_mask_stats(p->mask, &vis, &full, &part) == FA_OK)
-        printf(", \"mask\": {\"visible_pairs\": %" PRId64 ", \"full_blocks\": %" PRId64 ", \"partial_blocks\": %" PRId64
-               "}}}\n", vis, full, part);
+    fa_mask_shape ms;
+    if (p->mask && fa_mask_stats(p->mask, &vis, &full, &part) == FA_OK && fa_mask_get_shape(p->mask, &ms) == FA_OK)
+        printf(", \"mask\": {\"batch\": %" PRId64 ", \"heads\": %" PRId64 ", \"block_q\": %" PRId64
+               ", \"block_k\": %" PRId64 ", \"visible_pairs\": %" PRId64 ", \"full_blocks\": %" PRId64
+               ", \"partial_blocks\": %" PRId64 "}}}\n",
+               ms.batch, ms.heads, ms.block_q, ms.block_k, vis, full, part);
     else printf(", \"mask\": null}}\n");
 }
 
