@@ -19,7 +19,11 @@ from conftest import SEED  # noqa: E402
 
 CASES = int(os.environ.get("FA_JAX_NN_CASES", "60"))
 TOL = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}  # max|diff| / max|jax.nn|
-GRAD_TOL = {"float32": 5e-4, "bfloat16": 6e-2, "float16": 1e-2}
+# float32: a gradient past 2e-5 of max|jax.nn| is held to the roundoff of the terms that
+# cancel in it (_roundoff_bounds; check_case). Measured over 300 cases (FA_TEST_SEED=3): 57 of
+# 790 f32 gradients went there, the largest at 0.2 of its bound; 1,200 cases at two other
+# seeds passed. It was 5e-4, 25 times looser than anything needed.
+GRAD_TOL = {"float32": 2e-5, "bfloat16": 6e-2, "float16": 1e-2}
 
 
 def test_signature_is_jax_nn_s():
