@@ -56,8 +56,10 @@ static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t
     fa_mask_fit_tile(p->mask, bq, bk);
     if (pl->shape == FA_SHAPE_DENSE && p->dtype == FA_BF16 && t->bf16_long_bk > *bk && p->seq_k >= t->long_keys &&
         p->head_dim >= 128) {
-        if (pass == FA_FORWARD) wider_keys(pl, t->bf16_long_bk, bq, bk);
-        else if (!beyond_causal) *bk = t->bf16_long_bk; /* causal or no mask */
+        if (pass == FA_FORWARD) {
+            wider_keys(pl, t->bf16_long_bk, bq, bk);
+            if (t->bf16_wider_bk > *bk) wider_keys(pl, t->bf16_wider_bk, bq, bk);
+        } else if (!beyond_causal) *bk = t->bf16_long_bk; /* causal or no mask */
     }
 }
 
@@ -118,7 +120,7 @@ static int64_t capacity_forward_scratch(const fa_plan *pl) {
     fa_plan sub;
     fa_varlen_subplan(pl, 0, &sub); /* the capacity's stand-in lengths: one sequence of every row and key */
     const fa_isa_tiles *t = sub.isa->tiles;
-    const int64_t widths[] = {t->bk, t->bf16_open_bk, t->long_bk, t->bf16_long_bk};
+    const int64_t widths[] = {t->bk, t->bf16_open_bk, t->long_bk, t->bf16_long_bk, t->bf16_wider_bk};
     int64_t rows = t->bq > t->open_bq ? t->bq : t->open_bq, most = 0;
     rows = rows > t->bf16_open_bq ? rows : t->bf16_open_bq;
     for (int64_t bq = pl->opt_bq ? pl->opt_bq : rows;; bq /= 2) { /* default_blocks halves the rows down to 32 */

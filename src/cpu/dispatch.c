@@ -49,11 +49,16 @@ const fa_isa_tiles fa_isa_tiles_bf16_pairs = {.bq = 128, .bk = 128, .open_bq = 2
  * 7%), for 16 documents in 16384 (2-6%, before the forward's slices; with them 0.052-0.055 s
  * against 0.058 s at 128 keys, 2026-12-05, and the plan takes 256) and under a window of 512. The backward, without a
  * mask or window (causal or not): 2.5% faster causal at S = 4096, 2-5% at 8192, 7-8%
- * unmasked at 4096 (4 alternations each); chunked and windowed within 2%, left at 128. */
+ * unmasked at 4096 (4 alternations each); chunked and windowed within 2%, left at 128.
+ * Then 512 keys in the forward, under the same rule (2026-12-06, bench/RESULTS.md: 512
+ * against 256, medians of 3 alternations, bf16 D = 128 unless said): causal S = 16384 0.93,
+ * S = 4096 0.91, S = 2048 0.97, unmasked S = 4096 0.92, D = 256 causal S = 8192 0.94,
+ * chunked 2048 and 16 documents in 16384 0.95; a window of 1024, which executes more
+ * elements in them (refused by the rule), 1.02. */
 const fa_isa_tiles fa_isa_tiles_amx = {.bq = 128, .bk = 128, .open_bq = 256, .bf16_open_bq = 128,
                                        .bf16_open_bk = 128, .long_keys = 2048, .long_bk = 256,
                                        .bwd_long_keys = 4096, .bwd_long_dim = 128, .bwd_long_bk = 256,
-                                       .bf16_long_bk = 256, .fwd_run_bytes = 2 << 20};
+                                       .bf16_long_bk = 256, .bf16_wider_bk = 512, .fwd_run_bytes = 2 << 20};
 
 /* Best first; the scalar table is last and always available. */
 static const fa_isa *const isa_table[] = {
