@@ -1,6 +1,7 @@
 /* `flashattn bench`: times the forward and backward passes on random data (one warm-up call,
  * then --iters timed calls; the median is reported) and prints GFLOP/s from the plan's flops
- * (executed) and from the useful count (forward: the visible pairs x 4D; backward 2.5x that). 
+ * (executed) and from the useful count (the plan's flops_useful: where Dv = D the forward's
+ * visible pairs x 4D and the backward 2.5x that).
  * --pass forward|backward (beyond docs/cli.md's SHAPE flags) times one pass only. */
 #include "cli.h"
 #include "measure.h"
@@ -179,7 +180,7 @@ int cli_bench(const cli_args *a) {
             printf("forward   %10.4f s  %10.2f GFLOP/s executed (%" PRId64 " flops), %.2f useful, median of %d\n",
                    tf, gf, cf.flops, guf, iters);
         if (do_bwd)
-            printf("backward  %10.4f s  %10.2f GFLOP/s executed (%" PRId64 " flops), %.2f useful (2.5x the forward's), "
+            printf("backward  %10.4f s  %10.2f GFLOP/s executed (%" PRId64 " flops), %.2f useful, "
                    "median of %d\n", tb, gb, cb.flops, gub, iters);
         if (have_rates && do_fwd)
             printf("predicted forward  %8.4f s (measured/predicted %.2f)\n", pf.seconds, tf / pf.seconds);

@@ -308,15 +308,28 @@ class _PerHead(Mask):
     def takes_call_offset(self):
         return any(m.takes_call_offset for m in self.masks)
 
+    @property
+    def fixed_block(self):
+        return next((m.fixed_block for m in self.masks if m.fixed_block), None)
+
     def _build(self, dims, diag, block):
         B, H, Sq, Sk = dims
         if len(self.masks) != H:
             raise ValueError(f"per_head has {len(self.masks)} masks but the call has {H} query heads")
         if all(m is self.masks[0] for m in self.masks):
             return self.masks[0].build(B, 1, Sq, Sk, diag_offset=diag, block=block)
+        if len({m.fixed_block for m in self.masks if m.fixed_block}) > 1:
+            # heads given at different block sizes (BlockMasks of their own): stacked from
+            # their arrays, one [Sq, Sk] array per head at a time, at the call's blocks
+            parts = [m.build(B, 1, Sq, Sk, diag_offset=diag, block=m.fixed_block or block).to_dense()
+                     for m in self.masks]
+            b = max(p.shape[0] for p in parts)
+            a = np.concatenate([np.broadcast_to(p, (b, 1, Sq, Sk)) for p in parts], axis=1)
+            return native.from_dense(self._shape(dims, block, b, H), a)
         # the heads' own masks stacked by their blocks (the library's fa_mask_stack_heads: no
         # dense array; it took 2 H Sq Sk bytes, 16.5 GB at H = 32, S = 16384), each distinct
-        # head's mask built once
+        # head's mask built once, all at the block size one of them is given at (a BlockMask's)
+        block = self.fixed_block or block
         built = {}
         for m in self.masks:
             if id(m) not in built:

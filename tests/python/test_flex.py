@@ -211,6 +211,30 @@ def test_attention_with_flashattn_masks(rng):
             assert (got.grad.double() - want.grad).abs().max().item() <= 5e-5 * want.grad.abs().max().item()
 
 
+def test_per_head_with_a_block_mask_head(rng):
+    """masks.per_head with a head given as a BlockMask (its own 64 x 64 blocks) beside a plain
+    mask: every head built at the BlockMask's blocks and stacked (it was refused, "blocks must
+    be equal", once per_head stacked by blocks); heads at two different BlockMask block sizes
+    still run (stacked from their arrays). Against a float64 reference of the per-element masks."""
+    import flashattn
+    from flashattn import masks
+    S, D = 256, 32
+    q, k, v = (rng.standard_normal((1, 3, S, D)).astype(np.float32) for _ in range(3))
+    i, j = np.arange(S)[:, None], np.arange(S)[None, :]
+    near, far = np.abs(i - j) < 40, np.abs(i - j) > 100
+    for blocks, want in (((64, None), [near, j <= i, near]), ((64, 32), [near, far, j <= i])):
+        heads = [from_block_mask(_block_mask(lambda b, h, qi, kv: (qi - kv).abs() < 40, 1, 1, S, S, blocks[0]))]
+        heads.append(masks.causal() if blocks[1] is None else
+                     from_block_mask(_block_mask(lambda b, h, qi, kv: (qi - kv).abs() > 100, 1, 1, S, S, blocks[1])))
+        heads.append(heads[0] if blocks[1] is None else masks.causal())
+        o = flashattn.attention(q, k, v, mask=masks.per_head(heads))
+        s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(D)
+        s = np.where(np.stack(want)[None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = np.einsum("bhqk,bhkd->bhqd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+        assert np.abs(o - ref).max() <= 1e-5 * np.abs(ref).max(), (blocks, f"seed {SEED}")
+
+
 def test_masks_under_torch_compile():
     """A flashattn.masks mask is built in Python (docs/python.md): torch.compile runs it with
     a graph break around the call, the same result as eager; fullgraph=True refuses it with
