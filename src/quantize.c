@@ -6,19 +6,43 @@
 #include "dtype.h"
 #include "internal.h"
 
+/* The rule must not depend on the caller's floating-point modes: XLA runs its custom calls
+ * with denormals-are-zero and flush-to-zero set (and torch.set_flush_denormal sets them),
+ * under which a subnormal amax read as 0 and its row got scale 1 and zero codes. So the
+ * magnitudes are compared as bits (a finite float's magnitude orders as its bits do), and a
+ * subnormal x is divided without a subnormal operand (quotient). A quotient that is itself
+ * subnormal gives the same code either way: it rounds to a zero code of its sign. */
+static uint32_t magnitude_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u & 0x7fffffffu;
+}
+
+/* x / scale, correctly rounded (scale normal and positive). A subnormal x = m 2^-149 gives
+ * m / (scale 2^149): both exact (m < 2^23; scale below 2^-100 there), the same quotient; for a
+ * scale of 2^-100 or more it is below 2^-26, a zero code, so 0 of x's sign. */
+static float quotient(float x, float scale) {
+    const uint32_t a = magnitude_bits(x);
+    if (a >= 0x00800000u || a == 0) return x / scale;
+    const float y = scale < 0x1p-100f ? (float)(int32_t)a / (scale * 0x1p126f * 0x1p23f) : 0.0f;
+    return signbit(x) ? -y : y; /* the sign from the bits: a comparison would read 0 under the modes */
+}
+
 float fa_quantize_row(fa_dtype t, fa_dtype from, const void *x, int64_t n, uint8_t *codes, int64_t stride) {
-    float amax = 0.0f;
+    uint32_t most = 0;
     for (int64_t i = 0; i < n; i++) {
-        const float a = fabsf(fa_load(from, x, i));
-        amax = a > amax ? a : amax;
+        const uint32_t a = magnitude_bits(fa_load(from, x, i));
+        most = a > most ? a : most;
     }
-    /* 1 where amax is 0 (0 / 0 codes otherwise). FLT_MIN where amax / max is below it: a
-     * subnormal quotient keeps too few bits, rounded far below amax / max, and the codes then
-     * passed the clamp (up to 126 times the error bound at amax 2.7e-43). x / FLT_MIN is exact
-     * and within +-max there. */
-    const float q = amax / fa_quant_max(t), scale = q >= FLT_MIN ? q : amax > 0.0f ? FLT_MIN : 1.0f;
+    float amax;
+    memcpy(&amax, &most, 4);
+    /* 1 where amax is 0 (0 / 0 codes otherwise). FLT_MIN where amax / max is below it (or
+     * flushed to 0): a subnormal quotient keeps too few bits, rounded far below amax / max,
+     * and the codes then passed the clamp (up to 126 times the error bound at amax 2.7e-43);
+     * x / FLT_MIN is exact and within +-max there. */
+    const float q = amax / fa_quant_max(t), scale = !most ? 1.0f : q >= FLT_MIN ? q : FLT_MIN;
     for (int64_t i = 0; i < n; i++) {
-        const float y = fa_load(from, x, i) / scale; /* a division, not a reciprocal's product: the documented rule */
+        const float y = quotient(fa_load(from, x, i), scale); /* a division, not a reciprocal's product: the rule */
         codes[i * stride] = t == FA_INT8 ? (uint8_t)fa_f32_to_int8(y) : fa_f32_to_e4m3(y);
     }
     return scale;

@@ -8,6 +8,41 @@
 
 static uint64_t rng;
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+/* The rule under flush-to-zero and denormals-are-zero (XLA sets both on the threads that run
+ * its custom calls): the same codes and scales as without them, rows of subnormals and rows
+ * whose amax / max is subnormal included (such a row once got scale 1 and zero codes). */
+static void under_flush_modes(void) {
+    enum { ROWS = 6, W = 40 };
+    static const fa_dtype kinds[2] = {FA_INT8, FA_FP8_E4M3};
+    float x[ROWS * W];
+    for (int i = 0; i < ROWS * W; i++) {
+        const double mag[ROWS] = {1e-40, 2.7e-43, 1e-38, 60.0 * FLT_MIN, 3.0, 1e-45};
+        x[i] = (float)((tu_uniform(&rng) * 2 - 1) * mag[i / W]);
+    }
+    x[W + 3] = -2.66e-43f, x[4 * W + 1] = 1e-41f; /* a subnormal element in a row of normal scale */
+    for (int k = 0; k < 2; k++) {
+        uint8_t want[ROWS * W], got[ROWS * W];
+        float ws[ROWS], gs[ROWS];
+        CHECK(fa_quantize_rows(kinds[k], FA_F32, x, ROWS, W, want, ws) == FA_OK, "quantize: %s", fa_last_error());
+        const unsigned saved = _mm_getcsr();
+        _mm_setcsr(saved | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
+        const fa_status st = fa_quantize_rows(kinds[k], FA_F32, x, ROWS, W, got, gs);
+        _mm_setcsr(saved);
+        CHECK(st == FA_OK && !memcmp(want, got, sizeof got) && !memcmp(ws, gs, sizeof gs),
+              "quantize %s under flush-to-zero and denormals-are-zero: codes or scales differ (row 0 scale %g, "
+              "without the modes %g)", fa_dtype_name(kinds[k]), gs[0], ws[0]);
+        uint8_t ind[W];
+        for (int r = 0; r < ROWS; r++) /* and both are the independent rule's */
+            CHECK(ind_quant(kinds[k], x + r * W, W, ind) == ws[r] && !memcmp(ind, want + r * W, W),
+                  "quantize %s row %d: not the independent rule's", fa_dtype_name(kinds[k]), r);
+    }
+}
+#else
+static void under_flush_modes(void) {}
+#endif
+
 static void quantizer(void) {
     static const fa_dtype kinds[2] = {FA_INT8, FA_FP8_E4M3}, from[3] = {FA_F32, FA_BF16, FA_F16};
     enum { ROWS = 40, W = 48 };
@@ -135,5 +170,6 @@ static void quantizer(void) {
 int main(void) {
     rng = check_seed("test_quantize");
     quantizer();
+    under_flush_modes();
     return check_finish("test_quantize");
 }

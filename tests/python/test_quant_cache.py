@@ -222,3 +222,34 @@ def test_jax_front_matches_numpy(rng, kind, paged):
     a = fj.quantize_cache(jnp.asarray(kn), jnp.asarray(vn), kind)
     b = flashattn.quantize_cache(kn, vn, kind)
     assert a[0].dtype == code and np.array_equal(np.asarray(a[0].view(jnp.uint8)), bits(b[0]).reshape(kn.shape))
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_jax_append_of_tiny_rows_follows_the_rule(rng, kind):
+    """New tokens of subnormal size (and rows whose amax / max is subnormal), appended through
+    the JAX front, get the codes and scales quantize_cache and the numpy append give: XLA runs
+    custom calls with denormals-are-zero and flush-to-zero, under which such rows got scale 1
+    and zero codes."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import flashattn.jax as fj
+    tiny = np.finfo(np.float32).tiny
+    amax = np.array([1e-40, 2.7e-43, 1e-38, 100 * tiny, 127 * tiny, 448 * tiny, 1e-36, 1.0], np.float32)
+    B, D = len(amax), 16
+    r = rng.standard_normal((B, D)).astype(np.float32)
+    x = (r / np.abs(r).max(-1, keepdims=True) * amax[:, None]).astype(np.float32).reshape(B, 1, 1, D)
+    q = rng.standard_normal((B, 1, 1, D)).astype(np.float32)
+    code = np.int8 if kind == "int8" else FP8
+    want_codes, want_scales, _, _ = flashattn.quantize_cache(x, x, kind)
+    kc, vc = np.zeros((B, 16, 1, D), code), np.zeros((B, 16, 1, D), code)
+    ks, vs = np.ones((B, 16, 1), np.float32), np.ones((B, 16, 1), np.float32)
+    lens = np.zeros(B, np.int32)
+    flashattn.kvcache_attention(q, kc, vc, x, x, cache_seqlens=lens, cache_dtype=kind, k_scale=ks, v_scale=vs)
+    jcode = jnp.int8 if kind == "int8" else jnp.float8_e4m3fn
+    out = fj.kvcache_attention(jnp.asarray(q), jnp.zeros(kc.shape, jcode), jnp.zeros(vc.shape, jcode), jnp.asarray(x),
+                               jnp.asarray(x), cache_seqlens=lens, cache_dtype=kind, k_scale=jnp.ones(ks.shape),
+                               v_scale=jnp.ones(vs.shape))
+    for got_c, got_s in ((kc[:, 0], ks[:, 0]), (np.asarray(out[1])[:, 0], np.asarray(out[3])[:, 0])):
+        assert np.array_equal(bits(got_c), bits(want_codes[:, 0])), f"codes differ (seed {SEED})"
+        assert np.array_equal(got_s, want_scales[:, 0]), f"scales differ (seed {SEED})"
+    assert np.all(want_scales[:5, 0] == tiny) and np.any(bits(want_codes[2:7]) != 0)
