@@ -126,12 +126,14 @@ def autocast(*tensors):
 
 def distinct(*tensors):
     """The tensors, each a separate object (k passed as v too becomes a view of it): Dynamo
-    refuses an autograd.Function given one tensor for two inputs."""
-    seen, out = set(), []
+    refuses an autograd.Function given one tensor for two inputs. Compared with `is`, not by
+    id(): Dynamo guarded on every input's id() and recompiled the caller for each new tensor
+    (fullgraph=True failed at the 9th call); `is` between inputs is its aliasing, which it
+    guards as such."""
+    out = []
     for t in tensors:
-        if t is not None and id(t) in seen:
+        if t is not None and any(t is s for s in out):
             t = t.view_as(t)
-        seen.add(id(t))
         out.append(t)
     return out
 

@@ -457,7 +457,7 @@ class Attention(AttentionCompiled):
 
     @staticmethod
     def jvp(ctx, *tangents):
-        forward_ad_refused("flashattn::attention_fwd (flashattn.torch.attention)")
+        forward_ad_refused("flashattn::attention_fwd (flashattn.torch.attention, scaled_dot_product_attention)")
 
 
 def attention_function():

@@ -163,6 +163,26 @@ def test_torch_compile_fullgraph_matches_eager():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_torch_compile_of_inputs_passed_straight_in_compiles_once(rng):
+    """q, k, v that are the compiled function's own inputs, new tensors at every call: one
+    graph (the front once took id() of each, which Dynamo guarded: a recompile per call, and
+    fullgraph=True failed at the 9th); attention and varlen_attention, and k passed as v too
+    (their aliasing: one more graph, not one per call)."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    att = torch.compile(lambda q, k, v: fat.attention(q, k, v, causal=True), fullgraph=True)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    var = torch.compile(lambda q, k, v: fat.varlen_attention(q, k, v, cu, cu, causal=True), fullgraph=True)
+    for i in range(10):
+        q, k, v = (torch.from_numpy(rng.standard_normal((1, 2, 12, 16)).astype(np.float32)) for _ in range(3))
+        torch.testing.assert_close(att(q, k, v), fat.attention(q, k, v, causal=True))
+        torch.testing.assert_close(att(q, k, k), fat.attention(q, k, k, causal=True))
+        p, r, s = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))
+        torch.testing.assert_close(var(p, r, s), fat.varlen_attention(p, r, s, cu, cu, causal=True))
+    assert counters["stats"]["unique_graphs"] <= 3, dict(counters["stats"])
+
+
 def test_ops_are_registered_with_fake_kernels():
     q = torch.empty(2, 4, 7, 16, device="meta")
     k = torch.empty(2, 2, 9, 16, device="meta")

@@ -139,16 +139,19 @@ def test_func_grad_vjp_and_vmap():
     torch.testing.assert_close(per, torch.stack([torch.func.grad(bias_loss)(b) for b in biases]))
 
 
+@pytest.mark.parametrize("fn", ["attention", "scaled_dot_product_attention"])
 @pytest.mark.parametrize("how", ["func.jvp", "forward_ad"])
-def test_forward_mode_names_the_op(how):
+def test_forward_mode_names_the_op(how, fn):
+    """Refused naming the op and the function called (the SDPA drop-in's named attention)."""
     q = torch.randn(1, 2, 5, 8)
-    with pytest.raises(NotImplementedError, match="flashattn::attention_fwd"):
+    f = getattr(fat, fn)
+    with pytest.raises(NotImplementedError, match=f"flashattn::attention_fwd .*{fn}"):
         if how == "func.jvp":
-            torch.func.jvp(lambda q: fat.attention(q, q, q), (q,), (torch.ones_like(q),))
+            torch.func.jvp(lambda q: f(q, q, q), (q,), (torch.ones_like(q),))
         else:
             import torch.autograd.forward_ad as fwAD
             with fwAD.dual_level():
-                fat.attention(fwAD.make_dual(q, torch.ones_like(q)), q, q)
+                f(fwAD.make_dual(q, torch.ones_like(q)), q, q)
 
 
 def test_meta_and_fake_tensors_give_shapes():
