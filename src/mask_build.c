@@ -172,11 +172,17 @@ fa_status fa_mask_documents(const fa_mask_shape *s, const int64_t *doc_counts, c
         int64_t sum = 0;
         for (int64_t d = 0; d < doc_counts[b]; d++, at++) {
             const int64_t len = doc_lengths[at];
-            if (len < 1 || len > s->seq_q - sum) {
+            if (len < 1) {
                 fa_free(first);
                 return fa_error(FA_ERR_INVALID, "%s: batch item %lld's document %lld has length %lld; lengths must "
                                                 "be >= 1 and sum to seq_q = %lld", fn, (long long)b, (long long)d,
                                 (long long)len, (long long)s->seq_q);
+            }
+            if (len > s->seq_q - sum) { /* an overshoot is the sum's fault, not this length's */
+                fa_free(first);
+                return fa_error(FA_ERR_INVALID, "%s: batch item %lld's document lengths sum past seq_q = %lld (to "
+                                                "%lld at document %lld)", fn, (long long)b, (long long)s->seq_q,
+                                (long long)(sum + len), (long long)d);
             }
             sum += len;
             end[at] = sum;

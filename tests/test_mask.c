@@ -295,6 +295,9 @@ static void errors(void) {
     const int64_t counts[1] = {2}, lens[2] = {3, 4}, neg[1] = {-1};
     CHECK(fa_mask_documents(&s, counts, lens, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "sum"), "lengths 3+4 != 8: %s",
           fa_last_error());
+    const int64_t over[2] = {5, 5}; /* an overshoot is the sum's, not a length's (it said "document 1 has length 5") */
+    CHECK(fa_mask_documents(&s, counts, over, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "sum past seq_q = 8 (to 10"),
+          "lengths 5+5 > 8: %s", fa_last_error());
     CHECK(fa_mask_prefix_lm(&s, 0, neg, &m) == FA_ERR_INVALID, "prefix -1");
     fa_mask_shape rect = {1, 1, 8, 9, 0, 0};
     const int64_t lens9[2] = {4, 5};

@@ -5,7 +5,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import _native
-from ._problem import combined_bias_dims, empty_dims, library_bias_scale, make_options, make_problem
+from ._problem import combined_bias_dims, empty_dims, library_bias_scale, make_options, make_problem, public_dtype
 from .masks import Mask, build_for_call
 
 _UNITS = "KMGTPE"  # powers of 1024, as the CLI's --memory-budget (tools/cli_args.c, cli_parse_bytes)
@@ -151,7 +151,7 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
         built = build_for_call(mask, batch, heads, seq_q, seq_k, diag_offset=diag_offset,
                                empty=empty_dims(batch, heads, kv_heads, seq_q, seq_k))
     p = make_problem(q_dims=(batch, heads, seq_q, head_dim), k_dims=(batch, kv_heads, seq_k, head_dim),
-                     v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=dtype, causal=causal,
+                     v_dims=(batch, kv_heads, seq_k, head_dim_v), dtype=public_dtype(dtype), causal=causal,
                      window=window, softcap=softcap, scale=scale, bias_shape=bias_shape,
                      alibi=alibi, segment_ids=segment_ids, diag_offset=diag_offset,
                      bias_scale=bias_scale, bias_grad=bias_grad, sinks=sinks,

@@ -5,7 +5,7 @@ import numpy as np
 
 from . import _native
 from ._plan import Plan
-from ._problem import _int, make_options
+from ._problem import _int, make_options, public_dtype
 from ._problem_inference import decode_problem, int32_lengths, varlen_problem
 from ._quant import cache_dtype_code
 
@@ -51,7 +51,7 @@ def plan_varlen(cu_seqlens_q, cu_seqlens_k, *, heads, head_dim, kv_heads=None, h
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     p = varlen_problem(q_shape=(tq, heads, head_dim), k_shape=(tk, kv_heads, head_dim),
                        v_shape=(tk, kv_heads, head_dim_v), q_stride=(0, 0, 0), k_stride=(0, 0, 0),
-                       v_stride=(0, 0, 0), o_stride=(0, 0, 0), dtype=dtype, cu_seqlens_q=cu_q,
+                       v_stride=(0, 0, 0), o_stride=(0, 0, 0), dtype=public_dtype(dtype), cu_seqlens_q=cu_q,
                        cu_seqlens_k=cu_k, causal=causal, window=window, softcap=softcap, scale=scale,
                        alibi=alibi, diag_offset=diag_offset, sinks=bool(sinks), lengths_per_call=per_call)
     return Plan(_native.plan_handle(p, make_options(backend, threads, block_q, block_k)))
@@ -85,7 +85,7 @@ def plan_kvcache(cache_seqlens, *, seq_q, heads, head_dim, cache_len=None, kv_he
     rows = (num_pages, page_size) if paged else (B, cache_len)
     p = decode_problem(q_shape=(B, seq_q, heads, head_dim), kc_shape=rows + (kv_heads, head_dim),
                        vc_shape=rows + (kv_heads, head_dim_v), q_stride=_DENSE, kc_stride=_DENSE,
-                       vc_stride=_DENSE, o_stride=_DENSE, dtype=dtype, cache_seqlens=lens,
+                       vc_stride=_DENSE, o_stride=_DENSE, dtype=public_dtype(dtype), cache_seqlens=lens,
                        has_new_kv=new_kv, max_pages=max_pages if paged else None, causal=causal,
                        window=window, softcap=softcap, scale=scale, alibi=alibi,
                        cache_dtype=cache_dtype_code(cache_dtype), sinks=bool(sinks),

@@ -41,6 +41,16 @@ def dtype_code(dtype):
     return DTYPES[name]
 
 
+def public_dtype(dtype):
+    """dtype as a user gave it to a public function: every form dtype_code takes but the
+    library's own int code, which the fronts pass internally (a bare 0, 1 or 2 planned as
+    some dtype without a word)."""
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        raise ValueError(f"dtype must be f32, f16 or bf16 (or float32, float16, bfloat16: a name or a numpy, torch "
+                         f"or JAX dtype), got {dtype!r}")
+    return dtype
+
+
 def dtype_kind(dtype):
     """numpy's kind letter ("f", "i", "u", "b", "c", ...) for a numpy, ml_dtypes, JAX or torch
     dtype; ml_dtypes' types (bfloat16, float8_*, int4, ...), which numpy files as "V", by
@@ -319,6 +329,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     if diag_offset is not None:
         p.has_diag_offset, p.diag_offset = 1, _int("diag_offset", diag_offset)
     if bias_scale is not None:
+        library_bias_scale(bias_scale, bias_shape is not None, False)  # the fronts' words, not the struct's
         p.has_bias_scale, p.bias_scale = 1, _float("bias_scale", bias_scale)
     p.bias_grad = int(bool(bias_grad))
     p.has_sinks = int(bool(sinks))

@@ -73,10 +73,33 @@ def test_plan_takes_every_front_s_dtype_spelling(dtype, name):
         "bytes_accessed"]
 
 
-@pytest.mark.parametrize("dtype", ["float64", np.float64, "int8", None, True, object()], ids=repr)
+@pytest.mark.parametrize("dtype", ["float64", np.float64, "int8", None, True, object(), 0, 1, 2, 3], ids=repr)
 def test_plan_refuses_other_dtypes_naming_them(dtype):
+    """... bare ints too: the library's own codes, which planned as some dtype without a word."""
     with pytest.raises(ValueError, match=r"f32, f16 or bf16.*got"):
         flashattn.plan(**dict(BASE, dtype=dtype))
+    with pytest.raises(ValueError, match=r"f32, f16 or bf16.*got"):
+        flashattn.plan_varlen([0, 4], [0, 4], heads=2, head_dim=8, dtype=dtype)
+    with pytest.raises(ValueError, match=r"f32, f16 or bf16.*got"):
+        flashattn.plan_kvcache([3], seq_q=1, heads=2, head_dim=8, cache_len=8, dtype=dtype)
+
+
+@pytest.mark.parametrize("front", ["numpy", "torch", "jax"])
+def test_bias_scale_without_a_bias_names_the_argument(rng, front):
+    """Every front refuses it in its own words (numpy and torch once passed the library's,
+    "bias_scale (has_bias_scale) needs a bias (has_bias)")."""
+    q = randn(rng, (1, 2, 8, 8))
+    with pytest.raises(ValueError, match=r"bias_scale needs a bias \(bias=\)"):
+        if front == "numpy":
+            flashattn.attention(q, q, q, bias_scale=0.5)
+        elif front == "torch":
+            torch = pytest.importorskip("torch")
+            import flashattn.torch as ft
+            ft.attention(*(torch.from_numpy(q) for _ in range(3)), bias_scale=0.5)
+        else:
+            pytest.importorskip("jax")
+            import flashattn.jax as fj
+            fj.attention(q, q, q, bias_scale=0.5, layout="bhsd")
 
 
 def test_threads_per_call(rng):
