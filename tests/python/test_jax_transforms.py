@@ -337,6 +337,24 @@ def test_a_gradient_through_decoding_raises():
     assert float(jax.jit(f)(q, kc)) == float(f(q, kc))
 
 
+def test_a_gradient_of_a_gradient_is_refused_in_flashattn_s_words():
+    """grad of grad (and a jvp of a grad) through attention, the jax.nn drop-in and
+    varlen_attention: NotImplementedError saying what is not supported (it read "Differentiation
+    rule for 'custom_partitioning' not implemented"); the first gradient is unchanged."""
+    rng = seeded_rng("grad-of-grad")
+    q = _bshd(rng, 1, 8, 2, 16)
+    cu = jnp.asarray([0, 3, 8], jnp.int32)
+    for name, f in (("attention", lambda q: fj.attention(q, q, q, causal=True)),
+                    ("dot_product_attention", lambda q: fj.dot_product_attention(q, q, q)),
+                    ("varlen_attention", lambda q: fj.varlen_attention(q[0], q[0], q[0], cu, cu))):
+        g = jax.grad(lambda q: (f(q) ** 2).sum())
+        assert bool(jnp.all(jnp.isfinite(g(q)))), name
+        with pytest.raises(NotImplementedError, match="a gradient of a gradient"):
+            jax.grad(lambda q: g(q).sum())(q)
+        with pytest.raises(NotImplementedError, match="a gradient of a gradient"):
+            jax.jvp(g, (q,), (q,))
+
+
 def test_symbolic_shapes_are_refused_naming_the_dimension():
     """jax.export with shape polymorphism: flashattn plans from concrete shapes. The refusal
     names the dimension and says so (it read "batch must be an integer, got b")."""

@@ -260,6 +260,23 @@ def typed_like(ct, x):
     return jax.sharding.reshard(ct, sh)
 
 
+@jax.custom_jvp
+def not_differentiable(xs):
+    """xs as they are (no op in the program), before every FFI call (_partition.call_plain).
+    The fronts' custom_vjp rules never differentiate their calls; a gradient of a gradient
+    does (the inner gradient's calls, forward and backward, differentiated), and then this
+    raises in flashattn's words, not JAX's "Differentiation rule for 'custom_partitioning'
+    not implemented"."""
+    return xs
+
+
+@not_differentiable.defjvp
+def _not_differentiable_jvp(primals, tangents):
+    raise NotImplementedError("flashattn's attention calls are not differentiable themselves: a gradient of a "
+                              "gradient (grad of grad, a gradient penalty) through flashattn's attention is not "
+                              "supported (the gradient itself is: jax.grad, jax.vjp)")
+
+
 def forward(opt: Options, q, k, v, bias, slopes, q_seg, kv_seg, sinks=None, seed=None):
     """(o, lse) from the forward handler."""
     register()

@@ -169,7 +169,8 @@ def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=Fals
     call inside shard_map, and under vmap (custom_vmap). key: what else plain depends on.
     whole: True, no split (dropout), or the roles that stay whole ("b" for a paged cache,
     which every batch item writes); mask: the library mask's address (0: none)."""
-    from ._ffi import _varying_axes
+    from ._ffi import _varying_axes, not_differentiable
+    operands = not_differentiable(tuple(operands))  # a gradient of a gradient: refused in our words
     if _varying_axes(operands):  # inside shard_map: each shard is its own call already
         return plain(*operands)
     typed = _explicit_call(plain, role_of, in_names, out_names, operands, whole, mask)
