@@ -36,9 +36,13 @@ def dtype_code(dtype):
                 name = repr(dtype)
     name = _DTYPE_ALIASES.get(name, name)
     if name not in DTYPES:
-        raise ValueError(f"dtype must be f32, f16 or bf16 (or float32, float16, bfloat16: a name or a numpy, torch "
-                         f"or JAX dtype), got {dtype!r}")
+        raise _dtype_error(dtype)
     return DTYPES[name]
+
+
+def _dtype_error(dtype):
+    return ValueError(f"dtype must be f32, f16 or bf16 (or float32, float16, bfloat16: a name or a numpy, torch or "
+                      f"JAX dtype), got {dtype!r}")
 
 
 def public_dtype(dtype):
@@ -46,8 +50,7 @@ def public_dtype(dtype):
     library's own int code, which the fronts pass internally (a bare 0, 1 or 2 planned as
     some dtype without a word)."""
     if isinstance(dtype, int) and not isinstance(dtype, bool):
-        raise ValueError(f"dtype must be f32, f16 or bf16 (or float32, float16, bfloat16: a name or a numpy, torch "
-                         f"or JAX dtype), got {dtype!r}")
+        raise _dtype_error(dtype)
     return dtype
 
 

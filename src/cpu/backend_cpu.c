@@ -124,11 +124,9 @@ static int64_t capacity_forward_scratch(const fa_plan *pl) {
     int64_t rows = t->bq > t->open_bq ? t->bq : t->open_bq, most = 0;
     rows = rows > t->bf16_open_bq ? rows : t->bf16_open_bq;
     for (int64_t bq = pl->opt_bq ? pl->opt_bq : rows;; bq /= 2) { /* default_blocks halves the rows down to 32 */
-        for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
-            int64_t q = bq, k = pl->opt_bk ? pl->opt_bk : widths[i];
-            if (k <= 0) continue; /* a width this table does not have */
-            if (!pl->opt_bq || !pl->opt_bk) fa_mask_fit_tile(sub.p.mask, &q, &k);
-            sub.fwd_bq = pl->opt_bq ? pl->opt_bq : q, sub.fwd_bk = pl->opt_bk ? pl->opt_bk : k;
+        for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) { /* no mask to fit: packed batches take none */
+            sub.fwd_bq = bq, sub.fwd_bk = pl->opt_bk ? pl->opt_bk : widths[i];
+            if (sub.fwd_bk <= 0) continue; /* a width this table does not have */
             const int64_t s = fa_cpu_forward_scratch_bytes(&sub);
             most = s > most ? s : most;
         }
