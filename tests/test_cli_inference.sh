@@ -380,6 +380,12 @@ expect_bad "bench --varlen --mask-chunk" "does not combine with packed variable-
   --heads 2 --head-dim 16 --iters 1 --mask-chunk 8
 expect_bad "bench --huge-pages without --decode" "--huge-pages" bench --varlen 16,70 --heads 2 --head-dim 16 --huge-pages
 expect_bad "bench --huge-pages on a training bench" "--huge-pages" bench --batch 1 --heads 2 --seq 64 --head-dim 16 --huge-pages
+# --layers L: L sets of caches read in turn (int8: codes and scales in each); 1 to 4096, --decode only
+fa bench --decode --batch 1 --heads 4 --kv-heads 2 --head-dim 32 --cache-len 200 --cache-dtype int8 --iters 4 --json --layers 3
+if [ $rc -eq 0 ] && grep -q '"layers": 3}' "$W/so"; then ok "bench --decode --layers 3"; else no "bench --decode --layers" "exit $rc: $(cat "$W/so" "$W/se")"; fi
+expect_bad "bench --decode --layers 4097" "at most 4096" bench --decode --batch 1 --heads 2 --head-dim 16 --cache-len 8 --layers 4097
+expect_bad "bench --layers without --decode" "--layers applies to --decode" bench --batch 1 --heads 2 --seq 64 --head-dim 16 --layers 2
+expect_bad "bench --varlen --layers" "--layers applies to --decode" bench --varlen 16,70 --heads 2 --head-dim 16 --layers 2
 fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json
 if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio"' "$W/so"; then ok "bench --varlen --json"; else no "bench --varlen" "exit $rc: $(cat "$W/se")"; fi
 expect_bad "bench --varlen: bad list" "--varlen" bench --varlen 16,x --heads 2 --head-dim 16

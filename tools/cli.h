@@ -64,6 +64,7 @@ typedef struct {
     int64_t cache_len;            /* bench --cache-len */
     const char *varlen_lens;      /* bench --varlen 128,4096,... */
     int huge_pages;               /* bench --decode --huge-pages: caches on 2 MiB pages */
+    int64_t layers;               /* bench --decode --layers: sets of caches, one per call in turn (0: 1) */
     int progress;                 /* run, grad --progress: progress on stderr whatever the size */
 
     const char *sinks, *dsink;    /* attention sinks float32 [Hq]; grad: their gradient out */

@@ -24,7 +24,7 @@ typedef enum {
     F_CU_Q, F_CU_K, F_CACHE_LENS, F_BLOCK_TABLE, F_K_NEW, F_V_NEW, F_UPDATE_CACHE, F_PAGE_SIZE,
     F_NUM_PAGES, F_DECODE, F_CACHE_LEN, F_VARLEN, F_HUGE_PAGES, F_SINKS, F_DSINK, F_K_PREFIX, F_V_PREFIX,
     F_DROPOUT, F_SEED, F_MASK_CHUNK, F_PREFIX_LEN, F_DOCUMENTS, F_MASK, F_CACHE_DTYPE, F_LENGTHS_PER_CALL,
-    F_PROGRESS, F_NO_CACHE, F_COUNT_OF_FLAGS
+    F_PROGRESS, F_NO_CACHE, F_LAYERS, F_COUNT_OF_FLAGS
 } flag_id;
 
 /* How apply() takes a flag's value: an int64 or int of at least lo, a file name, or a switch,
@@ -90,6 +90,7 @@ static const struct {
     [F_CACHE_DTYPE] = OWN("--cache-dtype", 1, CMD_PLAN | CMD_BENCH),
     [F_LENGTHS_PER_CALL] = ON("--lengths-per-call", lengths_per_call, CMD_PLAN | CMD_RUN),
     [F_NO_CACHE] = ON("--no-cache", no_cache, CMD_CALIBRATE),
+    [F_LAYERS] = I64("--layers", layers, 1, CMD_BENCH), /* 0: not given */
 };
 
 int cli_fail(int code, const char *fmt, ...) {

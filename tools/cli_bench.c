@@ -61,6 +61,7 @@ int cli_bench(const cli_args *a) {
                         a->decode ? "--decode" : "--varlen");
     if (a->decode || a->varlen_lens) return cli_bench_inference(a); /* cli_bench_inference.c */
     if (a->huge_pages) return cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
+    if (a->layers) return cli_fail(2, "bench: --layers applies to --decode (its caches) only");
     fa_problem p;
     fa_options opt;
     cli_extras x = {0};

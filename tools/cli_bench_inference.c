@@ -24,15 +24,16 @@
 #include <sys/mman.h>
 
 /* Median seconds of iters forward calls after one warm-up (and, if cpu_median, the median of
- * all threads' cpu seconds per call). */
-static int time_forward(const char *what, const fa_plan *pl, const fa_forward_args *fw, int iters, double *median,
-                        double *cpu_median) {
+ * all threads' cpu seconds per call). Call i takes the arguments fw[i % n] (bench --decode
+ * --layers: one set of caches per layer, as a model's step visits them), the warm-up fw[n - 1]. */
+static int time_forward(const char *what, const fa_plan *pl, const fa_forward_args *fw, int64_t n, int iters,
+                        double *median, double *cpu_median) {
     double t[64], cpu[64];
     if (iters > 64) iters = 64;
-    fa_status st = fa_forward(pl, fw);
+    fa_status st = fa_forward(pl, &fw[n - 1]);
     for (int i = 0; st == FA_OK && i < iters; i++) {
         const double t0 = measure_now(), c0 = measure_cpu_now();
-        st = fa_forward(pl, fw);
+        st = fa_forward(pl, &fw[i % n]);
         t[i] = measure_now() - t0;
         /* cpu: all threads' time, which on a shared machine shows how much of the wall the run got */
         cpu[i] = measure_cpu_now() - c0;
@@ -88,11 +89,13 @@ static int refuse_option_files(const cli_args *a, const char *bench, const fa_pr
                 : 0;
 }
 
+#define MAX_LAYERS 4096 /* bench --decode --layers: a model's, and then some */
 static int bench_decode(const cli_args *a) {
     /* the first one missing, by name (a given --cache-len is at least 1: cli_args.c) */
     const char *missing = !a->batch ? "--batch" : !a->heads ? "--heads" : !a->head_dim ? "--head-dim"
                         : !a->cache_len ? "--cache-len" : NULL;
     if (missing) return cli_fail(2, "bench --decode: missing %s (it needs --batch, --heads, --head-dim and --cache-len)", missing);
+    if (a->layers > MAX_LAYERS) return cli_fail(2, "bench --decode: --layers %lld: at most %d", (long long)a->layers, MAX_LAYERS);
     fa_problem p;
     fa_options opt;
     fa_problem_init(&p);
@@ -130,49 +133,58 @@ static int bench_decode(const cli_args *a) {
     const size_t es = fa_dtype_size(p.dtype), cs = fa_dtype_size(p.has_cache_dtype ? p.cache_dtype : p.dtype);
     const int quant = p.has_cache_dtype && (p.cache_dtype == FA_INT8 || p.cache_dtype == FA_FP8_E4M3);
     const int64_t nq = B * p.seq_q * p.heads_q * p.head_dim, no = B * p.seq_q * p.heads_q * p.head_dim_v;
+    /* --layers L: L sets of caches (k, v and a quantized cache's scales), call i reading set
+     * i % L, as a model's step reads each layer's own: sets beyond the last-level cache put
+     * every call's reads in memory, as in a model, where one set would be read from that cache */
+    const int64_t L = a->layers ? a->layers : 1;
+    const int64_t kbytes = rows * p.heads_kv * p.head_dim * (int64_t)cs, vbytes = rows * p.heads_kv * p.head_dim_v * (int64_t)cs;
+    const int64_t sbytes = quant ? rows * p.heads_kv * 4 : 0; /* [rows, Hk] f32 scales each */
     int huge = a->huge_pages;
     void *q = zalloc(nq * es), *o = zalloc(no * es);
-    void *k = huge ? zalloc_huge(rows * p.heads_kv * p.head_dim * cs, &huge) : zalloc(rows * p.heads_kv * p.head_dim * cs);
-    void *v = huge ? zalloc_huge(rows * p.heads_kv * p.head_dim_v * cs, &huge) : zalloc(rows * p.heads_kv * p.head_dim_v * cs);
-    /* a quantized cache's scales ([rows, Hk] f32 each), on the caches' kind of pages */
-    float *ks = NULL, *vs = NULL;
-    if (quant) {
-        ks = huge ? zalloc_huge(rows * p.heads_kv * 4, &huge) : zalloc(rows * p.heads_kv * 4);
-        vs = huge ? zalloc_huge(rows * p.heads_kv * 4, &huge) : zalloc(rows * p.heads_kv * 4);
+    float *lse = zalloc(sizeof(float) * (size_t)(B * p.heads_q * p.seq_q));
+    fa_forward_args *fw = calloc((size_t)L, sizeof *fw);
+    void **sets = calloc((size_t)L, 4 * sizeof *sets); /* k, v, k scales, v scales of each set */
+    int ok = q && o && lse && fw && sets;
+    for (int64_t l = 0; ok && l < L; l++) {
+        const int64_t sz[4] = {kbytes, vbytes, sbytes, sbytes};
+        for (int x = 0; x < 4 && ok; x++) /* the scales on the caches' kind of pages */
+            if (sz[x]) ok = (sets[4 * l + x] = huge ? zalloc_huge((size_t)sz[x], &huge) : zalloc((size_t)sz[x])) != NULL;
     }
     const int64_t on_huge = huge_page_bytes(); /* after the caches' first touch */
     if (a->huge_pages && (!huge || on_huge < 0))
         fprintf(stderr, "flashattn: bench --huge-pages: %s\n",
                 !huge ? "madvise(MADV_HUGEPAGE) refused; 4 KiB pages" : "cannot read /proc/self/smaps_rollup to confirm");
-    float *lse = zalloc(sizeof(float) * (size_t)(B * p.heads_q * p.seq_q));
     double t = 0, tc = 0;
-    if (!q || !k || !v || !o || !lse || (quant && (!ks || !vs))) {
-        rc = cli_fail(1, "out of memory");
+    if (!ok) {
+        rc = cli_fail(1, "out of memory (bench --decode: %lld set(s) of caches of %lld bytes)", (long long)L,
+                      (long long)(kbytes + vbytes + 2 * sbytes));
     } else {
         uint64_t st = 0x5eed;
         measure_fill(&st, p.dtype, q, nq);
-        if (quant) { /* random codes, through the library's quantizer a row block at a time */
-            const int64_t chunk = 4096, nk = rows * p.heads_kv;
-            const int64_t wmax = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
-            float *buf = malloc(sizeof(float) * (size_t)(chunk * wmax));
-            for (int x = 0; x < 2 && !rc; x++)
-                for (int64_t r = 0, w = x ? p.head_dim_v : p.head_dim; r < nk && buf && !rc; r += chunk) {
-                    const int64_t n = nk - r < chunk ? nk - r : chunk;
-                    measure_fill(&st, FA_F32, buf, n * w);
-                    if (fa_quantize_rows(p.cache_dtype, FA_F32, buf, n, w, (char *)(x ? v : k) + r * w, (x ? vs : ks) + r))
-                        rc = cli_fail(1, "bench --decode: %s", fa_last_error());
-                }
-            if (!buf) rc = cli_fail(1, "out of memory");
-            free(buf);
-        } else {
-            measure_fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
-            measure_fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
+        for (int64_t l = 0; l < L && !rc; l++) {
+            void *k = sets[4 * l], *v = sets[4 * l + 1];
+            float *ks = sets[4 * l + 2], *vs = sets[4 * l + 3];
+            if (quant) { /* random codes, through the library's quantizer a row block at a time */
+                const int64_t chunk = 4096, nk = rows * p.heads_kv;
+                const int64_t wmax = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+                float *buf = malloc(sizeof(float) * (size_t)(chunk * wmax));
+                for (int x = 0; x < 2 && !rc; x++)
+                    for (int64_t r = 0, w = x ? p.head_dim_v : p.head_dim; r < nk && buf && !rc; r += chunk) {
+                        const int64_t n = nk - r < chunk ? nk - r : chunk;
+                        measure_fill(&st, FA_F32, buf, n * w);
+                        if (fa_quantize_rows(p.cache_dtype, FA_F32, buf, n, w, (char *)(x ? v : k) + r * w, (x ? vs : ks) + r))
+                            rc = cli_fail(1, "bench --decode: %s", fa_last_error());
+                    }
+                if (!buf) rc = cli_fail(1, "out of memory");
+                free(buf);
+            } else {
+                measure_fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
+                measure_fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
+            }
+            fw[l].q = q, fw[l].k = k, fw[l].v = v, fw[l].o = o, fw[l].lse = lse, fw[l].block_table = table;
+            fw[l].k_scale = ks, fw[l].v_scale = vs;
         }
-        fa_forward_args fw;
-        memset(&fw, 0, sizeof fw);
-        fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse, fw.block_table = table, fw.k_scale = ks, fw.v_scale = vs;
-        if (!rc)
-        rc = time_forward("decode", pl, &fw, a->iters ? a->iters : 20, &t, &tc);
+        if (!rc) rc = time_forward("decode", pl, fw, L, a->iters ? a->iters : 20, &t, &tc);
     }
     if (!rc) {
         fa_cost c;
@@ -182,15 +194,17 @@ static int bench_decode(const cli_args *a) {
         if (a->json)
             printf("{\"decode\": {\"seconds\": %.6g, \"cache_bytes\": %.0f, \"gbytes_per_s\": %.6g, \"cpu_seconds\": %.6g, "
                    "\"gbytes_per_cpu_s\": %.6g, \"bytes_accessed\": %" PRId64 ", \"flops\": %" PRId64
-                   ", \"threads\": %d, \"isa\": \"%s\", \"huge_page_bytes\": %" PRId64 "}}\n",
+                   ", \"threads\": %d, \"isa\": \"%s\", \"huge_page_bytes\": %" PRId64 ", \"layers\": %lld}}\n",
                    t, cache, cache / t * 1e-9, tc, cache / (tc / fa_plan_threads(pl)) * 1e-9, c.bytes_accessed, c.flops,
-                   fa_plan_threads(pl), fa_cpu_isa(), on_huge);
+                   fa_plan_threads(pl), fa_cpu_isa(), on_huge, (long long)L);
         else
-            printf("decode    %10.6f s  %8.2f GB/s of cache read (%.0f bytes; plan bytes_accessed %" PRId64
-                   ", %.2f GFLOP/s; %.0f MiB of the process on huge pages)\n", t, cache / t * 1e-9, cache,
-                   c.bytes_accessed, (double)c.flops / t * 1e-9, on_huge < 0 ? 0.0 : (double)on_huge / 1048576.0);
+            printf("decode    %10.6f s  %8.2f GB/s of cache read (%.0f bytes a call, %lld set(s) of caches in turn; plan "
+                   "bytes_accessed %" PRId64 ", %.2f GFLOP/s; %.0f MiB of the process on huge pages)\n", t, cache / t * 1e-9,
+                   cache, (long long)L, c.bytes_accessed, (double)c.flops / t * 1e-9,
+                   on_huge < 0 ? 0.0 : (double)on_huge / 1048576.0);
     }
-    free(q), free(k), free(v), free(o), free(lse), free(lens), free(table), free(ks), free(vs);
+    for (int64_t l = 0; sets && l < 4 * L; l++) free(sets[l]);
+    free(sets), free(fw), free(q), free(o), free(lse), free(lens), free(table);
     fa_plan_destroy(pl);
     return rc;
 }
@@ -260,9 +274,9 @@ static int bench_varlen(const cli_args *a) {
         memset(&fw, 0, sizeof fw);
         fw.q = q, fw.k = k, fw.v = v, fw.o = o, fw.lse = lse;
         const int iters = a->iters ? a->iters : 3;
-        rc = time_forward("varlen packed", plk, &fw, iters, &tk, NULL);
+        rc = time_forward("varlen packed", plk, &fw, 1, iters, &tk, NULL);
         fw.q_segment_ids = qs, fw.kv_segment_ids = ks;
-        if (!rc) rc = time_forward("padded + segment ids", pld, &fw, iters, &td, NULL);
+        if (!rc) rc = time_forward("padded + segment ids", pld, &fw, 1, iters, &td, NULL);
     }
     if (!rc) {
         fa_cost ck, cd;
@@ -297,5 +311,6 @@ static int bench_varlen(const cli_args *a) {
 int cli_bench_inference(const cli_args *a) {
     if (a->decode && a->varlen_lens) return cli_fail(2, "bench: --decode and --varlen are separate benchmarks");
     if (a->huge_pages && !a->decode) return cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
+    if (a->layers && !a->decode) return cli_fail(2, "bench: --layers applies to --decode (its caches) only");
     return a->decode ? bench_decode(a) : bench_varlen(a);
 }

@@ -93,7 +93,8 @@ void cli_usage(const char *name) {
                shape_help, options_help);
         printf("\ninference shapes: flashattn bench --decode --batch B --heads Hq [--kv-heads Hk] --head-dim D\n"
                "                    --cache-len N [--seq-q Sq_new] [--page-size P] [--cache-dtype int8|fp8]\n"
-               "                    [--huge-pages] (bf16 by default; --huge-pages: the caches on 2 MiB pages)\n"
+               "                    [--huge-pages] [--layers L] (bf16 by default; --huge-pages: the caches on 2 MiB\n"
+               "                    pages; --layers: L sets of caches, one call on each in turn, as a model's layers)\n"
                "                  flashattn bench --varlen 128,4096,... --heads H --head-dim D [--causal]\n");
     }
 }
