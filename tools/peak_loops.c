@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #endif
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__linux__)
@@ -153,4 +154,80 @@ double peak_gflops(peak_loop fn, int threads, int64_t iters, int reps) {
         if (flops / t > best) best = flops / t;
     }
     return best * 1e-9;
+}
+
+/* ---- the memory's read rate (peak_loops.h: peak_read_sum) ---------------------------- */
+
+typedef uint64_t read_vec __attribute__((vector_size(64))); /* a cache line of words */
+
+/* The one loop, compiled once per load width: the target attributes let GCC and Clang emit a
+ * line as one 64-byte load (avx512f), two 32-byte ones (avx2), or four 16-byte ones. */
+#define READ_SUM_BODY                                                                         \
+    const read_vec *p = buf;                                                                  \
+    read_vec s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                                          \
+    for (size_t l = 0; l + 4 <= bytes / 64; l += 4) {                                         \
+        s0 += p[l], s1 += p[l + 1], s2 += p[l + 2], s3 += p[l + 3];                           \
+    }                                                                                         \
+    const read_vec s = (s0 + s1) + (s2 + s3);                                                 \
+    uint64_t total = 0;                                                                       \
+    for (int c = 0; c < 8; c++) total += s[c];                                                \
+    return total;
+
+static uint64_t read_sum_plain(const void *buf, size_t bytes) { READ_SUM_BODY }
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static uint64_t read_sum_avx512(const void *buf, size_t bytes) { READ_SUM_BODY }
+__attribute__((target("avx2"))) static uint64_t read_sum_avx2(const void *buf, size_t bytes) { READ_SUM_BODY }
+#endif
+
+uint64_t peak_read_sum(const void *buf, size_t bytes) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f")) return read_sum_avx512(buf, bytes);
+    if (__builtin_cpu_supports("avx2")) return read_sum_avx2(buf, bytes);
+#endif
+    return read_sum_plain(buf, bytes);
+}
+
+/* Thread t's slice of bytes over threads: whole steps of 4 lines (256 bytes). */
+static void read_slice(size_t bytes, int threads, int t, size_t *at, size_t *n) {
+    const size_t steps = bytes / 256, per = (steps + (size_t)threads - 1) / (size_t)threads;
+    const size_t s0 = per * (size_t)t < steps ? per * (size_t)t : steps, s1 = s0 + per < steps ? s0 + per : steps;
+    *at = s0 * 256, *n = (s1 - s0) * 256;
+}
+
+void peak_read_touch(void *buf, size_t bytes, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        size_t at, n;
+        read_slice(bytes, omp_get_num_threads(), omp_get_thread_num(), &at, &n);
+        uint64_t *w = (uint64_t *)((char *)buf + at);
+        for (size_t i = 0; i < n / 8; i++) w[i] = (at / 8 + i) * 0x9e3779b97f4a7c15ull;
+    }
+}
+
+static int by_value(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+double peak_read_gbps(const void *buf, size_t bytes, int threads, int reps, double *cpu_gbps) {
+    double t[64], cpu[64];
+    if (reps > 64) reps = 64;
+    if (reps < 1) reps = 1;
+    uint64_t total = 0;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = measure_now(), c0 = measure_cpu_now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+        {
+            size_t at, n;
+            read_slice(bytes, omp_get_num_threads(), omp_get_thread_num(), &at, &n);
+            total += peak_read_sum((const char *)buf + at, n);
+        }
+        t[r] = measure_now() - t0;
+        cpu[r] = measure_cpu_now() - c0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], by_value);
+    qsort(cpu, (size_t)reps, sizeof cpu[0], by_value);
+    const double read = (double)(bytes / 256 * 256) + (total == 42 ? 1 : 0); /* depends on total: the sums stay */
+    if (cpu_gbps) *cpu_gbps = read / (cpu[reps / 2] / threads) * 1e-9;
+    return read / t[reps / 2] * 1e-9;
 }

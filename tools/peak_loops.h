@@ -4,6 +4,7 @@
 #ifndef FA_TOOLS_PEAK_LOOPS_H
 #define FA_TOOLS_PEAK_LOOPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Runs iters iterations, returns the flops done; *sink keeps the result alive. */
@@ -18,6 +19,21 @@ double peak_amx_bf16(int64_t iters, float *sink); /* AMX tdpbf16ps: 32768 flops 
 /* 1 where cpuid has AMX-BF16 and the OS grants the tiles (Linux arch_prctl). */
 int peak_amx_available(void);
 #endif
+
+/* The sum of the 64-bit words in bytes of buf (a multiple of 256; buf 64-byte aligned), read
+ * four cache lines a step into four independent sums, in the widest loads the CPU has
+ * (AVX-512, AVX2, else 16 bytes): the memory's read rate. The load width matters where the
+ * hardware prefetchers do not run far ahead (a virtual machine's host, measured): on the AMX
+ * Xeon a 1 GiB read ran at 36 GB/s in 64-byte loads, 19 in 16-byte ones, which hold 4x
+ * fewer lines in flight in the same out-of-order window (bench/RESULTS.md, 2026-12-07). */
+uint64_t peak_read_sum(const void *buf, size_t bytes);
+/* The median read GB/s of reps passes of threads threads over n bytes of buf (each thread
+ * its own slice; buf 64-byte aligned, first touched by the thread that reads it: see
+ * peak_read_touch); *cpu_gbps (if not NULL) per cpu-second of each thread, the read while it ran. */
+double peak_read_gbps(const void *buf, size_t bytes, int threads, int reps, double *cpu_gbps);
+/* Writes every word of buf (bytes a multiple of 256), each thread the slice peak_read_gbps
+ * gives it: so that on a multi-socket machine a thread reads its own node's memory. */
+void peak_read_touch(void *buf, size_t bytes, int threads);
 
 /* Iterations of fn that take about secs seconds on one thread. */
 int64_t peak_iters(peak_loop fn, double secs);
