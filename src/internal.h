@@ -9,6 +9,7 @@
 #include "mask.h"     /* block-sparse masks: the object and its schedule view (schedule_mask.h) */
 #include "schedule.h" /* which keys a row sees, the tile schedule */
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -283,14 +284,24 @@ static inline int fa_plan_tile_kind(const struct fa_plan *pl, int64_t b, int64_t
     return fa_sched_mask_tile_kind(&s, &v, r0, r1, c0, c1);
 }
 
-/* FA_ERR_INVALID unless every ALiBi slope (Hq of them, in host memory) is finite: a
- * non-finite slope would turn whole rows into NaN or hide keys (docs/nonfinite.md). */
+/* FA_ERR_INVALID unless every ALiBi slope (Hq of them, in host memory) is finite and its
+ * product with every distance |i + off - j| is: a non-finite slope, or a product that
+ * overflows to inf, would turn whole rows into NaN or hide keys as a mask does, without the
+ * mask's guard of the values behind them (docs/nonfinite.md). The distances are bounded by
+ * seq_q + seq_k + |diag_offset| (at most 3 x 2^31 + 2^31: exact in a double). */
 static inline fa_status fa_check_slopes(const fa_problem *p, const float *slopes, const char *fn) {
     if (!p->has_alibi || !slopes) return FA_OK;
-    for (int64_t h = 0; h < p->heads_q; h++)
+    const double far = (double)p->seq_q + (double)p->seq_k + (p->has_diag_offset ? fabs((double)p->diag_offset) : 0.0);
+    for (int64_t h = 0; h < p->heads_q; h++) {
         if (!isfinite(slopes[h]))
             return fa_error(FA_ERR_INVALID, "%s: alibi_slopes[%lld] (head %lld) is %g; slopes must be finite", fn,
                             (long long)h, (long long)h, (double)slopes[h]);
+        if (fabs((double)slopes[h]) * far > (double)FLT_MAX)
+            return fa_error(FA_ERR_INVALID,
+                            "%s: alibi_slopes[%lld] (head %lld) is %g: times a distance up to %.0f (seq_q + seq_k + "
+                            "|diag_offset|) it overflows float32",
+                            fn, (long long)h, (long long)h, (double)slopes[h], far);
+    }
     return FA_OK;
 }
 

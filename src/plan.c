@@ -4,6 +4,7 @@
  * after the one argument check (args.c). */
 #include "backend.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,12 @@ static fa_status validate_scalars(fa_plan *pl) {
         return fa_error(FA_ERR_INVALID, "scale must be finite, got %g", (double)p->scale);
     if (!isfinite(p->softcap) || p->softcap < 0)
         return fa_error(FA_ERR_INVALID, "softcap must be finite and >= 0 (0 = off), got %g", (double)p->softcap);
+    /* s * (1 / softcap): below 2^-126 the reciprocal overflows (0 * inf = NaN scores); above
+     * 2^100 every score under softcap * 2^-126 becomes subnormal there, which a caller's
+     * flush-to-zero (XLA sets it) turns into 0 rather than into s (docs/semantics.md) */
+    if (p->softcap > 0 && (p->softcap < FLT_MIN || p->softcap > 0x1p100f))
+        return fa_error(FA_ERR_INVALID, "softcap must be 0 (off) or within [2^-126, 2^100] = [%g, %g], got %g",
+                        (double)FLT_MIN, (double)0x1p100f, (double)p->softcap);
     if (p->window_left < -1 || p->window_right < -1)
         return fa_error(FA_ERR_INVALID, "window (%lld, %lld): each side must be >= -1 (-1 = unbounded)",
                         (long long)p->window_left, (long long)p->window_right);

@@ -3,6 +3,8 @@
  * walk against a brute-force enumeration of every (query, key) element. */
 #include "check.h"
 
+#include <float.h>
+
 static int failures;
 
 
@@ -55,6 +57,22 @@ static void test_validation(void) {
     BAD(softcap, -1.0f, FA_ERR_INVALID, "softcap");
     BAD(softcap, INFINITY, FA_ERR_INVALID, "softcap");
     BAD(softcap, NAN, FA_ERR_INVALID, "softcap");
+    /* within [2^-126, 2^100] only: a subnormal cap's reciprocal overflows (NaN scores), a huge
+     * one's quotients are subnormal, 0 under a caller's flush-to-zero (docs/semantics.md) */
+    BAD(softcap, 1e-39f, FA_ERR_INVALID, "softcap must be 0 (off) or within [2^-126, 2^100]");
+    BAD(softcap, 0x1p100f * 1.0000001f, FA_ERR_INVALID, "softcap must be 0 (off) or within [2^-126, 2^100]");
+    BAD(softcap, 1e37f, FA_ERR_INVALID, "softcap");
+    {
+        const float edge[] = {FLT_MIN, 0x1p100f};
+        for (int i = 0; i < 2; i++) {
+            p = small();
+            p.softcap = edge[i];
+            fa_plan *pl = NULL;
+            const fa_status s = fa_plan_create(&p, NULL, &pl);
+            CHECK(s == FA_OK, "softcap = %g (the range's edge) refused: %s", (double)edge[i], fa_last_error());
+            fa_plan_destroy(pl);
+        }
+    }
     BAD(window_left, -2, FA_ERR_INVALID, "window");
     BAD(window_right, -7, FA_ERR_INVALID, "window");
     BAD(has_new_kv, 1, FA_ERR_INVALID, "cache_seqlens");

@@ -243,9 +243,11 @@ static void test_nonfinite(void) {
     check("f16 q = 1e5 (inf)", &c, 4, 8, -1);
     sc_free(&c);
 
-    /* ALiBi slopes must be finite: refused, naming the head, forward and backward */
-    static const float badv[] = {INFINITY, NAN, -INFINITY};
-    for (int i = 0; i < 3; i++) {
+    /* ALiBi slopes must be finite, and so their products with the distances (up to
+     * Sq + Sk = 22 here: 3e37 x 22 overflows float32): refused, naming the head, forward and
+     * backward */
+    static const float badv[] = {INFINITY, NAN, -INFINITY, 3e37f, -3e37f};
+    for (int i = 0; i < 5; i++) {
         sc_init(&c, FA_F32, 2, 1, 9, 13, 8);
         c.p.has_alibi = 1;
         c.slopes = tu_alloc(2 * sizeof(float));

@@ -287,6 +287,8 @@ static int apply(cli_args *a, flag_id id, char **v) {
         a->has_softcap = 1;
         if (parse_float(f, v[0], &a->softcap)) return 2;
         if (a->softcap < 0) return cli_fail(2, "--softcap: %s is negative", v[0]);
+        if (a->softcap == 0 && strtod(v[0], NULL) != 0) /* rounded to 0, which means off */
+            return cli_fail(2, "--softcap: %s rounds to 0 in float32, which would turn the cap off", v[0]);
         return 0;
     case F_SCALE:
         a->has_scale = 1;

@@ -141,6 +141,11 @@ def test_bad_tensors_raise_naming_the_problem(make, match):
     (dict(window=(-2, 3)), "window values must be >= -1"),
     (dict(scale=float("nan")), "scale must be finite"),
     (dict(softcap=-1.0), "softcap must be >= 0"),
+    # a subnormal or huge cap (1 / cap overflows, or the quotients flush to 0 under XLA's FTZ),
+    # and one that rounds to 0 in float32 (which would turn the cap off)
+    (dict(softcap=1e-39), r"softcap must be 0 \(off\) or within \[2\^-126, 2\^100\]"),
+    (dict(softcap=5e37), r"softcap must be 0 \(off\) or within \[2\^-126, 2\^100\]"),
+    (dict(softcap=1e-50), "rounds to 0 in float32"),
     (dict(layout="sbhd"), "layout must be"),
 ])
 def test_bad_options_raise_naming_the_problem(kw, match):
