@@ -46,7 +46,14 @@ def non_overlapping(shape, strides):
     tensor of no elements overlaps nothing (numpy gives an empty array all-zero strides)."""
     if any(d == 0 for d in shape):
         return True
-    dims = sorted((s, d) for d, s in zip(shape, strides) if d != 1)
+    dims = [(s, d) for d, s in zip(shape, strides) if d != 1]
+    # by stride, then size: an insertion sort of plain comparisons, which torch.compile traces
+    # as guards where the strides are symbolic (dynamic shapes); it refuses sorted() there
+    for i in range(1, len(dims)):
+        j = i
+        while j > 0 and (dims[j][0] < dims[j - 1][0] or (dims[j][0] == dims[j - 1][0] and dims[j][1] < dims[j - 1][1])):
+            dims[j], dims[j - 1] = dims[j - 1], dims[j]
+            j -= 1
     extent = 1
     for s, d in dims:
         if s < extent:

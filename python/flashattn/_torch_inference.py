@@ -229,6 +229,12 @@ class _Varlen(_VarlenCompiled):
 _varlen_fwd.register_autograd(_VarlenCompiled.backward, setup_context=_VarlenCompiled.setup_context)
 
 
+class _VarlenExported:
+    @staticmethod
+    def apply(*args):
+        return torch.ops.flashattn.varlen_fwd(*args)
+
+
 # the tensor arguments read on the host, which may be on the CPU beside tensors on a GPU
 _HOST = ("cu_seqlens_q", "cu_seqlens_k", "cache_seqlens", "block_table")
 
@@ -285,7 +291,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     wl, wr, softcap, scale, threads = _options(window, softcap, scale, threads)
     q, k, v = distinct(q, k, v)
     dropout_p, seed = dropout_args(dropout_p, seed)
-    fn = _VarlenCompiled if torch.compiler.is_compiling() else _Varlen
+    # under torch.export the op itself, differentiable by its own autograd (as _torch_ops'
+    # attention_function: export's tracing runs a Function's forward under no_grad)
+    fn = (_VarlenExported if torch.compiler.is_exporting() else
+          _VarlenCompiled if torch.compiler.is_compiling() else _Varlen)
     o, lse = fn.apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
                       int_in("max_seqlen_k", max_seqlen_k, optional=True),
                       alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,
@@ -400,6 +409,16 @@ def _kvcache_fwd_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_ta
     return q.new_empty((B, Sq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
+def _no_vmap(*tensors):
+    """kvcache_attention is not a torch.func.vmap function (docs/python.md names attention and
+    varlen_attention): its tensors batched by vmap are refused by name, not by torch's "Batching
+    rule not implemented" or "Cannot access storage of BatchedTensorImpl"."""
+    batched = torch._C._functorch.is_batchedtensor
+    if any(isinstance(t, torch.Tensor) and batched(t) for t in tensors):
+        raise NotImplementedError("flashattn.torch.kvcache_attention does not take tensors batched by "
+                                  "torch.func.vmap: call it on the whole batch (the caches' batch dim), or loop")
+
+
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None, *,
                       causal=False, window=None, softcap=None, scale=None, alibi_slopes=None,
                       return_lse=False, mask=None, threads=None, sinks=None, cache_dtype=None, k_scale=None,
@@ -425,6 +444,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     sequence attends to first (positions 0 .. P - 1, its own cache at P + t), read once per
     call, as numpy's kvcache_attention."""
     _no_mask(mask, "kvcache_attention")
+    _no_vmap(q, k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
     q, k_cache, v_cache = (check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")

@@ -266,9 +266,17 @@ def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, 
 
 def _vmap_by_loop(op):
     """A vmap rule that runs op once per element of the vmapped dim and stacks the results
-    (the library's batch dim cannot absorb every input's vmapped dim: slopes, broadcast bias)."""
+    (the library's batch dim cannot absorb every input's vmapped dim: slopes, broadcast bias).
+    A vmapped dim of size 0 gives empty results of the shapes one element's would have (the
+    op's fake on meta tensors), as torch's own ops do."""
     def rule(info, in_dims, *args):
         n = info.batch_size
+        if n == 0:
+            device = next(a.device for a in args if isinstance(a, torch.Tensor))
+            one = op(*(torch.empty(a.shape[:d] + a.shape[d + 1:], dtype=a.dtype, device="meta") if d is not None
+                       else a.to("meta") if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)))
+            result = tuple(torch.empty((0,) + t.shape, dtype=t.dtype, device=device) for t in one)
+            return result, (0,) * len(result)
         outs = []
         for i in range(n):
             outs.append(op(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims))))
@@ -300,7 +308,9 @@ def forward_ad_refused(name):
 
 
 def _mask_ptr(mask):
-    return 0 if mask is None else mask.ptr
+    """The op's mask operand: a NativeMask's address (the autograd.Function's argument), or
+    the address itself (the op's own autograd, which torch.export keeps, sees the op's)."""
+    return 0 if mask is None else mask if isinstance(mask, int) else mask.ptr
 
 
 class AttentionCompiled(torch.autograd.Function):
@@ -312,11 +322,12 @@ class AttentionCompiled(torch.autograd.Function):
     def forward(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr, softcap, scale, layout,
                 diag_offset, bias_scale, threads, sinks=None, dropout_p=0.0, seed=None, mask=None):
         # mask: a flashattn.masks NativeMask (None: none); the op gets its address, and
-        # setup_context keeps the object, so it outlives the backward that uses it too
-        with torch.no_grad():  # this Function differentiates the op, not the op's own autograd
-            return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
-                                                     softcap, scale, layout, diag_offset, bias_scale, threads,
-                                                     sinks, dropout_p, seed, _mask_ptr(mask))
+        # setup_context keeps the object, so it outlives the backward that uses it too. No
+        # no_grad here: torch.export records one as a region around the op, which then left
+        # the exported program without gradients through the attention (and after it)
+        return torch.ops.flashattn.attention_fwd(q, k, v, bias, slopes, q_seg, kv_seg, causal, wl, wr,
+                                                 softcap, scale, layout, diag_offset, bias_scale, threads,
+                                                 sinks, dropout_p, seed, _mask_ptr(mask))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -460,8 +471,30 @@ class Attention(AttentionCompiled):
         forward_ad_refused("flashattn::attention_fwd (flashattn.torch.attention, scaled_dot_product_attention)")
 
 
+class _AttentionExported:
+    """What torch.export traces: the op itself, differentiable by its own autograd (below).
+    Export's tracing (strict mode: Dynamo) runs an autograd.Function's forward under no_grad
+    and keeps only the op, so the exported program's backward stopped at the attention."""
+
+    @staticmethod
+    def apply(*args):
+        if len(args) > 19 and args[19] is not None:
+            raise NotImplementedError("a flashattn.masks mask under torch.export: the op takes the mask by its "
+                                      "address, which an exported program cannot carry; pass the mask as a "
+                                      "boolean tensor (mask=) or export without it")
+        return torch.ops.flashattn.attention_fwd(*args[:19])
+
+
 def attention_function():
+    if torch.compiler.is_exporting():
+        return _AttentionExported
     return AttentionCompiled if torch.compiler.is_compiling() else Attention
+
+
+# The op's own autograd (AttentionCompiled's rules, on the op's arguments: the mask as its
+# address): torch.export keeps the op, not the Function around it, and an exported program's
+# backward runs these (as varlen_fwd's, _torch_inference.py)
+_attention_fwd.register_autograd(AttentionCompiled.backward, setup_context=AttentionCompiled.setup_context)
 
 
 

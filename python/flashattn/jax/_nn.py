@@ -93,6 +93,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     _check(bias, [-1] * 4, None, "bias")
     _check(q_len, [B], np.dtype("int32"), "query_seq_lengths")
     _check(kv_len, [B], np.dtype("int32"), "key_value_seq_lengths")
+    if jnp.dtype(k.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        # in the drop-in's names (flashattn's own check below would name q, k and v)
+        raise ValueError(f"query, key and value dtype should be float32, float16 or bfloat16 on flashattn's "
+                         f"kernels, but got {k.dtype}")
     T, N = q.shape[1], q.shape[2]
     if K == 0 or N % K != 0:
         raise ValueError(f"The number of query heads must be a multiple of key/value heads, but got {N} vs {K}")

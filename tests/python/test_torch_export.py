@@ -1,0 +1,118 @@
+"""flashattn.torch under the transformations a PyTorch power user applies to a model:
+torch.export (gradients through the exported program, strict and not), torch.func.vmap over
+a dim of size 0, kvcache_attention under vmap (refused by name), torch.compile with dynamic
+shapes over a decode step that appends to its caches. Every result against eager flashattn
+(itself checked against float64 in test_torch*.py). Random inputs from torch.Generator(SEED)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashattn.torch as fat  # noqa: E402
+from conftest import SEED  # noqa: E402
+
+
+def _gen():
+    return torch.Generator().manual_seed(SEED)
+
+
+class _Block(torch.nn.Module):
+    """proj -> attention -> out, plus a residual: gradients must reach proj through the call."""
+
+    def __init__(self, call):
+        super().__init__()
+        self.proj, self.out, self.call = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), call
+
+    def forward(self, x, *extra):
+        h = self.proj(x)
+        return self.out(self.call(h, *extra)) + x
+
+
+_CALLS = {
+    "attention": (lambda h: fat.attention(h, h, h, causal=True), (2, 2, 5, 8), ()),
+    "scaled_dot_product_attention": (lambda h: fat.scaled_dot_product_attention(h, h, h), (2, 2, 5, 8), ()),
+    "varlen_attention": (lambda h, cu: fat.varlen_attention(h, h, h, cu, cu, causal=True), (10, 2, 8),
+                         (torch.tensor([0, 4, 10], dtype=torch.int32),)),
+}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("name", list(_CALLS))
+def test_export_keeps_the_gradients(name, strict):
+    """An exported block trains as the eager one: its output requires grad and every parameter
+    gets the eager gradient. Before, the Function's no_grad region (non-strict) or export's
+    tracing of the Function (strict) cut the graph at the call: proj got None, or nothing
+    after the call required grad, without a word."""
+    call, shape, extra = _CALLS[name]
+    torch.manual_seed(SEED)
+    m = _Block(call)
+    x = torch.randn(shape, generator=_gen())
+    want = torch.autograd.grad(m(x, *extra).pow(2).sum(), [m.proj.weight, m.out.weight])
+    em = torch.export.export(m, (x,) + extra, strict=strict).module()
+    y = em(x, *extra)
+    assert y.requires_grad
+    params = dict(em.named_parameters())
+    got = torch.autograd.grad(y.pow(2).sum(), [params["proj.weight"], params["out.weight"]])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fn", ["attention", "scaled_dot_product_attention"])
+def test_vmap_over_a_dim_of_size_zero_gives_empty_results(fn):
+    """As torch's own ops under vmap: [0, ...] of the shapes one element gives (it raised a
+    TypeError from inside torch's autograd.Function machinery)."""
+    gen = _gen()
+    k, v = torch.randn(2, 2, 4, 8, generator=gen), torch.randn(2, 2, 4, 8, generator=gen)
+    qs = torch.randn(0, 2, 2, 3, 8)
+    o = torch.func.vmap(lambda q: getattr(fat, fn)(q, k, v))(qs)
+    assert o.shape == (0, 2, 2, 3, 8) and o.dtype == qs.dtype
+    g = torch.func.vmap(torch.func.grad(lambda q: getattr(fat, fn)(q, k, v).sum()))(qs)
+    assert g.shape == qs.shape
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_kvcache_under_vmap_is_refused_by_name(append):
+    gen = _gen()
+    kc, vc = torch.randn(3, 2, 8, 2, 8, generator=gen), torch.randn(3, 2, 8, 2, 8, generator=gen)
+    q = torch.randn(3, 2, 1, 2, 8, generator=gen)
+    new = (torch.randn(3, 2, 1, 2, 8, generator=gen),) * 2 if append else ()
+
+    def step(q, kc, vc, *new):
+        return fat.kvcache_attention(q, kc, vc, *new, cache_seqlens=4)
+    with pytest.raises(NotImplementedError, match="kvcache_attention does not take tensors batched by torch.func.vmap"):
+        torch.func.vmap(step)(q, kc, vc, *new)
+
+
+def test_compile_fullgraph_dynamic_over_an_appending_decode_step():
+    """The append's overlap check sorted the caches' strides, which are symbolic under dynamic
+    shapes: Dynamo refused ("sort with non-constant keys")."""
+    gen = _gen()
+    B, C, H, D = 2, 16, 2, 8
+    kc, vc = torch.randn(B, C, H, D, generator=gen), torch.randn(B, C, H, D, generator=gen)
+    q, kn, vn = (torch.randn(B, 1, H, D, generator=gen) for _ in range(3))
+    lens = torch.tensor([3, 7], dtype=torch.int32)
+
+    def step(q, kc, vc, kn, vn, lens):
+        return fat.kvcache_attention(q, kc, vc, kn, vn, lens, causal=True)
+    kw, vw = kc.clone(), vc.clone()
+    want = step(q, kw, vw, kn, vn, lens)
+    torch._dynamo.reset()
+    kg, vg = kc.clone(), vc.clone()
+    got = torch.compile(step, fullgraph=True, dynamic=True, backend="eager")(q, kg, vg, kn, vn, lens)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.equal(kg, kw) and torch.equal(vg, vw)  # the appends happened, as in eager
+
+
+def test_jax_dot_product_attention_names_its_own_arguments_under_x64():
+    """The jax.nn drop-in refuses float64 in its own words (query, key, value), not in
+    flashattn's (q). Its own process: jax_enable_x64 is global."""
+    pytest.importorskip("jax")
+    code = ("import jax; jax.config.update('jax_enable_x64', True); import jax.numpy as jnp, flashattn.jax as fj\n"
+            "x = jnp.ones((1, 4, 2, 8), jnp.float64)\n"
+            "try:\n    fj.dot_product_attention(x, x, x)\nexcept ValueError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=120)
+    assert "query, key and value dtype should be float32, float16 or bfloat16" in out.stdout, out.stderr[-2000:]
