@@ -212,7 +212,10 @@ class _VarlenCompiled(torch.autograd.Function):
         if dlse is not None:
             dv = dv[..., :-1]
             if sinks is not None:  # lse's cotangent reaches the sink directly (as in _torch_ops)
-                dsink = dsink + (torch.exp(sinks.view(-1, 1) - lse) * dlse).sum(1)
+                # but not from rows past cu_seqlens_q's end (lse -inf, in no sequence: exp(+inf)
+                # times their 0 was NaN); a sequence's rows have lse >= the sink, never -inf
+                term = torch.exp(sinks.view(-1, 1) - lse) * dlse
+                dsink = dsink + torch.where(torch.isneginf(lse), 0.0, term).sum(1)
         grads = [dq, dk, dv] + [None] * (ctx.n_inputs - 3)
         if sinks is not None and ctx.needs_input_grad[15]:
             grads[15] = dsink

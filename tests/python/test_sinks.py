@@ -201,6 +201,30 @@ def test_torch_varlen_and_kvcache(rng):
     np.testing.assert_array_equal(lse.numpy(), want_lse)
 
 
+def test_torch_varlen_capacity_rows_with_sinks_and_an_lse_gradient(rng):
+    """Rows past cu_seqlens_q's end (lse -inf) gave dsink NaN once a gradient reached lse
+    (exp(sink - lse) x their 0): the gradients are those of the tensors cut to the sums' ends,
+    and the capacity rows get zeros."""
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as fat
+
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    arrays = (randn(rng, (11, H, D)), randn(rng, (11, HK, D)), randn(rng, (11, HK, D)), sinks_of(rng))
+    do, dlse = torch.from_numpy(randn(rng, (11, H, D))), torch.from_numpy(randn(rng, (H, 11)))
+    dlse[:, 9:] = 0  # what a loss over the real rows' lse passes for the capacity rows
+
+    def grads(n):
+        xs = [torch.from_numpy(a[:n] if i < 3 else a).requires_grad_(True) for i, a in enumerate(arrays)]
+        o, lse = fat.varlen_attention(*xs[:3], cu, cu, sinks=xs[3], return_lse=True)
+        return torch.autograd.grad((o * do[:n]).sum() + (lse * dlse[:, :n]).sum(), xs)
+    got, want = grads(11), grads(9)
+    assert torch.isfinite(got[3]).all(), f"dsink {got[3]} (seed {SEED})"
+    torch.testing.assert_close(got[3], want[3], rtol=0, atol=0)
+    for g, w in zip(got[:3], want[:3]):
+        torch.testing.assert_close(g[:9], w, rtol=0, atol=0)
+        assert not g[9:].any()
+
+
 def test_jax_varlen_and_kvcache(rng):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
