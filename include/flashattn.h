@@ -398,6 +398,10 @@ FA_API fa_backend fa_plan_backend(const fa_plan *plan);
  * (fa_plan_cost); nothing written for a NULL plan. */
 FA_API void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t *block_k);
 FA_API int fa_plan_threads(const fa_plan *plan);
+/* The problem the plan runs, validated: strides, scale and the other defaults resolved;
+ * valid while the plan lives (NULL for a NULL plan). Its length arrays are the plan's own
+ * copies, and NULL in a plan made from capacities (lengths_per_call: a call's lengths come in
+ * fa_forward_args), so that fa_plan_create takes it again for the same plan. */
 FA_API const fa_problem *fa_plan_problem(const fa_plan *plan);
 /* The scale the kernels use (the default resolved). */
 FA_API float fa_plan_scale(const fa_plan *plan);

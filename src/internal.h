@@ -41,6 +41,7 @@ struct fa_plan {
     int capacity;           /* made from capacities (lengths_per_call; not a call's view): figures that bound every call */
     int64_t opt_bq, opt_bk; /* the options' block sizes (0: the library's): a packed sequence's own tiles */
     int64_t batch0;         /* dropout's b of batch 0: fa_problem.dropout_batch0 (+ a packed sequence's index in its parent) */
+    fa_problem shown;       /* what fa_plan_problem gives: p, with a capacity plan's stand-in lengths NULL */
     /* p.mask, when set, is the plan's own reference (fa_mask_retain; released by fa_plan_destroy) */
 };
 

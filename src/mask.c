@@ -17,8 +17,8 @@ typedef __int128 wide;
 /* ceil(n / d) for n, d >= 1: (n + d - 1) / d overflows for n near INT64_MAX */
 static int64_t ceil_div(int64_t n, int64_t d) { return (n - 1) / d + 1; }
 
-/* Checks a shape and resolves its default blocks (0: 128). */
-static fa_status check_shape(const fa_mask_shape *s, const char *fn, fa_mask_shape *r) {
+/* Checks a shape and resolves its default blocks (0: 128) (mask.h). */
+fa_status fa_mask_check_shape(const fa_mask_shape *s, const char *fn, fa_mask_shape *r) {
     if (!s) return fa_error(FA_ERR_NULL, "%s: the shape is NULL", fn);
     *r = *s;
     if (r->block_q == 0) r->block_q = 128;
@@ -116,7 +116,7 @@ static void row_stats(const uint8_t *x, int64_t n, int64_t *pop, int64_t *lo, in
 
 fa_status fa_mask_build(const fa_mask_shape *shape, const fa_mask_source *src, const char *fn, fa_mask **out) {
     fa_mask_shape s;
-    fa_status st = check_shape(shape, fn, &s);
+    fa_status st = fa_mask_check_shape(shape, fn, &s);
     if (st) return st;
     fa_mask *m = fa_calloc(1, sizeof *m);
     if (!m) return fa_error(FA_ERR_NO_MEMORY, "%s: out of memory", fn);
@@ -286,7 +286,7 @@ fa_status fa_mask_from_blocks(const fa_mask_shape *s, const int8_t *kinds, const
     *out = NULL;
     if (!kinds) return fa_error(FA_ERR_NULL, "%s: kinds is NULL", fn);
     fa_mask_shape r;
-    fa_status st = check_shape(s, fn, &r);
+    fa_status st = fa_mask_check_shape(s, fn, &r);
     if (st) return st;
     const int64_t nqb = ceil_div(r.seq_q, r.block_q), nkb = ceil_div(r.seq_k, r.block_k);
     const int64_t n = r.batch * r.heads * nqb * nkb;
@@ -333,7 +333,7 @@ static void view_row(const fa_sched_mask *v, int64_t i, int64_t c0, int64_t c1, 
 static void combine_row(void *ctx, int64_t b, int64_t h, int64_t i, int64_t c0, int64_t c1, uint8_t *out) {
     const combine_ctx *c = ctx;
     const fa_sched_mask va = fa_mask_view(c->a, b, h), vb = fa_mask_view(c->b, b, h);
-    uint8_t other[4096]; /* a block row: at most 4096 keys (check_shape) */
+    uint8_t other[4096]; /* a block row: at most 4096 keys (fa_mask_check_shape) */
     view_row(&va, i, c0, c1, out);
     view_row(&vb, i, c0, c1, other);
     const int64_t n = c1 - c0;

@@ -34,6 +34,10 @@ void fa_mask_retain(const fa_mask *m);
 /* FA_ERR_INVALID unless m (NULL: no mask) fits problem p: seq_q and seq_k equal, batch 1 or
  * B, heads 1 or Hq. */
 fa_status fa_mask_check_problem(const fa_mask *m, const fa_problem *p);
+/* FA_OK if the shape is one a mask can have (sizes >= 1, blocks in [1, 4096], at most 2^40
+ * blocks), with *r the shape and its default blocks (0: 128) resolved; else the error, in fn's
+ * name. Every constructor checks it before it reads anything the shape sizes. */
+fa_status fa_mask_check_shape(const fa_mask_shape *s, const char *fn, fa_mask_shape *r);
 
 /* The view of batch item b, query head h (broadcast dims read index 0); NULL: no mask. */
 static inline fa_sched_mask fa_mask_view(const fa_mask *m, int64_t b, int64_t h) {

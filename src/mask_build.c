@@ -99,8 +99,10 @@ static fa_status build(const fa_mask_shape *s, iv_ctx *c, const char *fn, fa_mas
 static fa_status start(const fa_mask_shape *s, fa_mask **out, const char *fn) {
     if (!out) return fa_error(FA_ERR_NULL, "%s: out is NULL", fn);
     *out = NULL;
-    if (!s) return fa_error(FA_ERR_NULL, "%s: the shape is NULL", fn);
-    return FA_OK;
+    /* the shape first: the constructors then read batch entries of their arrays (prefix
+     * lengths, document counts), which a bad batch would send past their ends */
+    fa_mask_shape resolved;
+    return fa_mask_check_shape(s, fn, &resolved);
 }
 
 static iv_ctx sched_ctx(int64_t off, int causal, int64_t left, int64_t right) {
@@ -156,7 +158,6 @@ fa_status fa_mask_documents(const fa_mask_shape *s, const int64_t *doc_counts, c
     if (s->seq_q != s->seq_k)
         return fa_error(FA_ERR_INVALID, "%s: seq_q %lld and seq_k %lld must be equal (documents pack both)", fn,
                         (long long)s->seq_q, (long long)s->seq_k);
-    if (s->batch < 1) return fa_error(FA_ERR_INVALID, "%s: batch %lld must be >= 1", fn, (long long)s->batch);
     int64_t total = 0;
     for (int64_t b = 0; b < s->batch; b++) {
         if (doc_counts[b] < 1 || doc_counts[b] > s->seq_q)

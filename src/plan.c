@@ -285,6 +285,11 @@ fa_status fa_plan_create(const fa_problem *problem, const fa_options *opt, fa_pl
         return s;
     }
     fa_mask_retain(pl->p.mask);
+    /* a capacity plan's lengths are stand-ins (plan_inference.c, capacity_lens): the caller
+     * gives lengths with each call, and fa_plan_create refuses a lengths_per_call problem with
+     * lengths, so the problem it shows has none */
+    pl->shown = pl->p;
+    if (pl->capacity) pl->shown.cu_seqlens_q = pl->shown.cu_seqlens_k = pl->shown.cache_seqlens = NULL;
     *out = pl;
     return FA_OK;
 }
@@ -307,7 +312,7 @@ fa_status fa_plan_cost(const fa_plan *plan, fa_pass pass, fa_cost *out) {
 int fa_plan_exact(const fa_plan *plan) { return plan && !plan->p.has_segment_ids && !plan->capacity; }
 fa_backend fa_plan_backend(const fa_plan *plan) { return plan ? plan->backend : FA_BACKEND_AUTO; }
 int fa_plan_threads(const fa_plan *plan) { return plan ? plan->threads : 0; }
-const fa_problem *fa_plan_problem(const fa_plan *plan) { return plan ? &plan->p : NULL; }
+const fa_problem *fa_plan_problem(const fa_plan *plan) { return plan ? &plan->shown : NULL; }
 float fa_plan_scale(const fa_plan *plan) { return plan ? plan->scale : 0.0f; }
 
 void fa_plan_blocks(const fa_plan *plan, fa_pass pass, int64_t *block_q, int64_t *block_k) {

@@ -64,15 +64,16 @@ fa_status fa_quantize_rows(fa_dtype to, fa_dtype from, const void *src, int64_t 
     }
     if (!src || !codes || !scales)
         return fa_error(FA_ERR_NULL, "fa_quantize_rows: %s is NULL", !src ? "src" : !codes ? "codes" : "scales");
-    int64_t total;
-    if (__builtin_mul_overflow(rows, width, &total))
-        return fa_error(FA_ERR_OVERFLOW, "fa_quantize_rows: %lld x %lld elements overflow int64", (long long)rows,
-                        (long long)width);
+    int64_t total, bytes, scale_bytes;
+    if (__builtin_mul_overflow(rows, width, &total) ||
+        __builtin_mul_overflow(total, (int64_t)fa_dtype_size(from), &bytes) ||
+        __builtin_mul_overflow(rows, (int64_t)sizeof(float), &scale_bytes))
+        return fa_error(FA_ERR_OVERFLOW, "fa_quantize_rows: %lld x %lld %s elements (and their scales) overflow "
+                        "int64 bytes", (long long)rows, (long long)width, fa_dtype_name(from));
     /* codes and scales are written while src is read, row by row: a buffer over another gives
      * codes of half-overwritten rows (and the fa_convert rule: buffers do not overlap) */
     const uintptr_t s0 = (uintptr_t)src, c0 = (uintptr_t)codes, k0 = (uintptr_t)scales;
-    const uintptr_t s1 = s0 + (uintptr_t)total * fa_dtype_size(from), c1 = c0 + (uintptr_t)total,
-                    k1 = k0 + (uintptr_t)rows * sizeof(float);
+    const uintptr_t s1 = s0 + (uintptr_t)bytes, c1 = c0 + (uintptr_t)total, k1 = k0 + (uintptr_t)scale_bytes;
     if ((c0 < s1 && s0 < c1) || (k0 < s1 && s0 < k1) || (k0 < c1 && c0 < k1))
         return fa_error(FA_ERR_INVALID, "fa_quantize_rows: %s share memory; src, codes and scales must not overlap",
                         c0 < s1 && s0 < c1 ? "codes and src" : k0 < s1 && s0 < k1 ? "scales and src" : "codes and scales");

@@ -301,6 +301,19 @@ static void misuse(void) {
     cuda.backend = FA_BACKEND_CUDA;
     CHECK(fa_plan_create(&both, &cuda, &bad) == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "lengths per call"),
           "misuse: lengths per call on cuda: %s", fa_last_error());
+    /* the problem a capacity plan shows is one fa_plan_create takes again: no lengths (the
+     * capacity's stand-ins showed, and the re-plan said they "must be NULL") */
+    const fa_problem *shown = fa_plan_problem(one);
+    fa_plan *again = NULL;
+    CHECK(shown && !shown->cache_seqlens && shown->lengths_per_call == FA_LENGTHS_CACHE &&
+              fa_plan_create(shown, &opt, &again) == FA_OK,
+          "misuse: a capacity plan's fa_plan_problem planned again: %s", fa_last_error());
+    if (again) {
+        fa_cost c3, c4;
+        fa_plan_cost(one, FA_FORWARD, &c3), fa_plan_cost(again, FA_FORWARD, &c4);
+        CHECK(!memcmp(&c3, &c4, sizeof c3), "misuse: the re-planned capacity plan's costs differ");
+    }
+    fa_plan_destroy(again);
     both.lengths_per_call = 3;
     CHECK(fa_plan_create(&both, &opt, &bad) == FA_ERR_INVALID && strstr(fa_last_error(), "lengths_per_call"),
           "misuse: lengths_per_call 3: %s", fa_last_error());

@@ -291,6 +291,17 @@ static void errors(void) {
     bad = s, bad.block_k = -2;
     CHECK(fa_mask_causal(&bad, 0, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "block_k"), "block_k -2");
     CHECK(fa_mask_chunked(&s, 0, 0, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "chunk"), "chunk 0");
+    /* the shape before the per-batch arrays: a batch of 2^41 walked prefix_len and doc_counts
+     * (4 entries here) far past their ends, and seq 0 blamed doc_counts */
+    const int64_t four[4] = {1, 1, 1, 1};
+    bad = (fa_mask_shape){(int64_t)1 << 41, 1, 1, 1, 1, 1};
+    CHECK(fa_mask_prefix_lm(&bad, 0, four, &m) == FA_ERR_OVERFLOW && strstr(fa_last_error(), "too many blocks") && !m,
+          "prefix_lm, batch 2^41: %s", fa_last_error());
+    CHECK(fa_mask_documents(&bad, four, four, &m) == FA_ERR_OVERFLOW && strstr(fa_last_error(), "too many blocks") && !m,
+          "documents, batch 2^41: %s", fa_last_error());
+    bad = s, bad.seq_q = bad.seq_k = 0;
+    CHECK(fa_mask_documents(&bad, four, four, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "seq_q 0 and seq_k 0"),
+          "documents, seq 0: %s", fa_last_error());
     CHECK(fa_mask_window(&s, 0, -3, 1, &m) == FA_ERR_INVALID, "window side -3");
     const int64_t counts[1] = {2}, lens[2] = {3, 4}, neg[1] = {-1};
     CHECK(fa_mask_documents(&s, counts, lens, &m) == FA_ERR_INVALID && strstr(fa_last_error(), "sum"), "lengths 3+4 != 8: %s",

@@ -161,6 +161,11 @@ static void quantizer(void) {
         CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), over[i].said) && !memcmp(&buf, keep, sizeof buf),
               "quantize with %s: %s (%s)", over[i].what, fa_status_string(st), fa_last_error());
     }
+    /* 2^62 elements fit int64, their 2^64 bytes do not: a size error, nothing read (it said
+     * "codes and scales share memory", from wrapped address ranges) */
+    const fa_status big = fa_quantize_rows(FA_INT8, FA_F32, buf.f, (int64_t)1 << 60, 4, other, sc);
+    CHECK(big == FA_ERR_OVERFLOW && strstr(fa_last_error(), "overflow int64 bytes"), "quantize 2^60 x 4 f32: %s (%s)",
+          fa_status_string(big), fa_last_error());
     float conv[4] = {1, 2, 3, 4};
     fa_convert(FA_F32, conv, FA_F16, (char *)conv + 2, 3);
     CHECK(conv[0] == 1 && conv[3] == 4 && strstr(fa_last_error(), "share memory"), "fa_convert over itself: \"%s\"",
