@@ -19,9 +19,9 @@ from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_pr
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
                           int_in, shares_memory, sinks_arg, threads_arg, window_sides)
-from ._torch_ops import (DTYPES, F32, Device, dense_for_grad, do_with_o_strides, forward_ad_refused, grad_like,
-                         int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad, dropout_args,
-                         seed_value)
+from ._torch_ops import (DTYPES, F32, LSE_GRAD_REFUSED, Device, dense_for_grad, do_with_o_strides, forward_ad_refused,
+                         grad_like, int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad,
+                         dropout_args, seed_value)
 
 
 def _host_int32(t, name="lengths"):
@@ -185,7 +185,7 @@ class _VarlenCompiled(torch.autograd.Function):
                                               softcap, scale, diag_offset, threads, sinks, dropout_p, seed)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx, inputs, output, op_level=False):
         q, k, v, cu_q, cu_k, _, _, slopes = inputs[:8]
         sinks = inputs[15] if len(inputs) > 15 else None
         seed = inputs[17] if len(inputs) > 17 else None
@@ -193,7 +193,10 @@ class _VarlenCompiled(torch.autograd.Function):
         ctx.options = inputs[8:15]
         ctx.dropout_p = inputs[16] if len(inputs) > 16 else 0.0
         ctx.n_inputs = len(inputs)
-        if ctx.dropout_p > 0:  # as _torch_ops.AttentionCompiled: lse has no gradient under dropout
+        # as _torch_ops.AttentionCompiled: lse has no gradient under dropout (the op's own
+        # autograd, torch.export's, refuses one in the backward instead)
+        ctx.refuse_lse = op_level and ctx.dropout_p > 0
+        if ctx.dropout_p > 0 and not op_level:
             ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)
 
@@ -201,6 +204,8 @@ class _VarlenCompiled(torch.autograd.Function):
     def backward(ctx, do, dlse):
         q, k, v, o, lse, cu_q, cu_k, slopes, sinks, seed = ctx.saved_tensors
         if ctx.dropout_p > 0:  # lse is non-differentiable then (setup_context)
+            if ctx.refuse_lse and dlse is not None and bool((dlse != 0).any()):
+                raise NotImplementedError(LSE_GRAD_REFUSED)
             dlse = None
         if do is None and dlse is None:
             return (None,) * ctx.n_inputs
@@ -229,7 +234,9 @@ class _Varlen(_VarlenCompiled):
         forward_ad_refused("flashattn::varlen_fwd (flashattn.torch.varlen_attention)")
 
 
-_varlen_fwd.register_autograd(_VarlenCompiled.backward, setup_context=_VarlenCompiled.setup_context)
+_varlen_fwd.register_autograd(
+    _VarlenCompiled.backward,
+    setup_context=lambda ctx, inputs, output: _VarlenCompiled.setup_context(ctx, inputs, output, op_level=True))
 
 
 class _VarlenExported:
@@ -447,7 +454,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     sequence attends to first (positions 0 .. P - 1, its own cache at P + t), read once per
     call, as numpy's kvcache_attention."""
     _no_mask(mask, "kvcache_attention")
-    _no_vmap(q, k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale)
+    _no_vmap(q, k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale, k_prefix, v_prefix, sinks,
+             alibi_slopes)
     q, k_cache, v_cache = (check_tensor(n, t, 4) for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)))
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")

@@ -330,16 +330,20 @@ class AttentionCompiled(torch.autograd.Function):
                                                  sinks, dropout_p, seed, _mask_ptr(mask))
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx, inputs, output, op_level=False):
         # inputs: q, k, v, bias, slopes, q_seg, kv_seg, 9 options (causal .. threads), then
-        # optionally sinks, dropout_p, seed, mask
+        # optionally sinks, dropout_p, seed, mask. op_level: the op's own autograd (below)
         sinks = inputs[16] if len(inputs) > 16 else None
         seed = inputs[18] if len(inputs) > 18 else None  # a tensor (seed_tensor): saved with the others
         ctx.save_for_backward(*inputs[:3], *output, *inputs[3:7], sinks, seed)
         ctx.n_inputs = len(inputs)
         ctx.options = tuple(inputs[7:16]) + (inputs[17] if len(inputs) > 17 else 0.0,)  # dropout_p: 0 if not given
         ctx.mask = inputs[19] if len(inputs) > 19 else None  # kept alive for the backward
-        if ctx.options[9] > 0:
+        # the op's own autograd (torch.export) keeps lse differentiable under dropout, so that
+        # its backward sees a gradient reaching lse and refuses it: export drops the caller's
+        # refused_lse_grad, an autograd.Function, with the others
+        ctx.refuse_lse = op_level and ctx.options[9] > 0
+        if ctx.options[9] > 0 and not op_level:
             # under dropout lse has no gradient here (refused_lse_grad refuses one where the
             # caller returns lse), so the backward never sees a dlse; torch.compile then traces
             # the backward whole instead of breaking its graph at the refusal below
@@ -356,6 +360,8 @@ class AttentionCompiled(torch.autograd.Function):
         layout, threads, dropout_p = ctx.options[5], ctx.options[8], ctx.options[9]
         mask = ctx.mask
         if dropout_p > 0:
+            if ctx.refuse_lse and dlse is not None and bool((dlse != 0).any()):
+                raise NotImplementedError(LSE_GRAD_REFUSED)
             # lse is non-differentiable under dropout (setup_context): no dlse reaches here
             # in eager mode, and the one torch.compile traces with is not a real gradient.
             # (lse's cotangent would ride on dP, lse_as_value_column, which dropout scales.)
@@ -478,10 +484,7 @@ class _AttentionExported:
 
     @staticmethod
     def apply(*args):
-        if len(args) > 19 and args[19] is not None:
-            raise NotImplementedError("a flashattn.masks mask under torch.export: the op takes the mask by its "
-                                      "address, which an exported program cannot carry; pass the mask as a "
-                                      "boolean tensor (mask=) or export without it")
+        assert len(args) < 20 or args[19] is None  # a mask object is refused before (torch.py, _native_mask)
         return torch.ops.flashattn.attention_fwd(*args[:19])
 
 
@@ -494,7 +497,9 @@ def attention_function():
 # The op's own autograd (AttentionCompiled's rules, on the op's arguments: the mask as its
 # address): torch.export keeps the op, not the Function around it, and an exported program's
 # backward runs these (as varlen_fwd's, _torch_inference.py)
-_attention_fwd.register_autograd(AttentionCompiled.backward, setup_context=AttentionCompiled.setup_context)
+_attention_fwd.register_autograd(
+    AttentionCompiled.backward,
+    setup_context=lambda ctx, inputs, output: AttentionCompiled.setup_context(ctx, inputs, output, op_level=True))
 
 
 

@@ -113,6 +113,10 @@ def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset, device):
     """The library's fa_mask for a flashattn.masks mask and a BlockMask (ANDed); None for a
     zero-size call, which computes nothing."""
     from ._torch_flex import from_block_mask
+    if torch.compiler.is_exporting():
+        raise ValueError("a flashattn.masks mask or a BlockMask under torch.export: the op takes the mask by "
+                         "its address, which an exported program cannot carry; pass a boolean mask= tensor, "
+                         "or export without it")
     if torch.compiler.is_compiling():  # only fullgraph=True reaches the user: the others graph-break here
         raise ValueError("a flashattn.masks mask or a BlockMask is built in Python, outside the graph: "
                          "torch.compile(fullgraph=True) cannot hold it (compile without fullgraph: a graph "

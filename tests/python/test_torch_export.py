@@ -60,6 +60,46 @@ def test_export_keeps_the_gradients(name, strict):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("name", ["attention", "varlen_attention"])
+def test_export_refuses_an_lse_gradient_under_dropout(name, strict):
+    """As eager and compiled calls do: export drops the caller's refusal (an autograd.Function),
+    so the op's own backward refuses (the lse term was silently dropped from dq)."""
+    gen = _gen()
+    if name == "attention":
+        q, k, v = (torch.randn(1, 2, 16, 8, generator=gen) for _ in range(3))
+        extra = ()
+
+        def call(q, k, v):
+            return fat.attention(q, k, v, dropout_p=0.3, seed=5, return_lse=True)
+    else:
+        q, k, v = (torch.randn(16, 2, 8, generator=gen) for _ in range(3))
+        extra = (torch.tensor([0, 7, 16], dtype=torch.int32),)
+
+        def call(q, k, v, cu):
+            return fat.varlen_attention(q, k, v, cu, cu, dropout_p=0.3, seed=5, return_lse=True)
+
+    class M(torch.nn.Module):
+        def forward(self, *args):
+            return call(*args)
+    em = torch.export.export(M(), (q, k, v) + extra, strict=strict).module()
+    x = q.clone().requires_grad_()
+    o, lse = em(x, k, v, *extra)
+    torch.autograd.grad(o.sum(), x, retain_graph=True)  # o alone: fine
+    with pytest.raises(NotImplementedError, match="a gradient through lse with dropout"):
+        torch.autograd.grad(o.sum() + lse.sum(), x)
+
+
+def test_export_refuses_a_mask_object_in_its_own_words():
+    import flashattn
+
+    class M(torch.nn.Module):
+        def forward(self, q):
+            return fat.attention(q, q, q, mask=flashattn.masks.chunked(2))
+    with pytest.raises(ValueError, match="under torch.export: the op takes the mask by its address"):
+        torch.export.export(M(), (torch.randn(1, 2, 6, 8),), strict=False)
+
+
 @pytest.mark.parametrize("fn", ["attention", "scaled_dot_product_attention"])
 def test_vmap_over_a_dim_of_size_zero_gives_empty_results(fn):
     """As torch's own ops under vmap: [0, ...] of the shapes one element gives (it raised a
@@ -67,22 +107,31 @@ def test_vmap_over_a_dim_of_size_zero_gives_empty_results(fn):
     gen = _gen()
     k, v = torch.randn(2, 2, 4, 8, generator=gen), torch.randn(2, 2, 4, 8, generator=gen)
     qs = torch.randn(0, 2, 2, 3, 8)
-    o = torch.func.vmap(lambda q: getattr(fat, fn)(q, k, v))(qs)
+
+    def call(q):
+        return getattr(fat, fn)(q, k, v)
+    o = torch.func.vmap(call)(qs)
     assert o.shape == (0, 2, 2, 3, 8) and o.dtype == qs.dtype
-    g = torch.func.vmap(torch.func.grad(lambda q: getattr(fat, fn)(q, k, v).sum()))(qs)
+    g = torch.func.vmap(torch.func.grad(lambda q: call(q).sum()))(qs)
     assert g.shape == qs.shape
 
 
-@pytest.mark.parametrize("append", [False, True])
-def test_kvcache_under_vmap_is_refused_by_name(append):
+@pytest.mark.parametrize("batched", ["all", "append", "sinks", "alibi_slopes"])
+def test_kvcache_under_vmap_is_refused_by_name(batched):
     gen = _gen()
     kc, vc = torch.randn(3, 2, 8, 2, 8, generator=gen), torch.randn(3, 2, 8, 2, 8, generator=gen)
     q = torch.randn(3, 2, 1, 2, 8, generator=gen)
-    new = (torch.randn(3, 2, 1, 2, 8, generator=gen),) * 2 if append else ()
+    msg = "kvcache_attention does not take tensors batched by torch.func.vmap"
+    if batched in ("sinks", "alibi_slopes"):  # only the option batched: the caches are the call's own
+        with pytest.raises(NotImplementedError, match=msg):
+            torch.func.vmap(lambda x: fat.kvcache_attention(q[0], kc[0], vc[0], cache_seqlens=4, **{batched: x}))(
+                torch.randn(3, 2, generator=gen).abs())
+        return
+    new = (torch.randn(3, 2, 1, 2, 8, generator=gen),) * 2 if batched == "append" else ()
 
     def step(q, kc, vc, *new):
         return fat.kvcache_attention(q, kc, vc, *new, cache_seqlens=4)
-    with pytest.raises(NotImplementedError, match="kvcache_attention does not take tensors batched by torch.func.vmap"):
+    with pytest.raises(NotImplementedError, match=msg):
         torch.func.vmap(step)(q, kc, vc, *new)
 
 
