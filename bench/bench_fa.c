@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
     if (forward)
         printf(", \"forward\": {\"seconds\": %.6f, \"median_seconds\": %.6f, \"max_seconds\": %.6f, "
                "\"gflops\": %.2f, \"gflops_useful\": %.2f, \"flops\": %lld, \"flops_useful\": %lld, "
-               "\"estimated_full_seconds\": %.1f, \"cpu_seconds_per_thread\": %.6f}",
+               "\"estimated_full_seconds\": %.6g, \"cpu_seconds_per_thread\": %.6f}",
                ft.best, ft.median, ft.worst, (double)fc.flops / ft.best * 1e-9,
                (double)fc.flops_useful / ft.best * 1e-9, (long long)fc.flops,
                (long long)fc.flops_useful, ft.best * scale_up, ft.cpu);

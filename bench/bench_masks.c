@@ -60,13 +60,20 @@ int main(int argc, char **argv) {
                                 {"--chunk", &chunk, NULL}, {"--backward", NULL, &backward}, {NULL, NULL, NULL}};
     if (measure_parse("bench_masks", argc, argv, opts, &dt)) return 2;
 
-    /* document lengths from the cut points */
-    int64_t *lens = malloc(sizeof(int64_t) * (size_t)(docs + 1)), n_docs = 0, prev = 0;
+    /* document lengths from the cut points (as many as given: --cuts sets the documents) */
+    int64_t n_cuts = 1;
+    for (const char *c = cuts; c && *c; c++) n_cuts += *c == ',';
+    if (docs < 1) return fprintf(stderr, "bench_masks: --docs %lld must be >= 1\n", (long long)docs), 2;
+    int64_t *lens = malloc(sizeof(int64_t) * (size_t)((cuts ? n_cuts : docs) + 1)), n_docs = 0, prev = 0;
+    if (!lens) return fprintf(stderr, "bench_masks: out of memory\n"), 1;
     if (cuts) {
         for (const char *c = cuts; *c;) {
             char *end;
             const int64_t x = strtoll(c, &end, 10);
-            if (x > prev && x < S) lens[n_docs++] = x - prev, prev = x;
+            if (end == c || (*end && *end != ',') || x <= prev || x >= S) /* a cut dropped would change the mask */
+                return fprintf(stderr, "bench_masks: --cuts: '%s' is not an increasing list of cut points in (0, %lld)"
+                                       " (--seq)\n", cuts, (long long)S), free(lens), 2;
+            lens[n_docs++] = x - prev, prev = x;
             c = *end ? end + 1 : end;
         }
     } else {

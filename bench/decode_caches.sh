@@ -26,6 +26,11 @@ RECORD=0
 cmake -S . -B "$BUILD" >/dev/null
 cmake --build "$BUILD" -j"$THREADS" --target flashattn_cli bandwidth >&2
 FA="$BUILD/flashattn"
+# a CLI run's stdout; a refused or failed run stops the script with the CLI's reason (its
+# stderr otherwise holds the per-iteration lines, kept out of the table)
+ERR=$(mktemp)
+trap 'rm -f "$ERR"' EXIT
+cli() { "$FA" "$@" 2>"$ERR" || { echo "decode_caches.sh: flashattn $*: $(tail -n 3 "$ERR")" >&2; exit 1; }; }
 SHAPE="--batch 1 --heads 32 --kv-heads 8 --head-dim 128 --cache-len 32768 --threads $THREADS --iters 24 --json --huge-pages --layers $LAYERS"
 json() { sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p" | head -1; }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {printf "%.3f", (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
@@ -41,7 +46,7 @@ for r in $(seq "$ROUNDS"); do
     BWS+=" $bw"
     declare -A t=() c=()
     for kind in "${KINDS[@]}"; do
-        out=$("$FA" bench --decode $SHAPE ${FLAGS[$kind]} 2>/dev/null)
+        out=$(cli bench --decode $SHAPE ${FLAGS[$kind]})
         g=$(echo "$out" | json gbytes_per_s) s=$(echo "$out" | json seconds)
         t[$kind]=$s c[$kind]=$(echo "$out" | json cpu_seconds)
         GBS[$kind]+=" $g" VSREAD[$kind]+=" $(ratio "$g" "$bw")" SEC[$kind]+=" $s"

@@ -36,20 +36,27 @@ PY
     FLAGS=(--sinks "$TMP/sinks.npy") ;;
   *) echo "feature_cost.sh: feature must be dropout or sinks, got '$FEATURE'" >&2; exit 2 ;;
 esac
+# one bench run's JSON line; a refused or failed run stops the script with the CLI's reason
+# (its stderr otherwise holds the per-iteration lines, kept out of the output)
+run() {
+  "$FA" bench "$@" --json >"$TMP/out" 2>"$TMP/err" ||
+    { echo "feature_cost.sh: flashattn bench $*: $(tail -n 3 "$TMP/err")" >&2; exit 1; }
+  tail -1 "$TMP/out"
+}
 for i in $(seq 1 "${REPS:-10}"); do
   if ((i % 2)); then
-    a=$("$FA" bench "${ARGS[@]}" --json 2>/dev/null | tail -1)
-    b=$("$FA" bench "${ARGS[@]}" "${FLAGS[@]}" --json 2>/dev/null | tail -1)
+    a=$(run "${ARGS[@]}")
+    b=$(run "${ARGS[@]}" "${FLAGS[@]}")
   else
-    b=$("$FA" bench "${ARGS[@]}" "${FLAGS[@]}" --json 2>/dev/null | tail -1)
-    a=$("$FA" bench "${ARGS[@]}" --json 2>/dev/null | tail -1)
+    b=$(run "${ARGS[@]}" "${FLAGS[@]}")
+    a=$(run "${ARGS[@]}")
   fi
   echo "$a|$b" >>"$TMP/pairs"
 done
 python3 - "$TMP/pairs" "${FLAGS[*]}" "${ARGS[*]}" <<'PY'
 import json, statistics, sys
 rows = [[json.loads(t) for t in line.strip().split("|")] for line in open(sys.argv[1])]
-passes = [p for p in ("forward", "backward") if p in rows[0][0]]
+passes = [p for p in ("forward", "backward") if rows[0][0].get(p)]  # a pass not run is null (--pass)
 sec = lambda r, *ps: sum(r[p]["seconds"] for p in ps)
 cases = [(p, (p,)) for p in passes] + ([("fwd+bwd", tuple(passes))] if len(passes) == 2 else [])
 feature = sys.argv[2].split()[0].lstrip("-")

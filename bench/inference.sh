@@ -24,6 +24,11 @@ RECORD=0
 cmake -S . -B "$BUILD" >/dev/null
 cmake --build "$BUILD" -j"$THREADS" --target flashattn_cli bandwidth >&2
 FA="$BUILD/flashattn"
+# a CLI run's stdout; a refused or failed run stops the script with the CLI's reason (its
+# stderr otherwise holds the per-iteration lines, kept out of the table)
+ERR=$(mktemp)
+trap 'rm -f "$ERR"' EXIT
+cli() { "$FA" "$@" 2>"$ERR" || { echo "inference.sh: flashattn $*: $(tail -n 3 "$ERR")" >&2; exit 1; }; }
 SHAPE="--batch 1 --heads 32 --kv-heads 8 --head-dim 128 --cache-len 32768 --dtype bf16 --threads $THREADS"
 json() { sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p" | head -1; }
 
@@ -41,9 +46,9 @@ for r in $(seq "$ROUNDS"); do
         hb="" hd=""
         [ $page = 2m ] && hb="huge" hd="--huge-pages"
         b=$("$BUILD/bandwidth" 1024 "$THREADS" 5 $hb)
-        d=$("$FA" bench --decode $SHAPE --iters 20 --json $hd 2>/dev/null)
+        d=$(cli bench --decode $SHAPE --iters 20 --json $hd)
         b1=$("$BUILD/bandwidth" 1024 1 5 $hb)
-        o=$("$FA" bench --decode ${SHAPE/--threads $THREADS/--threads 1} --iters 20 --json $hd 2>/dev/null)
+        o=$(cli bench --decode ${SHAPE/--threads $THREADS/--threads 1} --iters 20 --json $hd)
         R[$page,bw]+=" $(echo "$b" | json read_gbytes_per_s)" R[$page,bwc]+=" $(echo "$b" | json read_gbytes_per_cpu_s)"
         R[$page,dec]+=" $(echo "$d" | json gbytes_per_s)" R[$page,decc]+=" $(echo "$d" | json gbytes_per_cpu_s)"
         R[$page,bw1]+=" $(echo "$b1" | json read_gbytes_per_s)" R[$page,bw1c]+=" $(echo "$b1" | json read_gbytes_per_cpu_s)"

@@ -9,9 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build}"
 PYTHON="${PYTHON:-$HOME/.cache/flashattn/venv/bin/python}"
-S=16384
+S=16384 # or the --seq given: the cut points are drawn for the sequence that runs
+args=("$@")
+for ((i = 0; i + 1 < ${#args[@]}; i++)); do [ "${args[i]}" = "--seq" ] && S="${args[i + 1]}"; done
 cmake -S . -B "$BUILD" >/dev/null
 cmake --build "$BUILD" --target bench_masks -j2 >/dev/null
 cuts=$("$PYTHON" -c "import numpy as np; r = np.random.default_rng(0); print(','.join(str(int(c)) for c in np.sort(r.choice(np.arange(1, $S), 15, replace=False))))")
 echo "cut points: $cuts"
-"$BUILD/bench_masks" --seq $S --cuts "$cuts" "$@"
+"$BUILD/bench_masks" --cuts "$cuts" "$@" --seq "$S"

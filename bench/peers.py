@@ -266,10 +266,13 @@ def main():
                 f = jax.jit(attn)
                 grads = None
                 if args.backward:
-                    g = jax.jit(jax.grad(lambda q, k, v: attn(q, k, v).astype(jnp.float32).sum(),
-                                         argnums=(0, 1, 2)))
+                    # value_and_grad: the step returns o as torch's does, so that XLA keeps o = P V
+                    # (jax.grad alone let it drop that product, one of the six the useful
+                    # fwd+bwd flops count: not like with like)
+                    g = jax.jit(jax.value_and_grad(lambda q, k, v: attn(q, k, v).astype(jnp.float32).sum(),
+                                                   argnums=(0, 1, 2)))
                     fn = lambda: jax.block_until_ready(g(q, k, v))
-                    grads = [np.asarray(x, np.float32).transpose(0, 2, 1, 3) for x in g(q, k, v)]
+                    grads = [np.asarray(x, np.float32).transpose(0, 2, 1, 3) for x in g(q, k, v)[1]]
                 else:
                     fn = lambda: f(q, k, v).block_until_ready()
                 out = np.asarray(f(q, k, v), np.float32).transpose(0, 2, 1, 3)

@@ -289,6 +289,7 @@ def main():
                   str(S), "--head-dim", str(D), "--dtype", dtype, "--threads", T, "--backend", "cpu", "--json"]
             if causal:
                 cc.append("--causal")
+            cc += block_args  # the same tiles as bench_fa's row
             rr = run_json(cc, env, timeout)[-1]
             if "error" in rr:
                 rec = rr
@@ -322,11 +323,13 @@ def main():
             if backward:
                 cmd.append("--backward")
             out = []
+            label = {"numpy": "numpy naive", "jax": "jax.nn.dot_product_attention", "torch": "torch SDPA"}
             for rr in run_json(cmd, env, timeout):
                 if "peer" in rr:
-                    label = {"numpy": "numpy naive", "jax": "jax.nn.dot_product_attention",
-                             "torch": "torch SDPA"}.get(rr["peer"], rr["peer"])
-                    out.append(dict(rr, peer=f"{label} ({rr.get('dtype', dtype)})"))
+                    out.append(dict(rr, peer=f"{label.get(rr['peer'], rr['peer'])} ({rr.get('dtype', dtype)})"))
+            if not out:  # the process failed before it reported (an import, a crash): a row saying so
+                why = next((rr["error"] for rr in run_json(cmd, env, timeout) if "error" in rr), "no output")
+                out.append({"peer": f"{label.get(peer, peer)} ({dtype})", "error": f"error: {why}"})
             return out
 
         runs = [ours_run]
@@ -417,9 +420,12 @@ def main():
             step = ours.get("step_seconds") or [rec["seconds"] + f.get("seconds", 0)]
             rec = dict(rec, seconds=step[0], median_seconds=step[len(step) // 2],
                        flops=rec["flops"] + f.get("flops", 0))
-        secs = rec.get("estimated_full_seconds", rec["seconds"]) if ours.get("run_heads", 0) and \
-            ours["run_heads"] < c["batch"] * c["heads"] else rec["seconds"]
-        return secs, rec["flops"], rec.get("median_seconds", rec["seconds"])
+        subset = ours.get("run_heads", 0) and ours["run_heads"] < c["batch"] * c["heads"]
+        # a subset of the heads timed: the full problem's seconds (estimated) with its flops,
+        # the subset's scaled by the heads (each head executes the same count)
+        secs = rec.get("estimated_full_seconds", rec["seconds"]) if subset else rec["seconds"]
+        flops = rec["flops"] * c["batch"] * c["heads"] / ours["run_heads"] if subset else rec["flops"]
+        return secs, flops, rec.get("median_seconds", rec["seconds"])
 
     bwd_rate = {}  # case name -> per round: (2.5 F / backward s) / (F / forward s)
     summary = {}  # case name -> {"ours": [s per round], "pct": [...], "ratio": {peer: [...]}, ...}
