@@ -205,3 +205,17 @@ def test_every_front_checks_the_prefix_alike(rng, front):
     with pytest.raises(ValueError, match="quantized kv cache .*does not combine with a shared prefix"):
         attend(d["q"], kq, vq, cache_seqlens=lens, cache_dtype="int8", k_scale=ks, v_scale=vs, k_prefix=d["kp"],
                v_prefix=d["vp"])
+
+
+@pytest.mark.parametrize("front", _fronts(), ids=lambda f: f[0])
+def test_an_empty_prefix_is_no_prefix_in_every_front(rng, front):
+    """P = 0: the step without a prefix, bit for bit (numpy and JAX refused it with the
+    library's "k_prefix is given, but ... shared_prefix_len" message, JAX only when the call
+    ran; torch took it)."""
+    _, attend, a, _ = front
+    d = {k: a(v) for k, v in inputs(rng).items()}
+    lens = a(LENS)
+    first = lambda r: np.asarray(r[0] if isinstance(r, tuple) else r)  # noqa: E731 (JAX: o and the caches)
+    want = first(attend(d["q"], d["kc"], d["vc"], cache_seqlens=lens))
+    got = first(attend(d["q"], d["kc"], d["vc"], cache_seqlens=lens, k_prefix=d["kp"][:0], v_prefix=d["vp"][:0]))
+    np.testing.assert_array_equal(got, want, err_msg=f"seed {SEED}")

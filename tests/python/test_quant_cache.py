@@ -253,3 +253,12 @@ def test_jax_append_of_tiny_rows_follows_the_rule(rng, kind):
         assert np.array_equal(bits(got_c), bits(want_codes[:, 0])), f"codes differ (seed {SEED})"
         assert np.array_equal(got_s, want_scales[:, 0]), f"scales differ (seed {SEED})"
     assert np.all(want_scales[:5, 0] == tiny) and np.any(bits(want_codes[2:7]) != 0)
+
+
+def test_jax_quantize_cache_under_jit_says_it_runs_on_the_host():
+    """It raised JAX's TracerArrayConversionError, which names neither the function nor the way out."""
+    jax = pytest.importorskip("jax")
+    import flashattn.jax as fj
+    k = np.ones((1, 4, 2, 8), np.float32)
+    with pytest.raises(TypeError, match="quantize_cache runs on the host and cannot be traced"):
+        jax.jit(lambda k: fj.quantize_cache(k, k, "int8"))(k)

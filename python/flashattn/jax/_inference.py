@@ -3,9 +3,10 @@
 (python/csrc/jax_ffi_inference.c), CPU platform.
 
 Shapes and dtypes are checked at trace time, naming the argument. The lengths
-(cu_seqlens, cache_seqlens) and page ids are data: where they are concrete (not traced)
-the problem is planned with them at trace time, so the library's message comes as ValueError
-before anything runs; traced ones are planned from the capacities then (lengths per call:
+(cu_seqlens, cache_seqlens) and page ids are data: where the lengths are concrete (not
+traced) the problem is planned with them at trace time, so the library's message about them
+comes as ValueError before anything runs (page ids, concrete or not, are judged when the
+call runs: a donated cache is then lost, docs/python.md); traced ones are planned from the capacities then (lengths per call:
 what depends on shapes and options alone is refused at trace time too), and the handler
 judges their values when the call runs (kvcache_attention; varlen_attention plans only
 with concrete lengths).
@@ -332,6 +333,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if k_prefix is not None and v_prefix is not None:
         k_prefix, v_prefix = jnp.asarray(k_prefix), jnp.asarray(v_prefix)
     P = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
+    if not P:  # an empty prefix is no prefix (as in every front)
+        k_prefix = v_prefix = None
     paged = block_table is not None
     check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
                         None if k is None else (tuple(k.shape), tuple(v.shape)), paged)
@@ -439,6 +442,10 @@ def quantize_cache(k, v, dtype):
     """flashattn.quantize_cache for JAX arrays (computed on the host): (k_codes, k_scale,
     v_codes, v_scale), codes jnp.int8 or jnp.float8_e4m3fn, scales float32 (docs/caches.md)."""
     from .._quant import quantize_cache as quantize
+    if any(isinstance(x, jax.core.Tracer) for x in (k, v)):
+        raise TypeError("flashattn.jax.quantize_cache runs on the host and cannot be traced (jit, vmap, grad): "
+                        "call it outside the traced function; inside one, kvcache_attention's appends "
+                        "quantize new tokens (cache_dtype=)")
     kq, ks, vq, vs = quantize(np.asarray(k), np.asarray(v), dtype)
     code = jnp.int8 if cache_dtype_code(dtype) == _native.INT8 else jnp.float8_e4m3fn
     return (jnp.asarray(kq.view(np.uint8)).view(code), jnp.asarray(ks), jnp.asarray(vq.view(np.uint8)).view(code),
