@@ -161,22 +161,21 @@ static int bench_decode(const cli_args *a) {
     } else {
         uint64_t st = 0x5eed;
         measure_fill(&st, p.dtype, q, nq);
+        /* a quantized cache's random codes go through the library's quantizer a row block at a time */
+        const int64_t chunk = 4096, nk = rows * p.heads_kv, wmax = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+        float *buf = quant ? malloc(sizeof(float) * (size_t)(chunk * wmax)) : NULL;
+        if (quant && !buf) rc = cli_fail(1, "out of memory");
         for (int64_t l = 0; l < L && !rc; l++) {
             void *k = sets[4 * l], *v = sets[4 * l + 1];
             float *ks = sets[4 * l + 2], *vs = sets[4 * l + 3];
-            if (quant) { /* random codes, through the library's quantizer a row block at a time */
-                const int64_t chunk = 4096, nk = rows * p.heads_kv;
-                const int64_t wmax = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
-                float *buf = malloc(sizeof(float) * (size_t)(chunk * wmax));
+            if (quant) {
                 for (int x = 0; x < 2 && !rc; x++)
-                    for (int64_t r = 0, w = x ? p.head_dim_v : p.head_dim; r < nk && buf && !rc; r += chunk) {
+                    for (int64_t r = 0, w = x ? p.head_dim_v : p.head_dim; r < nk && !rc; r += chunk) {
                         const int64_t n = nk - r < chunk ? nk - r : chunk;
                         measure_fill(&st, FA_F32, buf, n * w);
                         if (fa_quantize_rows(p.cache_dtype, FA_F32, buf, n, w, (char *)(x ? v : k) + r * w, (x ? vs : ks) + r))
                             rc = cli_fail(1, "bench --decode: %s", fa_last_error());
                     }
-                if (!buf) rc = cli_fail(1, "out of memory");
-                free(buf);
             } else {
                 measure_fill(&st, p.dtype, k, rows * p.heads_kv * p.head_dim);
                 measure_fill(&st, p.dtype, v, rows * p.heads_kv * p.head_dim_v);
@@ -184,6 +183,7 @@ static int bench_decode(const cli_args *a) {
             fw[l].q = q, fw[l].k = k, fw[l].v = v, fw[l].o = o, fw[l].lse = lse, fw[l].block_table = table;
             fw[l].k_scale = ks, fw[l].v_scale = vs;
         }
+        free(buf);
         if (!rc) rc = time_forward("decode", pl, fw, L, a->iters ? a->iters : 20, &t, &tc);
     }
     if (!rc) {

@@ -195,8 +195,8 @@ def _prefix(k_prefix, v_prefix, k_cache, v_cache, dtype):
     """The shared prefix's k and v [P, Hk, D] / [P, Hk, Dv], contiguous, or (None, None)."""
     if k_prefix is not None and v_prefix is not None:
         k_prefix, v_prefix = (_readable(n, a, 3) for n, a in (("k_prefix", k_prefix), ("v_prefix", v_prefix)))
-    check_prefix(k_prefix, v_prefix, k_cache.shape, v_cache.shape, dtype)
-    if k_prefix is None or k_prefix.shape[0] == 0:  # an empty prefix is no prefix (as in every front)
+    k_prefix, v_prefix, _ = check_prefix(k_prefix, v_prefix, k_cache.shape, v_cache.shape, dtype)
+    if k_prefix is None:
         return None, None
     return np.ascontiguousarray(k_prefix), np.ascontiguousarray(v_prefix)
 

@@ -321,9 +321,9 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     p.causal = int(bool(causal))
     p.window_left, p.window_right = window_pair(window)
     if softcap is not None:
-        p.softcap = _float("softcap", softcap)
-        if p.softcap == 0 and _float("softcap", softcap) != 0:  # rounded to 0, which means off
-            raise ValueError(f"softcap = {float(softcap)!r} rounds to 0 in float32, which would turn the cap off "
+        cap = p.softcap = _float("softcap", softcap)
+        if cap != 0 and p.softcap == 0:  # rounded to 0 in the float32 field, which means off
+            raise ValueError(f"softcap = {cap!r} rounds to 0 in float32, which would turn the cap off "
                              "(softcap must be 0 or within [2^-126, 2^100])")
     if bias_shape is not None:
         bb, bh, bq, _ = bias_dims(bias_shape, B, Hq, Sq, Sk)

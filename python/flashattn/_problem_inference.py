@@ -122,14 +122,15 @@ def check_decode_shapes(q_shape, kc_shape, vc_shape, new_shapes, paged):
 
 
 def check_prefix(k_prefix, v_prefix, kc_shape, vc_shape, dtype):
-    """A shared prefix's length P (0: none), the one check of every front: k_prefix and
-    v_prefix (arrays or tensors of any framework: .shape, .dtype) go together, are
-    [P, Hk, D] / [P, Hk, Dv] (the caches' heads and head dims) and have the problem's dtype
-    (q's; a quantized cache's prefix too, which the library then refuses)."""
+    """(k_prefix, v_prefix, P), the one check of every front: k_prefix and v_prefix (arrays
+    or tensors of any framework: .shape, .dtype) go together, are [P, Hk, D] / [P, Hk, Dv]
+    (the caches' heads and head dims) and have the problem's dtype (q's; a quantized cache's
+    prefix too, which the library then refuses). An empty prefix (P = 0) is no prefix:
+    (None, None, 0), as none given (the library refuses prefix pointers with no length)."""
     if (k_prefix is None) != (v_prefix is None):
         raise ValueError("k_prefix and v_prefix (the shared prefix) go together: pass both or neither")
     if k_prefix is None:
-        return 0
+        return None, None, 0
     ks, vs = tuple(k_prefix.shape), tuple(v_prefix.shape)
     want_k, want_v = (ks[:1] or (0,)) + tuple(kc_shape[2:]), (ks[:1] or (0,)) + tuple(vc_shape[2:])
     if ks != want_k or vs != want_v:
@@ -138,7 +139,7 @@ def check_prefix(k_prefix, v_prefix, kc_shape, vc_shape, dtype):
     if k_prefix.dtype != dtype or v_prefix.dtype != dtype:
         raise ValueError(f"k_prefix and v_prefix must have q's dtype {dtype}, got {k_prefix.dtype} and "
                          f"{v_prefix.dtype}")
-    return ks[0]
+    return (k_prefix, v_prefix, ks[0]) if ks[0] else (None, None, 0)
 
 
 def decode_problem(*, q_shape, kc_shape, vc_shape, q_stride, kc_stride, vc_stride, o_stride,

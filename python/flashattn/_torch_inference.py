@@ -486,7 +486,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if k_prefix is not None and v_prefix is not None:
         names += ["k_prefix", "v_prefix"]
         tensors += [check_tensor("k_prefix", k_prefix, 3), check_tensor("v_prefix", v_prefix, 3)]
-    check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
+    k_prefix, v_prefix, _ = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
     check_floats(names, tensors)
     prefix = () if k_prefix is None else (k_prefix.detach().contiguous(), v_prefix.detach().contiguous())
     if k is not None:

@@ -6,8 +6,9 @@ Shapes and dtypes are checked at trace time, naming the argument. The lengths
 (cu_seqlens, cache_seqlens) and page ids are data: where the lengths are concrete (not
 traced) the problem is planned with them at trace time, so the library's message about them
 comes as ValueError before anything runs (page ids, concrete or not, are judged when the
-call runs: a donated cache is then lost, docs/python.md); traced ones are planned from the capacities then (lengths per call:
-what depends on shapes and options alone is refused at trace time too), and the handler
+call runs: a donated cache is then lost, docs/python.md); traced lengths are planned from
+the capacities (lengths per call: what depends on shapes and options alone is refused at
+trace time too), and the handler
 judges their values when the call runs (kvcache_attention; varlen_attention plans only
 with concrete lengths).
 
@@ -332,9 +333,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     dtype = _dtype(*arrays, names=names)
     if k_prefix is not None and v_prefix is not None:
         k_prefix, v_prefix = jnp.asarray(k_prefix), jnp.asarray(v_prefix)
-    P = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
-    if not P:  # an empty prefix is no prefix (as in every front)
-        k_prefix = v_prefix = None
+    k_prefix, v_prefix, P = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
     paged = block_table is not None
     check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
                         None if k is None else (tuple(k.shape), tuple(v.shape)), paged)
