@@ -8,7 +8,8 @@
  *     schedule_mask.h), a window of 2048 take 512; a window of 1024 256; a window of 512 and
  *     D = 64 keep 128; the backward widens to 256 without a mask or window only);
  *   - the results of the default tiles at these lengths against the float64 reference, o,
- *     lse and the gradients (outputs poisoned first), on every ISA.
+ *     lse and the gradients (outputs poisoned first), on every ISA;
+ *   - the key tiles and the forward's bits at 1 to 8 threads (thread_independent).
  * The choice is checked only where fa_cpu_isa() is "amx" (other tables have no wider
  * tiles: their choice is the one test_mask_attention sees). FA_TEST_SEED replays a run. */
 #include "check.h"
@@ -164,6 +165,59 @@ static void against_reference(int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hk, in
     fa_plan_destroy(pl);
 }
 
+/* The key tiles order a row's sums, so they must not depend on the thread count (only the
+ * rows per tile may: the forward halves them while there are under 4 work items a thread).
+ * A window of (700, 100) over 2048 keys, one head: at 5 threads the query tiles halve, and
+ * the wider keys were once judged on the halved tiles (256 keys against 512 at 1 thread:
+ * o one bf16 ulp apart). Plans at 1 to 8 threads give the same key tiles; the forward's o
+ * and lse the same bits at 1 and 5 threads. */
+static void thread_independent(void) {
+    static const struct { int64_t batch, heads, seq, left, right; int causal; } cases[] = {
+        {1, 1, 2048, 700, 100, 0}, {1, 1, 2600, 300, 300, 0}, {1, 1, 2048, -1, -1, 1},
+        {1, 2, 4096, 1024, 0, 1},  {2, 1, 2048, -1, -1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = cases[i].batch, p.heads_q = p.heads_kv = cases[i].heads, p.seq_q = p.seq_k = cases[i].seq;
+        p.head_dim = p.head_dim_v = 128, p.dtype = FA_BF16, p.causal = cases[i].causal;
+        p.window_left = cases[i].left, p.window_right = cases[i].right;
+        char label[96];
+        snprintf(label, sizeof label, "B %lld H %lld S %lld window (%lld, %lld) causal %d", (long long)p.batch,
+                 (long long)p.heads_q, (long long)p.seq_q, (long long)p.window_left, (long long)p.window_right,
+                 p.causal);
+        int64_t bk1 = 0, bq1 = 0;
+        for (int threads = 1; threads <= 8; threads++) {
+            fa_plan *pl = check_plan(&p, threads, 0, 0);
+            if (!pl) break;
+            int64_t bq, bk;
+            fa_plan_blocks(pl, FA_FORWARD, &bq, &bk);
+            if (threads == 1) bq1 = bq, bk1 = bk;
+            CHECK(bk == bk1, "%s: forward tiles %lld x %lld at %d threads, %lld x %lld at 1", label, (long long)bq,
+                  (long long)bk, threads, (long long)bq1, (long long)bk1);
+            fa_plan_destroy(pl);
+        }
+        if (i > 0) continue; /* the bits of the first case */
+        const int64_t n = p.batch * p.heads_q * p.seq_q * 128, rows = p.batch * p.heads_q * p.seq_q;
+        void *q = tu_alloc(2 * (size_t)n), *k = tu_alloc(2 * (size_t)n), *v = tu_alloc(2 * (size_t)n);
+        void *o[2] = {tu_alloc(2 * (size_t)n), tu_alloc(2 * (size_t)n)};
+        float *lse[2] = {tu_alloc(4 * (size_t)rows), tu_alloc(4 * (size_t)rows)};
+        tu_fill(&rng, FA_BF16, q, n, 2.0), tu_fill(&rng, FA_BF16, k, n, 2.0), tu_fill(&rng, FA_BF16, v, n, 1.0);
+        for (int x = 0; x < 2; x++) {
+            fa_plan *pl = check_plan(&p, x ? 5 : 1, 0, 0);
+            tu_poison(FA_BF16, o[x], n), tu_poison(FA_F32, lse[x], rows);
+            fa_forward_args fa = {0};
+            fa.q = q, fa.k = k, fa.v = v, fa.o = o[x], fa.lse = lse[x];
+            CHECK(pl && fa_forward(pl, &fa) == FA_OK, "%s: fa_forward: %s", label, fa_last_error());
+            fa_plan_destroy(pl);
+        }
+        CHECK(!memcmp(o[0], o[1], 2 * (size_t)n) && !memcmp(lse[0], lse[1], 4 * (size_t)rows),
+              "%s: o or lse differ between 1 and 5 threads", label);
+        free(q), free(k), free(v), free(o[0]), free(o[1]), free(lse[0]), free(lse[1]);
+    }
+    printf("  the key tiles and the forward's bits do not depend on the thread count\n");
+}
+
 int main(void) {
     rng = check_seed("test_wide_tiles");
     const int amx = strcmp(fa_cpu_isa(), "amx") == 0;
@@ -173,6 +227,7 @@ int main(void) {
     } else {
         printf("the plan's choices: skipped (isa %s has no wider tiles)\n", fa_cpu_isa());
     }
+    thread_independent();
     printf("the default tiles at long keys against the float64 reference:\n");
     against_reference(2100, 2100, 2, 1, 1); /* causal, GQA, a cut last tile of both edges */
     against_reference(64, 4100, 1, 1, 0);   /* few rows over many keys, unmasked */

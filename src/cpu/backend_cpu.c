@@ -34,9 +34,11 @@ static void wider_keys(const fa_plan *pl, int64_t wide_bk, int64_t *bq, int64_t 
 
 /* The ISA's tiles (dispatch.c says why each exists), then fewer rows per tile while there
  * are under 4 work items per thread, so threads stay busy, then edges fitted to a mask's
- * blocks (mask.h, fa_mask_fit_tile). The backward's tiles set the
- * order of its sums, so there the rule looks at the shapes alone (under 16 query tiles in
- * all), keeping its bits the same for every thread count. */
+ * blocks (mask.h, fa_mask_fit_tile). The key tiles set the order of a row's sums, so they
+ * come from the shapes alone, keeping the bits the same for every thread count: the
+ * forward's wider keys are judged on the ISA's query tile, before the threads' split (only
+ * the rows per tile depend on the threads); the backward's split looks at the shapes alone
+ * (under 16 query tiles in all), since its query tiles order its sums too. */
 static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t *bk) {
     const fa_problem *p = &pl->p;
     const fa_isa_tiles *t = pl->isa->tiles;
@@ -51,16 +53,18 @@ static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t
     if (pass == FA_BACKWARD && !masked && p->dtype == FA_F32 && p->seq_k >= t->bwd_long_keys &&
         p->head_dim >= t->bwd_long_dim)
         *bk = t->bwd_long_bk;
-    const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
-    while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
-    fa_mask_fit_tile(p->mask, bq, bk);
+    int64_t wq = *bq; /* the query tile the wider keys are judged on, fitted as any tile is */
+    fa_mask_fit_tile(p->mask, &wq, bk); /* a key edge's fit does not depend on the rows' */
     if (pl->shape == FA_SHAPE_DENSE && p->dtype == FA_BF16 && t->bf16_long_bk > *bk && p->seq_k >= t->long_keys &&
         p->head_dim >= 128) {
         if (pass == FA_FORWARD) {
-            wider_keys(pl, t->bf16_long_bk, bq, bk);
-            if (t->bf16_wider_bk > *bk) wider_keys(pl, t->bf16_wider_bk, bq, bk);
+            wider_keys(pl, t->bf16_long_bk, &wq, bk);
+            if (t->bf16_wider_bk > *bk) wider_keys(pl, t->bf16_wider_bk, &wq, bk);
         } else if (!beyond_causal) *bk = t->bf16_long_bk; /* causal or no mask */
     }
+    const int64_t want = pass == FA_BACKWARD ? 16 : 4 * (int64_t)pl->threads;
+    while (*bq > 32 && p->batch * p->heads_q * ((p->seq_q + *bq - 1) / *bq) < want) *bq /= 2;
+    fa_mask_fit_tile(p->mask, bq, bk);
 }
 
 static fa_status cpu_choose_blocks(fa_plan *pl, const fa_options *o) {
