@@ -155,11 +155,20 @@ int main(void) {
         cases++;
     }
     /* the tiles it leaves alone */
-    make(&a, 7, 128, 128, 40, 1.0);
-    chk_store(FA_BF16, a.v, 17 * WIDE * MAXD + 33, INFINITY);
-    declined("a value row with inf", &a);
-    chk_store(FA_BF16, a.v, 17 * WIDE * MAXD + 33, NAN);
-    declined("a value row with NaN", &a);
+    /* a value row's inf or NaN: even and odd columns, a full 16-key block and the staged last
+     * one, for 4 rows and for 7 (a second pass of rows) */
+    const int at[][2] = {{17, 33}, {0, 0}, {39, 127}, {16, 64}, {32, 96}};
+    const float bad[] = {INFINITY, -INFINITY, NAN};
+    for (int x = 0; x < 5; x++)
+        for (int y = 0; y < 3; y++)
+            for (int m = 4; m <= 7; m += 3) {
+                make(&a, m, 128, 128, 40, 1.0);
+                chk_store(FA_BF16, a.v, (int64_t)at[x][0] * WIDE * MAXD + at[x][1], bad[y]);
+                char what[96];
+                snprintf(what, sizeof what, "%d rows, value row %d column %d holding %g", m, at[x][0], at[x][1],
+                         (double)bad[y]);
+                declined(what, &a);
+            }
     make(&a, 4, 48, 64, 40, 1.0);
     declined("head dim 48", &a);
     make(&a, 4, 64, 160, 40, 1.0);

@@ -1,6 +1,7 @@
 /* The bf16 decode step in the AMX tile unit (the amx table's `step`: bf16 caches of bf16
- * problems on CPUs with AMX-BF16, head and value dims multiples of 32 up to 128, value rows
- * without inf or NaN; other tiles take decode_avx512bf16.c's step, fa_decode_step_bf16). A
+ * problems on CPUs with AMX-BF16, head and value dims multiples of 32 up to 128; other
+ * tiles, and those whose products show an inf or NaN, take decode_avx512bf16.c's step,
+ * fa_decode_step_bf16). A
  * kv head's query rows go 4 at a time, as in that step.
  *
  * Why: on the AMX Xeons measured here `vdpbf16ps` issues one every two cycles, so the
@@ -23,8 +24,12 @@
  * tiles too: a row's 32-bit words are the pairs of columns (2 c, 2 c + 1), so A tiles of
  * (p, 0) and of (0, p) words (16 keys a block) give the even and the odd columns into two C
  * tiles, interleaved back when they are added to the accumulators; nothing reorders the
- * cache's rows. The zero half of a pair multiplies the neighbouring column: 0 * inf would
- * make it NaN, hence the value rows' check. Keys past n are zeros from staging, never read
+ * cache's rows. The zero half of a pair multiplies the neighbouring column: 0 * inf makes
+ * it NaN, so a tile whose p V products hold an inf or NaN (a value row's inf or NaN always
+ * leaves a NaN there: v times the other tile's 0) is taken again by the AVX512_BF16 step
+ * from the state before it. That check reads the products the step has anyway: reading
+ * the value rows for it, once more from L2 per kv head, made the step about 10% slower
+ * from L3 (bench/RESULTS.md, 2026-12-07). Keys past n are zeros from staging, never read
  * from the cache. */
 #include "amx_tiles.h"
 #include "decode_group.h"
@@ -55,21 +60,6 @@ static const fa_tile_config cfg = {.palette = 1,
 int fa_decode_step_bf16_amx_takes(const fa_decode_step *t) {
     return t->d % 32 == 0 && t->d <= DIM && t->dv % 32 == 0 && t->dv <= DIM && t->m >= 1 && t->n >= 1 &&
            t->n <= KEYS;
-}
-
-/* Whether a value row of the tile holds inf or NaN (bf16: exponent bits all ones). */
-static int values_nonfinite(const fa_decode_step *t) {
-    const __m512i expo = _mm512_set1_epi16(0x7f80);
-    __mmask32 bad = 0;
-    for (int j = 0; j < t->n; j++) {
-        const uint16_t *row = t->v + (int64_t)j * t->vstride;
-        for (int c = 0; c < t->dv; c += 32) {
-            const __m512i x = _mm512_and_si512(_mm512_loadu_si512(row + c), expo);
-            bad |= _mm512_cmpeq_epi16_mask(x, expo);
-        }
-        if (j % 16 == 15) fa_decode_prefetch_scaled(t->pf, PF_CHECK);
-    }
-    return bad != 0;
 }
 
 /* q^T for the scores: qb[c][p][r] = (q[r][32 c + 2 p], q[r][32 c + 2 p + 1]) for r < 4, rows
@@ -181,16 +171,19 @@ static void softmax_pairs(const fa_decode_step *t, const float *s, float *alpha,
 /* acc rows (m) = acc alpha + P V, 32 columns a group: the value rows as they lie in the
  * cache are the B tiles, their 32-bit words column pairs (2 c, 2 c + 1); A tiles (p, 0) and
  * (0, p) take the even and the odd columns into C tiles 6 and 7, summed over the 16-key
- * blocks, then interleaved back into column order. A value row's inf or NaN would reach
- * its pair column through the 0 (0 * inf): such tiles take the AVX512_BF16 step. */
-static void weighted_values(const fa_decode_step *t, const uint32_t *pe, const uint32_t *po, const float *alpha) {
+ * blocks, then interleaved back into column order. Returns 1, with acc untouched, where a
+ * product of the query rows holds an inf or NaN (a value row's inf or NaN reaches its pair
+ * column through the 0, 0 * inf): the caller redoes the rows in the AVX512_BF16 step. */
+static int weighted_values(const fa_decode_step *t, const uint32_t *pe, const uint32_t *po, const float *alpha) {
     uint16_t staged[16 * DIM] __attribute__((aligned(64)));
-    float oe[16 * 16] __attribute__((aligned(64))), oo[16 * 16] __attribute__((aligned(64)));
+    float oe[DIM / 32][16 * 16] __attribute__((aligned(64))), oo[DIM / 32][16 * 16] __attribute__((aligned(64)));
     const __m512i back0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i back1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __m512 expo = _mm512_castsi512_ps(_mm512_set1_epi32(0x7f800000));
     const int n16 = (t->n + 15) / 16;
     long sv;
     const uint16_t *last = t->n % 16 ? rows16(t->v, t->vstride, t->n, 16 * (n16 - 1), t->dv, staged, &sv) : NULL;
+    __mmask16 bad = 0;
     for (int g = 0; g < t->dv / 32; g++) {
         TILE_ZERO(6);
         TILE_ZERO(7);
@@ -203,11 +196,19 @@ static void weighted_values(const fa_decode_step *t, const uint32_t *pe, const u
             TILE_DP(7, 3, 2);
             fa_decode_prefetch_scaled(t->pf, PF_PV);
         }
-        TILE_STORE(6, oe, 64);
-        TILE_STORE(7, oo, 64);
+        TILE_STORE(6, oe[g], 64);
+        TILE_STORE(7, oo[g], 64);
+        for (int r = 0; r < t->m; r++) {
+            const __m512 x = _mm512_and_ps(_mm512_load_ps(oe[g] + 16 * r), expo), y = _mm512_and_ps(_mm512_load_ps(oo[g] + 16 * r), expo);
+            bad |= _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_castps_si512(expo));
+            bad |= _mm512_cmpeq_epi32_mask(_mm512_castps_si512(y), _mm512_castps_si512(expo));
+        }
+    }
+    if (bad) return 1;
+    for (int g = 0; g < t->dv / 32; g++)
         for (int r = 0; r < t->m; r++) {
             float *row = t->acc + (int64_t)r * t->ldacc + 32 * g;
-            const __m512 e = _mm512_load_ps(oe + 16 * r), o = _mm512_load_ps(oo + 16 * r);
+            const __m512 e = _mm512_load_ps(oe[g] + 16 * r), o = _mm512_load_ps(oo[g] + 16 * r);
             const __m512 lo = _mm512_unpacklo_ps(e, o), hi = _mm512_unpackhi_ps(e, o);
             const __m512 al = _mm512_set1_ps(alpha[r]);
             _mm512_storeu_ps(row, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(row), al),
@@ -215,11 +216,11 @@ static void weighted_values(const fa_decode_step *t, const uint32_t *pe, const u
             _mm512_storeu_ps(row + 16, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(row + 16), al),
                                                      _mm512_permutex2var_ps(lo, back1, hi)));
         }
-    }
+    return 0;
 }
 
 void fa_decode_step_bf16_amx(const fa_decode_step *t) {
-    if (!fa_decode_step_bf16_amx_takes(t) || values_nonfinite(t)) {
+    if (!fa_decode_step_bf16_amx_takes(t)) {
         fa_decode_step_bf16(t);
         return;
     }
@@ -233,10 +234,18 @@ void fa_decode_step_bf16_amx(const fa_decode_step *t) {
         fa_decode_step g = *t;
         g.q += (int64_t)r0 * t->d, g.m = t->m - r0 < 4 ? t->m - r0 : 4;
         g.mx += r0, g.sum += r0, g.acc += (int64_t)r0 * t->ldacc;
+        float mx0[4], sum0[4];
+        memcpy(mx0, g.mx, sizeof(float) * (size_t)g.m);
+        memcpy(sum0, g.sum, sizeof(float) * (size_t)g.m);
         q_pairs(g.q, g.m, g.d, qb);
         scores(&g, qb, s);
         softmax_pairs(&g, s, alpha, pe, po);
-        weighted_values(&g, pe, po, alpha);
+        if (weighted_values(&g, pe, po, alpha)) {
+            memcpy(g.mx, mx0, sizeof(float) * (size_t)g.m);
+            memcpy(g.sum, sum0, sizeof(float) * (size_t)g.m);
+            g.pf = NULL;
+            fa_decode_step_bf16(&g);
+        }
     }
     fa_tiles_release();
 }

@@ -112,7 +112,8 @@ void fa_decode_pv_bf16(const float *p, int ldp, int m, const uint16_t *v, int64_
 void fa_decode_step_bf16(const fa_decode_step *t);
 /* The same step in the AMX tile unit (decode_bf16_amx.c; CPUs with AMX-BF16, the amx
  * table's step): where fa_decode_step_bf16_amx_takes(t) (head and value dims multiples of 32
- * up to 128) and no value row holds inf or NaN; other steps go to fa_decode_step_bf16. */
+ * up to 128) and its p V products hold no inf or NaN (as where a value row holds one); other
+ * steps go to fa_decode_step_bf16. */
 void fa_decode_step_bf16_amx(const fa_decode_step *t);
 int fa_decode_step_bf16_amx_takes(const fa_decode_step *t);
 
