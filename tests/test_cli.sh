@@ -301,6 +301,7 @@ bad() {
   local extra=$(ls -A "$OUT" | grep -v '^existing.npy$')
   if [ $rc -ne 2 ]; then no "$name" "exit $rc, want 2 ($msg)"
   elif [ "$lines" -ne 1 ]; then no "$name" "$lines stderr lines: $msg"
+  elif [ -s "$W/so" ]; then no "$name" "printed on stdout: $(head -c 200 "$W/so")"
   elif ! grep -qiE -- "$pat" "$W/se"; then no "$name" "message does not match /$pat/: $msg"
   elif [ -n "$extra" ]; then no "$name" "left output: $extra"; rm -f "$OUT"/*.tmp-* "$OUT"/o*.npy "$OUT"/d*.npy
   elif [ "$(cat "$OUT/existing.npy")" != precious ]; then no "$name" "clobbered an existing file"

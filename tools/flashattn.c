@@ -108,10 +108,8 @@ int main(int argc, char **argv) {
                 {"grad", CMD_GRAD},
                 {"bench", CMD_BENCH},
                 {"calibrate", CMD_CALIBRATE}};
-    if (argc < 2) {
-        cli_usage(NULL);
-        return cli_fail(2, "missing command (plan, run, grad, bench or calibrate)");
-    }
+    if (argc < 2) /* bad input: one line on stderr, nothing on stdout */
+        return cli_fail(2, "missing command (plan, run, grad, bench or calibrate; flashattn --help lists them)");
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         /* flashattn help [command]: the command's help, as `flashattn <command> --help` */
