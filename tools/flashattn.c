@@ -2,8 +2,12 @@
  * cli_args.c (flags), cli_plan.c, cli_run.c (run and grad) and cli_bench.c. */
 #include "cli.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char shape_help[] =
     "shape:   --batch B --heads Hq [--kv-heads Hk] --seq S | (--seq-q Sq --seq-k Sk)\n"
@@ -99,7 +103,22 @@ void cli_usage(const char *name) {
     }
 }
 
+/* A standard stream closed by the caller (`2>&-`) would be the number the next open file
+ * takes, an output's temporary, and progress or --count text would land in that file:
+ * each closed one is opened on /dev/null, read-only, so writing to it fails as a closed
+ * stream should (stdout: exit 1, "cannot write to stdout"). A closed pipe is a write
+ * error too (EPIPE, exit 1), not a silent death by SIGPIPE. */
+static void standard_streams(void) {
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+            const int got = open("/dev/null", O_RDONLY);
+            if (got >= 0 && got != fd) close(got); /* a lower one was free: cannot happen in order */
+        }
+    signal(SIGPIPE, SIG_IGN);
+}
+
 int main(int argc, char **argv) {
+    standard_streams();
     static const struct {
         const char *name;
         int cmd;

@@ -356,7 +356,7 @@ static void track(char *tmp, int add) {
         sa.sa_handler = on_signal;
         sa.sa_flags = SA_RESETHAND;
         sigemptyset(&sa.sa_mask);
-        const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+        const int sigs[] = {SIGINT, SIGTERM, SIGHUP}; /* SIGPIPE: ignored (flashattn.c's main) */
         for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
         installed = 1;
     }
@@ -405,8 +405,8 @@ static int make_named_tmp(npy_out *o) {
 
 int npy_out_open(npy_out *o, const char *path, char *err, size_t errlen) {
     memset(o, 0, sizeof *o);
-    struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    struct stat st; /* lstat: a symbolic link is replaced, never followed (docs/cli.md) */
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
         return fail(2, err, errlen, "%s: output path exists and is not a regular file", path);
     size_t n = strlen(path);
     o->path = fa_malloc(n + 1);

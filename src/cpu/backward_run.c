@@ -35,7 +35,7 @@ fa_status fa_cpu_backward(const struct fa_plan *plan, const fa_backward_args *a)
     if (!ws) {
         owned = fa_malloc((size_t)need);
         if (!owned)
-            return fa_error(FA_ERR_NO_MEMORY, "backward: cannot allocate %lld bytes of workspace",
+            return fa_error(FA_ERR_NO_MEMORY, "fa_backward: cannot allocate %lld bytes of workspace",
                             (long long)need);
         ws = owned;
     }
