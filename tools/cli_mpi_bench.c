@@ -66,11 +66,24 @@ static int time_pass(const fa_mpi_plan *pl, int backward, int iters, void *fw, v
 static int bench_body(const cli_args *a, int P, int R) {
     fa_problem p;
     fa_options opt;
+    /* the flags this benchmark does not take, judged on every rank, then agreed before any
+     * exchange (a rank that returned alone would leave its peers waiting); the mask flags'
+     * mask goes to the plan, whose refusal names it and sequence parallel */
     int rc = cli_shape_from_flags(a, &p);
+    if (!rc) {
+        cli_apply_options(a, &p, &opt);
+        if (a->bias || a->alibi || a->q_segments || a->sinks)
+            rc = cli_fail(2, "bench --seq-parallel: option files (--bias, --alibi, segments, --sinks) are not taken");
+        else if (a->varlen_lens)
+            rc = cli_fail(2, "bench: --varlen (a packed batch) does not combine with --seq-parallel (ring, ulysses)");
+        else if (a->huge_pages) rc = cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
+        else if (a->layers) rc = cli_fail(2, "bench: --layers applies to --decode (its caches) only");
+        else rc = cli_mask_apply(a, &p);
+    }
+    int refused = rc != 0;
+    MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (rc) return rc;
-    cli_apply_options(a, &p, &opt);
-    if (a->bias || a->alibi || a->q_segments || a->sinks)
-        return cli_fail(2, "bench --seq-parallel: option files (--bias, --alibi, segments, --sinks) are not taken");
+    if (refused) return cli_fail(2, "invalid problem: another rank refused its flags (its message is on its stderr)");
     static const int32_t cache_mark[1] = {0}; /* never read: the plan refuses decoding first */
     if (a->decode) p.cache_seqlens = cache_mark; /* so that the backend table answers (exit 2) */
     fa_mpi_layout lay = a->zigzag ? FA_MPI_ZIGZAG : FA_MPI_CONTIGUOUS;

@@ -186,6 +186,16 @@ expect2 "bench with a diag offset past the blocks' range" "diag_offset" -np 2 "$
 dt=$(($(date +%s) - t0))
 [ $dt -lt 60 ] && ok "failing ranks end the job in ${dt} s" || no "failing ranks" "took ${dt} s"
 
+# bench's flags it does not take: refused on every rank (they timed the dense problem, exit 0);
+# a mask by the library's plan, naming both features; one rank alone with a mask: every rank
+B2="bench --batch 1 --heads 2 --seq 64 --head-dim 16 --iters 1 --seq-parallel ring"
+for f in "--mask-chunk 16" "--prefix-len 8" "--varlen 20,44" "--layers 2" "--huge-pages"; do
+  case $f in --mask*|--prefix*) say="block-sparse mask.*sequence parallel" ;; --varlen*) say="varlen.*seq-parallel" ;;
+    *) say="applies to --decode" ;; esac
+  expect2 "bench --seq-parallel $f" "$say" -np 2 "$FA" $B2 $f
+done
+expect2 "bench --seq-parallel, a mask on one rank" "block-sparse mask\|another rank refused" -np 1 "$FA" $B2 \
+  --mask-chunk 16 : -np 1 "$FA" $B2
 # bench: per-rank compute / comm-wait / merge
 mpi -np 2 "$FA" bench --batch 1 --heads 4 --seq 256 --head-dim 32 --causal --seq-parallel ring --zigzag --iters 2 --json
 last=$(tail -n 1 so)
