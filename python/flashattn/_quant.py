@@ -40,15 +40,29 @@ def code_numpy_dtype(code):
     return np.dtype(np.int8) if code == _native.INT8 else _fp8_numpy()
 
 
-def quantize_rows(x, code, src_code):
-    """x: a contiguous numpy array [..., D] of f32, f16 or bf16 (src_code); returns (codes
-    [..., D] of one byte, scales [...] f32)."""
+def check_rows(status, name, first_nonfinite):
+    """_native.check of fa_quantize_rows over tensor `name`; where it refused a non-finite
+    element, first_nonfinite() (called on that path only) gives the element's index, which the
+    message names as the user indexes the tensor (the library's names a flattened row)."""
+    if status == _native.OK:
+        return
+    at = first_nonfinite() if status == _native.ERR_INVALID else None
+    if at is not None:
+        raise ValueError(f"quantize_cache: {name}[{', '.join(str(int(i)) for i in at)}] is not finite; "
+                         "an int8 or fp8 cache cannot hold it")
+    _native.check(status, f"quantize_cache: {name}")
+
+
+def quantize_rows(x, code, src_code, name):
+    """x: a contiguous numpy array [..., D] of f32, f16 or bf16 (src_code), the tensor `name`;
+    returns (codes [..., D] of one byte, scales [...] f32)."""
     x = np.ascontiguousarray(x)
     rows, width = int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]
     codes = np.empty(x.shape, code_numpy_dtype(code))
     scales = np.empty(x.shape[:-1], np.float32)
-    _native.check(_native.lib.fa_quantize_rows(code, src_code, x.ctypes.data, rows, width, codes.ctypes.data,
-                                               scales.ctypes.data), "quantize_cache")
+    status = _native.lib.fa_quantize_rows(code, src_code, x.ctypes.data, rows, width, codes.ctypes.data,
+                                          scales.ctypes.data)
+    check_rows(status, name, lambda: next(iter(np.argwhere(~np.isfinite(x.astype(np.float32)))), None))
     return codes, scales
 
 
@@ -72,5 +86,5 @@ def quantize_cache(k, v, dtype):
         src = _dtype_name(a.dtype)
         if src is None:
             raise ValueError(f"quantize_cache: {name} must be float32, float16 or bfloat16, got {a.dtype}")
-        out.extend(quantize_rows(a, code, dtype_code(src)))
+        out.extend(quantize_rows(a, code, dtype_code(src), name))
     return tuple(out)

@@ -14,7 +14,7 @@ import torch
 
 from . import _layout, _native
 from ._problem import check_sinks_finite, dtype_code
-from ._quant import cache_dtype_code
+from ._quant import cache_dtype_code, check_rows
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
@@ -559,8 +559,8 @@ def quantize_cache(k, v, dtype):
         codes = torch.empty(t.shape, dtype=torch.int8 if code == _native.INT8 else torch.float8_e4m3fn)
         scales = torch.empty(t.shape[:-1], dtype=torch.float32)
         rows = math.prod(t.shape[:-1])  # head_dim 0: every row's amax is 0, scale 1 (docs/caches.md)
-        _native.check(_native.lib.fa_quantize_rows(code, dtype_code(DTYPES[t.dtype]), t.data_ptr(), rows,
-                                                   t.shape[-1] if t.ndim else 0, codes.data_ptr(),
-                                                   scales.data_ptr()), "quantize_cache")
+        status = _native.lib.fa_quantize_rows(code, dtype_code(DTYPES[t.dtype]), t.data_ptr(), rows,
+                                              t.shape[-1] if t.ndim else 0, codes.data_ptr(), scales.data_ptr())
+        check_rows(status, name, lambda: next(iter(torch.nonzero(~torch.isfinite(t.float())).tolist()), None))
         out += [codes, scales]
     return tuple(out)

@@ -78,6 +78,34 @@ def test_quantize_cache_refuses_non_finite():
         flashattn.quantize_cache(k, k, "int4")
 
 
+@pytest.mark.parametrize("front", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_quantize_cache_names_the_non_finite_element(front, dtype):
+    """The refusal names the tensor and the element's index as the user indexes it (it said
+    "element 7 (row 19)", a flattened row, and not whether k or v held it)."""
+    rng = np.random.default_rng(SEED)
+    k = rng.standard_normal((2, 12, 3, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 12, 3, 8)).astype(np.float32)
+    at = tuple(int(rng.integers(0, n)) for n in v.shape)
+    v[at] = np.nan
+    k, v = k.astype(np_dtype(dtype)), v.astype(np_dtype(dtype))
+    if front == "torch":
+        torch = pytest.importorskip("torch")
+        import flashattn.torch as ft
+        tt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        call = lambda: ft.quantize_cache(torch.from_numpy(k.astype(np.float32)).to(tt),
+                                         torch.from_numpy(v.astype(np.float32)).to(tt), "fp8")
+    elif front == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        import flashattn.jax as fj
+        call = lambda: fj.quantize_cache(jnp.asarray(k), jnp.asarray(v), "fp8")
+    else:
+        call = lambda: flashattn.quantize_cache(k, v, "fp8")
+    want = "quantize_cache: v\\[" + ", ".join(map(str, at)) + "\\] is not finite"
+    with pytest.raises(ValueError, match=want):
+        call()
+
+
 def _case(rng, dtype, kind, paged, Sq):
     B, Hq, Hk, D, cap = 2, 8, 2, 64, 96
     lens = np.array([int(rng.integers(0, cap - Sq)), 0], np.int32)
