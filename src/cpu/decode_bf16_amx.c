@@ -41,14 +41,16 @@
 #define KEYS FA_DECODE_MAX_TILE /* keys per step at most (128) */
 #define DIM 128                 /* head dims and value columns at most */
 
-/* Prefetched lines of the next tile, before the table's prefetch_x (3 on amx: 1152 lines a
- * step at D = 128, the whole next tile of 8 kv heads, as the AVX512_BF16 step issues): per
- * 16-key block of scores, per 4 keys of the softmax, per 16-key block of a p V column group
- * and per 16 value rows checked. */
+/* Prefetched lines of the next tile, before the table's prefetch_x (3 on amx): per 16-key
+ * block of scores (16), per 4 keys of the softmax (1) and per 16-key block of a p V column
+ * group (6): 3 x (8 x 16 + 32 x 1 + 32 x 6) = 1056 lines a step at D = 128 and 128 keys, so
+ * 8 kv heads' steps cover the next tile's 8192 lines of keys and values, and the touch reads
+ * none (decode.c, touch_rest). With 4 a p V block (864 lines, 84% of the tile, the rest read
+ * by the touch before the tile) it ran about 3% slower from memory (bench/RESULTS.md,
+ * 2026-12-07). */
 #define PF_QK 16
 #define PF_EXP 1
-#define PF_PV 4
-#define PF_CHECK 4
+#define PF_PV 6
 
 /* Tiles 0, 1: the scores' C (16 keys x 4 rows); 4, 5: q^T (16 dim pairs x 4 rows); 2, 3:
  * key rows (A) for the scores, value rows (B) and p pairs (A) for p V; 6, 7: p V's C (even
