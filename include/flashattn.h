@@ -61,8 +61,8 @@ typedef struct {
     int64_t heads_kv;   /* Hk; Hq must be a multiple of Hk (GQA/MQA) */
     int64_t seq_q;      /* Sq, at most INT32_MAX (FA_ERR_INVALID above) */
     int64_t seq_k;      /* Sk, at most INT32_MAX */
-    int64_t head_dim;   /* D, of q and k */
-    int64_t head_dim_v; /* Dv, of v and o */
+    int64_t head_dim;   /* D, of q and k: 1..FA_MAX_HEAD_DIM */
+    int64_t head_dim_v; /* Dv, of v and o: 1..FA_MAX_HEAD_DIM */
     fa_dtype dtype;     /* of q, k, v, o (and do, dq, dk, dv) */
 
     fa_strides q_stride, k_stride, v_stride, o_stride; /* q's also for dq, k's for dk, v's for dv, o's for do */
@@ -189,6 +189,10 @@ enum { FA_LENGTHS_AT_PLAN = 0, FA_LENGTHS_CACHE = 1, FA_LENGTHS_PACKED = 2 };
 /* The most CPU threads a plan may ask for (fa_options.threads, or OpenMP's default when
  * that is 0); more is FA_ERR_INVALID. OpenMP runtimes fail or crash far above it. */
 #define FA_MAX_THREADS 1024
+
+/* The largest head dims (fa_problem.head_dim, head_dim_v); more is FA_ERR_INVALID. The
+ * kernels index a row's elements and size their per-thread tiles from them. */
+#define FA_MAX_HEAD_DIM 65536
 
 /* Plan options: where and how to run. Zero means "let the library choose". */
 typedef struct {

@@ -112,6 +112,10 @@ static fa_status validate_scalars(fa_plan *pl) {
         (s = check_size("seq_k", p->seq_k)) || (s = check_positive("head_dim", p->head_dim)) ||
         (s = check_positive("head_dim_v", p->head_dim_v)))
         return s;
+    /* the kernels index a row's elements with int and size their tiles by rows x D */
+    if (p->head_dim > FA_MAX_HEAD_DIM || p->head_dim_v > FA_MAX_HEAD_DIM)
+        return fa_error(FA_ERR_INVALID, "head dims are too large: head_dim %lld, head_dim_v %lld (at most %d each)",
+                        (long long)p->head_dim, (long long)p->head_dim_v, FA_MAX_HEAD_DIM);
     /* segment ids index with int32 (and the schedule's arithmetic assumes lengths < 2^31) */
     if (p->seq_q > INT32_MAX || p->seq_k > INT32_MAX)
         return fa_error(FA_ERR_INVALID, "sequence lengths are limited to %d, got seq_q %lld, seq_k %lld", INT32_MAX,

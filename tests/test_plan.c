@@ -52,7 +52,7 @@ static void test_validation(void) {
     BAD(dtype, (fa_dtype)7, FA_ERR_INVALID, "dtype");
     BAD(batch, INT64_MAX / 4, FA_ERR_OVERFLOW, "overflow");
     BAD(seq_q, (int64_t)1 << 40, FA_ERR_INVALID, "seq_q");
-    BAD(head_dim, INT64_MAX / 2, FA_ERR_OVERFLOW, "overflow");
+    BAD(head_dim, INT64_MAX / 2, FA_ERR_INVALID, "too large"); /* FA_MAX_HEAD_DIM */
     BAD(seq_k, (int64_t)3 << 31, FA_ERR_INVALID, "seq_k");
     BAD(softcap, -1.0f, FA_ERR_INVALID, "softcap");
     BAD(softcap, INFINITY, FA_ERR_INVALID, "softcap");
@@ -105,6 +105,21 @@ static void test_validation(void) {
         fa_plan *ok = NULL;
         p = small(); p.k_stride = (fa_strides){{(int64_t)1 << 60, 12 * 16, 16, 1}};
         CHECK(fa_plan_create(&p, NULL, &ok) == FA_OK, "k batch stride 2^60 (f32): %s", fa_last_error());
+        fa_plan_destroy(ok);
+    }
+    /* head dims the kernels index with int: past FA_MAX_HEAD_DIM refused (2^32 + 16 planned,
+     * and the forward used its low 16 columns with status FA_OK; 2^50 wrapped the backward's
+     * workspace_bytes) */
+    p = small(); p.head_dim = FA_MAX_HEAD_DIM + 1;
+    expect_bad("head_dim FA_MAX_HEAD_DIM + 1", p, NULL, FA_ERR_INVALID, "head_dim 65537");
+    p = small(); p.head_dim = ((int64_t)1 << 32) + 16;
+    expect_bad("head_dim 2^32 + 16", p, NULL, FA_ERR_INVALID, "at most 65536");
+    p = small(); p.head_dim_v = (int64_t)1 << 50;
+    expect_bad("head_dim_v 2^50", p, NULL, FA_ERR_INVALID, "head_dim_v");
+    {
+        fa_plan *ok = NULL;
+        p = small(); p.head_dim = p.head_dim_v = FA_MAX_HEAD_DIM;
+        CHECK(fa_plan_create(&p, NULL, &ok) == FA_OK, "head dims FA_MAX_HEAD_DIM: %s", fa_last_error());
         fa_plan_destroy(ok);
     }
     p = small(); o = (fa_options){0}; o.threads = -1;
