@@ -200,11 +200,11 @@ static int weighted_values(const fa_decode_step *t, const uint32_t *pe, const ui
         }
         TILE_STORE(6, oe[g], 64);
         TILE_STORE(7, oo[g], 64);
-        for (int r = 0; r < t->m; r++) {
-            const __m512 x = _mm512_and_ps(_mm512_load_ps(oe[g] + 16 * r), expo), y = _mm512_and_ps(_mm512_load_ps(oo[g] + 16 * r), expo);
-            bad |= _mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_castps_si512(expo));
-            bad |= _mm512_cmpeq_epi32_mask(_mm512_castps_si512(y), _mm512_castps_si512(expo));
-        }
+        for (int r = 0; r < t->m; r++) /* exponent bits all ones: inf or NaN */
+            for (int x = 0; x < 2; x++) {
+                const __m512 e = _mm512_and_ps(_mm512_load_ps((x ? oo[g] : oe[g]) + 16 * r), expo);
+                bad |= _mm512_cmpeq_epi32_mask(_mm512_castps_si512(e), _mm512_castps_si512(expo));
+            }
     }
     if (bad) return 1;
     for (int g = 0; g < t->dv / 32; g++)
