@@ -155,10 +155,14 @@ static int print_counts(const fa_mpi_stats *s) {
 }
 
 /* Rank 0 shows the progress a single process would (cli_progress_wanted): with --progress,
- * or by itself for a forward over 500 GFLOP in all (this rank's share times P). */
+ * or by itself for a forward over 500 GFLOP in all, the ranks' shares summed (every rank
+ * calls this: a collective; rank 0's share times P missed a contiguous causal ring, whose
+ * rank 0 has the least work). */
 static int progress_wanted(const cli_args *a, const fa_mpi_plan *pl) {
     fa_mpi_cost c;
-    return R == 0 && (a->progress || (fa_mpi_plan_cost(pl, FA_FORWARD, &c) == FA_OK && (double)c.flops * P > 5e11));
+    double flops = fa_mpi_plan_cost(pl, FA_FORWARD, &c) == FA_OK ? (double)c.flops : 0.0;
+    MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return R == 0 && (a->progress || flops > 5e11);
 }
 
 static int run_body(const cli_args *a) {

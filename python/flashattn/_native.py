@@ -303,6 +303,17 @@ class PlanHandle:
 PROGRESS = contextvars.ContextVar("flashattn.progress", default=None)
 
 
+class PerCall:
+    """A PROGRESS value that makes each call its own callback (make()): for callbacks that
+    keep state about one call, such as the default printer's last tenth, which calls
+    running at once in copies of the context (asyncio.to_thread) would otherwise share."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        self.make = make
+
+
 def _run_reporting(call, args, what):
     """Runs a forward or backward call, with the progress callback of flashattn.progress where
     one is set: the C library calls it from a worker thread (at most once per percent, one at
@@ -314,6 +325,8 @@ def _run_reporting(call, args, what):
     fn = PROGRESS.get()
     if fn is None:
         return check(call(), what)
+    if isinstance(fn, PerCall):
+        fn = fn.make()
     failed, interrupts = [], []
 
     def report(_ctx, done, total):

@@ -97,6 +97,16 @@ for sp in "ring|ring steps" "ulysses|tiles"; do
   else no "$m --progress" "exit $rc: $(head -c 400 se)"; fi
 done
 
+# progress by itself over 500 GFLOP in all: a causal forward of 5.5e11 flops in bf16 (about a
+# second) as a contiguous ring, whose rank 0 holds a quarter of the work (its share times P,
+# what was once compared, is under 5e11: no progress), without --progress
+gen qbig.npy '<f4' 1 1 65536 64 --seed $((S0 + 40))
+mpi -np 2 "$FA" run --q qbig.npy --k qbig.npy --v qbig.npy --out obig.npy --causal --dtype bf16 --seq-parallel ring
+if [ $rc = 0 ] && grep -q "^flashattn: forward 100% (.* ring steps)$" se; then
+  ok "P=2 ring, 5.5e11 flops in all: progress by itself"
+else no "ring over 500 GFLOP" "exit $rc: $(head -c 300 se)"; fi
+rm -f qbig.npy obig.npy
+
 # sinks' gradient: every rank holds the whole sum, rank 0 writes it (--dsink was refused)
 gen sinks.npy '<f4' 4 --seed $((S0 + 21))
 "$FA" grad $IN --do do.npy --sinks sinks.npy --causal --out o1.npy --dq dq1.npy --dk dk1.npy --dv dv1.npy \

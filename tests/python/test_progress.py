@@ -142,3 +142,44 @@ def test_a_callback_that_calls_flashattn_does_not_recurse(rng):
     with flashattn.progress(callback):
         flashattn.attention(q, q, q, threads=1)
     _well_formed(seen, "forward")
+
+
+def test_default_printer_of_calls_running_at_once(rng):
+    """Calls run at once in copies of the block's context (asyncio.to_thread) each print their
+    own tenths with the default printer: it once kept one state for every call, dropping
+    lines and now and then raising KeyError('forward') from a call that had finished."""
+    import asyncio
+    import io
+    import sys
+
+    q = randn(rng, (1, 1, 64, 32))
+    k, v = randn(rng, (1, 1, 40000, 32)), randn(rng, (1, 1, 40000, 32))
+    tenths = []
+    with flashattn.progress(lambda w, d, t: tenths.append(d * 10 // t)):
+        flashattn.attention(q, k, v, threads=1)
+    per_call = len(set(tenths))
+
+    class Lines(io.TextIOBase):
+        def __init__(self):
+            self.text, self.lock = [], threading.Lock()
+
+        def write(self, s):
+            with self.lock:
+                self.text.append(s)
+            return len(s)
+
+    async def four():
+        with flashattn.progress():
+            return await asyncio.gather(*[asyncio.to_thread(flashattn.attention, q, k, v, threads=1)
+                                          for _ in range(4)], return_exceptions=True)
+
+    out, real = Lines(), sys.stderr
+    sys.stderr = out
+    try:
+        results = [x for _ in range(40) for x in asyncio.run(four())]
+    finally:
+        sys.stderr = real
+    assert not [x for x in results if isinstance(x, BaseException)], "a call raised"
+    lines = "".join(out.text).splitlines()
+    assert len(lines) == 160 * per_call, f"{len(lines)} progress lines of 160 calls, {per_call} each"
+    assert sum(" 100% " in line for line in lines) == 160, "a call's 100% line is missing"
