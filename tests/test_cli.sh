@@ -364,7 +364,7 @@ rc=$?
   no "a FIFO as an option file" "exit $rc (124: hung), $(head -c 200 "$W/se")"
 bad "a text file as input" "magic" run --q "$W/keep.txt" --k "$I/k.npy" --v "$I/v.npy" $O
 bad "unknown flag" "unknown option '--frobnicate'" run $QKV --frobnicate $O
-bad "flag of another command" "unknown option '--memory-budget'" run $QKV --memory-budget 1G $O
+bad "flag of another command" "unknown option '--memory-budget' \(an option of plan;" run $QKV --memory-budget 1G $O
 bad "missing flag value" "--out needs 1 value" run $QKV --out
 bad "flag given twice" "given twice" plan $SHAPE --causal --causal
 bad "unknown subcommand" "unknown command 'frob'" frob --batch 1

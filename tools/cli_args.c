@@ -385,6 +385,18 @@ int cli_parse(int cmd, const char *name, int argc, char **argv, cli_args *a) {
             if (arg[0] != '-')
                 return cli_fail(2, "%s: unexpected argument '%s' (see flashattn %s --help)",
                                 name, inline_buf, name);
+            if (id >= 0) { /* another command's flag: say whose */
+                static const struct { int cmd; const char *name; } all[] = {
+                    {CMD_PLAN, "plan"}, {CMD_RUN, "run"}, {CMD_GRAD, "grad"}, {CMD_BENCH, "bench"},
+                    {CMD_CALIBRATE, "calibrate"}};
+                char whose[64] = "";
+                for (size_t c = 0; c < sizeof all / sizeof all[0]; c++)
+                    if (flags[id].cmds & all[c].cmd)
+                        snprintf(whose + strlen(whose), sizeof whose - strlen(whose), "%s%s", *whose ? ", " : "",
+                                 all[c].name);
+                return cli_fail(2, "%s: unknown option '%s' (an option of %s; see flashattn %s --help)", name,
+                                inline_buf, whose, name);
+            }
             return cli_fail(2, "%s: unknown option '%s' (see flashattn %s --help)", name,
                             inline_buf, name);
         }
