@@ -27,16 +27,17 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
     name = _dtype_name(o_a.dtype)
     if name is None:
         raise ValueError(dtype_error("o_a, o_b", o_a.dtype))
-    lse_a = np.ascontiguousarray(_floats("lse_a", lse_a, "[..., H]"))
-    lse_b = np.ascontiguousarray(_floats("lse_b", lse_b, "[..., H]"))
-    for n, l in (("lse_a", lse_a), ("lse_b", lse_b)):
+    lse_a, lse_b = _floats("lse_a", lse_a, "[..., H]"), _floats("lse_b", lse_b, "[..., H]")
+    for n, l in (("lse_a", lse_a), ("lse_b", lse_b)):  # the shapes as given (a 0-d one is (), not (1,))
         if l.shape != o_a.shape[:-1]:
             raise ValueError(f"{n} must have shape {o_a.shape[:-1]} ([..., H] of o's [..., H, Dv]), got {l.shape}")
+    lse_a, lse_b = np.ascontiguousarray(lse_a), np.ascontiguousarray(lse_b)
     heads, dv = o_a.shape[-2], o_a.shape[-1]
     if sinks is not None:
-        sinks = np.ascontiguousarray(_floats("sinks", sinks, "[H]"))
+        sinks = _floats("sinks", sinks, "[H]")
         if sinks.shape != (heads,):
             raise ValueError(f"sinks must have shape [H] = [{heads}], got {sinks.shape}")
+        sinks = np.ascontiguousarray(sinks)
     rows = int(np.prod(o_a.shape[:-2], dtype=np.int64))
     o, lse = _empty(o_a.shape, o_a.dtype), _empty(lse_a.shape, np.float32)
     if lse.size == 0:  # no rows or heads (Dv 0 still merges the lse: the library's head_dim_v 0)

@@ -6,8 +6,8 @@ import numpy as np
 
 from . import _layout, _native
 from .masks import Mask, build_for_call
-from ._problem import (broadcast_dims, check_real, check_shapes, combined_bias_dims, empty_dims, fold_bias_scale,
-                       make_options, make_problem)
+from ._problem import (broadcast_dims, check_not_masked, check_real, check_shapes, combined_bias_dims, empty_dims,
+                       fold_bias_scale, make_options, make_problem)
 from ._problem_inference import int32_lengths
 
 
@@ -23,7 +23,7 @@ def _dtype_name(dt):
         return "f32"
     if dt == np.float16:
         return "f16"
-    if dt.name == "bfloat16":  # ml_dtypes.bfloat16
+    if dt.name == "bfloat16" and dt.isnative:  # ml_dtypes.bfloat16 (its other byte order is named alike)
         return "bf16"
     return None
 
@@ -40,17 +40,26 @@ def _readable(name, a, ndim=4):
     describe it (negative or misaligned strides, all-zero broadcasts)."""
     if not isinstance(a, np.ndarray):
         raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    check_not_masked(name, a)
     if a.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dims, got shape {a.shape}")
     st = _elem_strides(a)
     if st is None or not a.flags.aligned or not _layout.passes_as_is(a.shape, st):
-        a = np.ascontiguousarray(a)
+        a = _fresh(a)
     return a
+
+
+def _fresh(a):
+    """A C-order copy with the canonical strides (np.ascontiguousarray returns a view as it
+    is where numpy deems it contiguous, keeping a size-1 or size-0 dim's negative or odd
+    stride, which the library refuses)."""
+    return np.array(a, order="C", copy=True)
 
 
 def _floats(name, a, shape_desc):
     """bias, slopes: float32, converted from other real dtypes (a copy) where needed
     (_problem.check_real: every front's rule)."""
+    check_not_masked(name, a)
     a = np.asarray(a)
     check_real(name, a.dtype, shape_desc)
     if a.dtype != np.float32:
@@ -62,10 +71,10 @@ def head_floats(name, a, H):
     """alibi_slopes, sinks: float32 [H], contiguous (the library checks they are finite)."""
     if a is None:
         return None
-    s = np.ascontiguousarray(_floats(name, a, f"[H] = [{H}]"))
-    if s.shape != (H,):
+    s = _floats(name, a, f"[H] = [{H}]")
+    if s.shape != (H,):  # the shape as given (np.ascontiguousarray makes a 0-d one (1,))
         raise ValueError(f"{name} must have shape [H] = [{H}], got {s.shape}")
-    return s
+    return np.ascontiguousarray(s)
 
 
 def _segments(name, a, batch, seq):
@@ -91,6 +100,7 @@ def _bias_and_mask(bias, mask, dims, bias_scale):
         b = b.reshape(own)
     b, bias_scale = fold_bias_scale(b, bias_scale, mask is not None)
     if mask is not None:
+        check_not_masked("mask", mask)
         m = np.asarray(mask)
         if m.dtype != np.bool_:
             raise TypeError(f"mask must be a boolean array (True: attend), got dtype {m.dtype}; "
@@ -208,13 +218,14 @@ def dtype_error(names, dtype):
     """The message for arrays of a dtype the library does not compute in, naming that dtype."""
     dt = np.dtype(dtype)
     want = f"{names} must be float32, float16 or bfloat16 (ml_dtypes.bfloat16) in native byte order, got {dt}"
+    x = names.split(",")[0]  # the first array named, for the example
     if not dt.isnative and _dtype_name(dt.newbyteorder("=")) is not None:
         return (f"{want} ({'big' if dt.byteorder == '>' else 'little'}-endian {dt.newbyteorder('=')}): convert "
-                "first, e.g. q.astype(q.dtype.newbyteorder('='))")
+                f"first, e.g. {x}.astype({x}.dtype.newbyteorder('='))")
     if dt.kind == "f" and dt.itemsize > 4:
         return (f"{want}: the library has no {dt.newbyteorder('=')} kernels (it accumulates in float32); cast "
-                "first, e.g. q.astype(np.float32)")
-    return f"{want}: cast first, e.g. q.astype(np.float32)"
+                f"first, e.g. {x}.astype(np.float32)")
+    return f"{want}: cast first, e.g. {x}.astype(np.float32)"
 
 
 def _check_out(name, out, shape, dtype, inputs=()):
@@ -225,7 +236,7 @@ def _check_out(name, out, shape, dtype, inputs=()):
     if out.shape != shape or out.dtype != dtype:
         raise ValueError(f"{name} must be {dtype} of shape {shape}, got {out.dtype} of shape {out.shape}")
     st = _elem_strides(out)
-    if any(s < 0 for n, s in zip(out.shape, out.strides) if n > 1):
+    if any(s < 0 for s in out.strides):
         raise ValueError(f"{name} must have non-negative strides (the library's strides are >= 0), got strides "
                          f"{out.strides}; pass a view without reversed dims, or a fresh array")
     if not out.flags.writeable or not out.flags.aligned or st is None or not _layout.writable_strides(shape, st):
@@ -285,8 +296,8 @@ def _grad_buffer(a):
     """(input, gradient buffer) where the buffer has the input's strides, as the library
     writes it; an input whose strides a buffer cannot share is copied to a dense one."""
     st = _elem_strides(a)
-    if not _layout.grad_strides_ok(a.shape, st):
-        a = np.ascontiguousarray(a)
+    if st is None or not _layout.grad_strides_ok(a.shape, st):
+        a = _fresh(a)
         st = _elem_strides(a)
     n = _layout.span(a.shape, st)
     buf = _empty(max(n, 1), a.dtype)

@@ -83,6 +83,14 @@ BOOL_BIAS = ("bias is boolean: bias= is added to the scores; pass a boolean mask
              "or cast it to float for an additive 0/1 bias")
 
 
+def check_not_masked(name, a):
+    """numpy masked arrays (np.ma) are refused: the library would read their data and ignore
+    their mask (an attention mask is mask=, a boolean array)."""
+    if isinstance(a, np.ma.MaskedArray):
+        raise ValueError(f"{name} is a numpy masked array (np.ma): flashattn would read its data and ignore "
+                         "its mask; pass a plain array (a.filled(...)), and attention masks as mask=")
+
+
 def check_real(name, dtype, shape_desc):
     """The rule of every front (numpy, torch, JAX) for its option arrays (bias, alibi_slopes,
     sinks): real numbers, float of any width or signed or unsigned integer, which the front

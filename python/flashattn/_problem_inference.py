@@ -11,11 +11,12 @@ name the argument.
 import numpy as np
 
 from . import _native
-from ._problem import make_problem, set_dropout
+from ._problem import check_not_masked, make_problem, set_dropout
 
 
 def int32_lengths(name, a, shape_desc, ndim=1):
     """An int32 contiguous numpy copy (or view) of a host length array or table."""
+    check_not_masked(name, a)
     a = np.asarray(a)
     if a.size == 0 and a.dtype == np.float64:  # [] is float64 to numpy, though no float was given
         a = a.astype(np.int64)
