@@ -10,13 +10,18 @@ CACHE_DTYPES = {"int8": _native.INT8, "fp8": _native.FP8_E4M3, "fp8_e4m3": _nati
                 "float8_e4m3fn": _native.FP8_E4M3}
 
 
-def cache_dtype_code(name):
-    """The fa_dtype of a cache_dtype= name; None (or "none") is the plain cache."""
-    if name is None:
+QUANTIZE_DTYPE = "quantize_cache: dtype"
+
+
+def cache_dtype_code(name, what="cache_dtype"):
+    """The fa_dtype of a cache_dtype= name; None is the plain cache. what names the argument;
+    quantize_cache's dtype (QUANTIZE_DTYPE) takes no None."""
+    plain_ok = what != QUANTIZE_DTYPE
+    if name is None and plain_ok:
         return None
     key = str(name).replace("torch.", "").replace("jnp.", "")
     if key not in CACHE_DTYPES:
-        raise ValueError(f"cache_dtype must be one of int8, fp8 (or None), got {name!r}")
+        raise ValueError(f"{what} must be one of int8, fp8{' (or None)' if plain_ok else ''}, got {name!r}")
     return CACHE_DTYPES[key]
 
 
@@ -75,9 +80,7 @@ def quantize_cache(k, v, dtype):
     clamped or saturated (docs/caches.md). A non-finite element raises ValueError."""
     from ._numpy import _dtype_name
     from ._problem import dtype_code
-    code = cache_dtype_code(dtype)
-    if code is None:
-        raise ValueError("quantize_cache: dtype must be int8 or fp8")
+    code = cache_dtype_code(dtype, QUANTIZE_DTYPE)
     out = []
     for name, a in (("k", k), ("v", v)):
         a = np.asarray(a)

@@ -138,7 +138,7 @@ def distinct(*tensors):
     return out
 
 
-def _no_memory(t):
+def no_memory(t):
     """A meta or fake tensor (FakeTensorMode, torch.compile's tracing): no bytes to compare."""
     if t.device.type == "meta":
         return True
@@ -156,7 +156,7 @@ def shares_memory(a, b):
     byte ranges."""
     if a is None or b is None or a.numel() == 0 or b.numel() == 0:
         return False
-    if _no_memory(a) or _no_memory(b):  # every meta storage is at 0, a fake one has no pointer to ask
+    if no_memory(a) or no_memory(b):  # every meta storage is at 0, a fake one has no pointer to ask
         return a is b
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False

@@ -14,11 +14,11 @@ import torch
 
 from . import _layout, _native
 from ._problem import check_sinks_finite, dtype_code
-from ._quant import cache_dtype_code, check_rows
+from ._quant import QUANTIZE_DTYPE, cache_dtype_code, check_rows
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
-                          int_in, shares_memory, sinks_arg, threads_arg, window_sides)
+                          int_in, no_memory, shares_memory, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import (DTYPES, F32, LSE_GRAD_REFUSED, Device, dense_for_grad, do_with_o_strides, forward_ad_refused,
                          grad_like, int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad,
                          dropout_args, seed_value)
@@ -543,20 +543,28 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     return (o, lse) if return_lse else o
 
 
+@torch.compiler.disable(reason="flashattn.torch.quantize_cache runs on the host, outside compiled graphs: call it "
+                        "before the compiled function; inside one, kvcache_attention's appends quantize new "
+                        "tokens (cache_dtype=)")
 def quantize_cache(k, v, dtype):
     """flashattn.quantize_cache for tensors (on the CPU): (k_codes, k_scale, v_codes,
-    v_scale), codes torch.int8 or torch.float8_e4m3fn, scales float32 [...] (docs/caches.md)."""
-    code = cache_dtype_code(dtype)
-    if code is None:
-        raise ValueError("quantize_cache: dtype must be int8 or fp8")
+    v_scale), codes torch.int8 or torch.float8_e4m3fn, scales float32 [...] (docs/caches.md).
+    Meta and fake tensors give outputs of the right shapes and dtypes; torch.compile does not
+    trace it (a graph break; with fullgraph=True an error saying so)."""
+    code = cache_dtype_code(dtype, QUANTIZE_DTYPE)
     out = []
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
             raise ValueError(f"quantize_cache: {name} must be a float32, float16 or bfloat16 tensor")
         if t.ndim < 1:
             raise ValueError(f"quantize_cache: {name} must have a head_dim axis (the last), got a 0-d tensor")
+        codes_dtype = torch.int8 if code == _native.INT8 else torch.float8_e4m3fn
+        if no_memory(t):  # meta or fake (FakeTensorMode): the outputs' shapes and dtypes, nothing run
+            out += [torch.empty(t.shape, dtype=codes_dtype, device=t.device),
+                    torch.empty(t.shape[:-1], dtype=torch.float32, device=t.device)]
+            continue
         t = t.detach().to("cpu").contiguous()
-        codes = torch.empty(t.shape, dtype=torch.int8 if code == _native.INT8 else torch.float8_e4m3fn)
+        codes = torch.empty(t.shape, dtype=codes_dtype)
         scales = torch.empty(t.shape[:-1], dtype=torch.float32)
         rows = math.prod(t.shape[:-1])  # head_dim 0: every row's amax is 0, scale 1 (docs/caches.md)
         status = _native.lib.fa_quantize_rows(code, dtype_code(DTYPES[t.dtype]), t.data_ptr(), rows,

@@ -65,10 +65,20 @@ def _mask_bias(attn_mask, query, out_batch, H, L, S):
         raise RuntimeError("Expected attn_mask dtype to be bool or float or to match query dtype, but got "
                            f"attn_mask.dtype: {attn_mask.dtype} and query.dtype: {query.dtype} instead.")
     out = tuple(out_batch) + (H, L, S)
-    if attn_mask.dim() > len(out) or torch.broadcast_shapes(attn_mask.shape, out) != out:
+    # leading size-1 dims past the output's broadcast away, as torch's broadcasting does
+    extra = attn_mask.dim() - len(out)
+    fits = extra <= 0 or all(n == 1 for n in attn_mask.shape[:extra])
+    shape = tuple(attn_mask.shape[max(extra, 0):])
+    if fits:
+        try:
+            fits = torch.broadcast_shapes(shape, out) == out
+        except RuntimeError:  # torch's message names the arguments' indices, not attn_mask
+            fits = False
+    if not fits:
         raise RuntimeError(f"attn_mask of shape {list(attn_mask.shape)} does not broadcast to the "
                            f"attention's shape {list(out)}")
     m = mask_to_bias(attn_mask, "attn_mask") if attn_mask.dtype == torch.bool else attn_mask.to(torch.float32)
+    m = m.reshape(shape)
     m = m.reshape((1,) * (len(out) - m.dim()) + tuple(m.shape))
     lead = tuple(m.shape[:-3])
     if any(n != 1 for n in lead):  # per-batch masks: fold the leading dims as q's are
@@ -114,7 +124,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # SDPA returns o in query's memory order: a [B, L, H, E] query viewed as [B, H, L, E] (the
     # usual proj(x).view(B, L, H, E).transpose(1, 2)) gets o alike, so that
     # o.transpose(1, 2).view(B, L, H * E) works; the library writes it so, as "bshd"
-    bshd = query.dim() == 4 and L > 1 and H > 1 and query.stride(1) < query.stride(2)
+    bshd = (query.dim() == 4 and len(batch) == 1 and L > 1 and H > 1 and query.stride(1) < query.stride(2))
     if bshd:
         q4, k4, v4 = q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)
     o, _ = attention_function().apply(q4, k4, v4, bias, None, None, None, bool(is_causal), -1, -1, 0.0,

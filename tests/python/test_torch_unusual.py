@@ -1,0 +1,67 @@
+"""The torch front on unusual shapes and tensors (found by its audit): the SDPA drop-in's
+output shape where a transposed 4-d query meets 5-d keys (it returned the folded batch),
+a mask with size-1 dims beyond the query's (torch broadcasts them away), its mask-shape
+message; quantize_cache's dtype message, meta and fake tensors, and torch.compile."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashattn.torch as fat  # noqa: E402
+from conftest import SEED  # noqa: E402
+
+
+def sdpa64(q, k, v, mask=None):
+    return torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                            None if mask is None else mask)
+
+
+def test_transposed_query_against_5d_keys_keeps_torch_shape():
+    g = torch.Generator().manual_seed(SEED)
+    q = torch.randn(3, 5, 4, 8, generator=g).transpose(1, 2)  # [B, H, L, E] in [B, L, H, E] memory
+    k, v = torch.randn(2, 3, 4, 7, 8, generator=g), torch.randn(2, 3, 4, 7, 8, generator=g)
+    o = fat.scaled_dot_product_attention(q, k, v)
+    want = sdpa64(q, k, v)
+    assert o.shape == want.shape == (2, 3, 4, 5, 8)
+    assert (o.double() - want).abs().max() < 1e-5
+    o = fat.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert o.shape == (2, 3, 4, 5, 8)
+
+
+def test_mask_with_size1_dims_beyond_the_query():
+    g = torch.Generator().manual_seed(SEED)
+    q, k, v = torch.randn(4, 5, 8, generator=g), torch.randn(4, 7, 8, generator=g), torch.randn(4, 7, 8, generator=g)
+    mask = torch.rand(1, 4, 5, 7, generator=g) > 0.3
+    mask[..., 0] = True
+    o = fat.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want = sdpa64(q, k, v, mask)
+    assert o.shape == want.shape == (4, 5, 8)
+    assert (o.double() - want).abs().max() < 1e-5
+
+
+def test_mask_shape_message_names_attn_mask():
+    q = torch.randn(2, 4, 5, 8)
+    with pytest.raises(RuntimeError, match=r"attn_mask of shape \[2, 4, 5, 8\] does not broadcast"):
+        fat.scaled_dot_product_attention(q, q[:, :, :1].expand(2, 4, 7, 8), q[:, :, :1].expand(2, 4, 7, 8),
+                                         attn_mask=torch.ones(2, 4, 5, 8, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match=r"attn_mask of shape \[2, 1, 5, 5\] does not broadcast"):
+        fat.scaled_dot_product_attention(q[0], q[0], q[0], attn_mask=torch.ones(2, 1, 5, 5, dtype=torch.bool))
+
+
+def test_quantize_cache_dtype_message_meta_fake_and_compile():
+    k = torch.randn(2, 9, 2, 8)
+    for bad in ("int4", torch.float16, None):
+        with pytest.raises(ValueError, match="quantize_cache: dtype must be one of int8, fp8, got"):
+            fat.quantize_cache(k, k, bad)
+    meta = torch.empty(2, 9, 2, 8, device="meta")
+    kq, ks, vq, vs = fat.quantize_cache(meta, meta, "fp8")
+    assert (kq.shape, kq.dtype, ks.shape, ks.dtype) == ((2, 9, 2, 8), torch.float8_e4m3fn, (2, 9, 2), torch.float32)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        f = torch.randn(2, 9, 2, 8)
+        kq, ks, _, _ = fat.quantize_cache(f, f, "int8")
+        assert kq.shape == (2, 9, 2, 8) and kq.dtype == torch.int8 and ks.shape == (2, 9, 2)
+    eager = fat.quantize_cache(k, k, "int8")
+    compiled = torch.compile(lambda a, b: fat.quantize_cache(a, b, "int8"), backend="aot_eager")(k, k)
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))  # a graph break, the same results
+    with pytest.raises(Exception, match="runs on the host"):
+        torch.compile(lambda a, b: fat.quantize_cache(a, b, "int8"), fullgraph=True, backend="aot_eager")(k, k)
