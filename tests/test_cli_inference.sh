@@ -386,6 +386,15 @@ if [ $rc -eq 0 ] && grep -q '"layers": 3}' "$W/so"; then ok "bench --decode --la
 expect_bad "bench --decode --layers 4097" "at most 4096" bench --decode --batch 1 --heads 2 --head-dim 16 --cache-len 8 --layers 4097
 expect_bad "bench --layers without --decode" "--layers applies to --decode" bench --batch 1 --heads 2 --seq 64 --head-dim 16 --layers 2
 expect_bad "bench --varlen --layers" "--layers applies to --decode" bench --varlen 16,70 --heads 2 --head-dim 16 --layers 2
+# flags the chosen benchmark does not read: refused by name, never ignored (they were, exit 0)
+expect_bad "bench --page-size without --decode" "--page-size applies to --decode" bench --batch 1 --heads 2 --seq 64 \
+  --head-dim 16 --page-size 16
+expect_bad "bench --cache-len without --decode" "--cache-len applies to --decode" bench --varlen 16,70 --heads 2 \
+  --head-dim 16 --cache-len 64
+expect_bad "bench --varlen --seq-q" "--seq-q does not apply to --varlen" bench --varlen 16,70 --heads 2 --head-dim 16 --seq-q 4
+expect_bad "bench --varlen --batch" "--batch does not apply to --varlen" bench --varlen 16,70 --heads 2 --head-dim 16 --batch 2
+expect_bad "bench --decode --seq" "--seq does not apply to --decode" bench --decode --batch 1 --heads 2 --head-dim 16 \
+  --cache-len 64 --seq 8
 fa bench --varlen 16,0,70,33 --heads 2 --head-dim 16 --causal --iters 1 --json
 if [ $rc -eq 0 ] && grep -q '"time_per_useful_flop_ratio"' "$W/so"; then ok "bench --varlen --json"; else no "bench --varlen" "exit $rc: $(cat "$W/se")"; fi
 expect_bad "bench --varlen: bad list" "--varlen" bench --varlen 16,x --heads 2 --head-dim 16

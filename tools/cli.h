@@ -165,6 +165,9 @@ int cli_inference_wanted(const cli_args *a);
 int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens);
 int cli_run_inference(const cli_args *a);
 int cli_bench_inference(const cli_args *a);
+/* bench's flags that the benchmark chosen (dense, --decode or --varlen) does not read,
+ * refused by name (exit 2) rather than ignored; 0 where every flag given is read. */
+int cli_bench_unread_flags(const cli_args *a);
 
 /* Subcommands. */
 int cli_plan(const cli_args *a);

@@ -60,8 +60,8 @@ int cli_bench(const cli_args *a) {
         return cli_fail(2, "bench: --pass backward does not combine with %s (its benchmark times the forward)",
                         a->decode ? "--decode" : "--varlen");
     if (a->decode || a->varlen_lens) return cli_bench_inference(a); /* cli_bench_inference.c */
-    if (a->huge_pages) return cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
-    if (a->layers) return cli_fail(2, "bench: --layers applies to --decode (its caches) only");
+    int unread = cli_bench_unread_flags(a);
+    if (unread) return unread;
     fa_problem p;
     fa_options opt;
     cli_extras x = {0};

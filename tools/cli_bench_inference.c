@@ -308,9 +308,28 @@ static int bench_varlen(const cli_args *a) {
     return rc;
 }
 
-int cli_bench_inference(const cli_args *a) {
+int cli_bench_unread_flags(const cli_args *a) {
     if (a->decode && a->varlen_lens) return cli_fail(2, "bench: --decode and --varlen are separate benchmarks");
-    if (a->huge_pages && !a->decode) return cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
-    if (a->layers && !a->decode) return cli_fail(2, "bench: --layers applies to --decode (its caches) only");
+    const struct { int given; const char *flag; } decode_only[] = {
+        {a->huge_pages, "--huge-pages"}, {a->layers != 0, "--layers"}, {a->page_size != 0, "--page-size"},
+        {a->cache_len != 0, "--cache-len"}};
+    for (size_t i = 0; !a->decode && i < sizeof decode_only / sizeof decode_only[0]; i++)
+        if (decode_only[i].given) return cli_fail(2, "bench: %s applies to --decode (its caches) only", decode_only[i].flag);
+    const struct { int given; const char *flag; } shaped[] = {
+        {a->seq != 0, "--seq"}, {a->seq_k != 0, "--seq-k"}, {a->seq_q != 0, "--seq-q"}, {a->batch != 0, "--batch"}};
+    for (size_t i = 0; i < sizeof shaped / sizeof shaped[0]; i++) {
+        if (a->varlen_lens && shaped[i].given) /* the lengths give the batch and every sequence */
+            return cli_fail(2, "bench: %s does not apply to --varlen (its lengths give the batch and sequences)",
+                            shaped[i].flag);
+        if (a->decode && i < 2 && shaped[i].given) /* --seq-q is Sq_new; --cache-len gives the keys */
+            return cli_fail(2, "bench: %s does not apply to --decode (--cache-len gives the keys, --seq-q the new "
+                            "tokens)", shaped[i].flag);
+    }
+    return 0;
+}
+
+int cli_bench_inference(const cli_args *a) {
+    int rc = cli_bench_unread_flags(a);
+    if (rc) return rc;
     return a->decode ? bench_decode(a) : bench_varlen(a);
 }

@@ -76,9 +76,8 @@ static int bench_body(const cli_args *a, int P, int R) {
             rc = cli_fail(2, "bench --seq-parallel: option files (--bias, --alibi, segments, --sinks) are not taken");
         else if (a->varlen_lens)
             rc = cli_fail(2, "bench: --varlen (a packed batch) does not combine with --seq-parallel (ring, ulysses)");
-        else if (a->huge_pages) rc = cli_fail(2, "bench: --huge-pages applies to --decode (its caches) only");
-        else if (a->layers) rc = cli_fail(2, "bench: --layers applies to --decode (its caches) only");
-        else rc = cli_mask_apply(a, &p);
+        else if (!a->decode && (rc = cli_bench_unread_flags(a))) {
+        } else rc = cli_mask_apply(a, &p);
     }
     int refused = rc != 0;
     MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

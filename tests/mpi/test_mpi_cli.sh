@@ -201,7 +201,7 @@ dt=$(($(date +%s) - t0))
 # bench's flags it does not take: refused on every rank (they timed the dense problem, exit 0);
 # a mask by the library's plan, naming both features; one rank alone with a mask: every rank
 B2="bench --batch 1 --heads 2 --seq 64 --head-dim 16 --iters 1 --seq-parallel ring"
-for f in "--mask-chunk 16" "--prefix-len 8" "--varlen 20,44" "--layers 2" "--huge-pages"; do
+for f in "--mask-chunk 16" "--prefix-len 8" "--varlen 20,44" "--layers 2" "--huge-pages" "--page-size 16" "--cache-len 64"; do
   case $f in --mask*|--prefix*) say="block-sparse mask.*sequence parallel" ;; --varlen*) say="varlen.*seq-parallel" ;;
     *) say="applies to --decode" ;; esac
   expect2 "bench --seq-parallel $f" "$say" -np 2 "$FA" $B2 $f
