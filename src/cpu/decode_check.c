@@ -161,12 +161,16 @@ static fa_status dec_check_quant(const struct fa_plan *pl, const fa_forward_args
     }
     if (!p->has_new_kv) return FA_OK;
     for (int x = 0; x < 2; x++) {
-        const int64_t n = p->batch * p->seq_q * Hk * (x ? p->head_dim_v : p->head_dim);
+        const int64_t D = x ? p->head_dim_v : p->head_dim, n = p->batch * p->seq_q * Hk * D;
         const void *src = x ? a->v_new : a->k_new;
         for (int64_t i = 0; i < n; i++)
-            if (!isfinite(fa_load(p->dtype, src, i)))
-                return fa_error(FA_ERR_INVALID, "fa_forward: %s element %lld is not finite; an %s cache cannot hold it",
-                                x ? "v_new" : "k_new", (long long)i, fa_dtype_name(p->cache_dtype));
+            if (!isfinite(fa_load(p->dtype, src, i))) /* [B, Sq_new, Hk, D]: the index as a caller writes it */
+                return fa_error(FA_ERR_INVALID,
+                                "fa_forward: %s[%lld, %lld, %lld, %lld] (element %lld of [B, Sq_new, Hk, D]) is not "
+                                "finite; an %s cache cannot hold it",
+                                x ? "v_new" : "k_new", (long long)(i / D / Hk / p->seq_q),
+                                (long long)(i / D / Hk % p->seq_q), (long long)(i / D % Hk), (long long)(i % D),
+                                (long long)i, fa_dtype_name(p->cache_dtype));
     }
     return FA_OK;
 }

@@ -290,3 +290,20 @@ def test_jax_quantize_cache_under_jit_says_it_runs_on_the_host():
     k = np.ones((1, 4, 2, 8), np.float32)
     with pytest.raises(TypeError, match="quantize_cache runs on the host and cannot be traced"):
         jax.jit(lambda k: fj.quantize_cache(k, k, "int8"))(k)
+
+
+def test_append_of_a_non_finite_token_names_its_index():
+    """An append into a quantized cache refuses a non-finite new element, naming it as the
+    caller indexes k_new / v_new [B, Sq_new, Hk, D] (it said "v_new element 197")."""
+    rng = np.random.default_rng(SEED)
+    B, S, Hk, D = 2, 16, 2, 8
+    k, v = (rng.standard_normal((B, S, Hk, D)).astype(np.float32) for _ in range(2))
+    kq, ks, vq, vs = flashattn.quantize_cache(k, v, "int8")
+    kn, vn = (rng.standard_normal((B, 1, Hk, D)).astype(np.float32) for _ in range(2))
+    at = (int(rng.integers(B)), 0, int(rng.integers(Hk)), int(rng.integers(D)))
+    vn[at] = np.nan
+    q = rng.standard_normal((B, 1, 2 * Hk, D)).astype(np.float32)
+    want = r"v_new\[" + ", ".join(map(str, at)) + r"\] .*is not finite"
+    with pytest.raises(ValueError, match=want):
+        flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=[3, 5], cache_dtype="int8", k_scale=ks,
+                                    v_scale=vs)
