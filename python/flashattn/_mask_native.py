@@ -127,11 +127,12 @@ def documents(s, counts, lengths):
     return NativeMask(lambda out: lib.fa_mask_documents(ctypes.byref(s), c, n, out), "masks.documents")
 
 
-def from_dense(s, attend):
-    """attend: [batch, heads, seq_q, seq_k] bool or uint8 (nonzero: attend)."""
+def from_dense(s, attend, label="masks.from_array"):
+    """attend: [batch, heads, seq_q, seq_k] bool or uint8 (nonzero: attend); label names the
+    constructor in errors."""
     a = np.ascontiguousarray(attend).view(np.uint8) if attend.dtype == np.bool_ else \
         np.ascontiguousarray(attend != 0).view(np.uint8)
-    return NativeMask(lambda out: lib.fa_mask_from_dense(ctypes.byref(s), a.ctypes.data, out), "masks.from_array")
+    return NativeMask(lambda out: lib.fa_mask_from_dense(ctypes.byref(s), a.ctypes.data, out), label)
 
 
 def from_blocks(s, kinds, bitmaps, what="mask from blocks"):

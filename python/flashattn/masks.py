@@ -254,6 +254,15 @@ def _dense_dims(name, shape, dims):
     return (shape[0], shape[1], dims[2], dims[3]), shape
 
 
+def _from_dense(mask, dims, block, out, a, label):
+    """The library's mask of boolean array a (out: its [B or 1, H or 1, Sq, Sk] shape). A zero
+    batch or heads (an empty call, which computes nothing) builds a one-item mask: the
+    library's masks have at least one of each, and no row reads it."""
+    if 0 in out[:2]:
+        out, a = (1, 1) + tuple(out[2:]), np.ones((1, 1) + tuple(out[2:]), np.bool_)
+    return native.from_dense(mask._shape(dims, block, out[0], out[1]), a, label)
+
+
 class _Array(Mask):
     def __init__(self, array):
         super().__init__()
@@ -270,7 +279,7 @@ class _Array(Mask):
     def _build(self, dims, diag, block):
         out, shape = _dense_dims("from_array's array", self.array.shape, dims)
         a = np.broadcast_to(self.array.reshape(shape), out)
-        return native.from_dense(self._shape(dims, block, out[0], out[1]), a)
+        return _from_dense(self, dims, block, out, a, "masks.from_array")
 
     def __repr__(self):
         return f"from_array(<bool {self.array.shape}>)"
@@ -291,7 +300,7 @@ class _Fn(Mask):
             raise TypeError(f"from_fn's fn must return booleans (True = attend), got dtype {got.dtype}")
         out, shape = _dense_dims("from_fn's result", got.shape, dims)
         a = np.broadcast_to(got.reshape(shape), out)
-        return native.from_dense(self._shape(dims, block, out[0], out[1]), a)
+        return _from_dense(self, dims, block, out, a, "masks.from_fn")
 
     def __repr__(self):
         return f"from_fn({getattr(self.fn, '__name__', self.fn)!r})"
@@ -325,7 +334,7 @@ class _PerHead(Mask):
                      for m in self.masks]
             b = max(p.shape[0] for p in parts)
             a = np.concatenate([np.broadcast_to(p, (b, 1, Sq, Sk)) for p in parts], axis=1)
-            return native.from_dense(self._shape(dims, block, b, H), a)
+            return _from_dense(self, dims, block, (b, H, Sq, Sk), a, "masks.per_head")
         # the heads' own masks stacked by their blocks (the library's fa_mask_stack_heads: no
         # dense array; it took 2 H Sq Sk bytes, 16.5 GB at H = 32, S = 16384), each distinct
         # head's mask built once, all at the block size one of them is given at (a BlockMask's)
@@ -401,7 +410,9 @@ def from_fn(fn):
 
 def per_head(masks):
     """One mask per query head (a list of Hq masks), as the heads dim of one mask. The same
-    object for every head builds once, shared; distinct ones are stacked from their arrays."""
+    object for every head builds once, shared; distinct ones are stacked from their arrays.
+    Each entry is built as a one-head mask: a from_fn entry sees h = 0, a from_array entry
+    takes one head (or a size-1 heads dim)."""
     return _PerHead(masks)
 
 

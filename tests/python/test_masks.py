@@ -318,3 +318,13 @@ def test_mask_argument_nits_name_the_argument():
     for dims in ((-1, 1, 4, 4), (1, -2, 4, 4)):
         with pytest.raises(ValueError, match="must be >= 0"):
             masks.causal().to_array(*dims)
+
+
+@pytest.mark.parametrize("B,H", [(0, 2), (2, 0)])
+def test_array_masks_on_empty_calls(B, H):
+    """A from_fn mask whose predicate uses b or h, or a full-batch from_array, on a call with no
+    batch items or heads gives empty outputs, as every other mask does (the zero-size array
+    reached the library, which refused it under the name masks.from_array)."""
+    q = np.ones((B, H, 8, 4), np.float32)
+    for m in (masks.from_fn(lambda b, h, i, j: j <= i + b + h), masks.from_array(np.ones((B, H, 8, 8), bool))):
+        assert flashattn.attention(q, q, q, mask=m).shape == (B, H, 8, 4)
