@@ -287,3 +287,33 @@ def test_residual_with_no_keys_is_minus_inf_as_in_jax_nn(dtype):
             assert lse.shape == (1, 3, 2) and lse.dtype == dtype
             assert bool(jnp.all(jnp.isneginf(lse))), (f, lse)
             assert float(jnp.abs(o.astype(jnp.float32)).max()) == 0.0
+
+
+def test_traced_local_window_size_as_jax_nn():
+    """A local_window_size traced under jit (a jit argument) is jax.nn's window rule applied as
+    a mask; it was refused with JAX's ConcretizationTypeError, naming no argument."""
+    rng = np.random.default_rng(SEED)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 5, 4, 8)), jnp.float32) for _ in range(3))
+    want = fj.dot_product_attention(q, k, v, local_window_size=(2, 1))
+    for arg in ((2, 1), 2):
+        if isinstance(arg, tuple):
+            got = jax.jit(lambda w: fj.dot_product_attention(q, k, v, local_window_size=(w, 1)))(arg[0])
+        else:
+            got = jax.jit(lambda w: fj.dot_product_attention(q, k, v, local_window_size=w))(arg)
+            want = fj.dot_product_attention(q, k, v, local_window_size=arg)
+        ref = jax.nn.dot_product_attention(q, k, v, local_window_size=arg, implementation="xla")
+        assert float(jnp.abs(got - want).max()) < 1e-6 and float(jnp.abs(got - ref).max()) < 1e-5
+
+
+def test_float64_with_x64_off_runs_as_float32_in_every_function():
+    """With jax_enable_x64 off JAX holds float64 as float32: quantize_cache, plan and
+    cost_estimate take it as the attention functions do (they refused it by its numpy dtype)."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on in this process")
+    rng = np.random.default_rng(SEED)
+    q = rng.standard_normal((1, 8, 2, 16))
+    assert fj.cost_estimate(q, q, q).flops == fj.cost_estimate(q.astype(np.float32), q.astype(np.float32),
+                                                               q.astype(np.float32)).flops
+    fj.plan(q, q, q)
+    kq, ks, vq, vs = fj.quantize_cache(q, q.tolist(), "int8")
+    assert kq.dtype == jnp.int8 and ks.dtype == jnp.float32 and vq.shape == q.shape

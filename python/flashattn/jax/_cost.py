@@ -8,6 +8,8 @@ traces the naive attention and counts a causal problem as if it were dense.
 
 from __future__ import annotations
 
+import jax
+
 from ._attention import _check_qkv, make_options
 from ._plan import plan_for
 from ._splash import as_mask
@@ -27,7 +29,9 @@ def _shaped(x):
         return x
     if not hasattr(x, "shape"):
         raise ValueError(f"expected an array or jax.ShapeDtypeStruct, got {type(x).__name__}")
-    return _Shape(x.shape, getattr(x, "dtype", None))
+    dtype = getattr(x, "dtype", None)
+    # as JAX would hold it: float64 is float32 with jax_enable_x64 off, as in the calls themselves
+    return _Shape(x.shape, None if dtype is None else jax.dtypes.canonicalize_dtype(dtype))
 
 
 def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,

@@ -445,7 +445,8 @@ def quantize_cache(k, v, dtype):
         raise TypeError("flashattn.jax.quantize_cache runs on the host and cannot be traced (jit, vmap, grad): "
                         "call it outside the traced function; inside one, kvcache_attention's appends "
                         "quantize new tokens (cache_dtype=)")
-    kq, ks, vq, vs = quantize(np.asarray(k), np.asarray(v), dtype)
+    # jnp.asarray first: JAX's own conversions (lists; float64 is float32 with x64 off)
+    kq, ks, vq, vs = quantize(np.asarray(jnp.asarray(k)), np.asarray(jnp.asarray(v)), dtype)
     code = jnp.int8 if cache_dtype_code(dtype, QUANTIZE_DTYPE) == _native.INT8 else jnp.float8_e4m3fn
     return (jnp.asarray(kq.view(np.uint8)).view(code), jnp.asarray(ks), jnp.asarray(vq.view(np.uint8)).view(code),
             jnp.asarray(vs))

@@ -104,15 +104,20 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         bias = bias.astype(jnp.float32)  # jax.nn adds it to float32 logits, a boolean one as 0 / 1
 
     window = None
-    if isinstance(local_window_size, int):
-        local_window_size = (local_window_size, local_window_size)
+    if local_window_size is not None and not isinstance(local_window_size, (tuple, list)):
+        local_window_size = (local_window_size, local_window_size)  # an int, or a traced scalar
     if local_window_size is not None:
-        left, right = (int(w) for w in local_window_size)
-        if left >= 0 and right >= 0:
-            window = (left, right)
-        else:  # a side jax.nn allows that the library's window has no word for
-            w = _window_mask(T, S, left, right)
+        sides = tuple(local_window_size)
+        if any(_traced(w) for w in sides):  # a traced side (a jit argument): jax.nn's rule as a mask
+            w = _window_mask(T, S, *sides)
             mask = w if mask is None else mask & w
+        else:
+            left, right = (int(w) for w in sides)
+            if left >= 0 and right >= 0:
+                window = (left, right)
+            else:  # a side jax.nn allows that the library's window has no word for
+                w = _window_mask(T, S, left, right)
+                mask = w if mask is None else mask & w
     q_seg = kv_seg = None
     if q_len is not None or kv_len is not None:
         # padding as segment ids: valid rows and keys in segment 0, padded query rows in 1
