@@ -20,6 +20,11 @@ def cache_dtype_code(name, what="cache_dtype"):
     if name is None and plain_ok:
         return None
     key = str(name).replace("torch.", "").replace("jnp.", "")
+    if key not in CACHE_DTYPES and not isinstance(name, str):
+        try:  # a dtype object: numpy's, ml_dtypes', jnp.int8 / jnp.float8_e4m3fn
+            key = np.dtype(name).name
+        except TypeError:
+            pass
     if key not in CACHE_DTYPES:
         raise ValueError(f"{what} must be one of int8, fp8{' (or None)' if plain_ok else ''}, got {name!r}")
     return CACHE_DTYPES[key]

@@ -307,3 +307,19 @@ def test_append_of_a_non_finite_token_names_its_index():
     with pytest.raises(ValueError, match=want):
         flashattn.kvcache_attention(q, kq, vq, kn, vn, cache_seqlens=[3, 5], cache_dtype="int8", k_scale=ks,
                                     v_scale=vs)
+
+
+def test_dtype_objects_name_the_cache_dtype():
+    """quantize_cache's dtype may be a dtype object (np.int8, jnp.int8, ml_dtypes' or jnp's
+    float8_e4m3fn) as well as its name; jnp.int8 was refused."""
+    k = np.random.default_rng(SEED).standard_normal((1, 4, 2, 8)).astype(np.float32)
+    want = {n: flashattn.quantize_cache(k, k, n) for n in ("int8", "fp8")}
+    kinds = [(np.int8, "int8"), (ml_dtypes.float8_e4m3fn, "fp8")]
+    jnp = pytest.importorskip("jax.numpy")
+    kinds += [(jnp.int8, "int8"), (jnp.float8_e4m3fn, "fp8")]
+    for d, n in kinds:
+        got = flashattn.quantize_cache(k, k, d)
+        assert all(np.array_equal(a.view(np.uint8) if a.dtype.itemsize == 1 else a,
+                                  b.view(np.uint8) if b.dtype.itemsize == 1 else b) for a, b in zip(got, want[n]))
+    with pytest.raises(ValueError, match="dtype must be one of int8, fp8"):
+        flashattn.quantize_cache(k, k, np.float16)
