@@ -314,14 +314,19 @@ int cli_bench_unread_flags(const cli_args *a) {
         {a->huge_pages, "--huge-pages"}, {a->layers != 0, "--layers"}, {a->page_size != 0, "--page-size"},
         {a->cache_len != 0, "--cache-len"}};
     for (size_t i = 0; !a->decode && i < sizeof decode_only / sizeof decode_only[0]; i++)
-        if (decode_only[i].given) return cli_fail(2, "bench: %s applies to --decode (its caches) only", decode_only[i].flag);
-    const struct { int given; const char *flag; } shaped[] = {
-        {a->seq != 0, "--seq"}, {a->seq_k != 0, "--seq-k"}, {a->seq_q != 0, "--seq-q"}, {a->batch != 0, "--batch"}};
+        if (decode_only[i].given)
+            return cli_fail(2, "bench: %s applies to --decode (its caches) only", decode_only[i].flag);
+    /* --varlen's lengths give the batch and every sequence; --decode reads --batch and --seq-q
+     * (the new tokens), --cache-len giving the keys */
+    const struct { int given; const char *flag; int decode_reads; } shaped[] = {
+        {a->seq != 0, "--seq", 0}, {a->seq_k != 0, "--seq-k", 0}, {a->seq_q != 0, "--seq-q", 1},
+        {a->batch != 0, "--batch", 1}};
     for (size_t i = 0; i < sizeof shaped / sizeof shaped[0]; i++) {
-        if (a->varlen_lens && shaped[i].given) /* the lengths give the batch and every sequence */
+        if (!shaped[i].given) continue;
+        if (a->varlen_lens)
             return cli_fail(2, "bench: %s does not apply to --varlen (its lengths give the batch and sequences)",
                             shaped[i].flag);
-        if (a->decode && i < 2 && shaped[i].given) /* --seq-q is Sq_new; --cache-len gives the keys */
+        if (a->decode && !shaped[i].decode_reads)
             return cli_fail(2, "bench: %s does not apply to --decode (--cache-len gives the keys, --seq-q the new "
                             "tokens)", shaped[i].flag);
     }

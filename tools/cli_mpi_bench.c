@@ -76,9 +76,10 @@ static int bench_body(const cli_args *a, int P, int R) {
             rc = cli_fail(2, "bench --seq-parallel: option files (--bias, --alibi, segments, --sinks) are not taken");
         else if (a->varlen_lens)
             rc = cli_fail(2, "bench: --varlen (a packed batch) does not combine with --seq-parallel (ring, ulysses)");
-        else if (!a->decode && (rc = cli_bench_unread_flags(a))) {
-        } else rc = cli_mask_apply(a, &p);
+        else if (!a->decode) /* --decode: the plan refuses it below, naming both */
+            rc = cli_bench_unread_flags(a);
     }
+    if (!rc) rc = cli_mask_apply(a, &p);
     int refused = rc != 0;
     MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (rc) return rc;

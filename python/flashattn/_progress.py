@@ -32,9 +32,9 @@ def progress(fn=None):
     percent, with work items (score tiles, or a decode call's chunks of cached keys) done of
     total, strictly increasing and ending at total; it runs on one of the call's worker
     threads, one report of the call at a time, so keep it short (calls running at once, in
-    copies of the context, report at once: a callback they share sees them interleaved). An exception it raises stops its
-    reports and is raised when the call returns (the call itself runs to its end). JAX calls
-    run inside XLA and report nothing; nor do CUDA calls."""
+    copies of the context, report at once: a callback they share sees them interleaved). An
+    exception it raises stops its reports and is raised when the call returns (the call
+    itself runs to its end). JAX calls run inside XLA and report nothing; nor do CUDA calls."""
     if fn is not None and not callable(fn):
         raise TypeError(f"flashattn.progress: fn must be callable (what, done, total), got {type(fn).__name__}")
     token = _native.PROGRESS.set(_native.PerCall(_print_every_tenth) if fn is None else fn)

@@ -10,13 +10,9 @@ CACHE_DTYPES = {"int8": _native.INT8, "fp8": _native.FP8_E4M3, "fp8_e4m3": _nati
                 "float8_e4m3fn": _native.FP8_E4M3}
 
 
-QUANTIZE_DTYPE = "quantize_cache: dtype"
-
-
-def cache_dtype_code(name, what="cache_dtype"):
-    """The fa_dtype of a cache_dtype= name; None is the plain cache. what names the argument;
-    quantize_cache's dtype (QUANTIZE_DTYPE) takes no None."""
-    plain_ok = what != QUANTIZE_DTYPE
+def cache_dtype_code(name, what="cache_dtype", plain_ok=True):
+    """The fa_dtype of a cache_dtype= name or dtype object; None is the plain cache where
+    plain_ok. what names the argument in the message."""
     if name is None and plain_ok:
         return None
     key = str(name).replace("torch.", "").replace("jnp.", "")
@@ -44,6 +40,11 @@ def cache_code_dtypes(code):
     if code == _native.INT8:
         return (np.dtype(np.int8),)
     return tuple(dict.fromkeys((_fp8_numpy(), np.dtype(np.uint8))))
+
+
+def quantize_dtype_code(dtype):
+    """quantize_cache's dtype (every front's): int8 or fp8, no plain cache."""
+    return cache_dtype_code(dtype, "quantize_cache: dtype", plain_ok=False)
 
 
 def code_numpy_dtype(code):
@@ -85,7 +86,7 @@ def quantize_cache(k, v, dtype):
     clamped or saturated (docs/caches.md). A non-finite element raises ValueError."""
     from ._numpy import _dtype_name
     from ._problem import dtype_code
-    code = cache_dtype_code(dtype, QUANTIZE_DTYPE)
+    code = quantize_dtype_code(dtype)
     out = []
     for name, a in (("k", k), ("v", v)):
         a = np.asarray(a)

@@ -14,7 +14,7 @@ import torch
 
 from . import _layout, _native
 from ._problem import check_sinks_finite, dtype_code
-from ._quant import QUANTIZE_DTYPE, cache_dtype_code, check_rows
+from ._quant import cache_dtype_code, check_rows, quantize_dtype_code
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
@@ -551,7 +551,7 @@ def quantize_cache(k, v, dtype):
     v_scale), codes torch.int8 or torch.float8_e4m3fn, scales float32 [...] (docs/caches.md).
     Meta and fake tensors give outputs of the right shapes and dtypes; torch.compile does not
     trace it (a graph break; with fullgraph=True an error saying so)."""
-    code = cache_dtype_code(dtype, QUANTIZE_DTYPE)
+    code = quantize_dtype_code(dtype)
     out = []
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:

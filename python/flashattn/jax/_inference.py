@@ -33,7 +33,7 @@ from .._problem import _int, check_real, make_options as _library_options, probl
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_scale_dtype,
                                   check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
 from . import _ffi, _partition
-from .._quant import QUANTIZE_DTYPE, cache_dtype_code
+from .._quant import cache_dtype_code, quantize_dtype_code
 from ._attention import (_cotangents_as_values, _dropout, _finite, _flag, _window, _zero_along_heads,
                          refuse_slopes_grad, seed_words)
 from ._plan import _DTYPE_NAMES
@@ -447,6 +447,6 @@ def quantize_cache(k, v, dtype):
                         "quantize new tokens (cache_dtype=)")
     # jnp.asarray first: JAX's own conversions (lists; float64 is float32 with x64 off)
     kq, ks, vq, vs = quantize(np.asarray(jnp.asarray(k)), np.asarray(jnp.asarray(v)), dtype)
-    code = jnp.int8 if cache_dtype_code(dtype, QUANTIZE_DTYPE) == _native.INT8 else jnp.float8_e4m3fn
+    code = jnp.int8 if quantize_dtype_code(dtype) == _native.INT8 else jnp.float8_e4m3fn
     return (jnp.asarray(kq.view(np.uint8)).view(code), jnp.asarray(ks), jnp.asarray(vq.view(np.uint8)).view(code),
             jnp.asarray(vs))
