@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _layout, _native
-from ._problem import check_sinks_finite, dtype_code
+from ._problem import dtype_code
 from ._quant import cache_dtype_code, check_rows, quantize_dtype_code
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
@@ -56,30 +56,6 @@ def _totals(cu):
     return int(cu[-1]) if cu.size else 0
 
 
-def _varlen_empty(q, k, v, cu_q, alibi_slopes, causal, wl, wr, softcap, scale, diag_offset, threads, sinks=False):
-    """Whether the packed problem has no rows, no keys, no heads or no sequences (which the
-    library refuses); if so it is planned with those sizes at 1 (one sequence of one row),
-    so that bad options and D = 0 still raise the library's message."""
-    if 0 not in (q.shape[0], k.shape[0], q.shape[1], k.shape[1], cu_q.shape[0] - 1):
-        return False
-    hk = max(k.shape[1], 1)
-    hq = hk if q.shape[1] == 0 else q.shape[1]
-    sub = [torch.empty((1, h, d), dtype=q.dtype, device="meta")
-           for h, d in ((hq, q.shape[2]), (hk, k.shape[2]), (hk, v.shape[2]))]
-    one = torch.tensor([0, 1], dtype=torch.int32).numpy()
-    _varlen_handle(*sub, (1, hq, v.shape[2]), one, one, alibi_slopes, causal, wl, wr, softcap, scale,
-                   diag_offset, Device(q, threads), sinks)
-    return True
-
-
-def _no_key_lse(shape, sinks, device):
-    """lse [Hq, rows] of rows that see no key: -inf, or each head's sink."""
-    lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=device)
-    if sinks is not None and lse.numel():
-        lse.copy_(sinks.view(-1, 1).expand(shape))
-    return lse
-
-
 @torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                 cu_seqlens_k: torch.Tensor, max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
@@ -88,12 +64,6 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 diag_offset: Optional[int], threads: int = 0,
                 sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                 seed: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
-                     diag_offset, threads, sinks is not None):
-        if sinks is not None and sinks.device.type != "meta":  # the library's rule, with no call to apply it
-            check_sinks_finite(sinks.detach().cpu().numpy(), "varlen forward")
-        return (torch.zeros(tuple(q.shape[:2]) + (v.shape[2],), dtype=q.dtype, device=q.device),
-                _no_key_lse((q.shape[1], q.shape[0]), sinks, q.device))
     q, k, v = readable(q), readable(k), readable(v)
     cu_q, cu_k = _host_int32(cu_seqlens_q, "cu_seqlens_q"), _host_int32(cu_seqlens_k, "cu_seqlens_k")
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
@@ -133,12 +103,6 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv and dsink ((0,) without sinks)."""
     has_sinks = sinks is not None
-    if _varlen_empty(q, k, v, cu_seqlens_q, alibi_slopes, causal, window_left, window_right, softcap, scale,
-                     diag_offset, threads, has_sinks):  # nothing visible anywhere: every gradient is 0
-        # but dsink_h = -sum of do . o over head h's rows (o = 0): 0, or NaN from do, as the library
-        dsink = (0.0 - (do.float() * o.float()).sum([0, 2]) if has_sinks
-                 else torch.zeros((0,), dtype=torch.float32, device=q.device))
-        return tuple(torch.zeros_like(t) for t in (q, k, v)) + (dsink,)
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     lse = lse.contiguous()

@@ -1,7 +1,8 @@
 """Zero-size problems (a zero B, H, Sq or Sk; packed batches with no rows or no keys): empty
 results, or o = 0 and lse = -inf where there are no keys, zero gradients, a plan with no
-flops; the library plans and runs them (numpy), the torch and JAX fronts answer them
-themselves (device memory, meta tensors, XLA). A zero head_dim stays an error."""
+flops; the library plans and runs them (numpy; torch's and JAX's packed calls), the torch and
+JAX dense fronts answer them themselves (device memory, meta tensors, XLA). A zero head_dim
+stays an error."""
 import numpy as np
 import pytest
 
@@ -67,6 +68,48 @@ def test_jax_dense_and_packed(rng, B, H, Sq, Sk):
     qp, kp, vp = (x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]) for x in (q, k, v))
     o = fj.varlen_attention(qp, kp, vp, cu_q, cu_k)
     assert o.shape == qp.shape and not np.asarray(o).any()
+
+
+# Packed calls with no keys, no sequences or capacity rows: the torch front once answered
+# these itself, giving every row (capacity rows too) its head's sink as lse, a sinks
+# gradient from rows of no sequence, and accepting any prefix sums; JAX under jit (traced
+# sums) accepted any. Now the library judges and runs them, as numpy's front always did.
+@pytest.mark.parametrize("cu_q, cu_k", [([0], [0]), ([0, 1], [0, 0]), ([0, 1, 1], [0, 0, 0])])
+def test_packed_without_keys_rows_past_the_sums(rng, cu_q, cu_k):
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    q, k = randn(rng, (3, 2, 8)), randn(rng, (0, 2, 8))
+    sinks = np.float32([0.5, -1.0])
+    want = np.full((2, 3), -np.inf, np.float32)
+    want[:, :cu_q[-1]] = sinks[:, None]  # rows of a sequence without keys: the sink; capacity rows: -inf
+    o, lse = flashattn.varlen_attention(q, k, k, np.array(cu_q), np.array(cu_k), return_lse=True, sinks=sinks)
+    assert np.array_equal(lse, want) and not o.any()
+    s = torch.tensor(sinks, requires_grad=True)
+    o, lse = ft.varlen_attention(torch.tensor(q), torch.tensor(k), torch.tensor(k), torch.tensor(cu_q),
+                                 torch.tensor(cu_k), return_lse=True, sinks=s)
+    assert np.array_equal(lse.detach().numpy(), want) and not o.detach().numpy().any()
+    torch.where(torch.isinf(lse), 0, lse).sum().backward()  # d lse_row / d sink = 1 for rows of a sequence
+    assert s.grad.tolist() == [float(cu_q[-1])] * 2
+
+
+BAD_SUMS = [([0, 5], [0, 0], "reaches past"), ([0, 2, 1, 3], [0, 0, 0, 0], "non-decreasing"),
+            ([1, 3], [0, 0], "must be 0"), ([0, 3], [0, 4], "reaches past")]
+
+
+@pytest.mark.parametrize("cu_q, cu_k, message", BAD_SUMS)
+def test_packed_without_keys_bad_sums_refused(rng, cu_q, cu_k, message):
+    q, k = randn(rng, (3, 2, 8)), randn(rng, (0, 2, 8))
+    cq, ck = np.array(cu_q, np.int32), np.array(cu_k, np.int32)
+    with pytest.raises(ValueError, match=message):
+        flashattn.varlen_attention(q, k, k, cq, ck)
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    with pytest.raises(ValueError, match=message):
+        ft.varlen_attention(torch.tensor(q), torch.tensor(k), torch.tensor(k), torch.tensor(cq), torch.tensor(ck))
+    jax = pytest.importorskip("jax")
+    import flashattn.jax as fj
+    with pytest.raises(Exception, match=message):  # traced sums: judged by the call (XLA's error)
+        jax.jit(lambda a, b: fj.varlen_attention(q, k, k, a, b))(cq, ck).block_until_ready()
 
 
 @pytest.mark.parametrize("B, H", [(0, 2), (1, 0)])

@@ -246,7 +246,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                            scale=scale, alibi=slopes is not None, diag_offset=diag_offset, sinks=sinks is not None,
                            dropout=(drop, 0, None) if drop else (None, None, None))  # the seed: no part of a verdict
         _native.cached_plan(p, _library_options("cpu"))
-    if 0 in (q.shape[0], k.shape[0], q.shape[1]):  # no rows, keys or heads: filled here, outside the XLA call
+    if host_q is not None and host_k is not None and 0 in (q.shape[0], k.shape[0], q.shape[1]):
+        # no rows, keys or heads, and lengths the library has judged above: filled here, outside
+        # the XLA call (traced lengths go to the call, which judges them as it runs)
         o = jnp.zeros(q.shape[:2] + v.shape[2:], q.dtype)
         lse = jnp.full((q.shape[1], q.shape[0]), -jnp.inf, jnp.float32)
         if sinks is not None:  # rows without keys: lse = sink, o = 0 with a zero derivative in the sink
