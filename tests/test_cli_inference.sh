@@ -115,6 +115,19 @@ rm -f "$OUT"/*
 fa plan --heads 4 --kv-heads 2 --head-dim 16 --v-head-dim 8 --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy" --causal
 if [ $rc -eq 0 ] && grep -q "flash backward" "$W/so" && grep -q "^  flops " "$W/so"; then ok "varlen plan (human): both passes' cost"
 else no "varlen plan (human)" "exit $rc: $(cat "$W/se")"; fi
+# plan's --seq-q / --seq-k / --seq beside the prefix sums: the rows the sums reach (37, 45) or,
+# with --lengths-per-call, capacities at least that; others were ignored (the sums' plan, exit 0)
+PV="--heads 4 --kv-heads 2 --head-dim 16 --v-head-dim 8 --cu-seqlens-q $I/cq.npy --cu-seqlens-k $I/ck.npy"
+expect_bad "varlen plan --seq-q 36" "seq-q 36 does not match the 37 rows" plan $PV --seq-q 36
+expect_bad "varlen plan --seq-k 3" "seq-k 3 does not match the 45 rows" plan $PV --seq-k 3
+expect_bad "varlen plan --seq 7" "seq 7 does not match the 37 rows" plan $PV --seq 7
+expect_bad "varlen plan --lengths-per-call --seq-q 36" "seq-q 36 is below the 37 rows" plan $PV --lengths-per-call --seq-q 36
+for c in "--seq-q 37 --seq-k 45:37:45" "--lengths-per-call --seq 64:64:64" "--lengths-per-call --seq-k 50:37:50"; do
+  fa plan $PV ${c%%:*} --json
+  got="$(sed -n 's/.*"seq_q": \([0-9]*\), "seq_k": \([0-9]*\).*/\1:\2/p' "$W/so" | head -1)"
+  [ $rc -eq 0 ] && [ "$got" = "${c#*:}" ] && ok "varlen plan ${c%%:*}: seq_q:seq_k $got" ||
+    no "varlen plan ${c%%:*}" "exit $rc, seq_q:seq_k '$got', want ${c#*:}: $(cat "$W/se")"
+done
 gen cq_f4.npy '<f4' 5 --seed $((S0 + 6))
 ints cq_2d.npy 1 5 -- 0 5 5 20 37
 VG="--q $I/q.npy --k $I/k.npy --v $I/v.npy $GR"

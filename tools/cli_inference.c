@@ -85,10 +85,22 @@ int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
         p->batch = n - 1, p->seq_q = both[n - 1], p->seq_k = both[2 * n - 1];
         p->cu_seqlens_q = both, p->cu_seqlens_k = both + n;
         *lens = both;
-        if (a->lengths_per_call) { /* capacities: --seq-q / --seq-k, else the sums' ends */
+        /* --seq-q / --seq-k (or --seq for both): with --lengths-per-call the capacities, at
+         * least the sums' ends; without, the rows the sums reach, so one that differs is refused
+         * rather than ignored */
+        const int64_t given[2] = {a->seq_q ? a->seq_q : a->seq, a->seq_k ? a->seq_k : a->seq};
+        for (int x = 0; x < 2; x++) {
+            const int64_t end = x ? p->seq_k : p->seq_q;
+            const char *flag = (x ? a->seq_k : a->seq_q) ? (x ? "--seq-k" : "--seq-q") : "--seq";
+            if (!given[x] || given[x] == end || (a->lengths_per_call && given[x] > end)) continue;
+            return cli_fail(2, "%s %" PRId64 " %s the %" PRId64 " rows --cu-seqlens-%c reaches%s", flag, given[x],
+                            a->lengths_per_call ? "is below" : "does not match", end, x ? 'k' : 'q',
+                            a->lengths_per_call ? " (a capacity holds them)" : "");
+        }
+        if (a->lengths_per_call) { /* capacities: --seq-q / --seq-k / --seq, else the sums' ends */
             p->lengths_per_call = FA_LENGTHS_PACKED, p->cu_seqlens_q = p->cu_seqlens_k = NULL;
-            if (a->seq_q) p->seq_q = a->seq_q;
-            if (a->seq_k) p->seq_k = a->seq_k;
+            if (given[0]) p->seq_q = given[0];
+            if (given[1]) p->seq_k = given[1];
         }
         return 0;
     }
