@@ -43,7 +43,7 @@ for pair in "010:10" "0x10:16" "0X1f:31" "007:7"; do
   "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.1 --seed "${pair%%:*}" >"$W/so" 2>&1
   grep -q "seed ${pair#*:})" "$W/so" && ok "--seed ${pair%%:*} is seed ${pair#*:}" || no "--seed ${pair%%:*}" "$(cat "$W/so")"
 done
-for bad in "--dropout 1" "--dropout -0.1" "--dropout nan" "--dropout x" "--seed 3" "--dropout 0.1 --seed -1" \
+for bad in "--dropout 1" "--dropout -0.1" "--dropout -1e-50" "--dropout nan" "--dropout x" "--seed 3" "--dropout 0.1 --seed -1" \
            "--dropout 0.1 --seed 18446744073709551616" "--dropout 0.1 --seed 0x" "--dropout 0.1 --seed +5" \
            "--dropout 0.1 --seed 0x-5" "--dropout 0.1 --seed 08x"; do
   "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 $bad >/dev/null 2>"$W/se"

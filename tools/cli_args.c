@@ -333,7 +333,9 @@ static int apply(cli_args *a, flag_id id, char **v) {
     case F_DROPOUT:
         a->has_dropout = 1;
         if (parse_float(f, v[0], &a->dropout)) return 2;
-        if (!(a->dropout >= 0.0f && a->dropout < 1.0f)) return cli_fail(2, "--dropout: %s is not in [0, 1)", v[0]);
+        /* signbit: a negative value too small for a float (-1e-50) reads as -0, not as 0 (off) */
+        if (!(a->dropout >= 0.0f && a->dropout < 1.0f) || signbit(a->dropout))
+            return cli_fail(2, "--dropout: %s is not in [0, 1)", v[0]);
         return 0;
     case F_SEED: {
         char *end = NULL;

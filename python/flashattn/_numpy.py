@@ -380,19 +380,17 @@ def _own_shape(dbias, own, bias):
 def dropout_keep_rate(dropout_p):
     """The fraction of weights dropout keeps at dropout_p: T / 256 with T = round(256 (1 - p))
     (docs/semantics.md, "Dropout")."""
-    r = _native.lib.fa_dropout_keep_rate(float(dropout_p))
-    if r < 0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    return r
+    from ._problem import dropout_p_value
+    return _native.lib.fa_dropout_keep_rate(dropout_p_value(dropout_p))
 
 
 def dropout_keep_mask(dropout_p, seed, b, h, rows, cols, *, dropout_offset=0, row0=0, col0=0):
     """The keep mask the kernels use: bool [rows, cols], True where weight (b, h, row0 + r,
     col0 + c) of a call with this dropout_p, seed and dropout_offset is kept (for packed
     batches b is the sequence, rows and columns count within it)."""
-    from ._problem import _uint64, _int
+    from ._problem import _uint64, _int, dropout_p_value
     out = np.empty((_int("rows", rows), _int("cols", cols)), np.uint8)
-    st = _native.lib.fa_dropout_keep_mask(float(dropout_p), _uint64("seed", seed), _uint64("dropout_offset", dropout_offset),
+    st = _native.lib.fa_dropout_keep_mask(dropout_p_value(dropout_p), _uint64("seed", seed), _uint64("dropout_offset", dropout_offset),
                                           _int("b", b), _int("h", h), _int("row0", row0), out.shape[0],
                                           _int("col0", col0), out.shape[1], out.ctypes.data)
     if st:

@@ -184,6 +184,21 @@ def _float(name, v):
     return f
 
 
+def dropout_p_value(v, name="dropout_p"):
+    """dropout_p as a float in [0, 1) (0: off), judged by the value the caller gave: a negative
+    one too small for float32 (-1e-50 became -0.0, taken as off) is refused as negative, and
+    one below 1 that float32 rounds to 1 (0.9999999999) is refused by its own value, where the
+    library would report "got 1"."""
+    f = _float(name, v)
+    if not 0.0 <= f < 1.0:
+        raise ValueError(f"{name} must be in [0, 1) (0 = off), got {v!r}")
+    if f >= 1.0 - 2.0**-25:  # float32 rounds from halfway above its largest value below 1 (plain floats:
+        # torch.compile would trace numpy's float32 as a tensor and break its graph on the branch)
+        raise ValueError(f"{name} = {v!r} rounds to 1 in float32, the library's type (0 <= dropout_p <= "
+                         f"{1.0 - 2.0**-24!r})")
+    return f
+
+
 def bias_dims(shape, batch, heads, seq_q, seq_k):
     """A bias shape, left-padded with ones to 4 dims as numpy broadcasting would, checked
     against [B or 1, Hq or 1, Sq or 1, Sk] (the library broadcasts size-1 B, H and Sq
@@ -368,7 +383,7 @@ def set_dropout(p, dropout_p, seed, dropout_offset=None):
     off, a seed or offset given is checked as it would be with dropout, and unused (the
     problem is the one without them)."""
     if dropout_p is not None:
-        p.dropout_p = _float("dropout_p", dropout_p)
+        p.dropout_p = dropout_p_value(dropout_p)
     if p.dropout_p > 0 and seed is None:
         raise ValueError("dropout_p > 0 needs seed= (an integer in 0 .. 2**64 - 1): the keep mask is a function "
                          "of the seed, so that the backward regenerates the forward's")

@@ -4,7 +4,7 @@ autocast, and boolean masks lowered to the library's hidden-key rule (docs/nonfi
 -inf bias term hides its key)."""
 import torch
 
-from ._problem import _int, check_real, fold_bias_scale, threads_int, window_pair
+from ._problem import _float, _int, check_real, fold_bias_scale, threads_int, window_pair
 from ._torch_ops import DTYPES
 
 DTYPE_NAMES = "float32, float16 or bfloat16"
@@ -105,10 +105,7 @@ def float_or_none(name, x):
                         f"{tuple(x.shape)}{' that requires grad' if x.requires_grad else ''}: flashattn takes no "
                         f"gradient through {name} (as F.scaled_dot_product_attention); pass {name}.detach() for a "
                         "constant")
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {x!r}") from None
+    return _float(name, x)  # a string or a bool is not a number here, as in every front
 
 
 def autocast(*tensors):

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _layout, _native
-from ._problem import check_sinks_finite, make_options, make_problem
+from ._problem import check_sinks_finite, dropout_p_value, make_options, make_problem
 
 DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -510,6 +510,17 @@ def dropout_seed(generator=None):
     return int(seed_tensor(None, generator))
 
 
+def _concrete_int(t):
+    """A 0-dim integer tensor's value, or None where it has none yet (traced by torch.compile
+    or export, a meta or fake tensor, a vmapped one): the op then judges its int64 value."""
+    if torch.compiler.is_compiling() or t.device.type == "meta":
+        return None
+    try:
+        return int(t.item())
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
 def seed_tensor(seed=None, generator=None):
     """The ops' seed operand: an int64 scalar tensor on the CPU. None draws it from torch's
     generator, torch.randint(0, 2**62, ()) (a tensor, so torch.compile traces the draw
@@ -520,6 +531,9 @@ def seed_tensor(seed=None, generator=None):
     if isinstance(seed, torch.Tensor):
         if seed.dim() != 0 or seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
             raise ValueError(f"seed must be an integer scalar tensor, got {seed.dtype} of shape {tuple(seed.shape)}")
+        value = _concrete_int(seed)  # judged as an int seed is, before int64 could wrap it
+        if value is not None and not 0 <= value < 2**63:
+            raise ValueError(f"seed must be in 0 .. 2**63 - 1, got {value}")
         return seed.to(device="cpu", dtype=torch.int64)
     from ._torch_args import int_in  # here: _torch_args imports this module
     seed = int_in("seed", seed)
@@ -533,9 +547,7 @@ def dropout_args(dropout_p, seed):
     (dropout_p, seed_tensor(seed)), or (0.0, None) without dropout (a seed then checked and
     unused, as in every front: _problem.set_dropout)."""
     from ._torch_args import float_or_none  # here: _torch_args imports this module
-    dropout_p = float_or_none("dropout_p", dropout_p) or 0.0
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    dropout_p = dropout_p_value(float_or_none("dropout_p", dropout_p) or 0.0)
     if dropout_p > 0.0:
         return dropout_p, seed_tensor(seed)
     if seed is not None:

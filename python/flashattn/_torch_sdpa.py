@@ -18,6 +18,7 @@ import math
 import torch
 
 from ._torch_args import autocast, check_floats, expand_seq_dims, float_or_none, mask_to_bias
+from ._problem import dropout_p_value
 from ._torch_ops import attention_function, seed_tensor
 
 
@@ -103,9 +104,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if not (query.dtype == key.dtype == value.dtype):
         raise RuntimeError("Expected query, key, and value to have the same dtype, but got query.dtype: "
                            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
-    dropout_p = float(dropout_p)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    for name, x in (("dropout_p", dropout_p), ("scale", scale)):  # as torch's argument parser: a bool is a number
+        if isinstance(x, (str, bytes)):
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be float, not {type(x).__name__}")
+    dropout_p, scale = (float(x) if isinstance(x, bool) else x for x in (dropout_p, scale))
+    dropout_p = dropout_p_value(float_or_none("dropout_p", dropout_p))
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     check_floats(("query", "key", "value"), (query, key, value))

@@ -286,3 +286,68 @@ def test_jax_packed_dropout(rng):
         jax.grad(lambda q: fj.varlen_attention(q, k, v, cu, cu, dropout_p=0.2, seed=8, return_lse=True)[1].sum())(q)
     with pytest.raises(ValueError, match="needs seed="):
         fj.varlen_attention(q, k, v, cu, cu, dropout_p=0.2)
+
+
+# Values every front judges alike (python/flashattn/_problem.py: dropout_p_value, _float): a
+# dropout_p below 1 that float32 rounds to 1 (reported as "got 1" by the library), a negative
+# one too small for float32 (numpy took -1e-50 as off), strings and bools for float options
+# (torch and JAX took "0.5" and True as numbers).
+BAD_OPTIONS = [(dict(dropout_p=0.9999999999, seed=1), "rounds to 1 in float32"),
+               (dict(dropout_p=-1e-50, seed=1), r"\[0, 1\).*-1e-50"),
+               (dict(dropout_p="0.5", seed=1), "dropout_p must be a number"),
+               (dict(dropout_p=True, seed=1), "dropout_p must be a number"),
+               (dict(scale="0.5"), "scale must be a number"), (dict(scale=True), "scale must be a number"),
+               (dict(softcap="2"), "softcap must be a number")]
+
+
+@pytest.mark.parametrize("kw, message", BAD_OPTIONS)
+def test_float_options_judged_alike(rng, kw, message):
+    q = randn(rng, (1, 2, 8, 8))
+    with pytest.raises(ValueError, match=message):
+        flashattn.attention(q, q, q, **kw)
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    with pytest.raises(ValueError, match=message):
+        ft.attention(torch.tensor(q), torch.tensor(q), torch.tensor(q), **kw)
+    pytest.importorskip("jax")
+    import flashattn.jax as fj
+    with pytest.raises(ValueError, match=message):
+        fj.attention(q, q, q, **kw)
+
+
+def test_keep_rate_and_mask_judge_dropout_p():
+    for p, message in ((0.9999999999, "rounds to 1"), (-1e-50, r"\[0, 1\)"), ("0.5", "must be a number")):
+        with pytest.raises(ValueError, match=message):
+            flashattn.dropout_keep_rate(p)
+        with pytest.raises(ValueError, match=message):
+            flashattn.dropout_keep_mask(p, 1, 0, 0, 2, 2)
+    assert flashattn.dropout_keep_rate(float(np.nextafter(np.float32(1), np.float32(0)))) == 0.0
+
+
+def test_sdpa_float_arguments_as_torch(rng):
+    """The SDPA drop-in takes its float arguments as torch's parser does: a string is a
+    TypeError in torch's words, a bool a number."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+    import flashattn.torch as ft
+    q = torch.tensor(randn(rng, (1, 2, 8, 8)))
+    for name in ("dropout_p", "scale"):
+        with pytest.raises(TypeError, match=f"argument '{name}' must be float, not str"):
+            ft.scaled_dot_product_attention(q, q, q, **{name: "0.5"})
+    assert torch.allclose(ft.scaled_dot_product_attention(q, q, q, scale=True),
+                          F.scaled_dot_product_attention(q, q, q, scale=True), atol=1e-5)
+    with pytest.raises(ValueError, match="rounds to 1"):
+        ft.scaled_dot_product_attention(q, q, q, dropout_p=0.9999999999)
+
+
+def test_torch_seed_tensors_judged_as_ints(rng):
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    q = torch.tensor(randn(rng, (1, 2, 8, 8)))
+    for p in (0.5, 0.0):  # with dropout off a seed is still checked (docs/python.md)
+        with pytest.raises(ValueError, match="got -5$"):
+            ft.attention(q, q, q, dropout_p=p, seed=torch.tensor(-5))
+    with pytest.raises(ValueError, match=f"got {2**63 + 5}$"):
+        ft.attention(q, q, q, dropout_p=0.5, seed=torch.tensor(2**63 + 5, dtype=torch.uint64))
+    same = ft.attention(q, q, q, dropout_p=0.5, seed=torch.tensor(7, dtype=torch.uint8))
+    assert torch.equal(same, ft.attention(q, q, q, dropout_p=0.5, seed=7))

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._problem import (_int, broadcast_dims, check_real, check_sinks_finite, combined_bias_dims, empty_dims,
-                        fold_bias_scale, library_bias_scale, threads_int, window_pair)
+from .._problem import (_int, broadcast_dims, check_real, check_sinks_finite, combined_bias_dims, dropout_p_value,
+                        empty_dims, fold_bias_scale, library_bias_scale, threads_int, window_pair)
 from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
@@ -96,6 +96,8 @@ def _finite(name, x):
     """A static, finite float option (None stays None: the library's default)."""
     if x is None:
         return None
+    if isinstance(x, (str, bytes, bool, np.bool_)):  # as in every front ("0.5" and True were taken)
+        raise ValueError(f"{name} must be a number, got {x!r}")
     try:
         x = float(x)
     except (TypeError, jax.errors.ConcretizationTypeError):
@@ -194,9 +196,7 @@ def _dropout(dropout_p, seed, dropout_offset):
         if dropout_offset is not None:
             _u64_words("dropout_offset", dropout_offset, False)
         return {}
-    p = _finite("dropout_p", dropout_p)
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {dropout_p}")
+    p = dropout_p_value(_finite("dropout_p", dropout_p))
     if seed is None:
         raise ValueError("dropout_p > 0 needs seed= (an integer in 0 .. 2**64 - 1, an integer scalar array, "
                          "or a jax.random key)")
