@@ -420,7 +420,7 @@ FA_API fa_status fa_backward(const fa_plan *plan, const fa_backward_args *args);
 /* Merges two attention states over disjoint key sets into the state over their union
  * (FlashInfer's merge_state; docs/semantics.md, "Merging attention states"): per row r and
  * head h, lse = logaddexp(lse_a, lse_b) and o = (e^(lse_a - lse) o_a + e^(lse_b - lse) o_b),
- * computed in double and rounded once to dtype. o_* [rows, heads, head_dim_v] of dtype and
+ * computed in double, rounded to f32 and then to dtype. o_* [rows, heads, head_dim_v] of dtype and
  * lse_* [rows, heads] f32, contiguous; an empty state (lse = -inf) contributes nothing, and
  * two empty ones give o = 0, lse = -inf. sinks (NULL: none) are attention-sink logits
  * [heads] f32: the inputs then exclude the sink and the merge adds it once, to the

@@ -15,7 +15,9 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
     """Merges two attention states over disjoint key sets: o_a, o_b [..., H, Dv] of one
     dtype (float32, float16, ml_dtypes.bfloat16), lse_a, lse_b [..., H] float32 (natural
     log). Returns (o, lse) over the union: lse = logaddexp(lse_a, lse_b), o weighted by
-    exp(lse_x - lse), computed in double and rounded once. An empty state (lse = -inf)
+    exp(lse_x - lse), computed in double, rounded to float32 and then to the dtype (as
+    FlashInfer's merge_state; bf16 and f16 may then differ from one rounding of the exact
+    value by a rounding of the f32). An empty state (lse = -inf)
     contributes nothing (its o is not read). sinks [H] (attention-sink logits, finite or
     -inf) are added once, to the denominator: pass them to the final merge only."""
     o_a, o_b = np.ascontiguousarray(o_a), np.ascontiguousarray(o_b)

@@ -18,7 +18,7 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
     logits, added once: pass them to the final merge only. Not differentiable: inputs that
     require grad, with grad mode on, are refused rather than detached."""
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b), ("sinks", sinks)):
-        if t is not None and (not isinstance(t, torch.Tensor) or t.device.type != "cpu"):
+        if (t is not None or name != "sinks") and (not isinstance(t, torch.Tensor) or t.device.type != "cpu"):
             raise ValueError(f"{name} must be a CPU tensor, got {type(t).__name__}"
                              f"{'' if not isinstance(t, torch.Tensor) else ' on ' + str(t.device)}")
     if o_a.shape != o_b.shape or o_a.dtype != o_b.dtype or o_a.dim() < 2:

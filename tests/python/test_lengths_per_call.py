@@ -154,6 +154,25 @@ def test_torch_merge_states_equals_numpy(rng):
     assert not og.requires_grad
     with pytest.raises(ValueError, match="lse_a must be real numbers"):
         ft.merge_states(torch.from_numpy(oa), torch.from_numpy(la).bool(), torch.from_numpy(ob), torch.from_numpy(lb))
+    args = [torch.from_numpy(x) for x in (oa, la, ob, lb)]
+    for i, name in enumerate(("o_a", "lse_a", "o_b", "lse_b")):  # None was an AttributeError
+        with pytest.raises(ValueError, match=f"{name} must be a CPU tensor, got NoneType"):
+            ft.merge_states(*args[:i], None, *args[i + 1:])
+
+
+def test_merge_states_rounds_through_float32(rng):
+    """bf16 and f16 merges are the double result rounded to f32, then to the dtype
+    (docs/semantics.md; the header and the numpy docstring said rounded once)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    oa, ob = rng.standard_normal((2, 4096, 2, 8)).astype(np.float32)
+    la, lb = (rng.standard_normal((2, 4096, 2)) * 3).astype(np.float32)
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        a, b = oa.astype(dt), ob.astype(dt)
+        o, _ = flashattn.merge_states(a, la, b, lb)
+        m = np.maximum(la, lb).astype(np.float64)[..., None]
+        wa, wb = np.exp(la[..., None] - m), np.exp(lb[..., None] - m)
+        want = ((wa * a.astype(np.float64) + wb * b.astype(np.float64)) / (wa + wb)).astype(np.float32).astype(dt)
+        assert np.array_equal(o.astype(np.float32), want.astype(np.float32))
 
 
 def test_cost_lengths_checks_the_arrays_against_the_plans_batch():
