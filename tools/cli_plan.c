@@ -223,6 +223,15 @@ int cli_plan(const cli_args *a) {
     if (rc) return fa_free(lens), rc;
     fa_plan *plan;
     rc = cli_plan_create(&p, &o, &plan);
+    if (!rc && p.lengths_per_call && lens) { /* the lengths a call would pass: judged as that call would */
+        const int packed = p.lengths_per_call == FA_LENGTHS_PACKED;
+        fa_cost c;
+        if (fa_plan_cost_lengths(plan, FA_FORWARD, packed ? NULL : lens, packed ? lens : NULL,
+                                 packed ? lens + p.batch + 1 : NULL, &c) != FA_OK) {
+            rc = cli_fail(2, "%s: %s", packed ? "--cu-seqlens-q/-k" : "--cache-seqlens", fa_last_error());
+            fa_plan_destroy(plan);
+        }
+    }
     fa_free(lens);
     if (rc) return rc;
     fa_cost f, b;
