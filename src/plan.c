@@ -165,6 +165,11 @@ static fa_status validate_scalars(fa_plan *pl) {
         return fa_error(FA_ERR_INVALID, "bias_batch, bias_heads and bias_seq_q need a bias (has_bias): got %lld, %lld, "
                                         "%lld without one (unset: 1, 1, 0)",
                         (long long)p->bias_batch, (long long)p->bias_heads, (long long)p->bias_seq_q);
+    if (!p->has_bias && (p->bias_stride.s[0] || p->bias_stride.s[1] || p->bias_stride.s[2] || p->bias_stride.s[3]))
+        return fa_error(FA_ERR_INVALID, "bias_stride needs a bias (has_bias): got {%lld, %lld, %lld, %lld} without one "
+                                        "(unset: all zeros)",
+                        (long long)p->bias_stride.s[0], (long long)p->bias_stride.s[1], (long long)p->bias_stride.s[2],
+                        (long long)p->bias_stride.s[3]);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f)) /* NaN fails too */
         return fa_error(FA_ERR_INVALID, "dropout_p must be in [0, 1) (0 = off), got %g", (double)p->dropout_p);
     int64_t last;

@@ -133,8 +133,10 @@ static fa_status validate_decode(fa_plan *pl) {
         if (p->page_size < 0 || p->page_size % 16)
             return fa_error(FA_ERR_INVALID, "page_size must be a positive multiple of 16, got %lld",
                             (long long)p->page_size);
-        if (p->num_pages < 1 || p->max_pages < 1)
-            return fa_error(FA_ERR_INVALID, "paged caches need num_pages >= 1 and max_pages >= 1, got %lld and %lld",
+        /* max_pages 0: a cache of capacity 0 (docs/semantics.md, "Empty problems"), as a dense one */
+        if (p->num_pages < 0 || p->max_pages < 0 || (p->max_pages > 0 && p->num_pages < 1))
+            return fa_error(FA_ERR_INVALID, "paged caches need max_pages >= 0 and, with max_pages >= 1, num_pages >= 1; "
+                                            "got num_pages %lld and max_pages %lld",
                             (long long)p->num_pages, (long long)p->max_pages);
         int64_t cap;
         if (__builtin_mul_overflow(p->max_pages, p->page_size, &cap) || cap != p->seq_k)

@@ -101,6 +101,19 @@ static void test_validation(void) {
     p = small(); p.batch = 1; p.cache_seqlens = lens; p.page_size = 16; p.num_pages = 4; p.max_pages = 1; p.seq_k = 16;
     p.k_stride = (fa_strides){{(int64_t)1 << 61, 16, 2 * 16, 1}}; /* 3 x 2^61 elements, 3 x 2^63 bytes */
     expect_bad("paged k bytes overflow", p, NULL, FA_ERR_OVERFLOW, "k strides");
+    /* a paged cache of capacity 0 (max_pages 0) plans as a dense one of capacity 0 does
+     * (semantics.md, "Empty problems"); pages without a pool are still refused */
+    lens[0] = 0;
+    p = small(); p.batch = 1; p.seq_q = 1; p.cache_seqlens = lens; p.page_size = 16; p.num_pages = 4; p.max_pages = 0;
+    p.seq_k = 0;
+    {
+        fa_plan *zero = NULL;
+        CHECK(fa_plan_create(&p, NULL, &zero) == FA_OK, "paged capacity 0 plans: %s", fa_last_error());
+        fa_plan_destroy(zero);
+    }
+    p.max_pages = 1, p.num_pages = 0, p.seq_k = 16;
+    expect_bad("paged max_pages 1 without pages", p, NULL, FA_ERR_INVALID, "num_pages >= 1");
+    lens[0] = 3;
     {   /* the largest offsets whose bytes fit still plan */
         fa_plan *ok = NULL;
         p = small(); p.k_stride = (fa_strides){{(int64_t)1 << 60, 12 * 16, 16, 1}};
@@ -149,6 +162,8 @@ static void test_validation(void) {
     expect_bad("bias_batch 2 without bias", p, NULL, FA_ERR_INVALID, "bias_batch");
     p = small(); p.bias_heads = 4;
     expect_bad("bias_heads 4 without bias", p, NULL, FA_ERR_INVALID, "bias_heads");
+    p = small(); p.bias_stride = (fa_strides){{128, 64, 8, 1}};
+    expect_bad("bias_stride without bias", p, NULL, FA_ERR_INVALID, "bias_stride needs a bias (has_bias)");
     p = small(); p.has_bias = 1; p.has_bias_scale = 1; p.bias_scale = NAN;
     expect_bad("bias_scale = NaN", p, NULL, FA_ERR_INVALID, "bias_scale");
     p = small(); p.has_bias = 1; p.has_bias_scale = 1; p.bias_scale = INFINITY;

@@ -212,10 +212,11 @@ def combine_bias_mask(bias, mask, B, H, Sq, Sk, bias_scale):
         if t.dim() > 4:  # fewer dims are left-padded with ones, as torch broadcasts (numpy's front too)
             raise ValueError(f"{what} must have at most 4 dims (broadcastable to [B, H, Sq, Sk]), "
                              f"got shape {tuple(t.shape)}")
-        t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+        given = tuple(t.shape)  # the caller's shape, for the message
+        t = t.reshape((1,) * (4 - t.dim()) + given)
         want = (B, H, Sq, Sk)
         if any(n not in (1, w) for n, w in zip(t.shape, want)):
-            raise ValueError(f"{what} shape {tuple(t.shape)} must broadcast to [B, H, Sq, Sk] = "
+            raise ValueError(f"{what} shape {given} must broadcast to [B, H, Sq, Sk] = "
                              f"[{B}, {H}, {Sq}, {Sk}] (each dim that size or 1)")
         return t
     if bias is not None:

@@ -92,6 +92,22 @@ def test_packed_without_keys_rows_past_the_sums(rng, cu_q, cu_k):
     assert s.grad.tolist() == [float(cu_q[-1])] * 2
 
 
+# A paged cache of capacity 0 (a block table [B, 0]) plans and runs as a dense one of
+# capacity 0 (docs/semantics.md, "Empty problems"); it was refused ("max_pages >= 1")
+def test_paged_cache_of_capacity_zero(rng):
+    q, pages = randn(rng, (2, 1, 2, 16)), randn(rng, (4, 16, 1, 16))
+    table, lens = np.zeros((2, 0), np.int32), np.zeros(2, np.int32)
+    o, lse = flashattn.kvcache_attention(q, pages, pages, None, None, lens, table, return_lse=True)
+    assert o.shape == (2, 1, 2, 16) and not o.any() and np.isneginf(lse).all()
+    with pytest.raises(ValueError, match="exceeds the cache capacity 0"):
+        flashattn.kvcache_attention(q, pages, pages, None, None, np.array([1, 0], np.int32), table)
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    o, lse = ft.kvcache_attention(*(torch.from_numpy(x) for x in (q, pages, pages)), None, None,
+                                  torch.from_numpy(lens), torch.from_numpy(table), return_lse=True)
+    assert not o.numpy().any() and np.isneginf(lse.numpy()).all()
+
+
 BAD_SUMS = [([0, 5], [0, 0], "reaches past"), ([0, 2, 1, 3], [0, 0, 0, 0], "non-decreasing"),
             ([1, 3], [0, 0], "must be 0"), ([0, 3], [0, 4], "reaches past")]
 

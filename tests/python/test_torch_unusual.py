@@ -65,3 +65,11 @@ def test_quantize_cache_dtype_message_meta_fake_and_compile():
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))  # a graph break, the same results
     with pytest.raises(Exception, match="runs on the host"):
         torch.compile(lambda a, b: fat.quantize_cache(a, b, "int8"), fullgraph=True, backend="aot_eager")(k, k)
+
+
+def test_bias_shape_message_names_the_callers_shape():
+    """A bias that does not broadcast is reported in the shape the caller gave (it showed
+    the shape padded to 4 dims, (1, 5, 7, 1) for a (5, 7, 1) bias), as numpy's front does."""
+    q = torch.randn(2, 4, 5, 8)
+    with pytest.raises(ValueError, match=r"bias shape \(5, 7, 1\) must broadcast"):
+        fat.attention(q, q, q, bias=torch.randn(5, 7, 1))
