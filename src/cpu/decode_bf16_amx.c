@@ -41,16 +41,18 @@
 #define KEYS FA_DECODE_MAX_TILE /* keys per step at most (128) */
 #define DIM 128                 /* head dims and value columns at most */
 
-/* Prefetched lines of the next tile, before the table's prefetch_x (3 on amx): per 16-key
- * block of scores (16), per 4 keys of the softmax (1) and per 16-key block of a p V column
- * group (6): 3 x (8 x 16 + 32 x 1 + 32 x 6) = 1056 lines a step at D = 128 and 128 keys, so
- * 8 kv heads' steps cover the next tile's 8192 lines of keys and values, and the touch reads
- * none (decode.c, touch_rest). With 4 a p V block (864 lines, 84% of the tile, the rest read
- * by the touch before the tile) it ran about 3% slower from memory (bench/RESULTS.md,
- * 2026-12-07). */
-#define PF_QK 16
+/* Prefetched lines of the next tile, before the table's prefetch_x (3 on amx): per tile
+ * product of the scores (4: 16 keys x 32 dims), per 4 keys of the softmax (1) and per tile
+ * product of p V (3: two a 16-key block of a column group): 3 x (8 x 4 x 4 + 32 x 1 + 64 x 3)
+ * = 1056 lines a step at D = 128 and 128 keys, so 8 kv heads' steps cover the next tile's
+ * 8192 lines of keys and values, and the touch reads none (decode.c, touch_rest). With 4 a
+ * p V block (864 lines, 84% of the tile, the rest read by the touch before the tile) it ran
+ * about 3% slower from memory. Issued after each product rather than 48 and 18 at a time
+ * after each block: a burst waits on the core's outstanding misses while the tile unit
+ * idles, 6% slower from memory (bench/RESULTS.md, 2026-12-07). */
+#define PF_QK 4
 #define PF_EXP 1
-#define PF_PV 6
+#define PF_PV 3
 
 /* Tiles 0, 1: the scores' C (16 keys x 4 rows); 4, 5: q^T (16 dim pairs x 4 rows); 2, 3:
  * key rows (A) for the scores, value rows (B) and p pairs (A) for p V; 6, 7: p V's C (even
@@ -100,16 +102,19 @@ static const uint16_t *rows16(const uint16_t *x, int64_t stride, int n, int j0, 
             TILE_LOAD(2, a_ + 32 * c_, sa_);                                             \
             TILE_LOAD(4, qb + c_ * 64, 16);                                              \
             TILE_DP(c, 2, 4);                                                            \
+            fa_decode_prefetch_scaled(t->pf, PF_QK);                                     \
             if (c_ + 1 < nc) {                                                           \
                 TILE_LOAD(3, a_ + 32 * (c_ + 1), sa_);                                   \
                 TILE_LOAD(5, qb + (c_ + 1) * 64, 16);                                    \
                 TILE_DP(c, 3, 5);                                                        \
+                fa_decode_prefetch_scaled(t->pf, PF_QK);                                 \
             }                                                                            \
         }                                                                                \
     } while (0)
 
 /* s[j][r] = k_j . q_r for the tile's keys (r < 4), 16 a block, the next block's products
- * issued before this one's C tile is stored. */
+ * issued before this one's C tile is stored; each product followed by its share of the next
+ * tile's prefetches. */
 static void scores(const fa_decode_step *t, const uint32_t *qb, float *s) {
     uint16_t staged[2][16 * DIM] __attribute__((aligned(64)));
     const int nc = t->d / 32, nb = (t->n + 15) / 16;
@@ -122,7 +127,6 @@ static void scores(const fa_decode_step *t, const uint32_t *qb, float *s) {
             if (i + 1 < nb) QK_ISSUE(0, 16 * (i + 1));
             TILE_STORE(1, s + 64 * i, 16);
         }
-        fa_decode_prefetch_scaled(t->pf, PF_QK);
     }
 }
 #undef QK_ISSUE
@@ -194,6 +198,7 @@ static int weighted_values(const fa_decode_step *t, const uint32_t *pe, const ui
             else TILE_LOAD(2, t->v + (int64_t)16 * b * t->vstride + 32 * g, t->vstride * 2);
             TILE_LOAD(3, pe + b * 256, 64);
             TILE_DP(6, 3, 2);
+            fa_decode_prefetch_scaled(t->pf, PF_PV);
             TILE_LOAD(3, po + b * 256, 64);
             TILE_DP(7, 3, 2);
             fa_decode_prefetch_scaled(t->pf, PF_PV);
