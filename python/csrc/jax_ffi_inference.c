@@ -21,8 +21,14 @@
  *                    rets o [B, Sq, Hq, Dv], lse [B, Hq, Sq], and with k_new/v_new k_cache,
  *                         v_cache (aliased to the cache arguments: the updated caches) and for
  *                         a quantized cache k_scale, v_scale (aliased likewise)
- * Every buffer is row-major and dense. No leading (vmapped) dims: the Python side calls
- * these with vmap_method="sequential". The library validates the lengths and page ids and
+ * Every buffer is row-major and dense. The varlen calls take leading (vmapped) dims
+ * (vmap_method="expand_dims", as jax_ffi.c's): every buffer gains them, each the vmapped size
+ * or 1 where that input was not mapped (the results: the full sizes), and the handler runs one
+ * call per flattened leading index, broadcasting the inputs that have a leading 1. With one
+ * seed (its leading dims all 1) index i's sequences draw dropout's masks at b = i * B + s
+ * (dropout_batch0), as one packed batch of every index's sequences in turn would; with a seed
+ * per index, each draws its own from b = s. The kv-cache call has no leading dims (it is
+ * called with vmap_method="sequential"). The library validates the lengths and page ids and
  * names the argument; the handlers check what only the buffers' shapes tell. */
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +52,8 @@ typedef struct {
     int64_t has_prefix; /* decode: k_prefix and v_prefix follow the other arguments */
     int64_t cache_dtype; /* decode: 0, or FA_INT8 / FA_FP8_E4M3 (a quantized cache) */
     int64_t threads; /* fa_options.threads: 0 the library's default */
+    int64_t lead; /* varlen: the number of leading (vmapped) dims, 0 for the kv-cache call */
+    const int64_t *lead_dims; /* their full sizes (the first result's) */
     fj_buffer arg[MAX_BUFFERS], ret[MAX_BUFFERS];
     int64_t n_args, n_rets;
 } icall;
@@ -97,16 +105,44 @@ static XLA_FFI_Error *read_buffers(icall *c, const char *const *args, const char
     return NULL;
 }
 
-/* Buffer b is `name` of rank n with dims want (a negative entry: any) and element type dt. */
+/* A buffer's data, or for an empty one (XLA may give it no address) a non-NULL address the
+ * library will not read: a packed batch with no rows is a valid problem. */
+static void *data(const fj_buffer *b) {
+    static char empty;
+    return b->data ? b->data : &empty;
+}
+
+/* Buffer b is `name` of rank n after the call's leading dims (c->lead: each the full size,
+ * or 1 for an argument) with those dims want (a negative entry: any) and element type dt. */
 static XLA_FFI_Error *expect(const icall *c, const fj_buffer *b, const char *name, int64_t n, const int64_t *want,
                              XLA_FFI_DataType dt) {
     if (b->dtype != dt) return BAD(c, "%s must be %s, got %s", name, fj_dtype_name(dt), fj_dtype_name(b->dtype));
-    if (b->rank != n) return BAD(c, "%s must have rank %lld, got %lld", name, (long long)n, (long long)b->rank);
+    if (b->rank != n + c->lead)
+        return BAD(c, "%s must have rank %lld, got %lld", name, (long long)(n + c->lead), (long long)b->rank);
+    const int is_result = b >= c->ret && b < c->ret + MAX_BUFFERS;
+    for (int64_t j = 0; j < c->lead; j++)
+        if (b->dims[j] != c->lead_dims[j] && (is_result || b->dims[j] != 1))
+            return BAD(c, "%s has leading (vmapped) dim %lld where the results have %lld", name, (long long)b->dims[j],
+                       (long long)c->lead_dims[j]);
     for (int64_t j = 0; j < n; j++)
-        if (want[j] >= 0 && b->dims[j] != want[j])
-            return BAD(c, "%s has %lld in dim %lld, expected %lld", name, (long long)b->dims[j], (long long)j,
-                       (long long)want[j]);
+        if (want[j] >= 0 && b->dims[c->lead + j] != want[j])
+            return BAD(c, "%s has %lld in dim %lld, expected %lld", name, (long long)b->dims[c->lead + j],
+                       (long long)j, (long long)want[j]);
     return NULL;
+}
+
+/* Buffer b's data for flattened leading index idx (row-major over the full leading dims; a
+ * leading dim of 1 broadcasts), as data() for an empty one. */
+static void *slice(const icall *c, const fj_buffer *b, int64_t idx) {
+    int64_t size = 1, offset = 0;
+    for (int64_t j = c->lead; j < b->rank; j++) size *= b->dims[j];
+    for (int64_t j = c->lead - 1; j >= 0; j--) {
+        const int64_t m = idx % c->lead_dims[j];
+        idx /= c->lead_dims[j];
+        if (b->dims[j] != 1) offset += m * size;
+        size *= b->dims[j];
+    }
+    return (char *)data(b) + (size_t)offset * fj_elem_bytes(b->dtype);
 }
 
 static XLA_FFI_Error *set_dtype(icall *c, XLA_FFI_DataType dt) {
@@ -116,13 +152,6 @@ static XLA_FFI_Error *set_dtype(icall *c, XLA_FFI_DataType dt) {
     case XLA_FFI_DataType_BF16: c->p.dtype = FA_BF16; return NULL;
     default: return BAD(c, "q must be float32, float16 or bfloat16, got %s", fj_dtype_name(dt));
     }
-}
-
-/* A buffer's data, or for an empty one (XLA may give it no address) a non-NULL address the
- * library will not read: a packed batch with no rows is a valid problem. */
-static void *data(const fj_buffer *b) {
-    static char empty;
-    return b->data ? b->data : &empty;
 }
 
 static fa_status plan_cpu(const icall *c, fa_plan **plan) {
@@ -185,66 +214,84 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     if (backward && !c.p.has_sinks) m--; /* dsink last */
     rets[m] = NULL;
     if ((e = read_buffers(&c, args, rets))) return e;
-    const fj_buffer *a = c.arg;
+    const fj_buffer *a = c.arg, *r = c.ret;
     const int64_t cu = backward ? 6 : 3;
-    if (a[V_Q].rank != 3 || a[V_K].rank != 3)
-        return BAD(&c, "q and k must have rank 3 ([total, heads, head_dim]), got %lld and %lld",
+    c.lead = a[V_Q].rank - 3; /* leading (vmapped) dims: the results carry them in full */
+    if (c.lead < 0 || a[V_K].rank != a[V_Q].rank)
+        return BAD(&c, "q and k must have rank 3 ([total, heads, head_dim]; more under vmap), got %lld and %lld",
                    (long long)a[V_Q].rank, (long long)a[V_K].rank);
+    if (r[0].rank != a[V_Q].rank)
+        return BAD(&c, "%s must have rank %lld, got %lld", rets[0], (long long)a[V_Q].rank, (long long)r[0].rank);
+    c.lead_dims = r[0].dims;
+    int64_t n_lead = 1;
+    for (int64_t j = 0; j < c.lead; j++) n_lead *= c.lead_dims[j];
+    const int64_t L = c.lead;
     const XLA_FFI_DataType dt = a[V_Q].dtype;
     if ((e = set_dtype(&c, dt))) return e;
-    const int64_t Tq = a[V_Q].dims[0], Hq = a[V_Q].dims[1], D = a[V_Q].dims[2];
-    const int64_t Tk = a[V_K].dims[0], Hk = a[V_K].dims[1];
-    const int64_t kd[3] = {Tk, Hk, D}, vd[3] = {Tk, Hk, -1}, B1[1] = {a[cu].rank == 1 ? a[cu].dims[0] : -1};
-    if ((e = expect(&c, &a[V_K], "k", 3, kd, dt)) || (e = expect(&c, &a[V_V], "v", 3, vd, dt)) ||
+    const int64_t *qd = a[V_Q].dims + L;
+    const int64_t Tq = qd[0], Hq = qd[1], D = qd[2];
+    const int64_t Tk = a[V_K].dims[L], Hk = a[V_K].dims[L + 1];
+    const int64_t kd[3] = {Tk, Hk, D}, vd[3] = {Tk, Hk, -1}, B1[1] = {a[cu].rank == 1 + L ? a[cu].dims[L] : -1};
+    if ((e = expect(&c, &a[V_Q], "q", 3, qd, dt)) || (e = expect(&c, &a[V_K], "k", 3, kd, dt)) ||
+        (e = expect(&c, &a[V_V], "v", 3, vd, dt)) ||
         (e = expect(&c, &a[cu], "cu_seqlens_q", 1, B1, XLA_FFI_DataType_S32)) ||
         (e = expect(&c, &a[cu + 1], "cu_seqlens_k", 1, B1, XLA_FFI_DataType_S32)))
         return e;
-    const int64_t Dv = a[V_V].dims[2], od[3] = {Tq, Hq, Dv}, lsed[2] = {Hq, Tq}, hq[1] = {Hq};
+    const int64_t Dv = a[V_V].dims[L + 2], od[3] = {Tq, Hq, Dv}, lsed[2] = {Hq, Tq}, hq[1] = {Hq};
     if (B1[0] < 1) return BAD(&c, "cu_seqlens_q must have batch + 1 >= 1 entries, got %lld", (long long)B1[0]);
     if (c.p.has_alibi && (e = expect(&c, &a[cu + 2], "alibi_slopes", 1, hq, XLA_FFI_DataType_F32))) return e;
     if (c.p.has_sinks && ((e = expect(&c, &a[i_sinks], "sinks", 1, hq, XLA_FFI_DataType_F32)) ||
                           (backward && (e = expect(&c, &c.ret[3], "dsink", 1, hq, XLA_FFI_DataType_F32)))))
         return e;
     const int64_t four[1] = {4};
-    if (c.p.dropout_p != 0.0f) {
-        if ((e = expect(&c, &a[i_seed], "seed", 1, four, XLA_FFI_DataType_U32))) return e;
-        const uint32_t *w = a[i_seed].data; /* host memory: the CPU platform */
-        c.p.dropout_seed = (uint64_t)w[1] << 32 | w[0];
-        c.p.dropout_offset = (uint64_t)w[3] << 32 | w[2];
-    }
-    const fj_buffer *r = c.ret;
+    if (c.p.dropout_p != 0.0f && (e = expect(&c, &a[i_seed], "seed", 1, four, XLA_FFI_DataType_U32))) return e;
     if (backward) {
         if ((e = expect(&c, &a[V_O], "o", 3, od, dt)) || (e = expect(&c, &a[V_LSE], "lse", 2, lsed, XLA_FFI_DataType_F32)) ||
-            (e = expect(&c, &a[V_DO], "do", 3, od, dt)) || (e = expect(&c, &r[0], "dq", 3, a[V_Q].dims, dt)) ||
-            (e = expect(&c, &r[1], "dk", 3, kd, dt)) || (e = expect(&c, &r[2], "dv", 3, a[V_V].dims, dt)))
+            (e = expect(&c, &a[V_DO], "do", 3, od, dt)) || (e = expect(&c, &r[0], "dq", 3, qd, dt)) ||
+            (e = expect(&c, &r[1], "dk", 3, kd, dt)) || (e = expect(&c, &r[2], "dv", 3, a[V_V].dims + L, dt)))
             return e;
     } else if ((e = expect(&c, &r[0], "o", 3, od, dt)) || (e = expect(&c, &r[1], "lse", 2, lsed, XLA_FFI_DataType_F32))) {
         return e;
     }
     fa_problem *p = &c.p;
     set_sizes(p, B1[0] - 1, Hq, Hk, Tq, Tk, D, Dv);
-    p->cu_seqlens_q = a[cu].data;
-    p->cu_seqlens_k = a[cu + 1].data;
-    fa_plan *plan = NULL;
-    fa_status s = plan_cpu(&c, &plan);
-    if (s != FA_OK) return fj_library_error(c.frame->api, s);
-    const float *slopes = c.p.has_alibi ? a[cu + 2].data : NULL;
-    if (backward) {
-        fa_backward_args b;
-        memset(&b, 0, sizeof b);
-        b.q = data(&a[V_Q]), b.k = data(&a[V_K]), b.v = data(&a[V_V]), b.o = data(&a[V_O]), b.lse = data(&a[V_LSE]);
-        b.d_o = data(&a[V_DO]), b.dq = data(&r[0]), b.dk = data(&r[1]), b.dv = data(&r[2]), b.alibi_slopes = slopes;
-        b.sinks = c.p.has_sinks ? a[i_sinks].data : NULL, b.dsink = c.p.has_sinks ? r[3].data : NULL;
-        s = fa_backward(plan, &b);
-    } else {
-        fa_forward_args f;
-        memset(&f, 0, sizeof f);
-        f.q = data(&a[V_Q]), f.k = data(&a[V_K]), f.v = data(&a[V_V]), f.o = data(&r[0]), f.lse = data(&r[1]);
-        f.alibi_slopes = slopes;
-        f.sinks = c.p.has_sinks ? a[i_sinks].data : NULL;
-        s = fa_forward(plan, &f);
+    /* one seed for every leading index (its leading dims all 1): index i's sequences are
+     * b = i * B + s, those of one packed batch of every index's in turn; a seed per index: its own */
+    int shared_seed = 1;
+    for (int64_t j = 0; j < L && c.p.dropout_p != 0.0f; j++) shared_seed &= a[i_seed].dims[j] == 1;
+    fa_status s = FA_OK;
+    for (int64_t i = 0; i < n_lead && s == FA_OK; i++) {
+        /* a plan per index: its lengths (and seed) may be its own, and dropout's b is */
+        p->cu_seqlens_q = slice(&c, &a[cu], i);
+        p->cu_seqlens_k = slice(&c, &a[cu + 1], i);
+        if (c.p.dropout_p != 0.0f) {
+            const uint32_t *w = slice(&c, &a[i_seed], i); /* host memory: the CPU platform */
+            p->dropout_seed = (uint64_t)w[1] << 32 | w[0];
+            p->dropout_offset = (uint64_t)w[3] << 32 | w[2];
+            p->dropout_batch0 = shared_seed ? i * p->batch : 0;
+        }
+        fa_plan *plan = NULL;
+        if ((s = plan_cpu(&c, &plan)) != FA_OK) break;
+        /* the slopes, sinks and dsink as XLA gave them where it gave no address (no heads) */
+        const float *slopes = c.p.has_alibi && a[cu + 2].data ? slice(&c, &a[cu + 2], i) : NULL;
+        const float *sinks = c.p.has_sinks && a[i_sinks].data ? slice(&c, &a[i_sinks], i) : NULL;
+        if (backward) {
+            fa_backward_args b;
+            memset(&b, 0, sizeof b);
+            b.q = slice(&c, &a[V_Q], i), b.k = slice(&c, &a[V_K], i), b.v = slice(&c, &a[V_V], i);
+            b.o = slice(&c, &a[V_O], i), b.lse = slice(&c, &a[V_LSE], i), b.d_o = slice(&c, &a[V_DO], i);
+            b.dq = slice(&c, &r[0], i), b.dk = slice(&c, &r[1], i), b.dv = slice(&c, &r[2], i);
+            b.alibi_slopes = slopes, b.sinks = sinks, b.dsink = c.p.has_sinks && r[3].data ? slice(&c, &r[3], i) : NULL;
+            s = fa_backward(plan, &b);
+        } else {
+            fa_forward_args f;
+            memset(&f, 0, sizeof f);
+            f.q = slice(&c, &a[V_Q], i), f.k = slice(&c, &a[V_K], i), f.v = slice(&c, &a[V_V], i);
+            f.o = slice(&c, &r[0], i), f.lse = slice(&c, &r[1], i), f.alibi_slopes = slopes, f.sinks = sinks;
+            s = fa_forward(plan, &f);
+        }
+        fa_plan_destroy(plan);
     }
-    fa_plan_destroy(plan);
     return s == FA_OK ? NULL : fj_library_error(c.frame->api, s);
 }
 

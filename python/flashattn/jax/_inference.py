@@ -52,8 +52,8 @@ def _dtype(*arrays, names):
 
 
 def _lengths(name, x, ndim, desc):
-    if not isinstance(x, jax.core.Tracer):  # concrete: checked as numpy and torch check it, before
-        int32_lengths(name, np.asarray(x), desc, ndim=ndim)  # JAX's int32 conversion wraps 2**32 + 3 to 3
+    if not isinstance(x, jax.core.Tracer):  # concrete: checked and made int32 as numpy and torch do, before
+        x = int32_lengths(name, np.asarray(x), desc, ndim=ndim)  # JAX's conversion (2**32 + 3 wraps to 3, [] is f32)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise ValueError(f"{name} must be integers {desc}, got dtype {x.dtype}")
@@ -146,7 +146,7 @@ def _varlen_call(attrs, q, k, v, cu_q, cu_k, slopes, sinks, seed):
         call = jax.ffi.ffi_call(VARLEN_FORWARD_TARGET,
                                 (jax.ShapeDtypeStruct(q.shape[:2] + v.shape[2:], q.dtype),
                                  jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
-                                vmap_method="sequential")
+                                vmap_method="expand_dims")  # the handler loops over the vmapped indices
         return call(q, k, v, *rest, **dict(attrs))
     operands = (q, k, v, cu_q, cu_k, *_optional(slopes, sinks, seed))
     names = ["q", "k", "v", "cu_q", "cu_k"] + _extra_names(slopes, sinks, seed)
@@ -181,7 +181,7 @@ def _varlen_op_bwd(attrs, res, cotangents):
         shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs[:3]]
         if sinks is not None:
             shapes.append(jax.ShapeDtypeStruct((xs[0].shape[1],), jnp.float32))
-        return jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="sequential")(*xs, **dict(attrs))
+        return jax.ffi.ffi_call(VARLEN_BACKWARD_TARGET, tuple(shapes), vmap_method="expand_dims")(*xs, **dict(attrs))
     operands = (q, k, v, o, lse, do, cu_q, cu_k, *_optional(slopes, sinks, seed))
     names = ["q", "k", "v", "o", "lse", "do", "cu_q", "cu_k"] + _extra_names(slopes, sinks, seed)
     outs = _ffi.varying_like(_partition.call_plain(
@@ -214,8 +214,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b (diag_offset
     overrides). max_seqlen_q/k optional (checked when given and the lengths are concrete).
     Returns o [total_q, Hq, Dv], and lse [Hq, total_q] f32 with return_lse. jit and grad;
-    vmap runs one call per mapped index. dropout_p, seed, dropout_offset: as in attention
-    (b, i, j counting within each sequence)."""
+    vmap runs one library call per mapped index. dropout_p, seed, dropout_offset: as in
+    attention (b, i, j counting within each sequence); under vmap with one seed, mapped index
+    n's sequences are b = n * batch + s, the masks of one packed batch of every index's
+    sequences in turn (nested vmaps: n the flattened index), forward and backward alike; a
+    vmapped seed gives each index its own masks from b = s."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     dtype = _dtype(q, k, v, names=("q", "k", "v"))
