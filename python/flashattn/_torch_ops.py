@@ -88,8 +88,13 @@ def int32_ids(name, t):
     (a cast would wrap them into other ids). Checked where the op runs, on real data."""
     if t is None or t.dtype == torch.int32:
         return None if t is None else t.contiguous()
-    if t.numel() and (int(t.min()) < -(2**31) or int(t.max()) >= 2**31):
-        raise ValueError(f"{name} must fit int32, got values in [{int(t.min())}, {int(t.max())}]")
+    # as int64 (torch has no min or max of uint16/32/64); uint64's bits, where values past
+    # 2**63 read negative, which is out of range as they are
+    wide = t.view(torch.int64) if t.dtype == torch.uint64 else t.to(torch.int64)
+    bad = (wide < -(2**31)) | (wide >= 2**31) | ((wide < 0) if not t.dtype.is_signed else False)
+    if bad.any():
+        v = int(wide[bad][0])
+        raise ValueError(f"{name} must fit int32, got {v + 2**64 if v < 0 and not t.dtype.is_signed else v}")
     return t.to(torch.int32).contiguous()
 
 

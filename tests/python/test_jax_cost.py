@@ -88,6 +88,14 @@ def test_true_stands_for_the_fixed_shape_tensors_only():
     for kw in (dict(alibi_slopes=True), dict(q_segment_ids=True, kv_segment_ids=True), dict(sinks=True)):
         assert fj.plan(q, q, q, **kw) is not None
         fj.cost_estimate(q, q, q, **kw)
+    # False is absent, as None (it was an AttributeError), and numpy's plan says its flags are flags
+    plain = fj.plan(q, q, q).forward
+    for kw in (dict(alibi_slopes=False), dict(q_segment_ids=False, kv_segment_ids=False), dict(sinks=False)):
+        assert fj.plan(q, q, q, **kw).forward == plain
+        fj.cost_estimate(q, q, q, **kw)
+    import numpy as np
+    with pytest.raises(ValueError, match="segment_ids is a flag here"):
+        flashattn.plan(batch=1, heads=2, seq_q=32, head_dim=16, segment_ids=np.zeros((1, 32), np.int32))
     for fn in (fj.plan, fj.cost_estimate):
         with pytest.raises(TypeError, match=r"bias must be an array or a jax.ShapeDtypeStruct, got True"):
             fn(q, q, q, bias=True)

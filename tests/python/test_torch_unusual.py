@@ -73,3 +73,23 @@ def test_bias_shape_message_names_the_callers_shape():
     q = torch.randn(2, 4, 5, 8)
     with pytest.raises(ValueError, match=r"bias shape \(5, 7, 1\) must broadcast"):
         fat.attention(q, q, q, bias=torch.randn(5, 7, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_integer_ids(dtype):
+    """Segment ids and prefix sums of unsigned dtypes run (torch has no min or max of them:
+    they raised torch's NotImplementedError); values past int32 are refused naming the
+    argument, as python.md says."""
+    q = torch.randn(1, 2, 8, 16)
+    ids = (torch.arange(8) // 3).to(dtype)[None]
+    want = fat.attention(q, q, q, q_segment_ids=ids.to(torch.int32), kv_segment_ids=ids.to(torch.int32))
+    assert torch.equal(fat.attention(q, q, q, q_segment_ids=ids, kv_segment_ids=ids), want)
+    if dtype != torch.uint16:  # which holds no value past int32
+        big = ids.clone()
+        big[0, 3] = 2**31
+        with pytest.raises(ValueError, match=f"q_segment_ids must fit int32, got {2**31}"):
+            fat.attention(q, q, q, q_segment_ids=big, kv_segment_ids=ids)
+    cu = torch.tensor([0, 3, 8], dtype=dtype)
+    packed = q[0].transpose(0, 1).contiguous()
+    assert torch.equal(fat.varlen_attention(packed, packed, packed, cu, cu),
+                       fat.varlen_attention(packed, packed, packed, cu.to(torch.int32), cu.to(torch.int32)))

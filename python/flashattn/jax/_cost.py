@@ -25,7 +25,10 @@ class _Shape:
 
 
 def _shaped(x):
-    if x is None or isinstance(x, bool):
+    """x as a shape (and dtype), True (present) as it is, None or False (absent) as None."""
+    if x is None or x is False:
+        return None
+    if x is True:
         return x
     if not hasattr(x, "shape"):
         raise ValueError(f"expected an array or jax.ShapeDtypeStruct, got {type(x).__name__}")
