@@ -214,7 +214,8 @@ def _cache_scales(name, s, shape, written):
     if written and s.size:
         if not s.flags.c_contiguous or not s.flags.writeable:
             raise ValueError(f"{name} is written in place (new k and v given), so it must be a writable, "
-                             f"C-contiguous float32 array, got strides {s.strides}")
+                             f"C-contiguous float32 array, got " +
+                             ("a read-only array" if not s.flags.writeable else f"strides {s.strides}"))
         return s
     return np.ascontiguousarray(s)
 

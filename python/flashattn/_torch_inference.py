@@ -443,7 +443,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                 raise ValueError(f"{name} is required with a quantized cache_dtype (float32, shape {shp})")
             if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or tuple(s.shape) != shp or \
                     not s.is_contiguous():  # its device: q's (check_devices)
-                raise ValueError(f"{name} must be a contiguous float32 tensor of shape {shp}")
+                got = (type(s).__name__ if not isinstance(s, torch.Tensor) else
+                       f"{s.dtype}" if s.dtype != torch.float32 else
+                       f"shape {tuple(s.shape)}" if tuple(s.shape) != shp else f"strides {tuple(s.stride())}")
+                raise ValueError(f"{name} must be a contiguous float32 tensor of shape {shp}, got {got}")
     if k is not None:
         names += ["k", "v"]
         tensors += [check_tensor("k", k, 4), check_tensor("v", v, 4)]
@@ -454,10 +457,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     check_floats(names, tensors)
     prefix = () if k_prefix is None else (k_prefix.detach().contiguous(), v_prefix.detach().contiguous())
     if k is not None:
-        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)) + \
+                ((("k_scale", k_scale), ("v_scale", v_scale)) if code is not None else ()):
             if c.requires_grad and torch.is_grad_enabled():  # torch's own rule for in-place writes
                 raise RuntimeError(f"{name} requires grad and is written in place (new k and v given); decoding has "
-                                   "no backward: pass a cache that does not require grad, or call under "
+                                   "no backward: pass one that does not require grad, or call under "
                                    "torch.no_grad()")
             if not _layout.writable_strides(tuple(c.shape), tuple(c.stride())):
                 raise ValueError(f"{name} is written in place (new k and v given), so its elements must "
@@ -527,7 +531,7 @@ def quantize_cache(k, v, dtype):
             out += [torch.empty(t.shape, dtype=codes_dtype, device=t.device),
                     torch.empty(t.shape[:-1], dtype=torch.float32, device=t.device)]
             continue
-        t = t.detach().to("cpu").contiguous()
+        t = t.detach().to("cpu").resolve_neg().contiguous()  # a negated view's bits are not its values
         codes = torch.empty(t.shape, dtype=codes_dtype)
         scales = torch.empty(t.shape[:-1], dtype=torch.float32)
         rows = math.prod(t.shape[:-1])  # head_dim 0: every row's amax is 0, scale 1 (docs/caches.md)

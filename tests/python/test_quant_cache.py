@@ -323,3 +323,40 @@ def test_dtype_objects_name_the_cache_dtype():
                                   b.view(np.uint8) if b.dtype.itemsize == 1 else b) for a, b in zip(got, want[n]))
     with pytest.raises(ValueError, match="dtype must be one of int8, fp8"):
         flashattn.quantize_cache(k, k, np.float16)
+
+
+def test_scale_arrays_judged_as_caches(rng):
+    """Scale arrays meet the caches' rules, said in words: torch refuses writing into scales
+    that require grad (it wrote them, no error), and names the dtype, shape or strides it got;
+    JAX says a wrong-shaped scale's shape (it said the scale was missing); numpy says a
+    read-only scale is read-only (it named C-contiguous strides). torch's quantize_cache reads
+    a negated view as its values (the codes of x, not of -x)."""
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    kf = randn(rng, (2, 32, 2, 16), "f32")
+    kq, ks = flashattn.quantize_cache(kf, kf, "int8")[:2]
+    q, kn = randn(rng, (2, 1, 4, 16), "f32"), randn(rng, (2, 1, 2, 16), "f32")
+    lens = np.array([3, 5], np.int32)
+    t = {n: torch.from_numpy(np.array(a)) for n, a in (("q", q), ("kc", kq), ("vc", kq), ("kn", kn), ("lens", lens))}
+    vs = torch.from_numpy(ks.copy())
+    with pytest.raises(RuntimeError, match="k_scale requires grad and is written in place"):
+        ft.kvcache_attention(t["q"], t["kc"], t["vc"].clone(), t["kn"], t["kn"], t["lens"], cache_dtype="int8",
+                             k_scale=torch.from_numpy(ks.copy()).requires_grad_(), v_scale=vs)
+    for bad, got in ((torch.from_numpy(ks.astype(np.float64)), "got torch.float64"),
+                     (torch.from_numpy(ks[..., :1].copy()), r"got shape \(2, 32, 1\)"),
+                     (torch.from_numpy(ks.copy()).transpose(0, 1).contiguous().transpose(0, 1), "got strides")):
+        with pytest.raises(ValueError, match=f"k_scale must be a contiguous float32 tensor of shape .*{got}"):
+            ft.kvcache_attention(t["q"], t["kc"], t["vc"], cache_seqlens=t["lens"], cache_dtype="int8",
+                                 k_scale=bad, v_scale=vs)
+    ro = ks.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="k_scale is written in place .* got a read-only array"):
+        flashattn.kvcache_attention(q, kq.copy(), kq.copy(), kn, kn, lens, cache_dtype="int8", k_scale=ro,
+                                    v_scale=ks.copy())
+    pytest.importorskip("jax")
+    import flashattn.jax as fj
+    with pytest.raises(ValueError, match=r"k_scale must have shape \(2, 32, 2\) .*got \(2, 32, 1\)"):
+        fj.kvcache_attention(q, kq, kq, cache_seqlens=lens, cache_dtype="int8", k_scale=ks[..., :1], v_scale=ks)
+    x = torch.from_numpy(kf)
+    neg = torch._neg_view(x)  # contiguous, with the negative bit: its data are x's
+    assert torch.equal(ft.quantize_cache(neg, neg, "int8")[0], ft.quantize_cache(-x, -x, "int8")[0])

@@ -327,9 +327,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
                 raise ValueError(f"{name} must hold {want} codes with cache_dtype={cache_dtype!r}, got {c.dtype}")
         shp = tuple(k_cache.shape[:3])
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if s is None or tuple(jnp.shape(s)) != shp:
-                raise ValueError(f"{name} is required with a quantized cache_dtype: float32 of shape {shp}, "
-                                 f"got {None if s is None else tuple(jnp.shape(s))}")
+            if s is None:
+                raise ValueError(f"{name} is required with a quantized cache_dtype: float32 of shape {shp}")
+            if tuple(jnp.shape(s)) != shp:
+                raise ValueError(f"{name} must have shape {shp} (the cache's rows and kv heads), got "
+                                 f"{tuple(jnp.shape(s))}")
         k_scale, v_scale = jnp.asarray(k_scale), jnp.asarray(v_scale)
         check_scale_dtype("k_scale", k_scale.dtype)
         check_scale_dtype("v_scale", v_scale.dtype)
