@@ -19,6 +19,21 @@ if(NOT EXISTS "${FA_JAX_FFI_INCLUDE_DIR}/xla/ffi/api/c_api.h")
                  "building without flashattn.jax")
   return()
 endif()
+# jaxlib 0.4's headers are not C (struct tags without typedefs), and a header of another
+# major FFI API version may lay the structs out differently (python/csrc/jax_ffi_frame.h
+# stops such a build): skipped with a note, as with no headers, not a failed build
+include(CheckCSourceCompiles)
+set(CMAKE_REQUIRED_INCLUDES "${FA_JAX_FFI_INCLUDE_DIR}" "${CMAKE_CURRENT_SOURCE_DIR}/include"
+                            "${CMAKE_CURRENT_SOURCE_DIR}/python/csrc")
+unset(FA_JAX_FFI_HEADERS_OK CACHE)  # judged again for whichever headers this configure found
+check_c_source_compiles("#include \"jax_ffi_frame.h\"\nint main(void) { return FJ_FFI_API_MINOR; }"
+                        FA_JAX_FFI_HEADERS_OK)
+unset(CMAKE_REQUIRED_INCLUDES)
+if(NOT FA_JAX_FFI_HEADERS_OK)
+  message(STATUS "flashattn: jaxlib's FFI headers in ${FA_JAX_FFI_INCLUDE_DIR} do not build the "
+                 "handler (jaxlib 0.5 or newer needed); building without flashattn.jax")
+  return()
+endif()
 message(STATUS "flashattn: JAX FFI handler against ${FA_JAX_FFI_INCLUDE_DIR}")
 
 add_library(flashattn_jax MODULE python/csrc/jax_ffi.c python/csrc/jax_ffi_frame.c python/csrc/jax_ffi_inference.c)

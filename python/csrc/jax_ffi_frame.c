@@ -20,8 +20,14 @@ XLA_FFI_Error *fj_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const c
     return api->XLA_FFI_Error_Create(&args);
 }
 
-/* XLA asks each handler, once, which API version it was compiled against, by passing a
- * frame whose extension chain starts with a metadata extension. */
+/* XLA asks each handler, once, which FFI API version it speaks, by passing a frame whose
+ * extension chain starts with a metadata extension. The answer is the lowest version the
+ * handlers need (FJ_FFI_API_MAJOR.FJ_FFI_API_MINOR), not the headers' own: the structs they
+ * read (call frame, buffers, scalars, errors, the stream and device-memory calls) are the
+ * same in every header from 0.1 on, and XLA refuses a version it does not know. jaxlib 0.5
+ * to 0.8 accept 0.1 only, 0.9 accepts 0.1 to 0.2, 0.10 0.1 to 0.3: answering the headers'
+ * 0.3 (jaxlib 0.10's, what an unpinned build gets) made every older jaxlib refuse the
+ * registration, and with it JAX's CPU backend ("Unable to initialize backend 'cpu'"). */
 static XLA_FFI_Error *answer_metadata(const XLA_FFI_Api *api, XLA_FFI_Metadata_Extension *ext) {
     if (ext->extension_base.struct_size < XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
         ext->metadata == NULL || ext->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE)
@@ -29,14 +35,24 @@ static XLA_FFI_Error *answer_metadata(const XLA_FFI_Api *api, XLA_FFI_Metadata_E
                         "flashattn: XLA's FFI metadata struct is older than the headers it was built with");
     ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
     ext->metadata->api_version.extension_start = NULL;
-    ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-    ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+    ext->metadata->api_version.major_version = FJ_FFI_API_MAJOR;
+    ext->metadata->api_version.minor_version = FJ_FFI_API_MINOR;
     ext->metadata->traits = 0; /* plans and allocates per call: not command-buffer safe */
-    /* state_type_id lies past the size the headers require; write it only where XLA's
-     * struct has it (0: the handler keeps no state) */
-    if (ext->metadata->struct_size >= offsetof(XLA_FFI_Metadata, state_type_id) + sizeof(XLA_FFI_TypeId))
-        ext->metadata->state_type_id.type_id = 0;
+    /* The fields past traits that both these headers and XLA's struct have (state_type_id,
+     * from the 0.8 headers on) zeroed: no state (XLA_FFI_UNKNOWN_TYPE_ID). Not named, so the
+     * 0.5 to 0.7 headers, which lack it, build this file too. */
+    size_t known = offsetof(XLA_FFI_Metadata, traits) + sizeof(XLA_FFI_Handler_Traits);
+    size_t end = ext->metadata->struct_size < sizeof(XLA_FFI_Metadata) ? ext->metadata->struct_size
+                                                                       : sizeof(XLA_FFI_Metadata);
+    if (end > known) memset((char *)ext->metadata + known, 0, end - known);
     return NULL;
+}
+
+#if defined(__GNUC__)
+__attribute__((visibility("default")))
+#endif
+int fa_jax_ffi_api_version(void) {
+    return FJ_FFI_API_MAJOR * 1000 + FJ_FFI_API_MINOR;
 }
 
 XLA_FFI_Error *fj_begin(XLA_FFI_CallFrame *frame, int *answered) {

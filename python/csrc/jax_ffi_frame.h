@@ -25,8 +25,21 @@ XLA_FFI_Error *fj_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const c
 #endif
     ;
 
+/* The XLA FFI API version the handlers answer XLA's metadata query with (jax_ffi_frame.c):
+ * the lowest one they need, which every jaxlib from 0.5 accepts. A header of another major
+ * version may lay the structs out differently: such a build stops here. */
+#define FJ_FFI_API_MAJOR 0
+#define FJ_FFI_API_MINOR 1
+#if XLA_FFI_API_MAJOR != FJ_FFI_API_MAJOR || XLA_FFI_API_MINOR < FJ_FFI_API_MINOR
+#error "jaxlib's XLA FFI headers are of an API version this handler was not written for"
+#endif
+
+/* FJ_FFI_API_MAJOR * 1000 + FJ_FFI_API_MINOR (exported: flashattn.jax compares it with the
+ * installed jaxlib's at import). */
+int fa_jax_ffi_api_version(void);
+
 /* Checks the frame's struct size and stage. When XLA only asks for the handler's metadata
- * (the API version the handler was built against), answers it and sets *answered. */
+ * (the API version the handler speaks), answers it and sets *answered. */
 XLA_FFI_Error *fj_begin(XLA_FFI_CallFrame *frame, int *answered);
 
 /* Argument or result number i, named for error messages. */

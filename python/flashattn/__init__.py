@@ -27,6 +27,10 @@ from ._plan_inference import plan_kvcache, plan_varlen
 from ._progress import progress
 from ._quant import quantize_cache
 
+# the release, as pyproject.toml's [project] version and cmake/install.cmake's FA_VERSION
+# (the C library's) say it (tests/python/test_packaging.py checks the three agree)
+__version__ = "0.1.0"
+
 __all__ = ["masks", "plan", "Plan", "attention", "attention_backward", "varlen_attention",
            "varlen_attention_backward", "kvcache_attention", "plan_varlen", "plan_kvcache", "merge_states",
            "quantize_cache", "progress", "cuda_available", "cpu_isa", "dropout_keep_mask", "dropout_keep_rate"]

@@ -146,6 +146,18 @@ def _library_path():
     return path
 
 
+def _mismatch(path, why):
+    """The ImportError for a library at path that is not the one this package was written
+    for (another version of flashattn, or another library): names it and where it came from."""
+    libdir = os.environ.get("FLASHATTN_LIBDIR")
+    if libdir:
+        where = (f" (from FLASHATTN_LIBDIR={libdir!r})", "point FLASHATTN_LIBDIR at a build of this "
+                 "version of flashattn, or unset it to use the package's own copy")
+    else:
+        where = ("", "reinstall the package")
+    return ImportError(f"flashattn: the library {path}{where[0]} does not match this package: {why}; {where[1]}")
+
+
 def _declare(lib):
     P = ctypes.POINTER
     sig = {
@@ -177,7 +189,9 @@ def _declare(lib):
                                             c_void_p]),
     }
     for name, (res, args) in sig.items():
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:
+            raise _mismatch(lib._name, f"it has no {name} (an older flashattn?)")
         fn.restype = res
         fn.argtypes = args
 
@@ -187,23 +201,25 @@ def _check_mirrors(lib):
         want = lib.fa_struct_size(which)
         have = ctypes.sizeof(mirror)
         if want != have:
-            raise ImportError(f"flashattn: the ctypes mirror of {name} is {have} bytes but the "
-                              f"library's {name} is {want} bytes; python/flashattn/_native.py "
-                              "is out of date with include/flashattn.h")
+            raise _mismatch(lib._name, f"its {name} is {want} bytes, this package's ({have} bytes, "
+                                       "python/flashattn/_native.py) follows another include/flashattn.h")
 
 
-def _load():
-    path = _library_path()
-    lib = ctypes.CDLL(path)
+def _load(path):
+    """The library at path, its functions declared, checked to be the one this package mirrors."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:  # not a shared library, or one for another machine
+        raise _mismatch(path, f"it does not load ({e})") from None
     if not hasattr(lib, "fa_struct_size"):
-        raise ImportError(f"{path} predates fa_struct_size; rebuild the library")
+        raise _mismatch(path, "it has no fa_struct_size (not flashattn's library, or one too old)")
     _declare(lib)
     _check_mirrors(lib)
     return lib
 
 
-lib = _load()
 LIB_PATH = _library_path()
+lib = _load(LIB_PATH)
 
 
 def last_error():

@@ -10,16 +10,40 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from .. import _native
-from .._problem import problem_diag_offset
-from ..masks import took_call_offset
-from . import _partition
+# The oldest JAX flashattn.jax runs on as documented: jax.ffi came with 0.5.0, but under 0.5
+# varlen_attention's gradient fails (custom_vjp's output structure) and under 0.6 an unused
+# lse's zero cotangent under dropout still raises. pyproject.toml's [jax] extra says the same
+# (tests/python/test_packaging.py). Checked before anything else uses JAX's API.
+MIN_JAX = (0, 7, 0)
+
+
+def _version_tuple(version: str) -> tuple:
+    """(major, minor, patch) of a version string such as "0.5.0", "0.10.2rc1" or "0.6.0.dev20250101"."""
+    return tuple(int(re.match(r"\d*", part).group() or 0) for part in (version.split(".") + ["0", "0"])[:3])
+
+
+def check_jax(version: str, has_ffi: bool) -> None:
+    """ImportError, naming the versions, for a JAX older than MIN_JAX (or without jax.ffi)."""
+    if _version_tuple(version) < MIN_JAX or not has_ffi:
+        need = ".".join(map(str, MIN_JAX))
+        raise ImportError(f"flashattn.jax needs jax>={need}; this is jax {version}. "
+                          f"Upgrade it: pip install 'jax>={need}' (or 'flashattn[jax]')")
+
+
+check_jax(jax.__version__, hasattr(jax, "ffi"))
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .. import _native  # noqa: E402
+from .._problem import problem_diag_offset  # noqa: E402
+from ..masks import took_call_offset  # noqa: E402
+from . import _partition  # noqa: E402
 
 _LIB_NAME = "libflashattn_jax.so"
 FORWARD_TARGET = "flashattn_forward"
@@ -60,22 +84,72 @@ def _find_library() -> str:
     return path
 
 
+# The newest XLA FFI API version (major, minor) of a jaxlib known to accept the handlers'
+# answer (python/csrc/jax_ffi_frame.h: 0.1, which jaxlib 0.5 to 0.10, FFI API 0.1 to 0.3, take)
+KNOWN_FFI_API = (0, 3)
+
+
+def framework_ffi_api():
+    """The installed jaxlib's XLA FFI API version (major, minor), from the header it ships
+    (jax.ffi.include_dir()); None where it ships none."""
+    try:
+        with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
+            text = f.read()
+    except (OSError, AttributeError):
+        return None
+    found = [re.search(rf"#define XLA_FFI_API_{part} (\d+)", text) for part in ("MAJOR", "MINOR")]
+    return tuple(int(m.group(1)) for m in found) if all(found) else None
+
+
+def handler_ffi_api(lib):
+    """The XLA FFI API version (major, minor) the handlers answer XLA with."""
+    fn = getattr(lib, "fa_jax_ffi_api_version", None)
+    if fn is None:
+        raise ImportError(f"flashattn.jax: {lib._name} does not match this package (it has no "
+                          "fa_jax_ffi_api_version): rebuild it, or reinstall the package")
+    fn.restype, fn.argtypes = ctypes.c_int, []
+    return divmod(fn(), 1000)
+
+
+def _versions(ours, framework) -> str:
+    import jaxlib
+    fw = "unknown" if framework is None else "%d.%d" % framework
+    return (f"jax {jax.__version__}, jaxlib {getattr(jaxlib, '__version__', '?')} (XLA FFI API {fw}); "
+            f"flashattn's handlers speak XLA FFI API {ours[0]}.{ours[1]}")
+
+
 _registered = False
 
 
 def register() -> None:
-    """Loads the handler library and registers its targets (once per process)."""
+    """Loads the handler library and registers its targets (once per process). XLA asks each
+    handler for its FFI API version and refuses one it does not take; a refusal met where
+    JAX sets up its CPU backend fails that backend, JAX's own computations included. So a
+    jaxlib of another major FFI version is refused here (ImportError), and with a jaxlib
+    newer than those known to take the handlers' version (KNOWN_FFI_API) the targets are
+    registered with the CPU backend already up, where a refusal raises here."""
     global _registered
     if _registered:
         return
     # _native has loaded libflashattn.so; the handler library's NEEDED entry (the
     # library's SONAME) resolves to that copy
     lib = ctypes.CDLL(_find_library())
-    jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_forward_cpu), platform="cpu")
-    jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_backward_cpu), platform="cpu")
-    # the inference shapes (python/csrc/jax_ffi_inference.c, flashattn.jax._inference): CPU only
-    for target, symbol in INFERENCE_TARGETS:
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    ours, framework = handler_ffi_api(lib), framework_ffi_api()
+    if framework is not None and framework[0] != ours[0]:
+        raise ImportError(f"flashattn.jax does not support this jaxlib: {_versions(ours, framework)}")
+    if framework is None or framework > KNOWN_FFI_API:
+        try:
+            jax.devices("cpu")
+        except RuntimeError:  # no CPU backend (JAX_PLATFORMS): nothing to register with now
+            pass
+    try:
+        jax.ffi.register_ffi_target(FORWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_forward_cpu), platform="cpu")
+        jax.ffi.register_ffi_target(BACKWARD_TARGET, jax.ffi.pycapsule(lib.fa_jax_backward_cpu), platform="cpu")
+        # the inference shapes (python/csrc/jax_ffi_inference.c, flashattn.jax._inference): CPU only
+        for target, symbol in INFERENCE_TARGETS:
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    except Exception as e:  # XLA's refusal (jaxlib's XlaRuntimeError or JaxRuntimeError)
+        raise ImportError(f"flashattn.jax: XLA refused its handlers: {_versions(ours, framework)}: {e}") from e
     # The CUDA handlers exist in every build; they plan with the CUDA backend and report
     # "not built" from the library where it has no CUDA. jaxlib without a CUDA plugin may
     # refuse the platform name, which is harmless: no GPU call can reach them then.
