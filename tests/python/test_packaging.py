@@ -207,6 +207,7 @@ def test_refused_registration_is_an_import_error_naming_the_versions(monkeypatch
     _ffi = _jax_ffi()
     import jax
     monkeypatch.setattr(_ffi, "_registered", False)
+    monkeypatch.setattr(_ffi, "handler_ffi_api", lambda lib: (0, 1))  # as this package's handlers say
     monkeypatch.setattr(_ffi, "framework_ffi_api", lambda: (1, 0))
     with pytest.raises(ImportError, match=r"does not support this jaxlib: jax .*XLA FFI API 1\.0.*speak XLA FFI API 0\.1"):
         _ffi.register()

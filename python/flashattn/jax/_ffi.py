@@ -102,11 +102,12 @@ def framework_ffi_api():
 
 
 def handler_ffi_api(lib):
-    """The XLA FFI API version (major, minor) the handlers answer XLA with."""
+    """The XLA FFI API version (major, minor) the handlers answer XLA with; None for a handler
+    library built before they said (a development build's, through FLASHATTN_LIBDIR: it
+    answers its own headers' version, registered unchecked as then)."""
     fn = getattr(lib, "fa_jax_ffi_api_version", None)
     if fn is None:
-        raise ImportError(f"flashattn.jax: {lib._name} does not match this package (it has no "
-                          "fa_jax_ffi_api_version): rebuild it, or reinstall the package")
+        return None
     fn.restype, fn.argtypes = ctypes.c_int, []
     return divmod(fn(), 1000)
 
@@ -115,7 +116,7 @@ def _versions(ours, framework) -> str:
     import jaxlib
     fw = "unknown" if framework is None else "%d.%d" % framework
     return (f"jax {jax.__version__}, jaxlib {getattr(jaxlib, '__version__', '?')} (XLA FFI API {fw}); "
-            f"flashattn's handlers speak XLA FFI API {ours[0]}.{ours[1]}")
+            f"flashattn's handlers speak XLA FFI API {'unknown' if ours is None else '%d.%d' % ours}")
 
 
 _registered = False
@@ -135,9 +136,9 @@ def register() -> None:
     # library's SONAME) resolves to that copy
     lib = ctypes.CDLL(_find_library())
     ours, framework = handler_ffi_api(lib), framework_ffi_api()
-    if framework is not None and framework[0] != ours[0]:
+    if ours is not None and framework is not None and framework[0] != ours[0]:
         raise ImportError(f"flashattn.jax does not support this jaxlib: {_versions(ours, framework)}")
-    if framework is None or framework > KNOWN_FFI_API:
+    if ours is not None and (framework is None or framework > KNOWN_FFI_API):
         try:
             jax.devices("cpu")
         except RuntimeError:  # no CPU backend (JAX_PLATFORMS): nothing to register with now
