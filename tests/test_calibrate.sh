@@ -88,5 +88,33 @@ fa calibrate --threads 1 --json
   no "calibrate --json, non-UTF-8 cache path" "exit $rc: $(cat "$W/so" "$W/se")"
 XDG_CACHE_HOME=$W/cache
 
+# calibrate writes its rates cache as the outputs are written: a temporary of its own (once
+# the fixed rates.json.tmp, which two calibrations shared), removed on any failure (a write
+# that fails left it behind), the cache replaced only when whole and after stdout is flushed
+C=$W/ratecache
+mkdir -p "$C/flashattn"
+printf '{\n  "x/t1/fma_gflops": 1\n}\n' >"$C/flashattn/rates.json"
+cp "$C/flashattn/rates.json" "$W/rates0.json"
+msg=$(XDG_CACHE_HOME=$C bash -c 'trap "" XFSZ; ulimit -f 0; exec "$0" calibrate --threads 1 2>&1 >/dev/null' "$FA")
+rc=$?
+left=$(ls -A "$C/flashattn" | tr '\n' ' ')
+[ $rc -eq 1 ] && [ "$left" = "rates.json " ] && cmp -s "$C/flashattn/rates.json" "$W/rates0.json" &&
+  printf '%s' "$msg" | tail -n 1 | grep -q "calibrate: .*rates.json: writing failed" &&
+  ok "calibrate whose cache cannot be written: exit 1, no temporary, cache unchanged ($(printf '%s' "$msg" | tail -n 1))" ||
+  no "calibrate, cache write fails" "exit $rc, folder holds '$left': $(printf '%s' "$msg" | tail -n 2)"
+XDG_CACHE_HOME=$C "$FA" calibrate --threads 1 --json >/dev/full 2>"$W/se"
+rc=$?
+left=$(ls -A "$C/flashattn" | tr '\n' ' ')
+[ $rc -eq 1 ] && [ "$left" = "rates.json " ] && cmp -s "$C/flashattn/rates.json" "$W/rates0.json" &&
+  grep -q "cannot write to stdout" "$W/se" && ok "calibrate > /dev/full: exit 1, cache unchanged" ||
+  no "calibrate > /dev/full" "exit $rc, folder holds '$left': $(tail -n 1 "$W/se")"
+XDG_CACHE_HOME=$C "$FA" calibrate --threads 1 --json >"$W/so" 2>"$W/se"
+rc=$?
+left=$(ls -A "$C/flashattn" | tr '\n' ' ')
+[ $rc -eq 0 ] && [ "$left" = "rates.json " ] && grep -q '"x/t1/fma_gflops": 1,' "$C/flashattn/rates.json" &&
+  grep -q '"[a-z0-9]*/t1/eff_backward_bf16": ' "$C/flashattn/rates.json" && grep -q "\"cache\": \"$C/flashattn/rates.json\"" "$W/so" &&
+  ok "calibrate: the cache gains this machine's entry, keeps the others, no temporary left" ||
+  no "calibrate into an existing cache" "exit $rc, folder '$left': $(cat "$C/flashattn/rates.json" "$W/se")"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -4,7 +4,8 @@
 # lowest free number: --progress or --count text once landed inside o.npy, with exit 0); a
 # closed pipe on stdout is exit 1 ("cannot write to stdout"), not a death by SIGPIPE; an
 # output path that is a symbolic link, to a file, a device or a directory, is replaced by
-# the new file and its target left alone.
+# the new file and its target left alone. stdout is written and flushed before any output is
+# moved into place (a full stdout: exit 1, no output).
 # Usage: bash tests/test_cli_streams.sh BUILD_DIR. Needs BUILD_DIR/flashattn and BUILD_DIR/tool_npy.
 set -u
 source "$(dirname "$0")/cli_harness.sh" test_cli_streams "${1:-build}"
@@ -61,6 +62,31 @@ for target in "$W/target.txt" /dev/null "$W/dir" "$W/missing"; do
     no "--out a link to $target" "exit $rc, $r, intact $intact, $(cat "$W/se")"
   rm -f "$W/out/"*
 done
+
+# (the grad case's inputs and outputs)
+gen do.npy '<f4' 1 2 64 16 --seed $((S0 + 4))
+G="--dq $W/out/dq.npy --dk $W/out/dk.npy --dv $W/out/dv.npy"
+# stdout is written and flushed before any output is moved into place: --count to a full
+# stdout once exited 1 ("cannot write to stdout") with the outputs already committed
+rm -f "$W/out"/o.npy "$W/out"/lse.npy
+"$FA" run $QKV --out "$W/out/o.npy" --lse "$W/out/lse.npy" --count >/dev/full 2>"$W/se"
+rc=$?
+left=$(ls -A "$W/out" | tr '\n' ' ')
+[ $rc -eq 1 ] && [ -z "$left" ] && grep -q "cannot write to stdout" "$W/se" && [ "$(wc -l <"$W/se")" -eq 1 ] &&
+  ok "run --count > /dev/full: exit 1, no output written ($(cat "$W/se"))" ||
+  no "run --count > /dev/full" "exit $rc, left '$left': $(cat "$W/se")"
+"$FA" grad $QKV --do "$W/do.npy" $G --out "$W/out/o.npy" --count >/dev/full 2>"$W/se"
+rc=$?
+left=$(ls -A "$W/out" | tr '\n' ' ')
+[ $rc -eq 1 ] && [ -z "$left" ] && grep -q "cannot write to stdout" "$W/se" &&
+  ok "grad --count > /dev/full: exit 1, no output written" || no "grad --count > /dev/full" "exit $rc, left '$left': $(cat "$W/se")"
+rm -f "$W/out"/o.npy "$W/out"/lse.npy "$W/out"/d*.npy "$W/out"/*.tmp-*
+"$FA" run $QKV --out "$W/out/o.npy" --count >"$W/so" 2>"$W/se"
+rc=$?
+[ $rc -eq 0 ] && [ -s "$W/out/o.npy" ] && grep -q '^{"flops": [0-9]*, "transcendentals": [0-9]*}$' "$W/so" &&
+  ok "run --count to a writable stdout: the line and the output" || no "run --count" "exit $rc: $(cat "$W/so" "$W/se")"
+rm -f "$W/out"/o.npy
+
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
