@@ -422,8 +422,9 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
     opt.threads = (int)c.threads;
     /* the seed is part of the problem: one plan per vmapped index when each has its own;
      * one seed shared by indices that run a call each: a plan each too, each drawing at its
-     * items' indices in the folded batch (dropout_batch0), as one folded call would, so that
-     * the folded forward and a backward that cannot fold (dsink) draw the same masks */
+     * items' indices in the folded batch (dropout_batch0, fj_dropout_batch0: over the
+     * leading dims the seed is not mapped along), as one folded call would, so that the
+     * folded forward and a backward that cannot fold (dsink) draw the same masks */
     const int shared_seed = c.has[T_SEED] && leading_is_ones(&c, T_SEED);
     const int plan_each = c.has[T_SEED] && (!shared_seed || calls > 1);
     fa_plan *plan = NULL;
@@ -443,7 +444,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int backward, fa_backend 
             const uint32_t *w = slice_ptr(&c, T_SEED, i);
             c.p.dropout_seed = (uint64_t)w[1] << 32 | w[0];
             c.p.dropout_offset = (uint64_t)w[3] << 32 | w[2];
-            c.p.dropout_batch0 = shared_seed ? i * c.p.batch : 0;
+            c.p.dropout_batch0 = fj_dropout_batch0(c.lead_dims, c.t[T_SEED].dims, c.lead, i, c.p.batch);
         }
         if ((s = fa_plan_create(&c.p, &opt, &plan)) != FA_OK) break;
         if (backend == FA_BACKEND_CUDA && i == 0 && (e = device_begin(&c, plan, &d))) break;

@@ -159,3 +159,13 @@ XLA_FFI_Error *fj_library_error(const XLA_FFI_Api *api, fa_status s) {
     if (s == FA_ERR_NO_MEMORY) code = XLA_FFI_Error_Code_RESOURCE_EXHAUSTED;
     return fj_error(api, code, "flashattn: %s (%s)", fa_last_error(), fa_status_string(s));
 }
+
+int64_t fj_dropout_batch0(const int64_t *lead_dims, const int64_t *seed_dims, int64_t n, int64_t i, int64_t batch) {
+    int64_t shared = 0, scale = 1;
+    for (int64_t j = n - 1; j >= 0; j--) {
+        const int64_t m = i % lead_dims[j];
+        i /= lead_dims[j];
+        if (seed_dims[j] == 1) shared += m * scale, scale *= lead_dims[j];
+    }
+    return shared * batch;
+}

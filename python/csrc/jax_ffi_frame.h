@@ -55,6 +55,14 @@ const char *fj_dtype_name(XLA_FFI_DataType t);
 /* Bytes per element of the types the handlers take (f16, bf16: 2; f32, s32: 4). */
 size_t fj_elem_bytes(XLA_FFI_DataType t);
 
+/* Dropout's fa_problem.dropout_batch0 for the call of flattened (row-major) leading index i
+ * of lead_dims[0..n) under jax.vmap, the seed's leading dims seed_dims (each 1 or the full
+ * size): batch times i's index over the dims where the seed is 1 alone. Indices that share a
+ * seed (differ only along those dims) so draw at distinct b, the masks one call over all of
+ * them would draw; indices whose seeds differ need not. With the seed mapped nowhere that is
+ * i * batch, everywhere 0. One rule for the dense and the packed handlers. */
+int64_t fj_dropout_batch0(const int64_t *lead_dims, const int64_t *seed_dims, int64_t n, int64_t i, int64_t batch);
+
 /* The library's failure s (and fa_last_error()) as an XLA error of the matching code:
  * bad arguments INVALID_ARGUMENT, unsupported UNIMPLEMENTED, memory RESOURCE_EXHAUSTED. */
 XLA_FFI_Error *fj_library_error(const XLA_FFI_Api *api, fa_status s);

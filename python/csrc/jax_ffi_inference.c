@@ -255,10 +255,9 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
     }
     fa_problem *p = &c.p;
     set_sizes(p, B1[0] - 1, Hq, Hk, Tq, Tk, D, Dv);
-    /* one seed for every leading index (its leading dims all 1): index i's sequences are
-     * b = i * B + s, those of one packed batch of every index's in turn; a seed per index: its own */
-    int shared_seed = 1;
-    for (int64_t j = 0; j < L && c.p.dropout_p != 0.0f; j++) shared_seed &= a[i_seed].dims[j] == 1;
+    /* indices that share the seed (differ only along leading dims it is not mapped along)
+     * draw at b = n * B + s, n their index over those dims (fj_dropout_batch0): with one seed
+     * for all, those of one packed batch of every index's sequences in turn */
     fa_status s = FA_OK;
     for (int64_t i = 0; i < n_lead && s == FA_OK; i++) {
         /* a plan per index: its lengths (and seed) may be its own, and dropout's b is */
@@ -268,7 +267,7 @@ static XLA_FFI_Error *varlen(XLA_FFI_CallFrame *frame, int backward) {
             const uint32_t *w = slice(&c, &a[i_seed], i); /* host memory: the CPU platform */
             p->dropout_seed = (uint64_t)w[1] << 32 | w[0];
             p->dropout_offset = (uint64_t)w[3] << 32 | w[2];
-            p->dropout_batch0 = shared_seed ? i * p->batch : 0;
+            p->dropout_batch0 = fj_dropout_batch0(c.lead_dims, a[i_seed].dims, L, i, p->batch);
         }
         fa_plan *plan = NULL;
         if ((s = plan_cpu(&c, &plan)) != FA_OK) break;

@@ -107,6 +107,37 @@ def test_vmapped_seed_is_each_index_own(rng, lead):
             _same(f"{name}[{i}]", got[i], w)
 
 
+@pytest.mark.parametrize("seed_level", ["outer", "inner"])
+@pytest.mark.parametrize("front", ["varlen", "attention"])
+def test_seed_mapped_at_one_nested_level(rng, seed_level, front):
+    """Nested vmaps with the seed mapped along one level only: the indices that share a seed
+    (along the other level) draw the masks one vmap over them with that seed draws, not one
+    mask each time (they drew identical masks: the handlers numbered b only where the seed
+    was mapped nowhere), forward and gradients; dense attention and packed batches alike."""
+    if front == "varlen":
+        q, k, v, do, cq, ck = _packed(rng, (2, 3), 3)
+        one = lambda q, k, v, s: fj.varlen_attention(q, k, v, cq, ck, dropout_p=0.4, seed=s)  # noqa: E731
+    else:
+        q, k, v, do = (jnp.asarray(rng.standard_normal((2, 3, 2, 9, H, D)), jnp.float32) for _ in range(4))
+        one = lambda q, k, v, s: fj.attention(q, k, v, dropout_p=0.4, seed=s)  # noqa: E731
+    seeds = jnp.asarray(rng.integers(0, 1 << 31, 2 if seed_level == "outer" else 3), jnp.int32)
+    if seed_level == "outer":  # outer maps (inputs, seed), inner maps the inputs under one seed
+        f = jax.vmap(lambda q, k, v, s: jax.vmap(lambda q, k, v: one(q, k, v, s))(q, k, v))
+        o = f(q, k, v, seeds)
+        dq = jax.grad(lambda q: jnp.sum(f(q, k, v, seeds) * do))(q)
+        for a in range(2):
+            inner = lambda q, k, v: jax.vmap(lambda q, k, v: one(q, k, v, int(seeds[a])))(q, k, v)  # noqa: E731
+            _same(f"o[{a}]", o[a], inner(q[a], k[a], v[a]))
+            _same(f"dq[{a}]", dq[a], jax.grad(lambda x: jnp.sum(inner(x, k[a], v[a]) * do[a]))(q[a]))
+    else:  # inner maps (inputs, seed), outer maps the inputs alone: the seed shared along the outer level
+        f = jax.vmap(lambda q, k, v: jax.vmap(one)(q, k, v, seeds))
+        o = f(q, k, v)
+        for b in range(3):
+            _same(f"o[:, {b}]", o[:, b], jax.vmap(lambda q, k, v: one(q, k, v, int(seeds[b])))(q[:, b], k[:, b],
+                                                                                                 v[:, b]))
+    assert not np.array_equal(np.asarray(o[0, 0]), np.asarray(o[1, 0] if seed_level == "inner" else o[0, 1]))
+
+
 def test_without_dropout_each_index_is_its_own_call(rng):
     """No dropout: the vmapped results are the unvmapped calls', bit for bit, with q alone
     mapped (k, v broadcast), with the prefix sums mapped too (each index its own lengths)
