@@ -43,13 +43,23 @@ for pair in "010:10" "0x10:16" "0X1f:31" "007:7"; do
   "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.1 --seed "${pair%%:*}" >"$W/so" 2>&1
   grep -q "seed ${pair#*:})" "$W/so" && ok "--seed ${pair%%:*} is seed ${pair#*:}" || no "--seed ${pair%%:*}" "$(cat "$W/so")"
 done
-for bad in "--dropout 1" "--dropout -0.1" "--dropout -1e-50" "--dropout nan" "--dropout x" "--seed 3" "--dropout 0.1 --seed -1" \
+for bad in "--dropout 1" "--dropout -0.1" "--dropout -1e-50" "--dropout 0.99999999" "--dropout nan" "--dropout x" "--seed 3" "--dropout 0.1 --seed -1" \
            "--dropout 0.1 --seed 18446744073709551616" "--dropout 0.1 --seed 0x" "--dropout 0.1 --seed +5" \
            "--dropout 0.1 --seed 0x-5" "--dropout 0.1 --seed 08x"; do
   "$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 $bad >/dev/null 2>"$W/se"
   rc=$?
   [ $rc -eq 2 ] && [ "$(wc -l <"$W/se")" -eq 1 ] && ok "$bad: exit 2 ($(cat "$W/se"))" || no "$bad" "exit $rc: $(cat "$W/se")"
 done
+
+# judged as the value given, as the Python fronts judge dropout_p: below 1 but 1 as a float32 is
+# said so (it was "not in [0, 1)"); -0 is 0, off (it was refused as negative)
+"$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0.99999999 --seed 1 >/dev/null 2>"$W/se"
+grep -q "rounds to 1 in float32" "$W/se" && ok "--dropout 0.99999999: $(cat "$W/se")" || no "--dropout 0.99999999" "$(cat "$W/se")"
+"$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout 0 --seed 1 --json >"$W/zero" 2>&1
+"$FA" plan --batch 1 --heads 2 --seq 64 --head-dim 16 --dropout -0 --seed 1 --json >"$W/so" 2>"$W/se"
+rc=$?
+[ $rc -eq 0 ] && cmp -s "$W/so" "$W/zero" && ok "--dropout -0: off, the plan of --dropout 0" ||
+  no "--dropout -0" "exit $rc: $(cat "$W/se"); $(diff "$W/so" "$W/zero" | head -3)"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

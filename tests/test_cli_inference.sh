@@ -364,6 +364,10 @@ expect_bad "paged plan: --page-size/--num-pages without --block-table" "page-siz
 expect_bad "paged plan: --num-pages without --block-table" "num-pages.*--block-table" plan $PP --num-pages 10 --seq-k 64
 expect_bad "paged plan: --seq-k contradicts the table" "\-\-seq-k 100 does not match the paged capacity.*= 64" plan $PP \
   --block-table "$I/bt.npy" --page-size 16 --num-pages 10 --seq-k 100
+# a table with no pages is an empty input, refused in the command line's words (cli.md)
+ints bt_empty.npy 3 0 --
+expect_bad "paged plan: a [3, 0] block table" "shape \[3, 0\] has a zero dimension" plan $PP --block-table "$I/bt_empty.npy" \
+  --page-size 16 --num-pages 10
 fa plan $PP --block-table "$I/bt.npy" --page-size 16 --num-pages 10 --seq-k 64 --json
 [ $rc -eq 0 ] && ok "paged plan: a --seq-k equal to the table's capacity is fine" || no "paged plan --seq-k 64" "exit $rc: $(cat "$W/se")"
 # the page size of the files is the library's to check (one rule, one message)

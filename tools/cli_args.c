@@ -175,7 +175,8 @@ static int parse_int(const char *flag, const char *s, int lo, int *out) {
     return 0;
 }
 
-static int parse_float(const char *flag, const char *s, float *out) {
+/* A finite decimal real whose float32 is finite, as the double it reads (parse_float's). */
+static int parse_real(const char *flag, const char *s, double *out) {
     char *end;
     if (!is_decimal_real(s)) {
         const double w = strtod(s, &end); /* say so where strtod would have taken an infinity or a NaN */
@@ -186,6 +187,13 @@ static int parse_float(const char *flag, const char *s, float *out) {
     double v = strtod(s, &end);
     if (*end || !isfinite(v) || !isfinite((float)v))
         return cli_fail(2, "%s: '%s' is not a finite float32", flag, s);
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float *out) {
+    double v;
+    if (parse_real(flag, s, &v)) return 2;
     *out = (float)v;
     return 0;
 }
@@ -330,13 +338,17 @@ static int apply(cli_args *a, flag_id id, char **v) {
             return cli_fail(2, "%s: %lld is above %d", f, (long long)a->diag_offset, INT32_MAX);
         return 0;
     case F_TOP_LEFT: a->has_diag_offset = 1, a->diag_offset = 0; return 0;
-    case F_DROPOUT:
+    case F_DROPOUT: { /* judged as the value given, as the Python fronts judge dropout_p: -1e-50 is
+                       * negative (its float is -0), 0.99999999 below 1 but 1 as a float */
+        double p;
         a->has_dropout = 1;
-        if (parse_float(f, v[0], &a->dropout)) return 2;
-        /* signbit: a negative value too small for a float (-1e-50) reads as -0, not as 0 (off) */
-        if (!(a->dropout >= 0.0f && a->dropout < 1.0f) || signbit(a->dropout))
-            return cli_fail(2, "--dropout: %s is not in [0, 1)", v[0]);
+        if (parse_real(f, v[0], &p)) return 2;
+        if (!(p >= 0.0 && p < 1.0)) return cli_fail(2, "--dropout: %s is not in [0, 1)", v[0]);
+        a->dropout = p == 0.0 ? 0.0f : (float)p; /* -0 is 0 */
+        if (a->dropout >= 1.0f)
+            return cli_fail(2, "--dropout: %s rounds to 1 in float32, the library's type (at most 0.99999994)", v[0]);
         return 0;
+    }
     case F_SEED: {
         char *end = NULL;
         errno = 0;

@@ -129,7 +129,10 @@ int cli_inference_problem(const cli_args *a, fa_problem *p, int32_t **lens) {
         char err[NPY_ERR_LEN];
         if ((rc = npy_read_header(a->block_table, NPY_I32, &h2, err, sizeof err)))
             return cli_fail(rc, "--block-table %s", err);
-        if (h2.ndim != 2 || h2.shape[0] != p->batch || h2.shape[1] < 1)
+        if (h2.ndim == 2 && h2.shape[0] == p->batch && h2.shape[1] < 1) /* the command line's rule (cli.md) */
+            return cli_fail(2, "--block-table %s: shape [%" PRId64 ", 0] has a zero dimension", a->block_table,
+                            p->batch);
+        if (h2.ndim != 2 || h2.shape[0] != p->batch)
             return cli_fail(2, "--block-table %s: must be int32 [batch = %" PRId64 ", max_pages]", a->block_table,
                             p->batch);
         p->page_size = a->page_size, p->num_pages = a->num_pages, p->max_pages = h2.shape[1];

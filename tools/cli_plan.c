@@ -228,7 +228,9 @@ int cli_plan(const cli_args *a) {
         fa_cost c;
         if (fa_plan_cost_lengths(plan, FA_FORWARD, packed ? NULL : lens, packed ? lens : NULL,
                                  packed ? lens + p.batch + 1 : NULL, &c) != FA_OK) {
-            rc = cli_fail(2, "%s: %s", packed ? "--cu-seqlens-q/-k" : "--cache-seqlens", fa_last_error());
+            const char *msg = fa_last_error(), *own = strstr(msg, "fa_plan_cost_lengths: ");
+            rc = cli_fail(2, "%s: %s", packed ? "--cu-seqlens-q/-k" : "--cache-seqlens",
+                          own == msg ? msg + strlen("fa_plan_cost_lengths: ") : msg); /* not a call the user made */
             fa_plan_destroy(plan);
         }
     }

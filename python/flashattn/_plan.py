@@ -131,7 +131,7 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
     exact). masks.from_array(array) is the block-sparse form of an array, for both."""
     for name, flag in (("causal", causal), ("alibi", alibi), ("segment_ids", segment_ids), ("sinks", sinks),
                        ("bias_grad", bias_grad)):  # flags: an array here (as flashattn.jax.plan takes) is not one
-        if not isinstance(flag, (bool, np.bool_)) and not (isinstance(flag, int) and flag in (0, 1)):
+        if not isinstance(flag, (bool, np.bool_)) and not (isinstance(flag, (int, np.integer)) and flag in (0, 1)):
             raise ValueError(f"{name} is a flag here (True or False: whether the call has it), got "
                              f"{type(flag).__name__}")
     seq_k = seq_q if seq_k is None else seq_k

@@ -168,13 +168,19 @@ def _int(name, v, bits=64):
     return v
 
 
-def _float(name, v):
-    """v as a float for one of the problem's float32 fields: a finite value beyond float32's
-    range is refused here by its own value (as float32 it would be reported as inf). A string
-    or a bool is not a number here ("0.3" and True were taken as 0.3 and 1.0), as the integer
-    options refuse them."""
+def refuse_text_and_bools(name, v):
+    """A string or a bool is not a number for a float option, in every front ("0.3" and True
+    were taken as 0.3 and 1.0), as the integer options refuse them (the drop-ins take bools as
+    their frameworks do, before this)."""
     if isinstance(v, (str, bytes, bool, np.bool_)):
         raise ValueError(f"{name} must be a number, got {v!r}")
+
+
+def _float(name, v):
+    """v as a float for one of the problem's float32 fields: a finite value beyond float32's
+    range is refused here by its own value (as float32 it would be reported as inf); strings
+    and bools are refused (refuse_text_and_bools)."""
+    refuse_text_and_bools(name, v)
     try:
         f = float(v)
     except (TypeError, ValueError):

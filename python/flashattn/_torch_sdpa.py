@@ -105,7 +105,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise RuntimeError("Expected query, key, and value to have the same dtype, but got query.dtype: "
                            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
     for name, x in (("dropout_p", dropout_p), ("scale", scale)):  # as torch's argument parser: a bool is a number
-        if isinstance(x, (str, bytes)):
+        if isinstance(x, (str, bytes)) or (x is None and name == "dropout_p"):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be float, not {type(x).__name__}")
     dropout_p, scale = (float(x) if isinstance(x, bool) else x for x in (dropout_p, scale))
     dropout_p = dropout_p_value(float_or_none("dropout_p", dropout_p))

@@ -351,3 +351,27 @@ def test_torch_seed_tensors_judged_as_ints(rng):
         ft.attention(q, q, q, dropout_p=0.5, seed=torch.tensor(2**63 + 5, dtype=torch.uint64))
     same = ft.attention(q, q, q, dropout_p=0.5, seed=torch.tensor(7, dtype=torch.uint8))
     assert torch.equal(same, ft.attention(q, q, q, dropout_p=0.5, seed=7))
+
+
+def test_drop_ins_take_what_their_frameworks_take(rng):
+    """The drop-ins take bools as their frameworks do (jax.nn's scale=True is 1.0; the float
+    options' new str/bool rule once refused it there), and torch's dropout_p=None is its
+    TypeError; flashattn.plan's flags take numpy integers 0 and 1 as attention does, and
+    flashattn.jax.plan numpy bools as Python's."""
+    q = randn(rng, (1, 8, 2, 16))
+    pytest.importorskip("jax")
+    import jax
+    import flashattn.jax as fj
+    want = jax.nn.dot_product_attention(q, q, q, scale=1.0)
+    for s in (True, np.True_):
+        assert np.allclose(np.asarray(fj.dot_product_attention(q, q, q, scale=s)), np.asarray(want), atol=1e-5)
+    plain = fj.plan(q, q, q).forward
+    assert fj.plan(q, q, q, sinks=np.False_).forward == plain
+    assert fj.plan(q, q, q, sinks=np.True_).forward == fj.plan(q, q, q, sinks=True).forward
+    for flag in (np.int64(1), np.int32(0), np.bool_(True)):
+        flashattn.plan(batch=1, heads=2, seq_q=8, head_dim=16, causal=flag)
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    t = torch.tensor(q.transpose(0, 2, 1, 3).copy())
+    with pytest.raises(TypeError, match="argument 'dropout_p' must be float, not NoneType"):
+        ft.scaled_dot_product_attention(t, t, t, dropout_p=None)

@@ -17,7 +17,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .._problem import (_int, broadcast_dims, check_real, check_sinks_finite, combined_bias_dims, dropout_p_value,
-                        empty_dims, fold_bias_scale, library_bias_scale, threads_int, window_pair)
+                        empty_dims, fold_bias_scale, library_bias_scale, refuse_text_and_bools, threads_int,
+                        window_pair)
 from .._problem_inference import int32_lengths
 from . import _ffi
 from ._ffi import Options
@@ -96,8 +97,7 @@ def _finite(name, x):
     """A static, finite float option (None stays None: the library's default)."""
     if x is None:
         return None
-    if isinstance(x, (str, bytes, bool, np.bool_)):  # as in every front ("0.5" and True were taken)
-        raise ValueError(f"{name} must be a number, got {x!r}")
+    refuse_text_and_bools(name, x)
     try:
         x = float(x)
     except (TypeError, jax.errors.ConcretizationTypeError):

@@ -9,6 +9,7 @@ traces the naive attention and counts a causal problem as if it were dense.
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from ._attention import _check_qkv, make_options
 from ._plan import plan_for
@@ -26,10 +27,10 @@ class _Shape:
 
 def _shaped(x):
     """x as a shape (and dtype), True (present) as it is, None or False (absent) as None."""
-    if x is None or x is False:
+    if x is None or (isinstance(x, (bool, np.bool_)) and not x):
         return None
-    if x is True:
-        return x
+    if isinstance(x, (bool, np.bool_)):
+        return True
     if not hasattr(x, "shape"):
         raise ValueError(f"expected an array or jax.ShapeDtypeStruct, got {type(x).__name__}")
     dtype = getattr(x, "dtype", None)
