@@ -455,7 +455,10 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         tensors += [check_tensor("k_prefix", k_prefix, 3), check_tensor("v_prefix", v_prefix, 3)]
     k_prefix, v_prefix, _ = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
     check_floats(names, tensors)
-    prefix = () if k_prefix is None else (k_prefix.detach().contiguous(), v_prefix.detach().contiguous())
+    # compiled: detached, as before (a graph whose decode input requires grad fails to compile:
+    # torch traces the backward the op lacks); eager: a gradient reaching the output raises (_no_backward)
+    keep = (lambda t: t.detach()) if torch.compiler.is_compiling() else (lambda t: t)
+    prefix = () if k_prefix is None else (keep(k_prefix).contiguous(), keep(v_prefix).contiguous())
     if k is not None:
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)) + \
                 ((("k_scale", k_scale), ("v_scale", v_scale)) if code is not None else ()):
@@ -499,16 +502,33 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     sinks = sinks_arg(sinks, q.shape[2], q.device)
+    sinks = None if sinks is None else keep(sinks)
     if code is not None:
         o, lse = _kvcache_quant_fwd(q, k_cache, v_cache, k_scale, v_scale, k, v, lens, block_table,
                                     alibi(alibi_slopes, q.shape[2], q.device), code, bool(causal),
-                                    *_options(window, softcap, scale, threads),
-                                    None if sinks is None else sinks.detach(), *prefix)
-        return (o, lse) if return_lse else o
-    o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device),
-                          bool(causal), *_options(window, softcap, scale, threads),
-                          None if sinks is None else sinks.detach(), *prefix)
+                                    *_options(window, softcap, scale, threads), sinks, *prefix)
+    else:
+        o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table,
+                              alibi(alibi_slopes, q.shape[2], q.device), bool(causal),
+                              *_options(window, softcap, scale, threads), sinks, *prefix)
+    for t in (o, lse):
+        _no_backward(t)
     return (o, lse) if return_lse else o
+
+
+def _refuse_backward(grad):
+    raise RuntimeError("flashattn.torch.kvcache_attention has no backward (decoding runs forward only; the caches "
+                       "are written in place), but a gradient reached its output: compute it under torch.no_grad(), "
+                       "or train with attention() or varlen_attention()")
+
+
+def _no_backward(t):
+    """A decode output that requires grad (from q, k, v, sinks or a prefix that do) raises in
+    words when a gradient reaches it: sinks and prefixes were detached, so their gradient
+    stayed None silently, and q's backward met torch's message about registering an autograd
+    formula. (Compiled graphs keep that message: a hook there would break the graph.)"""
+    if t.requires_grad and not torch.compiler.is_compiling():
+        t.register_hook(_refuse_backward)
 
 
 @torch.compiler.disable(reason="flashattn.torch.quantize_cache runs on the host, outside compiled graphs: call it "

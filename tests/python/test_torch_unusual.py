@@ -93,3 +93,25 @@ def test_unsigned_integer_ids(dtype):
     packed = q[0].transpose(0, 1).contiguous()
     assert torch.equal(fat.varlen_attention(packed, packed, packed, cu, cu),
                        fat.varlen_attention(packed, packed, packed, cu.to(torch.int32), cu.to(torch.int32)))
+
+
+def test_decode_output_refuses_a_gradient_in_words():
+    """kvcache_attention has no backward: sinks (a gpt-oss Parameter) or a prefix that require
+    grad were detached, so their gradient stayed None silently, and q's backward raised torch's
+    message about registering an autograd formula. A gradient reaching o or lse now raises in
+    words; under no_grad, or from inputs that need none, nothing changes; compiled, as before."""
+    q, kc, vc = torch.randn(1, 1, 4, 16), torch.randn(1, 32, 2, 16), torch.randn(1, 32, 2, 16)
+    lens = torch.tensor([10], dtype=torch.int32)
+    sinks = torch.nn.Parameter(torch.randn(4))
+    kp = torch.randn(5, 2, 16, requires_grad=True)
+    for kw, qq in ((dict(sinks=sinks), q), (dict(k_prefix=kp, v_prefix=kp.detach()), q),
+                   (dict(), q.clone().requires_grad_())):
+        o, lse = fat.kvcache_attention(qq, kc, vc, cache_seqlens=lens, return_lse=True, **kw)
+        for t in (o, lse):
+            with pytest.raises(RuntimeError, match="kvcache_attention has no backward"):
+                t.sum().backward(retain_graph=True)
+        with torch.no_grad():
+            assert not fat.kvcache_attention(qq, kc, vc, cache_seqlens=lens, **kw).requires_grad
+    assert sinks.grad is None and kp.grad is None
+    f = torch.compile(lambda q: fat.kvcache_attention(q, kc, vc, cache_seqlens=lens, sinks=sinks), fullgraph=True)
+    assert torch.equal(f(q), fat.kvcache_attention(q, kc, vc, cache_seqlens=lens, sinks=sinks.detach()))
