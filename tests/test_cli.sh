@@ -329,6 +329,7 @@ bad "--scale 1e40" "scale.*finite" plan $SHAPE --scale 1e40
 bad "--softcap inf" "softcap.*finite" run $QKV --softcap inf $O
 bad "--softcap negative" "softcap.*negative" plan $SHAPE --softcap -1
 bad "--softcap 1e-50 (rounds to 0: off)" "rounds to 0 in float32" plan $SHAPE --softcap 1e-50
+bad "--softcap -1e-50 (negative, though its float is -0)" "softcap: -1e-50 is negative" plan $SHAPE --softcap -1e-50
 bad "--softcap 1e-39 (subnormal)" "softcap must be 0 .off. or within" plan $SHAPE --softcap 1e-39
 bad "slopes of the wrong length" "alibi.*\(3,\)" run $QKV --alibi "$I/slopes3.npy" $O
 bad "bias shape wrong" "bias.*\(2, 4, 33, 39\)" run $QKV --bias "$I/bias_bad.npy" $O

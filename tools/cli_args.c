@@ -293,9 +293,11 @@ static int apply(cli_args *a, flag_id id, char **v) {
         return parse_i64("--window (right)", v[1], -1, &a->window_right);
     case F_SOFTCAP:
         a->has_softcap = 1;
-        if (parse_float(f, v[0], &a->softcap)) return 2;
-        if (a->softcap < 0) return cli_fail(2, "--softcap: %s is negative", v[0]);
-        if (a->softcap == 0 && strtod(v[0], NULL) != 0) /* rounded to 0, which means off */
+        double cap; /* judged by the value given: -1e-50 is negative, not a cap that rounds to 0 */
+        if (parse_real(f, v[0], &cap)) return 2;
+        if (cap < 0) return cli_fail(2, "--softcap: %s is negative", v[0]);
+        a->softcap = (float)cap;
+        if (a->softcap == 0 && cap != 0) /* rounded to 0, which means off */
             return cli_fail(2, "--softcap: %s rounds to 0 in float32, which would turn the cap off", v[0]);
         return 0;
     case F_SCALE:

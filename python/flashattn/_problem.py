@@ -351,6 +351,8 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     p.window_left, p.window_right = window_pair(window)
     if softcap is not None:
         cap = p.softcap = _float("softcap", softcap)
+        if cap < 0:  # by the value given: -1e-50 is negative, not a cap that rounds to 0
+            raise ValueError(f"softcap must be >= 0 (0 or None: off), got {softcap!r}")
         if cap != 0 and p.softcap == 0:  # rounded to 0 in the float32 field, which means off
             raise ValueError(f"softcap = {cap!r} rounds to 0 in float32, which would turn the cap off "
                              "(softcap must be 0 or within [2^-126, 2^100])")

@@ -4,7 +4,8 @@ autocast, and boolean masks lowered to the library's hidden-key rule (docs/nonfi
 -inf bias term hides its key)."""
 import torch
 
-from ._problem import _float, _int, check_real, fold_bias_scale, threads_int, window_pair
+from ._problem import (_float, _int, check_real, dropout_p_value, fold_bias_scale, refuse_text_and_bools, threads_int,
+                       window_pair)
 from ._torch_ops import DTYPES
 
 DTYPE_NAMES = "float32, float16 or bfloat16"
@@ -105,7 +106,28 @@ def float_or_none(name, x):
                         f"{tuple(x.shape)}{' that requires grad' if x.requires_grad else ''}: flashattn takes no "
                         f"gradient through {name} (as F.scaled_dot_product_attention); pass {name}.detach() for a "
                         "constant")
-    return _float(name, x)  # a string or a bool is not a number here, as in every front
+    refuse_text_and_bools(name, x)  # as in every front
+    if torch.compiler.is_compiling():  # a traced (symbolic) float: float() as before; the float32
+        return float(x)                # range check's math on it would break the graph
+    return _float(name, x)
+
+
+def float_or_zero(name, x):
+    """float_or_none, with None as 0.0 (off), without testing the value's truth (a traced
+    float would be guarded on data it does not have: torch.compile's fullgraph failed)."""
+    return 0.0 if x is None else float_or_none(name, x)
+
+
+def dropout_p_arg(dropout_p):
+    """dropout_p as a float in [0, 1) (None: 0), judged as every front judges it
+    (_problem.dropout_p_value); traced by torch.compile, by comparisons alone (math on a
+    symbolic float breaks the graph), as before the shared rule."""
+    p = float_or_zero("dropout_p", dropout_p)
+    if torch.compiler.is_compiling():
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout_p must be in [0, 1) (0 = off), got {p}")
+        return p
+    return dropout_p_value(p)
 
 
 def autocast(*tensors):

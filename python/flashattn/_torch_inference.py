@@ -18,7 +18,7 @@ from ._quant import cache_dtype_code, check_rows, quantize_dtype_code
 from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_varlen_shapes,
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
-                          int_in, no_memory, shares_memory, sinks_arg, threads_arg, window_sides)
+                          float_or_zero, int_in, no_memory, shares_memory, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import (DTYPES, F32, LSE_GRAD_REFUSED, Device, dense_for_grad, do_with_o_strides, forward_ad_refused,
                          grad_like, int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad,
                          dropout_args, seed_value)
@@ -223,7 +223,7 @@ def _int_tensor(name, t, shape_desc, ndim):
 
 
 def _options(window, softcap, scale, threads):
-    return (*window_sides(window), float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
+    return (*window_sides(window), float_or_zero("softcap", softcap), float_or_none("scale", scale),
             threads_arg(threads))
 
 

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _layout, _native
-from ._problem import check_sinks_finite, dropout_p_value, make_options, make_problem
+from ._problem import check_sinks_finite, make_options, make_problem
 
 DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -551,8 +551,8 @@ def dropout_args(dropout_p, seed):
     """A front's dropout_p (a float in [0, 1), None or 0: off) and seed as the ops take them:
     (dropout_p, seed_tensor(seed)), or (0.0, None) without dropout (a seed then checked and
     unused, as in every front: _problem.set_dropout)."""
-    from ._torch_args import float_or_none  # here: _torch_args imports this module
-    dropout_p = dropout_p_value(float_or_none("dropout_p", dropout_p) or 0.0)
+    from ._torch_args import dropout_p_arg  # here: _torch_args imports this module
+    dropout_p = dropout_p_arg(dropout_p)
     if dropout_p > 0.0:
         return dropout_p, seed_tensor(seed)
     if seed is not None:

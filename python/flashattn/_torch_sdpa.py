@@ -17,8 +17,7 @@ import math
 
 import torch
 
-from ._torch_args import autocast, check_floats, expand_seq_dims, float_or_none, mask_to_bias
-from ._problem import dropout_p_value
+from ._torch_args import autocast, check_floats, dropout_p_arg, expand_seq_dims, float_or_none, mask_to_bias
 from ._torch_ops import attention_function, seed_tensor
 
 
@@ -108,7 +107,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if isinstance(x, (str, bytes)) or (x is None and name == "dropout_p"):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be float, not {type(x).__name__}")
     dropout_p, scale = (float(x) if isinstance(x, bool) else x for x in (dropout_p, scale))
-    dropout_p = dropout_p_value(float_or_none("dropout_p", dropout_p))
+    dropout_p = dropout_p_arg(dropout_p)
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     check_floats(("query", "key", "value"), (query, key, value))

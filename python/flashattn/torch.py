@@ -12,7 +12,7 @@ import torch
 from . import _layout
 from ._problem import check_shapes, empty_dims
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
-                          float_or_none, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
+                          float_or_none, float_or_zero, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import DTYPES, attention_function, dropout_args, dropout_seed, refused_lse_grad
 from .masks import Mask, build_for_call
 
@@ -101,7 +101,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     q, k, v = distinct(q, k, v)
     dropout_p, seed = dropout_args(dropout_p, seed)
     o, lse = attention_function().apply(q, k, v, bias, alibi(alibi_slopes, H, q.device), q_seg, kv_seg, bool(causal),
-                             wl, wr, float_or_none("softcap", softcap) or 0.0, float_or_none("scale", scale),
+                             wl, wr, float_or_zero("softcap", softcap), float_or_none("scale", scale),
                              L, int_in("diag_offset", diag_offset, optional=True), bias_scale,
                              threads_arg(threads), sinks_arg(sinks, H, q.device), dropout_p, seed, native_mask)
     if return_lse and dropout_p > 0.0:
@@ -141,7 +141,7 @@ def flex_cost(block_mask, q, k, v, *, scale=None, softcap=None, layout="bhsd", t
     check_shapes(qd, kd, vd)
     p = flashattn.plan(batch=qd[0], heads=qd[1], seq_q=qd[2], head_dim=qd[3], seq_k=kd[2], head_dim_v=vd[3],
                        kv_heads=kd[1], dtype=DTYPES[q.dtype], scale=float_or_none("scale", scale),
-                       softcap=float_or_none("softcap", softcap) or 0.0, mask=from_block_mask(block_mask),
+                       softcap=float_or_zero("softcap", softcap), mask=from_block_mask(block_mask),
                        backend="cuda" if q.device.type == "cuda" else "cpu", threads=threads_arg(threads))
     return {"forward": dict(p.forward), "backward": dict(p.backward)}
 

@@ -297,7 +297,8 @@ BAD_OPTIONS = [(dict(dropout_p=0.9999999999, seed=1), "rounds to 1 in float32"),
                (dict(dropout_p="0.5", seed=1), "dropout_p must be a number"),
                (dict(dropout_p=True, seed=1), "dropout_p must be a number"),
                (dict(scale="0.5"), "scale must be a number"), (dict(scale=True), "scale must be a number"),
-               (dict(softcap="2"), "softcap must be a number")]
+               (dict(softcap="2"), "softcap must be a number"),
+               (dict(softcap=-1e-50), r"softcap must be >= 0 .*got -1e-50")]  # negative, not "rounds to 0"
 
 
 @pytest.mark.parametrize("kw, message", BAD_OPTIONS)

@@ -165,3 +165,23 @@ def test_jax_dot_product_attention_names_its_own_arguments_under_x64():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
                          timeout=120)
     assert "query, key and value dtype should be float32, float16 or bfloat16" in out.stdout, out.stderr[-2000:]
+
+
+def test_compile_with_symbolic_floats():
+    """torch.compile(fullgraph=True) with dynamic shapes, or recompiling when a float argument
+    changes (dynamo then traces it as a symbolic float), as one compiled function serves
+    Gemma's layers with their own scale and softcap: the front's float checks did math on the
+    traced value (math.isfinite) and broke the graph ("torch.* op returned non-Tensor"); a
+    float option tested for truth (softcap or 0.0) was guarded on data it did not have."""
+    q = torch.randn(1, 2, 9, 16)
+    for fn in (lambda q: fat.attention(q, q, q), lambda q: fat.attention(q, q, q, softcap=50.0, window=(3, 0)),
+               lambda q: fat.scaled_dot_product_attention(q, q, q, is_causal=True),
+               lambda q: fat.varlen_attention(q[0].transpose(0, 1).contiguous(), q[0].transpose(0, 1).contiguous(),
+                                              q[0].transpose(0, 1).contiguous(), torch.tensor([0, 4, 9]),
+                                              torch.tensor([0, 4, 9]))):
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(fn, fullgraph=True, dynamic=True, backend="eager")(q), fn(q))
+    torch._dynamo.reset()
+    g = torch.compile(lambda q, s, c: fat.attention(q, q, q, scale=s, softcap=c), fullgraph=True, backend="eager")
+    for s, c in ((0.1, 0.5), (0.2, 0.6), (0.3, 0.7)):  # the second value recompiles with symbolic floats
+        assert torch.equal(g(q, s, c), fat.attention(q, q, q, scale=s, softcap=c))
