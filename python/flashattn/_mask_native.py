@@ -62,12 +62,13 @@ TAKES_OFFSET = {}
 class NativeMask:
     """One fa_mask*, owned: built by one of the constructors below, destroyed with the object."""
 
-    __slots__ = ("ptr", "__weakref__")
+    __slots__ = ("ptr", "pinned", "__weakref__")
 
     def __init__(self, build, what):
         out = ctypes.c_void_p()
         _native.check(build(ctypes.byref(out)), what)
         self.ptr = out.value
+        self.pinned = False  # True: held for the process (a compiled JAX call has its address)
 
     def __reduce__(self):
         raise TypeError("a built mask (the library's object) cannot be copied or pickled; copy or pickle the "

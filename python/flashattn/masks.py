@@ -85,8 +85,10 @@ class Mask:
         if m is None:
             m = self._build(dims, diag, key[2])
             with _BUILT_LOCK:
-                if len(self._built) >= _CACHE_SIZE:
-                    self._built.pop(next(iter(self._built)))
+                if len(self._built) >= _CACHE_SIZE:  # the oldest the process does not hold (pinned)
+                    old = next((k for k, b in self._built.items() if not b.pinned), None)
+                    if old is not None:
+                        self._built.pop(old)
                 self._built[key] = m
         return m
 

@@ -328,3 +328,21 @@ def test_array_masks_on_empty_calls(B, H):
     q = np.ones((B, H, 8, 4), np.float32)
     for m in (masks.from_fn(lambda b, h, i, j: j <= i + b + h), masks.from_array(np.ones((B, H, 8, 8), bool))):
         assert flashattn.attention(q, q, q, mask=m).shape == (B, H, 8, 4)
+
+
+def test_jax_mask_over_more_shapes_than_its_cache(rng):
+    """One mask object in eager JAX calls over 10 shapes in turn (its cache holds 8): each
+    shape builds, pins and compiles once. The cache dropped the oldest build while JAX kept it
+    pinned, so each later call at that shape built, pinned and compiled anew (memory without
+    bound). Results equal fresh masks'."""
+    pytest.importorskip("jax")
+    import flashattn.jax as fj
+    from flashattn.jax import _attention
+    m = masks.causal()
+    qs = [randn(rng, (1, s, 2, 8)) for s in range(9, 19)]
+    before = len(_attention._PINNED)
+    for _ in range(3):
+        for q in qs:
+            o = fj.attention(q, q, q, mask=m)
+    assert len(_attention._PINNED) - before == len(qs)
+    assert np.array_equal(np.asarray(o), np.asarray(fj.attention(qs[-1], qs[-1], qs[-1], causal=True)))

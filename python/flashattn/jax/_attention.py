@@ -354,6 +354,10 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     built = None if fmask is None else build_for_call(fmask, b, hq, sq, sk, diag_offset=opt.diag_offset,
                                                       empty=empty_dims(b, hq, sq, sk))
     if built is not None:
+        # XLA holds its address for the process (a static option of the compiled call): kept
+        # alive, and kept in the mask's cache, so that the shape's next call finds it there,
+        # the same address, not a new build (a new compile, pinned too: memory without bound)
+        built.pinned = True
         _PINNED.setdefault(built.ptr, built)
         opt = opt._replace(mask=built.ptr)
     _check_plan(opt, q, k, v, bias, fmask)
