@@ -168,11 +168,13 @@ def _int(name, v, bits=64):
     return v
 
 
-def refuse_text_and_bools(name, v):
+def refuse_text_and_bools(name, v, bool_array=False):
     """A string or a bool is not a number for a float option, in every front ("0.3" and True
     were taken as 0.3 and 1.0), as the integer options refuse them (the drop-ins take bools as
-    their frameworks do, before this)."""
-    if isinstance(v, (str, bytes, bool, np.bool_)):
+    their frameworks do, before this); a 0-d bool array or tensor neither (bool_array: the
+    front's own test of its array type; a numpy one is tested here). Only isinstance tests:
+    torch.compile traces this with symbolic floats, whose attributes it cannot look up."""
+    if isinstance(v, (str, bytes, bool, np.bool_)) or bool_array or (isinstance(v, np.ndarray) and v.dtype == np.bool_):
         raise ValueError(f"{name} must be a number, got {v!r}")
 
 

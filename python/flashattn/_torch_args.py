@@ -99,6 +99,7 @@ def float_or_none(name, x):
     there, since no gradient would reach it."""
     if x is None:
         return None
+    refuse_text_and_bools(name, x, isinstance(x, torch.Tensor) and x.dtype == torch.bool)  # as in every front
     if isinstance(x, torch.Tensor):
         if x.dim() == 0 and not (x.requires_grad and torch.is_grad_enabled()):
             return float(x)
@@ -106,7 +107,6 @@ def float_or_none(name, x):
                         f"{tuple(x.shape)}{' that requires grad' if x.requires_grad else ''}: flashattn takes no "
                         f"gradient through {name} (as F.scaled_dot_product_attention); pass {name}.detach() for a "
                         "constant")
-    refuse_text_and_bools(name, x)  # as in every front
     if torch.compiler.is_compiling():  # a traced (symbolic) float: float() as before; the float32
         return float(x)                # range check's math on it would break the graph
     return _float(name, x)

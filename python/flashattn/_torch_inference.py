@@ -503,32 +503,56 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     sinks = sinks_arg(sinks, q.shape[2], q.device)
     sinks = None if sinks is None else keep(sinks)
-    if code is not None:
-        o, lse = _kvcache_quant_fwd(q, k_cache, v_cache, k_scale, v_scale, k, v, lens, block_table,
-                                    alibi(alibi_slopes, q.shape[2], q.device), code, bool(causal),
-                                    *_options(window, softcap, scale, threads), sinks, *prefix)
-    else:
-        o, lse = _kvcache_fwd(q, k_cache, v_cache, k, v, lens, block_table,
-                              alibi(alibi_slopes, q.shape[2], q.device), bool(causal),
-                              *_options(window, softcap, scale, threads), sinks, *prefix)
-    for t in (o, lse):
-        _no_backward(t)
+    op = _kvcache_quant_fwd if code is not None else _kvcache_fwd
+    args = (q, k_cache, v_cache) + ((k_scale, v_scale) if code is not None else ()) + \
+        (k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device)) + \
+        ((code,) if code is not None else ()) + (bool(causal), *_options(window, softcap, scale, threads), sinks) + \
+        (prefix if prefix else (None, None))
+    o, lse = _DecodeRefusesDerivatives.apply(op, *args) if _derivative_asked(args) else op(*args)
     return (o, lse) if return_lse else o
 
 
-def _refuse_backward(grad):
-    raise RuntimeError("flashattn.torch.kvcache_attention has no backward (decoding runs forward only; the caches "
-                       "are written in place), but a gradient reached its output: compute it under torch.no_grad(), "
-                       "or train with attention() or varlen_attention()")
+_NO_BACKWARD = ("flashattn.torch.kvcache_attention has no backward (decoding runs forward only; the caches are "
+                "written in place), but a gradient reached its output: compute it under torch.no_grad(), or train "
+                "with attention() or varlen_attention()")
 
 
-def _no_backward(t):
-    """A decode output that requires grad (from q, k, v, sinks or a prefix that do) raises in
-    words when a gradient reaches it: sinks and prefixes were detached, so their gradient
-    stayed None silently, and q's backward met torch's message about registering an autograd
-    formula. (Compiled graphs keep that message: a hook there would break the graph.)"""
-    if t.requires_grad and not torch.compiler.is_compiling():
-        t.register_hook(_refuse_backward)
+def _derivative_asked(args):
+    """Eager, with an input that may carry a derivative (one that requires grad under grad mode,
+    a torch.func transform's, a forward-mode dual): the call goes through
+    _DecodeRefusesDerivatives. Compiled or exported graphs detach (kvcache_attention)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    from torch.autograd.forward_ad import unpack_dual
+    return any(isinstance(t, torch.Tensor) and ((t.requires_grad and torch.is_grad_enabled()) or
+                                                torch._C._functorch.is_functorch_wrapped_tensor(t) or
+                                                unpack_dual(t).tangent is not None) for t in args)
+
+
+class _DecodeRefusesDerivatives(torch.autograd.Function):
+    """The decode op where a derivative may be asked of it: a gradient reaching o or lse, or a
+    forward-mode tangent, raises in words. (The op mutates the caches, so torch takes no
+    autograd formula for it: sinks and prefixes that require grad were detached, their
+    gradient None without a word; torch.func.jvp gave a zero tangent; q's backward met torch's
+    message about registering a formula.)"""
+
+    @staticmethod
+    def forward(op, *args):
+        return op(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(_NO_BACKWARD)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError("flashattn.torch.kvcache_attention has no derivatives (decoding runs forward only), "
+                                  "so no forward-mode one (torch.func.jvp, torch.autograd.forward_ad): compute it "
+                                  "without a tangent, or use attention() or varlen_attention()")
 
 
 @torch.compiler.disable(reason="flashattn.torch.quantize_cache runs on the host, outside compiled graphs: call it "

@@ -298,7 +298,9 @@ BAD_OPTIONS = [(dict(dropout_p=0.9999999999, seed=1), "rounds to 1 in float32"),
                (dict(dropout_p=True, seed=1), "dropout_p must be a number"),
                (dict(scale="0.5"), "scale must be a number"), (dict(scale=True), "scale must be a number"),
                (dict(softcap="2"), "softcap must be a number"),
-               (dict(softcap=-1e-50), r"softcap must be >= 0 .*got -1e-50")]  # negative, not "rounds to 0"
+               (dict(softcap=-1e-50), r"softcap must be >= 0 .*got -1e-50"),  # negative, not "rounds to 0"
+               (dict(softcap=np.array(True)), "softcap must be a number"),  # 0-d bools as bools (taken as 1.0)
+               (dict(scale=np.array(False)), "scale must be a number")]
 
 
 @pytest.mark.parametrize("kw, message", BAD_OPTIONS)
@@ -364,7 +366,7 @@ def test_drop_ins_take_what_their_frameworks_take(rng):
     import jax
     import flashattn.jax as fj
     want = jax.nn.dot_product_attention(q, q, q, scale=1.0)
-    for s in (True, np.True_):
+    for s in (True, np.True_, np.array(True)):
         assert np.allclose(np.asarray(fj.dot_product_attention(q, q, q, scale=s)), np.asarray(want), atol=1e-5)
     plain = fj.plan(q, q, q).forward
     assert fj.plan(q, q, q, sinks=np.False_).forward == plain

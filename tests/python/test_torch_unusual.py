@@ -113,5 +113,14 @@ def test_decode_output_refuses_a_gradient_in_words():
         with torch.no_grad():
             assert not fat.kvcache_attention(qq, kc, vc, cache_seqlens=lens, **kw).requires_grad
     assert sinks.grad is None and kp.grad is None
+    # torch.func too (grad met torch's own message; jvp gave a zero tangent without a word)
+    with pytest.raises(RuntimeError, match="kvcache_attention has no backward"):
+        torch.func.grad(lambda s: fat.kvcache_attention(q, kc, vc, cache_seqlens=lens, sinks=s).sum())(sinks.detach())
+    with pytest.raises(NotImplementedError, match="kvcache_attention has no derivatives"):
+        torch.func.jvp(lambda q: fat.kvcache_attention(q, kc, vc, cache_seqlens=lens), (q,), (torch.ones_like(q),))
+    # appends through the refusing path still write the caches
+    kc2, kn = kc.clone(), torch.randn(1, 1, 2, 16, requires_grad=True)
+    fat.kvcache_attention(q, kc2, vc.clone(), kn, kn.detach(), cache_seqlens=lens)
+    assert torch.equal(kc2[0, 10], kn.detach()[0, 0])
     f = torch.compile(lambda q: fat.kvcache_attention(q, kc, vc, cache_seqlens=lens, sinks=sinks), fullgraph=True)
     assert torch.equal(f(q), fat.kvcache_attention(q, kc, vc, cache_seqlens=lens, sinks=sinks.detach()))

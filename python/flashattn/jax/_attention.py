@@ -97,7 +97,7 @@ def _finite(name, x):
     """A static, finite float option (None stays None: the library's default)."""
     if x is None:
         return None
-    refuse_text_and_bools(name, x)
+    refuse_text_and_bools(name, x, isinstance(x, jax.Array) and x.dtype == jnp.bool_)
     try:
         x = float(x)
     except (TypeError, jax.errors.ConcretizationTypeError):

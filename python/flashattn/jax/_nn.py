@@ -126,8 +126,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
             jnp.where(jnp.arange(T)[None, :] < q_len[:, None], 0, 1).astype(jnp.int32)
         kv_seg = jnp.zeros((B, S), jnp.int32) if kv_len is None else \
             jnp.where(jnp.arange(S)[None, :] < kv_len[:, None], 0, 2).astype(jnp.int32)
-    if isinstance(scale, (bool, np.bool_)):  # jax.nn takes a bool as the number it is
-        scale = float(scale)
+    if isinstance(scale, (bool, np.bool_)) or (str(getattr(scale, "dtype", "")) == "bool" and not _traced(scale)):
+        scale = float(scale)  # jax.nn takes a bool (a 0-d bool array too) as the number it is
     if scale is not None and _traced(scale):
         # a traced scale (a jit argument, a learned temperature): the library takes its scale
         # as a static number, so the scale multiplies q instead (jax.nn multiplies the f32
