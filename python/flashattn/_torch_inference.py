@@ -456,7 +456,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     k_prefix, v_prefix, _ = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
     check_floats(names, tensors)
     # compiled: detached, as before (a graph whose decode input requires grad fails to compile:
-    # torch traces the backward the op lacks); eager: a gradient reaching the output raises (_no_backward)
+    # torch traces the backward the op lacks); eager: a derivative asked of the outputs raises
+    # (_DecodeRefusesDerivatives)
     keep = (lambda t: t.detach()) if torch.compiler.is_compiling() else (lambda t: t)
     prefix = () if k_prefix is None else (keep(k_prefix).contiguous(), keep(v_prefix).contiguous())
     if k is not None:
@@ -506,8 +507,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     op = _kvcache_quant_fwd if code is not None else _kvcache_fwd
     args = (q, k_cache, v_cache) + ((k_scale, v_scale) if code is not None else ()) + \
         (k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device)) + \
-        ((code,) if code is not None else ()) + (bool(causal), *_options(window, softcap, scale, threads), sinks) + \
-        (prefix if prefix else (None, None))
+        ((code,) if code is not None else ()) + (bool(causal), *_options(window, softcap, scale, threads)) + \
+        (sinks,) + (prefix if prefix else (None, None))
     o, lse = _DecodeRefusesDerivatives.apply(op, *args) if _derivative_asked(args) else op(*args)
     return (o, lse) if return_lse else o
 
