@@ -2,7 +2,8 @@
 # A/B of the forward's key tiles: each case below timed at --block-k A and --block-k B
 # (default 256 and 512), the two alternating, ROUNDS rounds; prints each case's min and
 # median seconds and the ratio of the medians (B / A). bf16, 2 threads, forward only.
-# Usage: bash bench/tiles_ab.sh [ROUNDS] [A] [B]   (BUILD: the build directory, default build)
+# Usage: bash bench/tiles_ab.sh [ROUNDS] [A] [B]   (BUILD: the build directory, default build;
+# CASES=short: sequences under 2048 keys and D = 64 instead, about 16 M rows x keys each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build}"
@@ -20,6 +21,15 @@ cases=("causal S=16384|--heads 8 --seq 16384 --head-dim 128 --causal"
        "chunked 2048|--heads 8 --seq 16384 --head-dim 128 --mask-chunk 2048"
        "16 documents|--heads 8 --seq 16384 --head-dim 128 --documents $docs --causal"
        "window 1024|--heads 8 --seq 16384 --head-dim 128 --window 1024 0")
+[ "${CASES:-}" = short ] &&
+  cases=("causal S=256|--heads 512 --seq 256 --head-dim 128 --causal"
+         "causal S=512|--heads 256 --seq 512 --head-dim 128 --causal"
+         "causal S=1024|--heads 128 --seq 1024 --head-dim 128 --causal"
+         "unmasked S=1024|--heads 128 --seq 1024 --head-dim 128"
+         "causal S=1024 D=64|--heads 128 --seq 1024 --head-dim 64 --causal"
+         "causal S=1536 D=256|--heads 40 --seq 1536 --head-dim 256 --causal"
+         "causal S=4096 D=64|--heads 32 --seq 4096 --head-dim 64 --causal"
+         "window 256 S=1024|--heads 128 --seq 1024 --head-dim 128 --window 256 0")
 out=$(mktemp)
 trap 'rm -f "$docs" "$out"' EXIT
 for r in $(seq 1 "$ROUNDS"); do

@@ -1,12 +1,14 @@
 /* The plan's wider key tiles (src/cpu/backend_cpu.c, wider_keys; docs/masks.md): where an
- * ISA has them (AMX: 256 keys for bf16 with seq_k >= 2048 and D >= 128, then 512 in the
- * forward), the plan takes each when its own walk of the tiles says it executes at most 8%
- * more elements than the narrower ones chosen so far. Checked here:
+ * ISA has them (AMX: 256 keys for bf16, then 512, in the forward at any key count and head
+ * dim; the backward's 256 with seq_k >= 2048 and D >= 128), the plan takes each when its own
+ * walk of the tiles says it executes at most 8% more elements than the narrower ones chosen
+ * so far. Checked here:
  *   - the choice, against the plan's own counts: for each problem, the forward's flops at
  *     128, 256 and 512 keys (fa_options.block_k), and which tiles were taken (no mask,
  *     causal, chunked 2048, 16 documents (their pairs trimmed to the keys a row may see,
- *     schedule_mask.h), a window of 2048 take 512; a window of 1024 256; a window of 512 and
- *     D = 64 keep 128; the backward widens to 256 without a mask or window only);
+ *     schedule_mask.h), a window of 2048, causal at D = 64 and at 1024 keys take 512; a window
+ *     of 1024 256; windows of 512, and of 256 over 1024 keys, keep 128; the backward widens
+ *     to 256 without a mask or window only, from 2048 keys and D = 128);
  *   - the results of the default tiles at these lengths against the float64 reference, o,
  *     lse and the gradients (outputs poisoned first), on every ISA;
  *   - the key tiles and the forward's bits at 1 to 8 threads (thread_independent).
@@ -70,8 +72,10 @@ static void choices(void) {
         {"window 1024 S=16384", 16384, 128, 1, 1024, 0, 256, 128},
         {"window 512 S=16384", 16384, 128, 1, 512, 0, 128, 128},
         {"16 documents S=16384", 16384, 128, 1, -1, 2, 512, 128},
-        {"causal S=4096 D=64", 4096, 64, 1, -1, 0, 128, 128},
-        {"causal S=1024", 1024, 128, 1, -1, 0, 128, 128},
+        {"causal S=4096 D=64", 4096, 64, 1, -1, 0, 512, 128},
+        {"causal S=1024", 1024, 128, 1, -1, 0, 512, 128},
+        {"no mask S=768 D=64", 768, 64, 0, -1, 0, 512, 128},
+        {"window 256 S=1024", 1024, 128, 1, 256, 0, 128, 128},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const choice_case *c = &cases[i];
@@ -91,7 +95,7 @@ static void choices(void) {
               (long long)bbk, (long long)c->want_bwd_bk);
         /* the rule itself, from the plan's counts: each wider width where it executes <= 8%
          * more than the width taken before it */
-        if (c->dim >= 128 && c->seq >= 2048 && nbq == fbq) {
+        if (nbq == fbq) {
             fa_plan *w256 = check_plan(&p, 2, fbq, 256), *w512 = check_plan(&p, 2, fbq, 512);
             if (w256 && w512) {
                 const double f128 = (double)forward_flops(narrow), f256 = (double)forward_flops(w256),
@@ -228,8 +232,10 @@ int main(void) {
         printf("the plan's choices: skipped (isa %s has no wider tiles)\n", fa_cpu_isa());
     }
     thread_independent();
-    printf("the default tiles at long keys against the float64 reference:\n");
+    printf("the default tiles against the float64 reference:\n");
     against_reference(2100, 2100, 2, 1, 1); /* causal, GQA, a cut last tile of both edges */
     against_reference(64, 4100, 1, 1, 0);   /* few rows over many keys, unmasked */
+    against_reference(700, 700, 2, 2, 1);   /* short: 512 keys and a cut tile of 188 */
+    against_reference(40, 300, 2, 1, 0);    /* the keys' tile cut to the 300 keys there are */
     return check_finish("test_wide_tiles");
 }

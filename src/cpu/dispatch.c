@@ -54,11 +54,16 @@ const fa_isa_tiles fa_isa_tiles_bf16_pairs = {.bq = 128, .bk = 128, .open_bq = 2
  * against 256, medians of 3 alternations, bf16 D = 128 unless said): causal S = 16384 0.93,
  * S = 4096 0.91, S = 2048 0.97, unmasked S = 4096 0.92, D = 256 causal S = 8192 0.94,
  * chunked 2048 and 16 documents in 16384 0.95; a window of 1024, which executes more
- * elements in them (refused by the rule), 1.02. */
+ * elements in them (refused by the rule), 1.02. Then the forward's rule for every key count
+ * and head dim (2026-12-07, bench/RESULTS.md: 128 x 512 against 128 x 128, medians of 3
+ * alternations, causal and unmasked): S = 256 to 1536 at D = 32 to 256 0.82-0.98 (one case
+ * 0.99, S = 256 D = 64 unmasked), S = 2048 and 4096 at D = 64 0.87-0.91. The backward at
+ * 256 keys below 2048 was 4-18% slower causal, so it keeps its rule. */
 const fa_isa_tiles fa_isa_tiles_amx = {.bq = 128, .bk = 128, .open_bq = 256, .bf16_open_bq = 128,
                                        .bf16_open_bk = 128, .long_keys = 2048, .long_bk = 256,
                                        .bwd_long_keys = 4096, .bwd_long_dim = 128, .bwd_long_bk = 256,
-                                       .bf16_long_bk = 256, .bf16_wider_bk = 512, .fwd_run_bytes = 2 << 20};
+                                       .bf16_long_bk = 256, .bf16_wider_bk = 512, .bf16_fwd_keys = 1,
+                                       .bf16_fwd_dim = 1, .fwd_run_bytes = 2 << 20};
 
 /* Best first; the scalar table is last and always available. */
 static const fa_isa *const isa_table[] = {

@@ -32,6 +32,8 @@ typedef struct {
     int64_t bf16_long_bk; /* bf16, seq_k >= long_keys, D >= 128: forward bk where it costs little, backward bk
                            * without a mask or window (backend_cpu.c) */
     int64_t bf16_wider_bk; /* the same, the forward alone, tried after bf16_long_bk (0: none) */
+    int64_t bf16_fwd_keys, bf16_fwd_dim; /* the forward's wider keys from seq_k >= bf16_fwd_keys and
+                                          * D >= bf16_fwd_dim instead (0, 0: long_keys and 128) */
     int64_t fwd_run_bytes; /* the L2 a forward item's run of q tiles and accumulators may take
                             * (forward.c, run_length; 0: 1 MiB, a Zen 4 core's L2) */
 } fa_isa_tiles;
