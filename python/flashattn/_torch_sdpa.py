@@ -17,7 +17,8 @@ import math
 
 import torch
 
-from ._torch_args import autocast, check_floats, dropout_p_arg, expand_seq_dims, float_or_none, mask_to_bias
+from ._torch_args import (autocast, check_devices, check_floats, dropout_p_arg, expand_seq_dims, float_or_none,
+                          mask_to_bias)
 from ._torch_ops import attention_function, seed_tensor
 
 
@@ -92,8 +93,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  scale=None, enable_gqa=False):
     """F.scaled_dot_product_attention on flashattn: same arguments, same results up to the
     dtype's rounding, gradients in query, key, value and a float attn_mask."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
+    for name, t in (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask)):
+        if not isinstance(t, torch.Tensor) and not (name == "attn_mask" and t is None):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, "
                             f"not {type(t).__name__}")
     if min(query.dim(), key.dim(), value.dim()) < 2:
@@ -111,13 +112,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     check_floats(("query", "key", "value"), (query, key, value))
+    check_devices(query, (("attn_mask", attn_mask),))
     (L, E), (S, Ek), (Sv, Ev) = query.shape[-2:], key.shape[-2:], value.shape[-2:]
     if Ek != E or Sv != S:
         raise RuntimeError(f"query (..., {L}, {E}), key (..., {S}, {Ek}) and value (..., {Sv}, {Ev}): "
                            "key and value must have one length and key query's embedding size")
     ndim = max(query.dim(), key.dim(), value.dim())
     q, k, v = (t.reshape((1,) * (max(ndim, 3) - t.dim()) + tuple(t.shape)) for t in (query, key, value))
-    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    except RuntimeError:  # torch's message names the arguments' indices, not query, key and value
+        raise RuntimeError(f"query of shape {list(query.shape)}, key of shape {list(key.shape)} and value of shape "
+                           f"{list(value.shape)}: their batch dims (all but the last 3) do not broadcast") from None
     H, Hkv = _heads(q.shape[-3], k.shape[-3], v.shape[-3], enable_gqa)
     bias = None if attn_mask is None else _mask_bias(attn_mask, query, batch, H, L, S)
     if enable_gqa:  # key and value with their own head counts: each repeated to Hkv

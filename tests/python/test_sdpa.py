@@ -274,3 +274,37 @@ def test_output_keeps_the_querys_memory_order(rng, kw):
     gg = torch.autograd.grad(got, (x, kv), g)
     for name, a, b in zip(("dx", "dkv"), gg, gw):
         check(name, a.numpy(), b.numpy(), BWD_TOL["f32"])
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_mask_on_another_device_is_refused(kind):
+    """An attn_mask on another device than query (here meta beside CPU tensors) raises
+    ValueError naming both devices, as attention's mask and bias do: the drop-in returned
+    uninitialized memory (the op dispatched to its meta kernel)."""
+    q, k, v = _qkv(Hq=2, Hk=2)
+    mask = torch.ones(5, 7, dtype=torch.bool, device="meta") if kind == "bool" else torch.zeros(5, 7, device="meta")
+    with pytest.raises(ValueError, match="attn_mask is on meta but q is on cpu"):
+        fat.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("mask", [[[True] * 7] * 5, 0.0])
+def test_a_mask_that_is_no_tensor_raises_sdpas_type_error(mask):
+    """A list or a number as attn_mask: SDPA's TypeError and wording (the drop-in raised
+    AttributeError)."""
+    q, k, v = _qkv(Hq=2, Hk=2)
+    message = f"argument 'attn_mask' must be Tensor, not {type(mask).__name__}"
+    for fn in (F.scaled_dot_product_attention, fat.scaled_dot_product_attention):
+        with pytest.raises(TypeError, match=message):
+            fn(q, k, v, attn_mask=mask)
+
+
+def test_batch_dims_that_do_not_broadcast_are_named():
+    """query's batch dims against key's and value's that do not broadcast: RuntimeError, as
+    SDPA's, naming the arguments and their shapes (torch.broadcast_shapes' own message named
+    'argument at index 1')."""
+    q, k, v = torch.randn(2, 2, 5, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(RuntimeError, match=r"query of shape \[2, 2, 5, 8\], key of shape \[3, 2, 6, 8\] and "
+                                           r"value of shape \[3, 2, 6, 8\]: their batch dims .* do not broadcast"):
+        fat.scaled_dot_product_attention(q, k, v)
