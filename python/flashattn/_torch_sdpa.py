@@ -100,7 +100,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if min(query.dim(), key.dim(), value.dim()) < 2:
         raise RuntimeError("Expected query, key, and value to all be  at least 2 dimensional, but got "
                            f"query.dim: {query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead.")
-    query, key, value = autocast(query, key, value)  # first, as SDPA: mixed dtypes under autocast are one
+    # first, as SDPA: mixed dtypes under autocast are one, and a float attn_mask (float64 aside)
+    # takes autocast's dtype with them (a float32 one too: rounded to it, as SDPA's is)
+    if attn_mask is None:
+        query, key, value = autocast(query, key, value)
+    else:
+        query, key, value, attn_mask = autocast(query, key, value, attn_mask)
     if not (query.dtype == key.dtype == value.dtype):
         raise RuntimeError("Expected query, key, and value to have the same dtype, but got query.dtype: "
                            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")

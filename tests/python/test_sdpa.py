@@ -287,6 +287,39 @@ def test_mask_on_another_device_is_refused(kind):
         fat.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+@pytest.mark.parametrize("amp", ["bf16", "f16"])
+@pytest.mark.parametrize("mdt", ["f32", "f16", "bf16", "f64"])
+def test_autocast_casts_a_float_mask_as_sdpa(rng, amp, mdt):
+    """Under a CPU autocast SDPA casts a float attn_mask to autocast's dtype with query, key and
+    value (float32 rounded to it too; float64, which autocast leaves as it is, is refused by
+    SDPA's mask dtype rule); so does the drop-in, which refused an f16 mask under a bf16
+    autocast. The mask's gradient comes back in its own dtype."""
+    ac = {"bf16": torch.bfloat16, "f16": torch.float16}[amp]
+    md = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}[mdt]
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, 2, n, 8)).astype(np.float32)).requires_grad_()
+               for n in (5, 6, 6))
+    m = torch.from_numpy(rng.standard_normal((5, 6))).to(md).requires_grad_()
+    if mdt == "f64":
+        for fn in (F.scaled_dot_product_attention, fat.scaled_dot_product_attention):
+            with torch.autocast("cpu", dtype=ac), pytest.raises(RuntimeError, match="attn_mask dtype"):
+                fn(q, k, v, attn_mask=m)
+        return
+    with torch.autocast("cpu", dtype=ac):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        got = fat.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    assert got.dtype == want.dtype == ac
+    # exactly the drop-in on the inputs cast to autocast's dtype, the mask with them
+    cast = fat.scaled_dot_product_attention(*(t.detach().to(ac) for t in (q, k, v, m)))
+    torch.testing.assert_close(got, cast, rtol=0, atol=0)
+    check("o", f64(got), f64(want), 2 * FWD_TOL[amp])
+    do = torch.from_numpy(rng.standard_normal(tuple(want.shape)).astype(np.float32)).to(ac)
+    gw = torch.autograd.grad(want, (q, m), do)
+    gg = torch.autograd.grad(got, (q, m), do)
+    for name, a, b in zip(("dq", "dmask"), gg, gw):
+        assert a.dtype == b.dtype
+        check(name, f64(a), f64(b), 2 * BWD_TOL[amp])
+
+
 @pytest.mark.parametrize("mask", [[[True] * 7] * 5, 0.0])
 def test_a_mask_that_is_no_tensor_raises_sdpas_type_error(mask):
     """A list or a number as attn_mask: SDPA's TypeError and wording (the drop-in raised
