@@ -136,8 +136,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     q4, k4, v4 = _as_4d(q, batch, H), _as_4d(k, batch, Hkv), _as_4d(v, batch, Hkv)
     # SDPA returns o in query's memory order: a [B, L, H, E] query viewed as [B, H, L, E] (the
     # usual proj(x).view(B, L, H, E).transpose(1, 2)) gets o alike, so that
-    # o.transpose(1, 2).view(B, L, H * E) works; the library writes it so, as "bshd"
-    bshd = (query.dim() == 4 and len(batch) == 1 and L > 1 and H > 1 and query.stride(1) < query.stride(2))
+    # o.transpose(1, 2).view(B, L, H * E) works, and so does an unbatched [L, H, E] one viewed
+    # as [H, L, E]; the library writes it so, as "bshd"
+    bshd = (query.dim() in (3, 4) and len(batch) == query.dim() - 3 and L > 1 and H > 1
+            and query.stride(-3) < query.stride(-2))
     if bshd:
         q4, k4, v4 = q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2)
     o, _ = attention_function().apply(q4, k4, v4, bias, None, None, None, bool(is_causal), -1, -1, 0.0,
@@ -145,6 +147,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                       0 if is_causal else None, None, 0, None, dropout_p,
                                       seed_tensor() if dropout_p > 0 else None)
     if bshd:
-        return o.transpose(1, 2)
-    o = o.reshape(*batch, H, L, Ev)
+        o = o.transpose(1, 2)
+    o = o.reshape(*batch, H, L, Ev)  # a view
     return o if ndim >= 3 else o.reshape(L, Ev)

@@ -320,6 +320,31 @@ def test_autocast_casts_a_float_mask_as_sdpa(rng, amp, mdt):
         check(name, f64(a), f64(b), 2 * BWD_TOL[amp])
 
 
+@pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"mask": "bool"}, {"mask": "float"}])
+def test_unbatched_output_keeps_the_querys_memory_order(rng, kw):
+    """Unbatched (3-d) inputs written the usual way, x (L, H * E) viewed as (L, H, E) and
+    transposed to (H, L, E): SDPA's o is in that memory order, so o.transpose(0, 1).view(L,
+    H * E) works; the drop-in returned a contiguous (H, L, E), and that view raised. Values,
+    strides and gradients as SDPA's."""
+    L, H, E = 7, 3, 8
+    x = torch.from_numpy(rng.standard_normal((L, H * E)).astype(np.float32)).requires_grad_()
+    q = k = v = x.view(L, H, E).transpose(0, 1)
+    extra = {"is_causal": kw.get("is_causal", False)}
+    if kw.get("mask") == "bool":
+        extra["attn_mask"] = torch.from_numpy(rng.random((L, L)) < 0.7) | torch.eye(L, dtype=bool)
+    elif kw.get("mask") == "float":
+        extra["attn_mask"] = torch.from_numpy(rng.standard_normal((H, L, L)).astype(np.float32))
+    want = F.scaled_dot_product_attention(q, k, v, **extra)
+    got = fat.scaled_dot_product_attention(q, k, v, **extra)
+    assert got.shape == want.shape and got.stride() == want.stride() == (E, H * E, 1)
+    assert got.transpose(0, 1).view(L, H * E).data_ptr() == got.data_ptr()
+    check("o", got.detach().numpy(), want.detach().numpy(), FWD_TOL["f32"])
+    g = torch.from_numpy(rng.standard_normal((H, L, E)).astype(np.float32))
+    gw, = torch.autograd.grad(want, (x,), g)
+    gg, = torch.autograd.grad(got, (x,), g)
+    check("dx", gg.numpy(), gw.numpy(), BWD_TOL["f32"])
+
+
 @pytest.mark.parametrize("mask", [[[True] * 7] * 5, 0.0])
 def test_a_mask_that_is_no_tensor_raises_sdpas_type_error(mask):
     """A list or a number as attn_mask: SDPA's TypeError and wording (the drop-in raised
