@@ -142,8 +142,9 @@ expect_bad "varlen grad: cu_seqlens_k of the wrong length" "entries" grad $VG \
 expect_bad "varlen grad: float32 cu_seqlens_q" "cu-seqlens-q" grad $VG --cu-seqlens-q "$I/cq_f4.npy" --cu-seqlens-k "$I/ck.npy"
 expect_bad "varlen grad: 2-D cu_seqlens_q" "cu-seqlens-q.*1-D" grad $VG --cu-seqlens-q "$I/cq_2d.npy" --cu-seqlens-k "$I/ck.npy"
 expect_bad "varlen grad: --cu-seqlens-k alone" "go together" grad $VG --cu-seqlens-k "$I/ck.npy"
-expect_bad "varlen grad: do of o's shape" "\-\-do" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" --do "$I/q.npy" \
-  --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy" --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
+expect_bad "varlen grad: do of o's shape" "\-\-do .*: head dim Dv 16 does not match --v's 8\$" grad \
+  --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" --do "$I/q.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy" \
+  --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
 expect_bad "varlen grad: do of another dtype" "share a dtype" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
   --do "$I/do16.npy" --dq "$OUT/dq.npy" --dk "$OUT/dk.npy" --dv "$OUT/dv.npy" --cu-seqlens-q "$I/cq.npy" --cu-seqlens-k "$I/ck.npy"
 expect_bad "varlen grad: missing --dv" "missing --dv" grad --q "$I/q.npy" --k "$I/k.npy" --v "$I/v.npy" \
@@ -297,6 +298,25 @@ rm -f "$OUT"/*
 cp "$W/kc0.npy" "$I/kc.npy"; cp "$W/vc0.npy" "$I/vc.npy"
 expect_bad "decode: --k-prefix without --v-prefix" "go together" run $DEC --k-prefix "$I/kp.npy" --out "$OUT/o.npy"
 expect_bad "decode: a prefix of another head dim" "k-prefix" run $DEC --k-prefix "$I/kp8.npy" --v-prefix "$I/vp.npy" --out "$OUT/o.npy"
+# a wrong dimension of the new tokens or the prefix is named, with the file its value comes
+# from (it said "a dimension 1 does not match [B, Sq_new, Hk, D]'s 2", and D for v's Dv)
+gen kn_b2.npy '<f4' 2 2 1 16 --seed $((S0 + 19))
+gen kn_s1.npy '<f4' 3 1 1 16 --seed $((S0 + 19))
+gen vn_h2.npy '<f4' 3 2 2 16 --seed $((S0 + 19))
+gen vn_d8.npy '<f4' 3 2 1 8 --seed $((S0 + 19))
+gen vp5.npy '<f4' 5 1 16 --seed $((S0 + 19))
+expect_bad "decode: --k-new of another batch, named" "\-\-k-new .*kn_b2.npy: batch 2 does not match --cache-seqlens's 3\$" \
+  run $DEC --k-new "$I/kn_b2.npy" --v-new "$I/vn.npy" --out "$OUT/o.npy"
+expect_bad "decode: --k-new of another Sq_new, named" "\-\-k-new .*: Sq_new 1 does not match --q's 2\$" \
+  run $DEC --k-new "$I/kn_s1.npy" --v-new "$I/vn.npy" --out "$OUT/o.npy"
+expect_bad "decode: --v-new of other kv heads, named" "\-\-v-new .*: kv heads Hk 2 does not match --v's 1\$" \
+  run $DEC --k-new "$I/kn.npy" --v-new "$I/vn_h2.npy" --out "$OUT/o.npy"
+expect_bad "decode: --v-new of another Dv, named" "\-\-v-new .*: head dim Dv 8 does not match --v's 16\$" \
+  run $DEC --k-new "$I/kn.npy" --v-new "$I/vn_d8.npy" --out "$OUT/o.npy"
+expect_bad "decode: --k-prefix of another D, named" "\-\-k-prefix .*: head dim D 8 does not match --k's 16\$" \
+  run $DEC --k-prefix "$I/kp8.npy" --v-prefix "$I/vp.npy" --out "$OUT/o.npy"
+expect_bad "decode: --v-prefix of other rows, named" "\-\-v-prefix .*: rows P 5 does not match --k-prefix's 600\$" \
+  run $DEC --k-prefix "$I/kp.npy" --v-prefix "$I/vp5.npy" --out "$OUT/o.npy"
 
 # option files whose features the inference shapes do not run are refused by the library's one
 # message naming both, before any file is checked against the shape (a shape check came first

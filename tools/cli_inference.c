@@ -232,11 +232,12 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
         p->batch = s->h1.count - 1, p->seq_q = Q[0], p->seq_k = K[0];
         p->cu_seqlens_q = s->lens_q, p->cu_seqlens_k = s->lens_k;
         if (a->cmd != CMD_GRAD) return 0;
-        const int64_t want[3] = {Q[0], Hq, p->head_dim_v}; /* do is packed like o */
+        /* do is packed like o [total_q, Hq, Dv]: each dim named, with the file it comes from */
+        const int64_t want[3] = {Q[0], Hq, p->head_dim_v};
+        const char *what[3] = {"rows total_q", "heads Hq", "head dim Dv"}, *from[3] = {"--q", "--q", "--v"};
         if ((rc = float_header("--do", a->d_o, 3, &s->hdo))) return rc;
         for (int d = 0; d < 3; d++)
-            if ((rc = dim_is("--do", a->d_o, "a dimension", s->hdo.shape[d], "o [total_q, Hq, Dv]", want[d])))
-                return rc;
+            if ((rc = dim_is("--do", a->d_o, what[d], s->hdo.shape[d], from[d], want[d]))) return rc;
         if (!a->has_dtype && s->hdo.kind != s->hq.kind)
             return cli_fail(2, "do and q do not share a dtype; pass --dtype to cast them");
         return 0;
@@ -256,11 +257,13 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
     if (a->k_new) {
         const char *nf[2] = {"--k-new", "--v-new"}, *np[2] = {a->k_new, a->v_new};
         npy_header *nh[2] = {&s->hkn, &s->hvn};
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 2; i++) { /* [B, Sq_new, Hk, D] and [B, Sq_new, Hk, Dv]: each dim named, with its source */
             const int64_t want[4] = {p->batch, p->seq_q, Hk, i ? p->head_dim_v : p->head_dim};
+            const char *what[4] = {"batch", "Sq_new", "kv heads Hk", i ? "head dim Dv" : "head dim D"},
+                       *from[4] = {"--cache-seqlens", "--q", i ? "--v" : "--k", i ? "--v" : "--k"};
             if ((rc = float_header(nf[i], np[i], 4, nh[i]))) return rc;
             for (int d = 0; d < 4; d++)
-                if ((rc = dim_is(nf[i], np[i], "a dimension", nh[i]->shape[d], "[B, Sq_new, Hk, D]", want[d]))) return rc;
+                if ((rc = dim_is(nf[i], np[i], what[d], nh[i]->shape[d], from[d], want[d]))) return rc;
         }
         p->has_new_kv = 1;
     }
@@ -269,9 +272,11 @@ static int describe(const cli_args *a, run_state *s, fa_problem *p) {
             (rc = float_header("--v-prefix", a->v_prefix, 3, &s->hvp)))
             return rc;
         const int64_t P = s->hkp.shape[0], want[2][3] = {{P, Hk, p->head_dim}, {P, Hk, p->head_dim_v}};
+        const char *what[2][3] = {{"rows P", "kv heads Hk", "head dim D"}, {"rows P", "kv heads Hk", "head dim Dv"}},
+                   *from[2][3] = {{"--k-prefix", "--k", "--k"}, {"--k-prefix", "--v", "--v"}};
         for (int d = 0; d < 3; d++)
-            if ((rc = dim_is("--k-prefix", a->k_prefix, "a dimension", s->hkp.shape[d], "[P, Hk, D]", want[0][d])) ||
-                (rc = dim_is("--v-prefix", a->v_prefix, "a dimension", s->hvp.shape[d], "[P, Hk, Dv]", want[1][d])))
+            if ((rc = dim_is("--k-prefix", a->k_prefix, what[0][d], s->hkp.shape[d], from[0][d], want[0][d])) ||
+                (rc = dim_is("--v-prefix", a->v_prefix, what[1][d], s->hvp.shape[d], from[1][d], want[1][d])))
                 return rc;
         p->shared_prefix_len = P;
     }
