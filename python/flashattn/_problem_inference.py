@@ -11,7 +11,7 @@ name the argument.
 import numpy as np
 
 from . import _native
-from ._problem import check_not_masked, make_problem, set_dropout
+from ._problem import _int, check_not_masked, make_problem, set_dropout
 
 
 def int32_lengths(name, a, shape_desc, ndim=1):
@@ -87,11 +87,16 @@ def varlen_problem(*, q_shape, k_shape, v_shape, q_stride, k_stride, v_stride, o
 
 def check_max_seqlen(name, max_seqlen, cu):
     """FlashAttention's max_seqlen_q/k: optional here (the library needs no bound), but a
-    bound below a sequence's length is the caller's mistake and is said so."""
-    if max_seqlen is None or cu.size < 2:
+    bound below a sequence's length is the caller's mistake and is said so. An integer that
+    fits int64, by the rule of every integer option (_problem._int: 4.9, "7", True and 2**70
+    are refused, in every front)."""
+    if max_seqlen is None:
+        return
+    max_seqlen = _int(name, max_seqlen)
+    if cu.size < 2:
         return
     longest = int(np.max(np.diff(cu.astype(np.int64))))
-    if longest > int(max_seqlen):
+    if longest > max_seqlen:
         raise ValueError(f"{name} = {max_seqlen} but a sequence has {longest} rows")
 
 

@@ -281,35 +281,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 
 # ---- kv-cache decoding -----------------------------------------------------------------
 
-def _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, wl, wr, softcap, scale, threads, sinks=False):
-    """Whether the step has no batch, no new rows or no heads (which the library refuses);
-    if so it is planned as one row against an empty one-slot cache, so that bad options and
-    D = 0 still raise the library's message. Nothing is written into the caches."""
-    if 0 not in (q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2]):
-        return False
-    hk = max(k_cache.shape[2], 1)
-    hq = hk if q.shape[2] == 0 else q.shape[2]
-    qs, kc, vc = (1, 1, hq, q.shape[3]), (1, 1, hk, k_cache.shape[3]), (1, 1, hk, v_cache.shape[3])
-    lens = torch.zeros(1, dtype=torch.int32).numpy()
-    p = decode_problem(q_shape=qs, kc_shape=kc, vc_shape=vc, q_stride=(0,) * 4, kc_stride=(0,) * 4,
-                       vc_stride=(0,) * 4, o_stride=(0,) * 4, dtype=DTYPES[q.dtype], cache_seqlens=lens,
-                       has_new_kv=False, causal=causal, window=(wl, wr), softcap=softcap, scale=scale,
-                       alibi=alibi_slopes is not None, sinks=sinks)
-    _native.cached_plan(p, Device(q, threads).options())
-    return True
-
-
 def _kvcache_run(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, alibi_slopes, causal,
                  window_left, window_right, softcap, scale, threads, k_scale=None, v_scale=None, cache_code=None,
                  sinks=None, k_prefix=None, v_prefix=None):
     B, Sq, Hq, _ = q.shape
     P = 0 if k_prefix is None else k_prefix.shape[0]
-    if cache_code is None and _kvcache_empty(q, k_cache, v_cache, alibi_slopes, causal, window_left, window_right,
-                                             softcap, scale, threads, sinks is not None):
-        lse = torch.full((B, Hq, Sq), float("-inf"), dtype=torch.float32, device=q.device)
-        if sinks is not None and lse.numel():
-            lse.copy_(sinks.view(1, -1, 1).expand(B, Hq, Sq))
-        return torch.zeros((B, Sq, Hq, v_cache.shape[3]), dtype=q.dtype, device=q.device), lse
     q = readable(q)
     has_new = k_new is not None
     # with new tokens the library writes through the caches' own strides (kvcache_attention
@@ -402,9 +378,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
 
     q [B, Sq_new, Hq, D]; k_cache, v_cache [B, S_cache_max, Hk, D] (Dv for v), or with
     block_table (int32 [B, max_pages]) paged [num_pages, page_size, Hk, D]; cache_seqlens
-    int32 [B] (an int, or None for full caches): tokens already cached. With k and v
-    [B, Sq_new, Hk, D] the new tokens are written into k_cache and v_cache in place at
-    positions cache_seqlens[b].. (nothing is written when any argument is bad). Masks align
+    int32 [B] (an int or a 0-d integer tensor, every sequence's, or None for full caches):
+    tokens already cached. With k and v [B, Sq_new, Hk, D] the new tokens are written into
+    k_cache and v_cache in place at positions cache_seqlens[b].. (nothing is written when any
+    argument is bad; a step with no batch, new rows or heads runs the library too, whose
+    checks of lengths and sinks it passes as any other, and writes nothing). Masks align
     bottom-right per sequence. Returns o [B, Sq_new, Hq, Dv], and lse [B, Hq, Sq_new] f32
     with return_lse. The op declares that it mutates the caches, so torch.compile keeps the
     update. threads: None or 0, the library's default; mask= is refused (the library has no
@@ -490,11 +468,17 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
             raise ValueError(f"block_table must have shape [batch, max_pages] with batch = {B}, "
                              f"got {tuple(block_table.shape)}")
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    # an int (or a 0-d integer); an array of lengths is a tensor here, as every integer argument
-    # of the torch front (a numpy array had __index__ and raised numpy's own TypeError)
-    if cache_seqlens is None or (not isinstance(cache_seqlens, torch.Tensor) and getattr(cache_seqlens, "ndim", 0) == 0):
+    # an int (or a 0-d integer: a numpy one, or a tensor, which every sequence shares as it is,
+    # its value checked where the op runs); an array of lengths is a tensor here, as every
+    # integer argument of the torch front (a numpy array had __index__ and raised numpy's own
+    # TypeError)
+    if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 0:
+        cache_seqlens = _int_tensor("cache_seqlens", cache_seqlens, f"[batch] = [{B}] or a 0-d integer", 0).expand(B)
+    elif cache_seqlens is None or (not isinstance(cache_seqlens, torch.Tensor) and
+                                   getattr(cache_seqlens, "ndim", 0) == 0):
         n = capacity if cache_seqlens is None else cache_seqlens
-        if isinstance(n, bool) or not hasattr(n, "__index__"):
+        kind = getattr(getattr(n, "dtype", None), "kind", "i")  # a 0-d numpy float or bool array has __index__ too
+        if isinstance(n, bool) or not hasattr(n, "__index__") or kind not in "iu":
             raise ValueError(f"cache_seqlens must be an int or an int32 tensor [batch], got {cache_seqlens!r}")
         if not -(2**31) <= int(n) < 2**31:
             raise ValueError(f"cache_seqlens values must fit int32, got {int(n)}")
