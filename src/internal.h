@@ -142,6 +142,9 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
 /* scratch: fa_decode_check_bytes of the call's workspace (the check runs before the call
  * uses it, so the figure counts the larger of the two). */
 fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a, void *scratch);
+/* Its first part alone: every block-table entry the sequences' lengths use names a page (the
+ * empty decode calls' check too, cpu/empty.c, which read and write nothing else). */
+fa_status fa_cpu_decode_check_pages(const struct fa_plan *pl, const fa_forward_args *a);
 int64_t fa_decode_check_bytes(const struct fa_plan *pl);
 /* A shared prefix (cpu/cascade.c): its chunks (of a size from the shapes) and tiles; its partials, per
  * (chunk, kv head) R = B x (Hq / Hk) x seq_q rows of Dv accumulators, then R maxima, then

@@ -187,6 +187,35 @@ static void test_decode(void) {
     printf("%s kv-cache decoding: no sequences, no query rows, a cache of no rows\n", failures > before ? "FAIL" : "PASS");
 }
 
+/* A paged step with no query rows reads nothing, but its block table is judged as any step's:
+ * an entry the lengths use that names no page is refused (an unused one is not). */
+static void test_decode_pages(void) {
+    static const int32_t lens[2] = {20, 5};                  /* pages used: 2 and 1 */
+    static const int32_t tables[2][4] = {{0, 9, 1, -3}, {0, 3, 1, -3}}; /* [0][1] used; [1][1] not */
+    const int before = failures;
+    for (int c = 0; c < 2; c++) {
+        fa_problem p;
+        fa_problem_init(&p);
+        p.batch = 2, p.heads_q = 4, p.heads_kv = 2, p.seq_q = 0, p.seq_k = 32, p.head_dim = 8;
+        p.cache_seqlens = lens, p.page_size = 16, p.num_pages = 4, p.max_pages = 2;
+        fa_plan *pl = check_plan(&p, 2, 0, 0);
+        if (!pl) continue;
+        float *k = buffer(FA_F32, 4 * 16 * 2 * 8, 0), q[1], o[1], lse[1];
+        fa_forward_args fa = {0};
+        fa.q = q, fa.k = k, fa.v = k, fa.o = o, fa.lse = lse, fa.block_table = tables[c];
+        const fa_status st = fa_forward(pl, &fa);
+        if (c == 0)
+            CHECK(st == FA_ERR_INVALID && strstr(fa_last_error(), "block_table[0][1] = 9"),
+                  "an empty step's used entry naming page 9 of 4: %s \"%s\"", fa_status_string(st), fa_last_error());
+        else
+            CHECK(st == FA_OK, "an empty step whose unused entry is -3: %s \"%s\"", fa_status_string(st),
+                  fa_last_error());
+        free(k);
+        fa_plan_destroy(pl);
+    }
+    printf("%s kv-cache decoding, paged, no query rows: the block table judged\n", failures > before ? "FAIL" : "PASS");
+}
+
 /* Rows that see no key at all (seq_k 0) with sinks: lse = sink_h, a log and the sink's exp
  * per row in the counts and the plan alike (dense, decoding, packed); a packed plan of
  * lengths per call with no key capacity writes the call's rows only, and counts what
@@ -269,5 +298,6 @@ int main(void) {
     test_dense();
     test_packed();
     test_decode();
+    test_decode_pages();
     return check_finish("test_empty");
 }

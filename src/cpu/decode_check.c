@@ -184,9 +184,9 @@ int64_t fa_decode_check_bytes(const struct fa_plan *pl) {
     return n > INT64_MAX ? INT64_MAX : (int64_t)n;
 }
 
-fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a, void *scratch) {
+fa_status fa_cpu_decode_check_pages(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
-    if (!p->page_size) return fa_dtype_quantized(fa_cache_dtype(p)) ? dec_check_quant(pl, a) : FA_OK;
+    if (!p->page_size) return FA_OK;
     for (int64_t b = 0; b < p->batch; b++) {
         const int64_t used = (fa_decode_keys(pl, b) + p->page_size - 1) / p->page_size;
         for (int64_t j = 0; j < used; j++) {
@@ -197,6 +197,14 @@ fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a
                                 (long long)b, (long long)j, id, (long long)p->num_pages);
         }
     }
-    fa_status s = p->has_new_kv ? dec_check_appends(pl, a, scratch) : FA_OK;
+    return FA_OK;
+}
+
+fa_status fa_cpu_decode_check(const struct fa_plan *pl, const fa_forward_args *a, void *scratch) {
+    const fa_problem *p = &pl->p;
+    if (!p->page_size) return fa_dtype_quantized(fa_cache_dtype(p)) ? dec_check_quant(pl, a) : FA_OK;
+    fa_status s = fa_cpu_decode_check_pages(pl, a);
+    if (s) return s;
+    s = p->has_new_kv ? dec_check_appends(pl, a, scratch) : FA_OK;
     return !s && fa_dtype_quantized(fa_cache_dtype(p)) ? dec_check_quant(pl, a) : s;
 }

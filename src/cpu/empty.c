@@ -31,6 +31,11 @@ static void zero_view(void *x, const fa_strides *st, fa_dtype t, int64_t n0, int
 fa_status fa_cpu_empty_forward(const struct fa_plan *pl, const fa_forward_args *a) {
     const fa_problem *p = &pl->p;
     const int64_t L = lead(pl);
+    /* a decode step's block table is judged as in any step, though nothing is read */
+    if (pl->shape == FA_SHAPE_DECODE) {
+        const fa_status s = fa_cpu_decode_check_pages(pl, a);
+        if (s) return s;
+    }
     /* the call's rows: a packed batch's end its own lengths' (the plan's view, lengths.c) */
     const int64_t rows = pl->shape == FA_SHAPE_VARLEN ? p->cu_seqlens_q[p->batch] : p->seq_q;
     /* rows exist only when seq_k is the zero (B, Hq, Sq > 0): each sees no key */
