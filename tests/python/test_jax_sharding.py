@@ -417,3 +417,66 @@ JIT_SHARDED = textwrap.dedent("""
 
 def test_plain_jit_with_sharded_inputs_runs_each_shard_on_its_device():
     _run(JIT_SHARDED)
+
+
+# Under Explicit mesh axes, results of a call flashattn does not split (a mesh axis of size
+# 1, dropout) are typed as q is split, updated caches as the caches, query rows as q's:
+# they came back typed unsplit, and a lax.scan over layers carrying o refused the carry
+# ("carry input and carry output must have equal types").
+EXPLICIT_UNSPLIT = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp, numpy as np
+    import flashattn.jax as fj
+    from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
+    rng = np.random.default_rng(int(sys.argv[1]))
+    x = rng.standard_normal((2, 16, 4, 8)).astype(np.float32)
+    k_, v_ = (jnp.asarray(rng.standard_normal((2, 16, 4, 8)), jnp.float32) for _ in range(2))
+
+    def scan(att, q):  # layers carrying o: the carry's type must be q's
+        return jax.jit(lambda q: jax.lax.scan(lambda c, _: (att(c), None), q, None, length=2)[0])(q)
+
+    def check(mesh, spec, att, what):
+        with jax.set_mesh(mesh):
+            q = jax.device_put(x, NamedSharding(mesh, spec))
+            o = jax.jit(att)(q)
+            assert jax.typeof(o) == jax.typeof(q), (what, jax.typeof(o), jax.typeof(q))
+            got = scan(att, q)
+            assert jax.typeof(got) == jax.typeof(q), (what, "scan", jax.typeof(got))
+        want = scan(att, jnp.asarray(x))
+        assert np.array_equal(np.asarray(got), np.asarray(want)), what
+        return q
+
+    one = jax.make_mesh((1,), ("b",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:1])
+    two = jax.make_mesh((2,), ("b",), axis_types=(AxisType.Explicit,))
+    att = lambda q: fj.attention(q, k_, v_, causal=True)
+    q = check(one, P("b"), att, "one device, batch")
+    check(one, P(None, None, "b"), att, "one device, heads")
+    check(two, P("b"), lambda q: fj.attention(q, k_, v_, dropout_p=0.1, seed=1), "dropout")
+    check(two, P(None, "b"), att, "query rows")
+    check(two, P("b"), lambda q: fj.dot_product_attention(q, k_, v_, is_causal=True), "jax.nn drop-in")
+    # the gradient through the scan on the one-device mesh: q's type
+    with jax.set_mesh(one):
+        g = jax.jit(jax.grad(lambda q: (scan(att, q) ** 2).sum()))(q)
+        assert jax.typeof(g) == jax.typeof(q), ("grad", jax.typeof(g))
+    # a decoding step: o typed as q, the updated caches as the caches (a scan over steps)
+    kc, vc = (rng.standard_normal((2, 32, 4, 8)).astype(np.float32) for _ in range(2))
+    kn, vn = (jnp.asarray(rng.standard_normal((2, 1, 4, 8)), jnp.float32) for _ in range(2))
+    lens = np.array([5, 9], np.int32)
+    step = lambda q, kc, vc: fj.kvcache_attention(q, kc, vc, kn, vn, cache_seqlens=lens)
+    with jax.set_mesh(one):
+        qd, kcs, vcs = (jax.device_put(a, NamedSharding(one, P("b"))) for a in (x[:, :1], kc, vc))
+        o, k2, v2 = jax.jit(step)(qd, kcs, vcs)
+        assert (jax.typeof(o), jax.typeof(k2), jax.typeof(v2)) == (jax.typeof(qd), jax.typeof(kcs), jax.typeof(vcs)), (
+            "kvcache", jax.typeof(o), jax.typeof(k2))
+        carry = jax.jit(lambda q, kc, vc: jax.lax.scan(lambda c, _: (step(*c), None), (q, kc, vc), None,
+                                                       length=2)[0])(qd, kcs, vcs)
+    want = jax.lax.scan(lambda c, _: (step(*c), None), (jnp.asarray(x[:, :1]), jnp.asarray(kc), jnp.asarray(vc)),
+                        None, length=2)[0]
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(carry, want)), "kvcache scan"
+    print("ok")
+""")
+
+
+def test_explicit_axes_results_typed_as_q_where_the_call_is_not_split():
+    _run(EXPLICIT_UNSPLIT)

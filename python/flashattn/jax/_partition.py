@@ -175,7 +175,7 @@ def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=Fals
         return plain(*operands)
     typed = _explicit_call(plain, role_of, in_names, out_names, operands, whole, mask)
     if typed is not None:
-        return typed
+        return _typed_as_operands(typed, role_of, in_names, out_names, operands)
     key = (key, tuple(in_names), tuple(out_names), tuple((tuple(x.shape), str(x.dtype)) for x in operands))
     fn = _CACHE.get(key)
     if fn is None:
@@ -185,7 +185,35 @@ def call_plain(plain, role_of, key, in_names, out_names, operands, *, whole=Fals
         if len(_CACHE) > 256:
             _CACHE.clear()
         _CACHE[key] = fn
-    return fn(*operands)
+    return _typed_as_operands(fn(*operands), role_of, in_names, out_names, operands)
+
+
+def _typed_as_operands(results, r, in_names, out_names, operands):
+    """Under Explicit mesh axes, the results typed as the operands are: an updated cache as
+    the cache it updates, every other result split along its batch, heads and query rows as
+    q's type splits them (the kv heads as the query heads, where they divide). A call that is
+    not split (dropout, a size-1 mesh axis, heads that do not divide, a paged cache) had its
+    results typed unsplit, so a lax.scan carrying them failed on the carry's type; one that
+    is split had them typed split along batch and heads only. A no-op where the types agree
+    already (where q is not typed, or not split)."""
+    from ._ffi import _explicit
+    sh = _explicit(operands[0])
+    if sh is None or not any(a is not None for a in sh.spec):
+        return results
+    q_roles = r[in_names[0]]
+    spec = tuple(sh.spec) + (None,) * (len(q_roles) - len(tuple(sh.spec)))
+    axes = {role: a for role, a in zip(q_roles, spec) if role in ("b", "h", "s") and a is not None}
+    sizes = _sizes([r[n] for n in in_names], [tuple(x.shape) for x in operands])
+    if "h" in axes and sizes.get("g", 0) % _axes_size(sh.mesh, axes["h"]) == 0:
+        axes["g"] = axes["h"]
+    out = []
+    for name, y in zip(out_names, results):
+        target = _explicit(operands[in_names.index(name)]) if name in in_names else None
+        if target is None:
+            target = NamedSharding(sh.mesh, PartitionSpec(*(axes.get(_full(role, n, sizes))
+                                                            for role, n in zip(r[name], y.shape))))
+        out.append(y if jax.typeof(y).sharding == target else jax.sharding.reshard(y, target))
+    return type(results)(out)
 
 
 def _explicit_call(plain, r, in_names, out_names, operands, whole, mask):
