@@ -19,6 +19,7 @@ those shapes. The plan of a call with a Mask stays exact: flops count the blocks
 flops_useful the visible pairs.
 """
 import os
+import sys
 import threading
 
 import numpy as np
@@ -108,6 +109,29 @@ def _check_mask(m):
         raise TypeError(f"a flashattn mask combines with another flashattn mask, got {type(m).__name__}; "
                         "wrap a boolean array with flashattn.masks.from_array")
     return m
+
+
+def _traced(x):
+    """Whether x is, or holds, a traced JAX value (inside jit, vmap, grad). jax is looked up,
+    not imported: masks serve every front, and a program that never imported jax has none."""
+    jax = sys.modules.get("jax")
+    tracer = getattr(getattr(jax, "core", None), "Tracer", None)
+    if tracer is None:
+        return False
+    if isinstance(x, tracer):
+        return True
+    return isinstance(x, (list, tuple)) and any(_traced(e) for e in x)
+
+
+def _static(name, x):
+    """x, unless it is or holds a traced JAX value: ValueError naming the argument (JAX's own
+    TracerArrayConversionError came from inside the mask before)."""
+    if _traced(x):
+        raise ValueError(f"{name} must be static (concrete: known when the mask is built, a Python, numpy or "
+                         f"concrete JAX value), got a traced value inside jit, vmap or grad: a mask is built "
+                         f"from values when the call is traced; pass them from outside the traced function "
+                         f"(or as static arguments)")
+    return x
 
 
 def _offset(name, diag_offset):
@@ -200,7 +224,7 @@ def _per_batch(name, n, batch):
 class _PrefixLM(Mask):
     def __init__(self, prefix_lengths, diag_offset):
         super().__init__()
-        a = np.asarray(prefix_lengths)
+        a = np.asarray(_static("prefix_lm's prefix_lengths", prefix_lengths))
         if a.ndim > 1 or a.dtype.kind not in "iu" or a.size == 0:
             raise ValueError(f"prefix_lengths must be an integer or a 1-dim sequence of integers (one per "
                              f"batch item), got {prefix_lengths!r}")
@@ -223,6 +247,9 @@ class _PrefixLM(Mask):
 class _Documents(Mask):
     def __init__(self, lengths):
         super().__init__()
+        jax = sys.modules.get("jax")
+        if jax is not None and isinstance(_static("documents' lengths", lengths), jax.Array):
+            lengths = np.asarray(lengths)  # a concrete one: iterated inside jit, its items came out traced
         if not hasattr(lengths, "__iter__") or (isinstance(lengths, np.ndarray) and lengths.ndim == 0):
             raise TypeError(f"documents(lengths): lengths must be a list of document lengths (one document of "
                             f"{lengths!r} keys is [{lengths!r}]), or one such list per batch item, got {lengths!r}")
@@ -268,7 +295,7 @@ def _from_dense(mask, dims, block, out, a, label):
 class _Array(Mask):
     def __init__(self, array):
         super().__init__()
-        a = np.asarray(array)
+        a = np.asarray(_static("from_array's bool_array", array))
         if a.dtype != np.bool_:
             raise TypeError(f"from_array takes a boolean array (True = attend), got dtype {a.dtype}")
         self.array = a.copy()  # immutable from here: a mask never changes under a plan
@@ -297,7 +324,19 @@ class _Fn(Mask):
     def _build(self, dims, diag, block):
         B, H, Sq, Sk = dims
         idx = np.ix_(np.arange(B), np.arange(H), np.arange(Sq), np.arange(Sk))
-        got = np.asarray(self.fn(*idx))
+        jax = sys.modules.get("jax")
+        if jax is not None and hasattr(jax, "ensure_compile_time_eval"):
+            # a predicate written with jnp runs on the index arrays now, inside a traced call
+            # too (its ops on concrete values stay concrete), as it runs eagerly
+            with jax.ensure_compile_time_eval():
+                got = self.fn(*idx)
+        else:
+            got = self.fn(*idx)
+        if _traced(got):
+            raise ValueError("from_fn's fn returned a traced JAX value: it depends on a value traced by jit, vmap "
+                             "or grad (a closure over a traced argument), which is not known when the mask is "
+                             "built; the predicate must depend on b, h, i, j and static values only")
+        got = np.asarray(got)
         if got.dtype != np.bool_:
             raise TypeError(f"from_fn's fn must return booleans (True = attend), got dtype {got.dtype}")
         out, shape = _dense_dims("from_fn's result", got.shape, dims)

@@ -103,6 +103,17 @@ def test_shape_errors_like_the_pallas_kernel():
         fj.flash_attention(q, q, jnp.ones((1, 2, 8, 5)))
 
 
+@pytest.mark.parametrize("with_ab", [False, True])
+def test_a_traced_sm_scale_is_refused_naming_sm_scale(with_ab):
+    # it was "scale must be a Python number": the drop-in has no argument of that name
+    q = jnp.ones((1, 2, 8, 4))
+    ab = jnp.zeros((1, 2, 8, 8)) if with_ab else None
+    with pytest.raises(ValueError, match=r"^sm_scale must be a Python number \(a static value\)"):
+        jax.jit(lambda s: fj.flash_attention(q, q, q, ab=ab, sm_scale=s))(0.5)
+    with pytest.raises(ValueError, match="^sm_scale must be finite"):
+        fj.flash_attention(q, q, q, ab=ab, sm_scale=float("inf"))
+
+
 def test_fully_masked_rows_differ_as_documented():
     # query 0 in a segment with no keys: the reference averages v, flashattn gives 0
     rng = seeded_rng("pallas/masked_row")
