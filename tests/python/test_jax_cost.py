@@ -107,6 +107,33 @@ def test_true_stands_for_the_fixed_shape_tensors_only():
     assert full["min_bytes"] > small["min_bytes"] and full["peak_bytes"] > small["peak_bytes"]
 
 
+def test_takes_attentions_keyword_arguments():
+    """"Arguments as flashattn.jax.attention": dropout_p, seed, dropout_offset, return_lse and
+    (cost_estimate) threads raised TypeError. They are checked as attention checks them and
+    change no figure; a seed may be a ShapeDtypeStruct (or True)."""
+    q = _sds((1, 128, 2, 64))
+    base, base_plan = fj.cost_estimate(q, q, q), fj.plan(q, q, q)
+    for kw in (dict(dropout_p=0.1, seed=0), dict(dropout_p=0.1, seed=_sds((), jnp.uint32), dropout_offset=3),
+               dict(dropout_p=0.1, seed=jax.random.key(1), dropout_offset=True), dict(seed=5), dict(threads=2),
+               dict(return_lse=True)):
+        for pass_ in ("forward", "backward"):
+            assert fj.cost_estimate(q, q, q, pass_=pass_, **kw) == fj.cost_estimate(q, q, q, pass_=pass_), kw
+        assert fj.plan(q, q, q, **kw).forward == base_plan.forward, kw
+    assert fj.cost_estimate(q, q, q, threads=2) == base
+    assert fj.plan(q, q, q, threads=2).threads == 2
+    for fn in (fj.plan, fj.cost_estimate):
+        with pytest.raises(ValueError, match="dropout_p > 0 needs seed="):
+            fn(q, q, q, dropout_p=0.1)
+        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+            fn(q, q, q, dropout_p=1.0, seed=0)
+        with pytest.raises(ValueError, match=r"seed = -1 is not in 0 .. 2\*\*64 - 1"):
+            fn(q, q, q, dropout_p=0.1, seed=-1)
+        with pytest.raises(ValueError, match=r"dropout_offset = 18446744073709551616"):
+            fn(q, q, q, dropout_p=0.1, seed=0, dropout_offset=2**64)
+        with pytest.raises(ValueError, match="threads"):
+            fn(q, q, q, threads=-1)
+
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "seed_jax.py")
 
 
