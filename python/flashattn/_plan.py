@@ -115,7 +115,7 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
          dtype="f32", causal=False, window=(-1, -1), softcap=0.0, scale=None,
          bias_shape=None, alibi=False, segment_ids=False, backend="auto",
          threads=0, block_q=0, block_k=0, diag_offset=None, bias_scale=None, bias_grad=False,
-         mask_shape=None, sinks=False, mask=None):
+         mask_shape=None, sinks=False, mask=None, dropout_p=None, seed=None, dropout_offset=None):
     """Plans attention for q [batch, heads, seq_q, head_dim], k [batch, kv_heads, seq_k,
     head_dim], v [batch, kv_heads, seq_k, head_dim_v] from shapes alone: microseconds, no
     allocation of the problem's size. Bad arguments raise ValueError with the library's
@@ -128,7 +128,10 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
     flashattn.masks mask, built by the library as a block-sparse mask, so the plan stays
     exact (flops count the blocks that run, flops_useful the visible pairs); or a boolean
     array, planned as attention(mask=array) runs it, a 0 / -inf bias (as mask_shape=: not
-    exact). masks.from_array(array) is the block-sparse form of an array, for both."""
+    exact). masks.from_array(array) is the block-sparse form of an array, for both.
+    dropout_p, seed, dropout_offset: as attention takes them (dropout_p > 0 needs a seed),
+    judged by the library with the backend (one that has no dropout refuses it here); they
+    change no figure (docs/semantics.md, "Dropout")."""
     for name, flag in (("causal", causal), ("alibi", alibi), ("segment_ids", segment_ids), ("sinks", sinks),
                        ("bias_grad", bias_grad)):  # flags: an array here (as flashattn.jax.plan takes) is not one
         if not isinstance(flag, (bool, np.bool_)) and not (isinstance(flag, (int, np.integer)) and flag in (0, 1)):
@@ -160,6 +163,7 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
                      window=window, softcap=softcap, scale=scale, bias_shape=bias_shape,
                      alibi=alibi, segment_ids=segment_ids, diag_offset=diag_offset,
                      bias_scale=bias_scale, bias_grad=bias_grad, sinks=sinks,
-                     mask=None if built is None else built.ptr)
+                     mask=None if built is None else built.ptr, dropout_p=dropout_p, seed=seed,
+                     dropout_offset=dropout_offset)
     options = make_options(backend, threads, block_q, block_k)
     return Plan(_native.plan_handle(p, options), masked=mask_shape is not None, mask=built)

@@ -378,3 +378,25 @@ def test_drop_ins_take_what_their_frameworks_take(rng):
     t = torch.tensor(q.transpose(0, 2, 1, 3).copy())
     with pytest.raises(TypeError, match="argument 'dropout_p' must be float, not NoneType"):
         ft.scaled_dot_product_attention(t, t, t, dropout_p=None)
+
+
+def test_plan_takes_dropout_and_its_backend_judges_it():
+    """flashattn.plan takes attention's dropout arguments and hands them to the library, which
+    judges them with the backend: the CPU's plan has the same figures (dropout changes none),
+    the CUDA backend, which has no dropout, refuses it in words; flashattn.jax.plan alike (it
+    took dropout_p and planned without it)."""
+    shape = dict(batch=1, heads=2, seq_q=64, head_dim=32)
+    with_drop = flashattn.plan(**shape, dropout_p=0.1, seed=3)
+    assert with_drop.forward == flashattn.plan(**shape).forward
+    with pytest.raises(ValueError, match="needs seed"):
+        flashattn.plan(**shape, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        flashattn.plan(**shape, dropout_p=1.0, seed=1)
+    with pytest.raises((NotImplementedError, ValueError), match="dropout"):
+        flashattn.plan(**shape, dropout_p=0.1, seed=3, backend="cuda")
+    jax = pytest.importorskip("jax")
+    import flashattn.jax as fj
+    q = jax.ShapeDtypeStruct((1, 64, 2, 32), jax.numpy.float32)
+    assert fj.plan(q, q, q, dropout_p=0.1, seed=True).forward == with_drop.forward
+    with pytest.raises((NotImplementedError, ValueError), match="dropout"):
+        fj.plan(q, q, q, dropout_p=0.1, seed=True, backend="cuda")

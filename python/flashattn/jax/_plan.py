@@ -35,6 +35,7 @@ def plan_for(opt, q, k, v, bias, *, backend=None, bias_grad=False, masked=False,
                  scale=opt.scale, bias_shape=None if bias is None else tuple(bias.shape), alibi=opt.has_alibi,
                  segment_ids=opt.has_segment_ids, backend=platform_backend(backend),
                  diag_offset=opt.diag_offset, bias_scale=opt.bias_scale, bias_grad=bias_grad, threads=opt.threads,
-                 sinks=opt.has_sinks, mask=mask)
+                 sinks=opt.has_sinks, mask=mask, dropout_p=opt.dropout_p,
+                 seed=0 if opt.dropout_p > 0 else None)  # the seed is an operand: its value changes nothing
     p.exact = p.exact and not masked
     return p
