@@ -1,5 +1,5 @@
 """FlexAttention's BlockMask as a flashattn mask (flashattn.torch.attention(block_mask=),
-flashattn.torch.flex_cost): its blocks as they are, at its own block size (docs/python.md,
+flashattn.torch.flex_cost): its blocks as they are, at its own block size (docs/python_masks.md,
 "FlexAttention's BlockMask").
 
 A BlockMask (torch.nn.attention.flex_attention.create_block_mask) lists, per (batch, head,

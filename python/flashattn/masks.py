@@ -1,4 +1,4 @@
-"""flashattn.masks: masks as data (docs/python.md "Masks as data"; the C type: docs/masks.md).
+"""flashattn.masks: masks as data (docs/python_masks.md; the C type: docs/masks.md).
 
     causal(diag_offset=None)             key j visible to query i iff j <= d
     window(left, right, diag_offset=None)   d - left <= j <= d + right (None or -1: unbounded)

@@ -67,7 +67,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     (torch.nn.attention.flex_attention.create_block_mask), taken as it is: the blocks it
     lists visited and no others, its partial blocks masked by its mask_mod (evaluated on
     those blocks only); the same results as flex_attention(q, k, v, block_mask=bm); ANDed
-    with every other mask (docs/python.md, "Masks as data")."""
+    with every other mask (docs/python_masks.md)."""
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     q, k, v = autocast(q, k, v)

@@ -236,7 +236,7 @@ def test_per_head_with_a_block_mask_head(rng):
 
 
 def test_masks_under_torch_compile():
-    """A flashattn.masks mask is built in Python (docs/python.md): torch.compile runs it with
+    """A flashattn.masks mask is built in Python (docs/python_masks.md): torch.compile runs it with
     a graph break around the call, the same result as eager; fullgraph=True refuses it with
     flashattn's words (not Dynamo's 'Unsupported context manager' from the mask's lock)."""
     from flashattn import masks

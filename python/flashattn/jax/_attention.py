@@ -414,8 +414,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     with the other masks (passed as a 0 / -inf bias); or a flashattn.masks mask, or a splash
     attention mask (CausalMask, LocalMask, ChunkedCausalMask, NumpyMask, FullMask,
     MultiHeadMask, & and |; aligned top-left as splash has them), built by the library as a
-    block-sparse mask (empty blocks skipped; the plan exact; docs/python.md, "Masks as
-    data"). A row with no visible key gives o = 0 and lse = -inf; a zero B, H, Sq or Sk gives empty (or o = 0, lse = -inf) results
+    block-sparse mask (empty blocks skipped; the plan exact; docs/python_masks.md). A row with no visible key gives o = 0 and lse = -inf; a zero B, H, Sq or Sk gives empty (or o = 0, lse = -inf) results
     without a call. threads: CPU threads for this call (0 or None: the library's default).
     Integers that do not fit int64 (segment ids: int32, when concrete) raise ValueError.
     sinks [Hq] (finite): a per-head logit in each row's softmax denominator that adds

@@ -1,5 +1,5 @@
 """Splash attention's masks (jax.experimental.pallas.ops.tpu.splash_attention) as flashattn
-masks, and splash_cost_estimate: the cost of the splash kernel itself (docs/python.md,
+masks, and splash_cost_estimate: the cost of the splash kernel itself (docs/python_masks.md,
 "Splash attention's masks").
 
 Analytic masks map to the library's constructors (CausalMask(offset) -> causal at diag
@@ -184,7 +184,7 @@ def splash_cost_estimate(mask, q, k, v, *, block_sizes=None, attn_logits_soft_ca
     flops 2 * block_q * block_kv * (D + Dv) (its two matmuls); transcendentals
     block_q * block_kv (exp of the scores, plus as many tanh with a soft cap) and
     block_q * 128 per block_kv_compute step (the rescale exp, kept lane-wide). Bytes are a
-    model of its block reads (docs/python.md, "Splash attention's masks"): q read and o
+    model of its block reads (docs/python_masks.md, "Splash attention's masks"): q read and o
     written once per query block, k and v once per visited block, a partial block's bitmap
     (block_q * block_kv bytes) for masks splash does not compute in the kernel;
     scalar-prefetched block tables ignored."""
