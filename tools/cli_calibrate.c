@@ -86,7 +86,10 @@ static int print_report(void *ctx) {
         else printf("vdpbf16ps    not on this CPU\n");
         printf("read         %8.1f GB/s\n", r->read_gbps);
         printf("exp          %8.3g per second\n", r->exp_per_s);
-        printf("tile efficiency (fraction of the peak inside a pass; B=1 H=%d S=1024 D=128)\n",
+        /* over 1 where the kernels multiply faster than the peak shown: amx's bf16 tiles run past
+         * vdpbf16ps's (rates.h) */
+        printf("tile efficiency (the products' rate inside a pass over the peak shown, above 1 where the\n"
+               "  kernels outrun it, as amx's bf16 tiles do vdpbf16ps; B=1 H=%d S=1024 D=128)\n",
                4 * r->threads);
         for (int t = 0; t < 3; t++)
             printf("  %-4s       forward %.3f, backward %.3f (of %.1f GFLOP/s)\n", dt[t], r->eff[0][t],
