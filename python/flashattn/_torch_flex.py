@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import _mask_native as native
-from .masks import Mask
+from .masks import Mask, host_values
 
 _CONVERTED = weakref.WeakKeyDictionary()
 
@@ -39,8 +39,8 @@ def _block_kinds(bm):
     kinds = np.zeros((Bm, Hm, nq, nk), np.int8)
 
     def mark(num, idx, kind):
-        num = num.detach().cpu().numpy().astype(np.int64)
-        idx = idx.detach().cpu().numpy().astype(np.int64)
+        num = host_values(num).astype(np.int64)  # inside torch.func.grad too (host_values)
+        idx = host_values(idx).astype(np.int64)
         slot = np.arange(idx.shape[-1])
         listed = slot[None, None, None, :] < num[..., None]  # the first num entries of each row count
         listed[:, :, nq:] = False  # rows past Q_LEN's blocks: flex_attention never reads them
@@ -66,7 +66,8 @@ def _bitmaps(src, kinds, B, H):
     mask_mod, (Q_LEN, KV_LEN), BLOCK_SIZE and device."""
     mask_mod, (Qlen, Klen), (bq, bk), dev = src
     Bm, Hm = kinds.shape[:2]
-    b, h, qb, kb = (torch.from_numpy(x) for x in np.nonzero(kinds == native.BLOCK_PARTIAL))
+    nz = np.nonzero(kinds == native.BLOCK_PARTIAL)
+    b, h, qb, kb = (torch.from_numpy(x) for x in nz)
     if b.numel() == 0:
         return np.zeros((0, bq, bk), np.bool_), (Bm, Hm)
     eb, eh = Bm == 1 and B > 1, Hm == 1 and H > 1  # shared dims the call has more of
@@ -83,12 +84,12 @@ def _bitmaps(src, kinds, B, H):
     hs = torch.arange(H) if eh else h
     with torch.no_grad():
         out = fn(bs.to(dev), hs.to(dev), qi, ki)
-    out = out.to(torch.bool).cpu()
+    out = host_values(out.to(torch.bool))  # read on the host inside torch.func.grad too (host_values)
     if not eb:
-        out = out.unsqueeze(0)
+        out = out[None]
     if not eh:
-        out = out.unsqueeze(1)
-    out = out.numpy()  # [B or 1, H or 1, n, bq, bk]; a dim mask_mod ignores comes back with stride 0
+        out = out[:, None]
+    # out: [B or 1, H or 1, n, bq, bk]; a dim mask_mod ignores comes back with stride 0
 
     def same(axis):
         return out.strides[axis] == 0 or bool((out == out.take([0], axis)).all())
@@ -101,8 +102,8 @@ def _bitmaps(src, kinds, B, H):
     bitmaps = out.reshape(-1, bq, bk)
     if (eb and Hm > 1) or (eh and Bm > 1):  # interleave: row-major over (b, h, qb, kb)
         shape = out.shape[:3]
-        bb = np.broadcast_to((np.arange(B)[:, None, None] if eb else b.numpy()[None, None, :]), shape)
-        hh = np.broadcast_to((np.arange(H)[None, :, None] if eh else h.numpy()[None, None, :]), shape)
+        bb = np.broadcast_to((np.arange(B)[:, None, None] if eb else nz[0][None, None, :]), shape)
+        hh = np.broadcast_to((np.arange(H)[None, :, None] if eh else nz[1][None, None, :]), shape)
         jj = np.broadcast_to(np.arange(n)[None, None, :], shape)
         bitmaps = bitmaps[np.lexsort((jj.ravel(), hh.ravel(), bb.ravel()))]
     return bitmaps, (B if eb else Bm, H if eh else Hm)

@@ -11,12 +11,16 @@ from ._problem import check_real
 from ._torch_ops import DTYPES
 
 
+@torch.compiler.disable(reason="flashattn.torch.merge_states runs the library on the tensors' memory, outside "
+                        "compiled graphs: call it outside the compiled function (without fullgraph: a graph "
+                        "break around it)")
 def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
     """(o, lse) over the union of two disjoint key sets: o_a, o_b [..., H, Dv] of one dtype
     (float32, float16, bfloat16), lse_a, lse_b [..., H] and sinks [H] real (float32 to the
     library, as numpy's merge_states takes them), CPU tensors; sinks are attention-sink
     logits, added once: pass them to the final merge only. Not differentiable: inputs that
-    require grad, with grad mode on, are refused rather than detached."""
+    require grad, with grad mode on, are refused rather than detached. torch.compile does not
+    trace it (a graph break; with fullgraph=True an error saying so)."""
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b), ("sinks", sinks)):
         if (t is not None or name != "sinks") and (not isinstance(t, torch.Tensor) or t.device.type != "cpu"):
             raise ValueError(f"{name} must be a CPU tensor, got {type(t).__name__}"

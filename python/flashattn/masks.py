@@ -134,6 +134,37 @@ def _static(name, x):
     return x
 
 
+def host_values(x):
+    """x's values as numpy, where x is a torch tensor (a list or tuple: its items, as a list);
+    x itself otherwise. Inside a torch.func transform (grad, vjp, jacrev) reading a tensor on
+    the host failed, even a plain one ("Cannot access data pointer of Tensor that doesn't
+    have storage"): the transform wraps it. A mask's data are values, never differentiated,
+    so functorch's wrappers are taken off and the value read with functorch's dispatch off.
+    A tensor batched by torch.func.vmap is refused: a mask is built once, from one value, not
+    one per mapped example; so is one under torch.compile(fullgraph=True), where the value is
+    not known. torch is looked up, not imported (masks serve every front)."""
+    if isinstance(x, (list, tuple)):
+        return [host_values(e) for e in x]
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return x
+    if torch.compiler.is_compiling():  # only fullgraph=True reaches the user: the others graph-break here
+        raise ValueError("a flashattn mask made from a tensor (from_array's array, prefix_lm's or documents' "
+                         "lengths) reads its values in Python, outside the graph: torch.compile(fullgraph=True) "
+                         "cannot hold it (compile without fullgraph: a graph break around it), or make the mask "
+                         "outside the compiled function")
+    ft = torch._C._functorch
+    with torch._C._DisableFuncTorch():
+        while ft.is_functorch_wrapped_tensor(x) or ft.is_batchedtensor(x):
+            if ft.is_batchedtensor(x):
+                raise ValueError("a flashattn mask's data (an array, lengths, a BlockMask's block lists) vary over "
+                                 "torch.func.vmap's mapped dim: a mask is built once from values, not per mapped "
+                                 "example; make the mask outside vmap (a mask of its own per example is the "
+                                 "batched call's B dim), or loop")
+            x = ft.get_unwrapped(x)
+        return x.detach().cpu().numpy()
+
+
 def _offset(name, diag_offset):
     return None if diag_offset is None else _int(f"{name} diag_offset", diag_offset)
 
@@ -224,7 +255,7 @@ def _per_batch(name, n, batch):
 class _PrefixLM(Mask):
     def __init__(self, prefix_lengths, diag_offset):
         super().__init__()
-        a = np.asarray(_static("prefix_lm's prefix_lengths", prefix_lengths))
+        a = np.asarray(host_values(_static("prefix_lm's prefix_lengths", prefix_lengths)))
         if a.ndim > 1 or a.dtype.kind not in "iu" or a.size == 0:
             raise ValueError(f"prefix_lengths must be an integer or a 1-dim sequence of integers (one per "
                              f"batch item), got {prefix_lengths!r}")
@@ -250,15 +281,16 @@ class _Documents(Mask):
         jax = sys.modules.get("jax")
         if jax is not None and isinstance(_static("documents' lengths", lengths), jax.Array):
             lengths = np.asarray(lengths)  # a concrete one: iterated inside jit, its items came out traced
+        given, lengths = lengths, host_values(lengths)  # torch tensors (and lists of them) as numpy
         if not hasattr(lengths, "__iter__") or (isinstance(lengths, np.ndarray) and lengths.ndim == 0):
             raise TypeError(f"documents(lengths): lengths must be a list of document lengths (one document of "
-                            f"{lengths!r} keys is [{lengths!r}]), or one such list per batch item, got {lengths!r}")
+                            f"{given!r} keys is [{given!r}]), or one such list per batch item, got {given!r}")
         rows = list(lengths)
         if rows and all(np.ndim(r) == 0 for r in rows):
             rows = [rows]  # one list: the same documents in every batch item
         if not rows or any(np.ndim(r) != 1 or len(r) == 0 for r in rows):
             raise ValueError("documents(lengths): lengths must be a non-empty list of document lengths, or one "
-                             f"such list per batch item, got {lengths!r}")
+                             f"such list per batch item, got {given!r}")
         self.rows = [[_int("document length", x) for x in r] for r in rows]
 
     def _build(self, dims, diag, block):
@@ -295,7 +327,7 @@ def _from_dense(mask, dims, block, out, a, label):
 class _Array(Mask):
     def __init__(self, array):
         super().__init__()
-        a = np.asarray(_static("from_array's bool_array", array))
+        a = np.asarray(host_values(_static("from_array's bool_array", array)))
         if a.dtype != np.bool_:
             raise TypeError(f"from_array takes a boolean array (True = attend), got dtype {a.dtype}")
         self.array = a.copy()  # immutable from here: a mask never changes under a plan
@@ -336,7 +368,7 @@ class _Fn(Mask):
             raise ValueError("from_fn's fn returned a traced JAX value: it depends on a value traced by jit, vmap "
                              "or grad (a closure over a traced argument), which is not known when the mask is "
                              "built; the predicate must depend on b, h, i, j and static values only")
-        got = np.asarray(got)
+        got = np.asarray(host_values(got))
         if got.dtype != np.bool_:
             raise TypeError(f"from_fn's fn must return booleans (True = attend), got dtype {got.dtype}")
         out, shape = _dense_dims("from_fn's result", got.shape, dims)

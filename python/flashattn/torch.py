@@ -128,10 +128,14 @@ def _native_mask(mask, block_mask, B, H, Sq, Sk, Hk, diag_offset, device):
                           empty=empty_dims(B, H, Hk, Sq, Sk))
 
 
+@torch.compiler.disable(reason="flashattn.torch.flex_cost reads the BlockMask's blocks and plans on the host, "
+                        "outside compiled graphs: call it outside the compiled function (without fullgraph: a "
+                        "graph break around it)")
 def flex_cost(block_mask, q, k, v, *, scale=None, softcap=None, layout="bhsd", threads=None):
     """flashattn's own exact cost of attention(q, k, v, block_mask=block_mask): the plan's
     figures (every fa_cost field) for "forward" and "backward", from q, k, v's shapes and
-    dtype (tensors, meta tensors included), planned for their device's backend."""
+    dtype (tensors, meta tensors included), planned for their device's backend. torch.compile
+    does not trace it (a graph break; with fullgraph=True an error saying so)."""
     import flashattn
     from ._torch_flex import from_block_mask
     L = _layout.check_layout(layout)
