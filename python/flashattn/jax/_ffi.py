@@ -74,14 +74,22 @@ class Options(NamedTuple):
 
 
 def _find_library() -> str:
-    """Beside the libflashattn.so that flashattn loaded ($FLASHATTN_LIBDIR or the package)."""
+    """Beside the libflashattn.so that flashattn loaded ($FLASHATTN_LIBDIR or the package).
+    Where it is missing, the ImportError says which of the two it looked in: a build folder
+    configured without the handler, or a package built without jaxlib's FFI headers."""
     path = os.path.join(os.path.dirname(_native.LIB_PATH), _LIB_NAME)
-    if not os.path.exists(path):
+    if os.path.exists(path):
+        return path
+    libdir = os.environ.get("FLASHATTN_LIBDIR")
+    if libdir:
         raise ImportError(
-            f"flashattn.jax: {path} does not exist: the package was built without jaxlib's FFI "
-            "headers. Reinstall with jaxlib in the build environment (pip install . does), or "
-            "point FLASHATTN_LIBDIR at a build folder configured with -DFA_JAX_FFI=ON.")
-    return path
+            f"flashattn.jax: {path} does not exist (from FLASHATTN_LIBDIR={libdir!r}): that build folder has "
+            f"{_native.LIB_NAME} but not the JAX handler. Configure it with -DFA_JAX_FFI=ON (jaxlib installed, "
+            "for its FFI headers) and build again, or unset FLASHATTN_LIBDIR to use the package's own copy.")
+    raise ImportError(
+        f"flashattn.jax: {path} does not exist: the package was built without jaxlib's FFI "
+        "headers. Reinstall with jaxlib in the build environment (pip install . does), or "
+        "point FLASHATTN_LIBDIR at a build folder configured with -DFA_JAX_FFI=ON.")
 
 
 # The newest XLA FFI API version (major, minor) of a jaxlib known to accept the handlers'
