@@ -21,7 +21,7 @@ from ._torch_args import (alibi, autocast, check_devices, check_floats, check_te
                           float_or_zero, int_in, no_memory, shares_memory, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import (DTYPES, F32, LSE_GRAD_REFUSED, Device, dense_for_grad, do_with_o_strides, forward_ad_refused,
                          grad_like, int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad,
-                         dropout_args, seed_value)
+                         dropout_args, seed_value, vmap_by_loop, with_batch0)
 
 
 def _host_int32(t, name="lengths"):
@@ -36,11 +36,11 @@ def _strides(t):
 # ---- packed variable-length batches ---------------------------------------------------
 
 def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, softcap, scale,
-                   diag_offset, dev, sinks=False, per_call=False, dropout=(0.0, None)):
+                   diag_offset, dev, sinks=False, per_call=False, dropout=(0.0, None, 0)):
     """per_call: the forward's plan from the packed tensors' rows, one for every call of those
     shapes (the prefix sums go with each call); else a plan of these prefix sums. dropout:
-    (dropout_p, the seed operand)."""
-    p_drop, seed = dropout
+    (dropout_p, the seed operand, dropout_batch0)."""
+    p_drop, seed, batch0 = dropout
     p = varlen_problem(q_shape=tuple(q.shape), k_shape=tuple(k.shape), v_shape=tuple(v.shape),
                        q_stride=_strides(q), k_stride=_strides(k), v_stride=_strides(v),
                        o_stride=tuple(o_stride), dtype=DTYPES[q.dtype], cu_seqlens_q=cu_q,
@@ -48,7 +48,7 @@ def _varlen_handle(q, k, v, o_stride, cu_q, cu_k, alibi_slopes, causal, wl, wr, 
                        scale=scale, alibi=alibi_slopes is not None, diag_offset=diag_offset, sinks=sinks,
                        lengths_per_call=per_call,
                        dropout=(p_drop, seed_value(seed), None) if p_drop > 0 else (None, None, None))
-    return _native.cached_plan(p, dev.options())
+    return _native.cached_plan(with_batch0(p, batch0), dev.options())
 
 
 def _totals(cu):
@@ -63,7 +63,9 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 window_right: int, softcap: float, scale: Optional[float],
                 diag_offset: Optional[int], threads: int = 0,
                 sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                seed: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                seed: Optional[torch.Tensor] = None, dropout_batch0: int = 0,
+                dropout_batch_stride: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """dropout_batch0 and dropout_batch_stride: set by the vmap rule (_torch_ops.vmap_by_loop)."""
     q, k, v = readable(q), readable(k), readable(v)
     cu_q, cu_k = _host_int32(cu_seqlens_q, "cu_seqlens_q"), _host_int32(cu_seqlens_k, "cu_seqlens_k")
     check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_q)
@@ -73,7 +75,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     dev = Device(q, threads)
     handle = _varlen_handle(q, k, v, o.stride(), cu_q, cu_k, alibi_slopes, causal, window_left,
                             window_right, softcap, scale, diag_offset, dev, sinks is not None, per_call=True,
-                            dropout=(dropout_p, seed))
+                            dropout=(dropout_p, seed, dropout_batch0))
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), lse=ptr(lse, F32), alibi_slopes=ptr(alibi_slopes, F32),
@@ -88,7 +90,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
 @_varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                      causal, window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None,
-                     dropout_p=0.0, seed=None):
+                     dropout_p=0.0, seed=None, dropout_batch0=0, dropout_batch_stride=0):
     return (q.new_empty(tuple(q.shape[:2]) + (v.shape[2],)),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
@@ -99,9 +101,9 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 alibi_slopes: Optional[torch.Tensor], causal: bool, window_left: int,
                 window_right: int, softcap: float, scale: Optional[float],
                 diag_offset: Optional[int], threads: int = 0, sinks: Optional[torch.Tensor] = None,
-                dropout_p: float = 0.0, seed: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv and dsink ((0,) without sinks)."""
+                dropout_p: float = 0.0, seed: Optional[torch.Tensor] = None, dropout_batch0: int = 0,
+                dropout_batch_stride: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsink ((0,) without sinks); the dropout batch arguments as varlen_fwd's."""
     has_sinks = sinks is not None
     q, k, v = dense_for_grad(q), dense_for_grad(k), dense_for_grad(v)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
@@ -119,7 +121,7 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     # the backward plans with these prefix sums, over the rows they reach (views: same data)
     handle = _varlen_handle(q[:tq], k[:tk], v[:tk], o.stride(), cu_q, cu_k,
                             alibi_slopes, causal, window_left, window_right, softcap, scale,
-                            diag_offset, dev, has_sinks, dropout=(dropout_p, seed))
+                            diag_offset, dev, has_sinks, dropout=(dropout_p, seed, dropout_batch0))
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse, F32), dq=ptr(dq),
@@ -132,9 +134,19 @@ def _varlen_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
 @_varlen_bwd.register_fake
 def _varlen_bwd_fake(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal,
                      window_left, window_right, softcap, scale, diag_offset, threads=0, sinks=None,
-                     dropout_p=0.0, seed=None):
+                     dropout_p=0.0, seed=None, dropout_batch0=0, dropout_batch_stride=0):
     return tuple(grad_like(dense_for_grad(t)) for t in (q, k, v)) + (
         q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32),)
+
+
+def _packed_batch(args):
+    return max(args["cu_seqlens_q"].shape[0] - 1, 0)  # the sequences: dropout's b counts them
+
+
+# under torch.func.vmap: one call per element, dropout with one seed drawing one packed
+# batch's masks of every element's sequences in turn (as flashattn.jax.varlen_attention)
+torch.library.register_vmap("flashattn::varlen_fwd", vmap_by_loop(torch.ops.flashattn.varlen_fwd, _packed_batch))
+torch.library.register_vmap("flashattn::varlen_bwd", vmap_by_loop(torch.ops.flashattn.varlen_bwd, _packed_batch))
 
 
 class _VarlenCompiled(torch.autograd.Function):
@@ -156,6 +168,7 @@ class _VarlenCompiled(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, slopes, sinks, seed)
         ctx.options = inputs[8:15]
         ctx.dropout_p = inputs[16] if len(inputs) > 16 else 0.0
+        ctx.dropout_batch = tuple(inputs[18:20])  # the vmap rule's (the op's own autograd), for the backward
         ctx.n_inputs = len(inputs)
         # as _torch_ops.AttentionCompiled: lse has no gradient under dropout (the op's own
         # autograd, torch.export's, refuses one in the backward instead)
@@ -177,7 +190,7 @@ class _VarlenCompiled(torch.autograd.Function):
         if dlse is not None:  # lse [Hq, total_q], do's rows [total_q, Hq]
             v, o, do = lse_as_value_column(v, o, do, dlse, lambda x: x.t())
         dq, dk, dv, dsink = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, slopes, *ctx.options,
-                                                           sinks, ctx.dropout_p, seed)
+                                                           sinks, ctx.dropout_p, seed, *ctx.dropout_batch)
         if dlse is not None:
             dv = dv[..., :-1]
             if sinks is not None:  # lse's cotangent reaches the sink directly (as in _torch_ops)

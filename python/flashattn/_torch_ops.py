@@ -130,19 +130,29 @@ class Device:
 # ---- the dense problem ---------------------------------------------------------------
 
 def _problem(q, k, v, o_stride, bias, alibi, segment_ids, opts, bias_grad=False, sinks=False, dropout=(0.0, 0),
-             mask=0):
+             mask=0, batch0=0):
+    """batch0: dropout's b of batch item 0 (fa_problem.dropout_batch0; the vmap rule's)."""
     causal, wl, wr, softcap, scale, L, diag_offset, bias_scale = opts
     strides = {} if o_stride is None else dict(
         q_stride=_layout.to_bhsd(L, q.stride()), k_stride=_layout.to_bhsd(L, k.stride()),
         v_stride=_layout.to_bhsd(L, v.stride()), o_stride=_layout.to_bhsd(L, o_stride),
         bias_stride=None if bias is None else tuple(bias.stride()))
-    return make_problem(
+    p = make_problem(
         q_dims=_layout.to_bhsd(L, q.shape), k_dims=_layout.to_bhsd(L, k.shape),
         v_dims=_layout.to_bhsd(L, v.shape), dtype=DTYPES[q.dtype], causal=causal,
         window=(wl, wr), softcap=softcap, scale=scale,
         bias_shape=None if bias is None else tuple(bias.shape), alibi=alibi,
         segment_ids=segment_ids, diag_offset=diag_offset, bias_scale=bias_scale,
         bias_grad=bias_grad, sinks=sinks, dropout_p=dropout[0], seed=dropout[1], mask=mask, **strides)
+    return with_batch0(p, batch0)
+
+
+def with_batch0(p, batch0):
+    """Problem p with dropout's b of item 0 at batch0 where it drops (without dropout the
+    field changes nothing, and left at 0 the plan is every element's, one cache entry)."""
+    if p.dropout_p > 0:
+        p.dropout_batch0 = batch0
+    return p
 
 
 def _empty_sizes(q, k, layout):
@@ -183,7 +193,9 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
                    threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                   seed: Optional[torch.Tensor] = None, mask: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                   seed: Optional[torch.Tensor] = None, mask: int = 0, dropout_batch0: int = 0,
+                   dropout_batch_stride: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """dropout_batch0 and dropout_batch_stride: set by the vmap rule (vmap_by_loop), 0 otherwise."""
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     seed = seed_value(seed)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
@@ -200,7 +212,7 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
     lse = poisoned(torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, sinks=has_sinks,
-                                          dropout=(dropout_p, seed), mask=mask),
+                                          dropout=(dropout_p, seed), mask=mask, batch0=dropout_batch0),
                                  dev.options())
     ws, ws_size = dev.workspace(handle, _native.FORWARD)
     dev.run(lambda: handle.forward(_native.ForwardArgs(
@@ -213,7 +225,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Opti
 @_attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, causal,
                         window_left, window_right, softcap, scale, layout, diag_offset, bias_scale,
-                        threads=0, sinks=None, dropout_p=0.0, seed=None, mask=0):
+                        threads=0, sinks=None, dropout_p=0.0, seed=None, mask=0, dropout_batch0=0,
+                        dropout_batch_stride=0):
     return q.new_empty(o_shape(q, v, layout)), q.new_empty(lse_shape(q, layout), dtype=torch.float32)
 
 
@@ -225,9 +238,11 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
                    window_right: int, softcap: float, scale: Optional[float], layout: str,
                    diag_offset: Optional[int], bias_scale: Optional[float],
                    bias_grad: bool, threads: int = 0, sinks: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-                   seed: Optional[torch.Tensor] = None, mask: int = 0
+                   seed: Optional[torch.Tensor] = None, mask: int = 0, dropout_batch0: int = 0,
+                   dropout_batch_stride: int = 0
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv, dbias ((0,) without bias_grad) and dsink ((0,) without sinks)."""
+    """dq, dk, dv, dbias ((0,) without bias_grad) and dsink ((0,) without sinks); the dropout
+    batch arguments as attention_fwd's, so that the backward regenerates its masks."""
     opts = (causal, window_left, window_right, softcap, scale, layout, diag_offset, bias_scale)
     seed = seed_value(seed)
     alibi, segs, has_sinks = alibi_slopes is not None, q_segment_ids is not None, sinks is not None
@@ -249,7 +264,7 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     dsink = poisoned(torch.empty(sinks.shape if has_sinks else (0,), dtype=torch.float32, device=q.device))
     dev = Device(q, threads)
     handle = _native.cached_plan(_problem(q, k, v, o.stride(), bias, alibi, segs, opts, bias_grad, has_sinks,
-                                          (dropout_p, seed), mask), dev.options())
+                                          (dropout_p, seed), mask, dropout_batch0), dev.options())
     ws, ws_size = dev.workspace(handle, _native.BACKWARD)
     dev.run(lambda: handle.backward(_native.BackwardArgs(
         q=ptr(q), k=ptr(k), v=ptr(v), o=ptr(o), d_o=ptr(do), lse=ptr(lse, F32),
@@ -263,18 +278,43 @@ def _attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 @_attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, o, lse, do, bias, alibi_slopes, q_segment_ids, kv_segment_ids,
                         causal, window_left, window_right, softcap, scale, layout, diag_offset,
-                        bias_scale, bias_grad, threads=0, sinks=None, dropout_p=0.0, seed=None, mask=0):
+                        bias_scale, bias_grad, threads=0, sinks=None, dropout_p=0.0, seed=None, mask=0,
+                        dropout_batch0=0, dropout_batch_stride=0):
     dq, dk, dv = (grad_like(dense_for_grad(t)) for t in (q, k, v))
     return dq, dk, dv, q.new_empty(bias.shape if bias_grad else (0,), dtype=torch.float32), q.new_empty(
         sinks.shape if sinks is not None else (0,), dtype=torch.float32)
 
 
-def _vmap_by_loop(op):
+def _op_args(op, args, kwargs):
+    """An op's arguments as its whole positional list, the schema's defaults filled in (a
+    vmap rule gets only those the caller passed)."""
+    args = list(args)
+    for a in op.default._schema.arguments[len(args):]:
+        args.append(kwargs[a.name] if a.name in kwargs else a.default_value)
+    return args
+
+
+def vmap_by_loop(op, batch_of):
     """A vmap rule that runs op once per element of the vmapped dim and stacks the results
     (the library's batch dim cannot absorb every input's vmapped dim: slopes, broadcast bias).
-    A vmapped dim of size 0 gives empty results of the shapes one element's would have (the
-    op's fake on meta tensors), as torch's own ops do."""
-    def rule(info, in_dims, *args):
+    A dim of size 0 gives results of the shapes one element's would have (the op's fake on
+    meta tensors), as torch's own ops do.
+
+    Dropout with one seed for every element (the seed not mapped at this level) draws what
+    one batched call of all the elements would (docs/semantics.md, "Dropout"; as JAX's vmap):
+    element i passes dropout_batch0 = its caller's + i * stride, stride the batch items one
+    element stands for (dropout_batch_stride; 0: batch_of the arguments by name, the items
+    of one call: a dense batch, a packed batch's sequences). Nested vmaps reach the innermost
+    level's rule first, which passes n * stride as the next level's stride, so an element's
+    index is the flattened (row-major) one over the levels that share the seed. A mapped seed
+    gives each element its own masks, from its caller's b."""
+    names = [a.name for a in op.default._schema.arguments]
+    i_p, i_seed, i_b0, i_stride = (names.index(n) for n in ("dropout_p", "seed", "dropout_batch0",
+                                                             "dropout_batch_stride"))
+
+    def rule(info, in_dims, *args, **kwargs):
+        args = _op_args(op, args, kwargs)
+        in_dims = tuple(in_dims) + (None,) * (len(args) - len(in_dims))
         n = info.batch_size
         if n == 0:
             device = next(a.device for a in args if isinstance(a, torch.Tensor))
@@ -282,16 +322,29 @@ def _vmap_by_loop(op):
                        else a.to("meta") if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)))
             result = tuple(torch.empty((0,) + t.shape, dtype=t.dtype, device=device) for t in one)
             return result, (0,) * len(result)
+
+        def element(i):
+            return [a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)]
+        stride = None  # one seed shared by the elements: the batch items between two of them
+        if args[i_p] > 0 and args[i_seed] is not None and in_dims[i_seed] is None:
+            stride = args[i_stride] or batch_of(dict(zip(names, element(0))))
         outs = []
         for i in range(n):
-            outs.append(op(*(a.select(d, i) if d is not None else a for a, d in zip(args, in_dims))))
+            a = element(i)
+            if stride is not None:
+                a[i_b0], a[i_stride] = args[i_b0] + i * stride, n * stride
+            outs.append(op(*a))
         result = tuple(torch.stack(parts) for parts in zip(*outs))
         return result, (0,) * len(result)
     return rule
 
 
-torch.library.register_vmap("flashattn::attention_fwd", _vmap_by_loop(torch.ops.flashattn.attention_fwd))
-torch.library.register_vmap("flashattn::attention_bwd", _vmap_by_loop(torch.ops.flashattn.attention_bwd))
+def _dense_batch(args):
+    return _layout.to_bhsd(args["layout"], args["q"].shape)[0]
+
+
+torch.library.register_vmap("flashattn::attention_fwd", vmap_by_loop(torch.ops.flashattn.attention_fwd, _dense_batch))
+torch.library.register_vmap("flashattn::attention_bwd", vmap_by_loop(torch.ops.flashattn.attention_bwd, _dense_batch))
 
 
 # ---- autograd ----------------------------------------------------------------------
@@ -344,6 +397,7 @@ class AttentionCompiled(torch.autograd.Function):
         ctx.n_inputs = len(inputs)
         ctx.options = tuple(inputs[7:16]) + (inputs[17] if len(inputs) > 17 else 0.0,)  # dropout_p: 0 if not given
         ctx.mask = inputs[19] if len(inputs) > 19 else None  # kept alive for the backward
+        ctx.dropout_batch = tuple(inputs[20:22])  # the vmap rule's (the op's own autograd), for the backward
         # the op's own autograd (torch.export) keeps lse differentiable under dropout, so that
         # its backward sees a gradient reaching lse and refuses it: export drops the caller's
         # refused_lse_grad, an autograd.Function, with the others
@@ -378,7 +432,7 @@ class AttentionCompiled(torch.autograd.Function):
         with torch.no_grad():  # no second derivative: the op's own autograd would refuse it anyway
             dq, dk, dv, dbias, dsink = torch.ops.flashattn.attention_bwd(
                 q, k, v, o, lse, do, bias, slopes, q_seg, kv_seg, *ctx.options[:8], bias_grad, threads, sinks,
-                dropout_p, seed, _mask_ptr(mask))
+                dropout_p, seed, _mask_ptr(mask), *ctx.dropout_batch)
             if dlse is not None and sinks is not None:
                 # d lse_i / d sink_h = exp(sink_h - lse_i): lse's cotangent reaches the sink
                 # directly (the value column above carries it to the scores only)
