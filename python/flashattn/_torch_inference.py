@@ -19,9 +19,9 @@ from ._problem_inference import (check_decode_shapes, check_max_seqlen, check_pr
                                  decode_problem, varlen_problem)
 from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
                           float_or_zero, int_in, no_memory, shares_memory, sinks_arg, threads_arg, window_sides)
-from ._torch_ops import (DTYPES, F32, LSE_GRAD_REFUSED, Device, dense_for_grad, do_with_o_strides, forward_ad_refused,
-                         grad_like, int32_ids, lse_as_value_column, poisoned, ptr, readable, refused_lse_grad,
-                         dropout_args, seed_value, vmap_by_loop, with_batch0)
+from ._torch_ops import (DTYPES, F32, LSE_GRAD_REFUSED, Device, _RefusedDoubleGrad, dense_for_grad, do_with_o_strides,
+                         forward_ad_refused, grad_like, int32_ids, lse_as_value_column, poisoned, ptr, readable,
+                         refused_lse_grad, dropout_args, seed_value, vmap_by_loop, with_batch0)
 
 
 def _host_int32(t, name="lengths"):
@@ -189,18 +189,27 @@ class _VarlenCompiled(torch.autograd.Function):
         do = torch.zeros_like(o) if do is None else do
         if dlse is not None:  # lse [Hq, total_q], do's rows [total_q, Hq]
             v, o, do = lse_as_value_column(v, o, do, dlse, lambda x: x.t())
-        dq, dk, dv, dsink = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, slopes, *ctx.options,
-                                                           sinks, ctx.dropout_p, seed, *ctx.dropout_batch)
-        if dlse is not None:
-            dv = dv[..., :-1]
-            if sinks is not None:  # lse's cotangent reaches the sink directly (as in _torch_ops)
-                # but not from rows past cu_seqlens_q's end (lse -inf, in no sequence: exp(+inf)
-                # times their 0 was NaN); a sequence's rows have lse >= the sink, never -inf
+        # no_grad, as _torch_ops.AttentionCompiled's: with grad mode on (torch.func.grad,
+        # create_graph=True) the op's generated autograd took the call, which torch.func.grad
+        # refused and a double backward met as torch's "no autograd formula"
+        with torch.no_grad():
+            dq, dk, dv, dsink = torch.ops.flashattn.varlen_bwd(q, k, v, o, lse, do, cu_q, cu_k, slopes, *ctx.options,
+                                                               sinks, ctx.dropout_p, seed, *ctx.dropout_batch)
+            if dlse is not None and sinks is not None:
+                # lse's cotangent reaches the sink directly (as in _torch_ops), but not from rows
+                # past cu_seqlens_q's end (lse -inf, in no sequence: exp(+inf) times their 0 was
+                # NaN); a sequence's rows have lse >= the sink, never -inf
                 term = torch.exp(sinks.view(-1, 1) - lse) * dlse
                 dsink = dsink + torch.where(torch.isneginf(lse), 0.0, term).sum(1)
+        if dlse is not None:
+            dv = dv[..., :-1]
         grads = [dq, dk, dv] + [None] * (ctx.n_inputs - 3)
         if sinks is not None and ctx.needs_input_grad[15]:
             grads[15] = dsink
+        if torch.is_grad_enabled():  # create_graph=True: their own gradient raises, as attention's
+            deps = [t for t in (q, k, v, sinks, do) if t is not None and t.requires_grad]
+            if deps:
+                grads = [g if g is None else _RefusedDoubleGrad.apply(g, *deps) for g in grads]
         return tuple(grads)
 
 
@@ -256,11 +265,12 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     q [total_q, Hq, D], k [total_k, Hk, D], v [total_k, Hk, Dv]; cu_seqlens_q, cu_seqlens_k
     int32 [batch + 1] prefix sums (sequence b: rows cu[b]:cu[b+1]; read on the host).
     Masks apply within each sequence, bottom-right at its own Sk_b - Sq_b. max_seqlen_q/k
-    optional bounds (checked when given). Returns o [total_q, Hq, Dv], and lse [Hq, total_q]
-    f32 (differentiable too) with return_lse. threads: None or 0, the library's default;
-    mask= is refused (the library has no bias for packed batches). Lengths per call, as
-    numpy's varlen_attention: the rows are capacities (the prefix sums may end below them:
-    o = 0, lse = -inf and zero gradients past the ends), one forward plan per shapes.
+    optional bounds (checked when given; not read under torch.compile). Returns o
+    [total_q, Hq, Dv], and lse [Hq, total_q] f32 (differentiable too) with return_lse.
+    threads: None or 0, the library's default; mask= is refused (the library has no bias
+    for packed batches). Lengths per call, as numpy's varlen_attention: the rows are
+    capacities (the prefix sums may end below them: o = 0, lse = -inf and zero gradients
+    past the ends), one forward plan per shapes.
     dropout_p, seed: as in flashattn.torch.attention (the seed from torch's generator when
     None; b, i, j count within each sequence; lse then has no gradient)."""
     _no_mask(mask, "varlen_attention")
@@ -282,8 +292,12 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     # attention_function: export's tracing runs a Function's forward under no_grad)
     fn = (_VarlenExported if torch.compiler.is_exporting() else
           _VarlenCompiled if torch.compiler.is_compiling() else _Varlen)
-    o, lse = fn.apply(q, k, v, cu_q, cu_k, int_in("max_seqlen_q", max_seqlen_q, optional=True),
-                      int_in("max_seqlen_k", max_seqlen_k, optional=True),
+    # max_seqlen_q/k: a bound the library does not need, checked in eager calls; traced, it is
+    # not read, since reading an int makes it part of the graph (each new value recompiled,
+    # and fullgraph=True failed at torch's recompile limit)
+    bounds = (None, None) if torch.compiler.is_compiling() else \
+        (int_in("max_seqlen_q", max_seqlen_q, optional=True), int_in("max_seqlen_k", max_seqlen_k, optional=True))
+    o, lse = fn.apply(q, k, v, cu_q, cu_k, *bounds,
                       alibi(alibi_slopes, q.shape[1], q.device), bool(causal), wl, wr, softcap, scale,
                       int_in("diag_offset", diag_offset, optional=True), threads,
                       sinks_arg(sinks, q.shape[1], q.device), dropout_p, seed)
@@ -446,11 +460,14 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
         tensors += [check_tensor("k_prefix", k_prefix, 3), check_tensor("v_prefix", v_prefix, 3)]
     k_prefix, v_prefix, _ = check_prefix(k_prefix, v_prefix, tuple(k_cache.shape), tuple(v_cache.shape), q.dtype)
     check_floats(names, tensors)
-    # compiled: detached, as before (a graph whose decode input requires grad fails to compile:
-    # torch traces the backward the op lacks); eager: a derivative asked of the outputs raises
-    # (_DecodeRefusesDerivatives)
-    keep = (lambda t: t.detach()) if torch.compiler.is_compiling() else (lambda t: t)
-    prefix = () if k_prefix is None else (keep(k_prefix).contiguous(), keep(v_prefix).contiguous())
+    # compiled: every tensor argument detached (a graph whose decode input requires grad, q from
+    # a Linear, failed to compile: torch traced the backward the op lacks); eager: a derivative
+    # asked of the outputs raises (_DecodeRefusesDerivatives). Judged here, in this frame: where
+    # Dynamo runs it eagerly after a graph break in it, it compiles the helpers it calls apart,
+    # and there is_compiling() is True for a call that is not traced
+    traced = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    keep = (lambda t: t.detach()) if traced else (lambda t: t)
+    prefix = () if k_prefix is None else (k_prefix.contiguous(), v_prefix.contiguous())
     if k is not None:
         for name, c in (("k_cache", k_cache), ("v_cache", v_cache)) + \
                 ((("k_scale", k_scale), ("v_scale", v_scale)) if code is not None else ()):
@@ -487,6 +504,11 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     # TypeError)
     if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 0:
         cache_seqlens = _int_tensor("cache_seqlens", cache_seqlens, f"[batch] = [{B}] or a 0-d integer", 0).expand(B)
+    elif torch.compiler.is_compiling() and isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        # traced, an int (symbolic under dynamic shapes) becomes a tensor the op takes, its value
+        # checked against int32 where the op runs: int() of it, or a look at its attributes,
+        # made each value a graph of its own (or failed: hasattr of a SymInt)
+        cache_seqlens = torch.full((B,), cache_seqlens, dtype=torch.int64)
     elif cache_seqlens is None or (not isinstance(cache_seqlens, torch.Tensor) and
                                    getattr(cache_seqlens, "ndim", 0) == 0):
         n = capacity if cache_seqlens is None else cache_seqlens
@@ -500,13 +522,13 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     if tuple(lens.shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape [batch] = [{B}], got {tuple(lens.shape)}")
     sinks = sinks_arg(sinks, q.shape[2], q.device)
-    sinks = None if sinks is None else keep(sinks)
     op = _kvcache_quant_fwd if code is not None else _kvcache_fwd
     args = (q, k_cache, v_cache) + ((k_scale, v_scale) if code is not None else ()) + \
         (k, v, lens, block_table, alibi(alibi_slopes, q.shape[2], q.device)) + \
         ((code,) if code is not None else ()) + (bool(causal), *_options(window, softcap, scale, threads)) + \
         (sinks,) + (prefix if prefix else (None, None))
-    o, lse = _DecodeRefusesDerivatives.apply(op, *args) if _derivative_asked(args) else op(*args)
+    args = tuple(keep(a) if isinstance(a, torch.Tensor) else a for a in args)
+    o, lse = _DecodeRefusesDerivatives.apply(op, *args) if not traced and _derivative_asked(args) else op(*args)
     return (o, lse) if return_lse else o
 
 
@@ -519,8 +541,6 @@ def _derivative_asked(args):
     """Eager, with an input that may carry a derivative (one that requires grad under grad mode,
     a torch.func transform's, a forward-mode dual): the call goes through
     _DecodeRefusesDerivatives. Compiled or exported graphs detach (kvcache_attention)."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        return False
     from torch.autograd.forward_ad import unpack_dual
     return any(isinstance(t, torch.Tensor) and ((t.requires_grad and torch.is_grad_enabled()) or
                                                 torch._C._functorch.is_functorch_wrapped_tensor(t) or
