@@ -1,8 +1,8 @@
 """The PyTorch front: flashattn.torch.attention, differentiable (autograd and torch.func),
 opaque to torch.compile; scaled_dot_product_attention, the drop-in for SDPA
 (python/flashattn/_torch_sdpa.py); varlen_attention and kvcache_attention, the inference
-shapes (python/flashattn/_torch_inference.py); flex_cost, the exact cost of a call with a
-FlexAttention BlockMask (python/flashattn/_torch_flex.py converts it).
+shapes (python/flashattn/_torch_inference.py and _torch_decode.py); flex_cost, the exact
+cost of a call with a FlexAttention BlockMask (python/flashattn/_torch_flex.py converts it).
 
 The custom ops and their autograd live in python/flashattn/_torch_ops.py: CPU tensors
 always; CUDA tensors on the current stream where the library was built with CUDA; meta and
@@ -152,5 +152,6 @@ def flex_cost(block_mask, q, k, v, *, scale=None, softcap=None, layout="bhsd", t
 
 # the SDPA drop-in and the inference shapes (packed batches, kv-cache decoding)
 from ._torch_sdpa import scaled_dot_product_attention  # noqa: E402,F401
-from ._torch_inference import kvcache_attention, quantize_cache, varlen_attention  # noqa: E402,F401
+from ._torch_decode import kvcache_attention, quantize_cache  # noqa: E402,F401
+from ._torch_inference import varlen_attention  # noqa: E402,F401
 from ._torch_merge import merge_states  # noqa: E402,F401

@@ -49,7 +49,7 @@ def _lower_bound(extra):
 
 
 def test_torch_extra_allows_only_torches_with_what_the_front_calls():
-    # torch.compiler.disable(reason=) (flashattn/_torch_inference.py) is torch 2.8's
+    # torch.compiler.disable(reason=) (flashattn/_torch_decode.py) is torch 2.8's
     assert _lower_bound("torch") >= (2, 8)
 
 
