@@ -55,10 +55,9 @@ static void default_blocks(const fa_plan *pl, fa_pass pass, int64_t *bq, int64_t
         *bk = t->bwd_long_bk;
     int64_t wq = *bq; /* the query tile the wider keys are judged on, fitted as any tile is */
     fa_mask_fit_tile(p->mask, &wq, bk); /* a key edge's fit does not depend on the rows' */
-    const int64_t wide_keys = pass == FA_FORWARD && t->bf16_fwd_keys ? t->bf16_fwd_keys : t->long_keys;
-    const int64_t wide_dim = pass == FA_FORWARD && t->bf16_fwd_dim ? t->bf16_fwd_dim : 128;
-    if (pl->shape == FA_SHAPE_DENSE && p->dtype == FA_BF16 && t->bf16_long_bk > *bk && p->seq_k >= wide_keys &&
-        p->head_dim >= wide_dim) {
+    /* the forward widens at any length and head dim, the backward from long_keys and D = 128 */
+    if (pl->shape == FA_SHAPE_DENSE && p->dtype == FA_BF16 && t->bf16_long_bk > *bk &&
+        (pass == FA_FORWARD || (p->seq_k >= t->long_keys && p->head_dim >= 128))) {
         if (pass == FA_FORWARD) {
             wider_keys(pl, t->bf16_long_bk, &wq, bk);
             if (t->bf16_wider_bk > *bk) wider_keys(pl, t->bf16_wider_bk, &wq, bk);

@@ -62,8 +62,7 @@ const fa_isa_tiles fa_isa_tiles_bf16_pairs = {.bq = 128, .bk = 128, .open_bq = 2
 const fa_isa_tiles fa_isa_tiles_amx = {.bq = 128, .bk = 128, .open_bq = 256, .bf16_open_bq = 128,
                                        .bf16_open_bk = 128, .long_keys = 2048, .long_bk = 256,
                                        .bwd_long_keys = 4096, .bwd_long_dim = 128, .bwd_long_bk = 256,
-                                       .bf16_long_bk = 256, .bf16_wider_bk = 512, .bf16_fwd_keys = 1,
-                                       .bf16_fwd_dim = 1, .fwd_run_bytes = 2 << 20};
+                                       .bf16_long_bk = 256, .bf16_wider_bk = 512, .fwd_run_bytes = 2 << 20};
 
 /* Best first; the scalar table is last and always available. */
 static const fa_isa *const isa_table[] = {

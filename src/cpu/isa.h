@@ -29,11 +29,9 @@ typedef struct {
     int64_t bf16_open_bq, bf16_open_bk; /* forward, no mask, bf16 */
     int64_t long_keys, long_bk; /* f32 forward, no mask, seq_k >= long_keys: bk = long_bk */
     int64_t bwd_long_keys, bwd_long_dim, bwd_long_bk; /* f32 backward, no mask, seq_k and D from these */
-    int64_t bf16_long_bk; /* bf16, seq_k >= long_keys, D >= 128: forward bk where it costs little, backward bk
-                           * without a mask or window (backend_cpu.c) */
-    int64_t bf16_wider_bk; /* the same, the forward alone, tried after bf16_long_bk (0: none) */
-    int64_t bf16_fwd_keys, bf16_fwd_dim; /* the forward's wider keys from seq_k >= bf16_fwd_keys and
-                                          * D >= bf16_fwd_dim instead (0, 0: long_keys and 128) */
+    int64_t bf16_long_bk; /* bf16: forward bk where it costs little (any seq_k and D); backward bk with
+                           * seq_k >= long_keys, D >= 128, without a mask or window (backend_cpu.c) */
+    int64_t bf16_wider_bk; /* the forward's, tried after bf16_long_bk (0: none) */
     int64_t fwd_run_bytes; /* the L2 a forward item's run of q tiles and accumulators may take
                             * (forward.c, run_length; 0: 1 MiB, a Zen 4 core's L2) */
 } fa_isa_tiles;
