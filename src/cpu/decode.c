@@ -16,7 +16,8 @@
  * than it saved (bench/RESULTS.md). The tile math is the ISA table's pack and product
  * kernels, or for bf16 caches with AVX512_BF16 kernels that read the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
- * the tile; f16, int8 and fp8 caches take decode_cache*.c's kernels alike (q staged as f32,
+ * the tile; f16, int8 and fp8 caches (and bf16 ones on tables without that step) take
+ * decode_cache*.c's kernels alike (q staged as f32,
  * codes dequantized in registers: docs/caches.md); an online softmax leaves a partial (acc,
  * max, sum) per (item, kv head, row) in the workspace, and a merge combines each row's
  * chunks in chunk order. Chunks, tiles and
@@ -51,12 +52,14 @@ static const fa_isa *dec_isa(const struct fa_plan *pl) { return pl->isa ? pl->is
 static int64_t dec_rows(const fa_problem *p) { return p->heads_q / p->heads_kv * p->seq_q; }
 
 /* 1 if the tiles take decode_cache.c's kernels (q staged as f32): quantized caches always,
- * f16 caches with contiguous rows where the ISA has the vector ones. */
+ * f16 caches with contiguous rows where the ISA has the vector ones, and bf16 caches so
+ * where the ISA has no bf16 step (the avx512 table: its f32 multiply-adds, dispatch.c). */
 static int dec_conv(const struct fa_plan *pl) {
     const fa_problem *p = &pl->p;
     const fa_isa *isa = dec_isa(pl);
     if (fa_dtype_quantized(fa_cache_dtype(p))) return 1;
-    return p->dtype == FA_F16 && isa->decode && isa->decode->cache_qk && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
+    const int f32_step = p->dtype == FA_F16 || (p->dtype == FA_BF16 && isa->decode && !isa->decode->step);
+    return isa->decode && isa->decode->cache_qk && f32_step && p->k_stride.s[3] == 1 && p->v_stride.s[3] == 1;
 }
 
 /* Scratch pieces: q staging (Hq x seq_q rows of D, contiguous, the dtype), packed q (M x D),

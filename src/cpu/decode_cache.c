@@ -1,4 +1,4 @@
-/* Decode tile kernels for caches of f16, int8 or fp8 e4m3 elements in portable C: the
+/* Decode tile kernels for caches of f16, bf16, int8 or fp8 e4m3 elements in portable C: the
  * ISAs without decode_cache_avx512.c's kernels take these, as do strided rows and tiles
  * that need the guarded product (decode_kernels.h, fa_decode_cache_tile). A row is
  * converted once into f32 (codes exactly; the scale applies to the row's dot product, or
@@ -7,11 +7,11 @@
 
 #include "../internal.h"
 
-/* Row j of a tile (d elements, col apart) as f32 codes (f16: the value). */
+/* Row j of a tile (d elements, col apart) as f32 codes (f16, bf16: the value). */
 static void row_f32(fa_dtype t, const void *base, int64_t j, int64_t stride, int64_t col, int d, float *restrict x) {
-    if (t == FA_F16) {
+    if (t == FA_F16 || t == FA_BF16) {
         const uint16_t *r = (const uint16_t *)base + j * stride;
-        for (int c = 0; c < d; c++) x[c] = fa_f16_to_f32(r[c * col]);
+        for (int c = 0; c < d; c++) x[c] = t == FA_F16 ? fa_f16_to_f32(r[c * col]) : fa_bf16_to_f32(r[c * col]);
     } else {
         const uint8_t *r = (const uint8_t *)base + j * stride;
         for (int c = 0; c < d; c++) x[c] = fa_code_to_f32(t, r, c * col);

@@ -1,13 +1,15 @@
-/* Decode tile kernels for caches of f16, int8 or fp8 e4m3 elements with AVX-512F (and F16C's
- * vcvtph2ps, part of AVX-512F): each row is read in place, 16 elements at a time, and
- * converted in registers (f16: vcvtph2ps; int8: sign extension and vcvtdq2ps; fp8: its
- * bits moved into an f16's, 32 codes at once at 512 bits, which is exact for every e4m3
- * value at 2^-8 of it, then vcvtph2ps), so a cache byte is read once and no packed copy is
- * written. The math is f32
+/* Decode tile kernels for caches of f16, bf16, int8 or fp8 e4m3 elements with AVX-512F (and
+ * F16C's vcvtph2ps, part of AVX-512F): each row is read in place, 16 elements at a time, and
+ * converted in registers (f16: vcvtph2ps; bf16: its bits moved up 16; int8: sign extension
+ * and vcvtdq2ps; fp8: its bits moved into an f16's, 32 codes at once at 512 bits, which is
+ * exact for every e4m3 value at 2^-8 of it, then vcvtph2ps), so a cache byte is read once
+ * and no packed copy is written. The math is f32
  * (fused multiply-adds): the scores of a block of 4 rows x 4 keys in 16 accumulators,
  * reduced together into one vector (lane 4 r + j), then the key's scale; p V over 4 rows x
  * 64 columns in 16 accumulators, with p times the value row's scale broadcast.
- * decode.c calls these for rows with contiguous elements. The conversions live in
+ * decode.c calls these for rows with contiguous elements; bf16 caches come here only on the
+ * tables without decode_avx512bf16.c's step (the avx512 table: CPUs whose vdpbf16ps runs
+ * fewer products a cycle than f32 multiply-adds, dispatch.c). The conversions live in
  * decode_cache_avx512.h; the amx table's int8 step is decode_cache_amx.c's. */
 #include "decode_cache_avx512.h"
 #include "decode_group.h"
@@ -18,14 +20,15 @@
 #include <string.h>
 
 /* Lines of the next tile prefetched per block of 4 keys in the scores and per key and 64
- * columns in p V (decode_avx512bf16.c's scheme). f16: at half bf16's rate. int8 and fp8
+ * columns in p V (decode_avx512bf16.c's scheme). f16 (and bf16, 2 bytes alike): at half
+ * decode_avx512bf16.c's rate. int8 and fp8
  * (tiles of 128 keys, 4096 lines with Hk = 8, D = 128): 3 and 2 issue 608 lines per head,
  * all of the next tile by the 7th of 8 heads, so that its touch finds it in cache; 2 and
  * 1 (320 lines) left 38% of it to the touch, which does not overlap the arithmetic.
  * Measured (1 thread, 32K tokens, cpu seconds, medians of 8-10 alternating runs on a
  * loaded machine): fp8 0.89x the time of 2 and 1, int8 0.96x; 4 and 2 no better. */
-#define PF_QK(t) ((t) == FA_F16 ? 2 : 3)
-#define PF_PV(t) ((t) == FA_F16 ? 1 : 2)
+#define PF_QK(t) ((t) == FA_F16 || (t) == FA_BF16 ? 2 : 3)
+#define PF_PV(t) ((t) == FA_F16 || (t) == FA_BF16 ? 1 : 2)
 /* The ISA table's multiple of them (isa.h prefetch_x) for f16 and int8; fp8, bound by its
  * arithmetic rather than by the reads, keeps its own: twice the lines made its step 3%
  * slower on the amx table's cores, where f16 read 5% faster (bench/RESULTS.md). */
@@ -224,18 +227,21 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
 void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                                  float *acc, int ldacc) {
     if (t->t == FA_F16) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_F16);
+    else if (t->t == FA_BF16) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_BF16);
     else if (t->t == FA_INT8) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_INT8);
     else step_all(t, scale, pd, mx, sum, acc, ldacc, FA_FP8_E4M3);
 }
 
 void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds) {
     if (t->t == FA_F16) qk_all(t, s, lds, FA_F16);
+    else if (t->t == FA_BF16) qk_all(t, s, lds, FA_BF16);
     else if (t->t == FA_INT8) qk_all(t, s, lds, FA_INT8);
     else qk_all(t, s, lds, FA_FP8_E4M3);
 }
 
 void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo) {
     if (t->t == FA_F16) pv_all(t, p, ldp, o, ldo, FA_F16);
+    else if (t->t == FA_BF16) pv_all(t, p, ldp, o, ldo, FA_BF16);
     else if (t->t == FA_INT8) pv_all(t, p, ldp, o, ldo, FA_INT8);
     else pv_all(t, p, ldp, o, ldo, FA_FP8_E4M3);
 }

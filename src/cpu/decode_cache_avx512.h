@@ -12,11 +12,15 @@
 #define INLINE static inline __attribute__((always_inline))
 /* The kernels are instantiated once per element type (the type a constant: no branch or
  * size lookup in the loops). */
-/* 16 elements (mask: the live ones) of row x as f32: the value (f16), the code (int8), or
- * 2^-8 of it (fp8: unit() undoes it in the scale). */
-INLINE const void *at(fa_dtype t, const void *base, int64_t i) { return (const char *)base + i * (t == FA_F16 ? 2 : 1); }
+/* 16 elements (mask: the live ones) of row x as f32: the value (f16, bf16: its bits moved
+ * up 16), the code (int8), or 2^-8 of it (fp8: unit() undoes it in the scale). */
+INLINE const void *at(fa_dtype t, const void *base, int64_t i) {
+    return (const char *)base + i * (t == FA_F16 || t == FA_BF16 ? 2 : 1);
+}
 INLINE __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
     if (t == FA_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, x));
+    if (t == FA_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x)), 16));
     const __m128i b = _mm_maskz_loadu_epi8(mask, x);
     if (t == FA_INT8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
     const __m256i w = _mm256_cvtepu8_epi16(b);

@@ -1,11 +1,12 @@
 /* Choosing the CPU microkernels: one table of every ISA compiled in, best first, checked
- * against this CPU at run time. FA_ISA=<name> forces one; FA_ISA_VERBOSE=1 logs the
- * choice on stderr.
+ * against this CPU at run time (avx512bf16 passed over where its products are the slower:
+ * slow_dpbf16). FA_ISA=<name> forces one; FA_ISA_VERBOSE=1 logs the choice on stderr.
  *
  * Adding an ISA: compile its file (isa_<name>.c, defining `const fa_isa fa_isa_<name>`)
  * and define FA_HAVE_ISA_<NAME> for this file; its slot below then joins the table. */
 #include "isa.h"
 
+#include <cpuid.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,26 @@ static const fa_isa *const isa_table[] = {
 static const char *const known_names[] = {"amx", "avx512bf16", "avx512", "avx2", "scalar"};
 #define KNOWN_COUNT (sizeof known_names / sizeof known_names[0])
 
+/* 1 where vdpbf16ps runs fewer products a cycle than f32 multiply-adds, so that the
+ * avx512 table (bf16 widened to f32, then fused multiply-adds) is faster than avx512bf16:
+ * Intel's cores. On an Emerald Rapids core (2 threads, tools/peak_loops.c) vdpbf16ps ran
+ * 86 GFLOP/s a thread against the multiply-adds' 176 (one every 2 cycles against 2 a cycle),
+ * and the avx512 table's bf16 forward and backward took 0.57-0.71 of avx512bf16's time
+ * (bench/RESULTS.md, 2026-12-07, eighteenth session); on Zen 4 vdpbf16ps runs 2x the
+ * multiply-adds' flops. Intel's CPUs with AMX take the amx table before either. */
+static int slow_dpbf16(void) {
+    static atomic_int state; /* 0: not asked yet (cpuid traps to the hypervisor in a VM), 1: yes, 2: no */
+    int s = atomic_load(&state);
+    if (!s) {
+        unsigned a, b, c, d;
+        const int intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
+                          c == 0x6c65746eu; /* "GenuineIntel" */
+        s = intel ? 1 : 2;
+        atomic_store(&state, s);
+    }
+    return s == 1;
+}
+
 /* The last choice logged, so FA_ISA_VERBOSE prints each change once, not once per plan. */
 static _Atomic(const fa_isa *) last_logged;
 
@@ -93,7 +114,7 @@ static void log_choice(const fa_isa *isa, int forced) {
     const char *v = getenv("FA_ISA_VERBOSE");
     if (!v || !*v || strcmp(v, "0") == 0) return;
     if (atomic_exchange(&last_logged, isa) == isa) return;
-    fprintf(stderr, "flashattn: cpu isa %s (%s; compiled in:", isa->name, forced ? "forced by FA_ISA" : "best available");
+    fprintf(stderr, "flashattn: cpu isa %s (%s; compiled in:", isa->name, forced ? "forced by FA_ISA" : "the fastest available");
     for (size_t i = 0; i < ISA_COUNT; i++)
         fprintf(stderr, " %s%s", isa_table[i]->name, isa_table[i]->available() ? "" : "[unavailable]");
     fprintf(stderr, ")\n");
@@ -131,7 +152,7 @@ fa_status fa_isa_select(const fa_isa **out) {
                         want, usable_names(usable, sizeof usable));
     }
     for (size_t i = 0; i < ISA_COUNT; i++) {
-        if (isa_table[i]->available()) {
+        if (isa_table[i]->available() && !(strcmp(isa_table[i]->name, "avx512bf16") == 0 && slow_dpbf16())) {
             *out = isa_table[i];
             log_choice(*out, 0);
             return FA_OK;
