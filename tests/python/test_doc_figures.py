@@ -53,13 +53,17 @@ def test_readme_seed_figures():
     text, seed = _readme_seed()
     p = _plan(**seed)
     f, b = p.forward, p.backward
-    m = re.search(r"cost_estimate \(.*?(\w+) plan\): flops=([\d,]+) transcendentals=([\d,]+) "
+    m = re.search(r"cost_estimate \(.*?(\w+) plan, (\w+) kernels\): flops=([\d,]+) transcendentals=([\d,]+) "
                   r"bytes_accessed=([\d,]+)", text)
     assert m, "README.md: the cost_estimate line is gone or reworded"
     assert m.group(1) == "cpu"
-    got = dict(flops=_num(m.group(2)), transcendentals=_num(m.group(3)), bytes_accessed=_num(m.group(4)))
-    assert got == {n: f[n] for n in got}, f"README.md cost_estimate line: plan says " \
-        f"{', '.join(f'{n}={f[n]:,}' for n in got)}"
+    got = dict(flops=_num(m.group(3)), transcendentals=_num(m.group(4)), bytes_accessed=_num(m.group(5)))
+    # the transcendentals follow the kernel set's tiles (the rescale's exps, one per row and key
+    # block), so they are exact on the kernels the line names and within 1% on the others
+    exact = ["flops", "bytes_accessed"] + (["transcendentals"] if flashattn.cpu_isa() == m.group(2) else [])
+    assert {n: got[n] for n in exact} == {n: f[n] for n in exact}, f"README.md cost_estimate line: plan says " \
+        f"{', '.join(f'{n}={f[n]:,}' for n in got)} on the {flashattn.cpu_isa()} kernels"
+    assert abs(got["transcendentals"] - f["transcendentals"]) <= 0.01 * f["transcendentals"]
     m = re.search(r"useful flops ([\d,]+) forward, ([\d,]+) backward; peak memory ([\d.]+ GiB) forward, "
                   r"([\d.]+ GiB) backward; the naive reference ([\d.]+ GiB)", text)
     assert m, "README.md: the useful-flops line is gone or reworded"
