@@ -53,7 +53,7 @@ typedef struct {
     fa_decode_prefetch *pf; /* or NULL */
 } fa_decode_step;
 
-/* One tile of one kv head over a cache of f16, int8 or fp8 e4m3 elements (decode_cache.c,
+/* One tile of one kv head over a cache of f16, bf16, int8 or fp8 e4m3 elements (decode_cache.c,
  * portable; decode_cache_avx512.c, AVX-512): m query rows of d floats (contiguous) against
  * n key and value rows; the element of key j, column c is
  * code(k[j * kstride + c * kcol]) * kscale[j * sstride] (scale NULL: 1), and likewise v. */

@@ -46,7 +46,8 @@ typedef struct fa_decode_kernels {
     void (*pv)(const float *p, int ldp, int m, const uint16_t *v, int64_t vstride, int n, int cols, float *o, int ldo);
     void (*step)(const fa_decode_step *t);
     /* Optional (NULL: decode_cache.c's portable loops): f16, int8 and fp8 caches with
-     * contiguous rows (decode_kernels.h, fa_decode_cache_tile). */
+     * contiguous rows, and bf16 ones where step above is NULL (decode_kernels.h,
+     * fa_decode_cache_tile). */
     void (*cache_qk)(const fa_decode_cache_tile *t, float *s, int lds);
     void (*cache_pv)(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo);
     void (*cache_step)(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum, float *acc,
