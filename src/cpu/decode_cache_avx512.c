@@ -55,13 +55,25 @@ static inline __m512 sum16(__m512 acc[4][4]) {
 }
 
 
-/* load32 and load16, or (fast: fp8 rows fp8_fast_row passed) fp8_fast16. */
+/* 32 bf16 elements from one 64-byte load as two f32 vectors with no shuffle: lane i of lo
+ * holds element 2 i (its bits moved up 16), of hi element 2 i + 1 (the 32-bit word's upper
+ * half as it is). The step pairs them with q and o's columns in that order (step_all's
+ * q_pairs, pv_block's permutes): 2 instructions per 32 elements instead of 4. */
+INLINE void bf16_pairs32(const void *x, __m512 *lo, __m512 *hi) {
+    const __m512i w = _mm512_loadu_si512(x);
+    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* load32 and load16, or (fast) fp8's fp8_fast16 (rows fp8_fast_row passed) and bf16's
+ * bf16_pairs32 (32 whole elements; load16 takes the rest in order). */
 INLINE void load32_or_fast(fa_dtype ty, const void *x, __m512 *lo, __m512 *hi, int fast) {
-    if (fast) *lo = fp8_fast16(x, 0xffff), *hi = fp8_fast16((const char *)x + 16, 0xffff);
+    if (fast && ty == FA_BF16) bf16_pairs32(x, lo, hi);
+    else if (fast) *lo = fp8_fast16(x, 0xffff), *hi = fp8_fast16((const char *)x + 16, 0xffff);
     else load32(ty, x, lo, hi);
 }
 INLINE __m512 load16_or_fast(fa_dtype ty, const void *x, __mmask16 mask, int fast) {
-    return fast ? fp8_fast16(x, mask) : load16(ty, x, mask);
+    return fast && ty == FA_FP8_E4M3 ? fp8_fast16(x, mask) : load16(ty, x, mask);
 }
 
 /* Scores of rows r0.. (mr <= 4) against keys j0.. (nj <= 4; missing ones repeat the first):
@@ -132,16 +144,30 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
         const int left = cols - 16 * q;
         mk[q] = left >= 16 ? (__mmask16)0xffff : left > 0 ? fa_mask16(left) : 0;
     }
+    /* bf16 (bf16_pairs32): accumulators q = 2 h, 2 h + 1 hold the even and the odd columns
+     * of the 32 at c0 + 32 h */
+    const int pairs = ty == FA_BF16 && try_fast && cols == 64;
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
         for (int q = 0; q < 4; q++)
             acc[r][q] = _mm512_maskz_loadu_ps(r < mr ? mk[q] : 0, o + (int64_t)(r < mr ? r : 0) * ldo + c0 + 16 * q);
+    if (pairs)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512 a = acc[r][2 * h], b = acc[r][2 * h + 1];
+                acc[r][2 * h] = _mm512_permutex2var_ps(a, evens, b);
+                acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, odds, b);
+            }
     for (int j = 0; j < t->n; j++) {
         const void *vr = at(ty, t->v, (int64_t)j * t->vstride + c0);
         __m512 x[4];
-        const int fast = ty == FA_FP8_E4M3 && try_fast && fp8_fast_row(vr, cols);
+        const int fast = ty == FA_BF16 ? pairs : ty == FA_FP8_E4M3 && try_fast && fp8_fast_row(vr, cols);
         if (cols == 64) {
             load32_or_fast(ty, vr, &x[0], &x[1], fast);
             load32_or_fast(ty, at(ty, vr, 32), &x[2], &x[3], fast);
@@ -157,6 +183,18 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
             for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(p, x[q], acc[r][q]);
         }
         prefetch(t->pf, PF_PV(ty), ty);
+    }
+    if (pairs) {
+        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512 e = acc[r][2 * h], d = acc[r][2 * h + 1];
+                acc[r][2 * h] = _mm512_permutex2var_ps(e, lo, d);
+                acc[r][2 * h + 1] = _mm512_permutex2var_ps(e, hi, d);
+            }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
@@ -179,6 +217,26 @@ INLINE void pv_all(const fa_decode_cache_tile *t, const float *p, int ldp, float
     }
 }
 
+/* q's rows r < mr (d floats each, contiguous) into out (rows d apart) for bf16_pairs32's
+ * keys: each whole 32-element slice as its 16 even elements then its 16 odd ones, the rest
+ * as it is. */
+#define PAIRS_MAX_D 512
+INLINE void q_pairs(const float *q, int mr, int d, float *out) {
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int r = 0; r < mr; r++) {
+        const float *x = q + (int64_t)r * d;
+        float *y = out + (int64_t)r * d;
+        int c = 0;
+        for (; c + 32 <= d; c += 32) {
+            const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + c + 16);
+            _mm512_storeu_ps(y + c, _mm512_permutex2var_ps(a, evens, b));
+            _mm512_storeu_ps(y + c + 16, _mm512_permutex2var_ps(a, odds, b));
+        }
+        for (; c < d; c++) y[c] = x[c];
+    }
+}
+
 /* The online-softmax step of dec_row (decode.c) for a tile every row sees whole, 4 rows at
  * a time, in registers: scores (the key's scale applied), the row max (a NaN never wins),
  * base = the new max (0 while it is -inf), alpha = exp(old max - base), p = exp(score -
@@ -192,15 +250,23 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
     float ksc[SCALES_MAX], vsc[SCALES_MAX]; /* padded with 1s: p = 0 for missing keys, 0 * 1 */
     tile_scales(t->kscale, t->sstride, t->n, unit(ty), ksc);
     tile_scales(t->vscale, t->sstride, t->n, unit(ty), vsc);
+    /* bf16 keys in bf16_pairs32's order where q's rows fit qp, q's whole 32-element slices
+     * laid out to match (the even elements, then the odd ones) */
+    const int pairs = ty == FA_BF16 && t->d <= PAIRS_MAX_D;
+    float qp[4 * PAIRS_MAX_D] __attribute__((aligned(64)));
     for (int r0 = 0; r0 < t->m; r0 += 4) {
         const int mr = t->m - r0 < 4 ? t->m - r0 : 4;
+        const float *q = t->q + (int64_t)r0 * t->d;
+        if (pairs) {
+            q_pairs(q, mr, t->d, qp);
+            q = qp;
+        }
         __m512 S[FA_DECODE_MAX_TILE / 4], top = neg_inf;
         for (int b = 0; b < nb; b++) {
             const int nj = t->n - 4 * b < 4 ? t->n - 4 * b : 4;
             int fast = ty == FA_FP8_E4M3; /* the keys' rows all pass fp8_fast_row */
             for (int j = 0; j < nj && fast; j++) fast = fp8_fast_row(at(ty, t->k, (int64_t)(4 * b + j) * t->kstride), t->d);
-            const __m512 x = fast ? qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ksc, ty, 1)
-                                  : qk_block(t, t->q + (int64_t)r0 * t->d, mr, 4 * b, nj, ksc, ty, 0);
+            const __m512 x = fast || pairs ? qk_block(t, q, mr, 4 * b, nj, ksc, ty, 1) : qk_block(t, q, mr, 4 * b, nj, ksc, ty, 0);
             S[b] = _mm512_mul_ps(x, vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */

@@ -98,7 +98,7 @@ static int slow_dpbf16(void) {
     static atomic_int state; /* 0: not asked yet (cpuid traps to the hypervisor in a VM), 1: yes, 2: no */
     int s = atomic_load(&state);
     if (!s) {
-        unsigned a, b, c, d;
+        unsigned a = 0, b = 0, c = 0, d = 0;
         const int intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
                           c == 0x6c65746eu; /* "GenuineIntel" */
         s = intel ? 1 : 2;
