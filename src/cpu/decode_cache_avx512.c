@@ -134,6 +134,19 @@ INLINE void qk_all(const fa_decode_cache_tile *t, float *s, int lds, const fa_dt
     }
 }
 
+/* Each pair of accumulators a = acc[r][2 h], b = acc[r][2 h + 1] as (a, b) picked by i0 and
+ * by i1 (_mm512_permutex2var_ps): pv_block's change of column order for bf16_pairs32. */
+INLINE void permute_pairs(__m512 acc[4][4], __m512i i0, __m512i i1) {
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512 a = acc[r][2 * h], b = acc[r][2 * h + 1];
+            acc[r][2 * h] = _mm512_permutex2var_ps(a, i0, b);
+            acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, i1, b);
+        }
+}
+
 /* o rows r0.. (mr <= 4) += sum_j w[r][j] v_j over columns [c0, c0 + 64) (cols of them);
  * try_fast: fp8 value rows that fp8_fast_row passes take fp8_fast16. */
 INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_MAX_TILE], int mr, int c0, float *o,
@@ -155,15 +168,7 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
 #pragma GCC unroll 4
         for (int q = 0; q < 4; q++)
             acc[r][q] = _mm512_maskz_loadu_ps(r < mr ? mk[q] : 0, o + (int64_t)(r < mr ? r : 0) * ldo + c0 + 16 * q);
-    if (pairs)
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const __m512 a = acc[r][2 * h], b = acc[r][2 * h + 1];
-                acc[r][2 * h] = _mm512_permutex2var_ps(a, evens, b);
-                acc[r][2 * h + 1] = _mm512_permutex2var_ps(a, odds, b);
-            }
+    if (pairs) permute_pairs(acc, evens, odds);
     for (int j = 0; j < t->n; j++) {
         const void *vr = at(ty, t->v, (int64_t)j * t->vstride + c0);
         __m512 x[4];
@@ -184,18 +189,9 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
         }
         prefetch(t->pf, PF_PV(ty), ty);
     }
-    if (pairs) {
-        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-        const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const __m512 e = acc[r][2 * h], d = acc[r][2 * h + 1];
-                acc[r][2 * h] = _mm512_permutex2var_ps(e, lo, d);
-                acc[r][2 * h + 1] = _mm512_permutex2var_ps(e, hi, d);
-            }
-    }
+    if (pairs) /* back into column order: lanes of the evens and the odds interleaved */
+        permute_pairs(acc, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
