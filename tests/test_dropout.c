@@ -83,14 +83,18 @@ static void test_generator(void) {
           "indices past INT64_MAX accepted: %s", fa_last_error());
 }
 
-/* The keep rate over a million elements within 4 sigma of T / 256. */
+/* The keep rate over a million elements within 4 sigma of T / 256, under fixed generator
+ * keys: the check is statistical, and a key drawn from the test's seed made a correct
+ * generator fail it about once in 16,000 draws a rate (a CI run draws it some 16 times, and
+ * one run did fail at 4.02 sigma; over 40 seeds the deviations had mean -0.1 to 0.2 sigma and
+ * spread 1.0-1.1, as a fair generator's). The masks' other tests draw their keys. */
 static void test_rate(void) {
     static const float ps[] = {0.1f, 0.5f, 0.8f};
     const int64_t rows = 1000, cols = 1000;
     uint8_t *m = tu_alloc((size_t)(rows * cols));
     for (int t = 0; t < 3; t++) {
         const double r = fa_dropout_keep_rate(ps[t]), n = (double)(rows * cols), sigma = sqrt(r * (1.0 - r) / n);
-        fa_dropout_keep_mask(ps[t], tu_next(&rng), 7, 1, 2, 0, rows, 5, cols, m);
+        fa_dropout_keep_mask(ps[t], 0x243f6a8885a308d3ull + (uint64_t)t, 7, 1, 2, 0, rows, 5, cols, m);
         int64_t kept = 0;
         for (int64_t x = 0; x < rows * cols; x++) kept += m[x];
         const double got = (double)kept / n;
