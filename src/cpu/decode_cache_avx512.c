@@ -65,6 +65,11 @@ INLINE void bf16_pairs32(const void *x, __m512 *lo, __m512 *hi) {
     *hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
+/* Lane picks for _mm512_permutex2var_ps (a, idx, b): the even and the odd elements of a:b,
+ * the order bf16_pairs32 gives. */
+#define EVENS _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define ODDS _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
+
 /* load32 and load16, or (fast) fp8's fp8_fast16 (rows fp8_fast_row passed) and bf16's
  * bf16_pairs32 (32 whole elements; load16 takes the rest in order). */
 INLINE void load32_or_fast(fa_dtype ty, const void *x, __m512 *lo, __m512 *hi, int fast) {
@@ -160,15 +165,13 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
     /* bf16 (bf16_pairs32): accumulators q = 2 h, 2 h + 1 hold the even and the odd columns
      * of the 32 at c0 + 32 h */
     const int pairs = ty == FA_BF16 && try_fast && cols == 64;
-    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
         for (int q = 0; q < 4; q++)
             acc[r][q] = _mm512_maskz_loadu_ps(r < mr ? mk[q] : 0, o + (int64_t)(r < mr ? r : 0) * ldo + c0 + 16 * q);
-    if (pairs) permute_pairs(acc, evens, odds);
+    if (pairs) permute_pairs(acc, EVENS, ODDS);
     for (int j = 0; j < t->n; j++) {
         const void *vr = at(ty, t->v, (int64_t)j * t->vstride + c0);
         __m512 x[4];
@@ -218,16 +221,14 @@ INLINE void pv_all(const fa_decode_cache_tile *t, const float *p, int ldp, float
  * as it is. */
 #define PAIRS_MAX_D 512
 INLINE void q_pairs(const float *q, int mr, int d, float *out) {
-    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     for (int r = 0; r < mr; r++) {
         const float *x = q + (int64_t)r * d;
         float *y = out + (int64_t)r * d;
         int c = 0;
         for (; c + 32 <= d; c += 32) {
             const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + c + 16);
-            _mm512_storeu_ps(y + c, _mm512_permutex2var_ps(a, evens, b));
-            _mm512_storeu_ps(y + c + 16, _mm512_permutex2var_ps(a, odds, b));
+            _mm512_storeu_ps(y + c, _mm512_permutex2var_ps(a, EVENS, b));
+            _mm512_storeu_ps(y + c + 16, _mm512_permutex2var_ps(a, ODDS, b));
         }
         for (; c < d; c++) y[c] = x[c];
     }

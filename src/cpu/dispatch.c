@@ -6,7 +6,6 @@
  * and define FA_HAVE_ISA_<NAME> for this file; its slot below then joins the table. */
 #include "isa.h"
 
-#include <cpuid.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,21 +90,10 @@ static const char *const known_names[] = {"amx", "avx512bf16", "avx512", "avx2",
  * avx512 table (bf16 widened to f32, then fused multiply-adds) is faster than avx512bf16:
  * Intel's cores. On an Emerald Rapids core (2 threads, tools/peak_loops.c) vdpbf16ps ran
  * 86 GFLOP/s a thread against the multiply-adds' 176 (one every 2 cycles against 2 a cycle),
- * and the avx512 table's bf16 forward and backward took 0.57-0.71 of avx512bf16's time
+ * and the avx512 table's bf16 forward and backward took 0.57-0.73 of avx512bf16's time
  * (bench/RESULTS.md, 2026-12-07, eighteenth session); on Zen 4 vdpbf16ps runs 2x the
  * multiply-adds' flops. Intel's CPUs with AMX take the amx table before either. */
-static int slow_dpbf16(void) {
-    static atomic_int state; /* 0: not asked yet (cpuid traps to the hypervisor in a VM), 1: yes, 2: no */
-    int s = atomic_load(&state);
-    if (!s) {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        const int intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
-                          c == 0x6c65746eu; /* "GenuineIntel" */
-        s = intel ? 1 : 2;
-        atomic_store(&state, s);
-    }
-    return s == 1;
-}
+static int slow_dpbf16(void) { return __builtin_cpu_is("intel"); }
 
 /* The last choice logged, so FA_ISA_VERBOSE prints each change once, not once per plan. */
 static _Atomic(const fa_isa *) last_logged;
