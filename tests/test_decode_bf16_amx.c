@@ -89,7 +89,7 @@ static void compare(const char *what, const tile_case *a, const tile_case *b) {
     static double o[MAXM * MAXD], lse[MAXM], serr[MAXM];
     reference(tiles, nt, scale, o, lse, serr);
     static char lines[1 << 16];
-    fa_decode_prefetch pf = {(const char *)lines, NULL, 0, sizeof lines, 0, 3};
+    fa_decode_prefetch pf = {(const char *)lines, NULL, 0, sizeof lines, 0, 3, 0};
     state amx, vec;
     fresh(&amx), fresh(&vec);
     for (int x = 0; x < nt; x++) {

@@ -11,9 +11,10 @@
  * of the next tile, a few lines per block of keys (a burst of prefetches, bounded by the
  * core's outstanding misses, measured slower than the touch), and its touch finds those
  * lines in cache. Where the ISA table says so (isa.h, touch_rest: the amx table, whose
- * steps prefetch the whole next tile), the touch reads only the lines of a tile that the
- * previous tile's prefetches did not reach: on those cores reading the rest again cost more
- * than it saved (bench/RESULTS.md). The tile math is the ISA table's pack and product
+ * steps prefetch the whole next tile, and the avx512 table, whose steps prefetch a line of
+ * it per line they read: prefetch_per_line), the touch reads only the lines of a tile that
+ * the previous tile's prefetches did not reach: on those cores reading the rest again cost
+ * more than it saved (bench/RESULTS.md). The tile math is the ISA table's pack and product
  * kernels, or for bf16 caches with AVX512_BF16 kernels that read the rows in place
  * (decode_avx512bf16.c), the whole online-softmax step in one of them where no mask cuts
  * the tile; f16, int8 and fp8 caches (and bf16 ones on tables without that step) take
@@ -109,6 +110,7 @@ typedef struct {
     int conv;               /* dec_conv: f16 / int8 / fp8 tiles, q staged as f32 */
     int prefetch_x;         /* the ISA table's multiple of its steps' prefetches (isa.h), >= 1 */
     int touch_rest;         /* the touch reads only what the last tile's prefetches left (isa.h) */
+    int per_line;           /* the steps prefetch a line of the next tile per line read (isa.h) */
 } dec_ctx;
 
 /* Where cache row t of sequence b, kv head hk starts (paged or not). */
@@ -175,7 +177,7 @@ static void dec_touch(const dec_ctx *cx, int64_t b, int64_t r0, int64_t r1) {
     }
     const int64_t bytes = (r1 - r0) * p->k_stride.s[2] * (int64_t)cx->csz; /* K's and V's alike: rows_whole */
     const fa_decode_prefetch whole = {dec_cache_row(cx, cx->a->k, &p->k_stride, b, 0, r0).base,
-                                      dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, r0).base, 0, bytes, bytes, 1};
+                                      dec_cache_row(cx, cx->a->v, &p->v_stride, b, 0, r0).base, 0, bytes, bytes, 1, 0};
     dec_touch_rest(&whole);
 }
 
@@ -283,7 +285,7 @@ static void dec_item(const dec_ctx *cx, char *scratch, int64_t b, int64_t k0, in
         for (int64_t i = 0; plain && i < Sq; i++) plain = fa_score_plain(&sc, i, j0, n);
         /* the next tile's rows, prefetched while this one computes (its touch then finds most of
          * them in cache): the arithmetic and the memory overlap */
-        fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0, cx->prefetch_x}, *pfp = NULL;
+        fa_decode_prefetch pf = {NULL, NULL, 0, 0, 0, cx->prefetch_x, cx->per_line}, *pfp = NULL;
         const int64_t pb = t < k1 / T ? b : nb, pj = t < k1 / T ? j0 + T : nk0 / T * T; /* the next tile */
         const int64_t psk = pb < 0 ? 0 : pb == b ? sk : fa_decode_keys(cx->pl, pb);
         if (touch && cx->rows_whole && pj < psk) { /* rows_whole: K and V rows alike, tiles within pages */
@@ -415,7 +417,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     }
 
     dec_ctx cx = {pl, p, dec_isa(pl), a, fa_dtype_size(p->dtype), dec_rows(p), fa_decode_tile(p),
-                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0, 1, 0};
+                  p->heads_q / p->heads_kv, 0, 0, NULL, NULL, NULL, FA_F32, 0, 0, 1, 0, 0};
     fa_counts prefix_counts = {0, 0};
     if (p->shared_prefix_len) { /* before the appends: it fails before anything is written */
         cx.prefix = (float *)(ws + need - fa_cascade_workspace_bytes(pl)); /* the workspace's last part */
@@ -435,6 +437,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
     cx.conv = dec_conv(pl);
     cx.prefetch_x = cx.isa->decode && cx.isa->decode->prefetch_x > 1 ? cx.isa->decode->prefetch_x : 1;
     cx.touch_rest = cx.isa->decode && cx.isa->decode->touch_rest;
+    cx.per_line = cx.isa->decode && cx.isa->decode->prefetch_per_line;
     if (p->has_new_kv) {
         dec_append(&cx, (void *)a->k, &p->k_stride, a->k_scale, a->k_new, p->head_dim);
         dec_append(&cx, (void *)a->v, &p->v_stride, a->v_scale, a->v_new, p->head_dim_v);
@@ -472,7 +475,7 @@ fa_status fa_cpu_decode_forward(const struct fa_plan *pl, const fa_forward_args 
         void *ws = dec_ws(pl, mine);
         if (ws) memset(ws, 0, FA_DECODE_CACHE_WS_BYTES); /* the cache step's entries start empty */
         fa_counts cnt = {0, 0};
-        fa_decode_prefetch carry = {NULL, NULL, 0, 0, 0, 1}; /* dec_item's: none yet */
+        fa_decode_prefetch carry = {NULL, NULL, 0, 0, 0, 1, 0}; /* dec_item's: none yet */
         /* items claimed one ahead from a shared counter (a dynamic schedule that knows its next
          * item): each item's last tile prefetches the next one's first */
         int64_t it, nx;

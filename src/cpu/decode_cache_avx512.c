@@ -36,6 +36,15 @@ INLINE void prefetch(fa_decode_prefetch *pf, int lines, const fa_dtype ty) {
     if (ty == FA_FP8_E4M3) fa_decode_prefetch_lines(pf, lines);
     else fa_decode_prefetch_scaled(pf, lines);
 }
+/* Where the table says so (isa.h, prefetch_per_line), a line of the next tile for each line
+ * of this one read instead: `bytes` read since the last call, in lines (a block of scores
+ * reads 4 keys' rows, a key's p V its 64 columns), so that the next tile is all asked for by
+ * the end of the last head's step and the requests keep pace with the reads. */
+INLINE int64_t elem_bytes(fa_dtype t) { return t == FA_F16 || t == FA_BF16 ? 2 : 1; }
+INLINE void prefetch_read(fa_decode_prefetch *pf, int lines, int64_t bytes, const fa_dtype ty) {
+    if (pf && pf->per_line) fa_decode_prefetch_lines(pf, (int)((bytes + 63) / 64));
+    else prefetch(pf, lines, ty);
+}
 
 /* Lane 4 g + j: the sum of lanes 4 g .. 4 g + 3 of a_j, within each 128-bit lane. */
 static inline __m512 pair_sum(__m512 a, __m512 b) {
@@ -190,7 +199,7 @@ INLINE void pv_block(const fa_decode_cache_tile *t, const float (*w)[FA_DECODE_M
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) acc[r][q] = _mm512_fmadd_ps(p, x[q], acc[r][q]);
         }
-        prefetch(t->pf, PF_PV(ty), ty);
+        prefetch_read(t->pf, PF_PV(ty), (int64_t)cols * elem_bytes(ty), ty);
     }
     if (pairs) /* back into column order: lanes of the evens and the odds interleaved */
         permute_pairs(acc, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
@@ -267,7 +276,7 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
             S[b] = _mm512_mul_ps(x, vscale);
             if (b == nb - 1) S[b] = _mm512_mask_blend_ps(keys_live[t->n % 4], neg_inf, S[b]);
             top = _mm512_max_ps(S[b], top); /* the second operand when either is NaN */
-            prefetch(t->pf, PF_QK(ty), ty);
+            prefetch_read(t->pf, PF_QK(ty), (int64_t)nj * t->d * elem_bytes(ty), ty);
         }
         float alpha[4];
         const __m512 vbase = fa_group_bases(top, mx + r0, mr, alpha);

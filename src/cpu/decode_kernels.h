@@ -23,6 +23,7 @@ typedef struct {
     const char *base, *base2;
     int64_t off, len, len2;
     int x; /* the ISA table's prefetch_x (isa.h), >= 1: fa_decode_prefetch_scaled's multiple */
+    int per_line; /* the ISA table's prefetch_per_line (isa.h): the counts follow the lines read */
 } fa_decode_prefetch;
 
 /* Issues the next `lines` 64-byte lines of pf (none if pf is NULL or spent), to the outer

@@ -69,6 +69,12 @@ typedef struct fa_decode_kernels {
      * or 94% of it (f16), and on its cores the second read cost more than it saved
      * (bench/RESULTS.md, 2026-12-05 late). */
     int touch_rest;
+    /* Nonzero: the cache steps (decode_cache_avx512.c) prefetch one line of the next tile for
+     * each line of this tile they read, instead of the counts above (their prefetch_x is
+     * then 1): all of the next tile by the end of the last head's step, spread as evenly as
+     * the reads. The avx512 table's (Intel cores without AMX): with touch_rest, 0.82-0.90 of
+     * the time of the counts above (bench/RESULTS.md, 2026-12-07 nineteenth session). */
+    int prefetch_per_line;
 } fa_decode_kernels;
 extern const fa_decode_kernels fa_decode_bf16_kernels; /* isa_avx512bf16.c */
 extern const fa_decode_kernels fa_decode_avx512_kernels; /* isa_avx512.c: the cache kernels alone */

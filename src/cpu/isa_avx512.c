@@ -160,9 +160,16 @@ void fa_avx512_scale_row(float *x, int n, float a) {
     }
 }
 
-/* The cache decode kernels of decode_cache_avx512.c (bf16 caches take the packing path here). */
-const fa_decode_kernels fa_decode_avx512_kernels = {NULL, NULL, NULL, fa_decode_cache_qk_avx512,
-                                                    fa_decode_cache_pv_avx512, fa_decode_cache_step_avx512, 0, 1, 0};
+/* The cache decode kernels of decode_cache_avx512.c, for every cache type here (bf16 too:
+ * this table has no AVX512_BF16 step). The table runs on Intel's cores (dispatch.c), where
+ * the steps prefetch the next tile line for line and the driver's touch reads only what
+ * they left (isa.h, prefetch_per_line and touch_rest). */
+const fa_decode_kernels fa_decode_avx512_kernels = {.cache_qk = fa_decode_cache_qk_avx512,
+                                                    .cache_pv = fa_decode_cache_pv_avx512,
+                                                    .cache_step = fa_decode_cache_step_avx512,
+                                                    .prefetch_x = 1,
+                                                    .touch_rest = 1,
+                                                    .prefetch_per_line = 1};
 
 const fa_isa fa_isa_avx512 = {.name = "avx512", FA_ISA_KERNELS(avx512), .bt_prefix = 1,
                                .packed_bytes = fa_avx512_packed_bytes,

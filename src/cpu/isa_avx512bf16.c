@@ -189,7 +189,7 @@ float fa_bf16_exp_pairs(float *x, int n, float scale, float base) {
 /* The decode kernels of decode_avx512bf16.c, for the tables whose CPUs run them. */
 const fa_decode_kernels fa_decode_bf16_kernels = {fa_decode_qk_bf16, fa_decode_pv_bf16, fa_decode_step_bf16,
                                                    fa_decode_cache_qk_avx512, fa_decode_cache_pv_avx512,
-                                                   fa_decode_cache_step_avx512, 0, 1, 0};
+                                                   fa_decode_cache_step_avx512, 0, 1, 0, 0};
 
 const fa_isa fa_isa_avx512bf16 = {.name = "avx512bf16", FA_ISA_KERNELS(bf16), .packed_bytes = bf16_packed_bytes,
                                    .bt_prefix = 1, .b_prefix = 1, .gemm_abt_rows = bf16_gemm_abt_rows,
