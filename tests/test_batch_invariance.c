@@ -164,7 +164,7 @@ int main(void) {
     decode_invariance(FA_BF16, FA_BF16, 1, 0);
     decode_invariance(FA_F32, FA_F32, 0, 32);
     decode_invariance(FA_F16, FA_F16, 1, 64);
-    decode_invariance(FA_BF16, FA_FP8_E4M3, 1, 0); /* amx: the f16-arithmetic step */
+    decode_invariance(FA_BF16, FA_FP8_E4M3, 1, 0); /* AVX512_FP16 CPUs: the f16-arithmetic step */
     decode_invariance(FA_BF16, FA_INT8, 0, 32);    /* amx: the tile unit's step */
     decode_invariance(FA_F16, FA_FP8_E4M3, 1, 64);
     packed_invariance(FA_F32, 0);

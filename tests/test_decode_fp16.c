@@ -1,5 +1,5 @@
-/* Tests an internal on purpose: the amx table's fp8 decode step in f16 arithmetic
- * (cpu/decode_cache_fp16.c) against the f32 step it replaces (cpu/decode_cache_avx512.c),
+/* Tests an internal on purpose: the fp8 decode step in f16 arithmetic (cpu/decode_cache_fp16.c)
+ * against the f32 step it replaces (cpu/decode_cache_avx512.c's fa_decode_cache_step_f32_avx512),
  * tile by tile, on random tiles of every head dim it takes (multiples of 32 up to 256), 1 to
  * 128 keys, 1 to 13 query rows, codes of every kind (subnormals, zeros, -0, the largest)
  * and q, key and value scales from 1e-30 to 1e30:
@@ -7,8 +7,10 @@
  *   o within what that bound moves the weights by, plus p V's 2^-6.8 of the largest |v|;
  * and the tiles it must leave to the f32 step, with the state untouched: a NaN code in a key
  * or a value row, a non-finite q element, head dims it does not take, a problem that is not
- * bf16, a value scale of 2^118 or more (2^126 with fp8's 2^8). Exits 77 (skipped) where the amx table is not in use or
- * the CPU lacks AVX512_FP16 and GFNI (the step declines every tile there). */
+ * bf16, a value scale of 2^118 or more (2^126 with fp8's 2^8); and that the AVX-512 tables'
+ * step (fa_decode_cache_step_avx512) gives the f16 step's bits where it runs and the f32
+ * step's where it declines. Exits 77 (skipped) where the CPU lacks AVX512_FP16 and GFNI (the
+ * step declines every tile there) or AVX-512 (no AVX-512 table to call). */
 #include "cpu/decode_kernels.h"
 #include "check.h"
 #include "quant_ref.h"
@@ -95,7 +97,7 @@ static void compare(const char *what, const tile_case *a, const tile_case *b) {
     int ran = 1;
     for (int x = 0; x < (b ? 2 : 1); x++) {
         const fa_decode_cache_tile v = view(tiles[x]);
-        fa_decode_cache_step_avx512(&v, scale, FA_BF16, f32.mx, f32.sum, f32.acc, dv);
+        fa_decode_cache_step_f32_avx512(&v, scale, FA_BF16, f32.mx, f32.sum, f32.acc, dv);
         ran &= fa_decode_cache_step_fp16(&v, scale, FA_BF16, f16.mx, f16.sum, f16.acc, dv);
     }
     CHECK(ran, "%s: the f16 step declined a tile it takes", what);
@@ -126,22 +128,43 @@ static void compare(const char *what, const tile_case *a, const tile_case *b) {
     worst_share = fmax(worst_share, worst);
 }
 
-/* A tile the f16 step must leave alone: it returns 0 and changes nothing. */
+/* A state as an earlier tile leaves it. */
+static void earlier(state *s, int m, int dv) {
+    memset(s, 0, sizeof *s); /* compared whole, unused rows too */
+    fresh(s, m, dv);
+    for (int r = 0; r < m; r++) s->mx[r] = (float)r, s->sum[r] = 1.5f;
+    for (int i = 0; i < m * dv; i++) s->acc[i] = (float)(i % 7) - 3.0f;
+}
+
+/* The tables' step on tile t gives the bits of the step it should take: the f16 one (f16 1)
+ * or the f32 one. */
+static void routed(const char *what, const tile_case *t, fa_dtype pd, int f16) {
+    state table, want;
+    earlier(&table, t->m, t->dv), earlier(&want, t->m, t->dv);
+    const fa_decode_cache_tile v = view(t);
+    fa_decode_cache_step_avx512(&v, 0.1f, pd, table.mx, table.sum, table.acc, t->dv);
+    if (f16) fa_decode_cache_step_fp16(&v, 0.1f, pd, want.mx, want.sum, want.acc, t->dv);
+    else fa_decode_cache_step_f32_avx512(&v, 0.1f, pd, want.mx, want.sum, want.acc, t->dv);
+    CHECK(!memcmp(&table, &want, sizeof table), "%s: the tables' step does not give the %s step's bits", what,
+          f16 ? "f16" : "f32");
+}
+
+/* A tile the f16 step must leave alone: it returns 0 and changes nothing, and the tables'
+ * step gives the f32 step's bits for it. */
 static void declined(const char *what, const tile_case *t, fa_dtype pd) {
     state s;
-    fresh(&s, t->m, t->dv);
-    for (int r = 0; r < t->m; r++) s.mx[r] = (float)r, s.sum[r] = 1.5f; /* a state from an earlier tile */
-    for (int i = 0; i < t->m * t->dv; i++) s.acc[i] = (float)(i % 7) - 3.0f;
+    earlier(&s, t->m, t->dv);
     state before = s;
     const fa_decode_cache_tile v = view(t);
     const int ran = fa_decode_cache_step_fp16(&v, 0.1f, pd, s.mx, s.sum, s.acc, t->dv);
     CHECK(!ran && !memcmp(&s, &before, sizeof s), "%s: ran %d, state unchanged %d", what, ran, !memcmp(&s, &before, sizeof s));
+    routed(what, t, pd, 0);
 }
 
 int main(void) {
     rng = check_seed("test_decode_fp16");
-    if (strcmp(fa_cpu_isa(), "amx")) {
-        printf("test_decode_fp16: skipped (isa %s: the f16 step is the amx table's)\n", fa_cpu_isa());
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) {
+        printf("test_decode_fp16: skipped (this CPU lacks AVX-512: no table calls the step)\n");
         return 77;
     }
     static tile_case a, b;
@@ -166,6 +189,7 @@ int main(void) {
             char what[120];
             snprintf(what, sizeof what, "d=%d dv=%d m=%d n=%d |q| %g kscale %g vscale %g", d, dv, m, n, g[0], g[1], g[2]);
             compare(what, &a, NULL);
+            routed(what, &a, FA_BF16, 1);
             if (k == 0) { /* a second tile from the first's state */
                 make(&b, m, d, dv, (int)tu_int(&rng, 1, MAXN), g[0] * 3, g[1], g[2] * 0.25);
                 snprintf(what, sizeof what, "two tiles, d=%d dv=%d m=%d", d, dv, m);

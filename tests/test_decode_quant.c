@@ -340,13 +340,14 @@ static void nonfinite_q(void) {
     }
 }
 
-/* Whether this run's fp8 tiles of bf16 problems take the f16-arithmetic step (the amx table
- * on a CPU with AVX512_FP16 and GFNI: docs/caches.md, "How a tile computes"). */
+/* Whether this run's fp8 tiles of bf16 problems take the f16-arithmetic step (an AVX-512
+ * table on a CPU with AVX512_FP16 and GFNI: docs/caches.md, "How a tile computes"). */
 static int f16_arithmetic(void) {
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
-    return !strcmp(fa_cpu_isa(), "amx") && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)) &&
-           (c & (1u << 8));
+    const char *isa = fa_cpu_isa();
+    return (!strcmp(isa, "amx") || !strcmp(isa, "avx512bf16") || !strcmp(isa, "avx512")) &&
+           __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)) && (c & (1u << 8));
 #else
     return 0;
 #endif

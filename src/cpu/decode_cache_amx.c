@@ -1,8 +1,8 @@
 /* The decode step over int8 caches in the AMX tile unit, with integer products (the amx
- * table's cache_step where the CPU has AMX-INT8 and AVX512_VBMI; fp8 caches of bf16 problems take
- * decode_cache_fp16.c's f16 step where the CPU has AVX512_FP16 and GFNI; f16 and other fp8
- * caches, head dims past 128 and a q with a non-finite element take decode_cache_avx512.c's
- * f32 step). There, four f32 multiply-adds per cache element (four query rows share a kv
+ * table's cache_step where the CPU has AMX-INT8 and AVX512_VBMI; the rest takes
+ * decode_cache_avx512.c's step: fp8 caches of bf16 problems in decode_cache_fp16.c's f16
+ * arithmetic where the CPU has AVX512_FP16 and GFNI; f16 and other fp8 caches, head dims
+ * past 128 and a q with a non-finite element in f32). There, four f32 multiply-adds per cache element (four query rows share a kv
  * head) and the codes' conversions keep the vector ports busier than the memory is; here the
  * codes are read by the tile unit as they lie in the cache, as int8, and the ports do little.
  *
@@ -467,6 +467,5 @@ void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dty
         }
     }
     /* fp8 of bf16 problems in f16 arithmetic where the CPU has it; the rest in f32 */
-    if (!fa_decode_cache_step_fp16(t, scale, pd, mx, sum, acc, ldacc))
-        fa_decode_cache_step_avx512(t, scale, pd, mx, sum, acc, ldacc);
+    fa_decode_cache_step_avx512(t, scale, pd, mx, sum, acc, ldacc);
 }

@@ -296,12 +296,18 @@ INLINE void step_all(const fa_decode_cache_tile *t, float scale, fa_dtype pd, fl
     }
 }
 
-void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
-                                 float *acc, int ldacc) {
+void fa_decode_cache_step_f32_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                                     float *acc, int ldacc) {
     if (t->t == FA_F16) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_F16);
     else if (t->t == FA_BF16) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_BF16);
     else if (t->t == FA_INT8) step_all(t, scale, pd, mx, sum, acc, ldacc, FA_INT8);
     else step_all(t, scale, pd, mx, sum, acc, ldacc, FA_FP8_E4M3);
+}
+
+void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                                 float *acc, int ldacc) {
+    if (t->t != FA_FP8_E4M3 || !fa_decode_cache_step_fp16(t, scale, pd, mx, sum, acc, ldacc))
+        fa_decode_cache_step_f32_avx512(t, scale, pd, mx, sum, acc, ldacc);
 }
 
 void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds) {

@@ -84,15 +84,19 @@ void fa_decode_cache_qk_avx512(const fa_decode_cache_tile *t, float *s, int lds)
 void fa_decode_cache_pv_avx512(const fa_decode_cache_tile *t, const float *p, int ldp, float *o, int ldo);
 /* A whole online-softmax step where the scores are the scaled products and every key is
  * visible to every row (as fa_decode_step_bf16): running max mx, sum and accumulators acc
- * (ldacc apart) of the m rows; p rounded to pd (the problem's dtype) before p V. */
+ * (ldacc apart) of the m rows; p rounded to pd (the problem's dtype) before p V. The tables'
+ * step: fp8 caches take fa_decode_cache_step_fp16 below where it runs, the rest the f32 step. */
 void fa_decode_cache_step_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                                  float *acc, int ldacc);
+/* The same step in f32 for every cache type (decode_cache_avx512.c's vector loops). */
+void fa_decode_cache_step_f32_avx512(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
+                                     float *acc, int ldacc);
 /* The same step with integer products in the AMX tile unit (decode_cache_amx.c): int8 caches
  * with head dims up to 128 on CPUs with AMX-INT8; others take the AVX-512 step. */
 void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                               float *acc, int ldacc);
 /* The same step for fp8 caches and bf16 problems in f16 arithmetic (decode_cache_fp16.c) on
- * CPUs with AVX512_FP16: 1 where it ran, 0 where it declined (nothing changed then: another
+ * CPUs with AVX512_FP16 and GFNI, whatever the ISA table: 1 where it ran, 0 where it declined (nothing changed then: another
  * CPU, other head dims, a non-finite q element or scale, a NaN code). */
 int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                               float *acc, int ldacc);
