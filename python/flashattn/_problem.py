@@ -153,9 +153,11 @@ def _index(name, v):
         raise ValueError(f"{name} must be an integer, got {v!r}")
     try:
         return int(v.__index__())
-    except TypeError:  # a traced JAX value: its value is not known when the call is built
-        raise ValueError(f"{name} must be an integer known when the call is built (a static value), "
-                         f"got {type(v).__name__}") from None
+    except TypeError:
+        if any(c.__name__ == "Tracer" for c in type(v).__mro__):  # a traced JAX value, unknown when the call is built
+            raise ValueError(f"{name} must be an integer known when the call is built (a static value), "
+                             f"got {type(v).__name__}") from None
+        raise ValueError(f"{name} must be an integer, got {v!r}") from None  # np.array(4.9): numpy's float
 
 
 def _int(name, v, bits=64):

@@ -105,6 +105,7 @@ def test_one_integer_of_another_kind_is_refused(rng, n, message):
 @pytest.mark.parametrize("value, message", [(4.9, "must be an integer, got 4.9"), ("7", "must be an integer"),
                                             (True, "must be an integer, got True"),
                                             (np.float64(7.0), "must be an integer"),
+                                            (np.array(4.9), r"must be an integer, got array\(4\.9\)"),
                                             (2**70, "does not fit a 64-bit signed integer"),
                                             (3, "max_seqlen_q = 3 but a sequence has 4 rows"),
                                             (7, None), (np.int64(4), None), (np.array(4, np.int32), None)])
@@ -126,3 +127,27 @@ def test_max_seqlen_one_rule(rng, front, value, message):
     else:
         with pytest.raises(ValueError, match=f"max_seqlen_q.*{message}" if "max_seqlen" not in message else message):
             call(value)
+
+
+# under jax.jit with traced cu_seqlens there are no lengths to compare a bound with, but a
+# static max_seqlen still follows the integer rule (4.9 was taken silently); a traced one is
+# not read (as torch.compile's)
+@pytest.mark.parametrize("value, message", [(4.9, "must be an integer, got 4.9"), ("7", "must be an integer"),
+                                            (np.array(4.9), "must be an integer, got array"),
+                                            (2**70, "does not fit a 64-bit signed integer"),
+                                            (3, None), (np.int64(4), None)])
+def test_max_seqlen_integer_rule_with_traced_lengths(rng, value, message):
+    jax = pytest.importorskip("jax")
+    import flashattn.jax as fj
+    q, k = randn(rng, (7, HQ, D)), randn(rng, (9, HK, D))
+    cq, ck = np.array([0, 3, 7], np.int32), np.array([0, 4, 9], np.int32)
+    f = jax.jit(lambda a, b: fj.varlen_attention(q, k, k, a, b, value, value))
+    if message is None:  # 3 is below a sequence's 4 rows: not judged, the lengths unknown when built
+        np.testing.assert_allclose(np.asarray(f(cq, ck)), np.asarray(fj.varlen_attention(q, k, k, cq, ck)),
+                                   rtol=0, atol=0)
+    else:
+        with pytest.raises(ValueError, match=f"max_seqlen_q {message}" if "fit" not in message else
+                           f"max_seqlen_q = .* {message}"):
+            f(cq, ck)
+    traced = jax.jit(lambda a, b, m: fj.varlen_attention(q, k, k, a, b, m, None))
+    assert traced(cq, ck, np.int32(5)).shape == (7, HQ, D)

@@ -62,6 +62,11 @@ def _lengths(name, x, ndim, desc):
     return x.astype(jnp.int32)
 
 
+def _traced(x):
+    """Whether x is a traced JAX value (its value unknown when the call is built)."""
+    return any(c.__name__ == "Tracer" for c in type(x).__mro__)
+
+
 def _concrete(x):
     """x as a numpy int32 array where it is known at trace time, else None."""
     if x is None:
@@ -239,6 +244,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     attrs.update(dropout_p=np.float32(drop))
     seed_operand = seed_words(drop, seed, dropout_offset)
     host_q, host_k = _concrete(cu_q), _concrete(cu_k)
+    if host_q is None or host_k is None:  # traced lengths: no bound to compare with, but the one
+        for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):  # integer rule
+            if m is not None and not _traced(m):  # a traced bound is not read
+                _int(name, m)
     if host_q is not None and host_k is not None:  # the library's verdict now, as ValueError
         check_max_seqlen("max_seqlen_q", max_seqlen_q, host_q)
         check_max_seqlen("max_seqlen_k", max_seqlen_k, host_k)
