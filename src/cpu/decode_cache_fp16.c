@@ -2,8 +2,8 @@
  * problems: every table's cache step for fp8 (decode_cache_avx512.c's
  * fa_decode_cache_step_avx512, which the amx table's calls too) takes it on CPUs with both
  * (every CPU with AMX so far, and Intel's that hide AMX from a virtual machine, which run the
- * avx512 table); CPUs without them keep decode_cache_avx512.c's f32 step. There, each cache element costs four
- * f32 multiply-adds (four query rows share a kv head) and a third of a conversion per 16
+ * avx512 table); CPUs without them keep decode_cache_avx512.c's f32 step. There, each cache
+ * element costs four f32 multiply-adds (four query rows share a kv head) and a third of a conversion per 16
  * lanes, and fp8 ran at about 0.55 of the streaming read, bound by those ports; here a
  * multiply-add covers 32 lanes and 64 codes convert in four instructions: 16.1 against
  * 27.7 ns per key and kv head (bench/RESULTS.md).

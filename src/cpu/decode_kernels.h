@@ -96,8 +96,9 @@ void fa_decode_cache_step_f32_avx512(const fa_decode_cache_tile *t, float scale,
 void fa_decode_cache_step_amx(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                               float *acc, int ldacc);
 /* The same step for fp8 caches and bf16 problems in f16 arithmetic (decode_cache_fp16.c) on
- * CPUs with AVX512_FP16 and GFNI, whatever the ISA table: 1 where it ran, 0 where it declined (nothing changed then: another
- * CPU, other head dims, a non-finite q element or scale, a NaN code). */
+ * CPUs with AVX512_FP16 and GFNI, whatever the ISA table: 1 where it ran, 0 where it
+ * declined (nothing changed then: another CPU, other head dims, a non-finite q element or
+ * scale, a NaN code). */
 int fa_decode_cache_step_fp16(const fa_decode_cache_tile *t, float scale, fa_dtype pd, float *mx, float *sum,
                               float *acc, int ldacc);
 
