@@ -4,8 +4,8 @@
  * arithmetic where the CPU has AVX512_FP16 and GFNI; f16 and other fp8 caches, head dims
  * past 128 and a q with a non-finite element in f32). There, four f32 multiply-adds per cache
  * element (four query rows share a kv head) and the codes' conversions keep the vector ports
- * busier than the memory is; here the
- * codes are read by the tile unit as they lie in the cache, as int8, and the ports do little.
+ * busier than the memory is; here the codes are read by the tile unit as they lie in the
+ * cache, as int8, and the ports do little.
  *
  * Each of q and the weights w = p_j * vscale_j (p rounded to the problem's dtype first, the
  * product an f32, as the f32 step has them) is written, per query row, as an integer
