@@ -6,6 +6,7 @@ more than the library would (types, tuple shapes); everything else is the librar
 so the messages stay the library's.
 """
 import math
+import sys
 
 import numpy as np
 
@@ -137,6 +138,14 @@ def problem_diag_offset(diag_offset, causal, window, alibi, masked, takes_masks=
     raise ValueError(f"diag_offset places causal, window and ALiBi{masks}, and none is given: it would change nothing")
 
 
+def is_tracer(x):
+    """Whether x is a traced JAX value (inside jit, vmap, grad): its value is not known when the
+    call is built. jax is looked up, not imported: every front uses this, and a program that
+    never imported jax has no tracers."""
+    tracer = getattr(getattr(sys.modules.get("jax"), "core", None), "Tracer", None)
+    return tracer is not None and isinstance(x, tracer)
+
+
 def _index(name, v):
     """v as a Python int: an integer (numpy's, a 0-dim integer tensor), not a bool;
     ValueError naming the argument otherwise, a traced JAX value's included."""
@@ -154,7 +163,7 @@ def _index(name, v):
     try:
         return int(v.__index__())
     except TypeError:
-        if any(c.__name__ == "Tracer" for c in type(v).__mro__):  # a traced JAX value, unknown when the call is built
+        if is_tracer(v):
             raise ValueError(f"{name} must be an integer known when the call is built (a static value), "
                              f"got {type(v).__name__}") from None
         raise ValueError(f"{name} must be an integer, got {v!r}") from None  # np.array(4.9): numpy's float

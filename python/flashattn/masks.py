@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from . import _mask_native as native
-from ._problem import _int
+from ._problem import _int, is_tracer
 
 _CACHE_SIZE = 8
 # guards every mask's cache of built masks; one for the module, so that making a mask takes
@@ -112,15 +112,8 @@ def _check_mask(m):
 
 
 def _traced(x):
-    """Whether x is, or holds, a traced JAX value (inside jit, vmap, grad). jax is looked up,
-    not imported: masks serve every front, and a program that never imported jax has none."""
-    jax = sys.modules.get("jax")
-    tracer = getattr(getattr(jax, "core", None), "Tracer", None)
-    if tracer is None:
-        return False
-    if isinstance(x, tracer):
-        return True
-    return isinstance(x, (list, tuple)) and any(_traced(e) for e in x)
+    """Whether x is, or holds, a traced JAX value (_problem.is_tracer)."""
+    return is_tracer(x) or isinstance(x, (list, tuple)) and any(_traced(e) for e in x)
 
 
 def _static(name, x):

@@ -40,7 +40,6 @@ INLINE void prefetch(fa_decode_prefetch *pf, int lines, const fa_dtype ty) {
  * of this one read instead: `bytes` read since the last call, in lines (a block of scores
  * reads 4 keys' rows, a key's p V its 64 columns), so that the next tile is all asked for by
  * the end of the last head's step and the requests keep pace with the reads. */
-INLINE int64_t elem_bytes(fa_dtype t) { return t == FA_F16 || t == FA_BF16 ? 2 : 1; }
 INLINE void prefetch_read(fa_decode_prefetch *pf, int lines, int64_t bytes, const fa_dtype ty) {
     if (pf && pf->per_line) fa_decode_prefetch_lines(pf, (int)((bytes + 63) / 64));
     else prefetch(pf, lines, ty);

@@ -29,7 +29,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
-from .._problem import _int, check_real, make_options as _library_options, problem_diag_offset, threads_int
+from .._problem import _int, check_real, is_tracer, make_options as _library_options, problem_diag_offset, threads_int
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_scale_dtype,
                                   check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
 from . import _ffi, _partition
@@ -60,11 +60,6 @@ def _lengths(name, x, ndim, desc):
     if x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dim{'s' if ndim > 1 else ''} {desc}, got shape {tuple(x.shape)}")
     return x.astype(jnp.int32)
-
-
-def _traced(x):
-    """Whether x is a traced JAX value (its value unknown when the call is built)."""
-    return any(c.__name__ == "Tracer" for c in type(x).__mro__)
 
 
 def _concrete(x):
@@ -246,7 +241,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     host_q, host_k = _concrete(cu_q), _concrete(cu_k)
     if host_q is None or host_k is None:  # traced lengths: no bound to compare with, but the one
         for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):  # integer rule
-            if m is not None and not _traced(m):  # a traced bound is not read
+            if m is not None and not is_tracer(m):  # a traced bound is not read
                 _int(name, m)
     if host_q is not None and host_k is not None:  # the library's verdict now, as ValueError
         check_max_seqlen("max_seqlen_q", max_seqlen_q, host_q)
