@@ -7,7 +7,7 @@ import numpy as np
 from . import _layout, _native
 from .masks import Mask, build_for_call
 from ._problem import (broadcast_dims, check_not_masked, check_real, check_shapes, combined_bias_dims, empty_dims,
-                       fold_bias_scale, make_options, make_problem)
+                       flag, fold_bias_scale, make_options, make_problem)
 from ._problem_inference import int32_lengths
 
 
@@ -276,6 +276,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     (docs/semantics.md, "Dropout"; dropout_keep_mask gives it), scaling the kept ones by
     1 / (1 - dropout_p); lse stays the undropped normalizer. Pass the same values to
     attention_backward."""
+    return_lse = flag("return_lse", return_lse)
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
               kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks, (dropout_p, seed, dropout_offset))
     shape = c.o_shape()
@@ -341,6 +342,7 @@ def attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, softca
     the dims it broadcasts; 0 where mask hides a key) with bias_grad, then dsink (f32 [Hq],
     summed over batch and rows) with sinks. Zero-size problems give empty or zero gradients.
     dropout_p, seed, dropout_offset: the forward's, whose keep mask the backward regenerates."""
+    bias_grad = flag("bias_grad", bias_grad)
     c = _Call(q, k, v, causal, window, softcap, scale, bias, alibi_slopes, q_segment_ids,
               kv_segment_ids, layout, bias_scale, diag_offset, mask, threads, sinks, (dropout_p, seed, dropout_offset))
     shape = c.o_shape()

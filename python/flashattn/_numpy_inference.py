@@ -11,7 +11,7 @@ import numpy as np
 from . import _native
 from ._numpy import (_check_out, _dtype_name, _elem_strides, _empty, _floats, _grad_buffer, _readable,
                      backward_inputs, dtype_error, head_floats)
-from ._problem import make_options
+from ._problem import flag, make_options
 from ._quant import cache_code_dtypes, cache_dtype_code
 from ._problem_inference import (cache_scale_shape, check_decode_shapes, check_max_seqlen, check_prefix,
                                  check_scale_dtype, decode_problem, int32_lengths, varlen_problem)
@@ -113,6 +113,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     them (rows past cu_seqlens_q[-1] get o = 0 and lse = -inf; keys past cu_seqlens_k[-1]
     are not read), and one plan, made from the tensors' shapes, serves every call of those
     shapes whatever its lengths (the library checks each call's)."""
+    return_lse = flag("return_lse", return_lse)
     c = _Varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
                 softcap, scale, alibi_slopes, diag_offset, sinks, (dropout_p, seed, dropout_offset), threads)
     shape = c.o_shape()
@@ -251,6 +252,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     written into k_scale and v_scale.
 
     threads: CPU threads for this call (0 or None: the library's default), as in attention."""
+    return_lse = flag("return_lse", return_lse)
     q = _readable("q", q)
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) go together: pass both or neither")

@@ -5,7 +5,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import _native
-from ._problem import combined_bias_dims, empty_dims, library_bias_scale, make_options, make_problem, public_dtype
+from ._problem import combined_bias_dims, empty_dims, flag, library_bias_scale, make_options, make_problem, public_dtype
 from .masks import Mask, build_for_call
 
 _UNITS = "KMGTPE"  # powers of 1024, as the CLI's --memory-budget (tools/cli_args.c, cli_parse_bytes)
@@ -132,11 +132,13 @@ def plan(*, batch, heads, seq_q, head_dim, seq_k=None, head_dim_v=None, kv_heads
     dropout_p, seed, dropout_offset: as attention takes them (dropout_p > 0 needs a seed),
     judged by the library with the backend (one that has no dropout refuses it here); they
     change no figure (docs/semantics.md, "Dropout")."""
-    for name, flag in (("causal", causal), ("alibi", alibi), ("segment_ids", segment_ids), ("sinks", sinks),
-                       ("bias_grad", bias_grad)):  # flags: an array here (as flashattn.jax.plan takes) is not one
-        if not isinstance(flag, (bool, np.bool_)) and not (isinstance(flag, (int, np.integer)) and flag in (0, 1)):
+    causal, bias_grad = flag("causal", causal), flag("bias_grad", bias_grad)
+    for name, present in (("alibi", alibi), ("segment_ids", segment_ids), ("sinks", sinks)):
+        try:  # whether the call has them: an array here (as flashattn.jax.plan takes) is not a flag
+            flag(name, present)
+        except ValueError:
             raise ValueError(f"{name} is a flag here (True or False: whether the call has it), got "
-                             f"{type(flag).__name__}")
+                             f"{type(present).__name__}") from None
     seq_k = seq_q if seq_k is None else seq_k
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     kv_heads = heads if kv_heads is None else kv_heads

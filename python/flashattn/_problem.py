@@ -179,6 +179,28 @@ def _int(name, v, bits=64):
     return v
 
 
+def flag(name, v):
+    """A yes/no option (causal, return_lse, bias_grad, a plan's alibi, ...) as a Python bool, in
+    every front and in the plans: True or False, numpy's bool, an integer 0 or 1, or a 0-d
+    boolean or integer array or tensor of one; ValueError naming the option otherwise, a traced
+    JAX value's included. Taken by its truth, "False", 2 or 0.5 turned the option on silently.
+    (The drop-ins take theirs as their frameworks do: _torch_sdpa, jax/_attention.truth.)"""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    zero_d_bool = str(getattr(v, "dtype", "")) in ("bool", "torch.bool") and tuple(getattr(v, "shape", (0,))) == ()
+    if zero_d_bool or (not isinstance(v, (str, bytes, float)) and hasattr(v, "__index__")):
+        try:
+            i = bool(v) if zero_d_bool else v.__index__()
+        except TypeError:
+            if is_tracer(v):
+                raise ValueError(f"{name} must be True or False known when the call is built (a static value), "
+                                 f"got {type(v).__name__}") from None
+            i = None
+        if i in (0, 1):
+            return bool(i)
+    raise ValueError(f"{name} must be True or False, got {v!r}")
+
+
 def refuse_text_and_bools(name, v, bool_array=False):
     """A string or a bool is not a number for a float option, in every front ("0.3" and True
     were taken as 0.3 and 1.0), as the integer options refuse them (the drop-ins take bools as
@@ -360,7 +382,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
             getattr(p, name).s[:] = [_int(name, x) for x in st]
     if scale is not None:
         p.has_scale, p.scale = 1, _float("scale", scale)
-    p.causal = int(bool(causal))
+    p.causal = int(flag("causal", causal))
     p.window_left, p.window_right = window_pair(window)
     if softcap is not None:
         cap = p.softcap = _float("softcap", softcap)
@@ -381,7 +403,7 @@ def make_problem(*, q_dims, k_dims, v_dims, dtype, causal=False, window=None, so
     if bias_scale is not None:
         library_bias_scale(bias_scale, bias_shape is not None, False)  # the fronts' words, not the struct's
         p.has_bias_scale, p.bias_scale = 1, _float("bias_scale", bias_scale)
-    p.bias_grad = int(bool(bias_grad))
+    p.bias_grad = int(flag("bias_grad", bias_grad))
     p.has_sinks = int(bool(sinks))
     set_dropout(p, dropout_p, seed, dropout_offset)
     if mask:

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _layout, _native
-from ._problem import dtype_code
+from ._problem import dtype_code, flag
 from ._quant import cache_dtype_code, check_rows, quantize_dtype_code
 from ._problem_inference import check_decode_shapes, check_prefix, decode_problem
 from ._torch_args import (alibi, check_devices, check_floats, check_tensor, no_memory, shares_memory, sinks_arg)
@@ -135,6 +135,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     k_prefix, v_prefix [P, Hk, D] / [.., Dv] (q's dtype): a shared prefix (cascade) that every
     sequence attends to first (positions 0 .. P - 1, its own cache at P + t), read once per
     call, as numpy's kvcache_attention."""
+    causal, return_lse = flag("causal", causal), flag("return_lse", return_lse)
     _no_mask(mask, "kvcache_attention")
     _no_vmap(q, k_cache, v_cache, k, v, cache_seqlens, block_table, k_scale, v_scale, k_prefix, v_prefix, sinks,
              alibi_slopes)

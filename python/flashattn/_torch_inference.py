@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _native
+from ._problem import flag
 from ._problem_inference import check_max_seqlen, check_varlen_shapes, varlen_problem
 from ._torch_args import (alibi, autocast, check_devices, check_floats, check_tensor, distinct, float_or_none,
                           float_or_zero, int_in, sinks_arg, threads_arg, window_sides)
@@ -268,6 +269,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     past the ends), one forward plan per shapes.
     dropout_p, seed: as in flashattn.torch.attention (the seed from torch's generator when
     None; b, i, j count within each sequence; lse then has no gradient)."""
+    causal, return_lse = flag("causal", causal), flag("return_lse", return_lse)
     _no_mask(mask, "varlen_attention")
     q, k, v = (check_tensor(n, t, 3) for n, t in (("q", q), ("k", k), ("v", v)))
     q, k, v = autocast(q, k, v)

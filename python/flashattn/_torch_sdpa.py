@@ -113,6 +113,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if isinstance(x, (str, bytes)) or (x is None and name == "dropout_p"):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be float, not {type(x).__name__}")
     dropout_p, scale = (float(x) if isinstance(x, bool) else x for x in (dropout_p, scale))
+    for name, x in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):  # as torch's argument parser: a bool
+        if not isinstance(x, bool):  # ("False" and 2 were taken by their truth)
+            kind = type(x).__name__ if type(x).__module__ == "builtins" or isinstance(x, torch.Tensor) else \
+                f"{type(x).__module__}.{type(x).__name__}"
+            raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be bool, not {kind}")
     dropout_p = dropout_p_arg(dropout_p)
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")

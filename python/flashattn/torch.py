@@ -10,7 +10,7 @@ fake tensors give shapes only."""
 import torch
 
 from . import _layout
-from ._problem import check_shapes, empty_dims
+from ._problem import check_shapes, empty_dims, flag
 from ._torch_args import (alibi, autocast, check_floats, check_tensor, combine_bias_mask, distinct,
                           float_or_none, float_or_zero, int_in, refuse_bool_bias, sinks_arg, threads_arg, window_sides)
 from ._torch_ops import DTYPES, attention_function, dropout_args, dropout_seed, refused_lse_grad
@@ -68,6 +68,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=None, scale=None, b
     lists visited and no others, its partial blocks masked by its mask_mod (evaluated on
     those blocks only); the same results as flex_attention(q, k, v, block_mask=bm); ANDed
     with every other mask (docs/python_masks.md)."""
+    causal, return_lse = flag("causal", causal), flag("return_lse", return_lse)
     L = _layout.check_layout(layout)
     q, k, v = (check_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
     q, k, v = autocast(q, k, v)

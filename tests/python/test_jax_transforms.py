@@ -155,7 +155,7 @@ def test_bad_options_raise_naming_the_problem(kw, match):
 
 @pytest.mark.parametrize("name, value, match", [
     ("dropout_p", 0.1, "dropout_p must be a Python number"),
-    ("causal", True, "causal must be a Python bool"),
+    ("causal", True, "causal must be True or False known when the call is built"),
     ("window", 3, "window left must be an integer known when the call is built"),
     ("threads", 2, "threads must be an integer known when the call is built"),
 ])

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._problem import (_int, broadcast_dims, check_real, check_sinks_finite, combined_bias_dims, dropout_p_value,
+from .._problem import (_int, broadcast_dims, flag, check_real, check_sinks_finite, combined_bias_dims, dropout_p_value,
                         empty_dims, fold_bias_scale, library_bias_scale, refuse_text_and_bools, threads_int,
                         window_pair)
 from .._problem_inference import int32_lengths
@@ -85,8 +85,10 @@ def _cotangents_as_values(v, o, do, dlse):
     return v, o, jnp.concatenate([do, dlse.astype(o.dtype)[..., None]], axis=-1)
 
 
-def _flag(name, x):
-    """A static bool option (causal): a traced one is refused in words, not JAX's."""
+def truth(name, x):
+    """The drop-ins' yes/no options (jax.nn's is_causal, the Pallas kernel's causal) as their
+    functions take them, by their truth value; a traced one is refused in words, not JAX's.
+    flashattn's own functions take flag()'s stricter rule (True, False, 0 or 1)."""
     try:
         return bool(x)
     except (TypeError, jax.errors.ConcretizationTypeError):
@@ -173,7 +175,7 @@ def make_options(q, k, v, *, causal=False, window=None, softcap=None, scale=None
             check_real("sinks", sinks.dtype, f"[Hq] = [{hq}]")
         if tuple(sinks.shape) != (hq,):
             raise ValueError(f"sinks must have shape ({hq},) (one per query head), got {tuple(sinks.shape)}")
-    opt = Options(layout=layout, causal=_flag("causal", causal), window=_window(window), softcap=softcap or 0.0,
+    opt = Options(layout=layout, causal=flag("causal", causal), window=_window(window), softcap=softcap or 0.0,
                   scale=_finite("scale", scale),
                   diag_offset=None if diag_offset is None else _int("diag_offset", diag_offset),
                   bias_scale=library_bias_scale(_finite("bias_scale", bias_scale), bias is not None, mask is not None),
@@ -325,6 +327,7 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
          q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, diag_offset=None,
          bias_scale=None, mask=None, threads=0, sinks=None, dropout_p=None, seed=None, dropout_offset=None):
     """attention() with the two options the Pallas drop-in needs (diag_offset, bias_scale)."""
+    return_lse = flag("return_lse", return_lse)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _ids_fit_int32("q_segment_ids", q_segment_ids)
     _ids_fit_int32("kv_segment_ids", kv_segment_ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from .._problem import flag
 from . import _attention
 from ._attention import _check_qkv, make_options
 from ._plan import plan_for
@@ -84,7 +85,7 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     for name, x, key_ok in (("seed", seed, True), ("dropout_offset", dropout_offset, False)):
         if x is not None:  # checked with dropout on too, as the call checks them (seed_words)
             _attention._u64_words(name, _seed_for_check(x), key_ok)
-    _attention._flag("return_lse", return_lse)
+    flag("return_lse", return_lse)
     if bias_grad and bias is None:  # as flashattn.plan and the library: dropped silently before
         raise ValueError("bias_grad needs a bias (bias=); a mask is not one")
     bias = None if bias_shape is None else _Shape(bias_shape)

@@ -29,12 +29,13 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _native
-from .._problem import _int, check_real, is_tracer, make_options as _library_options, problem_diag_offset, threads_int
+from .._problem import (_int, check_real, flag, is_tracer, make_options as _library_options, problem_diag_offset,
+                        threads_int)
 from .._problem_inference import (check_decode_shapes, check_max_seqlen, check_prefix, check_scale_dtype,
                                   check_varlen_shapes, decode_problem, int32_lengths, varlen_problem)
 from . import _ffi, _partition
 from .._quant import cache_dtype_code, quantize_dtype_code
-from ._attention import (_cotangents_as_values, _dropout, _finite, _flag, _window, _zero_along_heads,
+from ._attention import (_cotangents_as_values, _dropout, _finite, _window, _zero_along_heads,
                          refuse_slopes_grad, seed_words)
 from ._plan import _DTYPE_NAMES
 
@@ -124,7 +125,7 @@ def _attributes(causal, window, softcap, scale, has_alibi, threads=0, has_sinks=
     softcap = _finite("softcap", softcap) or 0.0
     scale = _finite("scale", scale)
     left, right = _window(window)
-    return dict(causal=i64(_flag("causal", causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
+    return dict(causal=i64(flag("causal", causal)), window_left=i64(left), window_right=i64(right), softcap=f32(softcap),
                 has_scale=i64(scale is not None), scale=f32(0.0 if scale is None else scale),
                 has_alibi=i64(has_alibi), threads=i64(threads_int(threads)), has_sinks=i64(has_sinks))
 
@@ -219,6 +220,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     n's sequences are b = n * batch + s, the masks of one packed batch of every index's
     sequences in turn (nested vmaps: n the flattened index), forward and backward alike; a
     vmapped seed gives each index its own masks from b = s."""
+    return_lse = flag("return_lse", return_lse)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     dtype = _dtype(q, k, v, names=("q", "k", "v"))
@@ -310,6 +312,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
     k_prefix, v_prefix [P, Hk, D] / [.., Dv] (q's dtype): a shared prefix (cascade) that every
     sequence attends to first (positions 0 .. P - 1, its own cache at P + t), read once per
     call, as numpy's kvcache_attention; operands of the call (traced arrays too)."""
+    return_lse = flag("return_lse", return_lse)
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     code = cache_dtype_code(cache_dtype)
     if code is None and (k_scale is not None or v_scale is not None):

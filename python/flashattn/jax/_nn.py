@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._attention import call
+from ._attention import call, truth
 
 
 def _ensure_4d(t):
@@ -136,6 +136,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         if s.shape != ():
             raise ValueError(f"scale must be a scalar, got shape {s.shape}")
         q, scale = (q.astype(jnp.float32) * s).astype(q.dtype), 1.0
+    is_causal = truth("is_causal", is_causal)  # as jax.nn takes it
     aligned = is_causal or window is not None
     o, lse = call(q, k, v, causal=is_causal, window=window, scale=scale, bias=bias, mask=mask,
                   q_segment_ids=q_seg, kv_segment_ids=kv_seg, layout="bshd", return_lse=True,

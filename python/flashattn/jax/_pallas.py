@@ -50,6 +50,7 @@ def flash_attention(q, k, v, ab=None, segment_ids=None, *, causal=False, sm_scal
     if ab is not None and tuple(ab.shape) != (q.shape[0], q.shape[1], q.shape[2], k.shape[2]):
         raise ValueError(f"Attention bias shape mismatch: expected {(q.shape[0], q.shape[1], q.shape[2], k.shape[2])}, "
                          f"got {tuple(ab.shape)}")
+    causal = _attention.truth("causal", causal)  # as the Pallas kernel takes it
     sm_scale = _attention._finite("sm_scale", sm_scale)  # a traced one is refused naming sm_scale, not "scale"
     q_seg = kv_seg = None
     if segment_ids is not None:
