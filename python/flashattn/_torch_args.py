@@ -11,9 +11,21 @@ from ._torch_ops import DTYPES
 DTYPE_NAMES = "float32, float16 or bfloat16"
 
 
+def check_dense(name, t):
+    """A tensor the library can read through its strides: not nested, not sparse (else torch's
+    own internal errors came back from deep in the op: "unsupported memory format option",
+    "'NestedIntNode' object has no attribute 'mod'")."""
+    if t.is_nested:
+        raise ValueError(f"{name} is a nested tensor: flashattn takes dense tensors; sequences of different "
+                         "lengths go to varlen_attention (packed, with cu_seqlens)")
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+
+
 def check_tensor(name, t, ndim=None):
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
     return t

@@ -14,7 +14,8 @@ from . import _layout, _native
 from ._problem import dtype_code, flag
 from ._quant import cache_dtype_code, check_rows, quantize_dtype_code
 from ._problem_inference import check_decode_shapes, check_prefix, decode_problem
-from ._torch_args import (alibi, check_devices, check_floats, check_tensor, no_memory, shares_memory, sinks_arg)
+from ._torch_args import (alibi, check_dense, check_devices, check_floats, check_tensor, no_memory, shares_memory,
+                          sinks_arg)
 from ._torch_ops import DTYPES, F32, Device, poisoned, ptr, readable
 from ._torch_inference import _HOST, _host_int32, _int_tensor, _no_mask, _options, _strides
 
@@ -300,6 +301,7 @@ def quantize_cache(k, v, dtype):
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
             raise ValueError(f"quantize_cache: {name} must be a float32, float16 or bfloat16 tensor")
+        check_dense(f"quantize_cache: {name}", t)
         if t.ndim < 1:
             raise ValueError(f"quantize_cache: {name} must have a head_dim axis (the last), got a 0-d tensor")
         codes_dtype = torch.int8 if code == _native.INT8 else torch.float8_e4m3fn

@@ -8,6 +8,7 @@ import torch
 from . import _native
 from ._merge import _DTYPE_IDS
 from ._problem import check_real
+from ._torch_args import check_dense
 from ._torch_ops import DTYPES
 
 
@@ -25,6 +26,8 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
         if (t is not None or name != "sinks") and (not isinstance(t, torch.Tensor) or t.device.type != "cpu"):
             raise ValueError(f"{name} must be a CPU tensor, got {type(t).__name__}"
                              f"{'' if not isinstance(t, torch.Tensor) else ' on ' + str(t.device)}")
+        if t is not None:
+            check_dense(name, t)
     if o_a.shape != o_b.shape or o_a.dtype != o_b.dtype or o_a.dim() < 2:
         raise ValueError(f"o_a and o_b must be [..., H, Dv] of one shape and dtype, got {tuple(o_a.shape)} "
                          f"{o_a.dtype} and {tuple(o_b.shape)} {o_b.dtype}")

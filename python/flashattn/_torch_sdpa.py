@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from ._torch_args import (autocast, check_devices, check_floats, dropout_p_arg, expand_seq_dims, float_or_none,
-                          mask_to_bias)
+from ._torch_args import (autocast, check_dense, check_devices, check_floats, dropout_p_arg, expand_seq_dims,
+                          float_or_none, mask_to_bias)
 from ._torch_ops import attention_function, seed_tensor
 
 
@@ -97,6 +97,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if not isinstance(t, torch.Tensor) and not (name == "attn_mask" and t is None):
             raise TypeError(f"scaled_dot_product_attention(): argument '{name}' must be Tensor, "
                             f"not {type(t).__name__}")
+        if t is not None:
+            check_dense(name, t)
     if min(query.dim(), key.dim(), value.dim()) < 2:
         raise RuntimeError("Expected query, key, and value to all be  at least 2 dimensional, but got "
                            f"query.dim: {query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead.")

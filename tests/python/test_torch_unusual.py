@@ -124,3 +124,28 @@ def test_decode_output_refuses_a_gradient_in_words():
     assert torch.equal(kc2[0, 10], kn.detach()[0, 0])
     f = torch.compile(lambda q: fat.kvcache_attention(q, kc, vc, cache_seqlens=lens, sinks=sinks), fullgraph=True)
     assert torch.equal(f(q), fat.kvcache_attention(q, kc, vc, cache_seqlens=lens, sinks=sinks.detach()))
+
+
+def test_sparse_and_nested_tensors_are_refused_in_words():
+    """A sparse or nested tensor is named, in every function (torch's internal errors came back
+    from deep in the op: "unsupported memory format option Contiguous", "'NestedIntNode' object
+    has no attribute 'mod'")."""
+    g = torch.Generator().manual_seed(SEED)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    nested = torch.nested.nested_tensor([q[0], q[1, :, :4]], layout=torch.jagged)
+    calls = [lambda x: fat.attention(x, k, v), lambda x: fat.attention(q, k, v, bias=x),
+             lambda x: fat.scaled_dot_product_attention(x, k, v),
+             lambda x: fat.varlen_attention(x, q[0], q[0], cu, cu),
+             lambda x: fat.kvcache_attention(x, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
+                                             cache_seqlens=2),
+             lambda x: fat.quantize_cache(x, k, "int8"),
+             lambda x: fat.merge_states(x, q[..., 0], q, q[..., 0])]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"must be a dense \(strided\) tensor, got layout torch.sparse_coo"):
+            call(q.to_sparse() if call is not calls[3] else q[0].to_sparse())
+    with pytest.raises(ValueError, match="is a nested tensor: flashattn takes dense tensors; sequences of different "
+                                         "lengths go to varlen_attention"):
+        fat.attention(nested, k, v)
+    with pytest.raises(ValueError, match="is a nested tensor"):
+        fat.scaled_dot_product_attention(nested, nested, nested)
