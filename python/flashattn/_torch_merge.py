@@ -6,7 +6,7 @@ import ctypes
 import torch
 
 from . import _native
-from ._merge import _DTYPE_IDS
+from ._merge import _DTYPE_IDS, check_merge_shapes
 from ._problem import check_real
 from ._torch_args import check_dense
 from ._torch_ops import DTYPES
@@ -28,9 +28,11 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
                              f"{'' if not isinstance(t, torch.Tensor) else ' on ' + str(t.device)}")
         if t is not None:
             check_dense(name, t)
-    if o_a.shape != o_b.shape or o_a.dtype != o_b.dtype or o_a.dim() < 2:
-        raise ValueError(f"o_a and o_b must be [..., H, Dv] of one shape and dtype, got {tuple(o_a.shape)} "
-                         f"{o_a.dtype} and {tuple(o_b.shape)} {o_b.dtype}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b), ("sinks", sinks)):
+        if t is not None:
+            check_real(name, t.dtype, "[..., H]" if name != "sinks" else "[H]")
+    heads, dv = check_merge_shapes((tuple(o_a.shape), o_a.dtype), (tuple(o_b.shape), o_b.dtype), tuple(lse_a.shape),
+                                   tuple(lse_b.shape), None if sinks is None else tuple(sinks.shape))
     if o_a.dtype not in DTYPES:
         raise ValueError(f"o_a and o_b must be float32, float16 or bfloat16, got {o_a.dtype}")
     if torch.is_grad_enabled():
@@ -39,14 +41,6 @@ def merge_states(o_a, lse_a, o_b, lse_b, sinks=None):
         if grads:
             raise RuntimeError(f"merge_states is not differentiable, but {', '.join(grads)} require grad: "
                                "detach() them, or merge under torch.no_grad()")
-    heads, dv = o_a.shape[-2], o_a.shape[-1]
-    for name, t, shape in (("lse_a", lse_a, tuple(o_a.shape[:-1])), ("lse_b", lse_b, tuple(o_a.shape[:-1])),
-                           ("sinks", sinks, (heads,))):
-        if t is None:
-            continue
-        check_real(name, t.dtype, "[..., H]" if name != "sinks" else f"[H] = [{heads}]")
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     o_a, o_b = o_a.contiguous(), o_b.contiguous()
     lse_a, lse_b = (t.to(torch.float32).contiguous() for t in (lse_a, lse_b))
     sinks = None if sinks is None else sinks.to(torch.float32).contiguous()

@@ -160,6 +160,29 @@ def test_torch_merge_states_equals_numpy(rng):
             ft.merge_states(*args[:i], None, *args[i + 1:])
 
 
+def test_merge_states_shape_errors_are_the_same_words_in_numpy_and_torch(rng):
+    """One rule and one wording for merge_states' shapes (_merge.check_merge_shapes): numpy's
+    and torch's had their own checks and messages."""
+    torch = pytest.importorskip("torch")
+    import flashattn.torch as ft
+    o = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    lse = rng.standard_normal((2, 3)).astype(np.float32)
+    bad = [((o.astype(np.float16), lse, o, lse), None, r"o_a and o_b must have one shape and dtype, got \(2, 3, 4\) "),
+           ((o[:1], lse, o, lse), None, "o_a and o_b must have one shape and dtype"),
+           ((o[0, 0], lse[0], o[0, 0], lse[0]), None, r"o_a and o_b must be \[\.\.\., H, Dv\], got shape \(4,\)"),
+           ((o, lse[:, :2], o, lse), None, r"lse_a must have shape \(2, 3\) \(\[\.\.\., H\] of o's \[\.\.\., H, Dv\]\), "
+                                           r"got \(2, 2\)"),
+           ((o, lse, o, lse[0]), None, r"lse_b must have shape \(2, 3\)"),
+           ((o, lse, o, lse), np.zeros(2, np.float32), r"sinks must have shape \[H\] = \[3\], got \(2,\)")]
+    for args, sinks, match in bad:
+        with pytest.raises(ValueError, match=match) as theirs:
+            flashattn.merge_states(*args, sinks=sinks)
+        with pytest.raises(ValueError) as ours:
+            ft.merge_states(*(torch.from_numpy(np.ascontiguousarray(x)) for x in args),
+                            sinks=None if sinks is None else torch.from_numpy(sinks))
+        assert str(ours.value).replace("torch.", "") == str(theirs.value), (str(ours.value), str(theirs.value))
+
+
 def test_merge_states_rounds_through_float32(rng):
     """bf16 and f16 merges are the double result rounded to f32, then to the dtype
     (docs/semantics.md; the header and the numpy docstring said rounded once)."""
