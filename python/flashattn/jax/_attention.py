@@ -323,6 +323,20 @@ def _ids_fit_int32(name, x):
     int32_lengths(name, a, "[B, S]", ndim=a.ndim)
 
 
+def mask_object(mask, q, k, v, layout):
+    """mask as the library's block-sparse mask for q, k, v (anything with shape and dtype) where
+    it is a flashattn.masks or a splash attention mask; None where it is an array or None; any
+    other object is a TypeError saying what a mask may be (the call and the plan alike)."""
+    if mask is None or hasattr(mask, "dtype"):
+        return None
+    _, hq, sq, sk = _check_qkv(q, k, v, layout)
+    fmask = as_mask(mask, hq, sq, sk)
+    if fmask is None:
+        raise TypeError(f"mask must be a boolean array, a flashattn.masks mask or a splash attention mask, "
+                        f"got {type(mask).__name__}")
+    return fmask
+
+
 def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=None, alibi_slopes=None,
          q_segment_ids=None, kv_segment_ids=None, layout="bshd", return_lse=False, diag_offset=None,
          bias_scale=None, mask=None, threads=0, sinks=None, dropout_p=None, seed=None, dropout_offset=None):
@@ -331,14 +345,8 @@ def call(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     _ids_fit_int32("q_segment_ids", q_segment_ids)
     _ids_fit_int32("kv_segment_ids", kv_segment_ids)
-    fmask = None
-    if mask is not None and not hasattr(mask, "dtype"):  # a flashattn mask or a splash mask, not an array
-        b, hq, sq, sk = _check_qkv(q, k, v, layout)
-        fmask = as_mask(mask, hq, sq, sk)
-        if fmask is None:
-            raise TypeError(f"mask must be a boolean array, a flashattn.masks mask or a splash attention mask, "
-                            f"got {type(mask).__name__}")
-        mask = None
+    fmask = mask_object(mask, q, k, v, layout)
+    mask = None if fmask is not None else mask
     bias, mask, slopes, q_seg, kv_seg = (None if x is None else jnp.asarray(x)
                                          for x in (bias, mask, alibi_slopes, q_segment_ids, kv_segment_ids))
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,

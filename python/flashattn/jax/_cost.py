@@ -13,9 +13,8 @@ import numpy as np
 
 from .._problem import flag
 from . import _attention
-from ._attention import _check_qkv, make_options
+from ._attention import make_options
 from ._plan import plan_for
-from ._splash import as_mask
 
 
 class _Shape:
@@ -66,14 +65,8 @@ def plan(q, k, v, *, causal=False, window=None, softcap=None, scale=None, bias=N
         if isinstance(x, bool):
             raise TypeError(f"{name} must be {what}, got {x!r}: its broadcast shape ([1 or B, 1 or Hq, 1 or Sq, Sk]) "
                             "is part of the plan (its min_bytes and peak_bytes), so True cannot stand for it")
-    fmask = None
-    if mask is not None and not hasattr(mask, "dtype"):  # a flashattn mask or a splash mask
-        _, hq, sq, sk = _check_qkv(_shaped(q), _shaped(k), _shaped(v), layout)
-        fmask = as_mask(mask, hq, sq, sk)
-        if fmask is None:
-            raise TypeError(f"mask must be a boolean array, a flashattn.masks mask or a splash attention mask, "
-                            f"got {type(mask).__name__}")
-        mask = None
+    fmask = _attention.mask_object(mask, _shaped(q), _shaped(k), _shaped(v), layout)
+    mask = None if fmask is not None else mask
     q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask, sinks = map(
         _shaped, (q, k, v, bias, alibi_slopes, q_segment_ids, kv_segment_ids, mask, sinks))
     opt, bias_shape = make_options(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale, bias=bias,
