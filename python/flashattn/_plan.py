@@ -5,7 +5,8 @@ from fractions import Fraction
 import numpy as np
 
 from . import _native
-from ._problem import combined_bias_dims, empty_dims, flag, library_bias_scale, make_options, make_problem, public_dtype
+from ._problem import (combined_bias_dims, empty_dims, flag, library_bias_scale, make_options, make_problem,
+                       public_dtype)
 from .masks import Mask, build_for_call
 
 _UNITS = "KMGTPE"  # powers of 1024, as the CLI's --memory-budget (tools/cli_args.c, cli_parse_bytes)

@@ -12,11 +12,11 @@
 #define INLINE static inline __attribute__((always_inline))
 /* The kernels are instantiated once per element type (the type a constant: no branch or
  * size lookup in the loops). */
-/* Bytes of one element of a cache of type t (f16, bf16, int8, fp8). */
+/* Bytes of one element of a cache of type t (f16, bf16, int8, fp8), and element i of a row. */
 INLINE int64_t elem_bytes(fa_dtype t) { return t == FA_F16 || t == FA_BF16 ? 2 : 1; }
+INLINE const void *at(fa_dtype t, const void *base, int64_t i) { return (const char *)base + i * elem_bytes(t); }
 /* 16 elements (mask: the live ones) of row x as f32: the value (f16, bf16: its bits moved
  * up 16), the code (int8), or 2^-8 of it (fp8: unit() undoes it in the scale). */
-INLINE const void *at(fa_dtype t, const void *base, int64_t i) { return (const char *)base + i * elem_bytes(t); }
 INLINE __m512 load16(fa_dtype t, const void *x, __mmask16 mask) {
     if (t == FA_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, x));
     if (t == FA_BF16)

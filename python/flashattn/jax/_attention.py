@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._problem import (_int, broadcast_dims, flag, check_real, check_sinks_finite, combined_bias_dims, dropout_p_value,
-                        empty_dims, fold_bias_scale, library_bias_scale, refuse_text_and_bools, threads_int,
+from .._problem import (_int, broadcast_dims, check_real, check_sinks_finite, combined_bias_dims, dropout_p_value,
+                        empty_dims, flag, fold_bias_scale, library_bias_scale, refuse_text_and_bools, threads_int,
                         window_pair)
 from .._problem_inference import int32_lengths
 from . import _ffi
